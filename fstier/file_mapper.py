@@ -1,0 +1,208 @@
+"""Block keys to file paths, under a namespace that digests every byte-changing field.
+
+Layout on disk (see docs/format.md)::
+
+    <root>/<safe_model_name>-<digest16>/config.json           manifest
+    <root>/<safe_model_name>-<digest16>/[r<rank>/]abc/de/<hash hex>-g<group>.bin
+
+The digest is the first 16 hex chars of sha256 over the canonical JSON
+(sorted keys, no spaces) of :meth:`FileMapper.namespace_fields`. When the
+model is parallel-agnostic (:func:`is_parallel_agnostic`) tp/pp/pcp/dcp are
+written as 1 and there is no rank segment, so every parallel layout of the
+same model shares one directory; otherwise they stay in the digest and each
+rank has its own ``r<rank>`` subtree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import stat
+import threading
+from pathlib import Path
+from typing import Any
+
+from fstier._atomic import atomic_write
+from fstier._format import canonical_format_id, canonical_page_bytes
+from fstier.config import FstierConfig, ModelSpec, ParallelSpec
+from fstier.errors import NamespaceMismatchError, PathSafetyError
+from fstier.keys import BlockKey
+
+__all__ = ["MANIFEST_NAME", "NAMESPACE_VERSION", "FileMapper", "is_parallel_agnostic", "safe_model_name"]
+
+MANIFEST_NAME = "config.json"
+NAMESPACE_VERSION = 1
+BLOCK_SUFFIX = ".bin"
+_MAX_NAME = 64
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def is_parallel_agnostic(model: ModelSpec, parallel: ParallelSpec) -> bool:
+    """True only for exactly one KV group of kind ``full_attention`` (hence not
+    MLA, not sliding window, not mamba) on a model runner other than ``v2``.
+    See docs/parallel-agnostic.md for why each exclusion exists."""
+    if len(model.groups) != 1:
+        return False
+    group = model.groups[0]
+    return group.kind == "full_attention" and parallel.model_runner != "v2"
+
+
+def safe_model_name(name: str) -> str:
+    """One safe path component: ``/`` and anything outside ``[A-Za-z0-9._-]``
+    become ``_``, a leading ``.`` becomes ``_``, at most 64 characters."""
+    safe = _UNSAFE.sub("_", name)[:_MAX_NAME]
+    if safe.startswith("."):
+        safe = "_" + safe[1:]
+    return safe or "model"
+
+
+def _canonical_json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+class FileMapper:
+    """Maps :class:`BlockKey` to paths for one (model, parallel layout, tier) config."""
+
+    def __init__(self, config: FstierConfig) -> None:
+        self.config = config
+        self.root = Path(config.tier.root_dir)
+        self.agnostic = is_parallel_agnostic(config.model, config.parallel)
+        self.fields = self.namespace_fields()
+        self.digest = hashlib.sha256(_canonical_json(self.fields)).hexdigest()[:16]
+        self.digest_bytes = bytes.fromhex(self.digest)
+        self.namespace = f"{safe_model_name(config.model.name)}-{self.digest}"
+        self.namespace_dir = self.root / self.namespace
+        self.blocks_dir = (
+            self.namespace_dir if self.agnostic else self.namespace_dir / f"r{config.parallel.rank}"
+        )
+        self._verified_dirs: set[str] = set()
+        self._lock = threading.Lock()
+
+    # -- namespace -------------------------------------------------------
+    def namespace_fields(self) -> dict[str, Any]:
+        """Every field that changes the bytes of a block file, as digested."""
+        cfg = self.config
+        model, par = cfg.model, cfg.parallel
+        agnostic = is_parallel_agnostic(model, par)
+        groups = [
+            {
+                "kind": g.kind,
+                "block_size": g.block_size,
+                "num_layers": g.num_layers,
+                "num_kv_heads": g.num_kv_heads,
+                "head_size": g.head_size,
+                "dtype": g.dtype,
+                "kv_layout": g.kv_layout,
+                "sliding_window": g.sliding_window,
+                "page_size_bytes": g.page_size_bytes,
+                "page_bytes": g.page_bytes,
+                "file_page_bytes": canonical_page_bytes(g, par),
+                "format_id": canonical_format_id(g),
+            }
+            for g in model.groups
+        ]
+        return {
+            "namespace_version": NAMESPACE_VERSION,
+            "model": model.name,
+            "revision": model.revision,
+            "dtype": model.dtype,
+            "groups": groups,
+            "blocks_per_file": cfg.tier.blocks_per_file,
+            "format_id": "+".join(g["format_id"] for g in groups),
+            "tp_size": 1 if agnostic else par.tp_size,
+            "pp_size": 1 if agnostic else par.pp_size,
+            "pcp_size": 1 if agnostic else par.pcp_size,
+            "dcp_size": 1 if agnostic else par.dcp_size,
+            "cp_kv_cache_interleave_size": 1 if agnostic else par.cp_kv_cache_interleave_size,
+            "model_runner": par.model_runner,
+            "namespace_salt": cfg.tier.namespace_salt,
+        }
+
+    def manifest(self) -> dict[str, Any]:
+        """The content of ``config.json``: the digested fields plus identity."""
+        return {
+            "fstier_manifest": NAMESPACE_VERSION,
+            "namespace": self.namespace,
+            "digest": self.digest,
+            "parallel_agnostic": self.agnostic,
+            "fields": self.fields,
+        }
+
+    def ensure_manifest(self) -> None:
+        """Create the namespace directory and write ``config.json`` once,
+        atomically. An existing manifest with other fields is refused."""
+        self._check_root()
+        self.namespace_dir.mkdir(mode=0o755, exist_ok=True)
+        self._check_not_symlink(self.namespace_dir)
+        path = self.namespace_dir / MANIFEST_NAME
+        want = self.manifest()
+        try:
+            existing = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            existing = None
+        except (OSError, ValueError) as exc:
+            raise NamespaceMismatchError(
+                f"{path}: unreadable manifest ({exc}); move the directory aside or remove it"
+            ) from None
+        if existing is None:
+            atomic_write(path, json.dumps(want, indent=2, sort_keys=True).encode(), fsync="file+dir")
+            return
+        if not isinstance(existing, dict) or existing.get("fields") != want["fields"]:
+            raise NamespaceMismatchError(
+                f"{path}: manifest fields differ from this config although the digest "
+                f"{self.digest} matches; the directory was altered by hand. Move it aside."
+            )
+
+    # -- paths ------------------------------------------------------------
+    def expected_payload_bytes(self, group_idx: int) -> int:
+        """Payload length of a full file of group ``group_idx``."""
+        group = self.config.model.groups[group_idx]
+        return self.config.tier.blocks_per_file * canonical_page_bytes(group, self.config.parallel)
+
+    def path_for(self, key: BlockKey) -> Path:
+        """The final path of ``key``'s block file (two-level hex fan-out)."""
+        if key.group_idx >= len(self.config.model.groups):
+            raise PathSafetyError(
+                f"key group {key.group_idx} does not exist; the model has "
+                f"{len(self.config.model.groups)} group(s)"
+            )
+        h = key.hex
+        return self.blocks_dir / h[:3] / h[3:5] / f"{h}-g{key.group_idx}{BLOCK_SUFFIX}"
+
+    def ensure_parent(self, path: Path) -> None:
+        """Create ``path``'s directories under the namespace, refusing any
+        component that is a symlink (so nothing lands outside root)."""
+        parent = path.parent
+        key = str(parent)
+        if key in self._verified_dirs:
+            return
+        rel = parent.relative_to(self.namespace_dir)
+        current = self.namespace_dir
+        self._check_not_symlink(current)
+        for part in rel.parts:
+            current = current / part
+            try:
+                os.mkdir(current, 0o755)
+            except FileExistsError:
+                pass
+            self._check_not_symlink(current)
+        with self._lock:
+            self._verified_dirs.add(key)
+
+    def _check_root(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise PathSafetyError(f"tier.root_dir {str(self.root)!r} exists and is not a directory") from None
+        if not self.root.is_dir():
+            raise PathSafetyError(f"tier.root_dir {str(self.root)!r} is not a directory")
+
+    @staticmethod
+    def _check_not_symlink(path: Path) -> None:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            raise PathSafetyError(
+                f"{path} is a symlink or not a directory; fstier refuses to follow it. Remove it."
+            )

@@ -1,0 +1,86 @@
+"""Block keys and deterministic prefix hashes.
+
+A :class:`BlockKey` names one block of one KV group: a hash of the token
+prefix that produced it (8..64 bytes) and the group index. :func:`chain_hashes`
+computes the hashes of the full blocks of a token sequence with xxh3-128,
+chained so that a block's hash covers its whole prefix. The result depends
+only on the token ids, the block size and the seed: never on Python's hash
+seed, the process or the machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+from fstier.errors import KeyFormatError
+
+__all__ = ["BlockKey", "chain_hashes", "prefix_keys"]
+
+MIN_HASH_BYTES = 8
+MAX_HASH_BYTES = 64
+
+
+@dataclass(frozen=True, slots=True)
+class BlockKey:
+    """One block of one KV group. Frozen and hashable; validated on creation."""
+
+    block_hash: bytes
+    group_idx: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.block_hash, bytes):
+            raise KeyFormatError(
+                f"BlockKey.block_hash must be bytes, got {type(self.block_hash).__name__}"
+            )
+        n = len(self.block_hash)
+        if not MIN_HASH_BYTES <= n <= MAX_HASH_BYTES:
+            raise KeyFormatError(
+                f"BlockKey.block_hash must be {MIN_HASH_BYTES}..{MAX_HASH_BYTES} bytes, got {n}"
+            )
+        if isinstance(self.group_idx, bool) or not isinstance(self.group_idx, int):
+            raise KeyFormatError(
+                f"BlockKey.group_idx must be an int, got {type(self.group_idx).__name__}"
+            )
+        if not 0 <= self.group_idx < 65536:
+            raise KeyFormatError(f"BlockKey.group_idx must be in 0..65535, got {self.group_idx}")
+
+    @property
+    def hex(self) -> str:
+        return self.block_hash.hex()
+
+    def __repr__(self) -> str:
+        return f"BlockKey({self.hex[:16]}…, group={self.group_idx})"
+
+
+def chain_hashes(token_ids: Sequence[int] | np.ndarray, block_size: int, seed: bytes = b"") -> list[bytes]:
+    """Hash every full block of ``token_ids``; hash i covers tokens [0, (i+1)*block_size).
+
+    ``h_i = xxh3_128(h_{i-1} || tokens_i as little-endian int64)`` with
+    ``h_{-1} = xxh3_128(b"fstier-chain-v1" || seed)``. A trailing partial block
+    is not hashed (it is never stored).
+    """
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+    if not isinstance(seed, bytes):
+        raise ValueError(f"seed must be bytes, got {type(seed).__name__}")
+    tokens = np.asarray(token_ids, dtype="<i8").reshape(-1)
+    num_full = len(tokens) // block_size
+    prev = xxhash.xxh3_128(b"fstier-chain-v1" + seed).digest()
+    out: list[bytes] = []
+    raw = tokens[: num_full * block_size].tobytes()
+    step = block_size * 8
+    for i in range(num_full):
+        prev = xxhash.xxh3_128(prev + raw[i * step : (i + 1) * step]).digest()
+        out.append(prev)
+    return out
+
+
+def prefix_keys(
+    token_ids: Sequence[int] | np.ndarray, block_size: int, group_idx: int = 0, seed: bytes = b""
+) -> list[BlockKey]:
+    """:func:`chain_hashes` wrapped as :class:`BlockKey` of one group."""
+    return [BlockKey(h, group_idx) for h in chain_hashes(token_ids, block_size, seed)]
