@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[dev,metrics]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,metrics,examples]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -158,10 +158,15 @@ class ModelSpec(BaseModel):
     dtype: Dtype = "bfloat16"
     groups: list[KVGroupSpec] = Field(min_length=1)
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if "\x00" in value:
+            raise ValueError("must not contain NUL bytes")
+        return value
+
     @model_validator(mode="after")
     def _resolve_group_dtypes(self) -> ModelSpec:
-        if "\x00" in self.name:
-            raise ValueError("name must not contain NUL bytes")
         resolved = [g if g.dtype else g.model_copy(update={"dtype": self.dtype}) for g in self.groups]
         object.__setattr__(self, "groups", resolved)
         return self

@@ -67,3 +67,12 @@ class PoolError(FstierError, RuntimeError):
 
 class PathSafetyError(FstierError, ValueError):
     """A path would leave the root or crosses a symlink."""
+
+
+class MetricsUnavailableError(FstierError, ImportError):
+    """Prometheus export was asked for but the ``metrics`` extra
+    (prometheus-client) is not installed."""
+
+
+class TierClosedError(FstierError, RuntimeError):
+    """An operation was attempted on an FsTier after ``close()``."""

@@ -1,0 +1,324 @@
+"""Capacity management of a tier root: streaming usage scan, LRU eviction, temp sweep.
+
+Shared by :class:`fstier.manager.FsTier` (background eviction) and ``fstier gc``.
+
+- **Streaming.** The tree is walked with :func:`os.scandir` one directory at a
+  time (an explicit stack of pending directories, never a list of every path),
+  symlinks are never followed, and only names fstier itself writes are ever
+  removed: block files ``<hex>-g<group>.bin``, temp files
+  (:func:`fstier._atomic.is_temp_name`) and NFS silly-renamed ``.nfs*`` files.
+- **Recency is mtime.** fstier bumps a block file's mtime when it is loaded
+  (``os.utime``) because atime is unreliable under ``relatime``/``noatime``;
+  eviction removes the smallest mtimes first.
+- **Bounded memory.** Selecting the oldest files worth ``excess`` bytes keeps a
+  max-heap (by mtime) of at most ``max_candidates`` entries: a file newer than
+  every candidate is dropped as soon as the older candidates already cover the
+  excess. When the excess needs more files than the cap, a pass removes the
+  oldest ``max_candidates`` and the next pass rescans, so memory stays
+  O(max_candidates) for any tree size.
+- **Unlink only.** A file is never truncated or rewritten, so a reader that
+  already opened it (this or another process, or another host) keeps reading
+  valid bytes; a reader that opens it afterwards sees a miss. Just before
+  unlinking, the file is ``lstat``-ed again: if its mtime moved (someone loaded
+  it since the scan) it is kept.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import re
+import stat
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from fstier._atomic import is_temp_name
+from fstier.keys import BlockKey
+
+__all__ = [
+    "DEFAULT_MAX_CANDIDATES",
+    "GcReport",
+    "UsageScan",
+    "collect_garbage",
+    "is_block_name",
+    "key_from_block_name",
+    "scan_usage",
+]
+
+#: Upper bound on eviction candidates held in memory by one pass (~100 B each).
+DEFAULT_MAX_CANDIDATES = 200_000
+
+_BLOCK_NAME = re.compile(r"^([0-9a-f]{16,128})-g([0-9]{1,5})\.bin$")
+
+
+def is_block_name(name: str) -> bool:
+    """True for final block file names written by fstier (``<hex>-g<group>.bin``)."""
+    return _BLOCK_NAME.match(name) is not None
+
+
+def key_from_block_name(name: str) -> BlockKey | None:
+    """The key named by a block file name, or None for any other name."""
+    m = _BLOCK_NAME.match(name)
+    if m is None or len(m.group(1)) % 2:
+        return None
+    group = int(m.group(2))
+    if group > 65535:
+        return None
+    try:
+        return BlockKey(bytes.fromhex(m.group(1)), group)
+    except ValueError:
+        return None
+
+
+def _is_nfs_silly(name: str) -> bool:
+    return name.startswith(".nfs")
+
+
+@dataclass(frozen=True, slots=True)
+class UsageScan:
+    """What one streaming walk of a root found."""
+
+    block_files: int
+    block_bytes: int
+    temp_files: int
+    temp_bytes: int
+    other_files: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class GcReport:
+    """The result of :func:`collect_garbage`. With ``dry_run`` the ``removed_*``
+    fields count what would have been removed."""
+
+    scanned_files: int
+    scanned_bytes: int
+    removed_files: int
+    removed_bytes: int
+    kept_recently_used: int
+    temp_removed: int
+    temp_removed_bytes: int
+    final_bytes: int
+    target_bytes: int | None
+    passes: int
+    errors: int
+    seconds: float
+    dry_run: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    path: str
+    name: str
+    size: int
+    mtime_ns: int
+    is_block: bool
+    is_sweepable: bool
+
+
+def _walk(root: str, on_error: Callable[[OSError], None] | None = None) -> Iterator[_Entry]:
+    """Every regular file under ``root``, streamed, without following symlinks."""
+    stack = [root]
+    while stack:
+        directory = stack.pop()
+        try:
+            it = os.scandir(directory)
+        except FileNotFoundError:
+            continue  # removed by a concurrent gc; nothing to count
+        except OSError as exc:
+            if on_error is not None:
+                on_error(exc)
+            continue
+        with it:
+            for entry in it:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                        continue
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    if on_error is not None:
+                        on_error(exc)
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                name = entry.name
+                yield _Entry(
+                    path=entry.path,
+                    name=name,
+                    size=st.st_size,
+                    mtime_ns=st.st_mtime_ns,
+                    is_block=is_block_name(name),
+                    is_sweepable=is_temp_name(name) or _is_nfs_silly(name),
+                )
+
+
+def scan_usage(root: str | os.PathLike[str]) -> UsageScan:
+    """Walk ``root`` once (streaming) and total block and temp file sizes."""
+    t0 = time.perf_counter()
+    blocks = block_bytes = temps = temp_bytes = other = 0
+    for e in _walk(os.fspath(root)):
+        if e.is_block:
+            blocks += 1
+            block_bytes += e.size
+        elif e.is_sweepable:
+            temps += 1
+            temp_bytes += e.size
+        else:
+            other += 1
+    return UsageScan(blocks, block_bytes, temps, temp_bytes, other, time.perf_counter() - t0)
+
+
+def _unlink_if_unchanged(path: str, mtime_ns: int) -> str:
+    """Unlink ``path`` unless its mtime moved since the scan.
+    Returns ``removed``, ``kept`` (recently used) or ``gone``/``error``."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "gone"
+    except OSError:
+        return "error"
+    if st.st_mtime_ns != mtime_ns or not stat.S_ISREG(st.st_mode):
+        return "kept"
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return "gone"
+    except OSError:
+        return "error"
+    return "removed"
+
+
+def collect_garbage(
+    root: str | os.PathLike[str],
+    max_bytes: int | None,
+    low_watermark: float = 0.80,
+    temp_max_age_s: float = 3600.0,
+    dry_run: bool = False,
+    *,
+    high_watermark: float = 1.0,
+    max_candidates: int = DEFAULT_MAX_CANDIDATES,
+    on_removed: Callable[[str, int], None] | None = None,
+    now_ns: int | None = None,
+) -> GcReport:
+    """Sweep stale temp/``.nfs*`` files and, when block files under ``root``
+    total more than ``high_watermark x max_bytes``, unlink the least recently
+    used ones until they total at most ``low_watermark x max_bytes``.
+
+    ``max_bytes=None`` only sweeps temp files. ``on_removed(path, size)`` is
+    called after each block file is unlinked (FsTier turns it into a
+    ``BlockRemoved`` event). Never raises for per-file errors; they are counted
+    in ``errors``.
+    """
+    if max_bytes is not None and max_bytes < 0:
+        raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes}")
+    if not 0.0 <= low_watermark <= 1.0 or not 0.0 < high_watermark <= 1.0:
+        raise ValueError(
+            f"watermarks must be fractions in (0, 1], got low={low_watermark} high={high_watermark}"
+        )
+    if low_watermark > high_watermark:
+        raise ValueError(f"low_watermark ({low_watermark}) must be <= high_watermark ({high_watermark})")
+    if max_candidates < 1:
+        raise ValueError(f"max_candidates must be >= 1, got {max_candidates}")
+    t0 = time.perf_counter()
+    root_s = os.fspath(root)
+    now = time.time_ns() if now_ns is None else now_ns
+    temp_cutoff = now - int(temp_max_age_s * 1e9)
+    target = None if max_bytes is None else int(max_bytes * low_watermark)
+    trigger = None if max_bytes is None else int(max_bytes * high_watermark)
+
+    scanned_files = scanned_bytes = 0
+    removed_files = removed_bytes = kept = 0
+    temp_removed = temp_removed_bytes = 0
+    errors = 0
+    passes = 0
+    usage = 0
+    excess = 0
+    first = True
+
+    def count_error(_exc: OSError) -> None:
+        nonlocal errors
+        errors += 1
+
+    while True:
+        passes += 1
+        usage = 0
+        files = 0
+        # max-heap by mtime (negated) of the oldest candidates seen so far.
+        heap: list[tuple[int, str, int]] = []
+        heap_bytes = 0
+        # Before the walk we do not know the excess; collect up to the cap and
+        # trim once the total is known. During the walk, trim only when the
+        # cap is exceeded (drop the newest candidate).
+        for e in _walk(root_s, count_error):
+            if e.is_block:
+                usage += e.size
+                files += 1
+                if max_bytes is not None:
+                    heapq.heappush(heap, (-e.mtime_ns, e.path, e.size))
+                    heap_bytes += e.size
+                    if len(heap) > max_candidates:
+                        _, _, size = heapq.heappop(heap)
+                        heap_bytes -= size
+            elif first and e.is_sweepable and e.mtime_ns < temp_cutoff:
+                # Old temp files are leftovers of killed writers (a live writer
+                # renames within seconds); .nfs* ones are files deleted while
+                # open on NFS whose holder is long gone.
+                result = "removed" if dry_run else _unlink_if_unchanged(e.path, e.mtime_ns)
+                if result == "removed":
+                    temp_removed += 1
+                    temp_removed_bytes += e.size
+                elif result == "error":
+                    errors += 1
+        if first:
+            scanned_bytes = usage
+            scanned_files = files
+            first = False
+        if trigger is None or target is None or usage <= (trigger if passes == 1 else target):
+            break
+        excess = usage - target
+        # Keep only the oldest candidates that cover the excess: pop newest
+        # while the rest still cover it.
+        while heap and heap_bytes - heap[0][2] >= excess:
+            _, _, size = heapq.heappop(heap)
+            heap_bytes -= size
+        victims = sorted(heap, reverse=True)  # oldest first (largest negated mtime)
+        progress = 0
+        for neg_mtime, path, size in victims:
+            if dry_run:
+                result = "removed"
+            else:
+                result = _unlink_if_unchanged(path, -neg_mtime)
+            if result == "removed":
+                removed_files += 1
+                removed_bytes += size
+                progress += size
+                usage -= size
+                if on_removed is not None and not dry_run:
+                    on_removed(path, size)
+            elif result == "kept":
+                kept += 1
+            elif result == "error":
+                errors += 1
+        if dry_run or progress == 0 or usage <= target:
+            break
+        # The cap limited this pass, or files were kept/raced: rescan.
+    return GcReport(
+        scanned_files=scanned_files,
+        scanned_bytes=scanned_bytes,
+        removed_files=removed_files,
+        removed_bytes=removed_bytes,
+        kept_recently_used=kept,
+        temp_removed=temp_removed,
+        temp_removed_bytes=temp_removed_bytes,
+        final_bytes=usage,
+        target_bytes=target,
+        passes=passes,
+        errors=errors,
+        seconds=time.perf_counter() - t0,
+        dry_run=dry_run,
+    )

@@ -1,0 +1,203 @@
+"""FileMapper: the parallel-agnostic rule, namespace digests, safe paths, manifests."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import make_config
+
+from fstier._atomic import is_temp_name
+from fstier.config import ModelSpec, ParallelSpec
+from fstier.errors import NamespaceMismatchError, PathSafetyError
+from fstier.file_mapper import FileMapper, is_parallel_agnostic, safe_model_name
+from fstier.keys import BlockKey
+
+FULL = {"kind": "full_attention", "block_size": 16, "num_layers": 2, "num_kv_heads": 8, "head_size": 64}
+SLIDING = {**FULL, "kind": "sliding_window", "sliding_window": 128}
+MLA = {"kind": "mla", "block_size": 16, "num_layers": 2, "head_size": 576}
+MAMBA = {"kind": "mamba", "block_size": 16, "num_layers": 2, "page_size_bytes": "64KiB"}
+KEY = BlockKey(bytes(range(16)), 0)
+
+
+def _model(*groups: dict[str, Any]) -> ModelSpec:
+    return ModelSpec.model_validate({"name": "m", "dtype": "float16", "groups": list(groups)})
+
+
+@pytest.mark.parametrize(
+    ("groups", "runner", "expected"),
+    [
+        ([FULL], "v1", True),
+        ([FULL, FULL], "v1", False),
+        ([FULL, SLIDING], "v1", False),
+        ([SLIDING], "v1", False),
+        ([MLA], "v1", False),
+        ([MAMBA], "v1", False),
+        ([FULL, MAMBA], "v1", False),
+        ([FULL], "v2", False),
+    ],
+    ids=["one-full", "two-groups", "full+sliding", "sliding-only", "mla", "mamba", "hybrid-mamba", "runner-v2"],
+)
+def test_parallel_agnostic_predicate(groups: list[dict[str, Any]], runner: str, expected: bool) -> None:
+    par = ParallelSpec(tp_size=2, model_runner=runner)  # type: ignore[arg-type]
+    assert is_parallel_agnostic(_model(*groups), par) is expected
+
+
+def test_agnostic_paths_identical_across_tp_and_rank(tmp_path: Path) -> None:
+    paths = set()
+    for tp in (1, 2, 4, 8):
+        for rank in range(tp):
+            cfg = make_config(tmp_path, parallel={"tp_size": tp, "rank": rank})
+            paths.add(FileMapper(cfg).path_for(KEY))
+    assert len(paths) == 1
+    (path,) = paths
+    assert "/r0/" not in str(path)
+
+
+@pytest.mark.parametrize("groups", [[MLA], [FULL, SLIDING], [SLIDING]])
+def test_non_agnostic_paths_differ_per_tp_and_rank(tmp_path: Path, groups: list[dict[str, Any]]) -> None:
+    seen: dict[Path, tuple[int, int]] = {}
+    for tp in (1, 2, 4):
+        for rank in range(tp):
+            cfg = make_config(tmp_path, groups=groups, parallel={"tp_size": tp, "rank": rank})
+            path = FileMapper(cfg).path_for(KEY)
+            assert path not in seen, f"tp={tp} rank={rank} collides with {seen[path]}"
+            seen[path] = (tp, rank)
+            assert f"/r{rank}/" in str(path)
+
+
+def test_v2_runner_keeps_tp_in_namespace(tmp_path: Path) -> None:
+    a = FileMapper(make_config(tmp_path, parallel={"tp_size": 2, "model_runner": "v2"}))
+    b = FileMapper(make_config(tmp_path, parallel={"tp_size": 4, "model_runner": "v2"}))
+    assert a.digest != b.digest
+
+
+def _digest(tmp_path: Path, groups: list[dict[str, Any]] | None = None, **over: Any) -> str:
+    return FileMapper(make_config(tmp_path, groups=groups, **over)).digest
+
+
+@pytest.mark.parametrize(
+    ("label", "groups", "over"),
+    [
+        ("dtype", None, {"model": {"dtype": "bfloat16"}}),
+        ("block_size", [{**FULL, "block_size": 32}], {}),
+        ("num_kv_heads", [{**FULL, "num_kv_heads": 4}], {}),
+        ("head_size", [{**FULL, "head_size": 128}], {}),
+        ("num_layers", [{**FULL, "num_layers": 3}], {}),
+        ("kv_layout (canonical format id)", [{**FULL, "kv_layout": "HND"}], {}),
+        ("blocks_per_file", None, {"tier": {"blocks_per_file": 4}}),
+        ("revision", None, {"model": {"revision": "deadbeef"}}),
+        ("salt", None, {"tier": {"namespace_salt": "tenant-b"}}),
+        ("model name", None, {"model": {"name": "acme/other"}}),
+    ],
+)
+def test_each_byte_changing_field_changes_the_namespace(
+    tmp_path: Path, label: str, groups: list[dict[str, Any]] | None, over: dict[str, Any]
+) -> None:
+    assert _digest(tmp_path) != _digest(tmp_path, groups, **over), label
+
+
+def test_canonical_format_version_changes_the_namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fstier._format as fmt
+
+    before = _digest(tmp_path)
+    monkeypatch.setattr(fmt, "CANONICAL_LAYOUT_VERSION", fmt.CANONICAL_LAYOUT_VERSION + 1)
+    assert _digest(tmp_path) != before
+
+
+def test_tier_knobs_that_do_not_change_bytes_keep_the_namespace(tmp_path: Path) -> None:
+    base = _digest(tmp_path)
+    assert base == _digest(tmp_path, tier={"read_threads": 3, "fsync": "file+dir", "o_direct": "off"})
+
+
+def test_golden_namespace_and_path(tmp_path: Path) -> None:
+    # Pins the on-disk layout: if this changes, every existing cache is orphaned.
+    cfg = make_config(tmp_path)
+    m = FileMapper(cfg)
+    assert m.digest == GOLDEN_DIGEST
+    rel = m.path_for(BlockKey(bytes(range(16)), 0)).relative_to(tmp_path)
+    assert str(rel) == f"acme_llama-tiny-{GOLDEN_DIGEST}/000/10/000102030405060708090a0b0c0d0e0f-g0.bin"
+
+
+HOSTILE = [
+    "../../etc", "/abs/path", "a/b", "..", ".", "a\x00b", "x" * 500, "ｍｏｄｅｌ／..／..", "..\\..\\win",
+    "~root", "$(rm -rf /)", "", " ", "\u202e", "a/../../b",
+]
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_model_names_stay_under_root(tmp_path: Path, name: str) -> None:
+    safe = safe_model_name(name)
+    assert "/" not in safe and safe not in ("", ".", "..") and not safe.startswith(".")
+    assert len(safe) <= 64
+    if "\x00" in name or not name:
+        return  # rejected by ModelSpec: NUL / empty names never reach the mapper
+    cfg = make_config(tmp_path / "root", model={"name": name})
+    m = FileMapper(cfg)
+    root = (tmp_path / "root").resolve()
+    for p in (m.namespace_dir, m.path_for(KEY)):
+        assert Path(os.path.realpath(p)).is_relative_to(root)
+    m.ensure_manifest()
+    m.ensure_parent(m.path_for(KEY))
+    assert list(tmp_path.iterdir()) == [tmp_path / "root"]
+
+
+def test_nul_and_empty_names_rejected(tmp_path: Path) -> None:
+    from fstier.errors import ConfigError
+
+    for bad in ("a\x00b", ""):
+        with pytest.raises(ConfigError, match="model.name"):
+            make_config(tmp_path, model={"name": bad})
+
+
+def test_manifest_written_once_atomically_and_mismatch_refused(tmp_path: Path) -> None:
+    m = FileMapper(make_config(tmp_path))
+    m.ensure_manifest()
+    manifest = m.namespace_dir / "config.json"
+    data = json.loads(manifest.read_text())
+    assert data["digest"] == m.digest and data["fields"]["model"] == "acme/llama-tiny"
+    assert data["parallel_agnostic"] is True
+    mtime = manifest.stat().st_mtime_ns
+    FileMapper(make_config(tmp_path, parallel={"tp_size": 4, "rank": 3})).ensure_manifest()
+    assert manifest.stat().st_mtime_ns == mtime  # same namespace: left alone
+    assert not [p for p in m.namespace_dir.iterdir() if is_temp_name(p.name)]
+    data["fields"]["dtype"] = "float32"
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(NamespaceMismatchError, match="differ"):
+        m.ensure_manifest()
+    manifest.write_text("{not json")
+    with pytest.raises(NamespaceMismatchError, match="unreadable"):
+        m.ensure_manifest()
+
+
+def test_symlinked_subdirectory_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    m = FileMapper(make_config(tmp_path / "root"))
+    m.ensure_manifest()
+    path = m.path_for(KEY)
+    (m.namespace_dir / path.parent.parent.name).symlink_to(outside)
+    with pytest.raises(PathSafetyError, match="symlink"):
+        m.ensure_parent(path)
+    assert list(outside.iterdir()) == []
+
+
+def test_key_group_out_of_range(tmp_path: Path) -> None:
+    m = FileMapper(make_config(tmp_path))
+    with pytest.raises(PathSafetyError, match="group 3"):
+        m.path_for(BlockKey(bytes(16), 3))
+
+
+def test_expected_payload_scales_for_rank_private_groups(tmp_path: Path) -> None:
+    full2 = FileMapper(make_config(tmp_path, parallel={"tp_size": 2}))
+    full4 = FileMapper(make_config(tmp_path, parallel={"tp_size": 4}))
+    assert full2.expected_payload_bytes(0) == full4.expected_payload_bytes(0) == 2 * 2 * 16 * 8 * 64 * 2
+    mla2 = FileMapper(make_config(tmp_path, groups=[MLA], parallel={"tp_size": 2}))
+    mla4 = FileMapper(make_config(tmp_path, groups=[MLA], parallel={"tp_size": 4}))
+    assert mla4.expected_payload_bytes(0) == 2 * mla2.expected_payload_bytes(0)
+
+
+GOLDEN_DIGEST = "19a8a98142a42b47"
