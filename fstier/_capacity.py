@@ -32,7 +32,6 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from fstier._atomic import is_temp_name
 from fstier.keys import BlockKey
@@ -106,6 +105,8 @@ class GcReport:
     errors: int
     seconds: float
     dry_run: bool
+    #: False when ``should_stop`` ended the walk early (sizes are partial)
+    complete: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +205,7 @@ def collect_garbage(
     max_candidates: int = DEFAULT_MAX_CANDIDATES,
     on_removed: Callable[[str, int], None] | None = None,
     now_ns: int | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> GcReport:
     """Sweep stale temp/``.nfs*`` files and, when block files under ``root``
     total more than ``high_watermark x max_bytes``, unlink the least recently
@@ -211,7 +213,8 @@ def collect_garbage(
 
     ``max_bytes=None`` only sweeps temp files. ``on_removed(path, size)`` is
     called after each block file is unlinked (FsTier turns it into a
-    ``BlockRemoved`` event). Never raises for per-file errors; they are counted
+    ``BlockRemoved`` event). ``should_stop()`` is polled every 1024 files and
+    ends the pass early (FsTier's close). Never raises for per-file errors; they are counted
     in ``errors``.
     """
     if max_bytes is not None and max_bytes < 0:
@@ -239,6 +242,7 @@ def collect_garbage(
     usage = 0
     excess = 0
     first = True
+    stopped = False
 
     def count_error(_exc: OSError) -> None:
         nonlocal errors
@@ -254,7 +258,11 @@ def collect_garbage(
         # Before the walk we do not know the excess; collect up to the cap and
         # trim once the total is known. During the walk, trim only when the
         # cap is exceeded (drop the newest candidate).
-        for e in _walk(root_s, count_error):
+        stopped = False
+        for seen, e in enumerate(_walk(root_s, count_error)):
+            if should_stop is not None and seen % 1024 == 1023 and should_stop():
+                stopped = True
+                break
             if e.is_block:
                 usage += e.size
                 files += 1
@@ -278,6 +286,8 @@ def collect_garbage(
             scanned_bytes = usage
             scanned_files = files
             first = False
+        if stopped:
+            break
         if trigger is None or target is None or usage <= (trigger if passes == 1 else target):
             break
         excess = usage - target
@@ -289,10 +299,7 @@ def collect_garbage(
         victims = sorted(heap, reverse=True)  # oldest first (largest negated mtime)
         progress = 0
         for neg_mtime, path, size in victims:
-            if dry_run:
-                result = "removed"
-            else:
-                result = _unlink_if_unchanged(path, -neg_mtime)
+            result = "removed" if dry_run else _unlink_if_unchanged(path, -neg_mtime)
             if result == "removed":
                 removed_files += 1
                 removed_bytes += size
@@ -321,4 +328,5 @@ def collect_garbage(
         errors=errors,
         seconds=time.perf_counter() - t0,
         dry_run=dry_run,
+        complete=not stopped,
     )

@@ -43,13 +43,13 @@ EXIT_USAGE = 2
 def _console(stderr: bool = False) -> Any:
     """A rich console bound to the *current* stdout/stderr (CliRunner swaps them).
 
-    Off a terminal rich would wrap tables at 80 columns; 160 keeps the rows of
+    Off a terminal rich would wrap tables at 80 columns; 200 keeps the rows of
     ``inspect`` on one line in logs and in docs/cli.md.
     """
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() else 160
+    width = None if stream.isatty() else 200
     return Console(file=stream, width=width, soft_wrap=False, highlight=False)
 
 
@@ -110,7 +110,7 @@ def _existing_root(root: str) -> Path:
 def _fmt_time(ts: float | None) -> str:
     if ts is None:
         return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    return time.strftime("%m-%d %H:%M:%S", time.localtime(ts))
 
 
 def _fmt_size(n: float) -> str:
@@ -265,7 +265,8 @@ def inspect_cmd(root: str, as_json: bool) -> None:
 
     table = Table(title=f"fstier root {report.root}")
     for col in ("namespace", "model", "revision", "parallel", "groups", "files", "bytes", "oldest", "newest", "temp"):
-        table.add_column(col, overflow="fold")
+        # Names are what people copy into --namespace: never fold them.
+        table.add_column(col, no_wrap=col in ("namespace", "parallel"), min_width=24 if col == "model" else None, overflow="fold")
     for ns in report.namespaces:
         groups = "-" if ns.num_groups is None else str(ns.num_groups)
         model = ns.model if ns.model is not None else f"? ({ns.manifest_error})"
@@ -287,7 +288,7 @@ def inspect_cmd(root: str, as_json: bool) -> None:
     total_bytes = sum(ns.bytes for ns in report.namespaces)
     console.print(
         f"{len(report.namespaces)} namespace(s), {total_files:,} block file(s), "
-        f"{_fmt_size(total_bytes)}; {report.stray_entries} stray top-level entr(y/ies)",
+        f"{_fmt_size(total_bytes)}; {report.stray_entries} other top-level entries",
         markup=False,
     )
 
@@ -369,8 +370,11 @@ def gc_cmd(root: str, max_bytes: str, dry_run: bool, temp_max_age: float, as_jso
     if temp_max_age <= 0:
         raise _Fail(EXIT_USAGE, f"--temp-max-age: must be > 0, got {temp_max_age}")
     result = run_gc(_existing_root(root), limit, dry_run=dry_run, temp_max_age_s=temp_max_age)
+    ok = result["errors"] == 0
     if as_json:
-        _emit_json({"ok": True, **result})
+        _emit_json({"ok": ok, **result})
+        if not ok:
+            sys.exit(EXIT_FAILURE)
         return
     verb = "would remove" if dry_run else "removed"
     click.echo(
@@ -382,6 +386,9 @@ def gc_cmd(root: str, max_bytes: str, dry_run: bool, temp_max_age: float, as_jso
         f"and {result['temp_removed']} stale temp file(s); "
         f"{_fmt_size(result['bytes_after'])} remain"
     )
+    if not ok:
+        click.echo(f"{result['errors']} file(s) could not be examined or removed (see above)", err=True)
+        sys.exit(EXIT_FAILURE)
 
 
 # -- bench -------------------------------------------------------------------
@@ -409,12 +416,18 @@ def bench_cmd(root: str | None, block_size: str, num_blocks: int, threads: int, 
         return
     from rich.table import Table
 
-    table = Table(title=f"fstier bench: {num_blocks} x {_fmt_size(size)} on {result['root']} (o_direct={result['o_direct']})")
+    table = Table(title="fstier bench")
     for col in ("op", "fstier GB/s", "raw O_DIRECT GB/s", "ratio"):
         table.add_column(col)
     for row in result["rows"]:
         table.add_row(row["op"], f"{row['fstier_gbps']:.2f}", f"{row['raw_gbps']:.2f}", f"{row['ratio']:.2f}")
-    _console().print(table)
+    console = _console()
+    console.print(table)
+    console.print(
+        f"{result['num_blocks']} x {_fmt_size(size)} files, {threads} threads, median of "
+        f"{result['rounds']} rounds after a warm-up, on {result['root']} (o_direct={result['o_direct']})",
+        markup=False,
+    )
 
 
 # -- demo --------------------------------------------------------------------
@@ -428,9 +441,10 @@ def demo_cmd(root: str | None, config_file: str | None, per_layer: bool, as_json
     """The end-to-end tour: tp=2 ranks store, tp=4 ranks load, and every
     fail-closed case (MLA, hybrid, corruption, restart). Exit 0 only when
     every outcome matches what is expected."""
+    # The config first: a bad file is exit 2 before anything heavy is imported.
+    cfg = _load(config_file) if config_file else None
     from fstier._demo import DemoOptions, run_demo
 
-    cfg = _load(config_file) if config_file else None
     show_progress = not as_json and sys.stderr.isatty()
     opts = DemoOptions(
         root=Path(root) if root else None,

@@ -76,3 +76,7 @@ class MetricsUnavailableError(FstierError, ImportError):
 
 class TierClosedError(FstierError, RuntimeError):
     """An operation was attempted on an FsTier after ``close()``."""
+
+
+class IOPoolClosedError(FstierError, RuntimeError):
+    """Work was submitted to an I/O pool after ``shutdown()``."""

@@ -110,7 +110,7 @@ class FileMapper:
             "dtype": model.dtype,
             "groups": groups,
             "blocks_per_file": cfg.tier.blocks_per_file,
-            "format_id": "+".join(g["format_id"] for g in groups),
+            "format_id": "+".join(str(g["format_id"]) for g in groups),
             "tp_size": 1 if agnostic else par.tp_size,
             "pp_size": 1 if agnostic else par.pp_size,
             "pcp_size": 1 if agnostic else par.pcp_size,

@@ -168,9 +168,21 @@ def encode_header_into(h: BlockHeader, buf: bytearray | memoryview) -> None:
     view = view[:HEADER_SIZE]
     kh = h.key.block_hash
     _FIXED.pack_into(
-        view, 0, MAGIC, FORMAT_VERSION, HEADER_SIZE, int(h.checksum_kind), len(kh),
-        h.key.group_idx, 0, h.namespace_digest, h.payload_len, h.page_count, h.page_bytes,
-        h.payload_checksum, h.created_ns,
+        view,
+        0,
+        MAGIC,
+        FORMAT_VERSION,
+        HEADER_SIZE,
+        int(h.checksum_kind),
+        len(kh),
+        h.key.group_idx,
+        0,
+        h.namespace_digest,
+        h.payload_len,
+        h.page_count,
+        h.page_bytes,
+        h.payload_checksum,
+        h.created_ns,
     )
     view[_HASH_OFFSET:_CHECKSUM_OFFSET] = kh + bytes(MAX_HASH_BYTES - len(kh))
     view[_CHECKSUM_OFFSET:HEADER_SIZE] = bytes(HEADER_SIZE - _CHECKSUM_OFFSET)
@@ -195,8 +207,21 @@ def decode_header(buf: bytes | bytearray | memoryview) -> BlockHeader:
         view = view.cast("B")
     if len(view) < HEADER_SIZE:
         raise BlockCorruptError("short_header", f"{len(view)} < {HEADER_SIZE} bytes")
-    (magic, version, header_size, kind, hash_len, group_idx, flags, digest,
-     payload_len, page_count, page_bytes, checksum, created_ns) = _FIXED.unpack_from(view, 0)
+    (
+        magic,
+        version,
+        header_size,
+        kind,
+        hash_len,
+        group_idx,
+        flags,
+        digest,
+        payload_len,
+        page_count,
+        page_bytes,
+        checksum,
+        created_ns,
+    ) = _FIXED.unpack_from(view, 0)
     if magic != MAGIC:
         raise BlockCorruptError("bad_magic", f"{bytes(magic)!r}")
     if version != FORMAT_VERSION:

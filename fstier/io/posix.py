@@ -37,6 +37,7 @@ tests and the reliability suite can inject faults by swapping its methods.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
@@ -153,10 +154,13 @@ def aligned_buffer(nbytes: int) -> memoryview:
     """A page-aligned, writable, zeroed buffer (anonymous mmap) of at least
     ``nbytes`` rounded up to 4096. The memory is prefaulted."""
     size = max(ALIGNMENT, padded_len(nbytes))
-    m = mmap.mmap(-1, size)
+    # MAP_PRIVATE: Python's default for anonymous maps is MAP_SHARED, which a
+    # forked child would share with its parent (tests/reliability/
+    # test_concurrency.py::test_io_buffers_private_after_fork).
+    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     view = memoryview(m)
     # Touch every page now: first-touch faults are slow on these VMs (DESIGN §9).
-    view[::mmap.PAGESIZE] = bytes(len(range(0, size, mmap.PAGESIZE)))
+    view[:: mmap.PAGESIZE] = bytes(len(range(0, size, mmap.PAGESIZE)))
     return view
 
 
@@ -230,6 +234,21 @@ def _statx_dioalign(fd: int) -> tuple[int, int] | None:
     return int(mem), int(off)
 
 
+def _unlink_own_temp(tmp: Path, exc: OSError) -> None:
+    """Remove a temp file that a failed ``open`` may still have created.
+
+    Some filesystems (ramfs) create the file for ``O_CREAT|O_EXCL|O_DIRECT``
+    and then fail the open with EINVAL. The name is unique to this thread, so
+    unless the failure was EEXIST (someone else's file) it can only be ours.
+    """
+    if exc.errno == errno.EEXIST:
+        return
+    try:
+        FS.unlink(tmp)
+    except OSError:
+        pass
+
+
 def _probe(directory: Path) -> tuple[DirectIOSupport, bool]:
     """Probe ``directory``; returns the finding and whether it is definitive
     (cacheable). A directory we cannot write to says nothing about O_DIRECT."""
@@ -240,6 +259,7 @@ def _probe(directory: Path) -> tuple[DirectIOSupport, bool]:
     try:
         fd = FS.open(tmp, flags | O_DIRECT, 0o600)
     except OSError as exc:
+        _unlink_own_temp(tmp, exc)
         if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
             return DirectIOSupport(False, ALIGNMENT, f"open(O_DIRECT) refused: {_cause(exc)}"), True
         return DirectIOSupport(False, ALIGNMENT, f"probe file not creatable: {_cause(exc)}"), False
@@ -249,7 +269,9 @@ def _probe(directory: Path) -> tuple[DirectIOSupport, bool]:
         if dio is not None:
             mem, off = dio
             if mem == 0 or off == 0:
-                return DirectIOSupport(False, ALIGNMENT, "statx reports no direct I/O support"), True
+                return DirectIOSupport(
+                    False, ALIGNMENT, "statx reports no direct I/O support"
+                ), True
             if max(mem, off) > ALIGNMENT:
                 return DirectIOSupport(
                     False, ALIGNMENT, f"direct I/O alignment {max(mem, off)} exceeds {ALIGNMENT}"
@@ -270,15 +292,15 @@ def _probe(directory: Path) -> tuple[DirectIOSupport, bool]:
         if written != ALIGNMENT or read != ALIGNMENT or bytes(back[:8]) != b"fstierpr":
             return DirectIOSupport(False, ALIGNMENT, "O_DIRECT probe read back wrong bytes"), True
         how = "statx DIOALIGN" if dio is not None else "probe write/read"
-        return DirectIOSupport(True, alignment, f"O_DIRECT works ({how}, alignment {alignment})"), True
+        return DirectIOSupport(
+            True, alignment, f"O_DIRECT works ({how}, alignment {alignment})"
+        ), True
     finally:
         try:
             FS.close(fd)
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 FS.unlink(tmp)
-            except OSError:
-                pass
 
 
 def probe_o_direct(directory: str | Path, mode: str = "auto") -> DirectIOSupport:
@@ -328,7 +350,9 @@ class IOOptions:
 
     def __post_init__(self) -> None:
         if self.fsync not in ("none", "file", "file+dir"):
-            raise ValueError(f"IOOptions.fsync must be 'none', 'file' or 'file+dir', got {self.fsync!r}")
+            raise ValueError(
+                f"IOOptions.fsync must be 'none', 'file' or 'file+dir', got {self.fsync!r}"
+            )
         if self.alignment < 1 or ALIGNMENT % self.alignment:
             raise ValueError(f"IOOptions.alignment must divide {ALIGNMENT}, got {self.alignment}")
 
@@ -404,10 +428,8 @@ def _pwritev_all(fd: int, bufs: list[memoryview], offset: int) -> int:
 
 
 def _close_quietly(fd: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         FS.close(fd)
-    except OSError:
-        pass
 
 
 def _discard(tmp: Path) -> None:
@@ -427,7 +449,9 @@ def _fsync_dir(directory: Path) -> None:
         FS.close(fd)
 
 
-def _store_iov(payload: memoryview, n: int, header: memoryview, alignment: int) -> tuple[list[memoryview], bool]:
+def _store_iov(
+    payload: memoryview, n: int, header: memoryview, alignment: int
+) -> tuple[list[memoryview], bool]:
     """The write vector and whether it is O_DIRECT-aligned."""
     padded = padded_len(n)
     pad = padded - n
@@ -452,6 +476,7 @@ def _store_once(path: Path, bufs: list[memoryview], direct: bool, opts: IOOption
     try:
         fd = FS.open(tmp, flags, opts.file_mode)
     except OSError as exc:
+        _unlink_own_temp(tmp, exc)
         return StoreOutcome(StoreStatus.FAILED, _cause(exc), f"{stage} {tmp.name}: {exc.strerror}")
     try:
         try:
@@ -543,6 +568,10 @@ class LoadRequest:
     key: BlockKey
     namespace_digest: bytes
     payload_len: int
+    #: The cache root. When set, a corrupt file is removed only if its
+    #: directory really lies under this root (no symlinked component led
+    #: elsewhere): promise 5, nothing outside root is ever removed.
+    root: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -585,9 +614,23 @@ def _preadv_all(fd: int, bufs: list[memoryview], offset: int) -> int:
     return total
 
 
-def _remove_if_same(path: Path, st: os.stat_result) -> bool:
+def _contained(path: Path, root: Path | None) -> bool:
+    """True when ``path``'s directory resolves (symlinks followed) under
+    ``root``'s real path. Only called before a removal, never on the hot path."""
+    if root is None:
+        return True
+    real_parent = os.path.realpath(path.parent)
+    real_root = os.path.realpath(root)
+    return real_parent == real_root or real_parent.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+def _remove_if_same(path: Path, st: os.stat_result, root: Path | None = None) -> bool:
     """Unlink ``path`` only if it still names the inode we read, so a file a
-    concurrent writer has just renamed into place is never removed."""
+    concurrent writer has just renamed into place is never removed, and only
+    if it lies under ``root``."""
+    if not _contained(path, root):
+        log.warning("not removing corrupt file %s: it resolves outside the cache root", path)
+        return False
     try:
         now = FS.lstat(path)
         if (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev):
@@ -616,19 +659,24 @@ def _load_once(req: LoadRequest, buf: memoryview, direct: bool, opts: IOOptions)
             # A symlink where a block belongs was planted, never written by
             # fstier: remove the link itself (never its target).
             removed = False
-            try:
-                FS.unlink(path)
-                removed = True
-            except OSError:
-                pass
-            return LoadOutcome(LoadStatus.CORRUPT, "symlink", f"{path.name} is a symlink", removed=removed)
+            if _contained(path, req.root):
+                try:
+                    FS.unlink(path)
+                    removed = True
+                except OSError:
+                    pass
+            return LoadOutcome(
+                LoadStatus.CORRUPT, "symlink", f"{path.name} is a symlink", removed=removed
+            )
         return LoadOutcome(LoadStatus.ERROR, _cause(exc), f"open {path.name}: {exc.strerror}")
     st: os.stat_result | None = None
     try:
         try:
             st = FS.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                return LoadOutcome(LoadStatus.ERROR, "not_regular", f"{path.name} is not a regular file")
+                return LoadOutcome(
+                    LoadStatus.ERROR, "not_regular", f"{path.name} is not a regular file"
+                )
             want = HEADER_SIZE + padded
             if st.st_size != want:
                 raise BlockCorruptError("bad_size", f"file is {st.st_size} bytes, expected {want}")
@@ -649,12 +697,17 @@ def _load_once(req: LoadRequest, buf: memoryview, direct: bool, opts: IOOptions)
                     f"file digest {h.namespace_digest.hex()}, expected {req.namespace_digest.hex()}",
                 )
             if h.payload_len != n:
-                raise BlockCorruptError("wrong_length", f"payload_len {h.payload_len}, expected {n}")
-            if opts.checksum and h.checksum_kind == ChecksumKind.XXH3_64:
-                if payload_checksum(buf[:n]) != h.payload_checksum:
-                    raise BlockCorruptError("payload_checksum", "payload bytes do not match checksum")
+                raise BlockCorruptError(
+                    "wrong_length", f"payload_len {h.payload_len}, expected {n}"
+                )
+            if (
+                opts.checksum
+                and h.checksum_kind == ChecksumKind.XXH3_64
+                and payload_checksum(buf[:n]) != h.payload_checksum
+            ):
+                raise BlockCorruptError("payload_checksum", "payload bytes do not match checksum")
         except BlockCorruptError as exc:
-            removed = st is not None and _remove_if_same(path, st)
+            removed = st is not None and _remove_if_same(path, st, req.root)
             return LoadOutcome(LoadStatus.CORRUPT, exc.reason, exc.detail, removed=removed)
         except OSError as exc:
             return LoadOutcome(LoadStatus.ERROR, _cause(exc), f"read {path.name}: {exc.strerror}")

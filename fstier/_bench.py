@@ -1,0 +1,201 @@
+"""The I/O benchmark core: fstier's store/load path against raw O_DIRECT.
+
+Both sides run in the same process, on the same directory, with the same
+number of threads, block size and block count, alternating round by round so
+that drift of the device hits both equally. The fstier side is the real
+path: :func:`fstier.io.posix.store_block` (header, checksum, temp file,
+rename, O_DIRECT when the probe allows) and :func:`~fstier.io.posix.load_block`
+(size, header, key, namespace and xxh3 checks). The raw side is the floor
+we compare against: ``open(O_CREAT|O_DIRECT)``, one ``pwrite`` of the padded
+length, ``close``; and ``open(O_DIRECT)``, one ``preadv``, ``close``.
+
+Facts of these machines that shape it (DESIGN.md §9): every round writes
+NEW files (overwriting allocated blocks is ~3x faster and would flatter the
+raw side), buffers are prefaulted and a warm-up round runs first, and reads
+use many threads. Used by ``fstier bench`` and ``benchmarks/bench_io.py``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import queue
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from fstier.io.blockfile import HEADER_SIZE, BlockHeader, header_for_payload, padded_len
+from fstier.io.posix import (
+    IOOptions,
+    LoadRequest,
+    StoreRequest,
+    aligned_buffer,
+    load_block,
+    probe_o_direct,
+    store_block,
+)
+from fstier.keys import BlockKey
+
+__all__ = ["BenchRow", "run_bench"]
+
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+_DIGEST = bytes.fromhex("00fe5b0e0c0ffee0")
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRow:
+    """One operation's best-of-rounds throughput, both sides."""
+
+    op: str
+    fstier_gbps: float
+    raw_gbps: float
+
+    @property
+    def ratio(self) -> float:
+        return self.fstier_gbps / self.raw_gbps if self.raw_gbps else 0.0
+
+
+def _key(i: int) -> BlockKey:
+    return BlockKey(i.to_bytes(8, "big") + b"fstbench", 0)
+
+
+def _fstier_path(base: Path, key: BlockKey) -> Path:
+    h = key.hex
+    return base / h[:3] / h[3:5] / f"{h}-g0.bin"
+
+
+class _Buffers:
+    """Prefaulted aligned buffers lent to one operation at a time, so a load
+    never reads into a buffer another thread is checksumming."""
+
+    def __init__(self, count: int, nbytes: int, fill: bytes) -> None:
+        self._q: queue.SimpleQueue[memoryview] = queue.SimpleQueue()
+        for _ in range(count):
+            b = aligned_buffer(nbytes)
+            b[: len(fill)] = fill
+            self._q.put(b)
+
+    def run(self, op: Callable[[memoryview], bool]) -> bool:
+        buf = self._q.get()
+        try:
+            return op(buf)
+        finally:
+            self._q.put(buf)
+
+
+def _parallel(ex: ThreadPoolExecutor, jobs: Sequence[Callable[[], bool]]) -> float:
+    t0 = time.perf_counter()
+    for ok in ex.map(lambda f: f(), jobs):
+        if not ok:
+            raise OSError(errno.EIO, "a benchmark operation failed; see the log for its cause")
+    return time.perf_counter() - t0
+
+
+def _f_store(path: Path, header: BlockHeader, opts: IOOptions, buf: memoryview) -> bool:
+    return store_block(StoreRequest(path, header, buf), opts).ok
+
+
+def _f_load(path: Path, key: BlockKey, nbytes: int, opts: IOOptions, buf: memoryview) -> bool:
+    return load_block(LoadRequest(path, buf, key, _DIGEST, nbytes), opts).ok
+
+
+def _raw_write(path: Path, buf: memoryview, *, direct: bool) -> bool:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (_O_DIRECT if direct else 0)
+    fd = os.open(path, flags, 0o644)
+    try:
+        return os.pwritev(fd, [buf], 0) == len(buf)
+    finally:
+        os.close(fd)
+
+
+def _raw_read(path: Path, buf: memoryview, *, direct: bool) -> bool:
+    fd = os.open(path, os.O_RDONLY | (_O_DIRECT if direct else 0))
+    try:
+        return os.preadv(fd, [buf], 0) == len(buf)
+    finally:
+        os.close(fd)
+
+
+def run_bench(
+    root: Path | None, *, block_bytes: int = 2 << 20, num_blocks: int = 256, threads: int = 8, rounds: int = 3
+) -> dict[str, Any]:
+    """Run the benchmark under ``root`` (a fresh temp dir when None; files
+    it writes are removed afterwards). Returns the JSON-ready result."""
+    own = root is None
+    base = Path(tempfile.mkdtemp(prefix="fstier-bench-")) if root is None else Path(root)
+    base.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".fstier-bench-", dir=base))
+    try:
+        support = probe_o_direct(work, "auto")
+        opts = IOOptions(o_direct=support.enabled, alignment=support.alignment)
+        direct = support.enabled
+        n = min(num_blocks, 1 << 16)
+        payload = padded_len(block_bytes)
+        fill = bytes(range(256)) * (min(block_bytes, 1 << 16) // 256)
+        pool = _Buffers(threads, payload, fill)
+        raw_pool = _Buffers(threads, HEADER_SIZE + payload, fill)
+        reference = bytearray(block_bytes)
+        reference[: len(fill)] = fill
+        headers = [header_for_payload(_key(i), _DIGEST, reference, 1, block_bytes) for i in range(n)]
+        samples: dict[str, list[tuple[float, float]]] = {"store": [], "load": []}
+        with ThreadPoolExecutor(max_workers=threads) as ex:
+            for rnd in range(rounds + 1):  # round 0 is the warm-up
+                fdir = work / f"f{rnd}"
+                rdir = work / f"r{rnd}"
+                rdir.mkdir()
+                paths = [_fstier_path(fdir, _key(i)) for i in range(n)]
+                for p in paths:
+                    p.parent.mkdir(parents=True, exist_ok=True)
+                raw_paths = [rdir / f"{i:06d}.raw" for i in range(n)]
+
+                raw_store = _parallel(ex, [partial(raw_pool.run, partial(_raw_write, p, direct=direct)) for p in raw_paths])
+                f_store = _parallel(
+                    ex, [partial(pool.run, partial(_f_store, p, h, opts)) for p, h in zip(paths, headers, strict=True)]
+                )
+                raw_load = _parallel(ex, [partial(raw_pool.run, partial(_raw_read, p, direct=direct)) for p in raw_paths])
+                f_load = _parallel(
+                    ex, [partial(pool.run, partial(_f_load, p, _key(i), block_bytes, opts)) for i, p in enumerate(paths)]
+                )
+                if rnd:
+                    total = n * block_bytes
+                    samples["store"].append((total / f_store / 1e9, total / raw_store / 1e9))
+                    samples["load"].append((total / f_load / 1e9, total / raw_load / 1e9))
+                shutil.rmtree(fdir, ignore_errors=True)
+                shutil.rmtree(rdir, ignore_errors=True)
+        rows = [
+            BenchRow(
+                op,
+                statistics.median(s[0] for s in samples[op]),
+                statistics.median(s[1] for s in samples[op]),
+            )
+            for op in ("store", "load")
+        ]
+        return {
+            "root": str(base),
+            "o_direct": direct,
+            "o_direct_reason": support.reason,
+            "block_bytes": block_bytes,
+            "num_blocks": n,
+            "threads": threads,
+            "rounds": rounds,
+            "rows": [
+                {
+                    "op": r.op,
+                    "fstier_gbps": round(r.fstier_gbps, 3),
+                    "raw_gbps": round(r.raw_gbps, 3),
+                    "ratio": round(r.ratio, 3),
+                }
+                for r in rows
+            ],
+        }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if own:
+            shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,260 @@
+"""``fstier verify``: check every block file under a root, optionally removing bad ones.
+
+Each block file is checked the way a load would check it, without a caller
+buffer (:func:`fstier.io.posix.verify_file`): header magic/version/checksum,
+file size against the header's payload length, the key embedded in the
+header against the key its file name claims (a valid file copied under
+another key's name is bad), the namespace digest against the directory's
+manifest, the page size against the manifest's groups, and, unless
+``headers_only``, the xxh3 payload checksum streamed in 1 MiB chunks.
+
+``fix`` removes a bad file only if it is still the file that was checked
+(same inode and mtime): a writer may have replaced it with a good one since.
+A file that vanished meanwhile (gc, another host) is skipped, not bad; an
+I/O error is reported as ``unreadable`` and never removes anything
+(STYLE.md: transient errors leave the file alone).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fstier._capacity import key_from_block_name
+from fstier._cli_scan import FileKind, iter_namespace_dirs, iter_namespace_files, read_manifest
+from fstier.io.posix import verify_file
+
+__all__ = ["BadFile", "NamespaceVerify", "VerifyReport", "run_verify"]
+
+
+@dataclass(frozen=True, slots=True)
+class BadFile:
+    """One file that failed a check."""
+
+    path: str
+    reason: str
+    removed: bool
+
+
+@dataclass(slots=True)
+class NamespaceVerify:
+    namespace: str
+    checked: int = 0
+    good: int = 0
+    bad: int = 0
+    removed: int = 0
+    unreadable: int = 0
+    bytes: int = 0
+    temp_files: int = 0
+    manifest_error: str | None = None
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    root: str
+    full: bool
+    fix: bool
+    namespaces: list[NamespaceVerify] = field(default_factory=list)
+    bad: list[BadFile] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def checked(self) -> int:
+        return sum(ns.checked for ns in self.namespaces)
+
+    @property
+    def removed(self) -> int:
+        return sum(ns.removed for ns in self.namespaces)
+
+    @property
+    def ok(self) -> bool:
+        """Nothing bad remains (everything bad was removed) and nothing was unreadable."""
+        return all(b.removed for b in self.bad) and not any(ns.unreadable for ns in self.namespaces)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "root": self.root,
+            "full": self.full,
+            "fix": self.fix,
+            "checked": self.checked,
+            "bad": [{"path": b.path, "reason": b.reason, "removed": b.removed} for b in self.bad],
+            "removed": self.removed,
+            "seconds": round(self.seconds, 3),
+            "namespaces": [
+                {
+                    "namespace": ns.namespace,
+                    "checked": ns.checked,
+                    "good": ns.good,
+                    "bad": ns.bad,
+                    "removed": ns.removed,
+                    "unreadable": ns.unreadable,
+                    "bytes": ns.bytes,
+                    "temp_files": ns.temp_files,
+                    "manifest_error": ns.manifest_error,
+                }
+                for ns in self.namespaces
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _Expect:
+    """What the manifest says a file of each group must look like."""
+
+    digest: bytes | None
+    file_page_bytes: dict[int, int]
+    blocks_per_file: int | None
+
+
+def _expectations(namespace_dir: Path) -> tuple[_Expect, str | None]:
+    manifest, error = read_manifest(namespace_dir)
+    if manifest is None:
+        return _Expect(None, {}, None), error
+    digest_hex = manifest.get("digest")
+    try:
+        digest = bytes.fromhex(digest_hex) if isinstance(digest_hex, str) else None
+    except ValueError:
+        digest = None
+    fields = manifest["fields"]
+    pages: dict[int, int] = {}
+    groups = fields.get("groups")
+    if isinstance(groups, list):
+        for idx, g in enumerate(groups):
+            if isinstance(g, dict) and isinstance(g.get("file_page_bytes"), int):
+                pages[idx] = g["file_page_bytes"]
+    bpf = fields.get("blocks_per_file")
+    return _Expect(digest, pages, bpf if isinstance(bpf, int) else None), None
+
+
+def _namespaces(root: Path, only: str | None) -> Iterator[Path]:
+    if only is not None:
+        yield root / only
+        return
+    dirs = sorted(p for p, is_ns in iter_namespace_dirs(root) if is_ns)
+    yield from dirs
+
+
+def _check_one(path: str, full: bool, expect: _Expect) -> tuple[str, int, os.stat_result | None]:
+    """``(reason or '', size, stat)``; reason ``gone`` when the file vanished."""
+    try:
+        before = os.lstat(path)
+    except FileNotFoundError:
+        return "gone", 0, None
+    key = key_from_block_name(os.path.basename(path))
+    if key is None:
+        return "bad_name", before.st_size, before
+    try:
+        check = verify_file(path, full, key=key, namespace_digest=expect.digest)
+    except FileNotFoundError:
+        return "gone", 0, None
+    except OSError as exc:
+        return f"unreadable: {exc.strerror or exc}", before.st_size, None
+    if not check.ok:
+        return check.reason, check.size, before
+    h = check.header
+    if h is not None:
+        want_page = expect.file_page_bytes.get(key.group_idx)
+        if expect.file_page_bytes and want_page is None:
+            return "unknown_group", check.size, before
+        if want_page is not None and (h.page_bytes != want_page or h.payload_len != h.page_count * want_page):
+            return "wrong_length", check.size, before
+        if expect.blocks_per_file is not None and not 1 <= h.page_count <= expect.blocks_per_file:
+            return "wrong_page_count", check.size, before
+    return "", check.size, before
+
+
+def _remove_if_same(path: str, before: os.stat_result) -> bool:
+    try:
+        now = os.lstat(path)
+    except FileNotFoundError:
+        return True  # already gone: nothing bad remains
+    if (
+        not stat.S_ISREG(now.st_mode)
+        or now.st_ino != before.st_ino
+        or now.st_mtime_ns != before.st_mtime_ns
+    ):
+        return False  # replaced since the check: not the file we judged
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _count_blocks(root: Path, only: str | None) -> int:
+    n = 0
+    for ns_dir in _namespaces(root, only):
+        for entry in iter_namespace_files(ns_dir):
+            n += entry.kind == FileKind.BLOCK
+    return n
+
+
+def run_verify(
+    root: Path, *, namespace: str | None = None, fix: bool = False, full: bool = True, progress: bool = False
+) -> VerifyReport:
+    """Check every block file under ``root`` (or one namespace)."""
+    t0 = time.perf_counter()
+    report = VerifyReport(root=str(root), full=full, fix=fix)
+    bar: Any = None
+    task: Any = None
+    if progress:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        total = _count_blocks(root, namespace)
+        bar = Progress(
+            TextColumn("verify"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        bar.start()
+        task = bar.add_task("verify", total=total)
+    try:
+        for ns_dir in _namespaces(root, namespace):
+            expect, error = _expectations(ns_dir)
+            ns = NamespaceVerify(namespace=ns_dir.name, manifest_error=error)
+            report.namespaces.append(ns)
+            for entry in iter_namespace_files(ns_dir):
+                if entry.kind == FileKind.TEMP:
+                    ns.temp_files += 1
+                if entry.kind != FileKind.BLOCK:
+                    continue
+                reason, size, before = _check_one(entry.path, full, expect)
+                if bar is not None:
+                    bar.advance(task)
+                if reason == "gone":
+                    continue
+                ns.checked += 1
+                ns.bytes += size
+                if not reason:
+                    ns.good += 1
+                    continue
+                if reason.startswith("unreadable"):
+                    ns.unreadable += 1
+                    report.bad.append(BadFile(entry.path, reason, False))
+                    continue
+                ns.bad += 1
+                removed = bool(fix and before is not None and _remove_if_same(entry.path, before))
+                ns.removed += removed
+                report.bad.append(BadFile(entry.path, reason, removed))
+    finally:
+        if bar is not None:
+            bar.stop()
+    report.seconds = time.perf_counter() - t0
+    return report

@@ -1,0 +1,612 @@
+"""Staging between device KV caches and canonical pages in shared host memory.
+
+:class:`HostBlockPool` is ``num_slots`` 4096-aligned slots in one named POSIX
+shared-memory segment (``/dev/shm/fstier-<pid>-<token>``), prefaulted at
+creation because first touch is slow on these machines, and pinned with
+``cudaHostRegister`` when CUDA is available so device copies run
+asynchronously. The creating process (the scheduler side, which owns
+``FsTier``) allocates and frees slots; rank processes :meth:`HostBlockPool.attach`
+by name and only read and write slot bytes. A 4096-byte header in front of the
+slots records the geometry so attach needs nothing but the name.
+
+:class:`RankStager` moves one rank's bytes: ``stage_out(spec, slots)`` gathers
+the rank's store runs of the blocks in ``spec`` into canonical positions in the
+slots; ``stage_in(slots, spec)`` scatters the load runs back into device blocks.
+Slot content is ``blocks_per_file`` consecutive canonical pages of one group.
+At start-up every run is clipped to the registered tensors and grouped into
+*copy plans*: runs of one shape whose offsets form an arithmetic progression
+become one 4-d strided view, so a transfer costs one batched gather/scatter per
+plan for all blocks at once, never a Python step per fragment or per layer; a
+cross-layer or packed row is one plan whose fragments are whole rows.
+
+Hand-off: the scheduler allocates slots, tells the ranks (slot ids travel with
+the job); after stage_out completes on every rank the scheduler owns the slots
+and writes them to files; for a load the scheduler fills the slots and then the
+ranks stage in; the scheduler frees the slots once every rank reported
+completion. A slot is never touched by two sides at once.
+
+Crash reclamation: a segment whose creator died keeps its ``/dev/shm`` entry;
+:meth:`HostBlockPool.reclaim_stale` unlinks every ``fstier-<pid>-*`` segment
+whose ``pid`` no longer exists (run at start-up; also ``rm /dev/shm/fstier-*``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import mmap
+import os
+import secrets
+import struct
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from fstier.errors import LayoutError, PoolError, PoolExhaustedError
+from fstier.layout import CanonicalKVCaches, LoadStoreSpec, PageMapping, PageRun, _coalesce, _expand, _Frags
+
+__all__ = ["CopyStats", "HostBlockPool", "RankStager"]
+
+ALIGN = 4096
+_SHM_DIR = "/dev/shm"
+_PREFIX = "fstier-"
+_MAGIC = b"FSTIERPOOL1\0"
+_HEADER = struct.Struct("<12sQQQ")  # magic, num_slots, slot_bytes, creator pid
+
+
+def _round_up(n: int, a: int = ALIGN) -> int:
+    return -(-n // a) * a
+
+
+def _unlink_quiet(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+class HostBlockPool:
+    """Shared, aligned, prefaulted host slots. See the module docstring."""
+
+    def __init__(self, num_slots: int, slot_bytes: int, name: str | None = None) -> None:
+        if num_slots < 1:
+            raise PoolError(f"HostBlockPool: num_slots must be >= 1, got {num_slots}")
+        if slot_bytes < 1:
+            raise PoolError(f"HostBlockPool: slot_bytes must be >= 1, got {slot_bytes}")
+        slot_bytes = _round_up(slot_bytes)
+        name = name or f"{_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
+        _check_name(name)
+        path = os.path.join(_SHM_DIR, name)
+        size = ALIGN + num_slots * slot_bytes
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        except FileExistsError:
+            raise PoolError(f"HostBlockPool: shared memory {name!r} already exists; pick another name") from None
+        try:
+            os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size)
+        except OSError as exc:
+            os.close(fd)
+            _unlink_quiet(path)
+            raise PoolError(f"HostBlockPool: cannot create {size} bytes of shared memory {name!r}: {exc}") from exc
+        os.close(fd)
+        mm[: _HEADER.size] = _HEADER.pack(_MAGIC, num_slots, slot_bytes, os.getpid())
+        self._setup(name, mm, num_slots, slot_bytes, owner=True)
+        # Prefault: writing every page now keeps first-touch faults off the hot path.
+        self._u8.zero_()
+        self._free = list(range(num_slots - 1, -1, -1))
+        self._allocated: set[int] = set()
+        self._finalizer = weakref.finalize(self, _unlink_quiet, path)
+
+    @classmethod
+    def attach(cls, name: str) -> HostBlockPool:
+        """Attach to a pool created by another process (no allocation rights)."""
+        _check_name(name)
+        path = os.path.join(_SHM_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            raise PoolError(f"HostBlockPool.attach: no shared memory named {name!r} (was the pool closed?)") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size < ALIGN:
+                raise PoolError(f"HostBlockPool.attach: {name!r} is not an fstier pool ({size} bytes)")
+            mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        magic, num_slots, slot_bytes, _pid = _HEADER.unpack(mm[: _HEADER.size])
+        if magic != _MAGIC or ALIGN + num_slots * slot_bytes != size:
+            mm.close()
+            raise PoolError(f"HostBlockPool.attach: {name!r} is not an fstier pool (bad header)")
+        self = cls.__new__(cls)
+        self._setup(name, mm, int(num_slots), int(slot_bytes), owner=False)
+        # Map the pages into this process now (reads only, the data stays).
+        self._u8[:, ::ALIGN].sum()
+        self._free = []
+        self._allocated = set()
+        self._finalizer = None
+        return self
+
+    def _setup(self, name: str, mm: mmap.mmap, num_slots: int, slot_bytes: int, owner: bool) -> None:
+        self.name = name
+        self.num_slots = num_slots
+        self.slot_bytes = slot_bytes
+        self.owner = owner
+        self._mm: mmap.mmap | None = mm
+        self._lock = threading.Lock()
+        flat = torch.frombuffer(mm, dtype=torch.uint8, offset=ALIGN, count=num_slots * slot_bytes)
+        self._u8: torch.Tensor = flat.view(num_slots, slot_bytes)
+        self._pinned = False
+        if torch.cuda.is_available():
+            rc = torch.cuda.cudart().cudaHostRegister(flat.data_ptr(), flat.numel(), 0)
+            self._pinned = int(rc) == 0
+
+    # -- slots ------------------------------------------------------------
+    def alloc(self, n: int = 1) -> list[int]:
+        """Take ``n`` free slots (all or none)."""
+        self._check_owner("alloc")
+        with self._lock:
+            if n > len(self._free):
+                raise PoolExhaustedError(
+                    f"HostBlockPool {self.name!r}: asked for {n} slot(s), {len(self._free)} of "
+                    f"{self.num_slots} free; free finished jobs' slots or create a larger pool"
+                )
+            slots = [self._free.pop() for _ in range(n)]
+            self._allocated.update(slots)
+            return slots
+
+    def free(self, slots: Sequence[int]) -> None:
+        """Return slots; double free and unknown slots are errors (nothing is freed then)."""
+        self._check_owner("free")
+        with self._lock:
+            seen: set[int] = set()
+            for s in slots:
+                if not 0 <= s < self.num_slots:
+                    raise PoolError(f"HostBlockPool {self.name!r}: unknown slot {s} (pool has {self.num_slots})")
+                if s not in self._allocated or s in seen:
+                    raise PoolError(f"HostBlockPool {self.name!r}: double free of slot {s}")
+                seen.add(s)
+            self._allocated.difference_update(seen)
+            self._free.extend(seen)
+
+    @property
+    def num_free(self) -> int:
+        with self._lock:
+            return len(self._free)
+
+    def slot_view(self, i: int) -> memoryview:
+        """Writable, 4096-aligned ``slot_bytes`` view of slot ``i``."""
+        self._check_slot(i)
+        mm = self._live()
+        start = ALIGN + i * self.slot_bytes
+        return memoryview(mm)[start : start + self.slot_bytes]
+
+    def slot_tensor(self, i: int) -> torch.Tensor:
+        """Slot ``i`` as a uint8 tensor sharing the memory."""
+        self._check_slot(i)
+        self._live()
+        return self._u8[i]
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """All slots as one uint8 ``(num_slots, slot_bytes)`` tensor."""
+        self._live()
+        return self._u8
+
+    @property
+    def pinned(self) -> bool:
+        return self._pinned
+
+    def close(self) -> None:
+        """Release this process's mapping; the creator also unlinks the segment. Idempotent."""
+        mm, self._mm = self._mm, None
+        if mm is None:
+            return
+        if self._pinned:
+            torch.cuda.cudart().cudaHostUnregister(self._u8.data_ptr())
+            self._pinned = False
+        if self.owner and self._finalizer is not None:
+            self._finalizer()  # unlink now; the name is gone for new attachers
+        del self._u8
+        self._u8 = torch.empty((0, self.slot_bytes), dtype=torch.uint8)
+        # Views handed out (slot_view, slot_tensor) keep the mapping alive until
+        # they are dropped; mmap refuses to close under them, which is safe.
+        with contextlib.suppress(BufferError):
+            mm.close()
+
+    def __enter__(self) -> HostBlockPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def reclaim_stale() -> list[str]:
+        """Unlink fstier segments whose creating process no longer exists."""
+        removed = []
+        try:
+            names = os.listdir(_SHM_DIR)
+        except OSError:
+            return removed
+        for n in names:
+            if not n.startswith(_PREFIX):
+                continue
+            try:
+                pid = int(n[len(_PREFIX) :].split("-", 1)[0])
+            except ValueError:
+                continue
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                _unlink_quiet(os.path.join(_SHM_DIR, n))
+                removed.append(n)
+            except PermissionError:
+                continue  # alive, another user's
+        return removed
+
+    def _check_owner(self, what: str) -> None:
+        self._live()
+        if not self.owner:
+            raise PoolError(
+                f"HostBlockPool {self.name!r}: {what} is reserved to the creating process; "
+                "attached processes only read and write the slots they are given"
+            )
+
+    def _check_slot(self, i: int) -> None:
+        if not 0 <= i < self.num_slots:
+            raise PoolError(f"HostBlockPool {self.name!r}: unknown slot {i} (pool has {self.num_slots})")
+
+    def _live(self) -> mmap.mmap:
+        if self._mm is None:
+            raise PoolError(f"HostBlockPool {self.name!r} is closed")
+        return self._mm
+
+
+def _check_name(name: str) -> None:
+    if not name or "/" in name or "\x00" in name or name in (".", "..") or len(name) > 200:
+        raise PoolError(f"HostBlockPool: invalid shared memory name {name!r}; use letters, digits, '-', '_'")
+
+
+# --------------------------------------------------------------------------- #
+# RankStager
+# --------------------------------------------------------------------------- #
+
+
+@dataclass
+class CopyStats:
+    """Copy instrumentation: ``ops`` batched torch copies issued, ``fragments``
+    contiguous byte ranges moved (a cross-layer row counts 1), ``bytes`` moved."""
+
+    ops: int = 0
+    fragments: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """``R x N`` fragments of ``F`` bytes per block: a 4-d strided view on each side."""
+
+    tensor_idx: int
+    local_offset: int  # in the tensor row
+    canonical_offset: int  # in the canonical page
+    reps: int
+    rep_local: int
+    rep_canonical: int
+    num: int
+    local_stride: int
+    canonical_stride: int
+    size: int
+
+
+@dataclass
+class _GroupPlans:
+    store: list[_Plan]
+    load: list[_Plan]
+    canonical_page_bytes: int
+
+
+@dataclass
+class _Batch:
+    """One in-flight stage_out/stage_in call (one record, under the stager lock)."""
+
+    batch_id: int
+    event: Any = None
+    finish: list[tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]] = field(default_factory=list)
+    keep: list[torch.Tensor] = field(default_factory=list)
+
+
+def _progressions(runs: list[PageRun]) -> list[tuple[int, int, int, int, int]]:
+    """Split same-shape runs into arithmetic progressions of (local, canonical)
+    offsets: ``(lo0, co0, count, dlo, dco)``. Tries canonical order and a few
+    residue orders (K runs of all layers, then V runs) and keeps the fewest."""
+    arr = np.array([(r.local_offset, r.canonical_offset) for r in runs], dtype=np.int64)
+    arr = arr[np.argsort(arr[:, 1], kind="stable")]
+    candidates = [arr]
+    for j in range(1, min(9, len(arr))):
+        m = int(arr[j, 1] - arr[0, 1])
+        if m > 0:
+            candidates.append(arr[np.lexsort((arr[:, 1], arr[:, 1] % m))])
+    return min((_greedy_progressions(c) for c in candidates), key=len)
+
+
+def _greedy_progressions(arr: np.ndarray) -> list[tuple[int, int, int, int, int]]:
+    out: list[tuple[int, int, int, int, int]] = []
+    i, n = 0, len(arr)
+    if n == 1:
+        return [(int(arr[0, 0]), int(arr[0, 1]), 1, 0, 0)]
+    d = np.diff(arr, axis=0)
+    ok = (d[:, 0] > 0) & (d[:, 1] > 0)
+    while i < n:
+        if i == n - 1 or not ok[i]:
+            out.append((int(arr[i, 0]), int(arr[i, 1]), 1, 0, 0))
+            i += 1
+            continue
+        step = d[i]
+        same = ok[i:] & (d[i:, 0] == step[0]) & (d[i:, 1] == step[1])
+        k = int(np.argmin(same)) if not same.all() else len(same)
+        out.append((int(arr[i, 0]), int(arr[i, 1]), k + 1, int(step[0]), int(step[1])))
+        i += k + 1
+    return out
+
+
+def _plans_for(runs: Sequence[PageRun], refs: Sequence[Any]) -> list[_Plan]:
+    """Clip runs (local-page coordinates) to the group's references and group them."""
+    if not runs:
+        return []
+    bounds = np.cumsum([0] + [r.size for r in refs])
+    unit = 0
+    for r in runs:
+        unit = math.gcd(unit, r.fragment_size, r.local_offset, r.local_stride if r.num_fragments > 1 else 0)
+    for b in bounds.tolist():
+        unit = math.gcd(unit, int(b))
+    frags = _expand(runs, unit)
+    ref_of = np.searchsorted(bounds, frags.lo, side="right") - 1
+    plans: list[_Plan] = []
+    for k, ref in enumerate(refs):
+        sel = ref_of == k
+        if not sel.any():
+            continue
+        sub = _Frags(frags.lo[sel] - bounds[k] + ref.offset, frags.co[sel], unit)
+        by_shape: dict[tuple[int, int, int, int], list[PageRun]] = {}
+        for run in _coalesce(sub):
+            key = (run.fragment_size, run.num_fragments, run.local_stride, run.canonical_stride)
+            by_shape.setdefault(key, []).append(run)
+        for (f, nf, ls, cs), group in by_shape.items():
+            for lo0, co0, reps, dlo, dco in _progressions(group):
+                plans.append(_Plan(ref.tensor_idx, lo0, co0, reps, dlo, dco, nf, ls, cs, f))
+    return plans
+
+
+class RankStager:
+    """Gather/scatter between one rank's KV tensors and canonical pages in a pool.
+
+    ``page_mappings[g]`` is this rank's mapping of group ``g`` (its
+    ``local_page_bytes`` must equal the registered references' total).
+    Tensors on CUDA use a dedicated stream, pinned slots and an event per
+    batch; CPU tensors copy synchronously. Both report through
+    :meth:`poll` / :meth:`wait`.
+    """
+
+    def __init__(
+        self,
+        canonical_kv_caches: CanonicalKVCaches,
+        page_mappings: Sequence[PageMapping],
+        pool: HostBlockPool,
+        blocks_per_file: int = 1,
+    ) -> None:
+        caches = canonical_kv_caches
+        caches.check()
+        if len(page_mappings) != len(caches.group_refs):
+            raise LayoutError(
+                f"RankStager: {len(page_mappings)} page mappings for {len(caches.group_refs)} registered groups"
+            )
+        if blocks_per_file < 1:
+            raise LayoutError(f"RankStager: blocks_per_file must be >= 1, got {blocks_per_file}")
+        self.caches = caches
+        self.mappings = list(page_mappings)
+        self.pool = pool
+        self.blocks_per_file = blocks_per_file
+        self.stats = CopyStats()
+        self._lock = threading.Lock()
+        self._batches: dict[int, _Batch] = {}
+        self._done: list[int] = []
+        self._next_id = 0
+        self._groups: list[_GroupPlans] = []
+        for g, (m, refs) in enumerate(zip(self.mappings, caches.group_refs, strict=True)):
+            have = caches.local_page_bytes(g)
+            if have != m.local_page_bytes:
+                raise LayoutError(
+                    f"RankStager: group {g} ({m.format_id}, kv_layout {m.kv_layout!r}) expects a "
+                    f"{m.local_page_bytes}-byte local page, the registered tensors give {have}; "
+                    "check the group spec, parallel layout and registration order"
+                )
+            need = blocks_per_file * m.canonical_page_bytes
+            if need > pool.slot_bytes:
+                raise LayoutError(
+                    f"RankStager: group {g} needs {need} bytes per slot ({blocks_per_file} x "
+                    f"{m.canonical_page_bytes}), pool slots hold {pool.slot_bytes}; create a larger pool"
+                )
+            self._groups.append(
+                _GroupPlans(_plans_for(m.store_runs, refs), _plans_for(m.load_runs, refs), m.canonical_page_bytes)
+            )
+        self._pool_i8 = pool.tensor.view(torch.int8).view(-1)
+        devices = {t.device for t in caches.tensors}
+        self.device = devices.pop() if len(devices) == 1 else torch.device("cpu")
+        if devices:
+            raise LayoutError("RankStager: all registered tensors must be on one device")
+        self._cuda = self.device.type == "cuda"
+        self._stream = torch.cuda.Stream(device=self.device) if self._cuda else None
+        # Views are built once; a call only indexes them.
+        self._src_views = {
+            (g, kind, i): self._src_view(p)
+            for g, gp in enumerate(self._groups)
+            for kind, plans in (("store", gp.store), ("load", gp.load))
+            for i, p in enumerate(plans)
+        }
+        self._dst_views = {
+            (g, kind, i): self._dst_view(p, gp.canonical_page_bytes)
+            for g, gp in enumerate(self._groups)
+            for kind, plans in (("store", gp.store), ("load", gp.load))
+            for i, p in enumerate(plans)
+        }
+
+    @property
+    def num_plans(self) -> list[tuple[int, int]]:
+        """(store plans, load plans) per group: copies per call per group."""
+        return [(len(g.store), len(g.load)) for g in self._groups]
+
+    def _src_view(self, p: _Plan) -> torch.Tensor:
+        t = self.caches.tensors[p.tensor_idx]
+        return t.as_strided(
+            (t.shape[0], p.reps, p.num, p.size),
+            (t.stride(0), p.rep_local, p.local_stride, 1),
+            t.storage_offset() + p.local_offset,
+        )
+
+    def _dst_view(self, p: _Plan, cpb: int) -> torch.Tensor:
+        pool = self._pool_i8
+        return pool.as_strided(
+            (self.pool.num_slots, self.blocks_per_file, p.reps, p.num, p.size),
+            (self.pool.slot_bytes, cpb, p.rep_canonical, p.canonical_stride, 1),
+            pool.storage_offset() + p.canonical_offset,
+        )
+
+    def _indices(self, spec: LoadStoreSpec, slots: Sequence[int], store: bool) -> list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        if len(spec.group_sizes) != len(self._groups):
+            raise ValueError(
+                f"LoadStoreSpec has {len(spec.group_sizes)} groups, the stager has {len(self._groups)}"
+            )
+        bpf = self.blocks_per_file
+        want = sum(spec.num_files(g, bpf) for g in range(len(self._groups)))
+        if len(slots) != want:
+            raise ValueError(f"need {want} slot(s) for this spec (blocks_per_file={bpf}), got {len(slots)}")
+        for s in slots:
+            if not 0 <= s < self.pool.num_slots:
+                raise ValueError(f"slot {s} is outside the pool (0..{self.pool.num_slots - 1})")
+        out = []
+        slot_base = 0
+        for g in range(len(self._groups)):
+            ids = spec.group_block_ids(g)
+            nfiles = spec.num_files(g, bpf)
+            if ids:
+                skip = spec.skip(g, bpf)
+                if store and skip:
+                    raise ValueError(
+                        f"group {g}: a store must start at a file boundary (block_indices[{g}] = "
+                        f"{spec.block_indices[g]} is not a multiple of blocks_per_file = {bpf})"
+                    )
+                limit = self.caches.num_blocks(g)
+                if max(ids) >= limit:
+                    raise ValueError(f"group {g}: block id {max(ids)} >= num_blocks {limit}")
+                k = torch.arange(len(ids)) + skip
+                gslots = torch.tensor(slots[slot_base : slot_base + nfiles], dtype=torch.long)
+                out.append((g, torch.tensor(ids, dtype=torch.long), gslots[k // bpf], k % bpf))
+            slot_base += nfiles
+        return out
+
+    def stage_out(self, spec: LoadStoreSpec, slots: Sequence[int]) -> int:
+        """Gather this rank's store runs of ``spec``'s blocks into ``slots``; returns a batch id."""
+        work = self._indices(spec, slots, store=True)
+        batch = self._new_batch()
+        stream_ctx = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        with stream_ctx:
+            for g, ids, sidx, pidx in work:
+                dev_ids = ids.to(self.device, non_blocking=True) if self._cuda else ids
+                for i, p in enumerate(self._groups[g].store):
+                    src, dst = self._src_views[(g, "store", i)], self._dst_views[(g, "store", i)]
+                    gathered = src[dev_ids]
+                    if self._cuda:
+                        host = torch.empty(gathered.shape, dtype=torch.int8, pin_memory=True)
+                        host.copy_(gathered, non_blocking=True)
+                        batch.keep.append(gathered)
+                        batch.finish.append((dst, (sidx, pidx), host))
+                    else:
+                        dst[sidx, pidx] = gathered
+                    self._count(p, len(ids))
+        return self._submit(batch)
+
+    def stage_in(self, slots: Sequence[int], spec: LoadStoreSpec) -> int:
+        """Scatter this rank's load runs from ``slots`` into ``spec``'s blocks; returns a batch id."""
+        work = self._indices(spec, slots, store=False)
+        batch = self._new_batch()
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        for g, ids, sidx, pidx in work:
+            for i, p in enumerate(self._groups[g].load):
+                src, dst = self._src_views[(g, "load", i)], self._dst_views[(g, "load", i)]
+                if self._cuda and self._stream is not None:
+                    host = torch.empty((len(ids), p.reps, p.num, p.size), dtype=torch.int8, pin_memory=True)
+                    host.copy_(dst[sidx, pidx])
+                    with torch.cuda.stream(self._stream):
+                        dev = host.to(self.device, non_blocking=True)
+                        src[ids.to(self.device, non_blocking=True)] = dev
+                    batch.keep.extend((host, dev))
+                else:
+                    src[ids] = dst[sidx, pidx]
+                self._count(p, len(ids))
+        return self._submit(batch)
+
+    def _count(self, p: _Plan, n: int) -> None:
+        self.stats.ops += 1
+        self.stats.fragments += n * p.reps * p.num
+        self.stats.bytes += n * p.reps * p.num * p.size
+
+    def _new_batch(self) -> _Batch:
+        with self._lock:
+            self._next_id += 1
+            return _Batch(self._next_id)
+
+    def _submit(self, batch: _Batch) -> int:
+        if self._stream is not None:
+            batch.event = torch.cuda.Event()
+            batch.event.record(self._stream)
+        with self._lock:
+            if batch.event is None:
+                self._done.append(batch.batch_id)
+            else:
+                self._batches[batch.batch_id] = batch
+        return batch.batch_id
+
+    def _complete(self, batch: _Batch) -> None:
+        # Host-side scatter of device->host gathers, once their copy finished.
+        for dst, index, host in batch.finish:
+            dst[index] = host
+        batch.finish.clear()
+        batch.keep.clear()
+
+    def poll(self) -> list[int]:
+        """Batch ids finished since the last poll (never blocks)."""
+        with self._lock:
+            ready = [b for b in self._batches.values() if b.event is None or b.event.query()]
+            for b in ready:
+                del self._batches[b.batch_id]
+            done, self._done = self._done, []
+        for b in ready:
+            self._complete(b)
+            done.append(b.batch_id)
+        return sorted(done)
+
+    def wait(self, batch_id: int | None = None) -> None:
+        """Block until ``batch_id`` (or every in-flight batch) has finished."""
+        with self._lock:
+            targets = [b for k, b in self._batches.items() if batch_id is None or k == batch_id]
+        for b in targets:
+            if b.event is not None:
+                b.event.synchronize()
+        with self._lock:
+            for b in targets:
+                self._batches.pop(b.batch_id, None)
+                self._done.append(b.batch_id)
+        for b in targets:
+            self._complete(b)
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._batches)
+

@@ -1,0 +1,652 @@
+"""Canonical pages: how a rank's KV bytes map onto parallel-independent pages.
+
+A *canonical page* is one GPU block of one KV group as the whole model sees it:
+all layers of the group, all KV heads, all ``block_size`` tokens, encoded as
+``[layer][k|v][token][head][dim]`` (NHD, format ``attn-NHD-v1``) or
+``[layer][k|v][head][token][dim]`` (HND, ``attn-HND-v1``). A rank's *local
+page* holds its PP layers, its heads (an even share of the
+``tp_size // dcp_size`` head ranks, or one replicated head) and its tokens
+(token ``t`` belongs to context-parallel rank ``(t // interleave) % (pcp*dcp)``,
+a local block holds ``block_size / (pcp*dcp)`` tokens). The local page is the
+concatenation of the group's registered references (:class:`KVRef`) in order.
+
+:func:`rank_page_mapping` turns that geometry into byte runs
+(:class:`PageRun`): *store runs* (what this rank writes into the canonical page;
+for replicated heads only replica 0 writes) and *load runs* (what it reads back,
+covering its whole local page). Fragments are built with numpy and coalesced,
+so a contiguous layout is one run. :meth:`PageMapping.verify` proves, for every
+rank of the layout, that store runs tile the canonical page exactly once and
+that load runs cover each local page exactly once, mapping the same bytes.
+
+Everything that cannot be certified (MLA, mamba, uneven heads or tokens) is
+*rank-private*: the canonical page is ``world_size x slice`` and rank ``r`` owns
+slice ``r``; the file length then depends on the world size, so a load at
+another size fails the size check (fail closed). ``fstier._format`` holds the
+torch-free sizes and ids; this module agrees with it by construction.
+
+:class:`CanonicalKVCaches` registers engine tensors as unique int8
+``(num_blocks, row_bytes)`` views; :class:`LoadStoreSpec` names the blocks of a
+transfer; :func:`allocate_cross_layer_kv_caches` allocates one contiguous row
+per block for all layers of a page-size group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+import numpy as np
+import torch
+
+from fstier import _format
+from fstier.config import DTYPE_SIZES, KVGroupSpec, ParallelSpec
+from fstier.errors import LayoutError
+
+__all__ = [
+    "CanonicalKVCaches",
+    "CrossLayerKVCaches",
+    "KVRef",
+    "LayerKVSpec",
+    "LoadStoreSpec",
+    "LocalKVLayout",
+    "PageMapping",
+    "PageRun",
+    "StateSpec",
+    "allocate_cross_layer_kv_caches",
+    "rank_page_mapping",
+    "verify_layout",
+]
+
+#: How K and V sit inside one layer of a rank-local attention page.
+#: ``packed``: ``(2, tokens, heads, head_size)`` (NHD; HND swaps tokens and
+#: heads), i.e. vLLM's ``(num_blocks, 2, block_size, heads, head_size)``.
+#: ``split``: the same bytes registered as two tensors per layer (K then V);
+#: local coordinates are identical to ``packed``.
+#: ``interleaved``: ``(tokens, heads, 2 * head_size)`` (HND: ``(heads, tokens,
+#: 2 * head_size)``), K and V side by side per head.
+LocalKVLayout = Literal["packed", "split", "interleaved"]
+_LOCAL_LAYOUTS = ("packed", "split", "interleaved")
+
+
+class PageRun(NamedTuple):
+    """``num_fragments`` fragments of ``fragment_size`` bytes: fragment ``j`` is at
+    ``local_offset + j * local_stride`` in the local page and at
+    ``canonical_offset + j * canonical_stride`` in the canonical page."""
+
+    local_offset: int
+    canonical_offset: int
+    fragment_size: int
+    num_fragments: int
+    local_stride: int
+    canonical_stride: int
+
+
+# --------------------------------------------------------------------------- #
+# Fragment arithmetic (numpy, start-up only)
+# --------------------------------------------------------------------------- #
+
+
+@dataclass(frozen=True)
+class _Frags:
+    """Fragments of one uniform size ``size`` as parallel arrays, in copy order."""
+
+    lo: np.ndarray
+    co: np.ndarray
+    size: int
+
+
+def _coalesce(frags: _Frags) -> list[PageRun]:
+    """Coalesce fragments (kept in their given order) into strided runs.
+
+    First adjacent fragments contiguous on both sides merge into segments; then
+    consecutive equal-size segments with constant positive strides on both
+    sides form one run (greedy, left to right). The Python loop runs over
+    stride changes, not fragments, so regular layouts cost a handful of steps.
+    """
+    lo, co, f = frags.lo.astype(np.int64), frags.co.astype(np.int64), frags.size
+    n = lo.size
+    if n == 0:
+        return []
+    brk = np.ones(n, dtype=bool)
+    brk[1:] = (lo[1:] != lo[:-1] + f) | (co[1:] != co[:-1] + f)
+    starts = np.flatnonzero(brk)
+    slo, sco = lo[starts], co[starts]
+    ssz = np.diff(np.append(starts, n)) * f
+    m = slo.size
+    if m == 1:
+        return [PageRun(int(slo[0]), int(sco[0]), int(ssz[0]), 1, int(ssz[0]), int(ssz[0]))]
+    dl, dc = np.diff(slo), np.diff(sco)
+    valid = (ssz[1:] == ssz[:-1]) & (dl > 0) & (dc > 0)
+    # Run-length encode the steps by (valid, size, dl, dc).
+    change = np.ones(m - 1, dtype=bool)
+    change[1:] = (
+        (valid[1:] != valid[:-1]) | (ssz[1:-1] != ssz[:-2]) | (dl[1:] != dl[:-1]) | (dc[1:] != dc[:-1])
+    )
+    block_starts = np.flatnonzero(change)
+    block_ends = np.append(block_starts[1:], m - 1) - 1
+    runs: list[PageRun] = []
+    pos = 0
+
+    def singles(upto: int) -> None:
+        for i in range(pos, upto):
+            s = int(ssz[i])
+            runs.append(PageRun(int(slo[i]), int(sco[i]), s, 1, s, s))
+
+    for a0, b in zip(block_starts.tolist(), block_ends.tolist(), strict=True):
+        if not valid[a0]:
+            continue
+        a = max(a0, pos)
+        if a > b:
+            continue
+        singles(a)
+        s = int(ssz[a])
+        runs.append(PageRun(int(slo[a]), int(sco[a]), s, b - a + 2, int(dl[a]), int(dc[a])))
+        pos = b + 2
+    singles(m)
+    return runs
+
+
+def _expand(runs: Sequence[PageRun], unit: int | None = None) -> _Frags:
+    """Runs back to fragments (in run order), optionally cut into ``unit`` bytes."""
+    if not runs:
+        return _Frags(np.zeros(0, np.int64), np.zeros(0, np.int64), unit or 1)
+    arr = np.array(runs, dtype=np.int64).reshape(-1, 6)
+    lo0, co0, fs, nf, ls, cs = arr.T
+    if unit is None:
+        if np.any(fs != fs[0]):
+            unit = math.gcd(*(int(x) for x in np.unique(fs)))
+        else:
+            unit = int(fs[0])
+    reps = nf * (fs // unit)
+    total = int(reps.sum())
+    run_idx = np.repeat(np.arange(arr.shape[0]), reps)
+    first = np.cumsum(reps) - reps
+    k = np.arange(total) - first[run_idx]
+    per = fs[run_idx] // unit
+    j, piece = k // per, k % per
+    lo = lo0[run_idx] + j * ls[run_idx] + piece * unit
+    co = co0[run_idx] + j * cs[run_idx] + piece * unit
+    return _Frags(lo, co, unit)
+
+
+def _intervals_tile(starts: np.ndarray, sizes: np.ndarray, total: int) -> str | None:
+    """None when ``[start, start+size)`` intervals tile ``[0, total)`` exactly once."""
+    if starts.size == 0:
+        return None if total == 0 else f"nothing covers [0, {total})"
+    order = np.argsort(starts, kind="stable")
+    s, z = starts[order], sizes[order]
+    ends = s + z
+    if s[0] != 0:
+        return f"bytes [0, {int(s[0])}) are not covered"
+    gaps = np.flatnonzero(s[1:] != ends[:-1])
+    if gaps.size:
+        i = int(gaps[0])
+        kind = "overlap" if s[i + 1] < ends[i] else "gap"
+        return f"{kind} at byte {int(min(s[i + 1], ends[i]))}"
+    if ends[-1] != total:
+        return f"covered up to byte {int(ends[-1])}, page has {total}"
+    return None
+
+
+def _run_intervals(runs: Sequence[PageRun], side: Literal["local", "canonical"]) -> tuple[np.ndarray, np.ndarray]:
+    if not runs:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    arr = np.array(runs, dtype=np.int64).reshape(-1, 6)
+    base = arr[:, 0] if side == "local" else arr[:, 1]
+    stride = arr[:, 4] if side == "local" else arr[:, 5]
+    nf = arr[:, 3]
+    idx = np.repeat(np.arange(arr.shape[0]), nf)
+    j = np.arange(int(nf.sum())) - (np.cumsum(nf) - nf)[idx]
+    return base[idx] + j * stride[idx], arr[idx, 2]
+
+
+# --------------------------------------------------------------------------- #
+# PageMapping
+# --------------------------------------------------------------------------- #
+
+
+@dataclass(frozen=True)
+class PageMapping:
+    """One rank's byte mapping between its local page and the canonical page of a group."""
+
+    group: KVGroupSpec
+    parallel: ParallelSpec
+    kv_layout: str
+    format_id: str
+    canonical_page_bytes: int
+    local_page_bytes: int
+    store_runs: tuple[PageRun, ...]
+    load_runs: tuple[PageRun, ...]
+    rank_private: bool
+
+    def check_self(self) -> None:
+        """This rank alone: load runs cover the local page once and land inside
+        the canonical page; store runs are a subset of the load mapping."""
+        ls, lz = _run_intervals(self.load_runs, "local")
+        err = _intervals_tile(ls, lz, self.local_page_bytes)
+        if err:
+            raise LayoutError(f"{self._name()}: load runs do not cover the local page: {err}")
+        cs, cz = _run_intervals(self.load_runs, "canonical")
+        if cs.size and (cs.min() < 0 or (cs + cz).max() > self.canonical_page_bytes):
+            raise LayoutError(f"{self._name()}: load runs leave the canonical page")
+        # Each store fragment must lie inside one load fragment with the same
+        # local->canonical shift, so a store writes exactly what a load reads.
+        sl, sz = _run_intervals(self.store_runs, "local")
+        sc, _ = _run_intervals(self.store_runs, "canonical")
+        if sl.size:
+            order = np.argsort(ls)
+            l_s, l_z, l_c = ls[order], lz[order], cs[order]
+            k = np.searchsorted(l_s, sl, side="right") - 1
+            bad = (k < 0) | (sl + sz > l_s[k] + l_z[k]) | (sc - sl != l_c[k] - l_s[k])
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise LayoutError(
+                    f"{self._name()}: store fragment at local byte {int(sl[i])} does not match the load mapping"
+                )
+
+    def verify(self) -> None:
+        """Prove the mapping for every rank of this layout (start-up only).
+
+        Certified: store runs of all ranks tile the canonical page exactly once.
+        Rank-private: each rank's runs stay inside its own slice. Raises
+        :class:`~fstier.errors.LayoutError` naming the rank and the first bad byte.
+        """
+        verify_layout(self.group, self.parallel, self.kv_layout)
+
+    def _name(self) -> str:
+        return f"group {self.format_id} rank {self.parallel.rank} ({self.kv_layout})"
+
+
+def verify_layout(group: KVGroupSpec, parallel: ParallelSpec, kv_layout: str = "packed") -> None:
+    """Build every rank's mapping of ``parallel`` and prove tiling and coverage."""
+    maps = [_build_mapping(group, parallel.with_rank(r), kv_layout) for r in range(parallel.world_size)]
+    for m in maps:
+        m.check_self()
+    cpb = maps[0].canonical_page_bytes
+    if any(m.canonical_page_bytes != cpb for m in maps):
+        raise LayoutError(f"group {maps[0].format_id}: ranks disagree on the canonical page size")
+    if maps[0].rank_private:
+        for m in maps:
+            s, z = _run_intervals(m.store_runs, "canonical")
+            lo_, hi_ = m.parallel.rank * (cpb // parallel.world_size), (m.parallel.rank + 1) * (cpb // parallel.world_size)
+            if s.size and (s.min() < lo_ or (s + z).max() > hi_):
+                raise LayoutError(f"{m._name()}: rank-private store runs leave the rank's slice")
+        return
+    parts = [_run_intervals(m.store_runs, "canonical") for m in maps]
+    starts = np.concatenate([p[0] for p in parts])
+    sizes = np.concatenate([p[1] for p in parts])
+    err = _intervals_tile(starts, sizes, cpb)
+    if err:
+        raise LayoutError(
+            f"group {maps[0].format_id} at tp={parallel.tp_size} pp={parallel.pp_size} "
+            f"pcp={parallel.pcp_size} dcp={parallel.dcp_size}: store runs do not tile the canonical page: {err}"
+        )
+
+
+def _attention_fragments(group: KVGroupSpec, par: ParallelSpec, kv_layout: str) -> tuple[_Frags, np.ndarray, int]:
+    """All fragments of this rank's local page (one head-dim each), the mask of
+    those it stores, and the local page size."""
+    es = group.element_size
+    de = group.head_size * es
+    big_h, b = group.num_kv_heads, group.block_size
+    l0, l1 = _format.pp_layer_range(group.num_layers, par.pp_size, par.pp_rank)
+    nl = l1 - l0
+    hr = _format.head_ranks(par)
+    head_rank = par.tp_rank // par.dcp_size
+    if big_h % hr == 0:
+        hl = big_h // hr
+        h0, contributor = head_rank * hl, True
+    else:  # replicated: hr % H == 0 (certified), hr/H ranks hold each head
+        per = hr // big_h
+        hl, h0, contributor = 1, head_rank // per, head_rank % per == 0
+    cp, cr, inter = _format.cp_world(par), _format.cp_rank(par), par.cp_kv_cache_interleave_size
+    tl_n = b // cp
+    li, kv, tl, hl_i = np.meshgrid(
+        np.arange(nl), np.arange(2), np.arange(tl_n), np.arange(hl), indexing="ij"
+    )
+    li, kv, tl, hl_i = (x.ravel().astype(np.int64) for x in (li, kv, tl, hl_i))
+    t = ((tl // inter) * cp + cr) * inter + tl % inter
+    h = h0 + hl_i
+    layer = l0 + li
+    if group.kv_layout == "NHD":
+        co = (((layer * 2 + kv) * b + t) * big_h + h) * de
+        if kv_layout == "interleaved":
+            lo = (((li * tl_n + tl) * hl + hl_i) * 2 + kv) * de
+        else:
+            lo = (((li * 2 + kv) * tl_n + tl) * hl + hl_i) * de
+    else:
+        co = (((layer * 2 + kv) * big_h + h) * b + t) * de
+        if kv_layout == "interleaved":
+            lo = (((li * hl + hl_i) * tl_n + tl) * 2 + kv) * de
+        else:
+            lo = (((li * 2 + kv) * hl + hl_i) * tl_n + tl) * de
+    order = np.argsort(co, kind="stable")
+    frags = _Frags(lo[order], co[order], de)
+    store = np.full(lo.size, contributor, dtype=bool)
+    return frags, store, nl * 2 * tl_n * hl * de
+
+
+def _build_mapping(group: KVGroupSpec, parallel: ParallelSpec, kv_layout: str) -> PageMapping:
+    if kv_layout not in _LOCAL_LAYOUTS:
+        raise LayoutError(f"kv_layout must be one of {_LOCAL_LAYOUTS}, got {kv_layout!r}")
+    fmt = _format.canonical_format_id(group)
+    cpb = _format.canonical_page_bytes(group, parallel)
+    if _format.is_certified(group, parallel):
+        frags, store, lpb = _attention_fragments(group, parallel, kv_layout)
+        if lpb != _format.local_page_bytes(group, parallel):
+            raise LayoutError(f"group {fmt}: local page size disagrees with fstier._format")
+        load_runs = tuple(_coalesce(frags))
+        st = _Frags(frags.lo[store], frags.co[store], frags.size)
+        store_runs = tuple(_coalesce(st))
+        return PageMapping(group, parallel, kv_layout, fmt, cpb, lpb, store_runs, load_runs, False)
+    lpb = _format.local_page_bytes(group, parallel)
+    slice_bytes = _format.rank_private_slice_bytes(group, parallel)
+    runs = (PageRun(0, parallel.rank * slice_bytes, lpb, 1, lpb, lpb),) if lpb else ()
+    return PageMapping(group, parallel, kv_layout, fmt, cpb, lpb, runs, runs, True)
+
+
+def rank_page_mapping(group: KVGroupSpec, parallel: ParallelSpec, kv_layout: str = "packed") -> PageMapping:
+    """This rank's mapping of ``group`` under ``parallel``.
+
+    ``kv_layout`` is the rank-local arrangement of K and V (:data:`LocalKVLayout`);
+    the token/head order comes from ``group.kv_layout`` (NHD/HND). Groups that
+    cannot be certified get a rank-private mapping (``rank_private`` is true).
+    """
+    return _build_mapping(group, parallel, kv_layout)
+
+
+# --------------------------------------------------------------------------- #
+# KV cache registration
+# --------------------------------------------------------------------------- #
+
+
+class KVRef(NamedTuple):
+    """``size`` bytes at ``offset`` in every row of registered tensor ``tensor_idx``."""
+
+    tensor_idx: int
+    offset: int
+    size: int
+
+
+def _int8_rows(t: torch.Tensor, name: str) -> torch.Tensor:
+    """``t`` (blocks outermost) as an int8 ``(num_blocks, page_bytes)`` view."""
+    if t.dim() < 1:
+        raise LayoutError(f"{name}: a KV tensor needs a blocks dimension, got a scalar")
+    nb = t.shape[0]
+    es = t.element_size()
+    page_elems = math.prod(t.shape[1:])
+    if page_elems == 0 or nb == 0:
+        raise LayoutError(f"{name}: empty KV tensor of shape {tuple(t.shape)}")
+    if nb > 1 and t.stride(0) < page_elems:
+        raise LayoutError(
+            f"{name}: blocks are not the outermost physical dimension (shape {tuple(t.shape)}, "
+            f"strides {t.stride()}); allocate blocks first, e.g. (num_blocks, 2, block_size, heads, head_size)"
+        )
+    if not t[0].is_contiguous():
+        raise LayoutError(
+            f"{name}: a block's page is not contiguous (shape {tuple(t.shape)}, strides {t.stride()}); "
+            "register a tensor whose per-block page is one contiguous region"
+        )
+    view = torch.empty(0, dtype=torch.int8, device=t.device)
+    row_stride = t.stride(0) * es if nb > 1 else page_elems * es
+    view.set_(t.untyped_storage(), t.storage_offset() * es, (nb, page_elems * es), (row_stride, 1))
+    return view
+
+
+@dataclass
+class CanonicalKVCaches:
+    """An engine's KV tensors as unique int8 ``(num_blocks, row_bytes)`` tensors
+    plus, per group, the references that concatenate into the local page."""
+
+    tensors: list[torch.Tensor]
+    group_refs: list[list[KVRef]]
+    names: list[str] = field(default_factory=list)
+
+    @classmethod
+    def register(
+        cls,
+        groups: Sequence[Sequence[torch.Tensor | Sequence[torch.Tensor]]],
+        *,
+        split_kv_dim0: bool = False,
+        names: Sequence[Sequence[str]] | None = None,
+    ) -> CanonicalKVCaches:
+        """Register per-group lists of layer entries.
+
+        An entry is a tensor whose first dimension is blocks (packed
+        ``(num_blocks, 2, block_size, heads, head_size)``, MLA
+        ``(num_blocks, block_size, latent)``, cross-layer
+        ``(num_blocks, num_layers, ...)`` for a whole group, a backing tensor
+        shared by several groups, opaque mamba state), or a sequence of such
+        tensors (split K/V: K then V). With ``split_kv_dim0`` every tensor entry
+        is vLLM's split ``(2, num_blocks, ...)`` and is registered as K then V.
+        A tensor met twice (same memory and geometry) is stored once.
+        """
+        tensors: list[torch.Tensor] = []
+        tensor_names: list[str] = []
+        seen: dict[tuple[object, ...], int] = {}
+        group_refs: list[list[KVRef]] = []
+        for g, entries in enumerate(groups):
+            refs: list[KVRef] = []
+            for i, entry in enumerate(entries):
+                name = names[g][i] if names is not None else f"group {g} layer {i}"
+                parts: list[tuple[str, torch.Tensor]]
+                if isinstance(entry, torch.Tensor):
+                    if split_kv_dim0:
+                        if entry.dim() < 2 or entry.shape[0] != 2:
+                            raise LayoutError(
+                                f"{name}: split_kv_dim0 expects shape (2, num_blocks, ...), got {tuple(entry.shape)}"
+                            )
+                        parts = [(f"{name} K", entry[0]), (f"{name} V", entry[1])]
+                    else:
+                        parts = [(name, entry)]
+                else:
+                    parts = [(f"{name} part {j}", p) for j, p in enumerate(entry)]
+                for pname, t in parts:
+                    rows = _int8_rows(t, pname)
+                    key = (rows.device, rows.data_ptr(), tuple(rows.shape), tuple(rows.stride()))
+                    idx = seen.get(key)
+                    if idx is None:
+                        idx = seen[key] = len(tensors)
+                        tensors.append(rows)
+                        tensor_names.append(pname)
+                    refs.append(KVRef(idx, 0, int(rows.shape[1])))
+            group_refs.append(refs)
+        return cls(tensors, group_refs, tensor_names)
+
+    def local_page_bytes(self, group_idx: int) -> int:
+        return sum(r.size for r in self.group_refs[group_idx])
+
+    def num_blocks(self, group_idx: int) -> int:
+        return min(int(self.tensors[r.tensor_idx].shape[0]) for r in self.group_refs[group_idx])
+
+    def check(self) -> None:
+        """References stay inside their tensors' rows."""
+        for g, refs in enumerate(self.group_refs):
+            for r in refs:
+                if not 0 <= r.tensor_idx < len(self.tensors):
+                    raise LayoutError(f"group {g}: reference to unknown tensor {r.tensor_idx}")
+                row = int(self.tensors[r.tensor_idx].shape[1])
+                if r.offset < 0 or r.size <= 0 or r.offset + r.size > row:
+                    raise LayoutError(f"group {g}: reference {r} leaves the {row}-byte row")
+
+
+# --------------------------------------------------------------------------- #
+# LoadStoreSpec
+# --------------------------------------------------------------------------- #
+
+
+@dataclass(frozen=True)
+class LoadStoreSpec:
+    """Blocks of one transfer: flat GPU ``block_ids`` of all groups,
+    ``group_sizes[g]`` of them per group, ``block_indices[g]`` the logical
+    index of group g's first block.
+
+    With ``blocks_per_file > 1`` a group's blocks fill its files in order;
+    the first file is entered at page ``block_indices[g] % blocks_per_file``
+    (the skip), so a load starting mid-file lands on the right pages.
+    """
+
+    block_ids: tuple[int, ...]
+    group_sizes: tuple[int, ...]
+    block_indices: tuple[int, ...]
+
+    def __init__(self, block_ids: Sequence[int], group_sizes: Sequence[int], block_indices: Sequence[int] | None = None) -> None:
+        ids = tuple(int(x) for x in block_ids)
+        sizes = tuple(int(x) for x in group_sizes)
+        idx = tuple(int(x) for x in block_indices) if block_indices is not None else (0,) * len(sizes)
+        if any(s < 0 for s in sizes):
+            raise ValueError(f"LoadStoreSpec: group_sizes must be >= 0, got {list(sizes)}")
+        if sum(sizes) != len(ids):
+            raise ValueError(
+                f"LoadStoreSpec: sum(group_sizes) = {sum(sizes)} must equal len(block_ids) = {len(ids)}"
+            )
+        if len(idx) != len(sizes):
+            raise ValueError(
+                f"LoadStoreSpec: need one block index per group ({len(sizes)}), got {len(idx)}"
+            )
+        if any(i < 0 for i in ids):
+            raise ValueError(f"LoadStoreSpec: block ids must be >= 0, got {min(ids)}")
+        if any(i < 0 for i in idx):
+            raise ValueError(f"LoadStoreSpec: block_indices must be >= 0, got {list(idx)}")
+        object.__setattr__(self, "block_ids", ids)
+        object.__setattr__(self, "group_sizes", sizes)
+        object.__setattr__(self, "block_indices", idx)
+
+    def group_block_ids(self, g: int) -> tuple[int, ...]:
+        start = sum(self.group_sizes[:g])
+        return self.block_ids[start : start + self.group_sizes[g]]
+
+    def skip(self, g: int, blocks_per_file: int) -> int:
+        return self.block_indices[g] % blocks_per_file
+
+    def num_files(self, g: int, blocks_per_file: int) -> int:
+        n = self.group_sizes[g]
+        return 0 if n == 0 else -(-(self.skip(g, blocks_per_file) + n) // blocks_per_file)
+
+
+# --------------------------------------------------------------------------- #
+# Cross-layer allocation
+# --------------------------------------------------------------------------- #
+
+
+class StateSpec(NamedTuple):
+    """One per-block tensor of a layer: its shape per block and dtype name (None: default)."""
+
+    shape: tuple[int, ...]
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class LayerKVSpec:
+    """One layer's KV page: its KV group and the per-block states it holds
+    (attention: one ``(2, block_size, heads, head_size)`` state)."""
+
+    name: str
+    group_idx: int
+    states: tuple[StateSpec, ...]
+
+    @classmethod
+    def attention(cls, name: str, group_idx: int, block_size: int, num_heads: int, head_size: int, kv_layout: str = "NHD", dtype: str | None = None) -> LayerKVSpec:
+        shape = (2, block_size, num_heads, head_size) if kv_layout == "NHD" else (2, num_heads, block_size, head_size)
+        return cls(name, group_idx, (StateSpec(shape, dtype),))
+
+    def page_bytes(self, default_dtype: str) -> int:
+        total = 0
+        for s in self.states:
+            es = DTYPE_SIZES[s.dtype or default_dtype]
+            total = -(-total // es) * es + math.prod(s.shape) * es
+        return -(-total // 16) * 16 if len(self.states) > 1 else total
+
+
+@dataclass
+class CrossLayerKVCaches:
+    """Result of :func:`allocate_cross_layer_kv_caches`."""
+
+    buffers: list[torch.Tensor]
+    views: dict[str, tuple[torch.Tensor, ...]]
+    registration: CanonicalKVCaches
+    buffer_layers: list[list[str]]
+
+
+def _dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise LayoutError(f"unknown dtype {name!r}")
+    return dt
+
+
+def allocate_cross_layer_kv_caches(
+    layer_specs: Sequence[LayerKVSpec], num_blocks: int, device: torch.device | str = "cpu", dtype: str | torch.dtype = "float16"
+) -> CrossLayerKVCaches:
+    """One contiguous int8 buffer ``(num_blocks, num_layers, page_bytes)`` per page size.
+
+    Layers of one KV group must share one page size. KV groups with the same
+    page size share a buffer (as an engine's hybrid allocator shares memory:
+    a block id belongs to one group at a time); layer ``j`` of each such group
+    uses layer slot ``j``. Returns per-layer zero-copy views in the layer's own
+    shapes and the registration: one tensor per buffer, one reference per
+    group covering its layer slots, so a block of a group moves as one row.
+    """
+    dname = str(dtype).removeprefix("torch.")
+    if dname not in DTYPE_SIZES:
+        raise LayoutError(f"allocate_cross_layer_kv_caches: unknown dtype {dtype!r}")
+    if num_blocks < 1:
+        raise LayoutError(f"allocate_cross_layer_kv_caches: num_blocks must be >= 1, got {num_blocks}")
+    if not layer_specs:
+        raise LayoutError("allocate_cross_layer_kv_caches: no layers given")
+    by_group: dict[int, list[LayerKVSpec]] = {}
+    for spec in layer_specs:
+        if not spec.states or any(any(d < 1 for d in s.shape) for s in spec.states):
+            raise LayoutError(f"layer {spec.name!r}: every state needs a non-empty shape, got {spec.states}")
+        by_group.setdefault(spec.group_idx, []).append(spec)
+    if sorted(by_group) != list(range(len(by_group))):
+        raise LayoutError(f"group indices must be 0..{len(by_group) - 1}, got {sorted(by_group)}")
+    page_of: dict[int, int] = {}
+    for g, layers in by_group.items():
+        sizes = {lay.page_bytes(dname) for lay in layers}
+        if len(sizes) != 1:
+            raise LayoutError(
+                f"group {g}: layers have different page sizes {sorted(sizes)} "
+                f"({', '.join(lay.name for lay in layers)}); put them in separate groups"
+            )
+        page_of[g] = sizes.pop()
+    buf_of_page: dict[int, int] = {}
+    for g in sorted(by_group):
+        buf_of_page.setdefault(page_of[g], len(buf_of_page))
+    buffers: list[torch.Tensor] = []
+    buffer_layers: list[list[str]] = []
+    for page, b in sorted(buf_of_page.items(), key=lambda kv: kv[1]):
+        slots = max(len(by_group[g]) for g in by_group if page_of[g] == page)
+        buffers.append(torch.zeros((num_blocks, slots, page), dtype=torch.int8, device=device))
+        buffer_layers.append([])
+    views: dict[str, tuple[torch.Tensor, ...]] = {}
+    group_refs: list[list[KVRef]] = []
+    for g in sorted(by_group):
+        page, b = page_of[g], buf_of_page[page_of[g]]
+        buf = buffers[b]
+        for j, lay in enumerate(by_group[g]):
+            if lay.name in views:
+                raise LayoutError(f"layer name {lay.name!r} appears twice")
+            buffer_layers[b].append(lay.name)
+            off = j * page
+            states = []
+            for s in lay.states:
+                dt = _dtype(s.dtype or dname)
+                es = DTYPE_SIZES[s.dtype or dname]
+                off = -(-off // es) * es
+                inner = [1] * len(s.shape)
+                for k in range(len(s.shape) - 2, -1, -1):
+                    inner[k] = inner[k + 1] * s.shape[k + 1]
+                row = buf.stride(0)
+                if row % es or off % es:
+                    raise LayoutError(f"layer {lay.name!r}: state of {s.dtype or dname} is not aligned in the row")
+                v = torch.empty(0, dtype=dt, device=buf.device)
+                v.set_(buf.untyped_storage(), off // es, (num_blocks, *s.shape), (row // es, *inner))
+                states.append(v)
+                off += math.prod(s.shape) * es
+            views[lay.name] = tuple(states)
+        group_refs.append([KVRef(b, 0, len(by_group[g]) * page)])
+    reg = CanonicalKVCaches([buf.view(num_blocks, -1) for buf in buffers], group_refs, [f"buffer {i}" for i in range(len(buffers))])
+    return CrossLayerKVCaches(buffers, views, reg, buffer_layers)

@@ -1,0 +1,1053 @@
+"""FsTier: the engine-facing filesystem tier (lookups, store/load jobs, capacity).
+
+One key <-> one host slot <-> one file (``FileMapper.path_for(key)``). The
+engine's scheduler owns one :class:`FsTier`; it never blocks in it:
+
+- **lookup(keys) -> int** counts the leading keys whose files exist (a prefix
+  hit). Answers come from a short-lived positive/negative cache
+  (``tier.lookup_cache_ttl_s``) or from ``stat`` calls, done in parallel
+  chunks for big batches and stopping at the first miss. A key whose load
+  failed is marked *bad*: it is never reported as a hit again until it is
+  stored again, so a stale hit cannot livelock a request. Evictions and
+  corrupt files invalidate their keys.
+- **submit_store / submit_load** queue one pool job per call (one op per key)
+  on the dual-queue :class:`~fstier.io.pool.IOPool`; ``get_finished()``
+  returns :class:`JobResult` records without blocking. A load keeps its loaded
+  *prefix*; from the first key that did not load on, keys are misses to
+  recompute. Stores of keys already present are skipped and counted.
+- **Backpressure.** An EMA of the measured write speed (bytes written over the
+  wall time the write queue was busy) bounds queued store bytes to
+  ``max_write_queue_seconds`` of work; beyond it, new stores are dropped with
+  cause ``backpressure`` (a future miss, never a blocked caller).
+- **Circuit breaker.** ``breaker_failures`` consecutive I/O failures (errno
+  errors or deadline misses; never misses or corrupt files) open the breaker
+  for ``breaker_cooldown_s``: lookups return 0, stores drop (``degraded``),
+  loads fail fast. Then it is half-open: the next jobs run, a success closes
+  it, a failure reopens it. Each transition is logged once.
+- **Fencing.** An op past ``io_timeout_s`` is reported failed, but its thread
+  may still write into the slot later; that slot is fenced (jobs naming it
+  fail with ``slot_busy``) until the pool's ``on_late`` callback says the
+  stuck call returned.
+- **Capacity.** With ``max_bytes``, usage is scanned once at start (streaming,
+  on the capacity thread) and then tracked incrementally; above the high
+  watermark the capacity thread removes least-recently-used files down to the
+  low watermark (:func:`fstier._capacity.collect_garbage`: unlink only, safe
+  with concurrent readers and other processes). Recency is the file mtime,
+  bumped by fstier on every load and every store of an already present key.
+- **Events and metrics.** ``take_events()`` returns :class:`BlockStored` /
+  :class:`BlockRemoved`; ``metrics`` is a :class:`~fstier._metrics.TierMetrics`.
+
+All job bookkeeping lives in one :class:`_Job` record per in-flight job under
+``FsTier._lock``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from fstier._capacity import GcReport, collect_garbage, key_from_block_name
+from fstier._metrics import TierMetrics
+from fstier.config import FstierConfig, load_config
+from fstier.errors import ConfigError, PoolError, TierClosedError
+from fstier.file_mapper import BLOCK_SUFFIX, FileMapper
+from fstier.io import posix
+from fstier.io.blockfile import HEADER_SIZE, BlockHeader, ChecksumKind, padded_len, payload_checksum
+from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool
+from fstier.keys import BlockKey
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fstier.gpu_copy import HostBlockPool
+
+__all__ = ["BlockRemoved", "BlockStored", "FsTier", "JobResult", "TierEvent"]
+
+log = logging.getLogger("fstier.manager")
+
+#: Prior write speed before the first measurement (bytes/s). Conservative for
+#: NVMe (DESIGN §9 measures ~1.6 GB/s for new files) so an initial flood is
+#: bounded before any store has completed.
+_PRIOR_WRITE_BPS = 512e6
+_EMA_ALPHA = 0.2
+#: A busy period shorter than this is folded into the next sample (timer noise).
+_MIN_SAMPLE_S = 0.005
+#: Lookup batches at least this long (uncached) are stat-ed in parallel chunks.
+_PARALLEL_LOOKUP_MIN = 512
+_LOOKUP_CHUNK = 256
+_CACHE_MAX_ENTRIES = 1 << 20
+_BAD_MAX_ENTRIES = 1 << 18
+#: The capacity thread rescans this often even without a trigger, so stores of
+#: other processes sharing the root are accounted for.
+_RESYNC_INTERVAL_S = 300.0
+#: Default private pool budget when ``from_config`` creates the pool itself.
+_DEFAULT_POOL_BYTES = 256 << 20
+
+
+# ---------------------------------------------------------------- public records
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """The outcome of one store or load job.
+
+    ``keys_completed`` leading keys succeeded (for a load: the loaded prefix;
+    for a store: stored + skipped); ``keys_failed`` are misses to recompute
+    (load) or blocks not written (store). ``cause`` names the first failure
+    (an errno name such as ``ENOSPC``, ``timeout``, ``backpressure``,
+    ``degraded``, ``slot_busy``, a corrupt-file reason, ``ENOENT`` for a miss).
+    ``skipped`` counts stores of keys already present.
+    """
+
+    job_id: Hashable
+    kind: Literal["store", "load"]
+    success: bool
+    keys_completed: int
+    keys_failed: int
+    nbytes: int
+    seconds: float
+    cause: str | None = None
+    skipped: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    """Keys whose block files this tier wrote (not the skipped ones)."""
+
+    keys: tuple[BlockKey, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    """Keys whose files were removed: ``reason`` is ``evicted`` or ``corrupt``."""
+
+    keys: tuple[BlockKey, ...]
+    reason: str = "evicted"
+
+
+TierEvent = BlockStored | BlockRemoved
+
+
+# ------------------------------------------------------------- internal parts
+@dataclass(slots=True)
+class _Job:
+    """One in-flight job. Mutable fields change only under ``FsTier._lock``."""
+
+    pool_id: int
+    job_id: Hashable
+    kind: Literal["store", "load"]
+    keys: tuple[BlockKey, ...]
+    slots: tuple[int, ...]
+    op_bytes: tuple[int, ...]
+    submitted: float
+    #: store ops whose bytes still count as queued (cleared when the op ends or times out)
+    op_open: list[bool] = field(default_factory=list)
+    last_end: float = 0.0
+
+
+class _LookupCache:
+    """Short-lived present/absent answers plus the *bad* set (keys whose load
+    failed; never a hit until stored again). One lock; batch methods take it
+    once per batch."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl = ttl_s
+        self._entries: dict[BlockKey, tuple[bool, float]] = {}
+        self._bad: OrderedDict[BlockKey, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get_many(self, keys: Sequence[BlockKey], now: float) -> list[bool | None]:
+        out: list[bool | None] = []
+        with self._lock:
+            entries, bad = self._entries, self._bad
+            for k in keys:
+                if k in bad:
+                    out.append(False)
+                    continue
+                e = entries.get(k)
+                out.append(e[0] if e is not None and e[1] > now else None)
+        return out
+
+    def put_many(self, keys: Sequence[BlockKey], present: bool, now: float) -> None:
+        if self.ttl <= 0 or not keys:
+            return
+        expiry = now + self.ttl
+        with self._lock:
+            if len(self._entries) + len(keys) > _CACHE_MAX_ENTRIES:
+                self._entries = {k: v for k, v in self._entries.items() if v[1] > now}
+                if len(self._entries) + len(keys) > _CACHE_MAX_ENTRIES:
+                    self._entries.clear()
+            for k in keys:
+                self._entries[k] = (present, expiry)
+
+    def stored(self, keys: Sequence[BlockKey], now: float) -> None:
+        """Keys now present on disk (stored, or found present by a store)."""
+        with self._lock:
+            for k in keys:
+                self._bad.pop(k, None)
+        self.put_many(keys, True, now)
+
+    def mark_bad(self, keys: Sequence[BlockKey]) -> None:
+        with self._lock:
+            for k in keys:
+                self._entries.pop(k, None)
+                self._bad[k] = None
+                self._bad.move_to_end(k)
+            while len(self._bad) > _BAD_MAX_ENTRIES:
+                self._bad.popitem(last=False)
+
+    def is_bad(self, key: BlockKey) -> bool:
+        with self._lock:
+            return key in self._bad
+
+    def forget(self, keys: Sequence[BlockKey]) -> None:
+        """Keys whose files were removed: drop any cached answer."""
+        with self._lock:
+            for k in keys:
+                self._entries.pop(k, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+class _Breaker:
+    """Consecutive-failure circuit breaker: closed -> open (cool-down) ->
+    half-open -> closed on a success, open again on a failure."""
+
+    CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+
+    def __init__(self, threshold: int, cooldown_s: float, metrics: TierMetrics) -> None:
+        self.threshold = threshold
+        self.cooldown_s = cooldown_s
+        self._metrics = metrics
+        self._state = self.CLOSED
+        self._failures = 0
+        self._open_until = 0.0
+        self._lock = threading.Lock()
+
+    @property
+    def state(self) -> str:
+        with self._lock:
+            self._tick(time.monotonic())
+            return self._state
+
+    def _tick(self, now: float) -> None:
+        if self._state == self.OPEN and now >= self._open_until:
+            self._state = self.HALF_OPEN
+            log.warning("fstier: circuit breaker half-open; probing the tier again")
+
+    def allow(self) -> bool:
+        """False while open (degraded)."""
+        with self._lock:
+            self._tick(time.monotonic())
+            return self._state != self.OPEN
+
+    def success(self) -> None:
+        with self._lock:
+            self._failures = 0
+            if self._state != self.CLOSED:
+                self._state = self.CLOSED
+                self._metrics.degraded.set(0)
+                log.warning("fstier: circuit breaker closed; the tier recovered")
+
+    def failure(self, cause: str) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self._tick(now)
+            self._failures += 1
+            if self._state == self.HALF_OPEN or (
+                self._state == self.CLOSED and self._failures >= self.threshold
+            ):
+                self._state = self.OPEN
+                self._open_until = now + self.cooldown_s
+                self._metrics.breaker_trips.inc()
+                self._metrics.degraded.set(1)
+                log.error(
+                    "fstier: circuit breaker open after %d consecutive I/O failure(s) (last: %s); "
+                    "tier degraded for %.1fs (lookups miss, stores drop, loads fail fast)",
+                    self._failures, cause, self.cooldown_s,
+                )
+
+
+class _WriteBudget:
+    """Backpressure: queued store bytes versus an EMA of the write speed.
+
+    The speed sample is bytes completed over the wall time during which the
+    write queue was non-empty, so it measures the pool's aggregate throughput
+    whatever the number of writer threads and jobs in flight."""
+
+    def __init__(self, max_queue_s: float, metrics: TierMetrics) -> None:
+        self.max_queue_s = max_queue_s
+        self._metrics = metrics
+        self.speed = _PRIOR_WRITE_BPS
+        self._measured = False
+        self.queued = 0
+        self._busy_since = 0.0
+        self._busy_bytes = 0
+        self._lock = threading.Lock()
+        metrics.write_speed.set(self.speed)
+
+    def admit(self, nbytes: int) -> bool:
+        """Reserve ``nbytes`` if they fit; an idle queue always admits (a job
+        bigger than the budget must still be storable)."""
+        with self._lock:
+            if self.queued > 0 and self.queued + nbytes > self.max_queue_s * self.speed:
+                return False
+            if self.queued == 0:
+                self._busy_since = time.perf_counter()
+                self._busy_bytes = 0
+            self.queued += nbytes
+            self._metrics.queued_store_bytes.set(self.queued)
+            return True
+
+    def release(self, reserved: int, written: int) -> None:
+        """An op ended: ``reserved`` bytes leave the queue, ``written`` count
+        toward the speed sample."""
+        with self._lock:
+            self.queued = max(0, self.queued - reserved)
+            self._busy_bytes += written
+            now = time.perf_counter()
+            elapsed = now - self._busy_since
+            if self._busy_bytes > 0 and elapsed >= _MIN_SAMPLE_S and (
+                self.queued == 0 or elapsed >= 0.25
+            ):
+                sample = self._busy_bytes / elapsed
+                # The first measurement replaces the prior outright: a slow
+                # mount must not hide behind an optimistic guess for long.
+                if self._measured:
+                    self.speed = (1 - _EMA_ALPHA) * self.speed + _EMA_ALPHA * sample
+                else:
+                    self.speed = sample
+                    self._measured = True
+                self._metrics.write_speed.set(self.speed)
+                self._busy_since = now
+                self._busy_bytes = 0
+            elif self.queued == 0 and self._busy_bytes == 0:
+                self._busy_since = now
+            self._metrics.queued_store_bytes.set(self.queued)
+
+
+def _file_bytes(payload_len: int) -> int:
+    """Bytes a block file of ``payload_len`` occupies (header + padded payload)."""
+    return HEADER_SIZE + padded_len(payload_len)
+
+
+def _cause_of(result: object) -> str:
+    if isinstance(result, OSError):
+        return errno.errorcode.get(result.errno or 0, type(result).__name__)
+    return type(result).__name__
+
+
+# --------------------------------------------------------------------- FsTier
+class FsTier:
+    """The filesystem tier for one (model, parallel layout, root) config.
+
+    ``pool`` is the :class:`~fstier.gpu_copy.HostBlockPool` whose slots jobs
+    name; each slot must hold the largest file payload padded to 4096.
+    """
+
+    def __init__(self, config: FstierConfig, pool: HostBlockPool) -> None:
+        if not isinstance(config, FstierConfig):
+            raise ConfigError(
+                f"FsTier(config=...): expected an FstierConfig, got {type(config).__name__}; "
+                "use FsTier.from_config(path) for a YAML file"
+            )
+        self.config = config
+        tier = config.tier
+        self.mapper = FileMapper(config)
+        self._pool = pool
+        self._owns_pool = False
+        self._payload_len = [
+            self.mapper.expected_payload_bytes(g) for g in range(len(config.model.groups))
+        ]
+        need = max(padded_len(n) for n in self._payload_len)
+        if pool.slot_bytes < need:
+            raise PoolError(
+                f"HostBlockPool slot_bytes is {pool.slot_bytes} but the largest file payload "
+                f"padded to 4096 is {need} bytes; create the pool with slot_bytes >= {need}"
+            )
+        self.mapper.ensure_manifest()
+        self.mapper.blocks_dir.mkdir(mode=0o755, exist_ok=True)
+        support = posix.probe_o_direct(self.mapper.namespace_dir, tier.o_direct)
+        self.io_options = posix.IOOptions.from_tier(tier, support)
+        self.metrics = TierMetrics()
+        self._cache = _LookupCache(tier.lookup_cache_ttl_s)
+        self._breaker = _Breaker(tier.breaker_failures, tier.breaker_cooldown_s, self.metrics)
+        self._budget = _WriteBudget(tier.max_write_queue_seconds, self.metrics)
+        self._blocks_prefix = os.fspath(self.mapper.blocks_dir)
+        self._bpf = tier.blocks_per_file
+
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._jobs: dict[Hashable, _Job] = {}
+        self._user_ids: set[Hashable] = set()
+        self._next_pool_id = 0
+        self._finished: list[JobResult] = []
+        self._events: list[TierEvent] = []
+        #: slot -> (pool job id, op index) of the timed-out op holding it
+        self._fenced: dict[int, tuple[Hashable, int]] = {}
+        #: ops that returned late before their timeout was reaped
+        self._late: set[tuple[Hashable, int]] = set()
+        self._closed = False
+
+        self._io = IOPool(tier.read_threads, tier.write_threads, tier.io_timeout_s)
+        self._io.on_late(self._on_late)
+        self._lookup_pool: ThreadPoolExecutor | None = None
+        self._lookup_workers = max(2, min(tier.read_threads, 16))
+
+        # Capacity: usage is None until the initial scan finished.
+        self._max_bytes = tier.max_bytes
+        self._usage: int | None = None
+        self._usage_lock = threading.Lock()
+        self._cap_lock = threading.Lock()  # one capacity pass at a time
+        self._cap_wake = threading.Event()
+        self._cap_stop = threading.Event()
+        self._cap_thread: threading.Thread | None = None
+        if self._max_bytes is not None:
+            self._cap_thread = threading.Thread(
+                target=self._capacity_loop, name="fstier-capacity", daemon=True
+            )
+            self._cap_thread.start()
+
+    # ---------------------------------------------------------------- creation
+    @classmethod
+    def from_config(
+        cls, config: str | os.PathLike[str] | FstierConfig, pool: HostBlockPool | None = None
+    ) -> FsTier:
+        """Build from a YAML path or an :class:`FstierConfig`. Without ``pool``
+        a private :class:`HostBlockPool` is created (slots sized to the largest
+        payload, about 256 MiB in all, at least 2 x the I/O threads) and closed
+        by :meth:`close`."""
+        cfg = config if isinstance(config, FstierConfig) else load_config(config)
+        if pool is not None:
+            return cls(cfg, pool)
+        from fstier.gpu_copy import HostBlockPool
+
+        mapper = FileMapper(cfg)
+        slot_bytes = max(
+            padded_len(mapper.expected_payload_bytes(g)) for g in range(len(cfg.model.groups))
+        )
+        threads = cfg.tier.read_threads + cfg.tier.write_threads
+        num_slots = max(2 * threads, min(1024, _DEFAULT_POOL_BYTES // slot_bytes))
+        own = HostBlockPool(num_slots, slot_bytes)
+        try:
+            tier = cls(cfg, own)
+        except BaseException:
+            own.close()
+            raise
+        tier._owns_pool = True
+        return tier
+
+    @property
+    def pool(self) -> HostBlockPool:
+        return self._pool
+
+    def payload_bytes(self, key: BlockKey) -> int:
+        """Payload length of ``key``'s file (the slot bytes a job moves)."""
+        return self._payload_len[key.group_idx]
+
+    def __enter__(self) -> FsTier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ lookup
+    def _path_str(self, key: BlockKey) -> str:
+        # Same layout as FileMapper.path_for (tests pin the equality) without
+        # building Path objects: lookups run on the scheduler's hot path.
+        h = key.block_hash.hex()
+        return f"{self._blocks_prefix}/{h[:3]}/{h[3:5]}/{h}-g{key.group_idx}{BLOCK_SUFFIX}"
+
+    def _probe_chunk(self, keys: Sequence[BlockKey]) -> int:
+        """Leading keys of ``keys`` present: cache first, then stat; stops at
+        the first miss and caches what it learned."""
+        now = time.monotonic()
+        found: list[BlockKey] = []
+        count = 0
+        exists = os.path.exists
+        ngroups = len(self._payload_len)
+        missed = False
+        # Cache answers are fetched 32 at a time so a miss near the front
+        # does not pay for a whole chunk of cache probes.
+        for j in range(0, len(keys), 32):
+            sub = keys[j : j + 32]
+            for k, state in zip(sub, self._cache.get_many(sub, now), strict=True):
+                if state is False:
+                    missed = True
+                    break
+                if state is None:
+                    if k.group_idx >= ngroups or not exists(self._path_str(k)):
+                        if k.group_idx < ngroups:
+                            self._cache.put_many([k], False, now)
+                        missed = True
+                        break
+                    found.append(k)
+                count += 1
+            if missed:
+                break
+        self._cache.put_many(found, True, now)
+        return count
+
+    def lookup(self, keys: Sequence[BlockKey]) -> int:
+        """Number of leading ``keys`` whose blocks are present (0 while degraded)."""
+        self._check_open()
+        t0 = time.perf_counter()
+        n = len(keys)
+        if n == 0:
+            return 0
+        if not self._breaker.allow():
+            self.metrics.lookup_keys.inc(n)
+            self.metrics.misses.inc()
+            return 0
+        first = min(n, _LOOKUP_CHUNK)
+        hits = self._probe_chunk(keys[:first])
+        if hits == first and n - first >= _PARALLEL_LOOKUP_MIN:
+            hits += self._parallel_probe(keys, first)
+        elif hits == first and first < n:
+            hits += self._probe_chunk(keys[first:])
+        self.metrics.lookup_keys.inc(n)
+        self.metrics.hits.inc(hits)
+        if hits < n:
+            self.metrics.misses.inc()
+        self.metrics.lookup_seconds.observe(time.perf_counter() - t0)
+        return hits
+
+    def _parallel_probe(self, keys: Sequence[BlockKey], start: int) -> int:
+        """Probe ``keys[start:]`` in chunks on the lookup threads, in waves of
+        one chunk per thread so an early miss wastes at most one wave."""
+        with self._lock:
+            if self._lookup_pool is None:
+                self._lookup_pool = ThreadPoolExecutor(
+                    self._lookup_workers, thread_name_prefix="fstier-lookup"
+                )
+            executor = self._lookup_pool
+        n = len(keys)
+        total = 0
+        pos = start
+        wave = self._lookup_workers
+        while pos < n:
+            futures: list[tuple[int, Future[int]]] = []
+            for _ in range(wave):
+                if pos >= n:
+                    break
+                end = min(n, pos + _LOOKUP_CHUNK)
+                futures.append((end - pos, executor.submit(self._probe_chunk, keys[pos:end])))
+                pos = end
+            stopped = False
+            for size, fut in futures:
+                if stopped:
+                    fut.cancel()
+                    continue
+                got = fut.result()
+                total += got
+                if got < size:
+                    stopped = True
+            if stopped:
+                break
+        return total
+
+    # -------------------------------------------------------------------- jobs
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TierClosedError("FsTier is closed; create a new one with FsTier.from_config(...)")
+
+    def _validate(self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]) -> None:
+        if len(keys) != len(slots):
+            raise ValueError(
+                f"job {job_id!r}: {len(keys)} keys but {len(slots)} slots; one slot per key"
+            )
+        num_slots = self._pool.num_slots
+        ngroups = len(self._payload_len)
+        for k, s in zip(keys, slots, strict=True):
+            if not isinstance(k, BlockKey):
+                raise ValueError(f"job {job_id!r}: keys must be BlockKey, got {type(k).__name__}")
+            if k.group_idx >= ngroups:
+                raise ValueError(
+                    f"job {job_id!r}: key group {k.group_idx} does not exist (model has {ngroups})"
+                )
+            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < num_slots:
+                raise ValueError(
+                    f"job {job_id!r}: slot {s!r} is not a slot index in 0..{num_slots - 1}"
+                )
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"job {job_id!r}: a slot appears twice; one slot per key")
+
+    def _finish_now(
+        self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str
+    ) -> None:
+        result = JobResult(job_id, kind, n == 0, 0, n, 0, 0.0, None if n == 0 else cause)
+        with self._lock:
+            self._finished.append(result)
+
+    def submit_store(
+        self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]
+    ) -> None:
+        """Queue the store of ``slots[i]`` as ``keys[i]``'s file. Never blocks;
+        a job that cannot run (degraded, backpressure, fenced slot) finishes at
+        once with ``success=False`` and that cause."""
+        self._submit(job_id, "store", keys, slots)
+
+    def submit_load(
+        self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]
+    ) -> None:
+        """Queue the load of ``keys[i]``'s file into ``slots[i]``. Never blocks."""
+        self._submit(job_id, "load", keys, slots)
+
+    def _submit(
+        self,
+        job_id: Hashable,
+        kind: Literal["store", "load"],
+        keys: Sequence[BlockKey],
+        slots: Sequence[int],
+    ) -> None:
+        self._check_open()
+        self._validate(job_id, keys, slots)
+        self._reap()
+        n = len(keys)
+        keys_t, slots_t = tuple(keys), tuple(slots)
+        if n == 0:
+            self._finish_now(job_id, kind, 0, "")
+            return
+        if not self._breaker.allow():
+            if kind == "store":
+                self.metrics.drops.inc("degraded", n)
+            else:
+                self.metrics.failures.inc("degraded", n)
+            self._finish_now(job_id, kind, n, "degraded")
+            return
+        op_bytes = tuple(self._payload_len[k.group_idx] for k in keys_t)
+        with self._lock:
+            if job_id in self._user_ids:
+                raise ValueError(f"job id {job_id!r} is already in flight; job ids must be unique")
+            if any(s in self._fenced for s in slots_t):
+                busy = True
+            else:
+                busy = False
+                if kind == "store" and not self._budget.admit(sum(map(_file_bytes, op_bytes))):
+                    self.metrics.drops.inc("backpressure", n)
+                    self._finished.append(
+                        JobResult(job_id, kind, False, 0, n, 0, 0.0, "backpressure")
+                    )
+                    return
+                pool_id = self._next_pool_id
+                self._next_pool_id += 1
+                job = _Job(
+                    pool_id, job_id, kind, keys_t, slots_t, op_bytes, time.perf_counter(),
+                    op_open=[kind == "store"] * n,
+                )
+                self._jobs[pool_id] = job
+                self._user_ids.add(job_id)
+        if busy:
+            self.metrics.failures.inc("slot_busy", n)
+            self._finish_now(job_id, kind, n, "slot_busy")
+            return
+        if kind == "store":
+            ops: list[Callable[[], object]] = [partial(self._store_op, job, i) for i in range(n)]
+            self._io.submit(pool_id, "write", ops)
+        else:
+            ops = [partial(self._load_op, job, i) for i in range(n)]
+            self._io.submit(pool_id, "read", ops)
+
+    # -- ops (run on I/O threads) ----------------------------------------------
+    def _op_ended(self, job: _Job, i: int, written: int) -> None:
+        with self._lock:
+            job.last_end = time.perf_counter()
+            reserved = _file_bytes(job.op_bytes[i]) if job.op_open[i] else 0
+            job.op_open[i] = False
+        if job.kind == "store" and reserved:
+            self._budget.release(reserved, written)
+
+    def _store_op(self, job: _Job, i: int) -> posix.StoreOutcome:
+        written = 0
+        try:
+            key, slot = job.keys[i], job.slots[i]
+            n = job.op_bytes[i]
+            padded = padded_len(n)
+            view = self._pool.slot_view(slot)
+            if padded > n:
+                view[n:padded] = bytes(padded - n)  # deterministic file bytes
+            checksum = self.io_options.checksum
+            header = BlockHeader(
+                key=key,
+                namespace_digest=self.mapper.digest_bytes,
+                payload_len=n,
+                page_count=self._bpf,
+                page_bytes=n // self._bpf,
+                checksum_kind=ChecksumKind.XXH3_64 if checksum else ChecksumKind.NONE,
+                payload_checksum=payload_checksum(view[:n]) if checksum else 0,
+            )
+            path = Path(self._path_str(key))
+            self.mapper.ensure_parent(path)
+            if self._cache.is_bad(key):
+                # Its last load failed without proof of corruption (EIO,
+                # timeout): replace the file rather than skip onto it.
+                with contextlib.suppress(FileNotFoundError):
+                    posix.FS.unlink(path)
+            outcome = posix.store_block(posix.StoreRequest(path, header, view[:padded]), self.io_options)
+            if outcome.status is posix.StoreStatus.SKIPPED:
+                self._touch(path)
+            written = outcome.nbytes
+            return outcome
+        finally:
+            self._op_ended(job, i, written)
+
+    def _load_op(self, job: _Job, i: int) -> posix.LoadOutcome:
+        try:
+            key, slot = job.keys[i], job.slots[i]
+            n = job.op_bytes[i]
+            view = self._pool.slot_view(slot)
+            path = Path(self._path_str(key))
+            outcome = posix.load_block(
+                posix.LoadRequest(
+                    path, view[: padded_len(n)], key, self.mapper.digest_bytes, n, self.mapper.root
+                ),
+                self.io_options,
+            )
+            if outcome.status is posix.LoadStatus.LOADED:
+                self._touch(path)
+            return outcome
+        finally:
+            self._op_ended(job, i, 0)
+
+    @staticmethod
+    def _touch(path: Path) -> None:
+        # Recency for LRU eviction: atime is unreliable (relatime/noatime).
+        with contextlib.suppress(OSError):
+            os.utime(path)
+
+    def _on_late(self, pool_id: Hashable, op_index: int) -> None:
+        """The pool says a timed-out op finally returned: unfence its slot."""
+        with self._lock:
+            for slot, owner in list(self._fenced.items()):
+                if owner == (pool_id, op_index):
+                    del self._fenced[slot]
+                    log.info("fstier: slot %d released; its timed-out I/O returned", slot)
+                    self._idle.notify_all()
+                    return
+            self._late.add((pool_id, op_index))
+
+    # -- completion --------------------------------------------------------------
+    def _reap(self) -> None:
+        """Turn finished pool jobs into JobResults (never blocks)."""
+        for pj in self._io.get_finished():
+            with self._lock:
+                job = self._jobs.pop(pj.job_id, None)
+            if job is None:
+                continue
+            if job.kind == "store":
+                result = self._finish_store(job, list(pj.results))
+            else:
+                result = self._finish_load(job, list(pj.results))
+            with self._idle:
+                self._user_ids.discard(job.job_id)
+                self._finished.append(result)
+                self._idle.notify_all()
+
+    def _timed_out(self, job: _Job, i: int) -> None:
+        with self._lock:
+            reserved = _file_bytes(job.op_bytes[i]) if job.op_open[i] else 0
+            job.op_open[i] = False
+            owner = (job.pool_id, i)
+            if owner in self._late:
+                self._late.discard(owner)
+            else:
+                self._fenced[job.slots[i]] = owner
+        if reserved:
+            self._budget.release(reserved, 0)
+        log.warning(
+            "fstier: %s of %r timed out after %.1fs; slot %d fenced until the call returns",
+            job.kind, job.keys[i], self.config.tier.io_timeout_s, job.slots[i],
+        )
+
+    def _seconds(self, job: _Job) -> float:
+        with self._lock:
+            end = job.last_end or time.perf_counter()
+        return max(0.0, end - job.submitted)
+
+    def _finish_store(self, job: _Job, results: list[object]) -> JobResult:
+        now = time.monotonic()
+        stored: list[BlockKey] = []
+        present: list[BlockKey] = []
+        skipped = failed = 0
+        nbytes = 0
+        file_bytes = 0
+        cause: str | None = None
+        for i, r in enumerate(results):
+            key = job.keys[i]
+            if r is OP_CANCELLED:
+                failed += 1
+                cause = cause or "cancelled"
+                self.metrics.failures.inc("cancelled")
+                continue
+            if r is OP_TIMED_OUT:
+                self._timed_out(job, i)
+                c = "timeout"
+            elif isinstance(r, posix.StoreOutcome) and r.status is posix.StoreStatus.STORED:
+                stored.append(key)
+                nbytes += job.op_bytes[i]
+                file_bytes += _file_bytes(job.op_bytes[i])
+                self._breaker.success()
+                continue
+            elif isinstance(r, posix.StoreOutcome) and r.status is posix.StoreStatus.SKIPPED:
+                skipped += 1
+                present.append(key)
+                self._breaker.success()
+                continue
+            elif isinstance(r, posix.StoreOutcome):
+                c = r.cause or "store_failed"
+                log.warning("fstier: store of %r failed: %s (%s)", key, c, r.detail)
+            else:
+                c = _cause_of(r)
+                log.warning("fstier: store of %r failed: %s", key, r)
+            failed += 1
+            cause = cause or c
+            self.metrics.failures.inc(c)
+            self._breaker.failure(c)
+        self._cache.stored(stored + present, now)
+        m = self.metrics
+        m.stored_blocks.inc(len(stored))
+        m.stored_bytes.inc(nbytes)
+        m.skipped_blocks.inc(skipped)
+        seconds = self._seconds(job)
+        m.store_seconds.observe(seconds)
+        if stored:
+            with self._lock:
+                self._events.append(BlockStored(tuple(stored)))
+            self._add_usage(file_bytes)
+        return JobResult(
+            job.job_id, "store", failed == 0, len(stored) + skipped, failed, nbytes,
+            seconds, cause, skipped,
+        )
+
+    def _finish_load(self, job: _Job, results: list[object]) -> JobResult:
+        prefix = 0
+        nbytes = 0
+        cause: str | None = None
+        bad: list[BlockKey] = []
+        removed: list[BlockKey] = []
+        in_prefix = True
+        for i, r in enumerate(results):
+            key = job.keys[i]
+            if isinstance(r, posix.LoadOutcome) and r.status is posix.LoadStatus.LOADED:
+                self._breaker.success()
+                if in_prefix:
+                    prefix += 1
+                    nbytes += job.op_bytes[i]
+                continue
+            in_prefix = False
+            bad.append(key)
+            if r is OP_TIMED_OUT:
+                self._timed_out(job, i)
+                c = "timeout"
+                self._breaker.failure(c)
+            elif r is OP_CANCELLED:
+                c = "cancelled"
+            elif isinstance(r, posix.LoadOutcome) and r.status is posix.LoadStatus.MISSING:
+                c = "miss"
+            elif isinstance(r, posix.LoadOutcome) and r.status is posix.LoadStatus.CORRUPT:
+                c = f"corrupt:{r.cause}"
+                self.metrics.corrupt.inc()
+                log.warning("fstier: corrupt block %r removed: %s %s", key, r.cause, r.detail)
+                if r.removed:
+                    removed.append(key)
+            elif isinstance(r, posix.LoadOutcome):
+                c = r.cause or "load_error"
+                log.warning("fstier: load of %r failed: %s (%s)", key, c, r.detail)
+                self._breaker.failure(c)
+            else:
+                c = _cause_of(r)
+                log.warning("fstier: load of %r failed: %s", key, r)
+                self._breaker.failure(c)
+            if cause is None:
+                cause = c
+            self.metrics.failures.inc(c.split(":")[0])
+        if bad:
+            self._cache.mark_bad(bad)
+        if removed:
+            with self._lock:
+                self._events.append(BlockRemoved(tuple(removed), "corrupt"))
+            self._add_usage(-sum(_file_bytes(self._payload_len[k.group_idx]) for k in removed))
+        m = self.metrics
+        m.loaded_blocks.inc(prefix)
+        m.loaded_bytes.inc(nbytes)
+        m.load_misses.inc(len(job.keys) - prefix)
+        seconds = self._seconds(job)
+        m.load_seconds.observe(seconds)
+        n = len(job.keys)
+        return JobResult(job.job_id, "load", prefix == n, prefix, n - prefix, nbytes, seconds, cause)
+
+    def get_finished(self) -> list[JobResult]:
+        """Results of jobs finished since the last call (never blocks)."""
+        self._reap()
+        with self._lock:
+            out, self._finished = self._finished, []
+        return out
+
+    def take_events(self) -> list[TierEvent]:
+        """Stored/removed events since the last call, in order."""
+        self._reap()
+        with self._lock:
+            out, self._events = self._events, []
+        return out
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every submitted job has finished (results stay queued
+        for :meth:`get_finished`). Returns False if ``timeout`` expired."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._io.wait_idle(left)
+            self._reap()
+            with self._lock:
+                if not self._jobs:
+                    return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+
+    @property
+    def degraded(self) -> bool:
+        """True while the circuit breaker is open."""
+        return not self._breaker.allow()
+
+    @property
+    def breaker_state(self) -> str:
+        """``closed``, ``open`` or ``half_open``."""
+        return self._breaker.state
+
+    @property
+    def fenced_slots(self) -> frozenset[int]:
+        """Slots held by a timed-out op that has not returned yet."""
+        with self._lock:
+            return frozenset(self._fenced)
+
+    def wait_fences_released(self, timeout: float | None = None) -> bool:
+        """Wait until no slot is fenced by a timed-out op (every stuck call
+        returned). Returns False if ``timeout`` expired first."""
+        self._reap()
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._fenced, timeout)
+
+    # ---------------------------------------------------------------- capacity
+    @property
+    def usage_bytes(self) -> int | None:
+        """Tracked bytes of block files under the root (None before the first
+        scan or without ``max_bytes``)."""
+        with self._usage_lock:
+            return self._usage
+
+    def _add_usage(self, delta: int) -> None:
+        if self._max_bytes is None:
+            return
+        with self._usage_lock:
+            if self._usage is None:
+                return
+            self._usage = max(0, self._usage + delta)
+            usage = self._usage
+        self.metrics.usage_bytes.set(usage)
+        if usage > self._max_bytes * self.config.tier.high_watermark:
+            self._cap_wake.set()
+
+    def _on_removed(self, path: str, size: int) -> None:
+        self.metrics.evicted_blocks.inc()
+        self.metrics.evicted_bytes.inc(size)
+        if not path.startswith(self._blocks_prefix + os.sep):
+            return  # another namespace sharing the root
+        key = key_from_block_name(os.path.basename(path))
+        if key is None:
+            return
+        self._cache.forget([key])
+        with self._lock:
+            # Coalesce a burst of evictions into one event.
+            last = self._events[-1] if self._events else None
+            if isinstance(last, BlockRemoved) and last.reason == "evicted":
+                self._events[-1] = BlockRemoved((*last.keys, key), "evicted")
+            else:
+                self._events.append(BlockRemoved((key,), "evicted"))
+
+    def run_capacity_pass(self, max_bytes: int | None = None) -> GcReport:
+        """One synchronous capacity pass over the root: sweep stale temp and
+        ``.nfs*`` files and, above the high watermark of ``max_bytes``
+        (default: ``tier.max_bytes``), evict LRU files down to the low
+        watermark. Resynchronises the tracked usage."""
+        self._check_open()
+        return self._capacity_pass(max_bytes if max_bytes is not None else self._max_bytes)
+
+    def _capacity_pass(self, max_bytes: int | None) -> GcReport:
+        tier = self.config.tier
+        with self._cap_lock:
+            report = collect_garbage(
+                self.mapper.root,
+                max_bytes,
+                tier.low_watermark,
+                tier.temp_max_age_s,
+                high_watermark=tier.high_watermark,
+                on_removed=self._on_removed,
+                should_stop=self._cap_stop.is_set,
+            )
+        self.metrics.temp_swept.inc(report.temp_removed)
+        if self._max_bytes is not None and report.complete:
+            with self._usage_lock:
+                self._usage = report.final_bytes
+            self.metrics.usage_bytes.set(report.final_bytes)
+        if report.removed_files:
+            log.info(
+                "fstier: evicted %d file(s), %d bytes; usage now %d bytes",
+                report.removed_files, report.removed_bytes, report.final_bytes,
+            )
+        return report
+
+    def _capacity_loop(self) -> None:
+        while not self._cap_stop.is_set():
+            try:
+                self._capacity_pass(self._max_bytes)
+            except Exception:  # a capacity bug must not kill the tier
+                log.exception("fstier: capacity pass failed; retrying later")
+            self._cap_wake.wait(_RESYNC_INTERVAL_S)
+            self._cap_wake.clear()
+
+    # ------------------------------------------------------------------ close
+    def close(self) -> None:
+        """Finish in-flight jobs, stop every thread, release a private pool.
+        Idempotent. Results of finished jobs remain readable."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self.drain(timeout=self.config.tier.io_timeout_s + 5.0)
+        finally:
+            self._cap_stop.set()
+            self._cap_wake.set()
+            if self._cap_thread is not None:
+                self._cap_thread.join()
+            self._io.shutdown()
+            with self._lock:
+                executor, self._lookup_pool = self._lookup_pool, None
+            if executor is not None:
+                executor.shutdown(wait=True)
+            if self._owns_pool:
+                self._pool.close()
+
+    def __del__(self) -> None:
+        # Threads are daemons; this only avoids leaking a private pool when
+        # a caller forgets close(). Never raise from a finalizer.
+        try:
+            if not getattr(self, "_closed", True):
+                log.warning("fstier: FsTier garbage-collected without close()")
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return (
+            f"FsTier(root={str(self.mapper.root)!r}, namespace={self.mapper.namespace!r}, "
+            f"breaker={self._breaker.state})"
+        )

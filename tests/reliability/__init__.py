@@ -1,0 +1,1 @@
+"""Reliability suite: crashes, faults, races and hostile input (docs/reliability.md)."""

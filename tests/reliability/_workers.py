@@ -1,0 +1,132 @@
+"""Worker bodies of the multi-process concurrency tests. They run in child
+processes started by a ``forkserver`` multiprocessing context (modules
+preloaded once, so eight workers start in milliseconds) and write one JSON
+result file each. Every loaded payload is compared with the deterministic
+content of its key; any mismatch counts as wrong bytes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from fstier._atomic import atomic_write
+from fstier._capacity import collect_garbage
+
+from ._support import Tier, key_for, payload_for
+
+
+@dataclass
+class WorkerReport:
+    ops: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    wrong_bytes: int = 0
+
+    def count(self, what: str) -> None:
+        self.ops[what] = self.ops.get(what, 0) + 1
+
+
+def _write(out: Path, rep: WorkerReport) -> None:
+    out.write_text(json.dumps(asdict(rep)))
+
+
+def mixed(root: str, seed: int, seconds: float, keyspace: int, out: str) -> None:
+    """Store, load and evict random keys of a shared key space; one in fifty
+    operations is an LRU capacity pass over the whole root."""
+    rng = random.Random(seed)
+    tier = Tier.open(root)
+    n = tier.payload_len
+    rep = WorkerReport()
+    budget = (keyspace // 2) * 8192
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        key = key_for(rng.randrange(keyspace), "mixed")
+        r = rng.random()
+        if r < 0.45:
+            res = tier.store(key)
+            rep.count(f"store_{res.status.value}")
+            if not res.ok:
+                rep.errors.append(f"store {res.cause} {res.detail}")
+        elif r < 0.90:
+            res, got = tier.load(key)
+            rep.count(f"load_{res.status.value}")
+            if res.status == "LOADED" and got != payload_for(key, n):
+                rep.wrong_bytes += 1
+            elif res.status in ("CORRUPT", "ERROR"):
+                rep.errors.append(f"load {res.status.value} {res.cause} {res.detail}")
+        elif r < 0.98:
+            try:
+                os.unlink(tier.path(key))
+                rep.count("evict")
+            except FileNotFoundError:
+                rep.count("evict_absent")
+        else:
+            gc = collect_garbage(root, budget, low_watermark=0.5, high_watermark=0.8)
+            rep.count("gc")
+            rep.ops["gc_evicted"] = rep.ops.get("gc_evicted", 0) + gc.removed_files
+    _write(Path(out), rep)
+
+
+def one_key_writer(root: str, seed: int, seconds: float, out: str) -> None:
+    """Row 8: many stores of ONE key; evictions in between so stores race."""
+    rng = random.Random(seed)
+    tier = Tier.open(root)
+    key = key_for(0, "hot")
+    rep = WorkerReport()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        res = tier.store(key)
+        rep.count(f"store_{res.status.value}")
+        if not res.ok:
+            rep.errors.append(f"store {res.cause} {res.detail}")
+        if rng.random() < 0.5:
+            try:
+                os.unlink(tier.path(key))
+                rep.count("evict")
+            except FileNotFoundError:
+                pass
+    _write(Path(out), rep)
+
+
+def replacer(root: str, seed: int, seconds: float, out: str) -> None:
+    """Row 9 writer: replace the hot key's file in place by rename (a new
+    valid version), or evict and store it again."""
+    rng = random.Random(seed)
+    tier = Tier.open(root)
+    key = key_for(0, "hot")
+    rep = WorkerReport()
+    deadline = time.monotonic() + seconds
+    good = tier.path(key).read_bytes() if tier.path(key).exists() else None
+    while time.monotonic() < deadline:
+        if good is not None and rng.random() < 0.5:
+            atomic_write(tier.path(key), good, fsync="none")
+            rep.count("replace")
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tier.path(key))
+            res = tier.store(key)
+            rep.count(f"store_{res.status.value}")
+            if good is None and res.status == "STORED":
+                good = tier.path(key).read_bytes()
+    _write(Path(out), rep)
+
+
+def reader(root: str, seed: int, seconds: float, out: str) -> None:
+    """Row 9 reader: every load is the complete right file or a miss."""
+    tier = Tier.open(root)
+    key = key_for(0, "hot")
+    n = tier.payload_len
+    rep = WorkerReport()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        res, got = tier.load(key)
+        rep.count(f"load_{res.status.value}")
+        if res.status == "LOADED" and got != payload_for(key, n):
+            rep.wrong_bytes += 1
+        elif res.status in ("CORRUPT", "ERROR"):
+            rep.errors.append(f"load {res.status.value} {res.cause} {res.detail}")
+    _write(Path(out), rep)

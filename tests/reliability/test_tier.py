@@ -1,0 +1,219 @@
+"""Fault-matrix rows seen through :class:`fstier.manager.FsTier`: hung I/O
+(row 23: failed op, breaker trips, recovers), the corrupt counter (row 4),
+EMFILE/ENOSPC as failed jobs with a log line and no leaked fd (rows 10, 16),
+symlinked directories on the load path (row 18) and LRU eviction racing
+loads (zero wrong bytes).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fstier.gpu_copy import HostBlockPool
+from fstier.io import posix
+from fstier.manager import FsTier, JobResult
+
+from ._support import (
+    FaultyOps,
+    block_files,
+    fd_count,
+    key_for,
+    payload_for,
+    raise_errno,
+    temp_files,
+    tiny_config,
+)
+
+
+def _tier(root: Path, **tier: Any) -> FsTier:
+    kw: dict[str, Any] = {"read_threads": 2, "write_threads": 2, "lookup_cache_ttl_s": 0, **tier}
+    return FsTier.from_config(tiny_config(root, **kw))
+
+
+@pytest.fixture
+def ops(monkeypatch: pytest.MonkeyPatch) -> FaultyOps:
+    faulty = FaultyOps()
+    monkeypatch.setattr(posix, "FS", faulty)
+    return faulty
+
+
+_job = iter(range(10**9))
+
+
+def _run(tier: FsTier, kind: str, keys: list[Any], fill: bool = True) -> tuple[JobResult, list[bytes]]:
+    pool: HostBlockPool = tier.pool
+    slots = pool.alloc(len(keys))
+    n = tier.payload_bytes(keys[0])
+    keep = False
+    try:
+        if kind == "store" and fill:
+            for k, s in zip(keys, slots, strict=True):
+                pool.slot_view(s)[:n] = payload_for(k, n)
+        jid = next(_job)
+        (tier.submit_store if kind == "store" else tier.submit_load)(jid, keys, slots)
+        assert tier.drain(30)
+        results = [r for r in tier.get_finished() if r.job_id == jid]
+        assert len(results) == 1
+        # A slot whose op timed out stays fenced: keep it out of the next job.
+        keep = results[0].cause == "timeout"
+        return results[0], [bytes(pool.slot_view(s)[:n]) for s in slots]
+    finally:
+        if not keep:
+            pool.free(slots)
+
+
+@pytest.fixture
+def tier(tmp_path: Path) -> Iterator[FsTier]:
+    t = _tier(tmp_path / "root")
+    yield t
+    t.close()
+
+
+# ------------------------------------------------------------------ row 23
+def test_hung_io_fails_trips_breaker_and_recovers(tmp_path: Path, ops: FaultyOps, caplog: pytest.LogCaptureFixture) -> None:
+    t = _tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=2, breaker_cooldown_s=0.5)
+    release = threading.Event()
+    try:
+        def hang(real: Any, fd: int, bufs: Any, off: int) -> int:
+            release.wait(10)
+            return int(real(fd, bufs, off))
+
+        ops.hooks["pwritev"] = hang
+        with caplog.at_level(logging.WARNING):
+            r1, _ = _run(t, "store", [key_for(1)])
+            r2, _ = _run(t, "store", [key_for(2)])
+        assert (r1.success, r1.cause) == (False, "timeout")
+        assert (r2.success, r2.cause) == (False, "timeout")
+        assert t.degraded and t.breaker_state == "open"
+        assert any("circuit breaker open" in r.getMessage() for r in caplog.records)
+        assert t.metrics.breaker_trips.value == 1
+        # While open: lookups miss, stores drop at once.
+        assert t.lookup([key_for(1)]) == 0
+        r3, _ = _run(t, "store", [key_for(3)])
+        assert (r3.success, r3.cause) == (False, "degraded")
+        # The hung calls return; their slots are released, nothing torn is visible.
+        ops.hooks.clear()
+        release.set()
+        assert t.wait_fences_released(10)
+        time.sleep(0.6)  # cool-down -> half-open
+        r4, _ = _run(t, "store", [key_for(4)])
+        assert r4.success and t.breaker_state == "closed"
+        r5, got = _run(t, "load", [key_for(4)])
+        assert r5.success and got[0] == payload_for(key_for(4), t.payload_bytes(key_for(4)))
+        for f in block_files(t.mapper.root):
+            assert posix.verify_file(f).ok
+    finally:
+        release.set()
+        t.close()
+
+
+def test_hung_read_is_a_failed_load_not_wrong_bytes(tmp_path: Path, ops: FaultyOps) -> None:
+    t = _tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=5)
+    release = threading.Event()
+    try:
+        key = key_for(1)
+        assert _run(t, "store", [key])[0].success
+
+        def hang(real: Any, fd: int, bufs: Any, off: int) -> int:
+            release.wait(10)
+            return int(real(fd, bufs, off))
+
+        ops.hooks["preadv"] = hang
+        r, _ = _run(t, "load", [key])
+        assert (r.success, r.keys_completed, r.cause) == (False, 0, "timeout")
+        assert t.fenced_slots, "the slot the hung read may still fill must be fenced"
+        ops.hooks.clear()
+        release.set()
+        assert t.wait_fences_released(10)
+        r, got = _run(t, "load", [key])
+        assert r.success and got[0] == payload_for(key, t.payload_bytes(key))
+    finally:
+        release.set()
+        t.close()
+
+
+# ------------------------------------------------------------------ row 4 (counter)
+def test_corrupt_counter_and_event(tier: FsTier) -> None:
+    key = key_for(1)
+    assert _run(tier, "store", [key])[0].success
+    path = tier.mapper.path_for(key)
+    path.write_bytes(path.read_bytes()[:5000])
+    r, _ = _run(tier, "load", [key])
+    assert not r.success and r.cause is not None and r.cause.startswith("corrupt:")
+    assert tier.metrics.corrupt.value == 1
+    assert any(getattr(e, "reason", "") == "corrupt" for e in tier.take_events())
+    assert not path.exists() and tier.lookup([key]) == 0
+
+
+# ------------------------------------------------------------------ rows 10, 16
+@pytest.mark.parametrize("code", [errno.EMFILE, errno.ENOSPC, errno.EIO, errno.ESTALE])
+def test_errno_faults_fail_jobs_cleanly(tier: FsTier, ops: FaultyOps, code: int, caplog: pytest.LogCaptureFixture) -> None:
+    good = key_for(100)
+    assert _run(tier, "store", [good])[0].success
+    fds = fd_count()
+    name = errno.errorcode[code]
+    ops.hooks["open"] = raise_errno(code)
+    with caplog.at_level(logging.WARNING, logger="fstier.manager"):
+        rs, _ = _run(tier, "store", [key_for(1)])
+        rl, _ = _run(tier, "load", [good])
+    assert (rs.success, rs.cause) == (False, name)
+    assert (rl.success, rl.cause) == (False, name)
+    assert any(name in r.getMessage() for r in caplog.records), "no log line names the cause"
+    assert fd_count() == fds and temp_files(tier.mapper.root) == []
+    assert tier.mapper.path_for(good).exists(), "a transient error removed a block"
+    ops.hooks.clear()
+    assert _run(tier, "store", [key_for(1)])[0].success
+    r, got = _run(tier, "load", [good])
+    assert r.success and got[0] == payload_for(good, tier.payload_bytes(good))
+
+
+# ------------------------------------------------------------------ row 18 (load path)
+def test_symlinked_fanout_dir_on_load_touches_nothing_outside(tmp_path: Path, tier: FsTier) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    key = key_for(1)
+    path = tier.mapper.path_for(key)
+    path.parent.parent.mkdir(parents=True, exist_ok=True)
+    (outside / path.parent.name).mkdir()
+    victim = outside / path.parent.name / path.name
+    victim.write_bytes(b"someone else's file, not a block")
+    path.parent.parent.rename(tmp_path / "moved")  # replace the fan-out dir by a link
+    path.parent.parent.symlink_to(outside, target_is_directory=True)
+    r, _ = _run(tier, "load", [key])
+    assert not r.success
+    assert victim.exists(), "fstier removed a file outside its root"
+
+
+# ------------------------------------------------------------------ eviction concurrency
+def test_eviction_races_loads_zero_wrong_bytes(tmp_path: Path) -> None:
+    """A tier capped at ~24 files, stores of 64 keys and loads racing the
+    capacity thread's LRU eviction: every load is right or a miss."""
+    t = _tier(tmp_path / "root", max_bytes=24 * 8192, low_watermark=0.5, high_watermark=0.8)
+    try:
+        wrong = loaded = 0
+        deadline = time.monotonic() + 1.0
+        i = 0
+        while time.monotonic() < deadline:
+            keys = [key_for((i * 4 + j) % 64, "ev") for j in range(4)]
+            rs, _ = _run(t, "store", keys)
+            assert rs.success or rs.cause == "backpressure", rs
+            rl, got = _run(t, "load", keys)
+            for k, g in zip(keys[: rl.keys_completed], got, strict=False):
+                loaded += 1
+                wrong += g != payload_for(k, t.payload_bytes(k))
+            assert rl.cause in (None, "miss"), rl
+            i += 1
+        t.run_capacity_pass()
+        assert wrong == 0 and loaded > 0
+        assert t.metrics.evicted_blocks.value > 0
+        assert sum(f.stat().st_size for f in block_files(t.mapper.root)) <= 24 * 8192
+    finally:
+        t.close()

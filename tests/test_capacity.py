@@ -1,0 +1,248 @@
+"""Capacity management: the streaming scan, LRU eviction by mtime, the temp
+and .nfs sweep, bounded candidate memory, and FsTier's background eviction
+while a second real process keeps loading the surviving keys."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from manager_support import FILE_BYTES, fill, key, keys, open_tier, store
+
+from fstier._capacity import collect_garbage, key_from_block_name, scan_usage
+from fstier.manager import BlockRemoved
+
+NS = 1_000_000_000
+
+
+def _block(root: Path, i: int, size: int = 1000, age_s: float = 0.0) -> Path:
+    h = f"{i:032x}"
+    p = root / "ns" / h[:3] / h[3:5] / f"{h}-g0.bin"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(b"x" * size)
+    t = time.time() - age_s
+    os.utime(p, (t, t))
+    return p
+
+
+def test_scan_usage_counts_blocks_and_temps_without_following_links(tmp_path: Path) -> None:
+    for i in range(5):
+        _block(tmp_path, i, 100)
+    (tmp_path / "ns" / ".x.bin.tmp.host.1.2.ab").write_bytes(b"t" * 7)
+    (tmp_path / "ns" / "config.json").write_text("{}")
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    _block(outside, 99, 5000)
+    (tmp_path / "link").symlink_to(outside, target_is_directory=True)
+    scan = scan_usage(tmp_path)
+    assert (scan.block_files, scan.block_bytes) == (5, 500)
+    assert (scan.temp_files, scan.temp_bytes, scan.other_files) == (1, 7, 1)
+
+
+def test_lru_eviction_removes_oldest_down_to_low_watermark(tmp_path: Path) -> None:
+    paths = [_block(tmp_path, i, 1000, age_s=100 - i) for i in range(10)]  # 0 is oldest
+    removed: list[str] = []
+    rep = collect_garbage(
+        tmp_path, 10_000, low_watermark=0.5, high_watermark=0.9,
+        on_removed=lambda p, _s: removed.append(p),
+    )
+    # 10,000 > 9,000 (high) -> down to 5,000 (low): the five oldest go.
+    assert sorted(removed) == sorted(str(p) for p in paths[:5])
+    assert (rep.removed_files, rep.removed_bytes, rep.final_bytes) == (5, 5000, 5000)
+    assert all(p.exists() for p in paths[5:])
+    rep = collect_garbage(tmp_path, 10_000, low_watermark=0.5, high_watermark=0.9)
+    assert rep.removed_files == 0  # below the high watermark: nothing to do
+
+
+def test_dry_run_removes_nothing(tmp_path: Path) -> None:
+    paths = [_block(tmp_path, i, 1000, age_s=10 - i) for i in range(4)]
+    rep = collect_garbage(tmp_path, 2000, low_watermark=0.5, dry_run=True)
+    assert rep.dry_run and rep.removed_files == 3 and rep.final_bytes == 1000
+    assert all(p.exists() for p in paths)
+
+
+def test_bounded_candidates_still_evict_exactly_oldest(tmp_path: Path) -> None:
+    paths = [_block(tmp_path, i, 100, age_s=1000 - i) for i in range(60)]
+    rep = collect_garbage(tmp_path, 5000, low_watermark=0.5, max_candidates=7)
+    assert rep.passes > 1  # the cap forced several passes
+    assert [p.exists() for p in paths] == [False] * 35 + [True] * 25
+    assert rep.final_bytes == 2500
+
+
+def test_recently_touched_file_survives_a_race(tmp_path: Path) -> None:
+    old = _block(tmp_path, 1, 1000, age_s=50)
+    _block(tmp_path, 2, 1000, age_s=10)
+
+    def touch_old_once(path: str, _size: int) -> None:
+        pass
+
+    # Simulate a reader bumping recency between scan and unlink: the candidate's
+    # recorded mtime no longer matches, so it is kept.
+    real_lstat = os.lstat
+
+    def lstat_after_touch(p, *a, **k):
+        if str(p) == str(old):
+            os.utime(old)
+        return real_lstat(p, *a, **k)
+
+    import fstier._capacity as cap
+
+    orig = cap.os.lstat
+    cap.os.lstat = lstat_after_touch  # type: ignore[assignment]
+    try:
+        rep = collect_garbage(tmp_path, 2000, low_watermark=0.5, high_watermark=0.9,
+                              on_removed=touch_old_once)
+    finally:
+        cap.os.lstat = orig  # type: ignore[assignment]
+    assert old.exists()
+    assert rep.kept_recently_used >= 1
+
+
+def test_temp_and_nfs_files_swept_by_age_only(tmp_path: Path) -> None:
+    d = tmp_path / "ns" / "abc"
+    d.mkdir(parents=True)
+    old_tmp = d / ".f-g0.bin.tmp.host.1.2.aa"
+    new_tmp = d / ".f-g0.bin.tmp.host.1.3.bb"
+    old_nfs = d / ".nfs000000000001"
+    other = d / "notes.txt"
+    for p in (old_tmp, new_tmp, old_nfs, other):
+        p.write_bytes(b"z" * 10)
+    t = time.time() - 7200
+    for p in (old_tmp, old_nfs, other):
+        os.utime(p, (t, t))
+    rep = collect_garbage(tmp_path, None, temp_max_age_s=3600)
+    assert rep.temp_removed == 2 and rep.temp_removed_bytes == 20
+    assert not old_tmp.exists() and not old_nfs.exists()
+    assert new_tmp.exists() and other.exists()  # live temp and foreign file kept
+
+
+def test_key_from_block_name() -> None:
+    k = key(7)
+    assert key_from_block_name(f"{k.hex}-g0.bin") == k
+    assert key_from_block_name("config.json") is None
+    assert key_from_block_name(f".{k.hex}-g0.bin.tmp.h.1.2.aa") is None
+
+
+def test_argument_errors_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="low_watermark"):
+        collect_garbage(tmp_path, 100, low_watermark=0.9, high_watermark=0.5)
+    with pytest.raises(ValueError, match="max_bytes"):
+        collect_garbage(tmp_path, -1)
+
+
+def test_fstier_tracks_usage_and_evicts_in_background(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    # 20 files fit in max_bytes; high 0.9 -> 18 files, low 0.5 -> 10 files.
+    with open_tier(root, max_bytes=20 * FILE_BYTES, low_watermark=0.5, high_watermark=0.9) as tier:
+        tier.run_capacity_pass()  # the initial scan is also run by the thread; sync it
+        assert tier.usage_bytes == 0
+        for b in range(4):
+            store(tier, f"s{b}", keys(4 * b, 4), list(range(4)))
+            # File mtimes tick at the kernel's coarse clock (ms): age each batch
+            # explicitly so "least recently used" is well defined across batches.
+            t = time.time() - 100 + b
+            for k in keys(4 * b, 4):
+                os.utime(tier.mapper.path_for(k), (t, t))
+        assert tier.usage_bytes == 16 * FILE_BYTES  # tracked incrementally, no rescan
+        store(tier, "over", keys(16, 4), list(range(4)))  # 20 files > 18 -> evict
+        # Eviction runs on the capacity thread; run_capacity_pass serialises
+        # with it, so after this the tree is at or below the low watermark.
+        rep = tier.run_capacity_pass()
+        assert rep.final_bytes <= 10 * FILE_BYTES
+        assert tier.usage_bytes == scan_usage(root).block_bytes <= 10 * FILE_BYTES
+        removed = [k for e in tier.take_events() if isinstance(e, BlockRemoved) for k in e.keys]
+        assert len(removed) == 10
+        # the least recently stored: jobs 0 and 1, and two of job 2 (whose
+        # four writes ran in parallel, so their order is not defined)
+        assert set(keys(0, 8)) < set(removed) < set(keys(0, 12))
+        assert tier.lookup(keys(0, 20)) == 0
+        assert tier.lookup(keys(12, 8)) == 8
+        snap = tier.metrics.snapshot()
+        assert snap["fstier_evicted_blocks_total"] == 10
+        assert snap["fstier_usage_bytes"] == 10 * FILE_BYTES
+
+
+def test_load_bumps_recency_so_hot_keys_survive(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    with open_tier(root, max_bytes=10 * FILE_BYTES, low_watermark=0.5, high_watermark=0.95) as tier:
+        store(tier, "hot", keys(0, 3), list(range(3)))
+        store(tier, "cold", keys(3, 6), list(range(6)))
+        hot_path = tier.mapper.path_for(key(0))
+        before = hot_path.stat().st_mtime_ns
+        tier.submit_load("l", keys(0, 3), [10, 11, 12])
+        tier.drain()
+        assert hot_path.stat().st_mtime_ns > before
+        tier.run_capacity_pass(max_bytes=6 * FILE_BYTES)  # 9 files > 5.7 -> down to 3
+        assert tier.lookup(keys(0, 3)) == 3
+        assert tier.lookup(keys(3, 6)) == 0
+
+
+_READER = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from manager_support import keys, open_tier, payload_for, slot_bytes
+root, n_hot, stop_file = Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+hot = keys(0, n_hot)
+rounds = failures = 0
+with open_tier(root) as tier:
+    print("ready", flush=True)
+    while not stop_file.exists() or rounds < 5:
+        tier.submit_load(rounds, hot, list(range(n_hot)))
+        tier.drain()
+        (res,) = tier.get_finished()
+        ok = res.success and all(
+            slot_bytes(tier, k, i) == payload_for(k, tier.payload_bytes(k))
+            for i, k in enumerate(hot)
+        )
+        failures += not ok
+        rounds += 1
+print(json.dumps({"rounds": rounds, "failures": failures}), flush=True)
+"""
+
+
+def test_eviction_while_another_process_loads_surviving_keys(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    tests_dir = str(Path(__file__).parent)
+    n_hot = 6
+    stop = tmp_path / "stop"
+    cap = 40 * FILE_BYTES
+    evictions = 0
+    with open_tier(root, max_bytes=cap, low_watermark=0.5, high_watermark=0.9) as tier:
+        store(tier, "hot", keys(0, n_hot), list(range(n_hot)))
+        reader = subprocess.Popen(
+            [sys.executable, "-c", _READER, tests_dir, str(root), str(n_hot), str(stop)],
+            stdout=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": tests_dir + os.pathsep + os.environ.get("PYTHONPATH", "")},
+        )
+        try:
+            assert reader.stdout is not None
+            assert reader.stdout.readline().strip() == "ready"
+            for b in range(12):  # 96 cold files over a 40-file budget
+                ks = keys(1000 + 8 * b, 8)
+                # keep the hot set the most recently used, as an engine hitting it would
+                tier.submit_load(f"touch{b}", keys(0, n_hot), list(range(32, 32 + n_hot)))
+                fill(tier, ks, list(range(8, 16)))
+                tier.submit_store(f"cold{b}", ks, list(range(8, 16)))
+                tier.drain()
+                tier.get_finished()
+                rep = tier.run_capacity_pass()
+                assert tier.usage_bytes is not None and tier.usage_bytes <= 0.9 * cap
+                if rep.removed_files:
+                    evictions += 1
+                    assert rep.final_bytes <= 0.5 * cap  # down to the low watermark
+        finally:
+            stop.touch()
+            out, _ = reader.communicate(timeout=60)
+        result = json.loads(out.strip().splitlines()[-1])
+        assert reader.returncode == 0
+        assert result["rounds"] >= 5 and result["failures"] == 0
+        assert evictions >= 2
+        assert scan_usage(root).block_bytes <= 0.9 * cap
+        assert tier.lookup(keys(0, n_hot)) == n_hot
+        assert tier.metrics.snapshot()["fstier_evicted_blocks_total"] > 0

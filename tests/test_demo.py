@@ -1,0 +1,157 @@
+"""``fstier demo``: the end-to-end run asserts every case, with real rank
+processes, a real shared pool and real files; plus the synthetic content the
+ranks check against and the demo's exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+
+import fstier._demo as demo_mod
+from fstier._cli_demo_engine import expected_blocks, layer_state_shape, model_seed
+from fstier.cli import main
+from fstier.config import ModelSpec, ParallelSpec
+
+REPO = Path(__file__).resolve().parents[1]
+FSTIER_BIN = Path(sys.executable).parent / "fstier"
+EXAMPLE = REPO / "examples" / "fstier.yaml"
+
+EXPECTED = {
+    "share across tp (tp=2 -> tp=4)": "hit",
+    "MLA (tp=2 -> tp=4)": "miss",
+    "hybrid full+sliding (tp=2 -> tp=2)": "hit",
+    "hybrid full+sliding (tp=2 -> tp=4)": "miss",
+    "restart (new FsTier, same root)": "hit",
+}
+
+
+def _assert_every_case(doc: dict) -> None:
+    assert doc["ok"] is True, json.dumps(doc, indent=1)
+    cases = {c["name"]: c for c in doc["cases"]}
+    for name, outcome in EXPECTED.items():
+        assert cases[name]["expected"] == outcome
+        assert cases[name]["outcome"] == outcome, cases[name]
+        assert cases[name]["verified"] is True, cases[name]
+    corrupt = cases["corruption (one file damaged)"]
+    n = cases["share across tp (tp=2 -> tp=4)"]["stored_blocks"]
+    assert corrupt["outcome"] == corrupt["expected"] == f"partial {n // 2}/{n}"
+    assert corrupt["loaded_blocks"] == n // 2 and corrupt["verified"] is True
+    assert "corrupt:payload_checksum" in corrupt["detail"]
+    share = cases["share across tp (tp=2 -> tp=4)"]
+    assert share["stored_blocks"] == share["loaded_blocks"] == n > 0
+    assert cases["MLA (tp=2 -> tp=4)"]["loaded_blocks"] == 0
+    assert cases["MLA (tp=2 -> tp=4)"]["stored_blocks"] == n
+    assert doc["store_gbps"] > 0 and doc["load_gbps"] > 0
+
+
+def test_demo_json_subprocess_every_case(tmp_path: Path) -> None:
+    """The CI check: zero-argument demo semantics, real processes, exit 0."""
+    proc = subprocess.run(
+        [str(FSTIER_BIN), "demo", "--json", "--root", str(tmp_path / "root")],
+        capture_output=True, text=True, timeout=240, cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    _assert_every_case(doc)
+    assert doc["kv_layout"] == "cross-layer"
+    # The files are really there: inspect sees the demo's namespaces.
+    inspect = subprocess.run(
+        [str(FSTIER_BIN), "inspect", str(tmp_path / "root"), "--json"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )
+    spaces = json.loads(inspect.stdout)["namespaces"]
+    agnostic = [ns for ns in spaces if ns["parallel_agnostic"]]
+    assert len(agnostic) == 1 and agnostic[0]["files"] == 2 * 32 - 1  # the damaged file is gone
+    assert {ns["tp_size"] for ns in spaces if not ns["parallel_agnostic"]} == {2, 4}
+    assert all(ns["temp_files"] == 0 for ns in spaces)
+
+
+def test_demo_cli_runner_per_layer_with_config(tmp_path: Path) -> None:
+    """CliRunner, --per-layer, --config (the commented example, a Llama-8B
+    sized page, so fewer blocks) and --root overriding the config's root."""
+    res = CliRunner().invoke(
+        main,
+        ["demo", "--json", "--per-layer", "--config", str(EXAMPLE), "--root", str(tmp_path / "r")],
+        catch_exceptions=False,
+    )
+    assert res.exit_code == 0, res.output[-3000:]
+    doc = json.loads(res.output)
+    _assert_every_case(doc)
+    assert doc["kv_layout"] == "per-layer"
+    assert any(p.name.startswith("meta-llama_Llama-3.1-8B-Instruct-") for p in (tmp_path / "r").iterdir())
+
+
+def test_demo_config_needs_agnostic_model(tmp_path: Path) -> None:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["model"]["groups"][0] = {"kind": "mla", "num_kv_heads": 1, "head_size": 576}
+    bad = tmp_path / "mla.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    res = CliRunner().invoke(main, ["demo", "--config", str(bad)])
+    assert res.exit_code == 2
+    assert "model.groups" in res.output and "parallel-agnostic" in res.output
+    data["model"]["groups"][0] = {"kind": "full_attention", "num_kv_heads": 6, "head_size": 64}
+    bad.write_text(yaml.safe_dump(data))
+    res = CliRunner().invoke(main, ["demo", "--config", str(bad), "--json"])
+    assert res.exit_code == 2 and "num_kv_heads" in json.loads(res.stdout)["error"]
+
+
+def test_demo_exit_1_when_an_outcome_differs(monkeypatch: pytest.MonkeyPatch) -> None:
+    report = demo_mod.DemoReport(root="/nowhere", layout="cross-layer")
+    report.cases.append(demo_mod.CaseResult("share across tp (tp=2 -> tp=4)", "hit", "miss", 32, 0, True))
+    report.cases.append(demo_mod.CaseResult("restart (new FsTier, same root)", "hit", "hit", 0, 32, False))
+    monkeypatch.setattr(demo_mod, "run_demo", lambda opts: report)
+    res = CliRunner().invoke(main, ["demo", "--json"])
+    assert res.exit_code == 1
+    doc = json.loads(res.output)
+    assert doc["ok"] is False and [c["ok"] for c in doc["cases"]] == [False, False]
+    res = CliRunner().invoke(main, ["demo"])
+    assert res.exit_code == 1 and "MISMATCH" in res.output and "some outcomes differ" in res.output
+
+
+# -- the synthetic content ranks check against ------------------------------------------
+def _model(groups: list[dict]) -> ModelSpec:
+    return ModelSpec.model_validate({"name": "t/m", "dtype": "bfloat16", "groups": groups})
+
+
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+def test_expected_shards_tile_the_full_heads(kv_layout: str) -> None:
+    model = _model([{"kind": "full_attention", "num_layers": 2, "num_kv_heads": 8, "head_size": 16, "kv_layout": kv_layout}])
+    group = model.groups[0]
+    seed = model_seed(model)
+    blocks = [3, 0, 7]
+    # heads axis of (block, 2, tokens, heads, dim) / (block, 2, heads, tokens, dim)
+    head_dim = 3 if kv_layout == "NHD" else 2
+    full = expected_blocks(seed, 0, group, 1, ParallelSpec(tp_size=1), blocks)
+    for tp in (2, 4, 8):
+        shards = [expected_blocks(seed, 0, group, 1, ParallelSpec(tp_size=tp, rank=r), blocks) for r in range(tp)]
+        assert all(s.shape[1:] == layer_state_shape(group, ParallelSpec(tp_size=tp)) for s in shards)
+        assert torch.equal(torch.cat(shards, dim=head_dim), full)
+    # Deterministic, exact in bf16, and different per layer, block and model.
+    again = expected_blocks(seed, 0, group, 1, ParallelSpec(tp_size=1), blocks)
+    assert torch.equal(again.view(torch.int16), full.view(torch.int16))
+    assert torch.equal(full.float() * 8, (full.float() * 8).round())
+    assert not torch.equal(full, expected_blocks(seed, 0, group, 0, ParallelSpec(tp_size=1), blocks))
+    assert not torch.equal(full[0], full[1])
+    other = model_seed(_model([{"kind": "full_attention", "num_kv_heads": 8, "head_size": 16}]).model_copy(update={"name": "t/other"}))
+    assert not torch.equal(full, expected_blocks(other, 0, group, 1, ParallelSpec(tp_size=1), blocks))
+
+
+def test_expected_replicated_heads_and_mla() -> None:
+    model = _model([{"kind": "full_attention", "num_kv_heads": 2, "head_size": 8}, {"kind": "mla", "num_kv_heads": 1, "head_size": 32}])
+    attn, mla = model.groups
+    seed = model_seed(model)
+    full = expected_blocks(seed, 0, attn, 0, ParallelSpec(tp_size=1), [1])
+    # tp=4 over 2 heads: ranks 0,1 hold head 0 and ranks 2,3 head 1.
+    for r in range(4):
+        shard = expected_blocks(seed, 0, attn, 0, ParallelSpec(tp_size=4, rank=r), [1])
+        assert torch.equal(shard, full[:, :, :, r // 2 : r // 2 + 1])
+    a = expected_blocks(seed, 1, mla, 0, ParallelSpec(tp_size=2, rank=0), [0, 1])
+    b = expected_blocks(seed, 1, mla, 0, ParallelSpec(tp_size=2, rank=1), [0, 1])
+    assert a.shape == (2, 16, 32) and torch.equal(a, b)  # the latent is replicated

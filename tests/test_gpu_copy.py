@@ -1,0 +1,290 @@
+"""HostBlockPool and RankStager: shared slots, real rank processes, layouts, skips, copy counts."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import pytest
+import torch
+
+from fstier.config import ModelSpec, ParallelSpec
+from fstier.errors import LayoutError, PoolError, PoolExhaustedError
+from fstier.gpu_copy import HostBlockPool, RankStager
+from fstier.layout import (
+    CanonicalKVCaches,
+    LayerKVSpec,
+    LoadStoreSpec,
+    allocate_cross_layer_kv_caches,
+    rank_page_mapping,
+)
+
+NUM_BLOCKS = 12
+
+
+def _group(layers=3, heads=8, head_size=16, block_size=8, kv="NHD"):
+    return ModelSpec(
+        name="m",
+        dtype="float16",
+        groups=[{"num_layers": layers, "num_kv_heads": heads, "head_size": head_size, "block_size": block_size, "kv_layout": kv}],
+    ).groups[0]
+
+
+def _full_kv(group, seed=0) -> torch.Tensor:
+    """The whole model's KV: (layer, block, 2, token, head, dim) for NHD or (.., head, token, dim) for HND."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (group.num_layers, NUM_BLOCKS, 2, group.block_size, group.num_kv_heads, group.head_size)
+    full = torch.randn(shape, generator=g).half()
+    return full if group.kv_layout == "NHD" else full.transpose(3, 4).contiguous()
+
+
+def _shard(full, group, tp, rank) -> torch.Tensor:
+    hl = group.num_kv_heads // tp
+    dim = 4 if group.kv_layout == "NHD" else 3
+    return full.narrow(dim, rank * hl, hl).contiguous()
+
+
+def _register(shard, layout) -> CanonicalKVCaches:
+    layers = shard.shape[0]
+    if layout == "packed":
+        return CanonicalKVCaches.register([[shard[i] for i in range(layers)]])
+    if layout == "split":
+        return CanonicalKVCaches.register([[shard[i].transpose(0, 1).contiguous() for i in range(layers)]], split_kv_dim0=True)
+    if layout == "interleaved":  # (blocks, a, b, 2, dim)
+        return CanonicalKVCaches.register([[shard[i].permute(0, 2, 3, 1, 4).contiguous() for i in range(layers)]])
+    if layout == "cross":  # (blocks, layers, 2, a, b, dim): one row per block
+        return CanonicalKVCaches.register([[shard.transpose(0, 1).contiguous()]])
+    raise AssertionError(layout)
+
+
+def _canonical(full, block) -> torch.Tensor:
+    return full[:, block].contiguous().view(torch.int8).reshape(-1)
+
+
+def _child_stage(pool_name, tp, rank, layout, mode, slots, blocks, q) -> None:
+    # A forked child must not enter the parent's OpenMP pool (libgomp is not fork-safe).
+    torch.set_num_threads(1)
+    try:
+        group = _group()
+        full = _full_kv(group)
+        pool = HostBlockPool.attach(pool_name)
+        shard = _shard(full, group, tp, rank)
+        kind = "interleaved" if layout == "interleaved" else "packed"
+        mapping = rank_page_mapping(group, ParallelSpec(tp_size=tp, rank=rank), kind)
+        if mode == "in":
+            expected = shard.clone()
+            shard.zero_()
+        caches = _register(shard, layout)
+        stager = RankStager(caches, [mapping], pool)
+        spec = LoadStoreSpec(blocks, [len(blocks)], [0])
+        if mode == "out":
+            stager.wait(stager.stage_out(spec, slots))
+            ok = True
+        else:
+            stager.wait(stager.stage_in(slots, spec))
+            back = caches.tensors  # registered int8 rows alias the layer tensors
+            ok = bool(back) and all(
+                torch.equal(_reconstruct(shard, layout, caches)[:, b], expected[:, b]) for b in blocks
+            )
+        pool.close()
+        q.put((rank, mode, ok))
+    except Exception as exc:  # report to the parent instead of dying silently
+        q.put((rank, mode, repr(exc)))
+
+
+def _reconstruct(shard, layout, caches) -> torch.Tensor:
+    # packed registrations alias ``shard`` directly; the others were copies, so
+    # rebuild the shard view from the registered rows.
+    if layout == "packed":
+        return shard
+    rows = [t.view(torch.float16) for t in caches.tensors]
+    L = shard.shape[0]
+    nb, two, a, b, d = shard.shape[1:]
+    if layout == "split":
+        per = [torch.stack([rows[2 * i], rows[2 * i + 1]], 1).view(nb, two, a, b, d) for i in range(L)]
+        return torch.stack(per)
+    if layout == "interleaved":
+        return torch.stack([rows[i].view(nb, a, b, two, d).permute(0, 3, 1, 2, 4) for i in range(L)])
+    return rows[0].view(nb, L, two, a, b, d).transpose(0, 1)
+
+
+@pytest.mark.parametrize("layout", ["packed", "interleaved", "cross"])
+def test_tp2_rank_processes_store_tp4_rank_processes_load(layout):
+    group = _group()
+    full = _full_kv(group)
+    ctx = mp.get_context("fork")
+    with HostBlockPool(4, group.page_bytes) as pool:
+        slots = pool.alloc(3)
+        blocks = [7, 2, 11]
+        q = ctx.Queue()
+        for tp, mode in ((2, "out"), (4, "in")):
+            procs = [ctx.Process(target=_child_stage, args=(pool.name, tp, r, layout, mode, slots, blocks, q)) for r in range(tp)]
+            for p in procs:
+                p.start()
+            results = [q.get(timeout=60) for _ in procs]
+            for p in procs:
+                p.join(30)
+                assert p.exitcode == 0
+            assert sorted(results) == [(r, mode, True) for r in range(tp)], results
+            if mode == "out":
+                for s, b in zip(slots, blocks, strict=True):
+                    assert torch.equal(pool.slot_tensor(s)[: group.page_bytes].view(torch.int8), _canonical(full, b))
+        pool.free(slots)
+
+
+@pytest.mark.parametrize("kv", ["NHD", "HND"])
+@pytest.mark.parametrize("layout", ["packed", "split", "interleaved", "cross"])
+@pytest.mark.parametrize(("a", "b"), [(1, 4), (2, 8), (8, 2), (4, 1)])
+def test_in_process_round_trip_over_layouts(kv, layout, a, b):
+    group = _group(layers=2, kv=kv)
+    full = _full_kv(group, seed=a * 10 + b)
+    kind = "interleaved" if layout == "interleaved" else "packed"
+    blocks_out, blocks_in = [3, 0, 9, 5], [1, 4, 8, 10]
+    with HostBlockPool(4, group.page_bytes) as pool:
+        slots = pool.alloc(4)
+        for r in range(a):
+            caches = _register(_shard(full, group, a, r), layout)
+            st = RankStager(caches, [rank_page_mapping(group, ParallelSpec(tp_size=a, rank=r), kind)], pool)
+            st.stage_out(LoadStoreSpec(blocks_out, [4], [0]), slots)
+            assert st.poll() == [1]
+        for r in range(b):
+            shard = torch.zeros_like(_shard(full, group, b, r))
+            caches = _register(shard, layout)
+            st = RankStager(caches, [rank_page_mapping(group, ParallelSpec(tp_size=b, rank=r), kind)], pool)
+            st.wait(st.stage_in(slots, LoadStoreSpec(blocks_in, [4], [0])))
+            got = _reconstruct(shard, layout, caches)
+            want = _shard(full, group, b, r)
+            for bo, bi in zip(blocks_out, blocks_in, strict=True):
+                assert torch.equal(got[:, bi], want[:, bo])
+            untouched = [x for x in range(NUM_BLOCKS) if x not in blocks_in]
+            assert got[:, untouched].eq(0).all()
+
+
+def test_block_indices_skip_lands_the_right_pages():
+    group = _group(layers=2)
+    full = _full_kv(group)
+    with HostBlockPool(2, 4 * group.page_bytes) as pool:
+        slots = pool.alloc(2)
+        st = RankStager(_register(full.clone(), "cross"), [rank_page_mapping(group, ParallelSpec())], pool, blocks_per_file=4)
+        logical = list(range(8))  # logical blocks 0..7 live in GPU blocks 4..11
+        st.stage_out(LoadStoreSpec([4 + i for i in logical], [8], [0]), slots)
+        for page in range(4):
+            off = page * group.page_bytes
+            assert torch.equal(pool.slot_tensor(slots[1])[off : off + group.page_bytes].view(torch.int8), _canonical(full, 8 + page))
+        for start in (5, 6, 7):
+            dest = torch.zeros_like(full)
+            st_in = RankStager(_register(dest, "packed"), [rank_page_mapping(group, ParallelSpec())], pool, blocks_per_file=4)
+            n = 8 - start
+            gpu = [0, 1, 2][:n]
+            st_in.wait(st_in.stage_in([slots[1]], LoadStoreSpec(gpu, [n], [start])))
+            for k, g in enumerate(gpu):
+                assert torch.equal(dest[:, g], full[:, 4 + start + k]), (start, k)
+        with pytest.raises(ValueError, match="a store must start at a file boundary"):
+            st.stage_out(LoadStoreSpec([1], [1], [5]), [slots[0]])
+        with pytest.raises(ValueError, match="need 1 slot"):
+            st.stage_in(slots, LoadStoreSpec([1, 2], [2], [5]))
+        with pytest.raises(ValueError, match="block id 12 >= num_blocks 12"):
+            st.stage_in([slots[0]], LoadStoreSpec([12], [1], [0]))
+
+
+def test_cross_layer_costs_one_copy_per_block_per_direction():
+    group = _group(layers=8, heads=4)
+    specs = [LayerKVSpec.attention(f"l{i}", 0, group.block_size, group.num_kv_heads, group.head_size) for i in range(8)]
+    alloc = allocate_cross_layer_kv_caches(specs, NUM_BLOCKS, "cpu", "float16")
+    with HostBlockPool(5, group.page_bytes) as pool:
+        st = RankStager(alloc.registration, [rank_page_mapping(group, ParallelSpec())], pool)
+        slots = pool.alloc(5)
+        st.stage_out(LoadStoreSpec([0, 1, 2, 3, 4], [5], [0]), slots)
+        assert (st.stats.ops, st.stats.fragments) == (1, 5)
+        st.stage_in(slots, LoadStoreSpec([5, 6, 7, 8, 9], [5], [0]))
+        assert (st.stats.ops, st.stats.fragments) == (2, 10)
+        assert torch.equal(alloc.buffers[0][5:10], alloc.buffers[0][0:5])
+
+
+def test_stager_rejects_mismatched_registration_and_small_slots():
+    group = _group()
+    caches = _register(_shard(_full_kv(group), group, 2, 0), "packed")
+    with HostBlockPool(1, group.page_bytes) as pool:
+        with pytest.raises(LayoutError, match="expects a 3072-byte local page, the registered tensors give 6144"):
+            RankStager(caches, [rank_page_mapping(group, ParallelSpec(tp_size=4))], pool)
+        with pytest.raises(LayoutError, match="create a larger pool"):
+            RankStager(caches, [rank_page_mapping(group, ParallelSpec(tp_size=2))], pool, blocks_per_file=2)
+
+
+# ---------------------------------------------------------------- pool
+
+
+def _shm_names() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("fstier-")}
+
+
+def test_pool_alignment_errors_and_cleanup():
+    before = _shm_names()
+    pool = HostBlockPool(3, 5000)
+    assert pool.slot_bytes == 8192 and pool.name in _shm_names()
+    for i in range(3):
+        view = pool.slot_view(i)
+        assert len(view) == 8192
+        assert pool.slot_tensor(i).data_ptr() % 4096 == 0
+        view.release()
+    a = pool.alloc(2)
+    with pytest.raises(PoolExhaustedError, match="asked for 2 slot"):
+        pool.alloc(2)
+    pool.free([a[0]])
+    with pytest.raises(PoolError, match=f"double free of slot {a[0]}"):
+        pool.free([a[0]])
+    with pytest.raises(PoolError, match="unknown slot 7"):
+        pool.free([7])
+    with pytest.raises(PoolError, match="double free"):
+        pool.free([a[1], a[1]])
+    assert pool.num_free == 2
+    other = HostBlockPool.attach(pool.name)
+    assert (other.num_slots, other.slot_bytes) == (3, 8192)
+    pool.slot_tensor(2)[:4] = torch.tensor([1, 2, 3, 4], dtype=torch.uint8)
+    assert other.slot_tensor(2)[:4].tolist() == [1, 2, 3, 4]
+    with pytest.raises(PoolError, match="reserved to the creating process"):
+        other.alloc(1)
+    other.close()
+    pool.close()
+    pool.close()  # idempotent
+    assert _shm_names() == before
+    with pytest.raises(PoolError, match="no shared memory named"):
+        HostBlockPool.attach(pool.name)
+    with pytest.raises(PoolError, match="is closed"):
+        pool.slot_tensor(0)
+
+
+def test_attach_in_child_process_leaves_no_segment_and_no_tracker_noise(tmp_path):
+    ctx = mp.get_context("spawn")
+    with HostBlockPool(2, 4096) as pool:
+        pool.slot_tensor(1)[:3] = torch.tensor([9, 8, 7], dtype=torch.uint8)
+        p = ctx.Process(target=_child_touch, args=(pool.name, str(tmp_path / "out")))
+        p.start()
+        p.join(120)
+        assert p.exitcode == 0
+        assert (tmp_path / "out").read_bytes() == bytes([9, 8, 7])
+        assert pool.slot_tensor(1)[3].item() == 42
+        name = pool.name
+    assert name not in _shm_names()
+
+
+def _child_touch(name, out):
+    pool = HostBlockPool.attach(name)
+    with open(out, "wb") as f:
+        f.write(bytes(pool.slot_view(1)[:3]))
+    pool.slot_tensor(1)[3] = 42
+    pool.close()
+
+
+def test_reclaim_stale_segments_of_dead_creators():
+    ctx = mp.get_context("fork")
+    p = ctx.Process(target=os._exit, args=(0,))
+    p.start()
+    p.join()
+    stale = f"fstier-{p.pid}-deadbeef"
+    with open(f"/dev/shm/{stale}", "wb") as f:
+        f.write(b"x")
+    with HostBlockPool(1, 4096) as live:
+        removed = HostBlockPool.reclaim_stale()
+        assert stale in removed and live.name in _shm_names()
+    assert stale not in _shm_names()

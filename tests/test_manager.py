@@ -1,0 +1,220 @@
+"""FsTier core behaviour on real files: round trips, prefix lookups, partial
+loads without livelock, events, metrics, validation, close()."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from manager_support import (
+    FILE_BYTES,
+    fill,
+    fstier_threads,
+    key,
+    keys,
+    load,
+    open_tier,
+    payload_for,
+    store,
+    temp_files,
+    tiny_config,
+)
+
+from fstier.errors import MetricsUnavailableError, PoolError, TierClosedError
+from fstier.gpu_copy import HostBlockPool
+from fstier.io import posix
+from fstier.manager import BlockRemoved, BlockStored, FsTier, JobResult
+
+
+def test_round_trip_bytes_and_paths(tmp_path: Path) -> None:
+    with open_tier(tmp_path / "root") as tier:
+        ks = keys(0, 8)
+        res = store(tier, "s", ks)
+        assert res == JobResult("s", "store", True, 8, 0, 8 * 128, res.seconds, None, 0)
+        for k in ks:
+            # the lookup hot path builds paths by hand; they must be the mapper's
+            assert tier._path_str(k) == str(tier.mapper.path_for(k))
+            assert tier.mapper.path_for(k).stat().st_size == FILE_BYTES
+        res = load(tier, "l", ks, first_slot=16)
+        assert res.success and res.keys_completed == 8 and res.nbytes == 8 * 128
+        assert res.cause is None
+
+
+def test_lookup_is_a_prefix_and_stops_at_first_miss(tmp_path: Path) -> None:
+    with open_tier(tmp_path / "root") as tier:
+        ks = keys(0, 6)
+        store(tier, "s", ks[:3] + ks[4:])
+        assert tier.lookup(ks) == 3
+        assert tier.lookup(ks[:3]) == 3
+        assert tier.lookup([]) == 0
+        assert tier.lookup([ks[3], *ks[:3]]) == 0
+        snap = tier.metrics.snapshot()
+        assert snap["fstier_lookup_hits_total"] == 6
+        assert snap["fstier_lookup_misses_total"] == 2
+
+
+def test_large_lookup_parallel_path_matches_sequential(tmp_path: Path) -> None:
+    with open_tier(tmp_path / "root", lookup_cache_ttl_s=0) as tier:
+        ks = keys(0, 1500)
+        for i in range(0, 1500, 50):
+            store(tier, f"s{i}", ks[i : i + 50], list(range(50)))
+        assert tier.lookup(ks) == 1500
+        os.unlink(tier.mapper.path_for(ks[1100]))
+        assert tier.lookup(ks) == 1100
+        os.unlink(tier.mapper.path_for(ks[300]))
+        assert tier.lookup(ks) == 300
+        assert tier.lookup(ks[301:]) == 1100 - 301
+
+
+def test_store_of_present_keys_is_skipped_and_counted(tmp_path: Path) -> None:
+    with open_tier(tmp_path / "root") as tier:
+        ks = keys(0, 4)
+        store(tier, "a", ks[:2])
+        res = store(tier, "b", ks)
+        assert res.success and res.skipped == 2 and res.keys_completed == 4
+        assert res.nbytes == 2 * 128
+        assert tier.metrics.snapshot()["fstier_store_skipped_blocks_total"] == 2
+        events = tier.take_events()
+        assert events == [BlockStored(tuple(ks[:2])), BlockStored(tuple(ks[2:]))]
+        assert tier.take_events() == []
+
+
+def test_partial_load_keeps_prefix_and_lookup_stops_reporting_corrupt_key(tmp_path: Path) -> None:
+    with open_tier(tmp_path / "root") as tier:
+        ks = keys(0, 6)
+        store(tier, "s", ks)
+        assert tier.lookup(ks) == 6  # now cached as present
+        path = tier.mapper.path_for(ks[3])
+        raw = bytearray(path.read_bytes())
+        raw[4096 + 7] ^= 0xFF  # one payload bit: only the checksum can tell
+        path.write_bytes(bytes(raw))
+        res = load(tier, "l", ks)
+        assert not res.success
+        assert (res.keys_completed, res.keys_failed) == (3, 3)
+        assert res.cause == "corrupt:payload_checksum"
+        assert not path.exists()  # proven corruption removes the file
+        assert tier.lookup(ks) == 3  # the cached "present" was invalidated: no livelock
+        assert BlockRemoved((ks[3],), "corrupt") in tier.take_events()
+        assert tier.metrics.snapshot()["fstier_corrupt_blocks_total"] == 1
+        store(tier, "again", [ks[3]])
+        assert tier.lookup(ks) == 6
+
+
+def test_transient_load_error_is_not_a_hit_again_until_stored(tmp_path: Path, monkeypatch) -> None:
+    with open_tier(tmp_path / "root") as tier:
+        ks = keys(0, 4)
+        store(tier, "s", ks)
+        bad_path = str(tier.mapper.path_for(ks[1]))
+        real_open = posix.FS.open
+
+        def flaky_open(path, flags, mode=0o600):
+            if str(path) == bad_path:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            return real_open(path, flags, mode)
+
+        monkeypatch.setattr(posix.FS, "open", flaky_open)
+        res = load(tier, "l", ks)
+        assert (res.keys_completed, res.cause) == (1, "EIO")
+        monkeypatch.undo()
+        assert os.path.exists(bad_path)  # a transient error never removes a block
+        # The file is still there, but the key failed: never a hit until re-stored.
+        assert tier.lookup(ks) == 1
+        res = store(tier, "s2", [ks[1]])
+        assert res.success and res.skipped == 0  # replaced, not skipped onto
+        assert tier.lookup(ks) == 4
+        assert load(tier, "l2", ks).success
+
+
+def test_validation_errors_name_the_problem(tmp_path: Path) -> None:
+    with open_tier(tmp_path / "root", num_slots=4) as tier:
+        with pytest.raises(ValueError, match="2 keys but 1 slots"):
+            tier.submit_store("x", keys(0, 2), [0])
+        with pytest.raises(ValueError, match="slot 4 is not a slot index"):
+            tier.submit_load("x", keys(0, 1), [4])
+        with pytest.raises(ValueError, match="appears twice"):
+            tier.submit_load("x", keys(0, 2), [1, 1])
+        with pytest.raises(ValueError, match="group 3 does not exist"):
+            tier.submit_load("x", [key(1, group=3)], [0])
+        tier.submit_store("dup", keys(0, 1), [0])
+        with pytest.raises(ValueError, match="already in flight"):
+            tier.submit_store("dup", keys(1, 1), [1])
+        tier.submit_load("empty", [], [])
+        tier.drain()
+        assert {r.job_id: r.success for r in tier.get_finished()} == {"dup": True, "empty": True}
+
+
+def test_pool_too_small_is_a_clear_error(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path / "root", blocks_per_file=64)  # 64 x 128 B = 8 KiB payload
+    with HostBlockPool(2, 4096) as pool, pytest.raises(PoolError, match="slot_bytes >= 8192"):
+        FsTier(cfg, pool)
+
+
+def test_from_config_yaml_with_private_pool(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    cfg_file = tmp_path / "fstier.yaml"
+    cfg_file.write_text(
+        f"tier:\n  root_dir: {root}\n  read_threads: 2\n  write_threads: 1\n"
+        "model:\n  name: m\n  dtype: float16\n  groups:\n"
+        "    - {block_size: 4, num_layers: 1, num_kv_heads: 1, head_size: 8}\n"
+    )
+    with FsTier.from_config(cfg_file) as tier:
+        assert tier.pool.slot_bytes == 4096 and tier.pool.num_slots >= 6
+        pool_name = tier.pool.name
+        assert store(tier, "s", keys(0, 3)).success
+        assert load(tier, "l", keys(0, 3), first_slot=3).success
+    assert not os.path.exists(f"/dev/shm/{pool_name}")  # the private pool was closed
+
+
+def test_close_is_idempotent_joins_threads_and_leaves_no_temp_files(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    before = set(fstier_threads())
+    with open_tier(root, max_bytes="1MiB") as tier:
+        ks = keys(0, 32)
+        fill(tier, ks, list(range(32)))
+        tier.submit_store("s", ks, list(range(32)))  # closed while in flight
+        tier.lookup(keys(0, 2000))  # starts the lookup threads
+        assert set(fstier_threads()) - before
+        tier.close()
+        tier.close()
+        with pytest.raises(TierClosedError, match="closed"):
+            tier.lookup(ks)
+        with pytest.raises(TierClosedError):
+            tier.submit_load("l", ks[:1], [0])
+        assert [r.job_id for r in tier.get_finished()] == ["s"]
+    assert set(fstier_threads()) <= before
+    assert temp_files(root) == []
+
+
+def test_metrics_snapshot_and_prometheus_collector(tmp_path: Path) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    with open_tier(tmp_path / "root") as tier:
+        store(tier, "s", keys(0, 3))
+        load(tier, "l", keys(0, 4))
+        snap = tier.metrics.snapshot()
+        assert snap["fstier_stored_blocks_total"] == 3
+        assert snap["fstier_loaded_blocks_total"] == 3
+        assert snap["fstier_load_missed_blocks_total"] == 1
+        assert snap["fstier_failures_total"] == {"miss": 1}
+        assert snap["fstier_store_job_seconds"]["count"] == 1
+        registry = prometheus_client.CollectorRegistry()
+        registry.register(tier.metrics.prometheus_collector())
+        text = prometheus_client.generate_latest(registry).decode()
+        assert "fstier_stored_blocks_total 3.0" in text
+        assert 'fstier_failures_total{cause="miss"} 1.0' in text
+        assert "fstier_load_job_seconds_count 1.0" in text
+
+
+def test_prometheus_missing_extra_is_a_clear_error(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    with open_tier(tmp_path / "root") as tier, pytest.raises(
+        MetricsUnavailableError, match=r"pip install 'fstier\[metrics\]'"
+    ):
+        tier.metrics.start_prometheus_exporter(0)
+
+
+def test_payload_bytes_are_key_specific(tmp_path: Path) -> None:
+    # guards the helpers: distinct keys must give distinct payloads
+    assert payload_for(key(1), 128) != payload_for(key(2), 128)

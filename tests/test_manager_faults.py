@@ -1,0 +1,195 @@
+"""FsTier under injected faults: write backpressure with a slowed writer,
+the circuit breaker (EIO and deadline misses), slot fencing after timeouts,
+and failed stores that leave nothing behind."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from manager_support import fill, keys, load, open_tier, store, temp_files
+
+from fstier.io import posix
+
+
+def _eio(*_a, **_k):
+    raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+
+def test_backpressure_drops_stores_and_never_blocks_the_caller(tmp_path: Path, monkeypatch) -> None:
+    real = posix.FS.pwritev
+
+    def slow_pwritev(fd, bufs, offset):
+        time.sleep(0.05)  # a slow mount: ~160 KB/s for these 8 KiB files
+        return real(fd, bufs, offset)
+
+    monkeypatch.setattr(posix.FS, "pwritev", slow_pwritev)
+    with open_tier(tmp_path / "root", max_write_queue_seconds=0.2, write_threads=1) as tier:
+        assert store(tier, "warm", keys(0, 2)).success  # measures the slow speed
+        speed = tier.metrics.snapshot()["fstier_write_bytes_per_second"]
+        assert speed < 1e6
+        accepted_slots = list(range(8))
+        fill(tier, keys(100, 8), accepted_slots)
+        t0 = time.perf_counter()
+        tier.submit_store("big", keys(100, 8), accepted_slots)  # idle queue: admitted
+        for j in range(5):
+            tier.submit_store(f"more{j}", keys(200 + 4 * j, 4), list(range(8 + 4 * j, 12 + 4 * j)))
+        submit_s = time.perf_counter() - t0
+        assert submit_s < 0.1  # 8 queued writes take >= 0.4 s; the caller did not wait
+        drops = [r for r in tier.get_finished() if r.cause == "backpressure"]
+        assert len(drops) == 5 and all(not r.success and r.keys_failed == 4 for r in drops)
+        tier.drain()
+        done = {r.job_id: r for r in tier.get_finished()}
+        assert done["big"].success
+        snap = tier.metrics.snapshot()
+        assert snap["fstier_store_dropped_blocks_total"] == {"backpressure": 20}
+        assert snap["fstier_queued_store_bytes"] == 0
+        assert tier.lookup(keys(200, 4)) == 0  # dropped = a future miss
+        assert tier.lookup(keys(100, 8)) == 8  # nothing accepted was lost
+
+
+def test_breaker_trips_on_eio_degrades_and_recovers(tmp_path: Path, monkeypatch, caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="fstier.manager")
+    with open_tier(tmp_path / "root", breaker_failures=3, breaker_cooldown_s=0.3) as tier:
+        ks = keys(0, 4)
+        assert store(tier, "s", ks).success
+        monkeypatch.setattr(posix.FS, "preadv", _eio)
+        for j in range(3):
+            assert load(tier, f"l{j}", ks[:1]).cause == "EIO"
+        assert tier.degraded and tier.breaker_state == "open"
+        assert tier.lookup(ks) == 0
+        tier.submit_store("s2", keys(10, 2), [0, 1])
+        tier.submit_load("l9", ks, [0, 1, 2, 3])
+        fast = {r.job_id: r for r in tier.get_finished()}
+        assert fast["s2"].cause == "degraded" and fast["l9"].cause == "degraded"
+        assert not fast["l9"].success and fast["l9"].keys_failed == 4
+        monkeypatch.undo()
+        time.sleep(0.35)  # the cool-down is wall time by design
+        assert tier.breaker_state == "half_open" and not tier.degraded
+        res = load(tier, "probe", ks[1:2])
+        assert res.success and tier.breaker_state == "closed"
+        assert tier.lookup(ks) == 0  # ks[0] failed to load: a miss until stored again
+        assert tier.lookup(ks[1:]) == 3
+        snap = tier.metrics.snapshot()
+        assert snap["fstier_breaker_trips_total"] == 1 and snap["fstier_degraded"] == 0
+    opened = [r for r in caplog.records if "circuit breaker open" in r.getMessage()]
+    closed = [r for r in caplog.records if "circuit breaker closed" in r.getMessage()]
+    assert len(opened) == 1 and len(closed) == 1
+
+
+def test_breaker_half_open_failure_reopens(tmp_path: Path, monkeypatch) -> None:
+    with open_tier(tmp_path / "root", breaker_failures=2, breaker_cooldown_s=0.2) as tier:
+        ks = keys(0, 2)
+        store(tier, "s", ks)
+        monkeypatch.setattr(posix.FS, "preadv", _eio)
+        load(tier, "a", ks[:1])
+        load(tier, "b", ks[:1])
+        assert tier.breaker_state == "open"
+        time.sleep(0.25)
+        assert tier.breaker_state == "half_open"
+        load(tier, "c", ks[:1])  # one failed probe is enough to reopen
+        assert tier.breaker_state == "open"
+
+
+def test_misses_and_corrupt_files_do_not_trip_the_breaker(tmp_path: Path) -> None:
+    with open_tier(tmp_path / "root", breaker_failures=2) as tier:
+        ks = keys(0, 3)
+        store(tier, "s", ks)
+        tier.mapper.path_for(ks[0]).write_bytes(b"garbage")
+        for j in range(4):
+            load(tier, f"miss{j}", keys(50 + j, 1))
+        load(tier, "corrupt", ks)
+        assert tier.breaker_state == "closed"
+
+
+def _releasing(close, release: threading.Event):
+    def wrapped() -> None:
+        release.set()
+        close()
+
+    return wrapped
+
+
+def test_timeout_fences_slot_until_late_return_and_trips_breaker(tmp_path: Path, monkeypatch) -> None:
+    release = threading.Event()
+    real = posix.FS.preadv
+    with open_tier(
+        tmp_path / "root", io_timeout_s=0.2, breaker_failures=2, breaker_cooldown_s=30
+    ) as tier:
+        # Never leave a hung thread behind, even when an assertion fails.
+        monkeypatch.setattr(tier, "close", _releasing(tier.close, release))
+        ks = keys(0, 3)
+        store(tier, "s", ks)
+        hung = str(tier.mapper.path_for(ks[0]))
+        hung_fds: set[int] = set()
+        real_open = posix.FS.open
+
+        def tracking_open(path, flags, mode=0o600):
+            fd = real_open(path, flags, mode)
+            if str(path) == hung:
+                hung_fds.add(fd)
+            return fd
+
+        def hanging_preadv(fd, bufs, offset):
+            if fd in hung_fds:
+                release.wait(10)  # a hung NFS read
+            return real(fd, bufs, offset)
+
+        monkeypatch.setattr(posix.FS, "open", tracking_open)
+        monkeypatch.setattr(posix.FS, "preadv", hanging_preadv)
+        tier.submit_load("hang", ks[:2], [5, 6])
+        tier.drain()
+        (res,) = tier.get_finished()
+        assert (res.success, res.keys_completed, res.cause) == (False, 0, "timeout")
+        assert tier.fenced_slots == frozenset({5})
+        tier.submit_load("reuse", ks[1:2], [5])
+        (busy,) = tier.get_finished()
+        assert busy.cause == "slot_busy" and not busy.success
+        assert load(tier, "other-slot", ks[1:3], first_slot=7).success
+        # The success in between reset the count: failures must be consecutive.
+        for j, slot in enumerate((9, 10)):
+            assert tier.breaker_state == "closed"
+            tier.submit_load(f"hang{j}", ks[:1], [slot])
+            tier.drain()
+            assert tier.get_finished()[0].cause == "timeout"
+        assert tier.breaker_state == "open"
+        assert tier.fenced_slots == frozenset({5, 9, 10})
+        release.set()
+        assert tier.wait_fences_released(timeout=5)
+        assert tier.fenced_slots == frozenset()
+
+
+def test_failed_store_reports_errno_and_leaves_no_temp(tmp_path: Path, monkeypatch) -> None:
+    root = tmp_path / "root"
+    with open_tier(root) as tier:
+
+        def enospc(*_a, **_k):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(posix.FS, "pwritev", enospc)
+        res = store(tier, "s", keys(0, 3))
+        assert (res.success, res.keys_failed, res.cause) == (False, 3, "ENOSPC")
+        assert tier.metrics.snapshot()["fstier_failures_total"] == {"ENOSPC": 3}
+        assert temp_files(root) == []
+        assert tier.lookup(keys(0, 3)) == 0
+        monkeypatch.undo()
+        assert store(tier, "s2", keys(0, 3)).success  # recovery once the fault clears
+
+
+@pytest.mark.parametrize("fault", ["EMFILE", "EACCES"])
+def test_load_errors_are_failed_jobs_not_exceptions(tmp_path: Path, monkeypatch, fault: str) -> None:
+    with open_tier(tmp_path / "root") as tier:
+        store(tier, "s", keys(0, 2))
+        code = getattr(errno, fault)
+
+        def fail(*_a, **_k):
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(posix.FS, "open", fail)
+        res = load(tier, "l", keys(0, 2))
+        assert (res.keys_completed, res.cause) == (0, fault)
