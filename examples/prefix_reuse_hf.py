@@ -61,6 +61,7 @@ from fstier import (
     FileMapper,
     FsTier,
     HostBlockPool,
+    JobResult,
     LoadStoreSpec,
     RankStager,
     chain_hashes,
@@ -361,7 +362,7 @@ def _spec_and_keys(dep: Deployment, hashes: Sequence[bytes]) -> tuple[LoadStoreS
     return spec, keys
 
 
-def _wait(tier: FsTier, job_id: int, timeout_s: float = 120.0) -> Any:
+def _wait(tier: FsTier, job_id: int, timeout_s: float = 120.0) -> JobResult:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for result in tier.get_finished():
@@ -403,22 +404,30 @@ def load_prefix(
     cache, then reassemble. Returns (hit blocks, cache or None on a miss)."""
     num_groups = len(dep.config.model.groups)
     t = time.perf_counter()
-    hit = min(dep.tier.lookup([BlockKey(h, g) for h in hashes]) for g in range(num_groups))
+    found = min(dep.tier.lookup([BlockKey(h, g) for h in hashes]) for g in range(num_groups))
     timing.lookup_s = time.perf_counter() - t
-    if hit == 0:
+    if found == 0:
         return 0, None
-    spec, keys = _spec_and_keys(dep, hashes[:hit])
-    slots = dep.pool.alloc(len(keys))
+    spec, keys = _spec_and_keys(dep, hashes[:found])
+    slots = dep.pool.alloc(len(keys))  # group-major: group g's blocks at [g*found, (g+1)*found)
     try:
         t = time.perf_counter()
         dep.tier.submit_load(2, keys, slots)
         result = _wait(dep.tier, 2)
         timing.load_s = time.perf_counter() - t
+        hit = found
         if not result.success:
-            return 0, None
+            # A failed load keeps its good prefix: use the blocks that every
+            # group loaded, recompute the rest (what an engine does).
+            done = result.keys_completed
+            hit = min(max(0, min(found, done - g * found)) for g in range(num_groups))
+            if hit == 0:
+                return 0, None
+            spec, _ = _spec_and_keys(dep, hashes[:hit])
+        use = [slots[g * found + i] for g in range(num_groups) for i in range(hit)]
         t = time.perf_counter()
         for stager in dep.stagers:
-            stager.wait(stager.stage_in(slots, spec))
+            stager.wait(stager.stage_in(use, spec))
         _sync(dep.ranks.layers[0][0].device)
         timing.stage_in_s = time.perf_counter() - t
     finally:

@@ -9,6 +9,7 @@ nothing, never a torn one. Temp names start with ``.`` and contain
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -65,10 +66,8 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, fsync: str = "fi
             os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     if fsync == "file+dir":
         fsync_dir(path.parent)

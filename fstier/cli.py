@@ -313,8 +313,13 @@ def verify_cmd(root: str, namespace: str | None, fix: bool, headers_only: bool, 
     from fstier._cli_verify import run_verify
 
     root_path = _existing_root(root)
-    if namespace is not None and not (root_path / namespace).is_dir():
-        raise _Fail(EXIT_USAGE, f"--namespace {namespace!r}: no such namespace directory under {root}")
+    if namespace is not None:
+        # One directory name, never a path: --fix must not reach outside ROOT.
+        ns_path = root_path / namespace
+        if namespace in ("", ".", "..") or "/" in namespace or "\0" in namespace:
+            raise _Fail(EXIT_USAGE, f"--namespace {namespace!r}: must be one directory name under ROOT (see fstier inspect)")
+        if ns_path.is_symlink() or not ns_path.is_dir():
+            raise _Fail(EXIT_USAGE, f"--namespace {namespace!r}: no such namespace directory under {root}")
     show_progress = not as_json and sys.stderr.isatty()
     report = run_verify(root_path, namespace=namespace, fix=fix, full=not headers_only, progress=show_progress)
     if as_json:

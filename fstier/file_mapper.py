@@ -15,6 +15,7 @@ rank has its own ``r<rank>`` subtree.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fstier._atomic import atomic_write
-from fstier._format import canonical_format_id, canonical_page_bytes
+from fstier._format import canonical_format_id, canonical_page_bytes, is_certified
 from fstier.config import FstierConfig, ModelSpec, ParallelSpec
 from fstier.errors import NamespaceMismatchError, PathSafetyError
 from fstier.keys import BlockKey
@@ -41,12 +42,20 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 def is_parallel_agnostic(model: ModelSpec, parallel: ParallelSpec) -> bool:
     """True only for exactly one KV group of kind ``full_attention`` (hence not
-    MLA, not sliding window, not mamba) on a model runner other than ``v2``.
+    MLA, not sliding window, not mamba) on a model runner other than ``v2``,
+    whose pages this layout can map onto the canonical page (heads shard or
+    replicate evenly, the block splits evenly over context-parallel ranks).
     See docs/parallel-agnostic.md for why each exclusion exists."""
     if len(model.groups) != 1:
         return False
     group = model.groups[0]
-    return group.kind == "full_attention" and parallel.model_runner != "v2"
+    return (
+        group.kind == "full_attention"
+        and parallel.model_runner != "v2"
+        # Without a certified mapping the pages are rank-private: two layouts
+        # with equal world size would share files they cannot read correctly.
+        and is_certified(group, parallel)
+    )
 
 
 def safe_model_name(name: str) -> str:
@@ -183,10 +192,8 @@ class FileMapper:
         self._check_not_symlink(current)
         for part in rel.parts:
             current = current / part
-            try:
+            with contextlib.suppress(FileExistsError):
                 os.mkdir(current, 0o755)
-            except FileExistsError:
-                pass
             self._check_not_symlink(current)
         with self._lock:
             self._verified_dirs.add(key)

@@ -155,10 +155,7 @@ def _expand(runs: Sequence[PageRun], unit: int | None = None) -> _Frags:
     arr = np.array(runs, dtype=np.int64).reshape(-1, 6)
     lo0, co0, fs, nf, ls, cs = arr.T
     if unit is None:
-        if np.any(fs != fs[0]):
-            unit = math.gcd(*(int(x) for x in np.unique(fs)))
-        else:
-            unit = int(fs[0])
+        unit = math.gcd(*(int(x) for x in np.unique(fs)))
     reps = nf * (fs // unit)
     total = int(reps.sum())
     run_idx = np.repeat(np.arange(arr.shape[0]), reps)
@@ -617,7 +614,7 @@ def allocate_cross_layer_kv_caches(
         buf_of_page.setdefault(page_of[g], len(buf_of_page))
     buffers: list[torch.Tensor] = []
     buffer_layers: list[list[str]] = []
-    for page, b in sorted(buf_of_page.items(), key=lambda kv: kv[1]):
+    for page, _b in sorted(buf_of_page.items(), key=lambda kv: kv[1]):
         slots = max(len(by_group[g]) for g in by_group if page_of[g] == page)
         buffers.append(torch.zeros((num_blocks, slots, page), dtype=torch.int8, device=device))
         buffer_layers.append([])

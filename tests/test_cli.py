@@ -365,3 +365,35 @@ def test_verify_progress_bar_path(tmp_path: Path) -> None:
     store_blocks(make_config(root, groups=SMALL_GROUP), 3)
     report = run_verify(root, progress=True)
     assert report.ok and report.checked == 3
+
+
+def test_verify_namespace_cannot_leave_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    cfg = make_config(tmp_path / "outside", groups=SMALL_GROUP)
+    outside = store_blocks(cfg, 1)
+    with open(outside[0], "r+b") as f:  # a bad file outside ROOT must never be touched
+        f.truncate(HEADER_SIZE + 1)
+    root.mkdir()
+    (root / "link").symlink_to(FileMapper(cfg).namespace_dir)
+    for ns in ("../outside/" + FileMapper(cfg).namespace, "..", "link"):
+        res = run_cli("verify", str(root), "--namespace", ns, "--fix")
+        assert res.exit_code == 2, (ns, res.output)
+        assert "--namespace" in res.output
+    assert outside[0].exists()
+
+
+def test_example_yaml_with_fstier_from_config(tmp_path: Path) -> None:
+    from fstier.manager import FsTier
+
+    text = EXAMPLE.read_text().replace("root_dir: /tmp/fstier-example", f"root_dir: {tmp_path / 'root'}")
+    assert str(tmp_path) in text
+    path = tmp_path / "fstier.yaml"
+    path.write_text(text)
+    tier = FsTier.from_config(path)
+    try:
+        assert tier.mapper.namespace_dir.is_dir()
+        assert tier.lookup(prefix_keys(list(range(64)), 16)) == 0
+    finally:
+        tier.close()
+    doc = json.loads(run_cli("inspect", str(tmp_path / "root"), "--json").output)
+    assert doc["namespaces"][0]["model"] == "meta-llama/Llama-3.1-8B-Instruct"

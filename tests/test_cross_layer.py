@@ -8,7 +8,13 @@ import torch
 from fstier.config import ModelSpec, ParallelSpec
 from fstier.errors import LayoutError
 from fstier.gpu_copy import HostBlockPool, RankStager
-from fstier.layout import LayerKVSpec, LoadStoreSpec, StateSpec, allocate_cross_layer_kv_caches, rank_page_mapping
+from fstier.layout import (
+    LayerKVSpec,
+    LoadStoreSpec,
+    StateSpec,
+    allocate_cross_layer_kv_caches,
+    rank_page_mapping,
+)
 
 B, H, D = 8, 4, 16
 MAMBA_STATES = (StateSpec((16, 4), "float32"), StateSpec((4, 16, 8), "float16"))

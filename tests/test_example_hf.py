@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -95,17 +94,56 @@ def test_misplaced_heads_change_the_generation(example: ModuleType) -> None:
     assert not torch.allclose(bad.step_logits[0], ref.step_logits[0], atol=1e-4)
 
 
-def test_cli_fast_json(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--fast", "--prompt-len", "100", "--new-tokens", "6",
-         "--json", "--root", str(tmp_path)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
+def test_cli_fast_json(example: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # In process: the argument parsing and --json output, without paying for
+    # a second interpreter importing transformers.
+    rc = example.main(["--fast", "--prompt-len", "100", "--new-tokens", "6", "--json", "--root", str(tmp_path)])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
     assert out["ok"] is True
     assert out["prompt_b_tokens"] == 124
     assert [c["tokens_identical"] for c in out["comparisons"]] == [True, True, True]
     assert out["comparisons"][1]["hit_tokens"] == 96
     assert out["two_group_tp4_lookup"] == 0
     assert out["timing"]["hit_first_token_s"] > 0 and out["timing"]["recompute_first_token_s"] > 0
+
+
+def test_corrupt_block_mid_prefix_loads_good_prefix_and_recomputes_rest(
+    example: ModuleType, tmp_path: Path
+) -> None:
+    """A flipped payload byte in block 6 of 12: lookup still sees 12 files,
+    the load stops at block 6 (checksum), the 6 good blocks are used, the
+    rest is recomputed, and generation is still identical to from-scratch."""
+    from fstier import BlockKey, FileMapper, chain_hashes
+
+    shape, bs, cpu = example.FAST_SHAPE, example.BLOCK_SIZE, torch.device("cpu")
+    model = example.build_model(shape, 0, cpu)
+    prompt = torch.randint(0, shape.vocab_size, (1, 12 * bs + 5), generator=torch.Generator().manual_seed(3))
+    ref = example.generate_from_scratch(model, prompt, 8)
+    hashes = chain_hashes(prompt[0].tolist(), bs)
+    assert len(hashes) == 12
+
+    tp2 = example.allocate_rank_caches(shape, 2, 12, 2, cpu)
+    example.scatter_to_ranks(example.prefill(model, prompt), tp2, 12)
+    dep = example.open_deployment(tmp_path, shape, tp2, two_groups=False, num_slots=12)
+    try:
+        example.store_prefix(dep, hashes)
+        path = FileMapper(dep.config).path_for(BlockKey(hashes[6]))
+    finally:
+        dep.close()
+    raw = bytearray(path.read_bytes())
+    raw[4096 + 100] ^= 0x01  # one bit of the payload, past the 4096-byte header
+    path.write_bytes(bytes(raw))
+
+    tp4 = example.allocate_rank_caches(shape, 4, 12, 4, cpu)
+    dep = example.open_deployment(tmp_path, shape, tp4, two_groups=False, num_slots=12)
+    try:
+        hit, cache = example.load_prefix(dep, hashes, model, example.LoadTiming())
+        assert dep.tier.lookup([BlockKey(h) for h in hashes]) == 6  # corrupt file was removed
+    finally:
+        dep.close()
+    assert hit == 6 and cache is not None
+    assert not path.exists()
+    got = example.greedy(model, cache, prompt[:, hit * bs :], 8)
+    assert got.tokens == ref.tokens
+    assert torch.allclose(got.step_logits[-1], ref.step_logits[-1], atol=1e-4)

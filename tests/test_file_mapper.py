@@ -69,6 +69,23 @@ def test_non_agnostic_paths_differ_per_tp_and_rank(tmp_path: Path, groups: list[
             assert f"/r{rank}/" in str(path)
 
 
+@pytest.mark.parametrize(
+    ("heads", "block_size", "par", "expected"),
+    [
+        (3, 16, {"tp_size": 2}, False),  # 3 heads neither shard nor replicate over 2 ranks
+        (3, 16, {"tp_size": 3}, True),
+        (2, 16, {"tp_size": 4}, True),  # replicated heads are certified
+        (8, 16, {"tp_size": 2, "pcp_size": 2}, True),
+        (8, 6, {"tp_size": 2, "pcp_size": 4}, False),  # 6 tokens do not split over 4 cp ranks
+    ],
+)
+def test_uncertified_layouts_are_not_agnostic(
+    heads: int, block_size: int, par: dict[str, int], expected: bool
+) -> None:
+    model = _model({**FULL, "num_kv_heads": heads, "block_size": block_size})
+    assert is_parallel_agnostic(model, ParallelSpec(**par)) is expected
+
+
 def test_v2_runner_keeps_tp_in_namespace(tmp_path: Path) -> None:
     a = FileMapper(make_config(tmp_path, parallel={"tp_size": 2, "model_runner": "v2"}))
     b = FileMapper(make_config(tmp_path, parallel={"tp_size": 4, "model_runner": "v2"}))

@@ -75,16 +75,17 @@ def _priority_order(first_kind: str) -> list[str]:
     gates = {"read": threading.Event(), "write": threading.Event()}
     started = threading.Barrier(3, timeout=5)
 
-    def hold(kind: str) -> Callable[[], None]:
-        def f() -> None:
-            started.wait()
-            gates[kind].wait()
+    def hold() -> None:
+        # Which thread picks up which hold job is a race (an idle thread takes
+        # the other queue's work), so gate on the priority of the thread that
+        # actually runs it.
+        priority = "read" if "-read-" in threading.current_thread().name else "write"
+        started.wait()
+        gates[priority].wait()
 
-        return f
-
-    # Occupy both threads (each takes its own queue first).
-    pool.submit("hr", "read", [hold("read")])
-    pool.submit("hw", "write", [hold("write")])
+    # Occupy both threads.
+    pool.submit("h1", "read", [hold])
+    pool.submit("h2", "write", [hold])
     started.wait()
     for i in range(5):
         pool.submit(f"w{i}", "write", [rec("w")])

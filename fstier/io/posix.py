@@ -243,10 +243,8 @@ def _unlink_own_temp(tmp: Path, exc: OSError) -> None:
     """
     if exc.errno == errno.EEXIST:
         return
-    try:
+    with contextlib.suppress(OSError):
         FS.unlink(tmp)
-    except OSError:
-        pass
 
 
 def _probe(directory: Path) -> tuple[DirectIOSupport, bool]:

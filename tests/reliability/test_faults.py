@@ -57,7 +57,7 @@ def _assert_clean_failure(tier: Tier, key: Any, out: Any, cause: str, fds: int) 
     assert out.cause == cause, out
     assert not tier.path(key).exists(), "a failed store published a file"
     assert temp_files(tier.mapper.root) == [], "a failed store left its temp file"
-    assert fd_count() == fds, "a failed store leaked a file descriptor"
+    assert fd_count() <= fds, "a failed store leaked a file descriptor"
 
 
 def _assert_recovers(tier: Tier, ops: FaultyOps, i: int) -> None:
@@ -207,7 +207,7 @@ def test_rename_reports_error_but_happened(tier: Tier, ops: FaultyOps) -> None:
     FAULTS_INJECTED["count"] += 1
     out = tier.store(key)
     assert out.status == "FAILED" and out.cause == "EIO"
-    assert fd_count() == fds and temp_files(tier.mapper.root) == []
+    assert fd_count() <= fds and temp_files(tier.mapper.root) == []
     # The file did land: it is complete, loads right, and a retry is a no-op.
     assert verify_file(tier.path(key)).ok
     got_out, got = tier.load(key)
@@ -225,7 +225,7 @@ def test_transient_read_errors_leave_the_file(tier: Tier, ops: FaultyOps, code: 
     FAULTS_INJECTED["count"] += 1
     out, _ = tier.load(key)
     assert out.status == "ERROR" and out.cause == errno.errorcode[code]
-    assert tier.path(key).exists() and fd_count() == fds
+    assert tier.path(key).exists() and fd_count() <= fds
     ops.hooks.clear()
     out, got = tier.load(key)
     assert out.status == "LOADED" and got == payload_for(key, tier.payload_len)

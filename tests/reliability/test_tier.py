@@ -167,7 +167,7 @@ def test_errno_faults_fail_jobs_cleanly(tier: FsTier, ops: FaultyOps, code: int,
     assert (rs.success, rs.cause) == (False, name)
     assert (rl.success, rl.cause) == (False, name)
     assert any(name in r.getMessage() for r in caplog.records), "no log line names the cause"
-    assert fd_count() == fds and temp_files(tier.mapper.root) == []
+    assert fd_count() <= fds and temp_files(tier.mapper.root) == []
     assert tier.mapper.path_for(good).exists(), "a transient error removed a block"
     ops.hooks.clear()
     assert _run(tier, "store", [key_for(1)])[0].success
