@@ -60,7 +60,12 @@ from fstier.config import FstierConfig, ParallelSpec, parse_config  # noqa: E402
 from fstier.gpu_copy import HostBlockPool, RankStager  # noqa: E402
 from fstier.io.blockfile import padded_len  # noqa: E402
 from fstier.keys import BlockKey  # noqa: E402
-from fstier.layout import LayerKVSpec, LoadStoreSpec, allocate_cross_layer_kv_caches, rank_page_mapping  # noqa: E402
+from fstier.layout import (  # noqa: E402
+    LayerKVSpec,
+    LoadStoreSpec,
+    allocate_cross_layer_kv_caches,
+    rank_page_mapping,
+)
 from fstier.manager import FsTier, JobResult  # noqa: E402
 
 HEADS = 8

@@ -34,7 +34,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -46,7 +45,13 @@ import xxhash
 
 from fstier.config import FstierConfig, parse_config
 from fstier.file_mapper import FileMapper
-from fstier.io.blockfile import HEADER_SIZE, BlockHeader, ChecksumKind, encode_header_into, payload_checksum
+from fstier.io.blockfile import (
+    HEADER_SIZE,
+    BlockHeader,
+    ChecksumKind,
+    encode_header_into,
+    payload_checksum,
+)
 from fstier.keys import BlockKey
 
 PAGE = 4096  # one 4 KiB canonical page per file: files are 8 KiB on disk

@@ -340,15 +340,22 @@ def open_deployment(
     mapper = FileMapper(config)
     slot_bytes = max(mapper.expected_payload_bytes(g) for g in range(len(config.model.groups)))
     pool = HostBlockPool(num_slots, slot_bytes)
-    tier = FsTier(config, pool)
-    stagers = []
-    for rank in range(ranks.tp):
-        parallel = config.parallel.with_rank(rank)
-        per_group = [[ranks.layers[rank][i] for i in layers] for layers in _group_layers(shape, two_groups)]
-        caches = CanonicalKVCaches.register(per_group)
-        # "packed": each layer is one (num_blocks, 2, block_size, heads, head_size) tensor.
-        mappings = [rank_page_mapping(g, parallel, "packed") for g in config.model.groups]
-        stagers.append(RankStager(caches, mappings, pool, config.tier.blocks_per_file))
+    tier: FsTier | None = None
+    try:
+        tier = FsTier(config, pool)
+        stagers = []
+        for rank in range(ranks.tp):
+            parallel = config.parallel.with_rank(rank)
+            per_group = [[ranks.layers[rank][i] for i in layers] for layers in _group_layers(shape, two_groups)]
+            caches = CanonicalKVCaches.register(per_group)
+            # "packed": each layer is one (num_blocks, 2, block_size, heads, head_size) tensor.
+            mappings = [rank_page_mapping(g, parallel, "packed") for g in config.model.groups]
+            stagers.append(RankStager(caches, mappings, pool, config.tier.blocks_per_file))
+    except BaseException:
+        if tier is not None:
+            tier.close()
+        pool.close()  # the shared-memory segment must not outlive a failed start
+        raise
     return Deployment(config, tier, pool, stagers, ranks, two_groups)
 
 
@@ -536,9 +543,9 @@ def run(
     # Parallel-agnostic: one group. Store at tp=2, load at tp=4.
     agnostic_root = root / "agnostic"
     store_dep = open_deployment(agnostic_root, shape, tp2, two_groups=False, num_slots=n_a)
-    if not is_parallel_agnostic(store_dep.config.model, store_dep.config.parallel):
-        raise RuntimeError("the one-group config should be parallel-agnostic")
     try:
+        if not is_parallel_agnostic(store_dep.config.model, store_dep.config.parallel):
+            raise RuntimeError("the one-group config should be parallel-agnostic")
         stored_bytes = store_prefix(store_dep, hashes_a)
         o_direct = store_dep.tier.io_options.o_direct
         agnostic_tp2_lookup = store_dep.tier.lookup([BlockKey(h) for h in hashes_a])
@@ -680,6 +687,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     new_tokens = args.new_tokens or (16 if args.fast else 32)
     repeats = args.repeats or (1 if args.fast else 3)
     log: Callable[[str], None] = (lambda _m: None) if args.json else (lambda m: print(m, flush=True))
+    if prompt_len < BLOCK_SIZE or new_tokens < 1 or args.suffix_len < 0:
+        parser.error(f"need --prompt-len >= {BLOCK_SIZE}, --new-tokens >= 1 and --suffix-len >= 0")
     with tempfile.TemporaryDirectory(prefix="fstier-hf-") as tmp:
         root = args.root or Path(tmp)
         report = run(shape=shape, prompt_len=prompt_len, suffix_len=args.suffix_len, new_tokens=new_tokens,

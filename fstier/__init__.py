@@ -48,11 +48,15 @@ _LAZY = {
     "RankStager": "fstier.gpu_copy",
     "FsTier": "fstier.manager",
     "JobResult": "fstier.manager",
+    "BlockStored": "fstier.manager",
+    "BlockRemoved": "fstier.manager",
 }
 
 __all__ = [
     "BlockCorruptError",
     "BlockKey",
+    "BlockRemoved",
+    "BlockStored",
     "CanonicalKVCaches",
     "ConfigError",
     "DirectIOUnsupportedError",
@@ -107,4 +111,4 @@ if TYPE_CHECKING:  # pragma: no cover
         allocate_cross_layer_kv_caches,
         rank_page_mapping,
     )
-    from fstier.manager import FsTier, JobResult
+    from fstier.manager import BlockRemoved, BlockStored, FsTier, JobResult
