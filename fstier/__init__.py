@@ -31,6 +31,7 @@ from fstier.errors import (
     PathSafetyError,
     PoolError,
     PoolExhaustedError,
+    StorageError,
 )
 from fstier.file_mapper import FileMapper, is_parallel_agnostic
 from fstier.keys import BlockKey, chain_hashes, prefix_keys
@@ -80,6 +81,7 @@ __all__ = [
     "PoolError",
     "PoolExhaustedError",
     "RankStager",
+    "StorageError",
     "TierConfig",
     "__version__",
     "allocate_cross_layer_kv_caches",

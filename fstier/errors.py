@@ -80,3 +80,15 @@ class TierClosedError(FstierError, RuntimeError):
 
 class IOPoolClosedError(FstierError, RuntimeError):
     """Work was submitted to an I/O pool after ``shutdown()``."""
+
+
+class StorageError(FstierError, OSError):
+    """The cache root or namespace directory cannot be created or written
+    (permissions, read-only mount, full disk) at start-up. ``errno`` is kept."""
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(errno, message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message

@@ -28,7 +28,7 @@ from typing import Any
 from fstier._atomic import atomic_write
 from fstier._format import canonical_format_id, canonical_page_bytes, is_certified
 from fstier.config import FstierConfig, ModelSpec, ParallelSpec
-from fstier.errors import NamespaceMismatchError, PathSafetyError
+from fstier.errors import FstierError, NamespaceMismatchError, PathSafetyError, StorageError
 from fstier.keys import BlockKey
 
 __all__ = ["MANIFEST_NAME", "NAMESPACE_VERSION", "FileMapper", "is_parallel_agnostic", "safe_model_name"]
@@ -141,7 +141,24 @@ class FileMapper:
 
     def ensure_manifest(self) -> None:
         """Create the namespace directory and write ``config.json`` once,
-        atomically. An existing manifest with other fields is refused."""
+        atomically. An existing manifest with other fields is refused; a root
+        that cannot be created or written is a :class:`StorageError` naming it."""
+        try:
+            self._ensure_manifest()
+        except FstierError:
+            raise
+        except OSError as exc:
+            raise self._storage_error(exc) from None
+
+    def _storage_error(self, exc: OSError) -> StorageError:
+        where = exc.filename or self.namespace_dir
+        return StorageError(
+            f"tier.root_dir {str(self.root)!r}: cannot create or write {str(where)!r} "
+            f"({exc.strerror or exc}); fix its permissions or mount, or choose another root_dir",
+            exc.errno,
+        )
+
+    def _ensure_manifest(self) -> None:
         self._check_root()
         self.namespace_dir.mkdir(mode=0o755, exist_ok=True)
         self._check_not_symlink(self.namespace_dir)

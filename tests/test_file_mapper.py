@@ -218,3 +218,16 @@ def test_expected_payload_scales_for_rank_private_groups(tmp_path: Path) -> None
 
 
 GOLDEN_DIGEST = "19a8a98142a42b47"
+
+
+def test_unwritable_root_is_a_storage_error_naming_it(tmp_path: Path) -> None:
+    from fstier.errors import StorageError
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / "blocker").write_text("a file where the root's parent should be")
+    m = FileMapper(make_config(ro / "blocker" / "root"))
+    with pytest.raises(StorageError, match="tier.root_dir") as info:
+        m.ensure_manifest()
+    assert "blocker" in str(info.value) and "choose another root_dir" in str(info.value)
+    assert isinstance(info.value, OSError)
