@@ -90,6 +90,8 @@ class PipelineParams:
     checksum: bool = True
     o_direct: str = "auto"
     rounds: int = 3
+    #: False: FsTier jobs only (slots are not staged), to attribute time
+    staging: bool = True
 
     @property
     def num_layers(self) -> int:
@@ -294,7 +296,8 @@ class Pipeline:
                     self.pool.free(pending.pop(r.job_id))
             slots = self.pool.alloc(nfiles)
             ts = time.perf_counter()
-            self.store_dep.stage_out(spec, slots)
+            if self.p.staging:
+                self.store_dep.stage_out(spec, slots)
             stage_s += time.perf_counter() - ts
             keys = [_key(round_id, start // bpf + f) for f in range(nfiles)]
             pending[c] = slots
@@ -323,7 +326,8 @@ class Pipeline:
                     raise SystemExit(f"load failed: {r}")
                 slots, spec = load_pending.pop(r.job_id)
                 ts = time.perf_counter()
-                self.load_dep.stage_in(slots, spec)
+                if self.p.staging:
+                    self.load_dep.stage_in(slots, spec)
                 stage_in_s += time.perf_counter() - ts
                 self.pool.free(slots)
         load_s = time.perf_counter() - t0
@@ -367,7 +371,7 @@ def run_pipeline(root: Path | None, p: PipelineParams, *, verify: bool = True, p
             else:
                 r = pipe.run_raw()
                 f = pipe.run_fstier(rnd)
-            if verify and rnd == 0:
+            if verify and p.staging and rnd == 0:
                 check_same_kv(pipe.store_dep, pipe.load_dep, p.num_layers)
             pipe.remove_round(rnd)
             pipe.load_dep.zero()
@@ -404,7 +408,7 @@ def run_pipeline(root: Path | None, p: PipelineParams, *, verify: bool = True, p
         "raw_read_gbps": raw_r,
         "store_ratio": gbps("store_s") / raw_w,
         "load_ratio": gbps("load_s") / raw_r,
-        "verified": verify,
+        "verified": verify and p.staging,
         "rounds": [asdict(x) for x in rounds],
     }
     return out
@@ -445,6 +449,7 @@ def main() -> None:
     ap.add_argument("--no-checksum", action="store_true")
     ap.add_argument("--o-direct", choices=["auto", "on", "off"], default="auto")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-staging", action="store_true", help="FsTier jobs only: attribute time to I/O vs staging")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -459,6 +464,7 @@ def main() -> None:
         checksum=not args.no_checksum,
         o_direct=args.o_direct,
         rounds=args.rounds,
+        staging=not args.no_staging,
     )
     with contextlib.suppress(KeyboardInterrupt):
         res = run_pipeline(args.root, p, progress=not args.json)
