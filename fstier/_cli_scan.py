@@ -161,7 +161,7 @@ def read_manifest(namespace_dir: Path) -> tuple[dict[str, Any] | None, str | Non
     path = namespace_dir / MANIFEST_NAME
     try:
         # O_NOFOLLOW: a manifest that is a symlink is not ours to read.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         return None, "no config.json"
     except OSError as exc:

@@ -215,6 +215,12 @@ class FileMapper:
         with self._lock:
             self._verified_dirs.add(key)
 
+    def forget_parent(self, path: Path) -> None:
+        """Drop ``path``'s directory from the verified cache, so the next
+        :meth:`ensure_parent` re-creates and re-checks it (it was removed)."""
+        with self._lock:
+            self._verified_dirs.discard(str(path.parent))
+
     def _check_root(self) -> None:
         try:
             self.root.mkdir(parents=True, exist_ok=True)

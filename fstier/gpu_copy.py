@@ -74,6 +74,14 @@ def _round_up(n: int, a: int = ALIGN) -> int:
     return -(-n // a) * a
 
 
+def _shm_free_bytes() -> int:
+    try:
+        st = os.statvfs(_SHM_DIR)
+    except OSError:
+        return -1
+    return st.f_bavail * st.f_frsize
+
+
 def _unlink_quiet(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -98,11 +106,20 @@ class HostBlockPool:
             raise PoolError(f"HostBlockPool: shared memory {name!r} already exists; pick another name") from None
         try:
             os.ftruncate(fd, size)
+            # Reserve the pages now: ftruncate alone makes a sparse tmpfs file,
+            # and prefaulting it on a too-small /dev/shm (Docker's default is
+            # 64 MiB) would kill the process with SIGBUS instead of an error.
+            os.posix_fallocate(fd, 0, size)
             mm = mmap.mmap(fd, size)
         except OSError as exc:
             os.close(fd)
             _unlink_quiet(path)
-            raise PoolError(f"HostBlockPool: cannot create {size} bytes of shared memory {name!r}: {exc}") from exc
+            free = _shm_free_bytes()
+            raise PoolError(
+                f"HostBlockPool: cannot create {size} bytes of shared memory {name!r} in "
+                f"{_SHM_DIR} ({exc.strerror or exc}; {free} bytes free there); raise the "
+                f"shared-memory size (e.g. docker --shm-size) or use fewer/smaller slots"
+            ) from exc
         os.close(fd)
         mm[: _HEADER.size] = _HEADER.pack(_MAGIC, num_slots, slot_bytes, os.getpid())
         self._setup(name, mm, num_slots, slot_bytes, owner=True)

@@ -98,12 +98,16 @@ _DEFAULT_POOL_BYTES = 256 << 20
 class JobResult:
     """The outcome of one store or load job.
 
-    ``keys_completed`` leading keys succeeded (for a load: the loaded prefix;
-    for a store: stored + skipped); ``keys_failed`` are misses to recompute
-    (load) or blocks not written (store). ``cause`` names the first failure
-    (an errno name such as ``ENOSPC``, ``timeout``, ``backpressure``,
-    ``degraded``, ``slot_busy``, a corrupt-file reason, ``ENOENT`` for a miss).
-    ``skipped`` counts stores of keys already present.
+    ``keys_completed`` is always a leading prefix: ``keys[:keys_completed]``
+    loaded (load) or are on disk (store: stored, or skipped as already
+    present), up to the first failure. ``keys_failed = len(keys) -
+    keys_completed`` are misses to recompute (load) or blocks not
+    acknowledged (store; a later key of a failed store job may still have
+    been written, and :class:`BlockStored` events list exactly which were).
+    ``cause`` names the first failure (an errno name such as ``ENOSPC``,
+    ``timeout``, ``backpressure``, ``degraded``, ``slot_busy``,
+    ``corrupt:<reason>``, or ``miss``). ``skipped`` counts stores of keys
+    already present.
     """
 
     job_id: Hashable
@@ -335,6 +339,15 @@ class _WriteBudget:
             self._metrics.queued_store_bytes.set(self.queued)
 
 
+#: Hits are recorded in memory and written to the files' mtimes (their LRU
+#: recency, read by every process's eviction and by ``fstier gc``) at most this
+#: often, and before every capacity pass: a hot block costs one metadata
+#: write per interval, not one per hit (a SETATTR round trip on NFS).
+_RECENCY_FLUSH_S = 5.0
+#: ... or as soon as this many distinct files are pending.
+_RECENCY_MAX_PENDING = 4096
+
+
 def _file_bytes(payload_len: int) -> int:
     """Bytes a block file of ``payload_len`` occupies (header + padded payload)."""
     return HEADER_SIZE + padded_len(payload_len)
@@ -408,6 +421,9 @@ class FsTier:
         self._usage: int | None = None
         self._usage_lock = threading.Lock()
         self._cap_lock = threading.Lock()  # one capacity pass at a time
+        self._recency_lock = threading.Lock()
+        self._recent: dict[str, None] = {}  # files hit since the last flush, in order
+        self._recency_flushed = time.monotonic()
         self._cap_wake = threading.Event()
         self._cap_stop = threading.Event()
         self._cap_thread: threading.Thread | None = None
@@ -692,9 +708,17 @@ class FsTier:
                 # timeout): replace the file rather than skip onto it.
                 with contextlib.suppress(FileNotFoundError):
                     posix.FS.unlink(path)
-            outcome = posix.store_block(posix.StoreRequest(path, header, view[:padded]), self.io_options)
+            request = posix.StoreRequest(path, header, view[:padded])
+            outcome = posix.store_block(request, self.io_options)
+            if outcome.status is posix.StoreStatus.FAILED and outcome.cause == "ENOENT":
+                # The fan-out directory was removed under us (an operator's
+                # rm -rf, another host, gc of empty dirs): re-create it once
+                # instead of failing every later store into it.
+                self.mapper.forget_parent(path)
+                self.mapper.ensure_parent(path)
+                outcome = posix.store_block(request, self.io_options)
             if outcome.status is posix.StoreStatus.SKIPPED:
-                self._touch(path)
+                self._note_recent(path)
             written = outcome.nbytes
             return outcome
         finally:
@@ -713,16 +737,38 @@ class FsTier:
                 self.io_options,
             )
             if outcome.status is posix.LoadStatus.LOADED:
-                self._touch(path)
+                self._note_recent(path)
             return outcome
         finally:
             self._op_ended(job, i, 0)
 
-    @staticmethod
-    def _touch(path: Path) -> None:
-        # Recency for LRU eviction: atime is unreliable (relatime/noatime).
-        with contextlib.suppress(OSError):
-            os.utime(path)
+    def _note_recent(self, path: Path) -> None:
+        """Record a hit. Recency lives in the file's mtime because atime is
+        unreliable (relatime/noatime); the write is batched per file."""
+        with self._recency_lock:
+            self._recent[os.fspath(path)] = None
+            due = (
+                len(self._recent) >= _RECENCY_MAX_PENDING
+                or time.monotonic() - self._recency_flushed >= _RECENCY_FLUSH_S
+            )
+        if due:  # on an I/O thread: a blocking utime here is fine
+            self._flush_recency()
+
+    def flush_recency(self) -> None:
+        """Write pending hit recency to the files' mtimes now (it is otherwise
+        written every few seconds and before each capacity pass), e.g. before
+        running ``fstier gc`` from another process."""
+        self._check_open()
+        self._flush_recency()
+
+    def _flush_recency(self) -> None:
+        """Bump the mtime of every file hit since the last flush, once each."""
+        with self._recency_lock:
+            paths, self._recent = self._recent, {}
+            self._recency_flushed = time.monotonic()
+        for p in paths:
+            with contextlib.suppress(OSError):  # evicted or replaced meanwhile
+                os.utime(p)
 
     def _on_late(self, pool_id: Hashable, op_index: int) -> None:
         """The pool says a timed-out op finally returned: unfence its slot."""
@@ -778,11 +824,14 @@ class FsTier:
         stored: list[BlockKey] = []
         present: list[BlockKey] = []
         skipped = failed = 0
+        prefix = 0  # leading keys on disk, up to the first failure
         nbytes = 0
         file_bytes = 0
         cause: str | None = None
         for i, r in enumerate(results):
             key = job.keys[i]
+            if failed == 0:
+                prefix = i
             if r is OP_CANCELLED:
                 failed += 1
                 cause = cause or "cancelled"
@@ -812,6 +861,8 @@ class FsTier:
             cause = cause or c
             self.metrics.failures.inc(c)
             self._breaker.failure(c)
+        if failed == 0:
+            prefix = len(results)
         self._cache.stored(stored + present, now)
         m = self.metrics
         m.stored_blocks.inc(len(stored))
@@ -824,7 +875,7 @@ class FsTier:
                 self._events.append(BlockStored(tuple(stored)))
             self._add_usage(file_bytes)
         return JobResult(
-            job.job_id, "store", failed == 0, len(stored) + skipped, failed, nbytes,
+            job.job_id, "store", failed == 0, prefix, len(results) - prefix, nbytes,
             seconds, cause, skipped,
         )
 
@@ -983,6 +1034,7 @@ class FsTier:
 
     def _capacity_pass(self, max_bytes: int | None) -> GcReport:
         tier = self.config.tier
+        self._flush_recency()  # eviction must see this process's latest hits
         with self._cap_lock:
             report = collect_garbage(
                 self.mapper.root,
@@ -1030,6 +1082,7 @@ class FsTier:
             if self._cap_thread is not None:
                 self._cap_thread.join()
             self._io.shutdown()
+            self._flush_recency()
             with self._lock:
                 executor, self._lookup_pool = self._lookup_pool, None
             if executor is not None:

@@ -176,8 +176,9 @@ def test_load_bumps_recency_so_hot_keys_survive(tmp_path: Path) -> None:
         before = hot_path.stat().st_mtime_ns
         tier.submit_load("l", keys(0, 3), [10, 11, 12])
         tier.drain()
-        assert hot_path.stat().st_mtime_ns > before
+        # Hits are batched in memory and written to mtimes before eviction.
         tier.run_capacity_pass(max_bytes=6 * FILE_BYTES)  # 9 files > 5.7 -> down to 3
+        assert hot_path.stat().st_mtime_ns > before
         assert tier.lookup(keys(0, 3)) == 3
         assert tier.lookup(keys(3, 6)) == 0
 
@@ -242,7 +243,9 @@ def test_eviction_while_another_process_loads_surviving_keys(tmp_path: Path) -> 
         result = json.loads(out.strip().splitlines()[-1])
         assert reader.returncode == 0
         assert result["rounds"] >= 5 and result["failures"] == 0
-        assert evictions >= 2
+        # The background capacity thread may do some of the passes, so count
+        # evicted files, not this loop's passes: 102 files into a 40-file cap.
+        assert tier.metrics.snapshot()["fstier_evicted_blocks_total"] >= 102 - 36
         assert scan_usage(root).block_bytes <= 0.9 * cap
         assert tier.lookup(keys(0, n_hot)) == n_hot
         assert tier.metrics.snapshot()["fstier_evicted_blocks_total"] > 0

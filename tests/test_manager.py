@@ -218,3 +218,49 @@ def test_prometheus_missing_extra_is_a_clear_error(tmp_path: Path, monkeypatch) 
 def test_payload_bytes_are_key_specific(tmp_path: Path) -> None:
     # guards the helpers: distinct keys must give distinct payloads
     assert payload_for(key(1), 128) != payload_for(key(2), 128)
+
+
+def test_store_keys_completed_is_a_prefix_of_keys_on_disk(tmp_path: Path, monkeypatch) -> None:
+    """keys[:keys_completed] must all be on disk: an engine advertises them."""
+    with open_tier(tmp_path / "root") as tier:
+        ks = keys(0, 4)
+        bad_path = str(tier.mapper.path_for(ks[1]).name)
+        real_open = posix.FS.open
+
+        def open_(path, flags, mode=0o777):
+            if bad_path in str(path) and flags & os.O_CREAT:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real_open(path, flags, mode)
+
+        monkeypatch.setattr(posix.FS, "open", open_)
+        res = store(tier, "s", ks)
+        monkeypatch.undo()
+        assert not res.success and res.cause == "ENOSPC"
+        assert res.keys_completed == 1 and res.keys_failed == 3
+        on_disk = [tier.mapper.path_for(k).exists() for k in ks]
+        assert all(on_disk[: res.keys_completed])
+        assert on_disk == [True, False, True, True]  # later keys were written all the same
+        stored = [e for e in tier.take_events() if isinstance(e, BlockStored)]
+        assert {k for e in stored for k in e.keys} == {ks[0], ks[2], ks[3]}
+
+
+def test_hits_bump_recency_once_per_file_per_flush(tmp_path: Path, monkeypatch) -> None:
+    """LRU recency costs one metadata write per file per flush, not one per
+    hit (a SETATTR round trip on NFS), and is written before eviction."""
+    import fstier.manager as manager_mod
+
+    with open_tier(tmp_path / "root") as tier:
+        ks = keys(0, 2)
+        store(tier, "s", ks)
+        paths = [tier.mapper.path_for(k) for k in ks]
+        old = paths[0].stat().st_mtime_ns - 3600 * 10**9
+        for p in paths:
+            os.utime(p, ns=(old, old))
+        calls: list[str] = []
+        real_utime = os.utime
+        monkeypatch.setattr(manager_mod.os, "utime", lambda p, *a, **k: (calls.append(p), real_utime(p, *a, **k)))
+        for j in range(20):
+            assert load(tier, f"l{j}", ks).success
+        tier.run_capacity_pass()  # flushes pending recency first
+        assert sorted(calls) == sorted(map(str, paths))
+        assert all(p.stat().st_mtime_ns > old + 3000 * 10**9 for p in paths)

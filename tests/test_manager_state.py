@@ -115,6 +115,7 @@ class FsTierMachine(RuleBasedStateMachine):
         # max_bytes such that the low watermark keeps `keep` files
         low = self.cfg.tier.low_watermark
         max_bytes = int((keep * FILE_BYTES + FILE_BYTES // 2) / low)
+        self.tier.flush_recency()  # recency of recent hits, as the pass will see it
         order = sorted(self.present, key=lambda k: self.tier.mapper.path_for(k).stat().st_mtime_ns)
         rep = self.tier.run_capacity_pass(max_bytes=max_bytes)
         removed = [k for e in self.tier.take_events() if isinstance(e, BlockRemoved) for k in e.keys]

@@ -645,7 +645,10 @@ def _load_once(req: LoadRequest, buf: memoryview, direct: bool, opts: IOOptions)
     path = Path(req.path)
     n = req.payload_len
     padded = padded_len(n)
-    flags = os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC
+    # O_NONBLOCK: a FIFO planted at a block path would block open() forever;
+    # with it the open returns and the S_ISREG check below rejects the file.
+    # It has no effect on regular files.
+    flags = os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | os.O_NONBLOCK
     if direct:
         flags |= O_DIRECT
     try:
@@ -760,7 +763,7 @@ class FileCheck:
 def read_header(path: str | Path) -> BlockHeader:
     """Decode a block file's header (no payload read). Raises
     :class:`BlockCorruptError` for a bad header and ``OSError`` for I/O."""
-    fd = FS.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+    fd = FS.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | os.O_NONBLOCK)
     try:
         buf = bytearray(HEADER_SIZE)
         got = _preadv_all(fd, [memoryview(buf)], 0)
@@ -781,9 +784,12 @@ def verify_file(
     """Check a block file without a caller buffer: header, size and, with
     ``full``, the payload checksum (streamed in 1 MiB chunks, so a hostile
     length never causes a large allocation). Raises ``OSError`` for I/O."""
-    fd = FS.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+    fd = FS.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | os.O_NONBLOCK)
     try:
-        size = FS.fstat(fd).st_size
+        st = FS.fstat(fd)
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode):
+            return FileCheck(False, "not_regular", None, size)
         buf = bytearray(HEADER_SIZE)
         if _preadv_all(fd, [memoryview(buf)], 0) < HEADER_SIZE:
             return FileCheck(False, "short_header", None, size)

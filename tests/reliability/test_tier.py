@@ -217,3 +217,53 @@ def test_eviction_races_loads_zero_wrong_bytes(tmp_path: Path) -> None:
         assert sum(f.stat().st_size for f in block_files(t.mapper.root)) <= 24 * 8192
     finally:
         t.close()
+
+
+# ------------------------------------------------------------------ rows 14/18: foreign file types
+def test_fifo_at_a_block_path_is_a_miss_not_a_hung_thread(tmp_path: Path) -> None:
+    """open() of a FIFO blocks until a writer appears; a planted FIFO must be a
+    quick miss, never a stuck read thread and a permanently fenced slot."""
+    import os
+
+    t = _tier(tmp_path / "root", io_timeout_s=5)
+    try:
+        key = key_for(1)
+        path = t.mapper.path_for(key)
+        t.mapper.ensure_parent(path)
+        os.mkfifo(path)
+        t0 = time.monotonic()
+        r, _ = _run(t, "load", [key])
+        assert not r.success and r.cause != "timeout", r
+        assert time.monotonic() - t0 < 3
+        assert t.fenced_slots == frozenset()
+        assert t.lookup([key]) == 0, "a key whose load failed must not stay a hit"
+        # The FIFO is not a block file fstier wrote: a store replaces nothing
+        # outside the rules and the next load still never hangs.
+        r2, _ = _run(t, "load", [key])
+        assert not r2.success and r2.cause != "timeout"
+    finally:
+        t.close()
+
+
+# ------------------------------------------------------------------ row 17: directories vanish
+def test_store_recovers_when_fanout_dirs_are_removed(tmp_path: Path) -> None:
+    """An operator's rm -rf (or another host) removes fan-out directories the
+    tier had already created: the next stores re-create them, no breaker trip."""
+    import shutil
+
+    t = _tier(tmp_path / "root", breaker_failures=2)
+    try:
+        assert _run(t, "store", [key_for(i) for i in range(4)])[0].success
+        for sub in t.mapper.blocks_dir.iterdir():
+            if sub.is_dir():
+                shutil.rmtree(sub)
+        # The same keys again: their directories are in the mapper's
+        # verified cache but gone from disk.
+        for i in range(4):
+            r, _ = _run(t, "store", [key_for(i)])
+            assert r.success, r
+        assert t.breaker_state == "closed"
+        r, got = _run(t, "load", [key_for(3)])
+        assert r.success and got[0] == payload_for(key_for(3), t.payload_bytes(key_for(3)))
+    finally:
+        t.close()
