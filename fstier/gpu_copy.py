@@ -521,13 +521,22 @@ class RankStager:
     def _cpu_copy(self, key: tuple[int, str, int], p: _Plan, ids: torch.Tensor, sidx: torch.Tensor, pidx: torch.Tensor, out: bool) -> None:
         src, dst = self._np_src[key], self._np_dst[key]
         if p.reps * p.num * p.size >= _PER_BLOCK_MIN_BYTES:
-            # Big blocks: one strided copy per block (no temporary, one pass).
-            for b, s, pg in zip(ids.tolist(), sidx.tolist(), pidx.tolist(), strict=True):
+            # Big blocks: strided copies without a temporary (one pass). Runs of
+            # consecutive block ids that land on consecutive pages of one slot
+            # (blocks_per_file > 1) move as one copy: each numpy call re-takes
+            # the GIL, which the I/O threads hold often (bench_pipeline, 64 KiB
+            # pages x 16 per file: 0.9 GB/s staging with one copy per block).
+            ni, ns, npg = ids.numpy(), sidx.numpy(), pidx.numpy()
+            n = len(ni)
+            brk = np.flatnonzero((np.diff(ni) != 1) | (np.diff(ns) != 0) | (np.diff(npg) != 1)) + 1
+            starts = [0, *brk.tolist()]
+            for a, e in zip(starts, [*brk.tolist(), n], strict=True):
+                b0, s0, pg0 = int(ni[a]), int(ns[a]), int(npg[a])
                 if out:
-                    dst[s, pg] = src[b]
+                    dst[s0, pg0 : pg0 + e - a] = src[b0 : b0 + e - a]
                 else:
-                    src[b] = dst[s, pg]
-            self.stats.ops += len(ids)
+                    src[b0 : b0 + e - a] = dst[s0, pg0 : pg0 + e - a]
+            self.stats.ops += len(starts)
         else:
             # Small blocks: one batched fancy-index copy for all blocks.
             ni, ns, npg = ids.numpy(), sidx.numpy(), pidx.numpy()
