@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import heapq
 import os
-import re
 import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from fstier._atomic import is_temp_name
+from fstier.file_mapper import BLOCK_NAME_RE
 from fstier.keys import BlockKey
 
 __all__ = [
@@ -49,7 +49,7 @@ __all__ = [
 #: Upper bound on eviction candidates held in memory by one pass (~100 B each).
 DEFAULT_MAX_CANDIDATES = 200_000
 
-_BLOCK_NAME = re.compile(r"^([0-9a-f]{16,128})-g([0-9]{1,5})\.bin$")
+_BLOCK_NAME = BLOCK_NAME_RE
 
 
 def is_block_name(name: str) -> bool:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fstier._atomic import is_temp_name
-from fstier.file_mapper import BLOCK_SUFFIX, MANIFEST_NAME
+from fstier.file_mapper import BLOCK_NAME_RE, BLOCK_SUFFIX, MANIFEST_NAME
 
 __all__ = [
     "FileEntry",
@@ -37,7 +37,7 @@ __all__ = [
     "scan_root",
 ]
 
-_BLOCK_NAME = re.compile(r"^([0-9a-f]{16,128})-g([0-9]+)\.bin$")
+_BLOCK_NAME = BLOCK_NAME_RE
 _RANK_DIR = re.compile(r"^r([0-9]+)$")
 
 

@@ -31,11 +31,14 @@ from fstier.config import FstierConfig, ModelSpec, ParallelSpec
 from fstier.errors import FstierError, NamespaceMismatchError, PathSafetyError, StorageError
 from fstier.keys import BlockKey
 
-__all__ = ["MANIFEST_NAME", "NAMESPACE_VERSION", "FileMapper", "is_parallel_agnostic", "safe_model_name"]
+__all__ = ["BLOCK_NAME_RE", "MANIFEST_NAME", "NAMESPACE_VERSION", "FileMapper", "is_parallel_agnostic", "safe_model_name"]
 
 MANIFEST_NAME = "config.json"
 NAMESPACE_VERSION = 1
 BLOCK_SUFFIX = ".bin"
+#: A block file's name, as :meth:`FileMapper.path_for` writes it: the key's
+#: hash in hex (8..64 bytes) and its group. Every reader of the tree uses this.
+BLOCK_NAME_RE = re.compile(r"^([0-9a-f]{16,128})-g([0-9]{1,5})\.bin$")
 _MAX_NAME = 64
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
