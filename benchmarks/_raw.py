@@ -144,3 +144,16 @@ class RawBaseline:
     def cleanup(self) -> None:
         for p in self.directory.glob("raw-*.bin"):
             p.unlink()
+
+
+def drop_caches(level: int = 3) -> bool:
+    """Drop the kernel's caches when permitted (root) so a "cold" phase is
+    cold: 1 = page cache, 2 = dentries and inodes, 3 = both. Returns whether
+    it happened."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write(f"{level}\n")
+        return True
+    except OSError:
+        return False

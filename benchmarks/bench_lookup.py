@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _raw import drop_caches  # the benchmarks dir is sys.path[0] for a script
+
 from fstier.config import parse_config
 from fstier.gpu_copy import HostBlockPool
 from fstier.keys import BlockKey
@@ -47,14 +49,6 @@ def _config(root: Path):
     )
 
 
-def _drop_caches() -> bool:
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("2\n")
-        return True
-    except OSError:
-        return False
 
 
 def _exists_prefix(paths: list[str]) -> int:
@@ -99,13 +93,13 @@ def run(sizes: list[int], root: Path, repeat: int) -> list[dict[str, object]]:
                 ),
             }
             for case, (ks, ps, expect) in cases.items():
-                dropped = _drop_caches()
+                dropped = drop_caches(2)
                 with FsTier(cfg, pool) as tier:
                     t0 = time.perf_counter()
                     got = tier.lookup(ks)
                     fs_cold = time.perf_counter() - t0
                     fs_warm, got_warm = _time(lambda t=tier, ks=ks: t.lookup(ks), repeat)
-                _drop_caches()
+                drop_caches(2)
                 t0 = time.perf_counter()
                 ex = _exists_prefix(ps)
                 ex_cold = time.perf_counter() - t0

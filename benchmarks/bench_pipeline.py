@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import xxhash  # noqa: E402
-from _raw import RawBaseline  # noqa: E402
+from _raw import RawBaseline, drop_caches  # noqa: E402
 
 from fstier._units import parse_size  # noqa: E402
 from fstier.config import FstierConfig, ParallelSpec, parse_config  # noqa: E402
@@ -226,14 +226,6 @@ def _wait_one(tier: FsTier) -> list[JobResult]:
         time.sleep(0.0005)
 
 
-def drop_page_cache() -> bool:
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 class Pipeline:
@@ -309,7 +301,7 @@ class Pipeline:
                 self.pool.free(pending.pop(r.job_id))
         store_s = time.perf_counter() - t0
 
-        drop_page_cache()
+        drop_caches()
         load_pending: dict[int, tuple[list[int], LoadStoreSpec]] = {}
         stage_in_s = 0.0
         t0 = time.perf_counter()
@@ -338,7 +330,7 @@ class Pipeline:
         self.raw.cleanup()
         sl = self.raw.store_large(t)
         sf = self.raw.store_files(t)
-        drop_page_cache()
+        drop_caches()
         ll = self.raw.load_large(t)
         lf = self.raw.load_files(t)
         self.raw.cleanup()
@@ -394,7 +386,7 @@ def run_pipeline(root: Path | None, p: PipelineParams, *, verify: bool = True, p
     out = {
         "params": {**asdict(p), "num_layers": p.num_layers, "num_blocks": p.num_blocks},
         "o_direct": pipe.o_direct,
-        "page_cache_dropped": drop_page_cache(),
+        "page_cache_dropped": drop_caches(),
         "bytes": total,
         "store_gbps": gbps("store_s"),
         "load_gbps": gbps("load_s"),

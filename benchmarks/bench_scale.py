@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import xxhash
+from _raw import drop_caches  # the benchmarks dir is sys.path[0] for a script
 
 from fstier.config import FstierConfig, parse_config
 from fstier.file_mapper import FileMapper
@@ -181,23 +182,13 @@ print(json.dumps({{"keys": len(keys), "hits": hits, "cold_s": cold, "warm_s": wa
 """
 
 
-def _drop_caches() -> bool:
-    """Drop the dentry/inode and page caches when permitted (root), so 'cold'
-    means cold. Returns whether it happened."""
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def measure(root: Path, files: int, fstier_bin: str) -> dict[str, Any]:
     steps: list[dict[str, Any]] = []
 
     def step(name: str, argv: list[str], cold: bool = True) -> dict[str, Any]:
-        dropped = _drop_caches() if cold else False
+        dropped = drop_caches() if cold else False
         r = _run_child(argv)
         r.update(name=name, cache_dropped=dropped, command=" ".join(argv))
         steps.append(r)
