@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Literal
 from fstier._capacity import GcReport, collect_garbage, key_from_block_name
 from fstier._metrics import TierMetrics
 from fstier.config import FstierConfig, load_config
-from fstier.errors import ConfigError, PoolError, TierClosedError
+from fstier.errors import ConfigError, IOPoolClosedError, PoolError, TierClosedError
 from fstier.file_mapper import BLOCK_SUFFIX, FileMapper
 from fstier.io import posix
 from fstier.io.blockfile import HEADER_SIZE, BlockHeader, ChecksumKind, padded_len, payload_checksum
@@ -348,6 +348,16 @@ _RECENCY_FLUSH_S = 5.0
 _RECENCY_MAX_PENDING = 4096
 
 
+def _bump_mtimes(paths: Sequence[str]) -> None:
+    for p in paths:
+        with contextlib.suppress(OSError):  # evicted or replaced meanwhile
+            os.utime(p)
+
+
+def _ignore_pool_job(_job: object) -> None:
+    """``on_done`` of recency jobs: nothing to report to the engine."""
+
+
 def _file_bytes(payload_len: int) -> int:
     """Bytes a block file of ``payload_len`` occupies (header + padded payload)."""
     return HEADER_SIZE + padded_len(payload_len)
@@ -424,6 +434,7 @@ class FsTier:
         self._recency_lock = threading.Lock()
         self._recent: dict[str, None] = {}  # files hit since the last flush, in order
         self._recency_flushed = time.monotonic()
+        self._recency_seq = 0
         self._cap_wake = threading.Event()
         self._cap_stop = threading.Event()
         self._cap_thread: threading.Thread | None = None
@@ -744,15 +755,28 @@ class FsTier:
 
     def _note_recent(self, path: Path) -> None:
         """Record a hit. Recency lives in the file's mtime because atime is
-        unreliable (relatime/noatime); the write is batched per file."""
+        unreliable (relatime/noatime); the writes are batched per file and run
+        as their own write-queue job, so no load waits for them."""
         with self._recency_lock:
             self._recent[os.fspath(path)] = None
             due = (
                 len(self._recent) >= _RECENCY_MAX_PENDING
                 or time.monotonic() - self._recency_flushed >= _RECENCY_FLUSH_S
             )
-        if due:  # on an I/O thread: a blocking utime here is fine
-            self._flush_recency()
+            paths = self._take_recent_locked() if due else []
+            self._recency_seq += 1
+            job_id = ("recency", self._recency_seq)
+        if paths:
+            try:
+                self._io.submit(job_id, "write", [partial(_bump_mtimes, paths)], on_done=_ignore_pool_job)
+            except IOPoolClosedError:  # the tier is closing: do it here
+                _bump_mtimes(paths)
+
+    def _take_recent_locked(self) -> list[str]:
+        paths = list(self._recent)
+        self._recent = {}
+        self._recency_flushed = time.monotonic()
+        return paths
 
     def flush_recency(self) -> None:
         """Write pending hit recency to the files' mtimes now (it is otherwise
@@ -764,11 +788,8 @@ class FsTier:
     def _flush_recency(self) -> None:
         """Bump the mtime of every file hit since the last flush, once each."""
         with self._recency_lock:
-            paths, self._recent = self._recent, {}
-            self._recency_flushed = time.monotonic()
-        for p in paths:
-            with contextlib.suppress(OSError):  # evicted or replaced meanwhile
-                os.utime(p)
+            paths = self._take_recent_locked()
+        _bump_mtimes(paths)
 
     def _on_late(self, pool_id: Hashable, op_index: int) -> None:
         """The pool says a timed-out op finally returned: unfence its slot."""

@@ -264,3 +264,22 @@ def test_hits_bump_recency_once_per_file_per_flush(tmp_path: Path, monkeypatch) 
         tier.run_capacity_pass()  # flushes pending recency first
         assert sorted(calls) == sorted(map(str, paths))
         assert all(p.stat().st_mtime_ns > old + 3000 * 10**9 for p in paths)
+
+
+def test_recency_flush_runs_as_background_write_job(tmp_path: Path, monkeypatch) -> None:
+    """When a flush is due, the mtime writes go to the write queue as their own
+    job: no load waits for them and the engine never sees that job."""
+    import fstier.manager as manager_mod
+
+    monkeypatch.setattr(manager_mod, "_RECENCY_FLUSH_S", 0.0)
+    with open_tier(tmp_path / "root") as tier:
+        ks = keys(0, 3)
+        store(tier, "s", ks)
+        old = tier.mapper.path_for(ks[0]).stat().st_mtime_ns - 3600 * 10**9
+        for k in ks:
+            os.utime(tier.mapper.path_for(k), ns=(old, old))
+        tier.submit_load("l", ks, [0, 1, 2])
+        assert tier.drain(30)
+        results = tier.get_finished()
+        assert [r.job_id for r in results] == ["l"] and results[0].success
+        assert all(tier.mapper.path_for(k).stat().st_mtime_ns > old + 3000 * 10**9 for k in ks)
