@@ -67,6 +67,9 @@ _MAGIC = b"FSTIERPOOL1\0"
 #: Per-block bytes of a plan from which one copy per block beats one batched
 #: fancy-index copy (which needs a temporary and a second pass).
 _PER_BLOCK_MIN_BYTES = 16 * 1024
+#: Per-block copies at least this big use torch's (parallel, vectorised)
+#: ``copy_``; smaller ones numpy's assignment, whose per-call cost is lower.
+_TORCH_COPY_MIN_BYTES = 256 * 1024
 _HEADER = struct.Struct("<12sQQQ")  # magic, num_slots, slot_bytes, creator pid
 
 
@@ -478,6 +481,10 @@ class RankStager:
                 self._np_src[key] = v
             for key, v in self._dst_views_list():
                 self._np_dst[key] = v
+        # The same views as torch tensors for big per-block copies: torch's
+        # strided copy of >= 256 KiB is ~1.1-1.4x numpy's assignment here.
+        self._t_src = {k: torch.from_numpy(v) for k, v in self._np_src.items()}
+        self._t_dst = {k: torch.from_numpy(v) for k, v in self._np_dst.items()}
         self._src_views = {
             (g, kind, i): self._src_view(p)
             for g, gp in enumerate(self._groups)
@@ -530,12 +537,21 @@ class RankStager:
             n = len(ni)
             brk = np.flatnonzero((np.diff(ni) != 1) | (np.diff(ns) != 0) | (np.diff(npg) != 1)) + 1
             starts = [0, *brk.tolist()]
+            block_bytes = p.reps * p.num * p.size
             for a, e in zip(starts, [*brk.tolist(), n], strict=True):
-                b0, s0, pg0 = int(ni[a]), int(ns[a]), int(npg[a])
-                if out:
-                    dst[s0, pg0 : pg0 + e - a] = src[b0 : b0 + e - a]
+                b0, s0, pg0, m = int(ni[a]), int(ns[a]), int(npg[a]), e - a
+                # torch's copy_ is faster for big copies, numpy's call cost
+                # lower for small ones (crossover ~256 KiB here).
+                if m * block_bytes >= _TORCH_COPY_MIN_BYTES:
+                    tsrc, tdst = self._t_src[key], self._t_dst[key]
+                    if out:
+                        tdst[s0, pg0 : pg0 + m].copy_(tsrc[b0 : b0 + m])
+                    else:
+                        tsrc[b0 : b0 + m].copy_(tdst[s0, pg0 : pg0 + m])
+                elif out:
+                    dst[s0, pg0 : pg0 + m] = src[b0 : b0 + m]
                 else:
-                    src[b0 : b0 + e - a] = dst[s0, pg0 : pg0 + e - a]
+                    src[b0 : b0 + m] = dst[s0, pg0 : pg0 + m]
             self.stats.ops += len(starts)
         else:
             # Small blocks: one batched fancy-index copy for all blocks.
