@@ -31,7 +31,7 @@ from pathlib import Path
 from _raw import drop_caches  # the benchmarks dir is sys.path[0] for a script
 
 from fstier.config import parse_config
-from fstier.gpu_copy import HostBlockPool
+from fstier.host_pool import HostBlockPool
 from fstier.keys import BlockKey
 from fstier.manager import FsTier
 

@@ -45,7 +45,7 @@ _LAZY = {
     "CanonicalKVCaches": "fstier.layout",
     "LoadStoreSpec": "fstier.layout",
     "allocate_cross_layer_kv_caches": "fstier.layout",
-    "HostBlockPool": "fstier.gpu_copy",
+    "HostBlockPool": "fstier.host_pool",
     "RankStager": "fstier.gpu_copy",
     "FsTier": "fstier.manager",
     "JobResult": "fstier.manager",
@@ -104,7 +104,8 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fstier.gpu_copy import HostBlockPool, RankStager
+    from fstier.gpu_copy import RankStager
+    from fstier.host_pool import HostBlockPool
     from fstier.layout import (
         CanonicalKVCaches,
         LoadStoreSpec,

@@ -68,7 +68,7 @@ from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool
 from fstier.keys import BlockKey
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fstier.gpu_copy import HostBlockPool
+    from fstier.host_pool import HostBlockPool
 
 __all__ = ["BlockRemoved", "BlockStored", "FsTier", "JobResult", "TierEvent"]
 
@@ -373,7 +373,7 @@ def _cause_of(result: object) -> str:
 class FsTier:
     """The filesystem tier for one (model, parallel layout, root) config.
 
-    ``pool`` is the :class:`~fstier.gpu_copy.HostBlockPool` whose slots jobs
+    ``pool`` is the :class:`~fstier.host_pool.HostBlockPool` whose slots jobs
     name; each slot must hold the largest file payload padded to 4096.
     """
 
@@ -456,7 +456,7 @@ class FsTier:
         cfg = config if isinstance(config, FstierConfig) else load_config(config)
         if pool is not None:
             return cls(cfg, pool)
-        from fstier.gpu_copy import HostBlockPool
+        from fstier.host_pool import HostBlockPool
 
         mapper = FileMapper(cfg)
         slot_bytes = max(

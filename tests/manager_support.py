@@ -12,7 +12,7 @@ from typing import Any
 from conftest import make_config
 
 from fstier.config import FstierConfig
-from fstier.gpu_copy import HostBlockPool
+from fstier.host_pool import HostBlockPool
 from fstier.keys import BlockKey
 from fstier.manager import FsTier
 

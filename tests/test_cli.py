@@ -334,7 +334,7 @@ def test_inspect_memory_does_not_grow_with_file_count(tmp_path: Path) -> None:
     is about that for 400 (tracemalloc measures Python allocations)."""
     import tracemalloc
 
-    from fstier._cli_scan import scan_root
+    from fstier.cli.scan import scan_root
 
     def tree(n: int) -> Path:
         root = tmp_path / f"root{n}"
@@ -359,7 +359,7 @@ def test_inspect_memory_does_not_grow_with_file_count(tmp_path: Path) -> None:
 
 
 def test_verify_progress_bar_path(tmp_path: Path) -> None:
-    from fstier._cli_verify import run_verify
+    from fstier.cli.verify import run_verify
 
     root = tmp_path / "root"
     store_blocks(make_config(root, groups=SMALL_GROUP), 3)

@@ -14,9 +14,9 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-import fstier._demo as demo_mod
-from fstier._cli_demo_engine import expected_blocks, layer_state_shape, model_seed
+import fstier.cli.demo as demo_mod
 from fstier.cli import main
+from fstier.cli.demo_engine import expected_blocks, layer_state_shape, model_seed
 from fstier.config import ModelSpec, ParallelSpec
 
 REPO = Path(__file__).resolve().parents[1]

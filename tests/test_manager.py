@@ -24,7 +24,7 @@ from manager_support import (
 )
 
 from fstier.errors import MetricsUnavailableError, PoolError, TierClosedError
-from fstier.gpu_copy import HostBlockPool
+from fstier.host_pool import HostBlockPool
 from fstier.io import posix
 from fstier.manager import BlockRemoved, BlockStored, FsTier, JobResult
 

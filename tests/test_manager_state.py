@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from manager_support import FILE_BYTES, fill, key, payload_for, slot_bytes, temp_files, tiny_config
 
-from fstier.gpu_copy import HostBlockPool
+from fstier.host_pool import HostBlockPool
 from fstier.keys import BlockKey
 from fstier.manager import BlockRemoved, BlockStored, FsTier
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from fstier.gpu_copy import HostBlockPool
+from fstier.host_pool import HostBlockPool
 from fstier.io import posix
 from fstier.manager import FsTier, JobResult
 

@@ -1,9 +1,9 @@
 """``fstier demo``: the end-to-end tour with real processes and real files.
 
 The parent process plays the engine's scheduler: it creates one
-:class:`~fstier.gpu_copy.HostBlockPool` (named shared memory) and owns the
+:class:`~fstier.host_pool.HostBlockPool` (named shared memory) and owns the
 :class:`~fstier.manager.FsTier` instances. Four spawned processes play GPU
-ranks (:mod:`fstier._cli_demo_engine`): they attach to the pool by name, hold
+ranks (:mod:`fstier.cli.demo_engine`): they attach to the pool by name, hold
 a synthetic KV cache each, and move bytes with a
 :class:`~fstier.gpu_copy.RankStager`. A store is "every rank of the storing
 deployment stages out into the same slots, then the parent stores the slots";
@@ -32,6 +32,7 @@ import logging
 import multiprocessing as mp
 import random
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -39,8 +40,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fstier._cli_demo_engine import Check, Fill, Quit, Reply, Setup, Stage, rank_main
-from fstier.config import FstierConfig, ModelSpec, ParallelSpec, TierConfig
+import click
+
+from fstier.cli._common import (
+    EXIT_FAILURE,
+    _console,
+    _emit_json,
+    _fmt_size,
+    _handle_errors,
+    _json_option,
+)
+from fstier.cli.demo_engine import Check, Fill, Quit, Reply, Setup, Stage, rank_main
+from fstier.config import FstierConfig, ModelSpec, ParallelSpec, TierConfig, load_config
 from fstier.errors import ConfigError, FstierError
 from fstier.file_mapper import FileMapper, is_parallel_agnostic
 from fstier.io.blockfile import HEADER_SIZE, padded_len
@@ -199,7 +210,7 @@ class _Ranks:
         # ranks from it (importing torch four times costs ~10 s of CPU on two
         # cores); forking the parent itself is unsafe once torch has threads.
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "fstier.gpu_copy", "fstier.layout", "fstier._cli_demo_engine"])
+        ctx.set_forkserver_preload(["torch", "fstier.gpu_copy", "fstier.layout", "fstier.cli.demo_engine"])
         self._conns: list[Any] = []
         self._procs: list[Any] = []
         for i in range(n):
@@ -268,7 +279,7 @@ class _Deployment:
 # -- the demo --------------------------------------------------------------------------
 class _Demo:
     def __init__(self, opts: DemoOptions, root: Path) -> None:
-        from fstier.gpu_copy import HostBlockPool
+        from fstier.host_pool import HostBlockPool
 
         self.opts = opts
         self.root = root
@@ -598,3 +609,61 @@ def run_demo(opts: DemoOptions) -> DemoReport:
                 status.stop()
         demo.report.seconds = time.perf_counter() - t0
         return demo.report
+
+
+# -- the command -----------------------------------------------------------
+@click.command("demo")
+@click.option("--root", "root", type=click.Path(file_okay=False), default=None, help="Root directory (default: a fresh temp dir, removed after).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None, help="YAML config: its tier settings (and a full-attention model) are used.")
+@click.option("--per-layer", is_flag=True, help="Allocate one KV tensor per layer instead of the cross-layer layout.")
+@_json_option
+@_handle_errors
+def demo_cmd(root: str | None, config_file: str | None, per_layer: bool, as_json: bool) -> None:
+    """The end-to-end tour: tp=2 ranks store, tp=4 ranks load, and every
+    fail-closed case (MLA, hybrid, corruption, restart). Exit 0 only when
+    every outcome matches what is expected."""
+    # The config first: a bad file is exit 2 before anything heavy is imported.
+    cfg = load_config(config_file) if config_file else None
+
+    show_progress = not as_json and sys.stderr.isatty()
+    opts = DemoOptions(
+        root=Path(root) if root else None,
+        config=cfg,
+        per_layer=per_layer,
+        progress=show_progress,
+    )
+    report = run_demo(opts)
+    if as_json:
+        _emit_json(report.to_json())
+    else:
+        _print_demo(report)
+    if not report.ok:
+        sys.exit(EXIT_FAILURE)
+
+
+def _print_demo(report: Any) -> None:
+    from rich.table import Table
+
+    console = _console()
+    table = Table(title=f"fstier demo ({report.layout} KV layout) root={report.root}")
+    for col in ("case", "expected", "outcome", "", "stored", "loaded", "bytes", "GB/s", "detail"):
+        table.add_column(col, overflow="fold")
+    for case in report.cases:
+        mark = "[green]ok[/green]" if case.ok else "[red]MISMATCH[/red]"
+        table.add_row(
+            case.name,
+            case.expected,
+            case.outcome,
+            mark,
+            str(case.stored_blocks),
+            str(case.loaded_blocks),
+            _fmt_size(case.bytes),
+            f"{case.gbps:.2f}" if case.gbps else "-",
+            case.detail,
+        )
+    console.print(table)
+    verdict = "[green]all outcomes as expected[/green]" if report.ok else "[red]some outcomes differ[/red]"
+    console.print(
+        f"store {report.store_gbps:.2f} GB/s, load {report.load_gbps:.2f} GB/s "
+        f"(o_direct={report.o_direct}); {verdict}; {report.seconds:.1f} s"
+    )

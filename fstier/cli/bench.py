@@ -31,6 +31,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import click
+
+from fstier.cli._common import (
+    EXIT_USAGE,
+    _console,
+    _emit_json,
+    _Fail,
+    _fmt_size,
+    _handle_errors,
+    _json_option,
+    _parse_size_option,
+)
 from fstier.io.blockfile import HEADER_SIZE, BlockHeader, header_for_payload, padded_len
 from fstier.io.posix import (
     IOOptions,
@@ -199,3 +211,41 @@ def run_bench(
         shutil.rmtree(work, ignore_errors=True)
         if own:
             shutil.rmtree(base, ignore_errors=True)
+
+
+# -- the command -----------------------------------------------------------
+@click.command("bench")
+@click.option("--root", "root", type=click.Path(file_okay=False), default=None, help="Directory to test (default: a temp dir).")
+@click.option("--block-size", "block_size", default="2MiB", show_default=True, help="Bytes per block file.")
+@click.option("--blocks", "num_blocks", type=int, default=256, show_default=True, help="Files per pass.")
+@click.option("--threads", type=int, default=8, show_default=True, help="I/O threads for both sides.")
+@_json_option
+@_handle_errors
+def bench_cmd(root: str | None, block_size: str, num_blocks: int, threads: int, as_json: bool) -> None:
+    """fstier store/load vs raw O_DIRECT on the same directory in the same run."""
+    size = _parse_size_option(block_size, "--block-size")
+    if size < 4096 or size % 4096:
+        raise _Fail(EXIT_USAGE, f"--block-size: must be a multiple of 4096, got {size}")
+    if num_blocks < 1:
+        raise _Fail(EXIT_USAGE, f"--blocks: must be >= 1, got {num_blocks}")
+    if threads < 1:
+        raise _Fail(EXIT_USAGE, f"--threads: must be >= 1, got {threads}")
+    result = run_bench(Path(root) if root else None, block_bytes=size, num_blocks=num_blocks, threads=threads)
+    if as_json:
+        _emit_json({"ok": True, **result})
+        return
+    from rich.table import Table
+
+    table = Table(title="fstier bench")
+    for col in ("op", "fstier GB/s", "raw O_DIRECT GB/s", "ratio"):
+        table.add_column(col)
+    for row in result["rows"]:
+        table.add_row(row["op"], f"{row['fstier_gbps']:.2f}", f"{row['raw_gbps']:.2f}", f"{row['ratio']:.2f}")
+    console = _console()
+    console.print(table)
+    console.print(
+        f"{result['num_blocks']} x {_fmt_size(size)} files, {threads} threads, median of "
+        f"{result['rounds']} rounds after a warm-up, on {result['root']} (o_direct={result['o_direct']})",
+        markup=False,
+    )
+

@@ -19,14 +19,28 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import click
+
 from fstier._capacity import key_from_block_name
-from fstier._cli_scan import FileKind, iter_namespace_dirs, iter_namespace_files, read_manifest
+from fstier.cli._common import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    _console,
+    _emit_json,
+    _existing_root,
+    _Fail,
+    _fmt_size,
+    _handle_errors,
+    _json_option,
+)
+from fstier.cli.scan import FileKind, iter_namespace_dirs, iter_namespace_files, read_manifest
 from fstier.io.posix import verify_file
 
 __all__ = ["BadFile", "NamespaceVerify", "VerifyReport", "run_verify"]
@@ -258,3 +272,62 @@ def run_verify(
             bar.stop()
     report.seconds = time.perf_counter() - t0
     return report
+
+
+# -- the command -----------------------------------------------------------
+@click.command("verify")
+@click.argument("root", type=click.Path(file_okay=False))
+@click.option("--namespace", "namespace", default=None, help="Only this namespace directory name.")
+@click.option("--fix", is_flag=True, help="Remove every bad block file (and stale temp files).")
+@click.option(
+    "--headers-only",
+    is_flag=True,
+    help="Check headers, keys and lengths but skip reading payloads (fast).",
+)
+@_json_option
+@_handle_errors
+def verify_cmd(root: str, namespace: str | None, fix: bool, headers_only: bool, as_json: bool) -> None:
+    """Read and check every block under ROOT (header, key, length, checksum).
+
+    Exit 1 when a bad file was found and not removed.
+    """
+    from fstier.cli.verify import run_verify
+
+    root_path = _existing_root(root)
+    if namespace is not None:
+        # One directory name, never a path: --fix must not reach outside ROOT.
+        ns_path = root_path / namespace
+        if namespace in ("", ".", "..") or "/" in namespace or "\0" in namespace:
+            raise _Fail(EXIT_USAGE, f"--namespace {namespace!r}: must be one directory name under ROOT (see fstier inspect)")
+        if ns_path.is_symlink() or not ns_path.is_dir():
+            raise _Fail(EXIT_USAGE, f"--namespace {namespace!r}: no such namespace directory under {root}")
+    show_progress = not as_json and sys.stderr.isatty()
+    report = run_verify(root_path, namespace=namespace, fix=fix, full=not headers_only, progress=show_progress)
+    if as_json:
+        _emit_json({"ok": report.ok, **report.to_json()})
+    else:
+        from rich.table import Table
+
+        console = _console()
+        table = Table(title=f"verify {root}" + (" (headers only)" if headers_only else ""))
+        for col in ("namespace", "checked", "ok", "bad", "removed", "bytes"):
+            table.add_column(col)
+        for ns in report.namespaces:
+            table.add_row(
+                ns.namespace, f"{ns.checked:,}", f"{ns.good:,}", f"{ns.bad:,}", f"{ns.removed:,}", _fmt_size(ns.bytes)
+            )
+        console.print(table)
+        for bad in report.bad[:50]:
+            state = "removed" if bad.removed else "kept"
+            console.print(f"bad: {bad.path}: {bad.reason} ({state})", markup=False)
+        if len(report.bad) > 50:
+            console.print(f"... and {len(report.bad) - 50} more (use --json for all)", markup=False)
+        verdict = "ok" if report.ok else "BAD FILES REMAIN (rerun with --fix to remove them)"
+        console.print(
+            f"{report.checked:,} file(s) checked in {report.seconds:.2f} s: {len(report.bad)} bad, "
+            f"{report.removed} removed; {verdict}",
+            markup=False,
+        )
+    if not report.ok:
+        sys.exit(EXIT_FAILURE)
+

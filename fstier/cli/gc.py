@@ -1,0 +1,104 @@
+"""``fstier gc``: LRU eviction down to a size and a stale temp-file sweep.
+
+A thin wrapper over :func:`fstier._capacity.collect_garbage`, the very code
+FsTier's background capacity manager runs, applied to a whole root (every
+namespace in it) with both watermarks at 1.0: the operator asked for
+``--max-bytes`` and gets at most that, no hysteresis.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fstier._capacity import collect_garbage
+from fstier.cli._common import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    _emit_json,
+    _existing_root,
+    _Fail,
+    _fmt_size,
+    _handle_errors,
+    _json_option,
+    _parse_size_option,
+)
+
+__all__ = ["run_gc"]
+
+
+def run_gc(root: Path, max_bytes: int, *, dry_run: bool, temp_max_age_s: float) -> dict[str, Any]:
+    """Run one gc over ``root``; returns the JSON-ready result."""
+    rep = collect_garbage(
+        root,
+        max_bytes,
+        low_watermark=1.0,
+        high_watermark=1.0,
+        temp_max_age_s=temp_max_age_s,
+        dry_run=dry_run,
+    )
+    return {
+        "root": str(root),
+        "dry_run": dry_run,
+        "max_bytes": max_bytes,
+        "files_before": rep.scanned_files,
+        "bytes_before": rep.scanned_bytes,
+        "evicted_files": rep.removed_files,
+        "evicted_bytes": rep.removed_bytes,
+        "kept_recently_used": rep.kept_recently_used,
+        "temp_removed": rep.temp_removed,
+        "temp_removed_bytes": rep.temp_removed_bytes,
+        "bytes_after": rep.final_bytes,
+        "errors": rep.errors,
+        "passes": rep.passes,
+        "seconds": round(rep.seconds, 3),
+    }
+
+
+# -- the command -----------------------------------------------------------
+@click.command("gc")
+@click.argument("root", type=click.Path(file_okay=False))
+@click.option("--max-bytes", "max_bytes", required=True, help="Target size, e.g. 500GiB or 2TB.")
+@click.option("--dry-run", is_flag=True, help="Report what would be removed; remove nothing.")
+@click.option(
+    "--temp-max-age",
+    "temp_max_age",
+    type=float,
+    default=3600.0,
+    show_default=True,
+    help="Seconds after which an orphan temp file is swept.",
+)
+@_json_option
+@_handle_errors
+def gc_cmd(root: str, max_bytes: str, dry_run: bool, temp_max_age: float, as_json: bool) -> None:
+    """Evict least-recently-used blocks under ROOT down to --max-bytes and sweep
+    stale temp files, with the same code as FsTier's capacity manager."""
+    from fstier.cli.gc import run_gc
+
+    limit = _parse_size_option(max_bytes, "--max-bytes")
+    if temp_max_age <= 0:
+        raise _Fail(EXIT_USAGE, f"--temp-max-age: must be > 0, got {temp_max_age}")
+    result = run_gc(_existing_root(root), limit, dry_run=dry_run, temp_max_age_s=temp_max_age)
+    ok = result["errors"] == 0
+    if as_json:
+        _emit_json({"ok": ok, **result})
+        if not ok:
+            sys.exit(EXIT_FAILURE)
+        return
+    verb = "would remove" if dry_run else "removed"
+    click.echo(
+        f"{root}: {_fmt_size(result['bytes_before'])} in {result['files_before']:,} block file(s); "
+        f"target {_fmt_size(limit)}"
+    )
+    click.echo(
+        f"{verb} {result['evicted_files']:,} block file(s) ({_fmt_size(result['evicted_bytes'])}) "
+        f"and {result['temp_removed']} stale temp file(s); "
+        f"{_fmt_size(result['bytes_after'])} remain"
+    )
+    if not ok:
+        click.echo(f"{result['errors']} file(s) could not be examined or removed (see above)", err=True)
+        sys.exit(EXIT_FAILURE)
+
