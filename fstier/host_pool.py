@@ -99,6 +99,10 @@ class HostBlockPool:
         self._u8.zero_()
         self._free = list(range(num_slots - 1, -1, -1))
         self._allocated: set[int] = set()
+        #: slots a timed-out I/O call may still write; kept off the free list
+        self._fenced: set[int] = set()
+        #: fenced slots the engine already freed: they return on unfence()
+        self._freed_fenced: set[int] = set()
         self._finalizer: weakref.finalize[[str], HostBlockPool] | None = weakref.finalize(self, _unlink_quiet, path)
 
     @classmethod
@@ -127,6 +131,8 @@ class HostBlockPool:
         self._u8[:, ::ALIGN].sum()
         self._free = []
         self._allocated = set()
+        self._fenced = set()
+        self._freed_fenced = set()
         self._finalizer = None
         return self
 
@@ -170,7 +176,47 @@ class HostBlockPool:
                     raise PoolError(f"HostBlockPool {self.name!r}: double free of slot {s}")
                 seen.add(s)
             self._allocated.difference_update(seen)
-            self._free.extend(seen)
+            held = seen & self._fenced
+            self._freed_fenced.update(held)
+            self._free.extend(seen - held)
+
+    # -- the SlotProvider contract (fstier.slots) ---------------------------
+    def check_slots(self, slots: Sequence[int]) -> None:
+        """Raise ``ValueError`` naming the first slot a job must not use: out
+        of range, or (in the creating process) not currently allocated."""
+        with self._lock:
+            for s in slots:
+                if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < self.num_slots:
+                    raise ValueError(
+                        f"HostBlockPool {self.name!r}: slot {s!r} is not a slot index in "
+                        f"0..{self.num_slots - 1}"
+                    )
+                if self.owner and s not in self._allocated:
+                    raise ValueError(
+                        f"HostBlockPool {self.name!r}: slot {s} is not allocated; take slots "
+                        "with alloc() and pass only slots you hold"
+                    )
+
+    def fence(self, i: int) -> None:
+        """Keep slot ``i`` from being handed out again until :meth:`unfence`
+        (a timed-out I/O call may still write it)."""
+        self._check_slot(i)
+        with self._lock:
+            self._fenced.add(i)
+
+    def unfence(self, i: int) -> None:
+        """The late call on slot ``i`` returned; a freed slot becomes free again."""
+        self._check_slot(i)
+        with self._lock:
+            self._fenced.discard(i)
+            if i in self._freed_fenced:
+                self._freed_fenced.discard(i)
+                self._free.append(i)
+
+    @property
+    def fenced(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self._fenced)
 
     @property
     def num_free(self) -> int:

@@ -1,0 +1,49 @@
+"""Slot providers: the fixed-size, writable host regions that FsTier moves
+bytes between and files.
+
+A *slot* is one region of host memory that holds one file's payload. FsTier
+never allocates or frees slots itself; a *provider* owns them:
+
+- :class:`~fstier.host_pool.HostBlockPool`, fstier's own shared, aligned
+  memory (slots are 4096-aligned and a multiple of 4096 long);
+- an engine's own rows, e.g. the rows of vLLM's primary CPU tier
+  (:mod:`fstier.integrations.vllm`), which may be neither.
+
+The contract a provider keeps:
+
+- ``slot_view(i)`` is a writable memoryview of exactly ``slot_bytes`` bytes;
+  FsTier never reads or writes outside it.
+- ``check_slots(slots)`` raises ``ValueError`` naming the first slot that a
+  job must not use now (not a slot of this provider, or not currently handed
+  out to the caller).
+- ``fence(i)`` / ``unfence(i)``: while a timed-out I/O call may still write
+  slot ``i``, the provider never hands that slot out again (a pool keeps it
+  off its free list even after the engine frees it); ``unfence`` is called
+  once the late call has returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+__all__ = ["SlotProvider"]
+
+
+@runtime_checkable
+class SlotProvider(Protocol):
+    """What FsTier needs of the memory its jobs name by slot index."""
+
+    @property
+    def num_slots(self) -> int: ...
+
+    @property
+    def slot_bytes(self) -> int: ...
+
+    def slot_view(self, i: int) -> memoryview: ...
+
+    def check_slots(self, slots: Sequence[int]) -> None: ...
+
+    def fence(self, i: int) -> None: ...
+
+    def unfence(self, i: int) -> None: ...
