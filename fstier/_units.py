@@ -64,7 +64,10 @@ def format_size(num: float) -> str:
     """Human-readable binary size, e.g. ``1.5 GiB``."""
     n = float(num)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+        # Compare what will be printed, not the raw value: 1073741823 bytes
+        # is 1023.99... MiB, which rounds to "1024.0 MiB" where "1.0 GiB" is meant.
+        shown = round(n) if unit == "B" else round(n, 1)
+        if abs(shown) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} PiB"

@@ -10,7 +10,9 @@ path, the bad value and what is expected, e.g.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -259,7 +261,22 @@ class TierConfig(BaseModel):
     @classmethod
     def _root_not_file(cls, value: Path) -> Path:
         value = Path(os.path.expanduser(value))
-        if value.exists() and not value.is_dir():
+        # os.stat, not Path.exists: exists() raises PermissionError (a
+        # traceback, not a config error) when a parent cannot be entered.
+        try:
+            st = os.stat(value)
+        except FileNotFoundError:
+            return value  # created on first use
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ValueError(f"{str(value)!r} is a symlink loop") from None
+            if exc.errno == errno.ENOTDIR:
+                raise ValueError(f"a parent of {str(value)!r} is a file, not a directory") from None
+            raise ValueError(
+                f"cannot reach {str(value)!r}: {exc.strerror or exc}; "
+                "choose a directory this user can enter, or fix the parents' permissions"
+            ) from None
+        if not stat.S_ISDIR(st.st_mode):
             raise ValueError(f"must be a directory, but {str(value)!r} is a file")
         return value
 
