@@ -154,7 +154,7 @@ class DemoReport:
             "load_gbps": round(self.load_gbps, 3),
             "root": self.root,
             "root_temporary": self.root_temporary,
-            "kv_layout": self.layout,
+            "cache_layout": self.layout,
             "o_direct": self.o_direct,
             "seconds": round(self.seconds, 2),
         }
@@ -677,7 +677,7 @@ def _print_demo(report: Any) -> None:
 
     console = _console()
     where = f"{report.root} (temporary, now deleted)" if report.root_temporary else report.root
-    table = Table(title=_cell(f"fstier demo ({report.layout} KV layout) root={where}"))
+    table = Table(title=_cell(f"fstier demo ({report.layout} KV cache) root={where}"))
     for col in ("case", "expected", "outcome", "", "stored", "loaded", "bytes", "GB/s", "detail"):
         table.add_column(col, overflow="fold")
     for case in report.cases:
