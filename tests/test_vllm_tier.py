@@ -451,3 +451,26 @@ def test_yaml_without_tier_section_or_with_unknown_section(tmp_path: Path) -> No
     c = tmp_path / "c.yaml"
     c.write_text(f"tier:\n  root_dir: {tmp_path}\nmodel:\n  name: ignored\n")
     assert fv.tier_config_from_options({"config": str(c)}).root_dir == tmp_path
+
+
+def test_fstier_cli_inspects_verifies_and_collects_a_vllm_root(tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from fstier.cli import main
+
+    root = tmp_path / "kv"
+    with tiering_manager(offloading_config([tier_cfg(root)])) as m:
+        store_request(m, "s", keys_for(14, 6))
+        ns = fstier_tier(m).mapper.namespace
+    runner = CliRunner()
+    res = runner.invoke(main, ["inspect", str(root), "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.output)["namespaces"]
+    assert (row["namespace"], row["files"]) == (ns, 6)
+    res = runner.invoke(main, ["verify", str(root), "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output  # verify exits 1 when it finds a bad block
+    res = runner.invoke(main, ["gc", str(root), "--max-bytes", "200KiB"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert len(block_files(root)) <= 2

@@ -242,6 +242,11 @@ class RowSlots:
         with self._lock:
             return frozenset(self._fenced)
 
+    def release(self) -> None:
+        """Drop this provider's export of the engine's buffer (after the last
+        I/O), so the engine can unmap it; slot views are invalid after."""
+        self._flat.release()
+
 
 # ------------------------------------------------------------------ options
 class _TierOnly(BaseModel):
@@ -705,4 +710,9 @@ else:
             try:
                 self._lookup.shutdown()
             finally:
-                self.fstier.close()
+                try:
+                    self.fstier.close()
+                finally:
+                    # vLLM unmaps the primary region next; a live export of it
+                    # would keep the mapping (and warn) past shutdown.
+                    self.rows.release()
