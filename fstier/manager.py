@@ -75,7 +75,8 @@ __all__ = ["BlockRemoved", "BlockStored", "FsTier", "JobResult", "TierEvent"]
 log = logging.getLogger("fstier.manager")
 
 #: Prior write speed before the first measurement (bytes/s). Conservative for
-#: NVMe (DESIGN §9 measures ~1.6 GB/s for new files) so an initial flood is
+#: NVMe (docs/architecture.md, "Facts of the machines": ~1.6 GB/s for new
+#: files) so an initial flood is
 #: bounded before any store has completed.
 _PRIOR_WRITE_BPS = 512e6
 _EMA_ALPHA = 0.2
