@@ -426,3 +426,34 @@ def test_config_error_example_in_docs_is_what_the_cli_prints(tmp_path: Path) -> 
     assert shown in text, shown
     with pytest.raises(ConfigError):
         load_config(bad)
+
+
+def test_demo_says_its_root_was_temporary(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The demo's zero-argument root is deleted before the report is printed:
+    the report must say so instead of showing a path that no longer exists."""
+    import fstier.cli.demo as demo_mod
+
+    roots: list[Path] = []
+
+    class FakeDemo:  # the real cases run in tests/test_demo.py; only the root matters here
+        def __init__(self, opts: Any, root: Path) -> None:
+            roots.append(root)
+            self.report = demo_mod.DemoReport(root=str(root), layout="cross-layer")
+            self.report.cases.append(demo_mod.CaseResult("share", "hit", "hit", 1, 1, True))
+
+        def run(self, status: Any = None) -> None:
+            assert roots[-1].is_dir()
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(demo_mod, "_Demo", FakeDemo)
+    res = run("demo")
+    assert res.exit_code == 0, res.output
+    assert f"{roots[-1]} (temporary, now deleted)" in " ".join(res.stdout.split()) and not roots[-1].exists()
+    doc = json.loads(run("demo", "--json").stdout)
+    assert doc["root_temporary"] is True and not Path(doc["root"]).exists()
+    kept = tmp_path / "kept"
+    res = run("demo", "--root", str(kept))
+    assert res.exit_code == 0 and "temporary" not in res.stdout and kept.is_dir()
+    assert json.loads(run("demo", "--root", str(kept), "--json").stdout)["root_temporary"] is False
