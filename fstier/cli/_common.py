@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import re
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 import click
 
 from fstier.errors import ConfigError, FstierError
+from fstier.file_mapper import MANIFEST_NAME
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -136,9 +138,7 @@ def _existing_root(root: str) -> Path:
         if exc.errno == errno.ENOTDIR:
             raise _Fail(EXIT_USAGE, f"ROOT {shown}: a parent of it is a file, not a directory") from None
         raise _Fail(EXIT_USAGE, f"ROOT {shown}: no such directory") from None
-    import stat as stat_mod
-
-    if not stat_mod.S_ISDIR(st.st_mode):
+    if not stat.S_ISDIR(st.st_mode):
         raise _Fail(EXIT_USAGE, f"ROOT {shown}: is a file, not a directory; give the tier's root_dir")
     if not os.access(p, os.R_OK | os.X_OK):
         raise _Fail(EXIT_USAGE, f"ROOT {shown}: permission denied (cannot list it); run as a user who can read it")
@@ -147,7 +147,7 @@ def _existing_root(root: str) -> Path:
 
 #: ``<safe model name>-<16 hex digits>``: how FileMapper names a namespace.
 _NAMESPACE_NAME = re.compile(r"^.+-[0-9a-f]{16}$")
-_MANIFEST = "config.json"
+_MANIFEST = MANIFEST_NAME
 
 
 def _fstier_root(root: str) -> Path:
