@@ -329,6 +329,13 @@ def test_not_an_fstier_root(tmp_path: Path) -> None:
     empty.mkdir()
     res = run("inspect", str(empty), "--json")
     assert res.exit_code == 0 and json.loads(res.stdout)["total_files"] == 0
+    # A freshly formatted volume (a Kubernetes PVC) is an empty root too: a
+    # gc CronJob must not fail on it before the first engine wrote anything.
+    (empty / "lost+found").mkdir()
+    (empty / ".snapshot").mkdir()
+    for cmd in (["inspect"], ["verify"], ["gc", "--max-bytes", "1GB"]):
+        res = run(*cmd, str(empty), "--json")
+        assert res.exit_code == 0, (cmd, res.output)
 
 
 def test_symlink_loop_as_root_is_named(tmp_path: Path) -> None:

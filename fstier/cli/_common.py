@@ -148,6 +148,10 @@ def _existing_root(root: str) -> Path:
 #: ``<safe model name>-<16 hex digits>``: how FileMapper names a namespace.
 _NAMESPACE_NAME = re.compile(r"^.+-[0-9a-f]{16}$")
 _MANIFEST = MANIFEST_NAME
+#: Entries a fresh volume or a shared mount holds before fstier wrote
+#: anything (ext4's lost+found; hidden names such as NetApp's .snapshot are
+#: skipped too): a root with only these is an empty root, not a foreign one.
+_ROOT_FURNITURE = frozenset({"lost+found"})
 
 
 def _fstier_root(root: str) -> Path:
@@ -159,7 +163,8 @@ def _fstier_root(root: str) -> Path:
     too deep: it is a namespace directory. A non-empty directory none of whose
     entries looks like a namespace (``/etc``, a home directory) is not a root
     at all: reporting "0 namespaces" there would read as a healthy empty tier.
-    An empty directory is a fresh root and is fine. Only top-level names are
+    An empty directory (or a fresh volume holding only ``lost+found`` and
+    hidden entries) is a fresh root and is fine. Only top-level names are
     read (namespaces are few), so this costs nothing on a big root.
     """
     p = _existing_root(root)
@@ -179,6 +184,8 @@ def _check_root_shape(p: Path, root: str) -> None:
     entries = 0
     with os.scandir(p) as it:
         for entry in it:
+            if entry.name in _ROOT_FURNITURE or entry.name.startswith("."):
+                continue  # what filesystems and tools put in any root
             entries += 1
             with contextlib.suppress(OSError):
                 if not entry.is_dir(follow_symlinks=False):
