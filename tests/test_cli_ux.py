@@ -248,6 +248,7 @@ def test_inspect_reports_unreadable_dirs_and_goes_on(root_with_locked_dir: tuple
     assert res.exit_code == 1
     doc = json.loads(res.stdout)
     assert doc["ok"] is False and doc["partial"] is True and doc["unreadable_count"] == 1
+    assert doc["exit_code"] == 1 and "totals are partial" in doc["error"]
     assert doc["unreadable"] == [{"path": str(locked), "error": "Permission denied"}]
     assert doc["total_files"] == 6 - len(inside)  # the rest was still counted
     res = run("inspect", str(root))
@@ -262,6 +263,7 @@ def test_verify_reports_unreadable_dirs_and_goes_on(root_with_locked_dir: tuple[
     assert res.exit_code == 1
     doc = json.loads(res.stdout)
     assert doc["ok"] is False and doc["partial"] is True
+    assert doc["exit_code"] == 1 and "PARTIAL" in doc["error"] and "--fix" not in doc["error"]
     assert doc["unreadable"] == [{"path": str(locked), "error": "Permission denied"}]
     assert doc["checked"] == 6 - len(inside) and doc["bad"] == []
     res = run("verify", str(root), "--fix")
@@ -278,6 +280,7 @@ def test_gc_names_what_it_could_not_read(root_with_locked_dir: tuple[Path, Path,
     assert "partial" in res.stderr and "listed above" in res.stderr
     doc = json.loads(run("gc", str(root), "--max-bytes", "1TB", "--json").stdout)
     assert doc["ok"] is False and doc["partial"] is True
+    assert doc["exit_code"] == 1 and "partial" in doc["error"]
     assert doc["failed"] == [{"path": str(locked), "error": "Permission denied"}]
 
 
@@ -464,3 +467,22 @@ def test_demo_says_its_root_was_temporary(monkeypatch: pytest.MonkeyPatch, tmp_p
     res = run("demo", "--root", str(kept))
     assert res.exit_code == 0 and "temporary" not in res.stdout and kept.is_dir()
     assert json.loads(run("demo", "--root", str(kept), "--json").stdout)["root_temporary"] is False
+
+
+def test_every_json_document_says_ok_and_exit_code(tmp_path: Path) -> None:
+    """Scripts read ``ok`` and ``exit_code`` from every document, success or
+    failure, and ``error`` from every failure (exit 1 reports included)."""
+    root = tmp_path / "root"
+    cfg = make_config(root, groups=SMALL_GROUP)
+    paths = store_blocks(cfg, 3)
+    config = write_yaml(tmp_path / "c.yaml", {"tier": {"root_dir": str(root)}, "model": {"name": "m", "groups": SMALL_GROUP}})
+    for argv in (["inspect", str(root)], ["verify", str(root)], ["gc", str(root), "--max-bytes", "1GiB"],
+                 ["config", "validate", str(config)], ["config", "show", str(config)]):
+        res = run(*argv, "--json")
+        doc = json.loads(res.stdout)
+        assert res.exit_code == 0 and doc["ok"] is True and doc["exit_code"] == 0 and "error" not in doc, argv
+    paths[0].write_bytes(b"\0" * 8192)  # a bad block: verify fails with exit 1
+    res = run("verify", str(root), "--json")
+    doc = json.loads(res.stdout)
+    assert res.exit_code == 1 == doc["exit_code"] and doc["ok"] is False
+    assert "BAD FILES REMAIN" in doc["error"]

@@ -75,6 +75,17 @@ def _json_safe(obj: Any) -> Any:
     return obj
 
 
+def _emit_report(doc: dict[str, Any], error: str | None = None) -> None:
+    """A command's JSON result with ``ok`` and ``exit_code`` first; a result
+    that fails the command (exit 1) carries ``error``, the one line the text
+    output ends with, like every other failure document."""
+    ok = error is None
+    head: dict[str, Any] = {"ok": ok, "exit_code": EXIT_OK if ok else EXIT_FAILURE}
+    if error is not None:
+        head["error"] = _display(error)
+    _emit_json({**head, **{k: v for k, v in doc.items() if k not in head}})
+
+
 def _emit_json(obj: Any) -> None:
     # Lone surrogates are legal in Python strings but not in UTF-8 JSON that
     # other languages' parsers accept: print undecodable names escaped.

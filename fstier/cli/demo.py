@@ -48,7 +48,7 @@ from fstier.cli._common import (
     EXIT_FAILURE,
     _cell,
     _console,
-    _emit_json,
+    _emit_report,
     _fmt_size,
     _handle_errors,
     _json_option,
@@ -685,7 +685,7 @@ def demo_cmd(root: str | None, config_file: str | None, per_layer: bool, as_json
     )
     report = run_demo(opts)
     if as_json:
-        _emit_json(report.to_json())
+        _emit_report(report.to_json(), None if report.ok else "some outcomes differ from what is expected (see cases)")
     else:
         _print_demo(report)
     if not report.ok:
