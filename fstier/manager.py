@@ -25,9 +25,15 @@ engine's scheduler owns one :class:`FsTier`; it never blocks in it:
   loads fail fast. Then it is half-open: the next jobs run, a success closes
   it, a failure reopens it. Each transition is logged once.
 - **Fencing.** An op past ``io_timeout_s`` is reported failed, but its thread
-  may still write into the slot later; that slot is fenced (jobs naming it
-  fail with ``slot_busy``) until the pool's ``on_late`` callback says the
-  stuck call returned.
+  may still write into the slot later (or, for a store, read it and publish
+  what it reads); that slot is fenced until the pool's ``on_late`` callback
+  says the stuck call returned: jobs naming it fail with ``slot_busy``, and
+  the slot provider (:mod:`fstier.slots`) is told to ``fence`` it, so a slot
+  the engine frees is not handed out again before the late call is over.
+  No byte written by an op after its job was reported reaches a later job.
+- **Slots** must be currently handed out by the provider
+  (``check_slots``): a job naming a slot the caller does not hold is a
+  ``ValueError``, as are malformed keys in any call, ``lookup`` included.
 - **Capacity.** With ``max_bytes``, usage is scanned once at start (streaming,
   on the capacity thread) and then tracked incrementally; above the high
   watermark the capacity thread removes least-recently-used files down to the
@@ -531,6 +537,7 @@ class FsTier:
         n = len(keys)
         if n == 0:
             return 0
+        self._check_keys(keys, "lookup")
         if not self._breaker.allow():
             self.metrics.lookup_keys.inc(n)
             self.metrics.misses.inc()
@@ -592,28 +599,45 @@ class FsTier:
             raise ValueError(
                 f"job {job_id!r}: {len(keys)} keys but {len(slots)} slots; one slot per key"
             )
+        self._check_keys(keys, f"job {job_id!r}")
         num_slots = self._pool.num_slots
-        ngroups = len(self._payload_len)
-        for k, s in zip(keys, slots, strict=True):
-            if not isinstance(k, BlockKey):
-                raise ValueError(f"job {job_id!r}: keys must be BlockKey, got {type(k).__name__}")
-            if k.group_idx >= ngroups:
-                raise ValueError(
-                    f"job {job_id!r}: key group {k.group_idx} does not exist (model has {ngroups})"
-                )
+        for s in slots:
             if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < num_slots:
                 raise ValueError(
                     f"job {job_id!r}: slot {s!r} is not a slot index in 0..{num_slots - 1}"
                 )
         if len(set(slots)) != len(slots):
             raise ValueError(f"job {job_id!r}: a slot appears twice; one slot per key")
+        # The provider knows which slots the caller holds now: a slot that was
+        # never allocated, or was freed, may be handed to someone else at any
+        # time, so moving bytes through it is refused (issue 15 item 10).
+        try:
+            self._pool.check_slots(slots)
+        except ValueError as exc:
+            raise ValueError(f"job {job_id!r}: {exc}") from None
 
-    def _finish_now(
+    def _check_keys(self, keys: Sequence[BlockKey], what: str) -> None:
+        """Every element a :class:`BlockKey` of a group this model has, or a
+        ``ValueError`` naming the first that is not."""
+        ngroups = len(self._payload_len)
+        for i, k in enumerate(keys):
+            if not isinstance(k, BlockKey):
+                raise ValueError(
+                    f"{what}: keys[{i}] is {k!r} ({type(k).__name__}); keys must be BlockKey, "
+                    "e.g. from fstier.chain_hashes"
+                )
+            if k.group_idx >= ngroups:
+                raise ValueError(
+                    f"{what}: keys[{i}]: group {k.group_idx} does not exist "
+                    f"(the model has {ngroups} group(s))"
+                )
+
+    def _finish_now_locked(
         self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str
     ) -> None:
-        result = JobResult(job_id, kind, n == 0, 0, n, 0, 0.0, None if n == 0 else cause)
-        with self._lock:
-            self._finished.append(result)
+        self._finished.append(
+            JobResult(job_id, kind, n == 0, 0, n, 0, 0.0, None if n == 0 else cause)
+        )
 
     def submit_store(
         self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]
@@ -641,42 +665,40 @@ class FsTier:
         self._reap()
         n = len(keys)
         keys_t, slots_t = tuple(keys), tuple(slots)
-        if n == 0:
-            self._finish_now(job_id, kind, 0, "")
-            return
-        if not self._breaker.allow():
-            if kind == "store":
-                self.metrics.drops.inc("degraded", n)
-            else:
-                self.metrics.failures.inc("degraded", n)
-            self._finish_now(job_id, kind, n, "degraded")
-            return
         op_bytes = tuple(self._payload_len[k.group_idx] for k in keys_t)
+        # Every outcome, even one decided at once (empty, degraded, slot busy,
+        # backpressure), is taken under one lock after the duplicate-id check:
+        # otherwise a second job "J" that finishes at once would report a
+        # result for a "J" still in flight (issue 15 item 9).
         with self._lock:
             if job_id in self._user_ids:
                 raise ValueError(f"job id {job_id!r} is already in flight; job ids must be unique")
+            if n == 0:
+                self._finish_now_locked(job_id, kind, 0, "")
+                return
+            if not self._breaker.allow():
+                if kind == "store":
+                    self.metrics.drops.inc("degraded", n)
+                else:
+                    self.metrics.failures.inc("degraded", n)
+                self._finish_now_locked(job_id, kind, n, "degraded")
+                return
             if any(s in self._fenced for s in slots_t):
-                busy = True
-            else:
-                busy = False
-                if kind == "store" and not self._budget.admit(sum(map(_file_bytes, op_bytes))):
-                    self.metrics.drops.inc("backpressure", n)
-                    self._finished.append(
-                        JobResult(job_id, kind, False, 0, n, 0, 0.0, "backpressure")
-                    )
-                    return
-                pool_id = self._next_pool_id
-                self._next_pool_id += 1
-                job = _Job(
-                    pool_id, job_id, kind, keys_t, slots_t, op_bytes, time.perf_counter(),
-                    op_open=[kind == "store"] * n,
-                )
-                self._jobs[pool_id] = job
-                self._user_ids.add(job_id)
-        if busy:
-            self.metrics.failures.inc("slot_busy", n)
-            self._finish_now(job_id, kind, n, "slot_busy")
-            return
+                self.metrics.failures.inc("slot_busy", n)
+                self._finish_now_locked(job_id, kind, n, "slot_busy")
+                return
+            if kind == "store" and not self._budget.admit(sum(map(_file_bytes, op_bytes))):
+                self.metrics.drops.inc("backpressure", n)
+                self._finish_now_locked(job_id, kind, n, "backpressure")
+                return
+            pool_id = self._next_pool_id
+            self._next_pool_id += 1
+            job = _Job(
+                pool_id, job_id, kind, keys_t, slots_t, op_bytes, time.perf_counter(),
+                op_open=[kind == "store"] * n,
+            )
+            self._jobs[pool_id] = job
+            self._user_ids.add(job_id)
         if kind == "store":
             ops: list[Callable[[], object]] = [partial(self._store_op, job, i) for i in range(n)]
             self._io.submit(pool_id, "write", ops)
@@ -797,6 +819,9 @@ class FsTier:
             for slot, owner in list(self._fenced.items()):
                 if owner == (pool_id, op_index):
                     del self._fenced[slot]
+                    # Only now may the provider hand the slot out again: the
+                    # late call can no longer write it.
+                    self._pool.unfence(slot)
                     log.info("fstier: slot %d released; its timed-out I/O returned", slot)
                     self._idle.notify_all()
                     return
@@ -827,7 +852,14 @@ class FsTier:
             if owner in self._late:
                 self._late.discard(owner)
             else:
-                self._fenced[job.slots[i]] = owner
+                slot = job.slots[i]
+                self._fenced[slot] = owner
+                # The provider's fence outlives the engine's free(): without
+                # it, alloc() hands the slot out again, new bytes are staged
+                # into it, and the stuck read overwrites them (issue 15 item
+                # 1). Fenced here, before the job's result is published, so
+                # the engine cannot have freed the slot yet.
+                self._pool.fence(slot)
         if reserved:
             self._budget.release(reserved, 0)
         log.warning(

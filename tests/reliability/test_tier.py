@@ -267,3 +267,88 @@ def test_store_recovers_when_fanout_dirs_are_removed(tmp_path: Path) -> None:
         assert r.success and got[0] == payload_for(key_for(3), t.payload_bytes(key_for(3)))
     finally:
         t.close()
+
+
+# ------------------------------------------------------------------ row 24
+def test_late_read_never_reaches_a_reallocated_slot(tmp_path: Path, ops: FaultyOps) -> None:
+    """Issue 15 item 1, end to end with a real hanging read: the load of A
+    times out, the engine frees its slot and allocates again, stages B's bytes,
+    the stuck read returns (writing A's bytes into the slot it was given),
+    and B is stored and loaded. Before the pool knew of the fence, alloc()
+    handed the same slot back and B's file was published holding A's bytes
+    with a valid checksum: a later load reported success with wrong bytes."""
+    t = _tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=100)
+    pool: HostBlockPool = t.pool
+    release = threading.Event()
+    returned = threading.Event()
+    try:
+        a, b = key_for(1), key_for(2)
+        n = t.payload_bytes(a)
+        assert _run(t, "store", [a])[0].success
+        hung = threading.Event()
+
+        def hang_first(real: Any, fd: int, bufs: Any, off: int) -> int:
+            if hung.is_set():
+                return int(real(fd, bufs, off))
+            hung.set()
+            release.wait(10)  # a read stuck in the kernel (hung NFS server)
+            try:
+                return int(real(fd, bufs, off))  # ... which then lands in its buffer
+            finally:
+                returned.set()
+
+        ops.hooks["preadv"] = hang_first
+        (slot,) = pool.alloc(1)
+        t.submit_load("a", [a], [slot])
+        assert t.drain(10)
+        (res,) = t.get_finished()
+        assert (res.success, res.cause) == (False, "timeout")
+        assert pool.fenced == frozenset({slot})
+        # The engine is done with the failed job: free, allocate, stage B.
+        pool.free([slot])
+        (again,) = pool.alloc(1)
+        assert again != slot, "a fenced slot must not be handed out while its read may land"
+        pool.slot_view(again)[:n] = payload_for(b, n)
+        release.set()
+        assert returned.wait(10) and t.wait_fences_released(10)
+        t.submit_store("b", [b], [again])
+        assert t.drain(10)
+        assert t.get_finished()[0].success
+        pool.free([again])
+        r, got = _run(t, "load", [b])
+        assert r.success and got[0] == payload_for(b, n), "B loaded with another block's bytes"
+        # The late call returned: its slot is free again, nothing leaked.
+        assert pool.fenced == frozenset() and pool.num_free == pool.num_slots
+    finally:
+        release.set()
+        t.close()
+
+
+def test_timed_out_store_keeps_its_slot_off_the_free_list(tmp_path: Path, ops: FaultyOps) -> None:
+    """A timed-out store may still be reading its slot (and would publish
+    whatever it reads under its key): the slot is fenced in the pool too."""
+    t = _tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=100)
+    pool: HostBlockPool = t.pool
+    release = threading.Event()
+    try:
+        def hang(real: Any, fd: int, bufs: Any, off: int) -> int:
+            release.wait(10)
+            return int(real(fd, bufs, off))
+
+        ops.hooks["pwritev"] = hang
+        (slot,) = pool.alloc(1)
+        pool.slot_view(slot)[: t.payload_bytes(key_for(5))] = payload_for(key_for(5), t.payload_bytes(key_for(5)))
+        t.submit_store("s", [key_for(5)], [slot])
+        assert t.drain(10)
+        assert t.get_finished()[0].cause == "timeout"
+        pool.free([slot])
+        assert slot not in pool.alloc(pool.num_free)
+        ops.hooks.clear()
+        release.set()
+        assert t.wait_fences_released(10)
+        assert pool.fenced == frozenset() and pool.num_free == 1  # the fenced slot came back
+        for f in block_files(t.mapper.root):
+            assert posix.verify_file(f).ok
+    finally:
+        release.set()
+        t.close()
