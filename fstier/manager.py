@@ -19,8 +19,10 @@ engine's scheduler owns one :class:`FsTier`; it never blocks in it:
   wall time the write queue was busy) bounds queued store bytes to
   ``max_write_queue_seconds`` of work; beyond it, new stores are dropped with
   cause ``backpressure`` (a future miss, never a blocked caller).
-- **Circuit breaker.** ``breaker_failures`` consecutive I/O failures (errno
-  errors or deadline misses; never misses or corrupt files) open the breaker
+- **Circuit breaker.** ``breaker_failures`` consecutive failures that say
+  the device or mount is failing (EIO, EROFS, ESTALE, ENOTCONN, network
+  errnos, deadline misses; never misses, corrupt files, a FIFO, socket or
+  directory planted at a block path, permissions or a full disk) open the breaker
   for ``breaker_cooldown_s``: lookups return 0, stores drop (``degraded``),
   loads fail fast. Then it is half-open: the next jobs run, a success closes
   it, a failure reopens it. Each transition is logged once.
@@ -367,6 +369,24 @@ def _ignore_pool_job(_job: object) -> None:
 def _file_bytes(payload_len: int) -> int:
     """Bytes a block file of ``payload_len`` occupies (header + padded payload)."""
     return HEADER_SIZE + padded_len(payload_len)
+
+
+#: Causes that say the device or mount is failing: only these count toward
+#: the circuit breaker. Anything about one file (a FIFO, socket or directory
+#: planted at a block path, a permission, a name) is that file's problem: the
+#: key is a miss, and the tier keeps serving every other key (issue 15 item 7:
+#: eight planted FIFOs used to degrade the whole tier). A full disk (ENOSPC,
+#: EDQUOT) is not failing either: loads still work and eviction frees space.
+_DEVICE_CAUSES = frozenset({
+    "timeout", "EIO", "EROFS", "ESTALE", "ENOTCONN", "ENODEV", "ENOMEDIUM", "ESHUTDOWN",
+    "ETIMEDOUT", "EHOSTDOWN", "EHOSTUNREACH", "ENETDOWN", "ENETUNREACH", "ENETRESET",
+    "ECONNREFUSED", "ECONNRESET", "ECONNABORTED", "ENOLINK", "EREMOTEIO", "EUCLEAN",
+})
+#: Load errors that mean "what is at the block path is not a block file":
+#: ``not_regular`` (a FIFO or directory: fstat says so), ENXIO (a socket
+#: refuses open), EISDIR, ENOTDIR (a file planted where a fan-out directory
+#: belongs). They are bad files: a miss with cause ``bad_file:<why>``.
+_BAD_FILE_CAUSES = frozenset({"not_regular", "ENXIO", "EISDIR", "ENOTDIR"})
 
 
 def _cause_of(result: object) -> str:
@@ -913,7 +933,7 @@ class FsTier:
             failed += 1
             cause = cause or c
             self.metrics.failures.inc(c)
-            self._breaker.failure(c)
+            self._breaker_failure(c)
         if failed == 0:
             prefix = len(results)
         self._cache.stored(stored + present, now)
@@ -931,6 +951,12 @@ class FsTier:
             job.job_id, "store", failed == 0, prefix, len(results) - prefix, nbytes,
             seconds, cause, skipped,
         )
+
+    def _breaker_failure(self, cause: str) -> None:
+        """Count ``cause`` toward the breaker only if it says the device or
+        mount is failing (see ``_DEVICE_CAUSES``)."""
+        if cause in _DEVICE_CAUSES:
+            self._breaker.failure(cause)
 
     def _finish_load(self, job: _Job, results: list[object]) -> JobResult:
         prefix = 0
@@ -952,7 +978,7 @@ class FsTier:
             if r is OP_TIMED_OUT:
                 self._timed_out(job, i)
                 c = "timeout"
-                self._breaker.failure(c)
+                self._breaker_failure(c)
             elif r is OP_CANCELLED:
                 c = "cancelled"
             elif isinstance(r, posix.LoadOutcome) and r.status is posix.LoadStatus.MISSING:
@@ -963,14 +989,20 @@ class FsTier:
                 log.warning("fstier: corrupt block %r removed: %s %s", key, r.cause, r.detail)
                 if r.removed:
                     removed.append(key)
+            elif isinstance(r, posix.LoadOutcome) and r.cause in _BAD_FILE_CAUSES:
+                c = f"bad_file:{r.cause}"
+                log.warning(
+                    "fstier: %r: the block path holds no block file (%s); a miss. Remove "
+                    "whatever was placed at %s", key, r.detail or r.cause, self._path_str(key),
+                )
             elif isinstance(r, posix.LoadOutcome):
                 c = r.cause or "load_error"
                 log.warning("fstier: load of %r failed: %s (%s)", key, c, r.detail)
-                self._breaker.failure(c)
+                self._breaker_failure(c)
             else:
                 c = _cause_of(r)
                 log.warning("fstier: load of %r failed: %s", key, r)
-                self._breaker.failure(c)
+                self._breaker_failure(c)
             if cause is None:
                 cause = c
             self.metrics.failures.inc(c.split(":")[0])

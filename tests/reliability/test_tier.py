@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
+import shutil
+import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -352,3 +356,79 @@ def test_timed_out_store_keeps_its_slot_off_the_free_list(tmp_path: Path, ops: F
     finally:
         release.set()
         t.close()
+
+
+# ------------------------------------------------------------------ row 25
+def _plant(path: Path, kind: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dir":
+        path.mkdir()
+        (path / "someone-elses.txt").write_bytes(b"not ours")
+    elif kind == "socket":
+        # AF_UNIX paths are capped at 108 bytes: bind short, then move it.
+        short = Path(tempfile.mkdtemp(prefix="fs")) / "s"
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(short))
+        s.close()
+        os.replace(short, path)
+        short.parent.rmdir()
+    else:  # a regular file where the fan-out directory belongs: ENOTDIR
+        shutil.rmtree(path.parent)
+        path.parent.write_bytes(b"not a directory")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs and unix sockets")
+def test_planted_non_regular_files_are_misses_not_breaker_failures(tmp_path: Path) -> None:
+    """Issue 15 item 7: eight FIFOs, directories or sockets at block paths made
+    every good load fail ``degraded`` for the cool-down. They are bad files:
+    misses counted as ``bad_file``, never device failures, and left in place
+    (fstier removes only what it wrote)."""
+    t = _tier(tmp_path / "root", breaker_failures=2, breaker_cooldown_s=60)
+    try:
+        good = [key_for(i) for i in range(4)]
+        assert _run(t, "store", good)[0].success
+        kinds = ["fifo", "dir", "socket", "fifo", "dir", "socket", "fifo", "notdir"]
+        planted = [key_for(100 + i) for i in range(len(kinds))]
+        for k, kind in zip(planted, kinds, strict=True):
+            _plant(t.mapper.path_for(k), kind)
+        causes = []
+        for k in planted:
+            r, _ = _run(t, "load", [k])
+            assert not r.success and r.keys_completed == 0
+            causes.append(r.cause)
+        assert t.breaker_state == "closed", causes
+        assert sorted(set(causes)) == [
+            "bad_file:ENOTDIR", "bad_file:ENXIO", "bad_file:not_regular",
+        ]
+        assert t.metrics.snapshot()["fstier_failures_total"] == {"bad_file": 8}
+        assert t.metrics.breaker_trips.value == 0
+        assert t.lookup(planted[:1]) == 0  # a bad key stays a miss
+        # Every good key is still served, at once.
+        assert t.lookup(good) == 4
+        r, got = _run(t, "load", good)
+        assert r.success and got == [payload_for(k, t.payload_bytes(k)) for k in good]
+        # A store onto a planted directory fails (rename cannot replace it) and
+        # does not count toward the breaker either; the directory stays.
+        for _ in range(3):
+            r, _ = _run(t, "store", [planted[1]])
+            assert not r.success
+        assert t.breaker_state == "closed"
+        assert (t.mapper.path_for(planted[1]) / "someone-elses.txt").read_bytes() == b"not ours"
+    finally:
+        t.close()
+
+
+def test_device_errors_still_trip_the_breaker(tmp_path: Path, ops: FaultyOps) -> None:
+    """The other side of row 25: EIO and EROFS say the mount is failing."""
+    for code in (errno.EIO, errno.EROFS):
+        t = _tier(tmp_path / f"root{code}", breaker_failures=2, breaker_cooldown_s=60)
+        try:
+            ops.hooks["open"] = raise_errno(code)
+            _run(t, "store", [key_for(1)])
+            _run(t, "store", [key_for(2)])
+            assert t.breaker_state == "open"
+        finally:
+            ops.hooks.clear()
+            t.close()
