@@ -31,6 +31,7 @@ from fstier.cli._common import (
     _progress,
     _show_progress,
 )
+from fstier.config import MAX_TEMP_AGE_SECONDS
 
 #: Paths that failed, printed in the text report (all of them go to --json).
 MAX_LISTED = 50
@@ -96,8 +97,14 @@ def gc_cmd(root: str, max_bytes: str, dry_run: bool, temp_max_age: float, as_jso
     """Evict least-recently-used blocks under ROOT down to --max-bytes and sweep
     stale temp files, with the same code as FsTier's capacity manager."""
     limit = _parse_size_option(max_bytes, "--max-bytes")
-    if temp_max_age <= 0:
-        raise _Fail(EXIT_USAGE, f"--temp-max-age: must be > 0, got {temp_max_age}")
+    # Checked before ROOT: nan/inf used to pass "<= 0" and crash the pass with
+    # OverflowError (issue 15 item 5). Same bounds as tier.temp_max_age_s.
+    if not 0 < temp_max_age <= MAX_TEMP_AGE_SECONDS:
+        raise _Fail(
+            EXIT_USAGE,
+            f"--temp-max-age: must be a finite number of seconds in (0, {MAX_TEMP_AGE_SECONDS:.0f}], "
+            f"got {temp_max_age}",
+        )
     result = run_gc(
         _fstier_root(root), limit, dry_run=dry_run, temp_max_age_s=temp_max_age, progress=_show_progress(as_json)
     )
