@@ -6,13 +6,18 @@
 # click). `make test`, `make reliability` and `make lint` add the extras
 # dev, metrics and examples (pytest, hypothesis, ruff, mypy,
 # prometheus-client, transformers).
+# `make test` also installs vLLM's CPU-importable offloading modules (vLLM
+# itself with --no-deps, then requirements-vllm.txt; never triton or nvidia-*)
+# so the FstierTier tests run against vLLM's real classes; `make demo` does not.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fstier-installed
 DEV_STAMP := $(VENV)/.fstier-dev-installed
+VLLM_STAMP := $(VENV)/.vllm-installed
+VLLM_NODEPS := vllm==0.33.0 xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2
 
-.PHONY: demo test reliability bench lint install clean
+.PHONY: demo test reliability bench bench-vllm lint install install-vllm clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,12 +32,20 @@ $(DEV_STAMP): $(STAMP)
 
 install: $(DEV_STAMP)
 
+$(VLLM_STAMP): requirements-vllm.txt $(STAMP)
+	$(BIN)/python -m pip install --quiet --no-deps $(VLLM_NODEPS)
+	$(BIN)/python -m pip install --quiet -r requirements-vllm.txt
+	$(BIN)/python -c "import vllm.v1.kv_offload.tiering.manager"
+	touch $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/fstier demo
 
 # pytest exit 5 means "no tests collected": treat it as a failure.
-test: $(DEV_STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"; rc=$$?; \
+# FSTIER_REQUIRE_VLLM=1: a vLLM that fails to import fails the vLLM tests
+# instead of skipping them.
+test: $(DEV_STAMP) $(VLLM_STAMP)
+	FSTIER_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -m "not slow"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
 reliability: $(DEV_STAMP)
@@ -41,7 +54,10 @@ reliability: $(DEV_STAMP)
 bench: $(STAMP)
 	$(BIN)/fstier bench
 
-lint: $(DEV_STAMP)
+bench-vllm: $(STAMP) $(VLLM_STAMP)
+	$(BIN)/python benchmarks/bench_vllm_tier.py
+
+lint: $(DEV_STAMP) $(VLLM_STAMP)
 	$(BIN)/ruff check fstier tests benchmarks examples
 	$(BIN)/mypy fstier
 
