@@ -224,6 +224,12 @@ def collect_garbage(
     """
     if max_bytes is not None and max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes}")
+    # inf made int(temp_max_age_s * 1e9) raise OverflowError in every pass,
+    # silently disabling eviction (issue 15 item 5).
+    if not (isinstance(temp_max_age_s, int | float) and 0 < temp_max_age_s <= 1e10):
+        raise ValueError(
+            f"temp_max_age_s must be a finite number of seconds > 0, got {temp_max_age_s!r}"
+        )
     if not 0.0 <= low_watermark <= 1.0 or not 0.0 < high_watermark <= 1.0:
         raise ValueError(
             f"watermarks must be fractions in (0, 1], got low={low_watermark} high={high_watermark}"

@@ -19,15 +19,23 @@ engine's scheduler owns one :class:`FsTier`; it never blocks in it:
   wall time the write queue was busy) bounds queued store bytes to
   ``max_write_queue_seconds`` of work; beyond it, new stores are dropped with
   cause ``backpressure`` (a future miss, never a blocked caller).
-- **Circuit breaker.** ``breaker_failures`` consecutive I/O failures (errno
-  errors or deadline misses; never misses or corrupt files) open the breaker
+- **Circuit breaker.** ``breaker_failures`` consecutive failures that say
+  the device or mount is failing (EIO, EROFS, ESTALE, ENOTCONN, network
+  errnos, deadline misses; never misses, corrupt files, a FIFO, socket or
+  directory planted at a block path, permissions or a full disk) open the breaker
   for ``breaker_cooldown_s``: lookups return 0, stores drop (``degraded``),
   loads fail fast. Then it is half-open: the next jobs run, a success closes
   it, a failure reopens it. Each transition is logged once.
 - **Fencing.** An op past ``io_timeout_s`` is reported failed, but its thread
-  may still write into the slot later; that slot is fenced (jobs naming it
-  fail with ``slot_busy``) until the pool's ``on_late`` callback says the
-  stuck call returned.
+  may still write into the slot later (or, for a store, read it and publish
+  what it reads); that slot is fenced until the pool's ``on_late`` callback
+  says the stuck call returned: jobs naming it fail with ``slot_busy``, and
+  the slot provider (:mod:`fstier.slots`) is told to ``fence`` it, so a slot
+  the engine frees is not handed out again before the late call is over.
+  No byte written by an op after its job was reported reaches a later job.
+- **Slots** must be currently handed out by the provider
+  (``check_slots``): a job naming a slot the caller does not hold is a
+  ``ValueError``, as are malformed keys in any call, ``lookup`` included.
 - **Capacity.** With ``max_bytes``, usage is scanned once at start (streaming,
   on the capacity thread) and then tracked incrementally; above the high
   watermark the capacity thread removes least-recently-used files down to the
@@ -76,7 +84,8 @@ __all__ = ["BlockRemoved", "BlockStored", "FsTier", "JobResult", "TierEvent"]
 log = logging.getLogger("fstier.manager")
 
 #: Prior write speed before the first measurement (bytes/s). Conservative for
-#: NVMe (DESIGN §9 measures ~1.6 GB/s for new files) so an initial flood is
+#: NVMe (docs/architecture.md, "Facts of the machines": ~1.6 GB/s for new
+#: files) so an initial flood is
 #: bounded before any store has completed.
 _PRIOR_WRITE_BPS = 512e6
 _EMA_ALPHA = 0.2
@@ -369,6 +378,24 @@ def _file_bytes(payload_len: int) -> int:
     return HEADER_SIZE + padded_len(payload_len)
 
 
+#: Causes that say the device or mount is failing: only these count toward
+#: the circuit breaker. Anything about one file (a FIFO, socket or directory
+#: planted at a block path, a permission, a name) is that file's problem: the
+#: key is a miss, and the tier keeps serving every other key (issue 15 item 7:
+#: eight planted FIFOs used to degrade the whole tier). A full disk (ENOSPC,
+#: EDQUOT) is not failing either: loads still work and eviction frees space.
+_DEVICE_CAUSES = frozenset({
+    "timeout", "EIO", "EROFS", "ESTALE", "ENOTCONN", "ENODEV", "ENOMEDIUM", "ESHUTDOWN",
+    "ETIMEDOUT", "EHOSTDOWN", "EHOSTUNREACH", "ENETDOWN", "ENETUNREACH", "ENETRESET",
+    "ECONNREFUSED", "ECONNRESET", "ECONNABORTED", "ENOLINK", "EREMOTEIO", "EUCLEAN",
+})
+#: Load errors that mean "what is at the block path is not a block file":
+#: ``not_regular`` (a FIFO or directory: fstat says so), ENXIO (a socket
+#: refuses open), EISDIR, ENOTDIR (a file planted where a fan-out directory
+#: belongs). They are bad files: a miss with cause ``bad_file:<why>``.
+_BAD_FILE_CAUSES = frozenset({"not_regular", "ENXIO", "EISDIR", "ENOTDIR"})
+
+
 def _cause_of(result: object) -> str:
     if isinstance(result, OSError):
         return errno.errorcode.get(result.errno or 0, type(result).__name__)
@@ -562,6 +589,7 @@ class FsTier:
         n = len(keys)
         if n == 0:
             return 0
+        self._check_keys(keys, "lookup")
         if not self._breaker.allow():
             self.metrics.lookup_keys.inc(n)
             self.metrics.misses.inc()
@@ -667,28 +695,45 @@ class FsTier:
             raise ValueError(
                 f"job {job_id!r}: {len(keys)} keys but {len(slots)} slots; one slot per key"
             )
+        self._check_keys(keys, f"job {job_id!r}")
         num_slots = self._pool.num_slots
-        ngroups = len(self._payload_len)
-        for k, s in zip(keys, slots, strict=True):
-            if not isinstance(k, BlockKey):
-                raise ValueError(f"job {job_id!r}: keys must be BlockKey, got {type(k).__name__}")
-            if k.group_idx >= ngroups:
-                raise ValueError(
-                    f"job {job_id!r}: key group {k.group_idx} does not exist (model has {ngroups})"
-                )
+        for s in slots:
             if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < num_slots:
                 raise ValueError(
                     f"job {job_id!r}: slot {s!r} is not a slot index in 0..{num_slots - 1}"
                 )
         if len(set(slots)) != len(slots):
             raise ValueError(f"job {job_id!r}: a slot appears twice; one slot per key")
+        # The provider knows which slots the caller holds now: a slot that was
+        # never allocated, or was freed, may be handed to someone else at any
+        # time, so moving bytes through it is refused (issue 15 item 10).
+        try:
+            self._pool.check_slots(slots)
+        except ValueError as exc:
+            raise ValueError(f"job {job_id!r}: {exc}") from None
 
-    def _finish_now(
+    def _check_keys(self, keys: Sequence[BlockKey], what: str) -> None:
+        """Every element a :class:`BlockKey` of a group this model has, or a
+        ``ValueError`` naming the first that is not."""
+        ngroups = len(self._payload_len)
+        for i, k in enumerate(keys):
+            if not isinstance(k, BlockKey):
+                raise ValueError(
+                    f"{what}: keys[{i}] is {k!r} ({type(k).__name__}); keys must be BlockKey, "
+                    "e.g. from fstier.chain_hashes"
+                )
+            if k.group_idx >= ngroups:
+                raise ValueError(
+                    f"{what}: keys[{i}]: group {k.group_idx} does not exist "
+                    f"(the model has {ngroups} group(s))"
+                )
+
+    def _finish_now_locked(
         self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str
     ) -> None:
-        result = JobResult(job_id, kind, n == 0, 0, n, 0, 0.0, None if n == 0 else cause)
-        with self._lock:
-            self._finished.append(result)
+        self._finished.append(
+            JobResult(job_id, kind, n == 0, 0, n, 0, 0.0, None if n == 0 else cause)
+        )
 
     def submit_store(
         self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]
@@ -716,42 +761,40 @@ class FsTier:
         self._reap()
         n = len(keys)
         keys_t, slots_t = tuple(keys), tuple(slots)
-        if n == 0:
-            self._finish_now(job_id, kind, 0, "")
-            return
-        if not self._breaker.allow():
-            if kind == "store":
-                self.metrics.drops.inc("degraded", n)
-            else:
-                self.metrics.failures.inc("degraded", n)
-            self._finish_now(job_id, kind, n, "degraded")
-            return
         op_bytes = tuple(self._payload_len[k.group_idx] for k in keys_t)
+        # Every outcome, even one decided at once (empty, degraded, slot busy,
+        # backpressure), is taken under one lock after the duplicate-id check:
+        # otherwise a second job "J" that finishes at once would report a
+        # result for a "J" still in flight (issue 15 item 9).
         with self._lock:
             if job_id in self._user_ids:
                 raise ValueError(f"job id {job_id!r} is already in flight; job ids must be unique")
+            if n == 0:
+                self._finish_now_locked(job_id, kind, 0, "")
+                return
+            if not self._breaker.allow():
+                if kind == "store":
+                    self.metrics.drops.inc("degraded", n)
+                else:
+                    self.metrics.failures.inc("degraded", n)
+                self._finish_now_locked(job_id, kind, n, "degraded")
+                return
             if any(s in self._fenced for s in slots_t):
-                busy = True
-            else:
-                busy = False
-                if kind == "store" and not self._budget.admit(sum(map(_file_bytes, op_bytes))):
-                    self.metrics.drops.inc("backpressure", n)
-                    self._finished.append(
-                        JobResult(job_id, kind, False, 0, n, 0, 0.0, "backpressure")
-                    )
-                    return
-                pool_id = self._next_pool_id
-                self._next_pool_id += 1
-                job = _Job(
-                    pool_id, job_id, kind, keys_t, slots_t, op_bytes, time.perf_counter(),
-                    op_open=[kind == "store"] * n,
-                )
-                self._jobs[pool_id] = job
-                self._user_ids.add(job_id)
-        if busy:
-            self.metrics.failures.inc("slot_busy", n)
-            self._finish_now(job_id, kind, n, "slot_busy")
-            return
+                self.metrics.failures.inc("slot_busy", n)
+                self._finish_now_locked(job_id, kind, n, "slot_busy")
+                return
+            if kind == "store" and not self._budget.admit(sum(map(_file_bytes, op_bytes))):
+                self.metrics.drops.inc("backpressure", n)
+                self._finish_now_locked(job_id, kind, n, "backpressure")
+                return
+            pool_id = self._next_pool_id
+            self._next_pool_id += 1
+            job = _Job(
+                pool_id, job_id, kind, keys_t, slots_t, op_bytes, time.perf_counter(),
+                op_open=[kind == "store"] * n,
+            )
+            self._jobs[pool_id] = job
+            self._user_ids.add(job_id)
         if kind == "store":
             ops: list[Callable[[], object]] = [partial(self._store_op, job, i) for i in range(n)]
             self._io.submit(pool_id, "write", ops)
@@ -890,6 +933,9 @@ class FsTier:
             for slot, owner in list(self._fenced.items()):
                 if owner == (pool_id, op_index):
                     del self._fenced[slot]
+                    # Only now may the provider hand the slot out again: the
+                    # late call can no longer write it.
+                    self._pool.unfence(slot)
                     log.info("fstier: slot %d released; its timed-out I/O returned", slot)
                     self._idle.notify_all()
                     return
@@ -920,7 +966,14 @@ class FsTier:
             if owner in self._late:
                 self._late.discard(owner)
             else:
-                self._fenced[job.slots[i]] = owner
+                slot = job.slots[i]
+                self._fenced[slot] = owner
+                # The provider's fence outlives the engine's free(): without
+                # it, alloc() hands the slot out again, new bytes are staged
+                # into it, and the stuck read overwrites them (issue 15 item
+                # 1). Fenced here, before the job's result is published, so
+                # the engine cannot have freed the slot yet.
+                self._pool.fence(slot)
         if reserved:
             self._budget.release(reserved, 0)
         log.warning(
@@ -974,7 +1027,7 @@ class FsTier:
             failed += 1
             cause = cause or c
             self.metrics.failures.inc(c)
-            self._breaker.failure(c)
+            self._breaker_failure(c)
         if failed == 0:
             prefix = len(results)
         self._cache.stored(stored + present, now)
@@ -992,6 +1045,12 @@ class FsTier:
             job.job_id, "store", failed == 0, prefix, len(results) - prefix, nbytes,
             seconds, cause, skipped,
         )
+
+    def _breaker_failure(self, cause: str) -> None:
+        """Count ``cause`` toward the breaker only if it says the device or
+        mount is failing (see ``_DEVICE_CAUSES``)."""
+        if cause in _DEVICE_CAUSES:
+            self._breaker.failure(cause)
 
     def _finish_load(self, job: _Job, results: list[object]) -> JobResult:
         prefix = 0
@@ -1013,7 +1072,7 @@ class FsTier:
             if r is OP_TIMED_OUT:
                 self._timed_out(job, i)
                 c = "timeout"
-                self._breaker.failure(c)
+                self._breaker_failure(c)
             elif r is OP_CANCELLED:
                 c = "cancelled"
             elif isinstance(r, posix.LoadOutcome) and r.status is posix.LoadStatus.MISSING:
@@ -1024,14 +1083,20 @@ class FsTier:
                 log.warning("fstier: corrupt block %r removed: %s %s", key, r.cause, r.detail)
                 if r.removed:
                     removed.append(key)
+            elif isinstance(r, posix.LoadOutcome) and r.cause in _BAD_FILE_CAUSES:
+                c = f"bad_file:{r.cause}"
+                log.warning(
+                    "fstier: %r: the block path holds no block file (%s); a miss. Remove "
+                    "whatever was placed at %s", key, r.detail or r.cause, self._path_str(key),
+                )
             elif isinstance(r, posix.LoadOutcome):
                 c = r.cause or "load_error"
                 log.warning("fstier: load of %r failed: %s (%s)", key, c, r.detail)
-                self._breaker.failure(c)
+                self._breaker_failure(c)
             else:
                 c = _cause_of(r)
                 log.warning("fstier: load of %r failed: %s", key, r)
-                self._breaker.failure(c)
+                self._breaker_failure(c)
             if cause is None:
                 cause = c
             self.metrics.failures.inc(c.split(":")[0])

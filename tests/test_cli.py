@@ -425,3 +425,14 @@ def test_example_yaml_with_fstier_from_config(tmp_path: Path) -> None:
         tier.close()
     doc = json.loads(run_cli("inspect", str(tmp_path / "root"), "--json").output)
     assert doc["namespaces"][0]["model"] == "meta-llama/Llama-3.1-8B-Instruct"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e400", "-inf", "0", "1e12"])
+def test_gc_temp_max_age_must_be_finite_and_in_range(tmp_path: Path, value: str) -> None:
+    """`fstier gc --temp-max-age nan` crashed with a traceback (issue 15 item 5)."""
+    root = tmp_path / "root"
+    store_blocks(make_config(root, groups=SMALL_GROUP), 1)
+    res = CliRunner().invoke(main, ["gc", str(root), "--max-bytes", "1GiB", f"--temp-max-age={value}"])
+    assert res.exit_code == 2, res.output
+    assert "--temp-max-age: must be a finite number of seconds in (0, 31536000]" in res.output
+    assert "Traceback" not in res.output

@@ -21,7 +21,7 @@ from fstier.cli._common import (
     EXIT_FAILURE,
     EXIT_USAGE,
     _display,
-    _emit_json,
+    _emit_report,
     _Fail,
     _fmt_size,
     _fstier_root,
@@ -31,6 +31,7 @@ from fstier.cli._common import (
     _progress,
     _show_progress,
 )
+from fstier.config import MAX_TEMP_AGE_SECONDS
 
 #: Paths that failed, printed in the text report (all of them go to --json).
 MAX_LISTED = 50
@@ -96,14 +97,26 @@ def gc_cmd(root: str, max_bytes: str, dry_run: bool, temp_max_age: float, as_jso
     """Evict least-recently-used blocks under ROOT down to --max-bytes and sweep
     stale temp files, with the same code as FsTier's capacity manager."""
     limit = _parse_size_option(max_bytes, "--max-bytes")
-    if temp_max_age <= 0:
-        raise _Fail(EXIT_USAGE, f"--temp-max-age: must be > 0, got {temp_max_age}")
+    # Checked before ROOT: nan/inf used to pass "<= 0" and crash the pass with
+    # OverflowError (issue 15 item 5). Same bounds as tier.temp_max_age_s.
+    if not 0 < temp_max_age <= MAX_TEMP_AGE_SECONDS:
+        raise _Fail(
+            EXIT_USAGE,
+            f"--temp-max-age: must be a finite number of seconds in (0, {MAX_TEMP_AGE_SECONDS:.0f}], "
+            f"got {temp_max_age}",
+        )
     result = run_gc(
         _fstier_root(root), limit, dry_run=dry_run, temp_max_age_s=temp_max_age, progress=_show_progress(as_json)
     )
     ok = result["errors"] == 0
+    verdict = (
+        None
+        if ok
+        else f"sizes are partial: {result['errors']:,} path(s) could not be read or removed (listed above); "
+        "fix their permissions or run as their owner, then rerun"
+    )
     if as_json:
-        _emit_json({"ok": ok, **result})
+        _emit_report(result, verdict)
         if not ok:
             sys.exit(EXIT_FAILURE)
         return
@@ -117,15 +130,10 @@ def gc_cmd(root: str, max_bytes: str, dry_run: bool, temp_max_age: float, as_jso
         f"and {result['temp_removed']} stale temp file(s); "
         f"{_fmt_size(result['bytes_after'])} remain"
     )
-    if not ok:
+    if verdict is not None:
         for item in result["failed"][:MAX_LISTED]:
             click.echo(f"unreadable: {_display(item['path'])}: {item['error']}", err=True)
         if result["errors"] > MAX_LISTED:
             click.echo(f"... and {result['errors'] - MAX_LISTED:,} more (use --json for the list)", err=True)
-        click.echo(
-            f"sizes are partial: {result['errors']:,} path(s) could not be read or removed (listed above); "
-            "fix their permissions or run as their owner, then rerun",
-            err=True,
-        )
+        click.echo(verdict, err=True)
         sys.exit(EXIT_FAILURE)
-
