@@ -616,8 +616,12 @@ else:
             with self._lock:
                 ready: list[tuple[_Job, FsJobResult]] = []
                 held: list[tuple[_Job, FsJobResult]] = []
-                for item in [*self._held, *((self._jobs.pop(r.job_id), r) for r in fresh)]:
-                    (held if fenced.intersection(item[0].slots) else ready).append(item)
+                done = [(self._jobs.pop(r.job_id, None), r) for r in fresh]
+                for rec, r in [*self._held, *done]:
+                    if rec is None:  # not a job of ours (cannot happen; never crash vLLM)
+                        log.error("fstier: result for unknown job %r dropped", r.job_id)
+                        continue
+                    (held if fenced.intersection(rec.slots) else ready).append((rec, r))
                 self._held = held
                 refused, self._refused = self._refused, []
             for rec, r in ready:
