@@ -328,6 +328,9 @@ def syscalls(args: argparse.Namespace) -> dict[str, Any]:
             child.stdin.write("\n")
             child.stdin.flush()
             child.wait(timeout=120)
+            if args.strace_keep:
+                Path(args.strace_keep).mkdir(parents=True, exist_ok=True)
+                shutil.copy(summary, Path(args.strace_keep) / f"strace-{t}.txt")
             counts = _strace_counts(summary)
             if not counts:
                 raise SystemExit(f"{t}: no strace summary:\n{summary.read_text()[:2000]}")
@@ -397,6 +400,7 @@ def main() -> None:
     ap.add_argument("--no-lookup", action="store_true")
     ap.add_argument("--syscalls", action="store_true", help="also count syscalls per file with strace")
     ap.add_argument("--syscall-total", default="64MiB")
+    ap.add_argument("--strace-keep", help="directory to keep strace -c summaries in")
     ap.add_argument("--json", help="write results as JSON to this file")
     ap.add_argument("--plot", help="write a PNG plot to this file (needs matplotlib)")
     ap.add_argument("--quiet", action="store_true")
