@@ -174,22 +174,23 @@ def scan_usage(root: str | os.PathLike[str]) -> UsageScan:
     return UsageScan(blocks, block_bytes, temps, temp_bytes, other, time.perf_counter() - t0)
 
 
-def _unlink_if_unchanged(path: str, mtime_ns: int) -> str:
+def _unlink_if_unchanged(
+    path: str, mtime_ns: int, on_error: Callable[[OSError], None] | None = None
+) -> str:
     """Unlink ``path`` unless its mtime moved since the scan.
-    Returns ``removed``, ``kept`` (recently used) or ``gone``/``error``."""
+    Returns ``removed``, ``kept`` (recently used) or ``gone``/``error``
+    (the error also goes to ``on_error``)."""
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
-        return "gone"
-    except OSError:
-        return "error"
-    if st.st_mtime_ns != mtime_ns or not stat.S_ISREG(st.st_mode):
-        return "kept"
-    try:
+        if st.st_mtime_ns != mtime_ns or not stat.S_ISREG(st.st_mode):
+            return "kept"
         os.unlink(path)
     except FileNotFoundError:
         return "gone"
-    except OSError:
+    except OSError as exc:
+        if on_error is not None:
+            exc.filename = exc.filename or path
+            on_error(exc)
         return "error"
     return "removed"
 
@@ -206,6 +207,8 @@ def collect_garbage(
     on_removed: Callable[[str, int], None] | None = None,
     now_ns: int | None = None,
     should_stop: Callable[[], bool] | None = None,
+    on_error: Callable[[OSError], None] | None = None,
+    on_file: Callable[[], None] | None = None,
 ) -> GcReport:
     """Sweep stale temp/``.nfs*`` files and, when block files under ``root``
     total more than ``high_watermark x max_bytes``, unlink the least recently
@@ -215,10 +218,18 @@ def collect_garbage(
     called after each block file is unlinked (FsTier turns it into a
     ``BlockRemoved`` event). ``should_stop()`` is polled every 1024 files and
     ends the pass early (FsTier's close). Never raises for per-file errors; they are counted
-    in ``errors``.
+    in ``errors`` and, with ``on_error``, handed over (``exc.filename`` names the
+    path) so that a caller can say which. ``on_file()`` is called for every
+    file walked (progress).
     """
     if max_bytes is not None and max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes}")
+    # inf made int(temp_max_age_s * 1e9) raise OverflowError in every pass,
+    # silently disabling eviction (issue 15 item 5).
+    if not (isinstance(temp_max_age_s, int | float) and 0 < temp_max_age_s <= 1e10):
+        raise ValueError(
+            f"temp_max_age_s must be a finite number of seconds > 0, got {temp_max_age_s!r}"
+        )
     if not 0.0 <= low_watermark <= 1.0 or not 0.0 < high_watermark <= 1.0:
         raise ValueError(
             f"watermarks must be fractions in (0, 1], got low={low_watermark} high={high_watermark}"
@@ -244,9 +255,11 @@ def collect_garbage(
     first = True
     stopped = False
 
-    def count_error(_exc: OSError) -> None:
+    def count_error(exc: OSError) -> None:
         nonlocal errors
         errors += 1
+        if on_error is not None:
+            on_error(exc)
 
     while True:
         passes += 1
@@ -263,6 +276,8 @@ def collect_garbage(
             if should_stop is not None and seen % 1024 == 1023 and should_stop():
                 stopped = True
                 break
+            if on_file is not None:
+                on_file()
             if e.is_block:
                 usage += e.size
                 files += 1
@@ -276,7 +291,7 @@ def collect_garbage(
                 # Old temp files are leftovers of killed writers (a live writer
                 # renames within seconds); .nfs* ones are files deleted while
                 # open on NFS whose holder is long gone.
-                result = "removed" if dry_run else _unlink_if_unchanged(e.path, e.mtime_ns)
+                result = "removed" if dry_run else _unlink_if_unchanged(e.path, e.mtime_ns, on_error)
                 if result == "removed":
                     temp_removed += 1
                     temp_removed_bytes += e.size
@@ -299,7 +314,7 @@ def collect_garbage(
         victims = sorted(heap, reverse=True)  # oldest first (largest negated mtime)
         progress = 0
         for neg_mtime, path, size in victims:
-            result = "removed" if dry_run else _unlink_if_unchanged(path, -neg_mtime)
+            result = "removed" if dry_run else _unlink_if_unchanged(path, -neg_mtime, on_error)
             if result == "removed":
                 removed_files += 1
                 removed_bytes += size

@@ -396,7 +396,7 @@ class RankStager:
             have = caches.local_page_bytes(g)
             if have != m.local_page_bytes:
                 raise LayoutError(
-                    f"RankStager: group {g} ({m.format_id}, kv_layout {m.kv_layout!r}) expects a "
+                    f"RankStager: group {g} ({m.format_id}, kv_packing {m.kv_packing!r}) expects a "
                     f"{m.local_page_bytes}-byte local page, the registered tensors give {have}; "
                     "check the group spec, parallel layout and registration order"
                 )

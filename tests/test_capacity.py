@@ -249,3 +249,10 @@ def test_eviction_while_another_process_loads_surviving_keys(tmp_path: Path) -> 
         assert scan_usage(root).block_bytes <= 0.9 * cap
         assert tier.lookup(keys(0, n_hot)) == n_hot
         assert tier.metrics.snapshot()["fstier_evicted_blocks_total"] > 0
+
+
+@pytest.mark.parametrize("age", [float("inf"), float("nan"), -1.0, 0.0])
+def test_collect_garbage_refuses_non_finite_temp_age(tmp_path: Path, age: float) -> None:
+    """A library caller passing inf got OverflowError from every pass."""
+    with pytest.raises(ValueError, match="temp_max_age_s must be a finite number of seconds > 0"):
+        collect_garbage(tmp_path, None, temp_max_age_s=age)

@@ -215,3 +215,11 @@ def test_many_jobs_many_threads_every_job_completes_once() -> None:
         for j, job in jobs.items():
             assert job.results == [(j, i) for i in range(j % 7)]
         assert pool.queue_depth("read") == 0 and pool.stuck_threads == 0
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), float("nan"), 1e300, 0.0])
+def test_io_timeout_must_be_finite(timeout: float) -> None:
+    """io_timeout_s=inf made the watchdog's wait raise and the thread die:
+    every later deadline silently stopped firing (issue 15 item 5)."""
+    with pytest.raises(ValueError, match=r"io_timeout_s must be > 0 and finite \(or None"):
+        IOPool(1, 1, io_timeout_s=timeout)

@@ -9,8 +9,12 @@ iterators, yielding one file at a time. The stack holds at most the pending
 siblings along one path (a few thousand names at the fan-out fstier uses),
 and per-namespace statistics are counters, never file lists.
 
-Symlinks are never followed (RELIABILITY.md promise 5): a link is reported
-as an "other" entry and left alone. This module does not import torch.
+Symlinks are never followed (fstier never touches anything outside its
+root, docs/reliability.md): a link is reported as an "other" entry and left
+alone. A directory or file that cannot be read (permissions, I/O errors) is
+recorded in :class:`Unreadable` and the walk goes on with the rest, so a
+report over a partly unreadable root is complete except for what it names.
+This module does not import torch.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,7 @@ __all__ = [
     "FileEntry",
     "NamespaceStats",
     "ScanReport",
+    "Unreadable",
     "iter_namespace_dirs",
     "iter_namespace_files",
     "read_manifest",
@@ -147,13 +152,42 @@ class NamespaceStats:
 
 
 @dataclass(slots=True)
+class Unreadable:
+    """Paths a walk could not read, with why; totals that skipped them are partial.
+
+    Every path is counted; the first :attr:`KEEP` are kept for the report (a
+    permission mistake at the fan-out level can make thousands unreadable,
+    and the first few say what to fix).
+    """
+
+    KEEP = 1000
+
+    count: int = 0
+    paths: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, exc: OSError, path: str | None = None) -> None:
+        self.count += 1
+        if len(self.paths) < self.KEEP:
+            where = path if path is not None else str(exc.filename or "?")
+            self.paths.append((where, exc.strerror or str(exc)))
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    def to_json(self) -> list[dict[str, str]]:
+        return [{"path": p, "error": e} for p, e in self.paths]
+
+
+@dataclass(slots=True)
 class ScanReport:
     """The whole root: one :class:`NamespaceStats` per namespace directory,
-    plus entries at the top level that are not namespaces."""
+    plus entries at the top level that are not namespaces, and what could not
+    be read (when anything, the totals are partial)."""
 
     root: str
     namespaces: list[NamespaceStats]
     stray_entries: int = 0
+    unreadable: Unreadable = field(default_factory=Unreadable)
 
 
 def read_manifest(namespace_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
@@ -203,11 +237,16 @@ def _classify(name: str) -> tuple[str, str | None, int | None]:
     return FileKind.OTHER, None, None
 
 
-def iter_namespace_files(namespace_dir: Path) -> Iterator[FileEntry]:
+def iter_namespace_files(
+    namespace_dir: Path, on_error: Callable[[OSError], None] | None = None
+) -> Iterator[FileEntry]:
     """Every file below ``namespace_dir`` except the manifest, one at a time.
 
     Directories vanishing mid-walk (gc or another host) are skipped; symlinks
     and other non-regular entries are yielded as ``other`` without following.
+    A directory or entry that cannot be read is passed to ``on_error`` (its
+    ``filename`` names it) and skipped; without ``on_error`` the error is
+    raised.
     """
     top = str(namespace_dir)
     stack: list[tuple[str, int | None, int]] = [(top, None, 0)]
@@ -217,11 +256,22 @@ def iter_namespace_files(namespace_dir: Path) -> Iterator[FileEntry]:
             it = os.scandir(directory)
         except (FileNotFoundError, NotADirectoryError):
             continue
+        except OSError as exc:
+            if on_error is None:
+                raise
+            on_error(exc)
+            continue
         with it:
             for entry in it:
                 try:
                     st = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    if on_error is None:
+                        raise
+                    exc.filename = exc.filename or entry.path
+                    on_error(exc)
                     continue
                 if stat.S_ISDIR(st.st_mode):
                     sub_rank = rank
@@ -251,25 +301,36 @@ def iter_namespace_dirs(root: Path) -> Iterator[tuple[Path, bool]]:
                 yield Path(entry.path), False
 
 
-def scan_namespace(namespace_dir: Path) -> NamespaceStats:
+def scan_namespace(
+    namespace_dir: Path,
+    unreadable: Unreadable | None = None,
+    on_file: Callable[[], None] | None = None,
+) -> NamespaceStats:
+    """Counters for one namespace; unreadable parts go to ``unreadable`` (raised
+    when it is None); ``on_file()`` is called per file met (progress)."""
     stats = NamespaceStats(namespace=namespace_dir.name, path=str(namespace_dir))
     manifest, error = read_manifest(namespace_dir)
     if manifest is not None:
         _stats_from_manifest(stats, manifest)
     stats.manifest_error = error
-    for entry in iter_namespace_files(namespace_dir):
+    on_error = unreadable.add if unreadable is not None else None
+    for entry in iter_namespace_files(namespace_dir, on_error):
         stats.add(entry)
+        if on_file is not None:
+            on_file()
     return stats
 
 
-def scan_root(root: Path) -> ScanReport:
-    """Statistics of every namespace under ``root``, sorted by name."""
+def scan_root(root: Path, on_file: Callable[[], None] | None = None) -> ScanReport:
+    """Statistics of every namespace under ``root``, sorted by name; a part
+    that cannot be read is named in ``report.unreadable`` and skipped."""
     namespaces: list[NamespaceStats] = []
+    unreadable = Unreadable()
     stray = 0
     for path, is_ns in iter_namespace_dirs(root):
         if is_ns:
-            namespaces.append(scan_namespace(path))
+            namespaces.append(scan_namespace(path, unreadable, on_file))
         else:
             stray += 1
     namespaces.sort(key=lambda s: s.namespace)
-    return ScanReport(root=str(root), namespaces=namespaces, stray_entries=stray)
+    return ScanReport(root=str(root), namespaces=namespaces, stray_entries=stray, unreadable=unreadable)
