@@ -25,6 +25,9 @@ pool is registered pinned and mapped, and ``cuda_copy`` picks how a batch moves:
   K and V, HND; the whole page at tp=1) and pages of adjacent slots merge, so a
   batch costs a few copies whatever its size. Loads run the same in reverse.
 * ``"kernel"``: index kernels read or write the mapped slots directly.
+* ``"auto"`` (the default on CUDA): per batch, ``"dma"`` when its copies
+  average at least 1 MiB, ``"kernel"`` when they are many and small (small
+  pages in scattered slots).
 
 Both only queue work: ``stage_out``/``stage_in`` return once it is queued (the
 only host work is building index arrays), completion is an event per batch,
@@ -46,7 +49,7 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -66,10 +69,14 @@ from fstier.layout import (
 __all__ = ["CopyStats", "CudaCopy", "HostBlockPool", "RankStager"]
 
 #: How a CUDA stager moves bytes (see the module docstring).
-CudaCopy = Literal["dma", "kernel"]
-_CUDA_COPIES = ("dma", "kernel")
+CudaCopy = Literal["auto", "dma", "kernel"]
+_CUDA_COPIES = ("auto", "dma", "kernel")
 #: The default, chosen by bench_gpu_staging on an H100 (docs/performance.md).
-_DEFAULT_CUDA_COPY: CudaCopy = "dma"
+_DEFAULT_CUDA_COPY: CudaCopy = "auto"
+#: "auto" takes the copy engine when a batch's host copies average at least
+#: this many bytes (each copy costs a few microseconds of launch, on the CPU and
+#: on the engine), index kernels on the mapped pool otherwise.
+_DMA_MIN_BYTES_PER_COPY = 1 << 20
 
 #: Per-block bytes of a plan from which one copy per block beats one batched
 #: fancy-index copy (which needs a temporary and a second pass).
@@ -129,6 +136,15 @@ class _Batch:
     event: Any = None
     keep: list[torch.Tensor] = field(default_factory=list)
     pinned: list[torch.Tensor] = field(default_factory=list)
+
+
+class _Work(NamedTuple):
+    """One group's part of a batch: block ids, and each block's slot and page in it."""
+
+    group: int
+    ids: np.ndarray
+    slots: np.ndarray
+    pages: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -417,6 +433,8 @@ class RankStager:
         self._cuda = self.device.type == "cuda"
         #: "host" (numpy, CPU tensors), "dma" or "kernel" (module docstring)
         self.copy_mode: str = (cuda_copy or _DEFAULT_CUDA_COPY) if self._cuda else (cuda_copy or "host")
+        if self._cuda and self.copy_mode == "auto" and not pool.pinned:
+            self.copy_mode = "dma"  # kernels need the mapped pool; plain copies still work
         self._stream = torch.cuda.Stream(device=self.device) if self._cuda else None
         self._np_src: dict[tuple[int, str, int], np.ndarray] = {}
         self._np_dst: dict[tuple[int, str, int], np.ndarray] = {}
@@ -444,13 +462,14 @@ class RankStager:
         """Staging layouts, element types and typed views, built once."""
         self._pinned = _PinnedIndices()
         self._rt: Any = None
-        if self._cuda and self.copy_mode == "dma":
+        if self._cuda and self.copy_mode in ("dma", "auto"):
             from fstier._cudart import cudart
 
             self._rt = cudart()
-        if self.copy_mode == "kernel":
+        if self.copy_mode in ("kernel", "auto"):
             self._pool_dev = self.pool.device_tensor(self.device) if self._cuda else self.pool.tensor.view(-1)
         self._staging: dict[tuple[int, str], _Staging] = {}
+        self._stage_bufs: dict[tuple[int, str], tuple[int, torch.Tensor, list[torch.Tensor]]] = {}
         self._dtype: dict[tuple[int, str], torch.dtype] = {}
         self._wsrc: dict[tuple[int, str, int], torch.Tensor] = {}
         self._wdst: dict[tuple[int, str, int], torch.Tensor] = {}
@@ -473,7 +492,7 @@ class RankStager:
                         t, dt, p.local_offset, (t.shape[0], p.reps, p.num, p.size),
                         (t.stride(0), p.rep_local, p.local_stride, 1),
                     )
-                    if self.copy_mode == "kernel":
+                    if self.copy_mode in ("kernel", "auto"):
                         self._wdst[(g, kind, i)] = _typed(
                             self._pool_dev, dt, p.canonical_offset,
                             (self.pool.num_slots, self.blocks_per_file, p.reps, p.num, p.size),
@@ -502,9 +521,8 @@ class RankStager:
             at += a.size
         return out
 
-    def _move(self, st: _Staging, host_off: np.ndarray, stage: torch.Tensor, cpb: int, out: bool) -> None:
-        """Host copies between the staging buffer and the slots (copy engine on CUDA)."""
-        rows = _host_copies(st, host_off, cpb)
+    def _move(self, rows: np.ndarray, stage: torch.Tensor, out: bool) -> None:
+        """Host copies (:func:`_host_copies` rows) between staging and slots (copy engine on CUDA)."""
         self.stats.ops += rows.shape[0]
         if self._cuda:
             assert self._stream is not None and self._rt is not None
@@ -527,16 +545,45 @@ class RankStager:
             else:
                 sv[...] = hv
 
-    def _stage_device(self, work: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]], batch: _Batch, out: bool) -> None:
+    def _stage_buffer(self, key: tuple[int, str], n: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The persistent staging buffer of ``key`` for ``n`` blocks and its plan views.
+
+        One buffer per group and direction is enough: all of a stager's work
+        runs on its one stream, so a batch's staging is reused only after the
+        previous batch's copies out of it (stream order). It grows to the next
+        power of two; a batch still in flight keeps the old buffer alive."""
+        have = self._stage_bufs.get(key)
+        if have is None or have[0] < n:
+            cap = 1 << max(0, n - 1).bit_length()
+            st, dt = self._staging[key], self._dtype[key]
+            es = torch.empty(0, dtype=dt).element_size()
+            buf = torch.empty(cap * st.page_bytes // es, dtype=dt, device=self.device)
+            g, kind = key
+            plans = self._groups[g].store if kind == "store" else self._groups[g].load
+            views = [
+                _typed(buf, dt, p0, (cap, p.reps, p.num, p.size), (st.page_bytes, a, b, 1))
+                for p, (p0, a, b) in zip(plans, st.views, strict=True)
+            ]
+            have = self._stage_bufs[key] = (cap, buf, views)
+        _, buf, views = have
+        return buf, [v[:n] for v in views]
+
+    def _stage_device(self, work: list[_Work], batch: _Batch, out: bool) -> None:
         kind = "store" if out else "load"
         for g, ids, sidx, pidx in work:
             gp = self._groups[g]
             plans = gp.store if out else gp.load
             if not plans:
                 continue
-            n, dt = len(ids), self._dtype[(g, kind)]
-            if self.copy_mode == "kernel":
-                ids_d, s_d, p_d = self._device_indices(batch, [ids.numpy(), sidx.numpy(), pidx.numpy()])
+            n = len(ids)
+            st = self._staging[(g, kind)]
+            host_off = sidx * self.pool.slot_bytes + pidx * gp.canonical_page_bytes
+            rows = _host_copies(st, host_off, gp.canonical_page_bytes)
+            use_kernel = self.copy_mode == "kernel" or (
+                self.copy_mode == "auto" and n * st.page_bytes < _DMA_MIN_BYTES_PER_COPY * rows.shape[0]
+            )
+            if use_kernel:
+                ids_d, s_d, p_d = self._device_indices(batch, [ids, sidx, pidx])
                 for i, p in enumerate(plans):
                     src, dst = self._wsrc[(g, kind, i)], self._wdst[(g, kind, i)]
                     if out:
@@ -545,25 +592,22 @@ class RankStager:
                         src.index_copy_(0, ids_d, dst[s_d, p_d])
                     self._count(p, n)
                 continue
-            st = self._staging[(g, kind)]
-            (ids_d,) = self._device_indices(batch, [ids.numpy()])
-            es = torch.empty(0, dtype=dt).element_size()
-            stage = torch.empty(n * st.page_bytes // es, dtype=dt, device=self.device)
+            (ids_d,) = self._device_indices(batch, [ids])
+            stage, views = self._stage_buffer((g, kind), n)
             batch.keep.append(stage)
-            host_off = sidx.numpy() * self.pool.slot_bytes + pidx.numpy() * gp.canonical_page_bytes
             if not out:
-                self._move(st, host_off, stage, gp.canonical_page_bytes, out=False)
+                # Copies first: the engine does not wait for the scatter launches.
+                self._move(rows, stage, out=False)
             for i, p in enumerate(plans):
-                p0, a, b = st.views[i]
-                sv = _typed(stage, dt, p0, (n, p.reps, p.num, p.size), (st.page_bytes, a, b, 1))
                 src = self._wsrc[(g, kind, i)]
                 if out:
-                    sv.copy_(src.index_select(0, ids_d))
+                    # One kernel, straight into the (strided) staging view.
+                    torch.index_select(src, 0, ids_d, out=views[i])
                 else:
-                    src.index_copy_(0, ids_d, sv)
+                    src.index_copy_(0, ids_d, views[i])
                 self._count(p, n)
             if out:
-                self._move(st, host_off, stage, gp.canonical_page_bytes, out=True)
+                self._move(rows, stage, out=True)
 
     # -- host path (CPU tensors) ----------------------------------------------
 
@@ -594,7 +638,7 @@ class RankStager:
                     out.append(((g, kind, i), view))
         return out
 
-    def _cpu_copy(self, key: tuple[int, str, int], p: _Plan, ids: torch.Tensor, sidx: torch.Tensor, pidx: torch.Tensor, out: bool) -> None:
+    def _cpu_copy(self, key: tuple[int, str, int], p: _Plan, ids: np.ndarray, sidx: np.ndarray, pidx: np.ndarray, out: bool) -> None:
         src, dst = self._np_src[key], self._np_dst[key]
         if p.reps * p.num * p.size >= _PER_BLOCK_MIN_BYTES:
             # Big blocks: strided copies without a temporary (one pass). Runs of
@@ -602,7 +646,7 @@ class RankStager:
             # (blocks_per_file > 1) move as one copy: each numpy call re-takes
             # the GIL, which the I/O threads hold often (bench_pipeline, 64 KiB
             # pages x 16 per file: 0.9 GB/s staging with one copy per block).
-            ni, ns, npg = ids.numpy(), sidx.numpy(), pidx.numpy()
+            ni, ns, npg = ids, sidx, pidx
             n = len(ni)
             brk = np.flatnonzero((np.diff(ni) != 1) | (np.diff(ns) != 0) | (np.diff(npg) != 1)) + 1
             starts = [0, *brk.tolist()]
@@ -624,7 +668,7 @@ class RankStager:
             self.stats.ops += len(starts)
         else:
             # Small blocks: one batched fancy-index copy for all blocks.
-            ni, ns, npg = ids.numpy(), sidx.numpy(), pidx.numpy()
+            ni, ns, npg = ids, sidx, pidx
             if out:
                 dst[ns, npg] = src[ni]
             else:
@@ -639,7 +683,9 @@ class RankStager:
         """(store plans, load plans) per group: copies per call per group."""
         return [(len(g.store), len(g.load)) for g in self._groups]
 
-    def _indices(self, spec: LoadStoreSpec, slots: Sequence[int], store: bool) -> list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def _indices(self, spec: LoadStoreSpec, slots: Sequence[int], store: bool) -> list[_Work]:
+        # numpy, not Python loops or small torch ops: this runs on the caller's
+        # thread for every batch (thousands of blocks cost tens of microseconds).
         if len(spec.group_sizes) != len(self._groups):
             raise ValueError(
                 f"LoadStoreSpec has {len(spec.group_sizes)} groups, the stager has {len(self._groups)}"
@@ -648,15 +694,16 @@ class RankStager:
         want = sum(spec.num_files(g, bpf) for g in range(len(self._groups)))
         if len(slots) != want:
             raise ValueError(f"need {want} slot(s) for this spec (blocks_per_file={bpf}), got {len(slots)}")
-        for s in slots:
-            if not 0 <= s < self.pool.num_slots:
-                raise ValueError(f"slot {s} is outside the pool (0..{self.pool.num_slots - 1})")
+        all_slots = np.asarray(slots, dtype=np.int64)
+        bad = np.flatnonzero((all_slots < 0) | (all_slots >= self.pool.num_slots))
+        if bad.size:
+            raise ValueError(f"slot {int(all_slots[bad[0]])} is outside the pool (0..{self.pool.num_slots - 1})")
         out = []
         slot_base = 0
         for g in range(len(self._groups)):
-            ids = spec.group_block_ids(g)
+            ids = np.asarray(spec.group_block_ids(g), dtype=np.int64)
             nfiles = spec.num_files(g, bpf)
-            if ids:
+            if ids.size:
                 skip = spec.skip(g, bpf)
                 if store and skip:
                     raise ValueError(
@@ -664,11 +711,12 @@ class RankStager:
                         f"{spec.block_indices[g]} is not a multiple of blocks_per_file = {bpf})"
                     )
                 limit = self.caches.num_blocks(g)
-                if max(ids) >= limit:
-                    raise ValueError(f"group {g}: block id {max(ids)} >= num_blocks {limit}")
-                k = torch.arange(len(ids)) + skip
-                gslots = torch.tensor(slots[slot_base : slot_base + nfiles], dtype=torch.long)
-                out.append((g, torch.tensor(ids, dtype=torch.long), gslots[k // bpf], k % bpf))
+                top = int(ids.max())
+                if top >= limit:
+                    raise ValueError(f"group {g}: block id {top} >= num_blocks {limit}")
+                k = np.arange(ids.size, dtype=np.int64) + skip
+                gslots = all_slots[slot_base : slot_base + nfiles]
+                out.append(_Work(g, ids, gslots[k // bpf], k % bpf))
             slot_base += nfiles
         return out
 
@@ -688,7 +736,7 @@ class RankStager:
         work = self._indices(spec, slots, store=False)
         return self._run(work, out=False)
 
-    def _run(self, work: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]], out: bool) -> int:
+    def _run(self, work: list[_Work], out: bool) -> int:
         batch = self._new_batch()
         if self.copy_mode == "host":
             kind = "store" if out else "load"

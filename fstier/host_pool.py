@@ -150,7 +150,9 @@ class HostBlockPool:
         self._u8: torch.Tensor = flat.view(num_slots, slot_bytes)
         self._pinned = False
         self._device_views: dict[int, torch.Tensor] = {}
-        if torch.cuda.is_available():
+        # A child forked after its parent initialised CUDA cannot use CUDA at
+        # all (torch raises on first use); it attaches unpinned, as CPU-only.
+        if torch.cuda.is_available() and not torch.cuda._is_in_bad_fork():
             # Portable: pinned for every context of this process; mapped: kernels
             # may read and write the slots in place (RankStager's "kernel" copy).
             rc = torch.cuda.cudart().cudaHostRegister(flat.data_ptr(), flat.numel(), _REGISTER_PORTABLE_MAPPED)

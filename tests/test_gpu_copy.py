@@ -176,7 +176,7 @@ def test_in_process_round_trip_over_layouts(kv, layout, a, b):
     _round_trip(kv, layout, a, b)
 
 
-@pytest.mark.parametrize("cuda_copy", ["dma", "kernel"])
+@pytest.mark.parametrize("cuda_copy", ["dma", "kernel", "auto"])
 @pytest.mark.parametrize("kv", ["NHD", "HND"])
 @pytest.mark.parametrize("layout", ["packed", "split", "interleaved", "cross"])
 @pytest.mark.parametrize(("a", "b"), [(1, 4), (8, 2)])
@@ -261,7 +261,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("cuda_copy", ["dma", "kernel"])
+@pytest.mark.parametrize("cuda_copy", ["dma", "kernel", "auto"])
 @pytest.mark.parametrize("kv", ["NHD", "HND"])
 @pytest.mark.parametrize("layout", ["packed", "split", "interleaved", "cross"])
 @pytest.mark.parametrize(("a", "b"), [(1, 4), (2, 8), (8, 2), (4, 1)])
@@ -272,7 +272,7 @@ def test_cuda_round_trip_over_layouts(cuda_copy, kv, layout, a, b, slots_order):
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("cuda_copy", ["dma", "kernel"])
+@pytest.mark.parametrize("cuda_copy", ["dma", "kernel", "auto"])
 def test_cuda_stage_calls_queue_and_return_while_the_device_is_busy(cuda_copy):
     """stage_out/stage_in only queue work: with the engine's stream busy for
     ~200 ms they return at once, poll() reports nothing and copies nothing,
@@ -284,6 +284,7 @@ def test_cuda_stage_calls_queue_and_return_while_the_device_is_busy(cuda_copy):
         st = RankStager(_register(full.clone(), "cross"), [rank_page_mapping(group, ParallelSpec())], pool, cuda_copy=cuda_copy)
         spec = LoadStoreSpec(list(range(8)), [8], [0])
         st.wait(st.stage_out(spec, slots))  # warm-up: kernels loaded, index buffer pinned
+        assert st.poll() == [1]
         pinned_before = st._pinned.allocated
         torch.cuda.synchronize()
         torch.cuda._sleep(400_000_000)  # ~0.2 s of GPU time on the current stream
@@ -298,6 +299,7 @@ def test_cuda_stage_calls_queue_and_return_while_the_device_is_busy(cuda_copy):
         dest = torch.zeros_like(full)
         st_in = RankStager(_register(dest, "packed"), [rank_page_mapping(group, ParallelSpec())], pool, cuda_copy=cuda_copy)
         st_in.wait(st_in.stage_in(slots, LoadStoreSpec([11, 10, 9, 8, 7, 6, 5, 4], [8], [0])))
+        assert st_in.poll() == [1]
         torch.cuda._sleep(400_000_000)
         t0 = time.perf_counter()
         bid = st_in.stage_in(slots, LoadStoreSpec([11, 10, 9, 8, 7, 6, 5, 4], [8], [0]))
@@ -312,7 +314,7 @@ def test_cuda_stage_calls_queue_and_return_while_the_device_is_busy(cuda_copy):
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("cuda_copy", ["dma", "kernel"])
+@pytest.mark.parametrize("cuda_copy", ["dma", "kernel", "auto"])
 def test_cuda_blocks_per_file_skip_matches_the_cpu_path(cuda_copy):
     group = _group(layers=2)
     full = _full_kv(group, seed=5)
