@@ -68,7 +68,7 @@ def _caches(full: torch.Tensor, kind: str) -> CanonicalKVCaches:
     return CanonicalKVCaches.register([[full.transpose(0, 1).contiguous()]])
 
 
-def run_case(page_kib, kind, tp, kv, modes, batch_mib, repeats, shuffle, inflight, gen):
+def run_case(page_kib, kind, tp, kv, modes, batch_mib, repeats, shuffle, inflight, gen, profile=False):
     layers, bs = PAGES[page_kib]
     model = ModelSpec(
         name="bench",
@@ -116,7 +116,7 @@ def run_case(page_kib, kind, tp, kv, modes, batch_mib, repeats, shuffle, infligh
             _sync()
 
         base_out, base_in = n * share / _median_s(d2h, repeats) / 1e9, n * share / _median_s(h2d, repeats) / 1e9
-        variants = [(m, False) for m in modes] + ([("dma", True)] if shuffle and "dma" in modes else [])
+        variants = [(m, False) for m in modes] + ([(m, True) for m in modes] if shuffle else [])
         for mode, shuffled in variants:
             slots = list(slots_adj)
             if shuffled:
@@ -137,6 +137,18 @@ def run_case(page_kib, kind, tp, kv, modes, batch_mib, repeats, shuffle, infligh
             enqueue_us = (time.perf_counter() - t0) * 1e6
             st.wait(bid)
             ops = st.stats.ops - ops0
+            if profile:
+                import cProfile
+                import pstats
+
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(50):
+                    st.stage_out(spec_out, slots)
+                prof.disable()
+                st.wait()
+                print(f"--- profile: 50 x stage_out, {page_kib} KiB {kind} 1/{tp} {kv} {mode} n={n}")
+                pstats.Stats(prof).sort_stats("tottime").print_stats(14)
             in_kv = torch.zeros_like(dev_kv)
             st_in = RankStager(_caches(in_kv, kind), [mapping], pool, cuda_copy=mode)
             t_in = _median_s(lambda st_in=st_in, slots=slots: st_in.wait(st_in.stage_in(slots, spec_in)), repeats)
@@ -190,6 +202,7 @@ def main() -> int:
     ap.add_argument("--pages", default="16,64,256,2048", help="page sizes in KiB")
     ap.add_argument("--modes", default="dma,kernel")
     ap.add_argument("--shuffle-slots", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="cProfile the enqueue of the first case's stage_out")
     ap.add_argument("--inflight", type=int, default=4, help="batches queued back to back for the pipelined figure")
     ap.add_argument("--json", default=None, help="write all rows here")
     ap.add_argument("--device", default="cuda", help="cpu: smoke-test the logic on CPU (numbers meaningless)")
@@ -209,7 +222,10 @@ def main() -> int:
             for tp in (1, 2, 4):
                 for kv in ("NHD", "HND"):
                     t0 = time.perf_counter()
-                    rs = run_case(page, kind, tp, kv, modes, args.batch_mib, args.repeats, args.shuffle_slots, args.inflight, gen)
+                    rs = run_case(
+                        page, kind, tp, kv, modes, args.batch_mib, args.repeats, args.shuffle_slots, args.inflight, gen,
+                        profile=args.profile and not rows,
+                    )
                     rows += rs
                     for r in rs:
                         print(

@@ -86,6 +86,73 @@ _PER_BLOCK_MIN_BYTES = 16 * 1024
 _TORCH_COPY_MIN_BYTES = 256 * 1024
 
 
+@dataclass
+class _Unit:
+    """Plans of one shape whose tensors sit at evenly spaced addresses, moved by
+    one kernel per batch: ``src`` is ``(plan, block, rep, fragment, elems)``,
+    ``stage`` the staging geometry ``(offset, plan stride, rep stride, fragment
+    stride)`` in bytes, ``dst`` the mapped pool as ``(plan, slot, page, rep,
+    fragment, elems)`` (kernel copies only). Per-layer caches whose layers were
+    allocated at a fixed spacing (one allocation, or equal ones back to back)
+    cost one launch per batch instead of one per layer."""
+
+    plans: list[_Plan]
+    src: torch.Tensor
+    stage: tuple[int, int, int, int]
+    dst: torch.Tensor | None = None
+
+
+class _RawDevice:
+    """``__cuda_array_interface__`` of ``size`` bytes of device memory at ``ptr``
+    that other tensors own (the registered KV tensors stay alive with the caches)."""
+
+    def __init__(self, ptr: int, size: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (size,),
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "strides": None,
+            "version": 3,
+        }
+
+
+def _unit_groups(plans: Sequence[_Plan], views: Sequence[tuple[int, int, int]], tensors: Sequence[torch.Tensor], raw_ok: bool) -> list[list[int]]:
+    """Indices of plans that can share a kernel: same shapes and strides, and
+    source address, canonical offset and staging offset each advancing by one
+    positive step. Without raw device views (CPU) the tensors must also share
+    one storage."""
+    by_key: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(plans):
+        t = tensors[p.tensor_idx]
+        key = (
+            p.reps, p.num, p.size, p.rep_local, p.local_stride, p.rep_canonical, p.canonical_stride,
+            int(t.stride(0)), int(t.shape[0]), views[i][1], views[i][2],
+            0 if raw_ok else t.untyped_storage().data_ptr(),
+        )
+        by_key.setdefault(key, []).append(i)
+    out: list[list[int]] = []
+    for idx in by_key.values():
+        idx = sorted(idx, key=lambda i: plans[i].canonical_offset)
+
+        def coords(i: int) -> tuple[int, int, int]:
+            p = plans[i]
+            return (tensors[p.tensor_idx].data_ptr() + p.local_offset, p.canonical_offset, views[i][0])
+
+        run = [idx[0]]
+        step: tuple[int, int, int] | None = None
+        for i in idx[1:]:
+            prev, cur = coords(run[-1]), coords(i)
+            d = (cur[0] - prev[0], cur[1] - prev[1], cur[2] - prev[2])
+            if min(d) > 0 and (step is None or d == step):
+                step = d
+                run.append(i)
+            else:
+                out.append(run)
+                run, step = [i], None
+        out.append(run)
+    return sorted(out, key=lambda r: r[0])
+
+
 # --------------------------------------------------------------------------- #
 # RankStager
 # --------------------------------------------------------------------------- #
@@ -471,33 +538,53 @@ class RankStager:
         self._staging: dict[tuple[int, str], _Staging] = {}
         self._stage_bufs: dict[tuple[int, str], tuple[int, torch.Tensor, list[torch.Tensor]]] = {}
         self._dtype: dict[tuple[int, str], torch.dtype] = {}
-        self._wsrc: dict[tuple[int, str, int], torch.Tensor] = {}
-        self._wdst: dict[tuple[int, str, int], torch.Tensor] = {}
+        self._units: dict[tuple[int, str], list[_Unit]] = {}
         for g, gp in enumerate(self._groups):
             cpb = gp.canonical_page_bytes
             for kind, plans in (("store", gp.store), ("load", gp.load)):
                 st = _staging_for(plans, cpb)
+                groups = _unit_groups(plans, st.views, self.caches.tensors, raw_ok=self._cuda)
                 quantities: list[int] = [cpb, self.pool.slot_bytes, st.page_bytes]
                 for p, v in zip(plans, st.views, strict=True):
                     t = self.caches.tensors[p.tensor_idx]
                     quantities += [p.size, p.local_offset, p.rep_local, p.local_stride, p.canonical_offset]
                     quantities += [p.rep_canonical, p.canonical_stride, *v]
                     quantities += [int(t.stride(0)), int(t.storage_offset()), t.untyped_storage().data_ptr()]
+                    quantities += [t.data_ptr()]
                 dt = _elem_dtype(*quantities)
                 self._staging[(g, kind)] = st
                 self._dtype[(g, kind)] = dt
-                for i, p in enumerate(plans):
-                    t = self.caches.tensors[p.tensor_idx]
-                    self._wsrc[(g, kind, i)] = _typed(
-                        t, dt, p.local_offset, (t.shape[0], p.reps, p.num, p.size),
-                        (t.stride(0), p.rep_local, p.local_stride, 1),
-                    )
-                    if self.copy_mode in ("kernel", "auto"):
-                        self._wdst[(g, kind, i)] = _typed(
-                            self._pool_dev, dt, p.canonical_offset,
-                            (self.pool.num_slots, self.blocks_per_file, p.reps, p.num, p.size),
-                            (self.pool.slot_bytes, cpb, p.rep_canonical, p.canonical_stride, 1),
-                        )
+                self._units[(g, kind)] = [self._make_unit([plans[i] for i in grp], [st.views[i] for i in grp], dt, cpb) for grp in groups]
+
+    def _make_unit(self, plans: list[_Plan], views: list[tuple[int, int, int]], dt: torch.dtype, cpb: int) -> _Unit:
+        p, m = plans[0], len(plans)
+        t = self.caches.tensors[p.tensor_idx]
+        addr0 = t.data_ptr() + p.local_offset
+        d_addr = (self.caches.tensors[plans[1].tensor_idx].data_ptr() + plans[1].local_offset - addr0) if m > 1 else 1
+        d_can = plans[1].canonical_offset - p.canonical_offset if m > 1 else 1
+        d_stage = views[1][0] - views[0][0] if m > 1 else 1
+        shape = (m, int(t.shape[0]), p.reps, p.num, p.size)
+        strides = (d_addr, int(t.stride(0)), p.rep_local, p.local_stride, 1)
+        extent = sum((n - 1) * st for n, st in zip(shape, strides, strict=True)) + 1
+        if m == 1 or not self._cuda:
+            # One tensor, or (CPU) one storage: an ordinary view of it.
+            base = t.untyped_storage().data_ptr()
+            holder = torch.empty(0, dtype=torch.int8, device=self.device).set_(t.untyped_storage())
+            src = _typed(holder, dt, addr0 - base, shape, strides)
+        else:
+            # Layers in separate allocations at a fixed spacing: a raw view
+            # spanning them (only the layers' own bytes are ever touched).
+            with torch.cuda.device(self.device):
+                raw = torch.as_tensor(_RawDevice(addr0, extent), device=self.device)
+            src = _typed(raw, dt, 0, shape, strides)
+        dst = None
+        if self.copy_mode in ("kernel", "auto"):
+            dst = _typed(
+                self._pool_dev, dt, p.canonical_offset,
+                (m, self.pool.num_slots, self.blocks_per_file, p.reps, p.num, p.size),
+                (d_can, self.pool.slot_bytes, cpb, p.rep_canonical, p.canonical_stride, 1),
+            )
+        return _Unit(plans, src, (views[0][0], d_stage, views[0][1], views[0][2]), dst)
 
     def _device_indices(self, batch: _Batch, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
         """Index arrays on the device: one async copy from a reused pinned buffer
@@ -558,15 +645,14 @@ class RankStager:
             st, dt = self._staging[key], self._dtype[key]
             es = torch.empty(0, dtype=dt).element_size()
             buf = torch.empty(cap * st.page_bytes // es, dtype=dt, device=self.device)
-            g, kind = key
-            plans = self._groups[g].store if kind == "store" else self._groups[g].load
-            views = [
-                _typed(buf, dt, p0, (cap, p.reps, p.num, p.size), (st.page_bytes, a, b, 1))
-                for p, (p0, a, b) in zip(plans, st.views, strict=True)
-            ]
+            views = []
+            for u in self._units[key]:
+                p = u.plans[0]
+                p0, dp, a, b = u.stage
+                views.append(_typed(buf, dt, p0, (len(u.plans), cap, p.reps, p.num, p.size), (dp, st.page_bytes, a, b, 1)))
             have = self._stage_bufs[key] = (cap, buf, views)
         _, buf, views = have
-        return buf, [v[:n] for v in views]
+        return buf, [v[:, :n] for v in views]
 
     def _stage_device(self, work: list[_Work], batch: _Batch, out: bool) -> None:
         kind = "store" if out else "load"
@@ -582,15 +668,16 @@ class RankStager:
             use_kernel = self.copy_mode == "kernel" or (
                 self.copy_mode == "auto" and n * st.page_bytes < _DMA_MIN_BYTES_PER_COPY * rows.shape[0]
             )
+            units = self._units[(g, kind)]
             if use_kernel:
                 ids_d, s_d, p_d = self._device_indices(batch, [ids, sidx, pidx])
-                for i, p in enumerate(plans):
-                    src, dst = self._wsrc[(g, kind, i)], self._wdst[(g, kind, i)]
+                for u in units:
+                    assert u.dst is not None
                     if out:
-                        dst.index_put_((s_d, p_d), src.index_select(0, ids_d))
+                        u.dst[:, s_d, p_d] = u.src.index_select(1, ids_d)
                     else:
-                        src.index_copy_(0, ids_d, dst[s_d, p_d])
-                    self._count(p, n)
+                        u.src.index_copy_(1, ids_d, u.dst[:, s_d, p_d])
+                    self._count_unit(u, n)
                 continue
             (ids_d,) = self._device_indices(batch, [ids])
             stage, views = self._stage_buffer((g, kind), n)
@@ -598,14 +685,13 @@ class RankStager:
             if not out:
                 # Copies first: the engine does not wait for the scatter launches.
                 self._move(rows, stage, out=False)
-            for i, p in enumerate(plans):
-                src = self._wsrc[(g, kind, i)]
+            for u, view in zip(units, views, strict=True):
                 if out:
                     # One kernel, straight into the (strided) staging view.
-                    torch.index_select(src, 0, ids_d, out=views[i])
+                    torch.index_select(u.src, 1, ids_d, out=view)
                 else:
-                    src.index_copy_(0, ids_d, views[i])
-                self._count(p, n)
+                    u.src.index_copy_(1, ids_d, view)
+                self._count_unit(u, n)
             if out:
                 self._move(rows, stage, out=True)
 
@@ -751,6 +837,12 @@ class RankStager:
         with torch.cuda.stream(self._stream):
             self._stage_device(work, batch, out)
         return self._submit(batch)
+
+    def _count_unit(self, u: _Unit, n: int) -> None:
+        self.stats.ops += 1
+        for p in u.plans:
+            self.stats.fragments += n * p.reps * p.num
+            self.stats.bytes += n * p.reps * p.num * p.size
 
     def _count(self, p: _Plan, n: int) -> None:
         self.stats.ops += 1

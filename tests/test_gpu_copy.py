@@ -411,3 +411,23 @@ def test_reclaim_stale_segments_of_dead_creators():
         removed = HostBlockPool.reclaim_stale()
         assert stale in removed and live.name in _shm_names()
     assert stale not in _shm_names()
+
+
+@pytest.mark.parametrize("cuda_copy", ["dma", "kernel"])
+def test_evenly_spaced_layers_share_one_kernel(cuda_copy):
+    """Per-layer tensors at a fixed spacing (here views of one allocation) are
+    gathered by one index kernel per batch, not one per layer; layers in
+    separate CPU allocations keep one each. Bytes are right either way."""
+    group = _group(layers=4)
+    full = _full_kv(group, seed=9)
+    mapping = rank_page_mapping(group, ParallelSpec())
+    with HostBlockPool(2, group.page_bytes) as pool:
+        slots = pool.alloc(2)
+        for shard, units in ((full.clone(), 1), ([full[i].clone() for i in range(4)], 4)):
+            caches = CanonicalKVCaches.register([[shard[i] for i in range(4)]])
+            st = RankStager(caches, [mapping], pool, cuda_copy=cuda_copy)
+            assert [len(st._units[(0, k)]) for k in ("store", "load")] == [units, units]
+            pool.tensor.fill_(0)
+            st.wait(st.stage_out(LoadStoreSpec([6, 2], [2], [0]), slots))
+            assert torch.equal(pool.slot_tensor(slots[0])[: group.page_bytes].view(torch.int8), _canonical(full, 6))
+            assert torch.equal(pool.slot_tensor(slots[1])[: group.page_bytes].view(torch.int8), _canonical(full, 2))
