@@ -407,12 +407,16 @@ def main() -> None:
     ap.add_argument("--fstier", default="{}", help="JSON of extra FstierTier options (default: shipped defaults)")
     ap.add_argument("--vllm-python", action="store_true",
                     help="run vLLM's fs tier without its C extension (vllm.fs_io_C), i.e. its pure-Python I/O path")
+    ap.add_argument("--switch-interval", type=float,
+                    help="diagnostic: sys.setswitchinterval(seconds) for both tiers (default: Python's 0.005)")
     ap.add_argument("--child", choices=TIERS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.sizes = [parse_size(s) for s in args.sizes.split(",")]
     args.total = parse_size(args.total)
     args.syscall_total = parse_size(args.syscall_total)
     args.fstier_options = json.loads(args.fstier)
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     if args.vllm_python:
         # vLLM's fs tier imports its C batch I/O optionally; a None entry makes
         # that import fail, so it takes its pure-Python path.
