@@ -68,13 +68,14 @@ from typing import TYPE_CHECKING, Literal
 from fstier._capacity import GcReport, collect_garbage, key_from_block_name
 from fstier._metrics import TierMetrics
 from fstier._usage import SharedUsage
-from fstier.config import FstierConfig, load_config
+from fstier.config import FstierConfig, TierConfig, load_config
 from fstier.errors import ConfigError, IOPoolClosedError, PoolError, TierClosedError
 from fstier.file_mapper import BLOCK_SUFFIX, FileMapper
 from fstier.io import posix
 from fstier.io.blockfile import HEADER_SIZE, BlockHeader, ChecksumKind, padded_len, payload_checksum
 from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool
 from fstier.keys import BlockKey
+from fstier.slots import SlotProvider
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.host_pool import HostBlockPool
@@ -84,7 +85,8 @@ __all__ = ["BlockRemoved", "BlockStored", "FsTier", "JobResult", "TierEvent"]
 log = logging.getLogger("fstier.manager")
 
 #: Prior write speed before the first measurement (bytes/s). Conservative for
-#: NVMe (DESIGN §9 measures ~1.6 GB/s for new files) so an initial flood is
+#: NVMe (docs/architecture.md, "Facts of the machines": ~1.6 GB/s for new
+#: files) so an initial flood is
 #: bounded before any store has completed.
 _PRIOR_WRITE_BPS = 512e6
 _EMA_ALPHA = 0.2
@@ -375,6 +377,11 @@ def _ignore_pool_job(_job: object) -> None:
     """``on_done`` of recency jobs: nothing to report to the engine."""
 
 
+def _exist_many(paths: Sequence[str]) -> list[bool]:
+    exists = os.path.exists
+    return [exists(p) for p in paths]
+
+
 def _file_bytes(payload_len: int) -> int:
     """Bytes a block file of ``payload_len`` occupies (header + padded payload)."""
     return HEADER_SIZE + padded_len(payload_len)
@@ -408,29 +415,53 @@ def _cause_of(result: object) -> str:
 class FsTier:
     """The filesystem tier for one (model, parallel layout, root) config.
 
-    ``pool`` is the :class:`~fstier.host_pool.HostBlockPool` whose slots jobs
-    name; each slot must hold the largest file payload padded to 4096.
+    ``pool`` is the :class:`~fstier.slots.SlotProvider` whose slots jobs name
+    (a :class:`~fstier.host_pool.HostBlockPool`, or an engine's own rows);
+    each slot must hold the largest file payload. A slot at least the payload
+    padded to 4096 is used as the I/O buffer whole (its tail is zeroed on
+    store); a shorter or unaligned one is moved with exactly the payload's
+    bytes (the I/O layer pads from its own buffer), so nothing outside the
+    payload is ever written.
+
+    ``config`` is an :class:`FstierConfig` (the namespace comes from its
+    model and parallel layout), or a :class:`TierConfig` together with a
+    ``mapper`` whose namespace an engine defined
+    (:meth:`FileMapper.for_engine`); :attr:`config` is then ``None``.
     """
 
-    def __init__(self, config: FstierConfig, pool: HostBlockPool) -> None:
-        if not isinstance(config, FstierConfig):
+    def __init__(
+        self,
+        config: FstierConfig | TierConfig,
+        pool: SlotProvider,
+        mapper: FileMapper | None = None,
+    ) -> None:
+        if isinstance(config, FstierConfig) and mapper is None:
+            self.config: FstierConfig | None = config
+            tier = config.tier
+            self.mapper = FileMapper(config)
+        elif isinstance(config, TierConfig) and isinstance(mapper, FileMapper):
+            self.config = None
+            tier = config
+            self.mapper = mapper
+        else:
             raise ConfigError(
-                f"FsTier(config=...): expected an FstierConfig, got {type(config).__name__}; "
+                f"FsTier(config=..., mapper=...): expected an FstierConfig, or a TierConfig "
+                f"with a FileMapper, got {type(config).__name__} and {type(mapper).__name__}; "
                 "use FsTier.from_config(path) for a YAML file"
             )
-        self.config = config
-        tier = config.tier
-        self.mapper = FileMapper(config)
+        self.tier_config: TierConfig = tier
         self._pool = pool
         self._owns_pool = False
+        self._own_pool: HostBlockPool | None = None  # closed by close() (from_config)
         self._payload_len = [
-            self.mapper.expected_payload_bytes(g) for g in range(len(config.model.groups))
+            self.mapper.expected_payload_bytes(g) for g in range(self.mapper.num_groups)
         ]
-        need = max(padded_len(n) for n in self._payload_len)
+        need = max(self._payload_len)
         if pool.slot_bytes < need:
             raise PoolError(
-                f"HostBlockPool slot_bytes is {pool.slot_bytes} but the largest file payload "
-                f"padded to 4096 is {need} bytes; create the pool with slot_bytes >= {need}"
+                f"{type(pool).__name__} slot_bytes is {pool.slot_bytes} but the largest file "
+                f"payload is {need} bytes; provide slots with slot_bytes >= {need} "
+                f"({padded_len(need)} lets I/O run on the slot in place)"
             )
         self.mapper.ensure_manifest()
         self.mapper.blocks_dir.mkdir(mode=0o755, exist_ok=True)
@@ -489,7 +520,7 @@ class FsTier:
     # ---------------------------------------------------------------- creation
     @classmethod
     def from_config(
-        cls, config: str | os.PathLike[str] | FstierConfig, pool: HostBlockPool | None = None
+        cls, config: str | os.PathLike[str] | FstierConfig, pool: SlotProvider | None = None
     ) -> FsTier:
         """Build from a YAML path or an :class:`FstierConfig`. Without ``pool``
         a private :class:`HostBlockPool` is created (slots sized to the largest
@@ -513,10 +544,11 @@ class FsTier:
             own.close()
             raise
         tier._owns_pool = True
+        tier._own_pool = own
         return tier
 
     @property
-    def pool(self) -> HostBlockPool:
+    def pool(self) -> SlotProvider:
         return self._pool
 
     def payload_bytes(self, key: BlockKey) -> int:
@@ -591,15 +623,59 @@ class FsTier:
         self.metrics.lookup_seconds.observe(time.perf_counter() - t0)
         return hits
 
-    def _parallel_probe(self, keys: Sequence[BlockKey], start: int) -> int:
-        """Probe ``keys[start:]`` in chunks on the lookup threads, in waves of
-        one chunk per thread so an early miss wastes at most one wave."""
+    def present(self, keys: Sequence[BlockKey]) -> list[bool]:
+        """Per key, whether its block is present (no prefix stop, unlike
+        :meth:`lookup`): for engines that ask about keys out of order (vLLM's
+        sliding-window scan). Bad keys are absent; cached answers are used and
+        the rest are ``stat``-ed, in parallel chunks on the lookup threads for
+        big batches. It blocks on the filesystem: call it off the engine's
+        scheduler thread."""
+        self._check_open()
+        n = len(keys)
+        if n == 0:
+            return []
+        if not self._breaker.allow():
+            return [False] * n
+        now = time.monotonic()
+        states = self._cache.get_many(keys, now)
+        out = [bool(s) for s in states]
+        ngroups = len(self._payload_len)
+        todo = [i for i, s in enumerate(states) if s is None and keys[i].group_idx < ngroups]
+        if not todo:
+            return out
+        paths = [self._path_str(keys[i]) for i in todo]
+        if len(todo) < _PARALLEL_LOOKUP_MIN:
+            found = _exist_many(paths)
+        else:
+            executor = self._lookup_executor()
+            futures = [
+                executor.submit(_exist_many, paths[j : j + _LOOKUP_CHUNK])
+                for j in range(0, len(paths), _LOOKUP_CHUNK)
+            ]
+            found = [hit for fut in futures for hit in fut.result()]
+        hits: list[BlockKey] = []
+        misses: list[BlockKey] = []
+        for i, hit in zip(todo, found, strict=True):
+            out[i] = hit
+            (hits if hit else misses).append(keys[i])
+        self._cache.put_many(hits, True, now)
+        self._cache.put_many(misses, False, now)
+        self.metrics.lookup_keys.inc(n)
+        self.metrics.hits.inc(sum(out))
+        return out
+
+    def _lookup_executor(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._lookup_pool is None:
                 self._lookup_pool = ThreadPoolExecutor(
                     self._lookup_workers, thread_name_prefix="fstier-lookup"
                 )
-            executor = self._lookup_pool
+            return self._lookup_pool
+
+    def _parallel_probe(self, keys: Sequence[BlockKey], start: int) -> int:
+        """Probe ``keys[start:]`` in chunks on the lookup threads, in waves of
+        one chunk per thread so an early miss wastes at most one wave."""
+        executor = self._lookup_executor()
         n = len(keys)
         total = 0
         pos = start
@@ -766,8 +842,12 @@ class FsTier:
             n = job.op_bytes[i]
             padded = padded_len(n)
             view = self._pool.slot_view(slot)
-            if padded > n:
-                view[n:padded] = bytes(padded - n)  # deterministic file bytes
+            if len(view) >= padded:
+                if padded > n:
+                    view[n:padded] = bytes(padded - n)  # deterministic file bytes
+                io_view = view[:padded]
+            else:
+                io_view = view[:n]  # the I/O layer pads; nothing past the payload is touched
             checksum = self.io_options.checksum
             header = BlockHeader(
                 key=key,
@@ -785,7 +865,7 @@ class FsTier:
                 # timeout): replace the file rather than skip onto it.
                 with contextlib.suppress(FileNotFoundError):
                     posix.FS.unlink(path)
-            request = posix.StoreRequest(path, header, view[:padded])
+            request = posix.StoreRequest(path, header, io_view)
             outcome = posix.store_block(request, self.io_options)
             if outcome.status is posix.StoreStatus.FAILED and outcome.cause == "ENOENT":
                 # The fan-out directory was removed under us (an operator's
@@ -806,10 +886,14 @@ class FsTier:
             key, slot = job.keys[i], job.slots[i]
             n = job.op_bytes[i]
             view = self._pool.slot_view(slot)
+            padded = padded_len(n)
+            # A slot shorter than the padded payload gets exactly n bytes; the
+            # I/O layer reads the file's zero padding into its own buffer.
+            io_view = view[:padded] if len(view) >= padded else view[:n]
             path = Path(self._path_str(key))
             outcome = posix.load_block(
                 posix.LoadRequest(
-                    path, view[: padded_len(n)], key, self.mapper.digest_bytes, n, self.mapper.root
+                    path, io_view, key, self.mapper.digest_bytes, n, self.mapper.root
                 ),
                 self.io_options,
             )
@@ -819,7 +903,17 @@ class FsTier:
         finally:
             self._op_ended(job, i, 0)
 
-    def _note_recent(self, path: Path) -> None:
+    def touch(self, keys: Sequence[BlockKey]) -> None:
+        """Mark ``keys`` recently used (LRU recency) without a system call
+        here: their mtimes are bumped by the batched recency writes. Keys
+        without a file are ignored."""
+        self._check_open()
+        ngroups = len(self._payload_len)
+        for k in keys:
+            if k.group_idx < ngroups:
+                self._note_recent(self._path_str(k))
+
+    def _note_recent(self, path: Path | str) -> None:
         """Record a hit. Recency lives in the file's mtime because atime is
         unreliable (relatime/noatime); the writes are batched per file and run
         as their own write-queue job, so no load waits for them."""
@@ -908,7 +1002,7 @@ class FsTier:
             self._budget.release(reserved, 0)
         log.warning(
             "fstier: %s of %r timed out after %.1fs; slot %d fenced until the call returns",
-            job.kind, job.keys[i], self.config.tier.io_timeout_s, job.slots[i],
+            job.kind, job.keys[i], self.tier_config.io_timeout_s, job.slots[i],
         )
 
     def _seconds(self, job: _Job) -> float:
@@ -1117,7 +1211,7 @@ class FsTier:
         return (
             self._shared is not None
             and self._max_bytes is not None
-            and self._shared.read() > self._max_bytes * self.config.tier.high_watermark
+            and self._shared.read() > self._max_bytes * self.tier_config.high_watermark
         )
 
     def _add_usage(self, delta: int) -> None:
@@ -1125,7 +1219,7 @@ class FsTier:
             return
         usage = self._shared.add(delta)
         self.metrics.usage_bytes.set(usage)
-        if usage > self._max_bytes * self.config.tier.high_watermark:
+        if usage > self._max_bytes * self.tier_config.high_watermark:
             self._cap_wake.set()
 
     def _flush_removed(self) -> None:
@@ -1185,7 +1279,7 @@ class FsTier:
         a reset counts the stores other instances made during the walk twice
         when the walk saw them, which is safe but, after every evicting pass,
         would keep the count high and drop stores the root has room for."""
-        tier = self.config.tier
+        tier = self.tier_config
         self._flush_recency()  # eviction must see this process's latest hits
         shared = self._shared
         with self._cap_lock, contextlib.ExitStack() as stack:
@@ -1265,7 +1359,7 @@ class FsTier:
                 return
             self._closed = True
         try:
-            self.drain(timeout=self.config.tier.io_timeout_s + 5.0)
+            self.drain(timeout=self.tier_config.io_timeout_s + 5.0)
         finally:
             self._cap_stop.set()
             self._cap_wake.set()
@@ -1277,8 +1371,8 @@ class FsTier:
                 executor, self._lookup_pool = self._lookup_pool, None
             if executor is not None:
                 executor.shutdown(wait=True)
-            if self._owns_pool:
-                self._pool.close()
+            if self._own_pool is not None:
+                self._own_pool.close()
             if self._shared is not None:
                 self._shared.close()
 

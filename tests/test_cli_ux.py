@@ -248,6 +248,7 @@ def test_inspect_reports_unreadable_dirs_and_goes_on(root_with_locked_dir: tuple
     assert res.exit_code == 1
     doc = json.loads(res.stdout)
     assert doc["ok"] is False and doc["partial"] is True and doc["unreadable_count"] == 1
+    assert doc["exit_code"] == 1 and "totals are partial" in doc["error"]
     assert doc["unreadable"] == [{"path": str(locked), "error": "Permission denied"}]
     assert doc["total_files"] == 6 - len(inside)  # the rest was still counted
     res = run("inspect", str(root))
@@ -262,6 +263,7 @@ def test_verify_reports_unreadable_dirs_and_goes_on(root_with_locked_dir: tuple[
     assert res.exit_code == 1
     doc = json.loads(res.stdout)
     assert doc["ok"] is False and doc["partial"] is True
+    assert doc["exit_code"] == 1 and "PARTIAL" in doc["error"] and "--fix" not in doc["error"]
     assert doc["unreadable"] == [{"path": str(locked), "error": "Permission denied"}]
     assert doc["checked"] == 6 - len(inside) and doc["bad"] == []
     res = run("verify", str(root), "--fix")
@@ -278,6 +280,7 @@ def test_gc_names_what_it_could_not_read(root_with_locked_dir: tuple[Path, Path,
     assert "partial" in res.stderr and "listed above" in res.stderr
     doc = json.loads(run("gc", str(root), "--max-bytes", "1TB", "--json").stdout)
     assert doc["ok"] is False and doc["partial"] is True
+    assert doc["exit_code"] == 1 and "partial" in doc["error"]
     assert doc["failed"] == [{"path": str(locked), "error": "Permission denied"}]
 
 
@@ -329,6 +332,13 @@ def test_not_an_fstier_root(tmp_path: Path) -> None:
     empty.mkdir()
     res = run("inspect", str(empty), "--json")
     assert res.exit_code == 0 and json.loads(res.stdout)["total_files"] == 0
+    # A freshly formatted volume (a Kubernetes PVC) is an empty root too: a
+    # gc CronJob must not fail on it before the first engine wrote anything.
+    (empty / "lost+found").mkdir()
+    (empty / ".snapshot").mkdir()
+    for cmd in (["inspect"], ["verify"], ["gc", "--max-bytes", "1GB"]):
+        res = run(*cmd, str(empty), "--json")
+        assert res.exit_code == 0, (cmd, res.output)
 
 
 def test_symlink_loop_as_root_is_named(tmp_path: Path) -> None:
@@ -426,3 +436,53 @@ def test_config_error_example_in_docs_is_what_the_cli_prints(tmp_path: Path) -> 
     assert shown in text, shown
     with pytest.raises(ConfigError):
         load_config(bad)
+
+
+def test_demo_says_its_root_was_temporary(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The demo's zero-argument root is deleted before the report is printed:
+    the report must say so instead of showing a path that no longer exists."""
+    import fstier.cli.demo as demo_mod
+
+    roots: list[Path] = []
+
+    class FakeDemo:  # the real cases run in tests/test_demo.py; only the root matters here
+        def __init__(self, opts: Any, root: Path) -> None:
+            roots.append(root)
+            self.report = demo_mod.DemoReport(root=str(root), layout="cross-layer")
+            self.report.cases.append(demo_mod.CaseResult("share", "hit", "hit", 1, 1, True))
+
+        def run(self, status: Any = None) -> None:
+            assert roots[-1].is_dir()
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(demo_mod, "_Demo", FakeDemo)
+    res = run("demo")
+    assert res.exit_code == 0, res.output
+    assert f"{roots[-1]} (temporary, now deleted)" in " ".join(res.stdout.split()) and not roots[-1].exists()
+    doc = json.loads(run("demo", "--json").stdout)
+    assert doc["root_temporary"] is True and not Path(doc["root"]).exists()
+    kept = tmp_path / "kept"
+    res = run("demo", "--root", str(kept))
+    assert res.exit_code == 0 and "temporary" not in res.stdout and kept.is_dir()
+    assert json.loads(run("demo", "--root", str(kept), "--json").stdout)["root_temporary"] is False
+
+
+def test_every_json_document_says_ok_and_exit_code(tmp_path: Path) -> None:
+    """Scripts read ``ok`` and ``exit_code`` from every document, success or
+    failure, and ``error`` from every failure (exit 1 reports included)."""
+    root = tmp_path / "root"
+    cfg = make_config(root, groups=SMALL_GROUP)
+    paths = store_blocks(cfg, 3)
+    config = write_yaml(tmp_path / "c.yaml", {"tier": {"root_dir": str(root)}, "model": {"name": "m", "groups": SMALL_GROUP}})
+    for argv in (["inspect", str(root)], ["verify", str(root)], ["gc", str(root), "--max-bytes", "1GiB"],
+                 ["config", "validate", str(config)], ["config", "show", str(config)]):
+        res = run(*argv, "--json")
+        doc = json.loads(res.stdout)
+        assert res.exit_code == 0 and doc["ok"] is True and doc["exit_code"] == 0 and "error" not in doc, argv
+    paths[0].write_bytes(b"\0" * 8192)  # a bad block: verify fails with exit 1
+    res = run("verify", str(root), "--json")
+    doc = json.loads(res.stdout)
+    assert res.exit_code == 1 == doc["exit_code"] and doc["ok"] is False
+    assert "BAD FILES REMAIN" in doc["error"]

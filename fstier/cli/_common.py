@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import re
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 import click
 
 from fstier.errors import ConfigError, FstierError
+from fstier.file_mapper import MANIFEST_NAME
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -71,6 +73,17 @@ def _json_safe(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [_json_safe(v) for v in obj]
     return obj
+
+
+def _emit_report(doc: dict[str, Any], error: str | None = None) -> None:
+    """A command's JSON result with ``ok`` and ``exit_code`` first; a result
+    that fails the command (exit 1) carries ``error``, the one line the text
+    output ends with, like every other failure document."""
+    ok = error is None
+    head: dict[str, Any] = {"ok": ok, "exit_code": EXIT_OK if ok else EXIT_FAILURE}
+    if error is not None:
+        head["error"] = _display(error)
+    _emit_json({**head, **{k: v for k, v in doc.items() if k not in head}})
 
 
 def _emit_json(obj: Any) -> None:
@@ -136,9 +149,7 @@ def _existing_root(root: str) -> Path:
         if exc.errno == errno.ENOTDIR:
             raise _Fail(EXIT_USAGE, f"ROOT {shown}: a parent of it is a file, not a directory") from None
         raise _Fail(EXIT_USAGE, f"ROOT {shown}: no such directory") from None
-    import stat as stat_mod
-
-    if not stat_mod.S_ISDIR(st.st_mode):
+    if not stat.S_ISDIR(st.st_mode):
         raise _Fail(EXIT_USAGE, f"ROOT {shown}: is a file, not a directory; give the tier's root_dir")
     if not os.access(p, os.R_OK | os.X_OK):
         raise _Fail(EXIT_USAGE, f"ROOT {shown}: permission denied (cannot list it); run as a user who can read it")
@@ -147,7 +158,11 @@ def _existing_root(root: str) -> Path:
 
 #: ``<safe model name>-<16 hex digits>``: how FileMapper names a namespace.
 _NAMESPACE_NAME = re.compile(r"^.+-[0-9a-f]{16}$")
-_MANIFEST = "config.json"
+_MANIFEST = MANIFEST_NAME
+#: Entries a fresh volume or a shared mount holds before fstier wrote
+#: anything (ext4's lost+found; hidden names such as NetApp's .snapshot are
+#: skipped too): a root with only these is an empty root, not a foreign one.
+_ROOT_FURNITURE = frozenset({"lost+found"})
 
 
 def _fstier_root(root: str) -> Path:
@@ -159,7 +174,8 @@ def _fstier_root(root: str) -> Path:
     too deep: it is a namespace directory. A non-empty directory none of whose
     entries looks like a namespace (``/etc``, a home directory) is not a root
     at all: reporting "0 namespaces" there would read as a healthy empty tier.
-    An empty directory is a fresh root and is fine. Only top-level names are
+    An empty directory (or a fresh volume holding only ``lost+found`` and
+    hidden entries) is a fresh root and is fine. Only top-level names are
     read (namespaces are few), so this costs nothing on a big root.
     """
     p = _existing_root(root)
@@ -179,6 +195,8 @@ def _check_root_shape(p: Path, root: str) -> None:
     entries = 0
     with os.scandir(p) as it:
         for entry in it:
+            if entry.name in _ROOT_FURNITURE or entry.name.startswith("."):
+                continue  # what filesystems and tools put in any root
             entries += 1
             with contextlib.suppress(OSError):
                 if not entry.is_dir(follow_symlinks=False):

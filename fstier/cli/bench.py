@@ -38,7 +38,7 @@ from fstier.cli._common import (
     EXIT_USAGE,
     _console,
     _display,
-    _emit_json,
+    _emit_report,
     _Fail,
     _fmt_size,
     _handle_errors,
@@ -235,7 +235,7 @@ def bench_cmd(root: str | None, block_size: str, num_blocks: int, threads: int, 
         raise _Fail(EXIT_USAGE, f"--threads: must be >= 1, got {threads}")
     result = run_bench(Path(root) if root else None, block_bytes=size, num_blocks=num_blocks, threads=threads)
     if as_json:
-        _emit_json({"ok": True, **result})
+        _emit_report(result)
         return
     from rich.table import Table
 

@@ -35,6 +35,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +48,7 @@ from fstier.cli._common import (
     EXIT_FAILURE,
     _cell,
     _console,
-    _emit_json,
+    _emit_report,
     _fmt_size,
     _handle_errors,
     _json_option,
@@ -207,6 +208,18 @@ def _check_demo_model(model: ModelSpec) -> None:
             )
 
 
+def _ignore_sigint() -> Any:
+    """Ignore SIGINT (main thread only: elsewhere signals cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _restore_sigint(previous: Any) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)
+
+
 # -- the rank processes --------------------------------------------------------------
 class _Ranks:
     """Four spawned rank processes and their pipes."""
@@ -230,11 +243,11 @@ class _Ranks:
         # for a forkserver that an earlier demo in this process started.
         from multiprocessing import forkserver
 
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        previous = _ignore_sigint()
         try:
             forkserver.ensure_running()
         finally:
-            signal.signal(signal.SIGINT, previous)
+            _restore_sigint(previous)
         try:
             for i in range(n):
                 parent, child = ctx.Pipe()
@@ -336,11 +349,18 @@ class _Demo:
         self._rng = random.Random(1234)
 
     def close(self) -> None:
-        for t in self.tiers:
-            with contextlib.suppress(Exception):
-                t.close()
-        self.ranks.close()
-        self.pool.close()
+        # A second Ctrl-C while cleaning up would interrupt it half-way and
+        # leave rank processes, temp files or the /dev/shm segment behind;
+        # cleanup takes seconds at most, so it is not interruptible.
+        previous = _ignore_sigint()
+        try:
+            for t in self.tiers:
+                with contextlib.suppress(Exception):
+                    t.close()
+            self.ranks.close()
+            self.pool.close()
+        finally:
+            _restore_sigint(previous)
 
     # -- plumbing -----------------------------------------------------------------------
     def _config(self, model: ModelSpec, tp: int) -> FstierConfig:
@@ -665,7 +685,7 @@ def demo_cmd(root: str | None, config_file: str | None, per_layer: bool, as_json
     )
     report = run_demo(opts)
     if as_json:
-        _emit_json(report.to_json())
+        _emit_report(report.to_json(), None if report.ok else "some outcomes differ from what is expected (see cases)")
     else:
         _print_demo(report)
     if not report.ok:

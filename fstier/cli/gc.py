@@ -21,7 +21,7 @@ from fstier.cli._common import (
     EXIT_FAILURE,
     EXIT_USAGE,
     _display,
-    _emit_json,
+    _emit_report,
     _Fail,
     _fmt_size,
     _fstier_root,
@@ -109,8 +109,14 @@ def gc_cmd(root: str, max_bytes: str, dry_run: bool, temp_max_age: float, as_jso
         _fstier_root(root), limit, dry_run=dry_run, temp_max_age_s=temp_max_age, progress=_show_progress(as_json)
     )
     ok = result["errors"] == 0
+    verdict = (
+        None
+        if ok
+        else f"sizes are partial: {result['errors']:,} path(s) could not be read or removed (listed above); "
+        "fix their permissions or run as their owner, then rerun"
+    )
     if as_json:
-        _emit_json({"ok": ok, **result})
+        _emit_report(result, verdict)
         if not ok:
             sys.exit(EXIT_FAILURE)
         return
@@ -124,15 +130,10 @@ def gc_cmd(root: str, max_bytes: str, dry_run: bool, temp_max_age: float, as_jso
         f"and {result['temp_removed']} stale temp file(s); "
         f"{_fmt_size(result['bytes_after'])} remain"
     )
-    if not ok:
+    if verdict is not None:
         for item in result["failed"][:MAX_LISTED]:
             click.echo(f"unreadable: {_display(item['path'])}: {item['error']}", err=True)
         if result["errors"] > MAX_LISTED:
             click.echo(f"... and {result['errors'] - MAX_LISTED:,} more (use --json for the list)", err=True)
-        click.echo(
-            f"sizes are partial: {result['errors']:,} path(s) could not be read or removed (listed above); "
-            "fix their permissions or run as their owner, then rerun",
-            err=True,
-        )
+        click.echo(verdict, err=True)
         sys.exit(EXIT_FAILURE)
-

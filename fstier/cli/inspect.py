@@ -16,7 +16,7 @@ from fstier.cli._common import (
     _cell,
     _console,
     _display,
-    _emit_json,
+    _emit_report,
     _fmt_size,
     _fmt_time,
     _fstier_root,
@@ -47,10 +47,15 @@ def inspect_cmd(root: str, as_json: bool) -> None:
     total_files = sum(ns.files for ns in report.namespaces)
     total_bytes = sum(ns.bytes for ns in report.namespaces)
     partial = bool(report.unreadable)
+    verdict = (
+        f"totals are partial: {report.unreadable.count:,} path(s) under ROOT could not be read "
+        f"(listed above); fix their permissions or run as their owner"
+        if partial
+        else None
+    )
     if as_json:
-        _emit_json(
+        _emit_report(
             {
-                "ok": not partial,
                 "root": report.root,
                 "namespaces": [ns.to_json() for ns in report.namespaces],
                 "stray_entries": report.stray_entries,
@@ -59,7 +64,8 @@ def inspect_cmd(root: str, as_json: bool) -> None:
                 "partial": partial,
                 "unreadable_count": report.unreadable.count,
                 "unreadable": report.unreadable.to_json(),
-            }
+            },
+            verdict,
         )
         if partial:
             sys.exit(EXIT_FAILURE)
@@ -101,10 +107,6 @@ def inspect_cmd(root: str, as_json: bool) -> None:
         f"{_fmt_size(total_bytes)}; {report.stray_entries} other top-level entries",
         markup=False,
     )
-    if partial:
-        click.echo(
-            f"totals are partial: {report.unreadable.count:,} path(s) under ROOT could not be read "
-            f"(listed above); fix their permissions or run as their owner",
-            err=True,
-        )
+    if verdict is not None:
+        click.echo(verdict, err=True)
         sys.exit(EXIT_FAILURE)

@@ -38,7 +38,7 @@ from fstier.cli._common import (
     _check_root_shape,
     _console,
     _display,
-    _emit_json,
+    _emit_report,
     _existing_root,
     _Fail,
     _fmt_size,
@@ -316,7 +316,7 @@ def verify_cmd(root: str, namespace: str | None, fix: bool, headers_only: bool, 
         _check_root_shape(root_path, root)
     report = run_verify(root_path, namespace=namespace, fix=fix, full=not headers_only, progress=_show_progress(as_json))
     if as_json:
-        _emit_json({"ok": report.ok, **report.to_json()})
+        _emit_report(report.to_json(), None if report.ok else _verdict(report))
     else:
         from rich.table import Table
 

@@ -159,7 +159,8 @@ def aligned_buffer(nbytes: int) -> memoryview:
     # test_concurrency.py::test_io_buffers_private_after_fork).
     m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     view = memoryview(m)
-    # Touch every page now: first-touch faults are slow on these VMs (DESIGN §9).
+    # Touch every page now: first-touch faults are slow on these VMs
+    # (docs/architecture.md, "Facts of the machines").
     view[:: mmap.PAGESIZE] = bytes(len(range(0, size, mmap.PAGESIZE)))
     return view
 
