@@ -124,7 +124,8 @@ class JobResult:
     acknowledged (store; a later key of a failed store job may still have
     been written, and :class:`BlockStored` events list exactly which were).
     ``cause`` names the first failure (an errno name such as ``ENOSPC``,
-    ``timeout``, ``backpressure``, ``degraded``, ``slot_busy``,
+    ``timeout``, ``backpressure``, ``capacity``, ``degraded``, ``slot_busy``,
+    ``bad_file:<why>``,
     ``corrupt:<reason>``, or ``miss``). ``skipped`` counts stores of keys
     already present.
     """
