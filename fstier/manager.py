@@ -54,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import os
 import threading
 import time
@@ -404,6 +405,16 @@ _DEVICE_CAUSES = frozenset({
 #: refuses open), EISDIR, ENOTDIR (a file planted where a fan-out directory
 #: belongs). They are bad files: a miss with cause ``bad_file:<why>``.
 _BAD_FILE_CAUSES = frozenset({"not_regular", "ENXIO", "EISDIR", "ENOTDIR"})
+
+
+def _wait_timeout(what: str, timeout: float | None) -> float | None:
+    """A wait's timeout: ``inf`` means no limit (threading's waits raise
+    OverflowError for it); nan or a negative value is a caller's mistake."""
+    if timeout is None or timeout == math.inf:
+        return None
+    if not timeout >= 0:  # also catches nan
+        raise ValueError(f"{what}(timeout=...): expected seconds >= 0 or None, got {timeout!r}")
+    return min(float(timeout), threading.TIMEOUT_MAX)
 
 
 def _cause_of(result: object) -> str:
@@ -1157,6 +1168,7 @@ class FsTier:
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every submitted job has finished (results stay queued
         for :meth:`get_finished`). Returns False if ``timeout`` expired."""
+        timeout = _wait_timeout("drain", timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -1187,6 +1199,7 @@ class FsTier:
     def wait_fences_released(self, timeout: float | None = None) -> bool:
         """Wait until no slot is fenced by a timed-out op (every stuck call
         returned). Returns False if ``timeout`` expired first."""
+        timeout = _wait_timeout("wait_fences_released", timeout)
         self._reap()
         with self._idle:
             return self._idle.wait_for(lambda: not self._fenced, timeout)
