@@ -56,6 +56,7 @@ import errno
 import logging
 import math
 import os
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -379,9 +380,18 @@ def _ignore_pool_job(_job: object) -> None:
     """``on_done`` of recency jobs: nothing to report to the engine."""
 
 
+def _is_block_file(path: str) -> bool:
+    """True when ``path`` is a regular file (not followed if a symlink). A
+    FIFO, socket or directory planted at a block path is a miss here, not a
+    hit whose load then fails; lstat costs what ``os.path.exists`` does."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def _exist_many(paths: Sequence[str]) -> list[bool]:
-    exists = os.path.exists
-    return [exists(p) for p in paths]
+    return [_is_block_file(p) for p in paths]
 
 
 def _file_bytes(payload_len: int) -> int:
@@ -586,7 +596,7 @@ class FsTier:
         now = time.monotonic()
         found: list[BlockKey] = []
         count = 0
-        exists = os.path.exists
+        exists = _is_block_file
         ngroups = len(self._payload_len)
         missed = False
         # Cache answers are fetched 32 at a time so a miss near the front
