@@ -656,6 +656,7 @@ class FsTier:
         n = len(keys)
         if n == 0:
             return []
+        self._check_keys(keys, "present")
         if not self._breaker.allow():
             return [False] * n
         now = time.monotonic()
