@@ -528,6 +528,7 @@ class RankStager:
     def _setup_device_path(self) -> None:
         """Staging layouts, element types and typed views, built once."""
         self._pinned = _PinnedIndices()
+        self._idx_dev: torch.Tensor | None = None
         self._rt: Any = None
         if self._cuda and self.copy_mode in ("dma", "auto"):
             from fstier._cudart import cudart
@@ -599,8 +600,11 @@ class RankStager:
         for a in arrays:
             host[at : at + a.size] = a
             at += a.size
-        dev = torch.empty(n, dtype=torch.int64, device=self.device)
-        dev.copy_(buf[:n], non_blocking=True)
+        # One device index buffer, reused like the staging buffers (stream order).
+        if self._idx_dev is None or self._idx_dev.numel() < n:
+            self._idx_dev = torch.empty(1 << max(0, n - 1).bit_length(), dtype=torch.int64, device=self.device)
+        dev = self._idx_dev
+        dev[:n].copy_(buf[:n], non_blocking=True)
         batch.keep.append(dev)
         out, at = [], 0
         for a in arrays:
