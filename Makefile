@@ -32,6 +32,8 @@ $(DEV_STAMP): $(STAMP)
 
 install: $(DEV_STAMP)
 
+install-vllm: $(DEV_STAMP) $(VLLM_STAMP)
+
 $(VLLM_STAMP): requirements-vllm.txt $(STAMP)
 	$(BIN)/python -m pip install --quiet --no-deps $(VLLM_NODEPS)
 	$(BIN)/python -m pip install --quiet -r requirements-vllm.txt

@@ -48,7 +48,17 @@ def test_ops_of_one_job_run_in_parallel() -> None:
 def test_submit_and_get_finished_do_not_block() -> None:
     with IOPool(1, 1, io_timeout_s=5) as pool:
         gate = threading.Event()
-        pool.submit("slow", "read", [gate.wait, gate.wait])
+        started = threading.Semaphore(0)
+
+        def hold() -> None:
+            started.release()
+            gate.wait()
+
+        # Both threads (the idle writer steals the read job's second op) must
+        # be held before the writes go in, or a fast writer finishes some of
+        # them first (seen on a loaded 2-core CI machine).
+        pool.submit("slow", "read", [hold, hold])
+        assert started.acquire(timeout=5) and started.acquire(timeout=5)
         t0 = time.monotonic()
         for i in range(100):
             pool.submit(i, "write", [lambda: None])

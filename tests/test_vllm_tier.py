@@ -451,3 +451,75 @@ def test_yaml_without_tier_section_or_with_unknown_section(tmp_path: Path) -> No
     c = tmp_path / "c.yaml"
     c.write_text(f"tier:\n  root_dir: {tmp_path}\nmodel:\n  name: ignored\n")
     assert fv.tier_config_from_options({"config": str(c)}).root_dir == tmp_path
+
+
+def test_fstier_cli_inspects_verifies_and_collects_a_vllm_root(tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from fstier.cli import main
+
+    root = tmp_path / "kv"
+    with tiering_manager(offloading_config([tier_cfg(root)])) as m:
+        store_request(m, "s", keys_for(14, 6))
+        ns = fstier_tier(m).mapper.namespace
+    runner = CliRunner()
+    res = runner.invoke(main, ["inspect", str(root), "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.output)["namespaces"]
+    assert (row["namespace"], row["files"]) == (ns, 6)
+    res = runner.invoke(main, ["verify", str(root), "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output  # verify exits 1 when it finds a bad block
+    res = runner.invoke(main, ["gc", str(root), "--max-bytes", "200KiB"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert len(block_files(root)) <= 2
+
+
+def test_a_job_fstier_refuses_fails_as_a_job_not_an_exception(tmp_path: Path) -> None:
+    with tiering_manager(offloading_config([tier_cfg(tmp_path / "kv")], num_chunks=8)) as m:
+        tier = fstier_tier(m)
+        keys = keys_for(15, 2)
+        job = TransferJob(job_id=5, keys=keys, chunk_ids=np.array([1, 99]),  # row 99 does not exist
+                          is_promotion=True, req_context=ReqContext(req_id="x"))
+        tier.submit_load(job)
+        assert tier.has_pending_work()
+        (res,) = list(tier.get_finished_jobs())
+        assert (res.job_id, res.success, res.successful_keys) == (5, False, None)
+        assert not tier.has_pending_work()
+
+
+def test_a_timed_out_load_is_held_back_until_the_late_call_returned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    root = tmp_path / "kv"
+    keys = keys_for(16, 1)
+    with tiering_manager(offloading_config([tier_cfg(root)])) as m:
+        store_request(m, "s", keys)
+    release = threading.Event()
+    real = posix.FS.preadv
+
+    def hung_preadv(fd: int, bufs: object, offset: int) -> int:
+        release.wait(10)  # a hung NFS read, until the test lets it go
+        return real(fd, bufs, offset)  # type: ignore[arg-type]
+
+    with tiering_manager(offloading_config([tier_cfg(root, io_timeout_s=0.2)])) as m:
+        tier = fstier_tier(m)
+        monkeypatch.setattr(posix.FS, "preadv", hung_preadv)
+        tier.submit_load(TransferJob(job_id=9, keys=keys, chunk_ids=np.array([3]),
+                                     is_promotion=True, req_context=ReqContext(req_id="x")))
+        deadline = time.monotonic() + 10
+        while not tier.fstier.fenced_slots and time.monotonic() < deadline:
+            time.sleep(0.02)
+            assert list(tier.get_finished_jobs()) == []
+        assert tier.fstier.fenced_slots == frozenset({3})  # the op timed out, row 3 fenced
+        # FsTier has a result, but vLLM must not get the row back yet.
+        assert list(tier.get_finished_jobs()) == [] and tier.has_pending_work()
+        threading.Timer(0.3, release.set).start()
+        tier.drain_jobs()  # returns only once the late call returned
+        assert release.is_set() and not tier.fstier.fenced_slots
+        (res,) = list(tier.get_finished_jobs())
+        assert (res.job_id, res.success) == (9, False)
+        monkeypatch.undo()

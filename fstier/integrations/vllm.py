@@ -242,6 +242,11 @@ class RowSlots:
         with self._lock:
             return frozenset(self._fenced)
 
+    def release(self) -> None:
+        """Drop this provider's export of the engine's buffer (after the last
+        I/O), so the engine can unmap it; slot views are invalid after."""
+        self._flat.release()
+
 
 # ------------------------------------------------------------------ options
 class _TierOnly(BaseModel):
@@ -507,6 +512,8 @@ else:
             self._jobs: dict[Hashable, _Job] = {}
             #: finished FsTier results whose rows a late I/O call may still write
             self._held: list[tuple[_Job, FsJobResult]] = []
+            #: jobs FsTier refused at submission: reported failed next poll
+            self._refused: list[_Job] = []
             self._reported: dict[str, float] = {}
             self._closed = False
             try:
@@ -554,13 +561,22 @@ else:
                     break
                 bkeys.append(b)
             rec = _Job(job.job_id, keys, slots, is_load, len(bkeys))
-            with self._lock:
-                self._jobs[job.job_id] = rec
             n = len(bkeys)
-            if is_load:
-                self.fstier.submit_load(job.job_id, bkeys, slots[:n])
-            else:
-                self.fstier.submit_store(job.job_id, bkeys, slots[:n])
+            try:
+                with self._lock:
+                    self._jobs[job.job_id] = rec
+                if is_load:
+                    self.fstier.submit_load(job.job_id, bkeys, slots[:n])
+                else:
+                    self.fstier.submit_store(job.job_id, bkeys, slots[:n])
+            except (ValueError, FstierError) as exc:
+                # A job FsTier refuses (a row out of range or fenced, a closed
+                # tier) fails as a job: an exception here would take down
+                # vLLM's scheduler.
+                log.error("fstier: vLLM job %d refused: %s", job.job_id, exc)
+                with self._lock:
+                    self._jobs.pop(job.job_id, None)
+                    self._refused.append(rec)
 
         def submit_store(self, job_metadata: TransferJob) -> None:
             # Keys already on disk are skipped by the store op itself (one
@@ -603,14 +619,19 @@ else:
                 for item in [*self._held, *((self._jobs.pop(r.job_id), r) for r in fresh)]:
                     (held if fenced.intersection(item[0].slots) else ready).append(item)
                 self._held = held
+                refused, self._refused = self._refused, []
             for rec, r in ready:
                 out.append(self._to_vllm(rec, r))
+            for rec in refused:
+                if rec.is_load:
+                    self._lookup.mark_miss(rec.keys)
+                out.append(VllmJobResult(job_id=rec.job_id, success=False))
             self._collect_events()
             return out
 
         def has_pending_work(self) -> bool:
             with self._lock:
-                return bool(self._jobs or self._held)
+                return bool(self._jobs or self._held or self._refused)
 
         def drain_jobs(self) -> None:
             """Wait until every submitted job finished and no late I/O call
@@ -705,4 +726,9 @@ else:
             try:
                 self._lookup.shutdown()
             finally:
-                self.fstier.close()
+                try:
+                    self.fstier.close()
+                finally:
+                    # vLLM unmaps the primary region next; a live export of it
+                    # would keep the mapping (and warn) past shutdown.
+                    self.rows.release()

@@ -208,7 +208,9 @@ def test_eviction_races_loads_zero_wrong_bytes(tmp_path: Path) -> None:
         while time.monotonic() < deadline:
             keys = [key_for((i * 4 + j) % 64, "ev") for j in range(4)]
             rs, _ = _run(t, "store", keys)
-            assert rs.success or rs.cause == "backpressure", rs
+            # A root at max_bytes drops stores ("capacity") until eviction
+            # makes room: usage is bounded across instances (issue 15 item 6).
+            assert rs.success or rs.cause in ("backpressure", "capacity"), rs
             rl, got = _run(t, "load", keys)
             for k, g in zip(keys[: rl.keys_completed], got, strict=False):
                 loaded += 1
