@@ -1,9 +1,9 @@
 """Raw O_DIRECT baselines for bench_io.py: what the disk does without fstier.
 
 Two shapes, both with the same thread count as the fstier run they are
-compared with, both writing NEW blocks (DESIGN §9: overwriting allocated
-blocks is ~3x faster than allocating, so an overwrite baseline is the wrong
-limit):
+compared with, both writing NEW blocks (docs/architecture.md, "Facts of the
+machines": overwriting allocated blocks is ~3x faster than allocating, so an
+overwrite baseline is the wrong limit):
 
 - ``large``: one new large file; threads ``pwrite`` block-sized pieces at
   distinct offsets, then ``pread`` them back.

@@ -10,7 +10,7 @@ For each block size and thread count, in the same run and the same directory:
   ``IOPool`` with the same number of threads, checksums on and off.
 
 Buffers come from a prefaulted, reused aligned pool (first-touch page faults
-are slow on these VMs, DESIGN §9), and a warm-up pass runs first. ``raw_gbps``
+are slow on these VMs, docs/architecture.md), and a warm-up pass runs first. ``raw_gbps``
 is the faster of the two raw shapes (the strictest baseline) and ``ratio`` is
 fstier GB/s over it. ``--aio`` also compares an aiofiles-only block path with the
 AsyncBlockIO pool path.

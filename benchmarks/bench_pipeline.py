@@ -337,9 +337,10 @@ class Pipeline:
         return sl, ll, sf, lf
 
     def remove_round(self, round_id: int) -> None:
-        """Delete one round's files so every round writes NEW files (DESIGN §9).
-        Directories stay, as they do in a long-running tier (and FileMapper
-        remembers which parents it already created)."""
+        """Delete one round's files so every round writes NEW files
+        (docs/architecture.md, "Facts of the machines"). Directories stay, as
+        they do in a long-running tier (and FileMapper remembers which parents
+        it already created)."""
         for dirpath, _dirs, files in os.walk(self.store_tier.mapper.blocks_dir):
             for name in files:
                 os.unlink(os.path.join(dirpath, name))

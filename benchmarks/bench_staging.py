@@ -5,7 +5,8 @@ allocate_cross_layer_kv_caches), ``per-layer`` (one packed tensor per layer),
 ``per-layer tp=2`` (rank 0 of tp=2: 1 KiB-ish strided fragments). The baseline
 is ``dst.copy_(src)`` of the same number of bytes between two touched
 contiguous host buffers, measured in the same run. Pool and tensors are
-prefaulted and a warm-up pass runs first (DESIGN §9).
+prefaulted and a warm-up pass runs first (docs/architecture.md, "Facts of the
+machines").
 
     .venv/bin/python benchmarks/bench_staging.py [--layers 16] [--blocks 64] [--json]
 """

@@ -1,8 +1,20 @@
 """fstier: a filesystem tier for LLM KV-cache offloading.
 
-Public names are re-exported here. Names whose modules need torch
-(layout, gpu_copy, manager) are imported lazily on first attribute access, so
-``import fstier`` and ``fstier --help`` stay cheap and torch-free.
+Public names are re-exported here: everything an engine needs to wire
+fstier end to end (docs/integration.md) is importable from ``fstier``,
+including the types that the public functions take and return. Names whose
+modules need torch or numpy (layout, gpu_copy, host_pool, manager) are
+imported lazily on first attribute access, so ``import fstier`` and
+``fstier --help`` stay cheap and torch-free.
+
+The package, by folder: ``config``, ``keys``, ``file_mapper`` (what a block
+is called and where its file lives); ``layout`` (canonical pages: how a
+rank's KV cache maps onto tp-independent file bytes); ``host_pool`` and
+``slots`` (the shared host memory where ranks and the tier meet);
+``gpu_copy`` (``RankStager``: device <-> host slots, per rank); ``io/`` (the
+block-file format and the POSIX store/load path); ``manager`` (``FsTier``:
+lookup, jobs, capacity, events, metrics); ``integrations/`` (engine
+adapters); ``cli/`` (the ``fstier`` command).
 """
 
 from __future__ import annotations
@@ -39,6 +51,16 @@ from fstier.keys import BlockKey, chain_hashes, prefix_keys
 __version__ = "0.1.0"
 
 _LAZY = {
+    "CrossLayerKVCaches": "fstier.layout",
+    "KVPacking": "fstier.layout",
+    "KVRef": "fstier.layout",
+    "LayerKVSpec": "fstier.layout",
+    "StateSpec": "fstier.layout",
+    "CopyStats": "fstier.gpu_copy",
+    "TierEvent": "fstier.manager",
+    "TierMetrics": "fstier._metrics",
+    "GcReport": "fstier._capacity",
+    "SlotProvider": "fstier.slots",
     "PageRun": "fstier.layout",
     "PageMapping": "fstier.layout",
     "rank_page_mapping": "fstier.layout",
@@ -60,15 +82,21 @@ __all__ = [
     "BlockStored",
     "CanonicalKVCaches",
     "ConfigError",
+    "CopyStats",
+    "CrossLayerKVCaches",
     "DirectIOUnsupportedError",
     "FileMapper",
     "FsTier",
     "FstierConfig",
     "FstierError",
+    "GcReport",
     "HostBlockPool",
     "JobResult",
     "KVGroupSpec",
+    "KVPacking",
+    "KVRef",
     "KeyFormatError",
+    "LayerKVSpec",
     "LayoutError",
     "LoadStoreSpec",
     "ModelSpec",
@@ -81,8 +109,12 @@ __all__ = [
     "PoolError",
     "PoolExhaustedError",
     "RankStager",
+    "SlotProvider",
+    "StateSpec",
     "StorageError",
     "TierConfig",
+    "TierEvent",
+    "TierMetrics",
     "__version__",
     "allocate_cross_layer_kv_caches",
     "chain_hashes",
@@ -104,14 +136,22 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fstier.gpu_copy import RankStager
+    from fstier._capacity import GcReport
+    from fstier._metrics import TierMetrics
+    from fstier.gpu_copy import CopyStats, RankStager
     from fstier.host_pool import HostBlockPool
     from fstier.layout import (
         CanonicalKVCaches,
+        CrossLayerKVCaches,
+        KVPacking,
+        KVRef,
+        LayerKVSpec,
         LoadStoreSpec,
         PageMapping,
         PageRun,
+        StateSpec,
         allocate_cross_layer_kv_caches,
         rank_page_mapping,
     )
-    from fstier.manager import BlockRemoved, BlockStored, FsTier, JobResult
+    from fstier.manager import BlockRemoved, BlockStored, FsTier, JobResult, TierEvent
+    from fstier.slots import SlotProvider

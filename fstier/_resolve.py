@@ -145,18 +145,30 @@ def split_parent(path: str | os.PathLike[str]) -> tuple[str, str]:
     return head or "/", tail
 
 
-def unlink_if(path: str | os.PathLike[str], keep: Callable[[os.stat_result], bool]) -> str:
+def unlink_if(
+    path: str | os.PathLike[str],
+    keep: Callable[[os.stat_result], bool],
+    on_error: Callable[[OSError], None] | None = None,
+) -> str:
     """Unlink ``path`` unless ``keep(lstat)`` says otherwise, resolving its
     directory once, without symlinks, and acting on that directory fd (a
     swap between the check and the unlink cannot redirect it). Returns
-    ``removed``, ``kept``, ``gone`` or ``error``."""
+    ``removed``, ``kept``, ``gone`` or ``error`` (the error, naming
+    ``path``, also goes to ``on_error``)."""
+
+    def error(exc: OSError) -> str:
+        if on_error is not None:
+            exc.filename = os.fspath(path)
+            on_error(exc)
+        return "error"
+
     parent, name = split_parent(path)
     try:
         dfd = open_nofollow(parent, os.O_RDONLY | _O_DIRECTORY)
     except FileNotFoundError:
         return "gone"
-    except OSError:
-        return "error"  # ELOOP/ENOTDIR: a symlink on the path; nothing is touched
+    except OSError as exc:
+        return error(exc)  # ELOOP/ENOTDIR: a symlink on the path; nothing is touched
     try:
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
@@ -168,7 +180,7 @@ def unlink_if(path: str | os.PathLike[str], keep: Callable[[os.stat_result], boo
         return "removed"
     except FileNotFoundError:
         return "gone"
-    except OSError:
-        return "error"
+    except OSError as exc:
+        return error(exc)
     finally:
         os.close(dfd)

@@ -289,10 +289,18 @@ def iter_namespace_files(
     except FileNotFoundError:
         return
     except OSError as exc:
-        if on_error is not None:
-            on_error(exc)
+        _report(on_error, exc, str(namespace_dir))
         return
     yield from _walk_fd(top, str(namespace_dir), (), on_error)
+
+
+def _report(on_error: Callable[[OSError], None] | None, exc: OSError, path: str) -> None:
+    """Hand ``exc`` to ``on_error`` with ``filename`` naming ``path`` (an error
+    from an fd-based call names nothing by itself); raise it without one."""
+    exc.filename = exc.filename or path
+    if on_error is None:
+        raise exc
+    on_error(exc)
 
 
 def _walk_fd(
@@ -309,8 +317,7 @@ def _walk_fd(
         try:
             it = os.scandir(fd)
         except OSError as exc:
-            if on_error is not None:
-                on_error(exc)
+            _report(on_error, exc, path)
             return
         with it:
             for entry in it:
@@ -319,8 +326,7 @@ def _walk_fd(
                 except FileNotFoundError:
                     continue
                 except OSError as exc:
-                    if on_error is not None:
-                        on_error(exc)
+                    _report(on_error, exc, f"{path}/{entry.name}")
                     continue
                 if stat.S_ISDIR(st.st_mode):
                     if len(rel) < 3:
@@ -338,8 +344,8 @@ def _walk_fd(
                 sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
             except (FileNotFoundError, NotADirectoryError, OSError) as exc:
                 # ENOENT: removed meanwhile; ELOOP/ENOTDIR: swapped for a link.
-                if on_error is not None and not isinstance(exc, FileNotFoundError):
-                    on_error(exc)
+                if not isinstance(exc, FileNotFoundError):
+                    _report(on_error, exc, f"{path}/{name}")
                 continue
             yield from _walk_fd(sub, f"{path}/{name}", (*rel, name), on_error)
     finally:
@@ -398,8 +404,7 @@ def iter_root(
     except FileNotFoundError:
         return
     except OSError as exc:
-        if on_error is not None:
-            on_error(exc)
+        _report(on_error, exc, str(root))
         return
     if first is None:
         return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {
@@ -23,6 +24,9 @@ _UNITS = {
     "pb": 1000**5,
     "pib": 1024**5,
 }
+#: The largest size any option may name: the largest off_t (8 EiB).
+MAX_SIZE = (1 << 63) - 1
+
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -38,11 +42,11 @@ def parse_size(value: object) -> int:
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"size must be >= 0, got {value}")
-        return value
+        return _in_range(value, value)
     if isinstance(value, float):
-        if value < 0 or value != int(value):
+        if not math.isfinite(value) or value < 0 or value != int(value):
             raise ValueError(f"size must be a whole number of bytes >= 0, got {value}")
-        return int(value)
+        return _in_range(int(value), value)
     if not isinstance(value, str):
         raise ValueError(f"expected a size such as 4096, '512MiB' or '2TB', got {value!r}")
     m = _SIZE_RE.match(value)
@@ -55,16 +59,29 @@ def parse_size(value: object) -> int:
             f"unknown size unit {unit!r} in {value!r}; use B, kB, MB, GB, TB, KiB, MiB, GiB or TiB"
         )
     size = float(number) * mult
+    # A long enough digit string overflows to inf, which int() refuses with
+    # OverflowError (not a ValueError, so it escaped config validation).
+    if not math.isfinite(size) or size > MAX_SIZE:
+        raise ValueError(f"size must be at most {MAX_SIZE} bytes (the largest file offset), got {value!r}")
     if size != int(size):
         raise ValueError(f"size {value!r} is not a whole number of bytes")
     return int(size)
+
+
+def _in_range(size: int, given: object) -> int:
+    if size > MAX_SIZE:
+        raise ValueError(f"size must be at most {MAX_SIZE} bytes (the largest file offset), got {given!r}")
+    return size
 
 
 def format_size(num: float) -> str:
     """Human-readable binary size, e.g. ``1.5 GiB``."""
     n = float(num)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+        # Compare what will be printed, not the raw value: 1073741823 bytes
+        # is 1023.99... MiB, which rounds to "1024.0 MiB" where "1.0 GiB" is meant.
+        shown = round(n) if unit == "B" else round(n, 1)
+        if abs(shown) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} PiB"

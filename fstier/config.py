@@ -10,7 +10,9 @@ path, the bad value and what is expected, e.g.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -87,6 +89,12 @@ def _file_mode(value: object) -> object:
 Dtype = Annotated[str, BeforeValidator(_normalize_dtype)]
 Size = Annotated[int, BeforeValidator(_size), Field(ge=0)]
 OptSize = Annotated[Annotated[int, Field(ge=0)] | None, BeforeValidator(_size)]
+
+#: Upper bounds of the time options (seconds): a day for timeouts, TTLs and
+#: the breaker's cool-down, an hour of queued writes, a year for temp files.
+MAX_SECONDS = 86_400.0
+MAX_QUEUE_SECONDS = 3_600.0
+MAX_TEMP_AGE_SECONDS = 365 * 86_400.0
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
@@ -236,15 +244,18 @@ class TierConfig(BaseModel):
     fsync: Literal["none", "file", "file+dir"] = "none"
     file_mode: Annotated[int, BeforeValidator(_file_mode), Field(ge=0, le=0o777)] = 0o644
     max_bytes: OptSize = None
-    low_watermark: float = Field(0.80, gt=0.0, lt=1.0)
-    high_watermark: float = Field(0.95, gt=0.0, le=1.0)
-    max_write_queue_seconds: float = Field(5.0, gt=0.0)
-    io_timeout_s: float = Field(30.0, gt=0.0)
+    # Every float is finite and bounded (issue 15 item 5): inf or nan here
+    # used to disable eviction (OverflowError in every capacity pass) or kill
+    # the I/O watchdog (a wait longer than threading.TIMEOUT_MAX).
+    low_watermark: float = Field(0.80, gt=0.0, lt=1.0, allow_inf_nan=False)
+    high_watermark: float = Field(0.95, gt=0.0, le=1.0, allow_inf_nan=False)
+    max_write_queue_seconds: float = Field(5.0, gt=0.0, le=MAX_QUEUE_SECONDS, allow_inf_nan=False)
+    io_timeout_s: float = Field(30.0, gt=0.0, le=MAX_SECONDS, allow_inf_nan=False)
     namespace_salt: str = Field("", max_length=256)
-    lookup_cache_ttl_s: float = Field(2.0, ge=0.0)
-    temp_max_age_s: float = Field(3600.0, gt=0.0)
+    lookup_cache_ttl_s: float = Field(2.0, ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)
+    temp_max_age_s: float = Field(3600.0, gt=0.0, le=MAX_TEMP_AGE_SECONDS, allow_inf_nan=False)
     breaker_failures: int = Field(8, ge=1)
-    breaker_cooldown_s: float = Field(10.0, gt=0.0)
+    breaker_cooldown_s: float = Field(10.0, gt=0.0, le=MAX_SECONDS, allow_inf_nan=False)
 
     @field_validator("root_dir", mode="before")
     @classmethod
@@ -259,7 +270,25 @@ class TierConfig(BaseModel):
     @classmethod
     def _root_not_file(cls, value: Path) -> Path:
         value = Path(os.path.expanduser(value))
-        if value.exists() and not value.is_dir():
+        # os.stat, not Path.exists: exists() raises PermissionError (a
+        # traceback, not a config error) when a parent cannot be entered.
+        try:
+            st = os.stat(value)
+        except FileNotFoundError:
+            return value  # created on first use
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ValueError(f"{str(value)!r} is a symlink loop") from None
+            if exc.errno == errno.ENOTDIR:
+                # A file where a parent directory should be: FileMapper reports
+                # it as a StorageError naming tier.root_dir when it creates the
+                # namespace (tests/test_file_mapper.py), like any unwritable root.
+                return value
+            raise ValueError(
+                f"cannot reach {str(value)!r}: {exc.strerror or exc}; "
+                "choose a directory this user can enter, or fix the parents' permissions"
+            ) from None
+        if not stat.S_ISDIR(st.st_mode):
             raise ValueError(f"must be a directory, but {str(value)!r} is a file")
         return value
 

@@ -11,6 +11,10 @@ model is parallel-agnostic (:func:`is_parallel_agnostic`) tp/pp/pcp/dcp are
 written as 1 and there is no rank segment, so every parallel layout of the
 same model shares one directory; otherwise they stay in the digest and each
 rank has its own ``r<rank>`` subtree.
+
+An engine that owns its byte layout (vLLM's offloading rows) defines the
+namespace itself: :meth:`FileMapper.for_engine` digests the engine's fields
+and follows the engine's parallel-agnostic verdict, with the same layout.
 """
 
 from __future__ import annotations
@@ -77,27 +81,88 @@ class FileMapper:
     """Maps :class:`BlockKey` to paths for one (model, parallel layout, tier) config."""
 
     def __init__(self, config: FstierConfig) -> None:
-        self.config = config
+        self.config: FstierConfig | None = config
+        self._setup(
+            Path(config.tier.root_dir),
+            config.model.name,
+            is_parallel_agnostic(config.model, config.parallel),
+            config.parallel.rank,
+            self.namespace_fields(),
+            [
+                config.tier.blocks_per_file * canonical_page_bytes(g, config.parallel)
+                for g in config.model.groups
+            ],
+        )
+
+    @classmethod
+    def for_engine(
+        cls,
+        root_dir: str | os.PathLike[str],
+        model_name: str,
+        fields: dict[str, Any],
+        *,
+        agnostic: bool,
+        rank: int,
+        payload_bytes: list[int],
+    ) -> FileMapper:
+        """A mapper whose namespace an engine defines (e.g. vLLM's offloading
+        config, :mod:`fstier.integrations.vllm`) instead of a :class:`ModelSpec`.
+
+        ``fields`` is digested as given (it must already hold every field that
+        changes a file's bytes, with parallel sizes collapsed when
+        ``agnostic``); ``payload_bytes[g]`` is the payload length of group
+        ``g``'s files. The on-disk layout and manifest are the same as for a
+        config-built mapper; :attr:`config` is ``None``."""
+        if not isinstance(rank, int) or rank < 0:
+            raise ValueError(f"FileMapper.for_engine: rank must be an int >= 0, got {rank!r}")
+        if not payload_bytes or any(n <= 0 for n in payload_bytes):
+            raise ValueError(
+                f"FileMapper.for_engine: payload_bytes must list one size > 0 per group, "
+                f"got {payload_bytes!r}"
+            )
+        self = cls.__new__(cls)
+        self.config = None
+        self._setup(
+            Path(root_dir), model_name, agnostic, rank,
+            {"namespace_version": NAMESPACE_VERSION, **fields}, list(payload_bytes),
+        )
+        return self
+
+    def _setup(
+        self,
+        root: Path,
+        model_name: str,
+        agnostic: bool,
+        rank: int,
+        fields: dict[str, Any],
+        payload_bytes: list[int],
+    ) -> None:
         # The real path: block paths are then free of symlinks by
         # construction, and every later resolution refuses any symlink it
         # meets (fstier/_resolve.py), planted below the root or not.
-        self.root = Path(os.path.realpath(config.tier.root_dir))
-        self.agnostic = is_parallel_agnostic(config.model, config.parallel)
-        self.fields = self.namespace_fields()
+        self.root = Path(os.path.realpath(root))
+        self.agnostic = agnostic
+        self.fields = fields
+        self._payload_bytes = payload_bytes
         self.digest = hashlib.sha256(_canonical_json(self.fields)).hexdigest()[:16]
         self.digest_bytes = bytes.fromhex(self.digest)
-        self.namespace = f"{safe_model_name(config.model.name)}-{self.digest}"
+        self.namespace = f"{safe_model_name(model_name)}-{self.digest}"
         self.namespace_dir = self.root / self.namespace
-        self.blocks_dir = (
-            self.namespace_dir if self.agnostic else self.namespace_dir / f"r{config.parallel.rank}"
-        )
+        self.blocks_dir = self.namespace_dir if self.agnostic else self.namespace_dir / f"r{rank}"
         self._verified_dirs: set[str] = set()
         self._lock = threading.Lock()
+
+    @property
+    def num_groups(self) -> int:
+        """Number of KV groups (valid ``BlockKey.group_idx`` values)."""
+        return len(self._payload_bytes)
 
     # -- namespace -------------------------------------------------------
     def namespace_fields(self) -> dict[str, Any]:
         """Every field that changes the bytes of a block file, as digested."""
         cfg = self.config
+        if cfg is None:  # an engine-defined namespace (for_engine)
+            return dict(self.fields)
         model, par = cfg.model, cfg.parallel
         agnostic = is_parallel_agnostic(model, par)
         groups = [
@@ -184,15 +249,14 @@ class FileMapper:
     # -- paths ------------------------------------------------------------
     def expected_payload_bytes(self, group_idx: int) -> int:
         """Payload length of a full file of group ``group_idx``."""
-        group = self.config.model.groups[group_idx]
-        return self.config.tier.blocks_per_file * canonical_page_bytes(group, self.config.parallel)
+        return self._payload_bytes[group_idx]
 
     def path_for(self, key: BlockKey) -> Path:
         """The final path of ``key``'s block file (two-level hex fan-out)."""
-        if key.group_idx >= len(self.config.model.groups):
+        if key.group_idx >= self.num_groups:
             raise PathSafetyError(
                 f"key group {key.group_idx} does not exist; the model has "
-                f"{len(self.config.model.groups)} group(s)"
+                f"{self.num_groups} group(s)"
             )
         h = key.hex
         return self.blocks_dir / h[:3] / h[3:5] / f"{h}-g{key.group_idx}{BLOCK_SUFFIX}"

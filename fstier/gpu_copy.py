@@ -13,6 +13,29 @@ become one 4-d strided view, so a transfer costs one batched gather/scatter per
 plan for all blocks at once, never a Python step per fragment or per layer; a
 cross-layer or packed row is one plan whose fragments are whole rows.
 
+CUDA tensors never pass through a temporary pinned buffer or a CPU loop: the
+pool is registered pinned and mapped, and ``cuda_copy`` picks how a batch moves:
+
+* ``"dma"``: on the stager's stream, gather the blocks' fragments into a device
+  staging buffer laid out as the rank's canonical ranges packed in canonical
+  order (one index kernel per plan), then let the copy engine move them with
+  one ``cudaMemcpy2DAsync`` per uniform run of ranges (rows of equal width at a
+  fixed pitch). A rank's share of a page is one such run for the regular
+  layouts (a head slice of every token row, NHD; a head slice of every layer's
+  K and V, HND; the whole page at tp=1) and pages of adjacent slots merge, so a
+  batch costs a few copies whatever its size. Loads run the same in reverse.
+* ``"kernel"``: index kernels read or write the mapped slots directly.
+* ``"auto"`` (the default on CUDA): per batch, ``"dma"`` when its copies
+  average at least 1 MiB, ``"kernel"`` when they are many and small (small
+  pages in scattered slots).
+
+Both only queue work: ``stage_out``/``stage_in`` return once it is queued (the
+only host work is building index arrays), completion is an event per batch,
+and :meth:`RankStager.poll` only queries events. ``bench_gpu_staging.py``
+measures both against a pinned contiguous copy. On CPU tensors the default is
+numpy's strided copies; ``cuda_copy`` there runs the same index and packing
+logic with memcpy in place of the copy engine (how CI tests it).
+
 Hand-off: the scheduler allocates slots, tells the ranks (slot ids travel with
 the job); after stage_out completes on every rank the scheduler owns the slots
 and writes them to files; for a load the scheduler fills the slots and then the
@@ -22,12 +45,11 @@ completion. A slot is never touched by two sides at once.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -44,7 +66,17 @@ from fstier.layout import (
     _Frags,
 )
 
-__all__ = ["CopyStats", "HostBlockPool", "RankStager"]
+__all__ = ["CopyStats", "CudaCopy", "HostBlockPool", "RankStager"]
+
+#: How a CUDA stager moves bytes (see the module docstring).
+CudaCopy = Literal["auto", "dma", "kernel"]
+_CUDA_COPIES = ("auto", "dma", "kernel")
+#: The default, chosen by bench_gpu_staging on an H100 (docs/performance.md).
+_DEFAULT_CUDA_COPY: CudaCopy = "auto"
+#: "auto" takes the copy engine when a batch's host copies average at least
+#: this many bytes (each copy costs a few microseconds of launch, on the CPU and
+#: on the engine), index kernels on the mapped pool otherwise.
+_DMA_MIN_BYTES_PER_COPY = 1 << 20
 
 #: Per-block bytes of a plan from which one copy per block beats one batched
 #: fancy-index copy (which needs a temporary and a second pass).
@@ -52,6 +84,73 @@ _PER_BLOCK_MIN_BYTES = 16 * 1024
 #: Per-block copies at least this big use torch's (parallel, vectorised)
 #: ``copy_``; smaller ones numpy's assignment, whose per-call cost is lower.
 _TORCH_COPY_MIN_BYTES = 256 * 1024
+
+
+@dataclass
+class _Unit:
+    """Plans of one shape whose tensors sit at evenly spaced addresses, moved by
+    one kernel per batch: ``src`` is ``(plan, block, rep, fragment, elems)``,
+    ``stage`` the staging geometry ``(offset, plan stride, rep stride, fragment
+    stride)`` in bytes, ``dst`` the mapped pool as ``(plan, slot, page, rep,
+    fragment, elems)`` (kernel copies only). Per-layer caches whose layers were
+    allocated at a fixed spacing (one allocation, or equal ones back to back)
+    cost one launch per batch instead of one per layer."""
+
+    plans: list[_Plan]
+    src: torch.Tensor
+    stage: tuple[int, int, int, int]
+    dst: torch.Tensor | None = None
+
+
+class _RawDevice:
+    """``__cuda_array_interface__`` of ``size`` bytes of device memory at ``ptr``
+    that other tensors own (the registered KV tensors stay alive with the caches)."""
+
+    def __init__(self, ptr: int, size: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (size,),
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "strides": None,
+            "version": 3,
+        }
+
+
+def _unit_groups(plans: Sequence[_Plan], views: Sequence[tuple[int, int, int]], tensors: Sequence[torch.Tensor], raw_ok: bool) -> list[list[int]]:
+    """Indices of plans that can share a kernel: same shapes and strides, and
+    source address, canonical offset and staging offset each advancing by one
+    positive step. Without raw device views (CPU) the tensors must also share
+    one storage."""
+    by_key: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(plans):
+        t = tensors[p.tensor_idx]
+        key = (
+            p.reps, p.num, p.size, p.rep_local, p.local_stride, p.rep_canonical, p.canonical_stride,
+            int(t.stride(0)), int(t.shape[0]), views[i][1], views[i][2],
+            0 if raw_ok else t.untyped_storage().data_ptr(),
+        )
+        by_key.setdefault(key, []).append(i)
+    out: list[list[int]] = []
+    for idx in by_key.values():
+        idx = sorted(idx, key=lambda i: plans[i].canonical_offset)
+
+        def coords(i: int) -> tuple[int, int, int]:
+            p = plans[i]
+            return (tensors[p.tensor_idx].data_ptr() + p.local_offset, p.canonical_offset, views[i][0])
+
+        run = [idx[0]]
+        step: tuple[int, int, int] | None = None
+        for i in idx[1:]:
+            prev, cur = coords(run[-1]), coords(i)
+            d = (cur[0] - prev[0], cur[1] - prev[1], cur[2] - prev[2])
+            if min(d) > 0 and (step is None or d == step):
+                step = d
+                run.append(i)
+            else:
+                out.append(run)
+                run, step = [i], None
+        out.append(run)
+    return sorted(out, key=lambda r: r[0])
 
 
 # --------------------------------------------------------------------------- #
@@ -94,12 +193,185 @@ class _GroupPlans:
 
 @dataclass
 class _Batch:
-    """One in-flight stage_out/stage_in call (one record, under the stager lock)."""
+    """One in-flight stage_out/stage_in call (one record, under the stager lock).
+
+    ``keep`` holds the device buffers its queued work uses and ``pinned`` the
+    index buffers its host-to-device index copy reads; both are released when
+    its event has completed."""
 
     batch_id: int
     event: Any = None
-    finish: list[tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]] = field(default_factory=list)
     keep: list[torch.Tensor] = field(default_factory=list)
+    pinned: list[torch.Tensor] = field(default_factory=list)
+
+
+class _Work(NamedTuple):
+    """One group's part of a batch: block ids, and each block's slot and page in it."""
+
+    group: int
+    ids: np.ndarray
+    slots: np.ndarray
+    pages: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Staging:
+    """Device staging layout of one group and direction.
+
+    ``page_bytes`` staging bytes per block; ``views[i]`` is plan ``i``'s
+    ``(offset, rep stride, fragment stride)`` in a staging page; ``segs`` rows
+    ``(canonical offset, staging offset, width, rows, canonical pitch, staging
+    pitch)``: the host copies of one page. ``spans_page``: one segment that
+    tiles whole pages on both sides, so adjacent pages merge into one copy."""
+
+    page_bytes: int
+    views: tuple[tuple[int, int, int], ...]
+    segs: np.ndarray
+    spans_page: bool
+
+
+def _staging_for(plans: Sequence[_Plan], cpb: int) -> _Staging:
+    """Pack the plans' canonical fragments in canonical order (start-up only).
+
+    Packed order keeps each range's bytes adjacent, so the staging page is
+    exactly the rank's bytes and every run of equal ranges at a fixed pitch is
+    one 2-d copy. When a plan's fragments do not land on an affine grid in the
+    packed order, staging uses canonical offsets instead (always affine, at the
+    cost of a full-page staging buffer)."""
+    if not plans:
+        return _Staging(0, (), np.zeros((0, 6), np.int64), False)
+    cos, sizes, counts = [], [], []
+    for p in plans:
+        offs = (
+            p.canonical_offset
+            + np.arange(p.reps, dtype=np.int64)[:, None] * p.rep_canonical
+            + np.arange(p.num, dtype=np.int64)[None, :] * p.canonical_stride
+        ).ravel()
+        cos.append(offs)
+        sizes.append(np.full(offs.size, p.size, dtype=np.int64))
+        counts.append(offs.size)
+    co, sz = np.concatenate(cos), np.concatenate(sizes)
+    order = np.argsort(co, kind="stable")
+    co_s, sz_s = co[order], sz[order]
+    brk = np.ones(co_s.size, dtype=bool)
+    brk[1:] = co_s[1:] != co_s[:-1] + sz_s[:-1]
+    first = np.flatnonzero(brk)
+    rstart = co_s[first]
+    rsize = np.add.reduceat(sz_s, first)
+    rpos = np.cumsum(rsize) - rsize
+    ri = np.cumsum(brk) - 1
+    pos = np.empty_like(co)
+    pos[order] = rpos[ri] + co_s - rstart[ri]
+    views: list[tuple[int, int, int]] = []
+    packed = True
+    at = 0
+    for p, n in zip(plans, counts, strict=True):
+        grid = pos[at : at + n].reshape(p.reps, p.num)
+        at += n
+        p0 = int(grid[0, 0])
+        a = int(grid[1, 0] - p0) if p.reps > 1 else 0
+        b = int(grid[0, 1] - p0) if p.num > 1 else 0
+        want = p0 + np.arange(p.reps)[:, None] * a + np.arange(p.num)[None, :] * b
+        if not np.array_equal(grid, want):
+            packed = False
+            break
+        views.append((p0, a, b))
+    if packed:
+        page_bytes, spos = int(rsize.sum()), rpos
+    else:
+        page_bytes, spos = cpb, rstart
+        views = [(p.canonical_offset, p.rep_canonical, p.canonical_stride) for p in plans]
+    segs: list[tuple[int, int, int, int, int, int]] = []
+    i, m = 0, rstart.size
+    while i < m:
+        j = i + 1
+        w = int(rsize[i])
+        cp = sp = w
+        if j < m and rsize[j] == w:
+            cp, sp = int(rstart[j] - rstart[i]), int(spos[j] - spos[i])
+            while j < m and rsize[j] == w and rstart[j] - rstart[j - 1] == cp and spos[j] - spos[j - 1] == sp:
+                j += 1
+        segs.append((int(rstart[i]), int(spos[i]), w, j - i, cp, sp))
+        i = j
+    arr = np.array(segs, dtype=np.int64)
+    spans = len(segs) == 1 and segs[0][3] * segs[0][4] == cpb and segs[0][3] * segs[0][5] == page_bytes
+    return _Staging(page_bytes, tuple(views), arr, spans)
+
+
+def _host_copies(st: _Staging, host_off: np.ndarray, cpb: int) -> np.ndarray:
+    """One batch's copies as rows ``(host offset, staging offset, width, rows,
+    host pitch, staging pitch)``; staging page ``j`` is block ``j`` of the batch."""
+    n = host_off.size
+    if st.spans_page:
+        co0, so0, w, rows, cp, sp = (int(x) for x in st.segs[0])
+        brk = np.flatnonzero(np.diff(host_off) != cpb) + 1
+        starts = np.concatenate([[0], brk]).astype(np.int64)
+        counts = np.diff(np.append(starts, n))
+        out = np.empty((starts.size, 6), dtype=np.int64)
+        out[:, 0] = host_off[starts] + co0
+        out[:, 1] = starts * st.page_bytes + so0
+        out[:, 2] = w
+        out[:, 3] = rows * counts
+        out[:, 4] = cp
+        out[:, 5] = sp
+        return out
+    k = st.segs.shape[0]
+    out = np.repeat(st.segs[None, :, :], n, axis=0).reshape(n * k, 6).copy()
+    out[:, 0] += np.repeat(host_off, k)
+    out[:, 1] += np.repeat(np.arange(n, dtype=np.int64) * st.page_bytes, k)
+    return out
+
+
+def _elem_dtype(*byte_quantities: int) -> torch.dtype:
+    """The widest integer type (<= 8 bytes) dividing every offset, stride and size:
+    index kernels move one element per thread, so 8-byte elements move 8x the
+    bytes per instruction of int8 (and make 256-byte bus writes per warp)."""
+    g = 0
+    for q in byte_quantities:
+        g = math.gcd(g, int(q))
+    for size, dt in ((8, torch.int64), (4, torch.int32), (2, torch.int16)):
+        if g % size == 0:
+            return dt
+    return torch.int8
+
+
+def _typed(base: torch.Tensor, dtype: torch.dtype, byte_offset: int, shape: Sequence[int], byte_strides: Sequence[int]) -> torch.Tensor:
+    """A ``dtype`` view of ``base``'s storage; the last dim is bytes with stride 1."""
+    es = torch.empty(0, dtype=dtype).element_size()
+    start = base.storage_offset() * base.element_size() + byte_offset
+    v = torch.empty(0, dtype=dtype, device=base.device)
+    v.set_(
+        base.untyped_storage(),
+        start // es,
+        (*shape[:-1], shape[-1] // es),
+        (*(s // es for s in byte_strides[:-1]), 1),
+    )
+    return v
+
+
+class _PinnedIndices:
+    """Pinned int64 buffers for batches' index arrays, reused once their batch
+    finished: pinning is a slow system call, so it happens only while the
+    number of batches in flight grows past what was ever in flight before."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: list[torch.Tensor] = []
+        #: pinned buffers ever allocated (tests: no growth after warm-up)
+        self.allocated = 0
+
+    def take(self, n: int) -> torch.Tensor:
+        with self._lock:
+            for i, buf in enumerate(self._free):
+                if buf.numel() >= n:
+                    return self._free.pop(i)
+        cap = max(1024, 1 << max(0, n - 1).bit_length())
+        self.allocated += 1
+        return torch.empty(cap, dtype=torch.int64, pin_memory=True)
+
+    def give(self, bufs: Sequence[torch.Tensor]) -> None:
+        with self._lock:
+            self._free.extend(bufs)
 
 
 def _progressions(runs: list[PageRun]) -> list[tuple[int, int, int, int, int]]:
@@ -169,9 +441,10 @@ class RankStager:
 
     ``page_mappings[g]`` is this rank's mapping of group ``g`` (its
     ``local_page_bytes`` must equal the registered references' total).
-    Tensors on CUDA use a dedicated stream, pinned slots and an event per
-    batch; CPU tensors copy synchronously. Both report through
-    :meth:`poll` / :meth:`wait`.
+    Tensors on CUDA use a dedicated stream, the pinned pool and an event per
+    batch, copying as ``cuda_copy`` says (default: the measured best);
+    CPU tensors copy synchronously. Both report through :meth:`poll` /
+    :meth:`wait`.
     """
 
     def __init__(
@@ -180,6 +453,7 @@ class RankStager:
         page_mappings: Sequence[PageMapping],
         pool: HostBlockPool,
         blocks_per_file: int = 1,
+        cuda_copy: CudaCopy | None = None,
     ) -> None:
         caches = canonical_kv_caches
         caches.check()
@@ -189,6 +463,8 @@ class RankStager:
             )
         if blocks_per_file < 1:
             raise LayoutError(f"RankStager: blocks_per_file must be >= 1, got {blocks_per_file}")
+        if cuda_copy is not None and cuda_copy not in _CUDA_COPIES:
+            raise ValueError(f"RankStager: cuda_copy must be one of {_CUDA_COPIES}, got {cuda_copy!r}")
         self.caches = caches
         self.mappings = list(page_mappings)
         self.pool = pool
@@ -203,7 +479,7 @@ class RankStager:
             have = caches.local_page_bytes(g)
             if have != m.local_page_bytes:
                 raise LayoutError(
-                    f"RankStager: group {g} ({m.format_id}, kv_layout {m.kv_layout!r}) expects a "
+                    f"RankStager: group {g} ({m.format_id}, kv_packing {m.kv_packing!r}) expects a "
                     f"{m.local_page_bytes}-byte local page, the registered tensors give {have}; "
                     "check the group spec, parallel layout and registration order"
                 )
@@ -222,34 +498,204 @@ class RankStager:
         if devices:
             raise LayoutError("RankStager: all registered tensors must be on one device")
         self._cuda = self.device.type == "cuda"
+        #: "host" (numpy, CPU tensors), "dma" or "kernel" (module docstring)
+        self.copy_mode: str = (cuda_copy or _DEFAULT_CUDA_COPY) if self._cuda else (cuda_copy or "host")
+        if self._cuda and self.copy_mode == "auto" and not pool.pinned:
+            self.copy_mode = "dma"  # kernels need the mapped pool; plain copies still work
         self._stream = torch.cuda.Stream(device=self.device) if self._cuda else None
-        # Views are built once; a call only indexes them. The CPU path uses
-        # numpy views of the same memory: torch's CPU index kernels copy byte by
-        # byte (~0.2 GB/s measured by bench_staging) while numpy moves each
-        # strided block with memcpy-sized inner loops.
-        self._np_src = {}
-        self._np_dst = {}
-        if not self._cuda:
+        self._np_src: dict[tuple[int, str, int], np.ndarray] = {}
+        self._np_dst: dict[tuple[int, str, int], np.ndarray] = {}
+        self._t_src: dict[tuple[int, str, int], torch.Tensor] = {}
+        self._t_dst: dict[tuple[int, str, int], torch.Tensor] = {}
+        if self.copy_mode == "host":
+            # The CPU path uses numpy views of the same memory: torch's CPU
+            # index kernels copy byte by byte (~0.2 GB/s measured by
+            # bench_staging) while numpy moves each strided block with
+            # memcpy-sized inner loops.
             for key, v in self._src_views_list():
                 self._np_src[key] = v
             for key, v in self._dst_views_list():
                 self._np_dst[key] = v
-        # The same views as torch tensors for big per-block copies: torch's
-        # strided copy of >= 256 KiB is ~1.1-1.4x numpy's assignment here.
-        self._t_src = {k: torch.from_numpy(v) for k, v in self._np_src.items()}
-        self._t_dst = {k: torch.from_numpy(v) for k, v in self._np_dst.items()}
-        self._src_views = {
-            (g, kind, i): self._src_view(p)
-            for g, gp in enumerate(self._groups)
-            for kind, plans in (("store", gp.store), ("load", gp.load))
-            for i, p in enumerate(plans)
-        }
-        self._dst_views = {
-            (g, kind, i): self._dst_view(p, gp.canonical_page_bytes)
-            for g, gp in enumerate(self._groups)
-            for kind, plans in (("store", gp.store), ("load", gp.load))
-            for i, p in enumerate(plans)
-        }
+            # The same views as torch tensors for big per-block copies: torch's
+            # strided copy of >= 256 KiB is ~1.1-1.4x numpy's assignment here.
+            self._t_src = {k: torch.from_numpy(v) for k, v in self._np_src.items()}
+            self._t_dst = {k: torch.from_numpy(v) for k, v in self._np_dst.items()}
+        else:
+            self._setup_device_path()
+
+    # -- device path (CUDA, or its CPU emulation) ----------------------------
+
+    def _setup_device_path(self) -> None:
+        """Staging layouts, element types and typed views, built once."""
+        self._pinned = _PinnedIndices()
+        self._rt: Any = None
+        if self._cuda and self.copy_mode in ("dma", "auto"):
+            from fstier._cudart import cudart
+
+            self._rt = cudart()
+        if self.copy_mode in ("kernel", "auto"):
+            self._pool_dev = self.pool.device_tensor(self.device) if self._cuda else self.pool.tensor.view(-1)
+        self._staging: dict[tuple[int, str], _Staging] = {}
+        self._stage_bufs: dict[tuple[int, str], tuple[int, torch.Tensor, list[torch.Tensor]]] = {}
+        self._dtype: dict[tuple[int, str], torch.dtype] = {}
+        self._units: dict[tuple[int, str], list[_Unit]] = {}
+        for g, gp in enumerate(self._groups):
+            cpb = gp.canonical_page_bytes
+            for kind, plans in (("store", gp.store), ("load", gp.load)):
+                st = _staging_for(plans, cpb)
+                groups = _unit_groups(plans, st.views, self.caches.tensors, raw_ok=self._cuda)
+                quantities: list[int] = [cpb, self.pool.slot_bytes, st.page_bytes]
+                for p, v in zip(plans, st.views, strict=True):
+                    t = self.caches.tensors[p.tensor_idx]
+                    quantities += [p.size, p.local_offset, p.rep_local, p.local_stride, p.canonical_offset]
+                    quantities += [p.rep_canonical, p.canonical_stride, *v]
+                    quantities += [int(t.stride(0)), int(t.storage_offset()), t.untyped_storage().data_ptr()]
+                    quantities += [t.data_ptr()]
+                dt = _elem_dtype(*quantities)
+                self._staging[(g, kind)] = st
+                self._dtype[(g, kind)] = dt
+                self._units[(g, kind)] = [self._make_unit([plans[i] for i in grp], [st.views[i] for i in grp], dt, cpb) for grp in groups]
+
+    def _make_unit(self, plans: list[_Plan], views: list[tuple[int, int, int]], dt: torch.dtype, cpb: int) -> _Unit:
+        p, m = plans[0], len(plans)
+        t = self.caches.tensors[p.tensor_idx]
+        addr0 = t.data_ptr() + p.local_offset
+        d_addr = (self.caches.tensors[plans[1].tensor_idx].data_ptr() + plans[1].local_offset - addr0) if m > 1 else 1
+        d_can = plans[1].canonical_offset - p.canonical_offset if m > 1 else 1
+        d_stage = views[1][0] - views[0][0] if m > 1 else 1
+        shape = (m, int(t.shape[0]), p.reps, p.num, p.size)
+        strides = (d_addr, int(t.stride(0)), p.rep_local, p.local_stride, 1)
+        extent = sum((n - 1) * st for n, st in zip(shape, strides, strict=True)) + 1
+        if m == 1 or not self._cuda:
+            # One tensor, or (CPU) one storage: an ordinary view of it.
+            base = t.untyped_storage().data_ptr()
+            holder = torch.empty(0, dtype=torch.int8, device=self.device).set_(t.untyped_storage())
+            src = _typed(holder, dt, addr0 - base, shape, strides)
+        else:
+            # Layers in separate allocations at a fixed spacing: a raw view
+            # spanning them (only the layers' own bytes are ever touched).
+            with torch.cuda.device(self.device):
+                raw = torch.as_tensor(_RawDevice(addr0, extent), device=self.device)
+            src = _typed(raw, dt, 0, shape, strides)
+        dst = None
+        if self.copy_mode in ("kernel", "auto"):
+            dst = _typed(
+                self._pool_dev, dt, p.canonical_offset,
+                (m, self.pool.num_slots, self.blocks_per_file, p.reps, p.num, p.size),
+                (d_can, self.pool.slot_bytes, cpb, p.rep_canonical, p.canonical_stride, 1),
+            )
+        return _Unit(plans, src, (views[0][0], d_stage, views[0][1], views[0][2]), dst)
+
+    def _device_indices(self, batch: _Batch, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
+        """Index arrays on the device: one async copy from a reused pinned buffer
+        (a pageable source could make the copy wait for the stream)."""
+        if not self._cuda:
+            return [torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in arrays]
+        n = sum(a.size for a in arrays)
+        buf = self._pinned.take(n)
+        batch.pinned.append(buf)
+        host = buf.numpy()
+        at = 0
+        for a in arrays:
+            host[at : at + a.size] = a
+            at += a.size
+        dev = torch.empty(n, dtype=torch.int64, device=self.device)
+        dev.copy_(buf[:n], non_blocking=True)
+        batch.keep.append(dev)
+        out, at = [], 0
+        for a in arrays:
+            out.append(dev[at : at + a.size])
+            at += a.size
+        return out
+
+    def _move(self, rows: np.ndarray, stage: torch.Tensor, out: bool) -> None:
+        """Host copies (:func:`_host_copies` rows) between staging and slots (copy engine on CUDA)."""
+        self.stats.ops += rows.shape[0]
+        if self._cuda:
+            assert self._stream is not None and self._rt is not None
+            stream = self._stream.cuda_stream
+            hbase, sbase = self._pool_i8.data_ptr(), stage.data_ptr()
+            for h, so, w, r, hp, sp in rows.tolist():
+                if out:
+                    self._rt.memcpy_2d_async(hbase + h, hp, sbase + so, sp, w, r, stream)
+                else:
+                    self._rt.memcpy_2d_async(sbase + so, sp, hbase + h, hp, w, r, stream)
+            return
+        # CPU emulation of the same copies (tests): numpy strided assignment.
+        pool = self._pool_i8.numpy()
+        stg = stage.view(torch.int8).numpy()
+        for h, so, w, r, hp, sp in rows.tolist():
+            hv = np.lib.stride_tricks.as_strided(pool[h:], (r, w), (hp, 1))
+            sv = np.lib.stride_tricks.as_strided(stg[so:], (r, w), (sp, 1))
+            if out:
+                hv[...] = sv
+            else:
+                sv[...] = hv
+
+    def _stage_buffer(self, key: tuple[int, str], n: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The persistent staging buffer of ``key`` for ``n`` blocks and its plan views.
+
+        One buffer per group and direction is enough: all of a stager's work
+        runs on its one stream, so a batch's staging is reused only after the
+        previous batch's copies out of it (stream order). It grows to the next
+        power of two; a batch still in flight keeps the old buffer alive."""
+        have = self._stage_bufs.get(key)
+        if have is None or have[0] < n:
+            cap = 1 << max(0, n - 1).bit_length()
+            st, dt = self._staging[key], self._dtype[key]
+            es = torch.empty(0, dtype=dt).element_size()
+            buf = torch.empty(cap * st.page_bytes // es, dtype=dt, device=self.device)
+            views = []
+            for u in self._units[key]:
+                p = u.plans[0]
+                p0, dp, a, b = u.stage
+                views.append(_typed(buf, dt, p0, (len(u.plans), cap, p.reps, p.num, p.size), (dp, st.page_bytes, a, b, 1)))
+            have = self._stage_bufs[key] = (cap, buf, views)
+        _, buf, views = have
+        return buf, [v[:, :n] for v in views]
+
+    def _stage_device(self, work: list[_Work], batch: _Batch, out: bool) -> None:
+        kind = "store" if out else "load"
+        for g, ids, sidx, pidx in work:
+            gp = self._groups[g]
+            plans = gp.store if out else gp.load
+            if not plans:
+                continue
+            n = len(ids)
+            st = self._staging[(g, kind)]
+            host_off = sidx * self.pool.slot_bytes + pidx * gp.canonical_page_bytes
+            rows = _host_copies(st, host_off, gp.canonical_page_bytes)
+            use_kernel = self.copy_mode == "kernel" or (
+                self.copy_mode == "auto" and n * st.page_bytes < _DMA_MIN_BYTES_PER_COPY * rows.shape[0]
+            )
+            units = self._units[(g, kind)]
+            if use_kernel:
+                ids_d, s_d, p_d = self._device_indices(batch, [ids, sidx, pidx])
+                for u in units:
+                    assert u.dst is not None
+                    if out:
+                        u.dst[:, s_d, p_d] = u.src.index_select(1, ids_d)
+                    else:
+                        u.src.index_copy_(1, ids_d, u.dst[:, s_d, p_d])
+                    self._count_unit(u, n)
+                continue
+            (ids_d,) = self._device_indices(batch, [ids])
+            stage, views = self._stage_buffer((g, kind), n)
+            batch.keep.append(stage)
+            if not out:
+                # Copies first: the engine does not wait for the scatter launches.
+                self._move(rows, stage, out=False)
+            for u, view in zip(units, views, strict=True):
+                if out:
+                    # One kernel, straight into the (strided) staging view.
+                    torch.index_select(u.src, 1, ids_d, out=view)
+                else:
+                    u.src.index_copy_(1, ids_d, view)
+                self._count_unit(u, n)
+            if out:
+                self._move(rows, stage, out=True)
+
+    # -- host path (CPU tensors) ----------------------------------------------
 
     def _src_views_list(self) -> list[tuple[tuple[int, str, int], np.ndarray]]:
         out = []
@@ -278,7 +724,7 @@ class RankStager:
                     out.append(((g, kind, i), view))
         return out
 
-    def _cpu_copy(self, key: tuple[int, str, int], p: _Plan, ids: torch.Tensor, sidx: torch.Tensor, pidx: torch.Tensor, out: bool) -> None:
+    def _cpu_copy(self, key: tuple[int, str, int], p: _Plan, ids: np.ndarray, sidx: np.ndarray, pidx: np.ndarray, out: bool) -> None:
         src, dst = self._np_src[key], self._np_dst[key]
         if p.reps * p.num * p.size >= _PER_BLOCK_MIN_BYTES:
             # Big blocks: strided copies without a temporary (one pass). Runs of
@@ -286,7 +732,7 @@ class RankStager:
             # (blocks_per_file > 1) move as one copy: each numpy call re-takes
             # the GIL, which the I/O threads hold often (bench_pipeline, 64 KiB
             # pages x 16 per file: 0.9 GB/s staging with one copy per block).
-            ni, ns, npg = ids.numpy(), sidx.numpy(), pidx.numpy()
+            ni, ns, npg = ids, sidx, pidx
             n = len(ni)
             brk = np.flatnonzero((np.diff(ni) != 1) | (np.diff(ns) != 0) | (np.diff(npg) != 1)) + 1
             starts = [0, *brk.tolist()]
@@ -308,7 +754,7 @@ class RankStager:
             self.stats.ops += len(starts)
         else:
             # Small blocks: one batched fancy-index copy for all blocks.
-            ni, ns, npg = ids.numpy(), sidx.numpy(), pidx.numpy()
+            ni, ns, npg = ids, sidx, pidx
             if out:
                 dst[ns, npg] = src[ni]
             else:
@@ -323,23 +769,9 @@ class RankStager:
         """(store plans, load plans) per group: copies per call per group."""
         return [(len(g.store), len(g.load)) for g in self._groups]
 
-    def _src_view(self, p: _Plan) -> torch.Tensor:
-        t = self.caches.tensors[p.tensor_idx]
-        return t.as_strided(
-            (t.shape[0], p.reps, p.num, p.size),
-            (t.stride(0), p.rep_local, p.local_stride, 1),
-            t.storage_offset() + p.local_offset,
-        )
-
-    def _dst_view(self, p: _Plan, cpb: int) -> torch.Tensor:
-        pool = self._pool_i8
-        return pool.as_strided(
-            (self.pool.num_slots, self.blocks_per_file, p.reps, p.num, p.size),
-            (self.pool.slot_bytes, cpb, p.rep_canonical, p.canonical_stride, 1),
-            pool.storage_offset() + p.canonical_offset,
-        )
-
-    def _indices(self, spec: LoadStoreSpec, slots: Sequence[int], store: bool) -> list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def _indices(self, spec: LoadStoreSpec, slots: Sequence[int], store: bool) -> list[_Work]:
+        # numpy, not Python loops or small torch ops: this runs on the caller's
+        # thread for every batch (thousands of blocks cost tens of microseconds).
         if len(spec.group_sizes) != len(self._groups):
             raise ValueError(
                 f"LoadStoreSpec has {len(spec.group_sizes)} groups, the stager has {len(self._groups)}"
@@ -348,15 +780,16 @@ class RankStager:
         want = sum(spec.num_files(g, bpf) for g in range(len(self._groups)))
         if len(slots) != want:
             raise ValueError(f"need {want} slot(s) for this spec (blocks_per_file={bpf}), got {len(slots)}")
-        for s in slots:
-            if not 0 <= s < self.pool.num_slots:
-                raise ValueError(f"slot {s} is outside the pool (0..{self.pool.num_slots - 1})")
+        all_slots = np.asarray(slots, dtype=np.int64)
+        bad = np.flatnonzero((all_slots < 0) | (all_slots >= self.pool.num_slots))
+        if bad.size:
+            raise ValueError(f"slot {int(all_slots[bad[0]])} is outside the pool (0..{self.pool.num_slots - 1})")
         out = []
         slot_base = 0
         for g in range(len(self._groups)):
-            ids = spec.group_block_ids(g)
+            ids = np.asarray(spec.group_block_ids(g), dtype=np.int64)
             nfiles = spec.num_files(g, bpf)
-            if ids:
+            if ids.size:
                 skip = spec.skip(g, bpf)
                 if store and skip:
                     raise ValueError(
@@ -364,57 +797,52 @@ class RankStager:
                         f"{spec.block_indices[g]} is not a multiple of blocks_per_file = {bpf})"
                     )
                 limit = self.caches.num_blocks(g)
-                if max(ids) >= limit:
-                    raise ValueError(f"group {g}: block id {max(ids)} >= num_blocks {limit}")
-                k = torch.arange(len(ids)) + skip
-                gslots = torch.tensor(slots[slot_base : slot_base + nfiles], dtype=torch.long)
-                out.append((g, torch.tensor(ids, dtype=torch.long), gslots[k // bpf], k % bpf))
+                top = int(ids.max())
+                if top >= limit:
+                    raise ValueError(f"group {g}: block id {top} >= num_blocks {limit}")
+                k = np.arange(ids.size, dtype=np.int64) + skip
+                gslots = all_slots[slot_base : slot_base + nfiles]
+                out.append(_Work(g, ids, gslots[k // bpf], k % bpf))
             slot_base += nfiles
         return out
 
     def stage_out(self, spec: LoadStoreSpec, slots: Sequence[int]) -> int:
-        """Gather this rank's store runs of ``spec``'s blocks into ``slots``; returns a batch id."""
+        """Gather this rank's store runs of ``spec``'s blocks into ``slots``; returns a batch id.
+
+        On CUDA this only queues work on the stager's stream (after the
+        caller's current stream, so pending writes to the blocks are seen)."""
         work = self._indices(spec, slots, store=True)
-        batch = self._new_batch()
-        stream_ctx = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
-        if self._stream is not None:
-            self._stream.wait_stream(torch.cuda.current_stream(self.device))
-        with stream_ctx:
-            for g, ids, sidx, pidx in work:
-                dev_ids = ids.to(self.device, non_blocking=True) if self._cuda else ids
-                for i, p in enumerate(self._groups[g].store):
-                    src, dst = self._src_views[(g, "store", i)], self._dst_views[(g, "store", i)]
-                    if self._cuda:
-                        gathered = src[dev_ids]
-                        host = torch.empty(gathered.shape, dtype=torch.int8, pin_memory=True)
-                        host.copy_(gathered, non_blocking=True)
-                        batch.keep.append(gathered)
-                        batch.finish.append((dst, (sidx, pidx), host))
-                        self._count(p, len(ids))
-                    else:
-                        self._cpu_copy((g, "store", i), p, ids, sidx, pidx, out=True)
-        return self._submit(batch)
+        return self._run(work, out=True)
 
     def stage_in(self, slots: Sequence[int], spec: LoadStoreSpec) -> int:
-        """Scatter this rank's load runs from ``slots`` into ``spec``'s blocks; returns a batch id."""
+        """Scatter this rank's load runs from ``slots`` into ``spec``'s blocks; returns a batch id.
+
+        On CUDA the blocks are written when the batch completes (:meth:`poll`);
+        make the engine's stream wait for that before reading them."""
         work = self._indices(spec, slots, store=False)
+        return self._run(work, out=False)
+
+    def _run(self, work: list[_Work], out: bool) -> int:
         batch = self._new_batch()
-        if self._stream is not None:
-            self._stream.wait_stream(torch.cuda.current_stream(self.device))
-        for g, ids, sidx, pidx in work:
-            for i, p in enumerate(self._groups[g].load):
-                src, dst = self._src_views[(g, "load", i)], self._dst_views[(g, "load", i)]
-                if self._cuda and self._stream is not None:
-                    host = torch.empty((len(ids), p.reps, p.num, p.size), dtype=torch.int8, pin_memory=True)
-                    host.copy_(dst[sidx, pidx])
-                    with torch.cuda.stream(self._stream):
-                        dev = host.to(self.device, non_blocking=True)
-                        src[ids.to(self.device, non_blocking=True)] = dev
-                    batch.keep.extend((host, dev))
-                    self._count(p, len(ids))
-                else:
-                    self._cpu_copy((g, "load", i), p, ids, sidx, pidx, out=False)
+        if self.copy_mode == "host":
+            kind = "store" if out else "load"
+            for g, ids, sidx, pidx in work:
+                for i, p in enumerate(self._groups[g].store if out else self._groups[g].load):
+                    self._cpu_copy((g, kind, i), p, ids, sidx, pidx, out=out)
+            return self._submit(batch)
+        if self._stream is None:
+            self._stage_device(work, batch, out)
+            return self._submit(batch)
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._stream):
+            self._stage_device(work, batch, out)
         return self._submit(batch)
+
+    def _count_unit(self, u: _Unit, n: int) -> None:
+        self.stats.ops += 1
+        for p in u.plans:
+            self.stats.fragments += n * p.reps * p.num
+            self.stats.bytes += n * p.reps * p.num * p.size
 
     def _count(self, p: _Plan, n: int) -> None:
         self.stats.ops += 1
@@ -438,14 +866,15 @@ class RankStager:
         return batch.batch_id
 
     def _complete(self, batch: _Batch) -> None:
-        # Host-side scatter of device->host gathers, once their copy finished.
-        for dst, index, host in batch.finish:
-            dst[index] = host
-        batch.finish.clear()
+        # Nothing to copy: the batch's work finished on the device. Its buffers
+        # go back (pinned index buffers to the reuse list).
         batch.keep.clear()
+        if batch.pinned:
+            self._pinned.give(batch.pinned)
+            batch.pinned = []
 
     def poll(self) -> list[int]:
-        """Batch ids finished since the last poll (never blocks)."""
+        """Batch ids finished since the last poll (never blocks, never copies)."""
         with self._lock:
             ready = [b for b in self._batches.values() if b.event is None or b.event.query()]
             for b in ready:
@@ -474,4 +903,3 @@ class RankStager:
     def in_flight(self) -> int:
         with self._lock:
             return len(self._batches)
-

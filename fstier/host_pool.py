@@ -4,7 +4,8 @@
 shared-memory segment (``/dev/shm/fstier-<pid>-<token>``), prefaulted at
 creation because first touch is slow on these machines, and pinned with
 ``cudaHostRegister`` when CUDA is available so device copies run
-asynchronously. The creating process (the scheduler side, which owns
+asynchronously (registered portable and mapped: :meth:`HostBlockPool.device_tensor`
+lets kernels read and write slots in place). The creating process (the scheduler side, which owns
 ``FsTier``) allocates and frees slots; rank processes :meth:`HostBlockPool.attach`
 by name and only read and write slot bytes. A 4096-byte header in front of the
 slots records the geometry so attach needs nothing but the name.
@@ -40,6 +41,8 @@ _SHM_DIR = "/dev/shm"
 _PREFIX = "fstier-"
 _MAGIC = b"FSTIERPOOL1\0"
 _HEADER = struct.Struct("<12sQQQ")  # magic, num_slots, slot_bytes, creator pid
+#: cudaHostRegisterPortable | cudaHostRegisterMapped
+_REGISTER_PORTABLE_MAPPED = 0x1 | 0x2
 
 
 def _round_up(n: int, a: int = ALIGN) -> int:
@@ -146,8 +149,13 @@ class HostBlockPool:
         flat = torch.frombuffer(mm, dtype=torch.uint8, offset=ALIGN, count=num_slots * slot_bytes)
         self._u8: torch.Tensor = flat.view(num_slots, slot_bytes)
         self._pinned = False
-        if torch.cuda.is_available():
-            rc = torch.cuda.cudart().cudaHostRegister(flat.data_ptr(), flat.numel(), 0)
+        self._device_views: dict[int, torch.Tensor] = {}
+        # A child forked after its parent initialised CUDA cannot use CUDA at
+        # all (torch raises on first use); it attaches unpinned, as CPU-only.
+        if torch.cuda.is_available() and not torch.cuda._is_in_bad_fork():
+            # Portable: pinned for every context of this process; mapped: kernels
+            # may read and write the slots in place (RankStager's "kernel" copy).
+            rc = torch.cuda.cudart().cudaHostRegister(flat.data_ptr(), flat.numel(), _REGISTER_PORTABLE_MAPPED)
             self._pinned = int(rc) == 0
 
     # -- slots ------------------------------------------------------------
@@ -246,11 +254,37 @@ class HostBlockPool:
     def pinned(self) -> bool:
         return self._pinned
 
+    def device_tensor(self, device: torch.device | str | int | None = None) -> torch.Tensor:
+        """All slots as one CUDA uint8 ``(num_slots * slot_bytes,)`` tensor of the
+        mapped pinned memory itself: kernels on ``device`` read and write the
+        slots over the bus, without a copy. Needs a pinned pool."""
+        self._live()
+        if not self._pinned:
+            raise PoolError(
+                f"HostBlockPool {self.name!r}: the slots are not registered with CUDA (no CUDA, or "
+                "cudaHostRegister failed); device_tensor needs a pinned pool"
+            )
+        dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        idx = int(dev.index or 0)
+        view = self._device_views.get(idx)
+        if view is None:
+            from fstier._cudart import cudart
+
+            flat = self._u8.view(-1)
+            ptr = cudart().host_device_pointer(flat.data_ptr(), idx)
+            with torch.cuda.device(idx):
+                view = torch.as_tensor(_MappedSlots(ptr, flat.numel(), self), device=dev)
+            self._device_views[idx] = view
+        return view
+
     def close(self) -> None:
         """Release this process's mapping; the creator also unlinks the segment. Idempotent."""
         mm, self._mm = self._mm, None
         if mm is None:
             return
+        self._device_views = {}
         if self._pinned:
             torch.cuda.cudart().cudaHostUnregister(self._u8.data_ptr())
             self._pinned = False
@@ -309,6 +343,20 @@ class HostBlockPool:
         if self._mm is None:
             raise PoolError(f"HostBlockPool {self.name!r} is closed")
         return self._mm
+
+
+class _MappedSlots:
+    """``__cuda_array_interface__`` of the pool's mapped memory (keeps the pool alive)."""
+
+    def __init__(self, ptr: int, size: int, owner: HostBlockPool) -> None:
+        self.owner = owner
+        self.__cuda_array_interface__ = {
+            "shape": (size,),
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "strides": None,
+            "version": 3,
+        }
 
 
 def _check_name(name: str) -> None:

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
 import xxhash
 
 from fstier.errors import KeyFormatError
+
+if TYPE_CHECKING:  # numpy is imported where hashing needs it: `fstier --help` stays light
+    import numpy as np
 
 __all__ = ["BlockKey", "chain_hashes", "prefix_keys"]
 
@@ -67,6 +70,8 @@ def chain_hashes(token_ids: Sequence[int] | np.ndarray, block_size: int, seed: b
         raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
     if not isinstance(seed, bytes):
         raise ValueError(f"seed must be bytes, got {type(seed).__name__}")
+    import numpy as np
+
     tokens = np.asarray(token_ids, dtype="<i8").reshape(-1)
     num_full = len(tokens) // block_size
     prev = xxhash.xxh3_128(b"fstier-chain-v1" + seed).digest()

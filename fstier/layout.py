@@ -47,10 +47,10 @@ from fstier.errors import LayoutError
 __all__ = [
     "CanonicalKVCaches",
     "CrossLayerKVCaches",
+    "KVPacking",
     "KVRef",
     "LayerKVSpec",
     "LoadStoreSpec",
-    "LocalKVLayout",
     "PageMapping",
     "PageRun",
     "StateSpec",
@@ -59,15 +59,18 @@ __all__ = [
     "verify_layout",
 ]
 
-#: How K and V sit inside one layer of a rank-local attention page.
+#: How K and V sit inside one layer of a rank-local attention page: the
+#: ``kv_packing`` argument of :func:`rank_page_mapping`. (Not to be confused
+#: with ``KVGroupSpec.kv_layout``, NHD or HND: the order of tokens and heads,
+#: which is part of the canonical format and of the namespace.)
 #: ``packed``: ``(2, tokens, heads, head_size)`` (NHD; HND swaps tokens and
 #: heads), i.e. vLLM's ``(num_blocks, 2, block_size, heads, head_size)``.
 #: ``split``: the same bytes registered as two tensors per layer (K then V);
 #: local coordinates are identical to ``packed``.
 #: ``interleaved``: ``(tokens, heads, 2 * head_size)`` (HND: ``(heads, tokens,
 #: 2 * head_size)``), K and V side by side per head.
-LocalKVLayout = Literal["packed", "split", "interleaved"]
-_LOCAL_LAYOUTS = ("packed", "split", "interleaved")
+KVPacking = Literal["packed", "split", "interleaved"]
+_KV_PACKINGS = ("packed", "split", "interleaved")
 
 
 class PageRun(NamedTuple):
@@ -210,7 +213,7 @@ class PageMapping:
 
     group: KVGroupSpec
     parallel: ParallelSpec
-    kv_layout: str
+    kv_packing: str
     format_id: str
     canonical_page_bytes: int
     local_page_bytes: int
@@ -250,15 +253,15 @@ class PageMapping:
         Rank-private: each rank's runs stay inside its own slice. Raises
         :class:`~fstier.errors.LayoutError` naming the rank and the first bad byte.
         """
-        verify_layout(self.group, self.parallel, self.kv_layout)
+        verify_layout(self.group, self.parallel, self.kv_packing)
 
     def _name(self) -> str:
-        return f"group {self.format_id} rank {self.parallel.rank} ({self.kv_layout})"
+        return f"group {self.format_id} rank {self.parallel.rank} ({self.kv_packing})"
 
 
-def verify_layout(group: KVGroupSpec, parallel: ParallelSpec, kv_layout: str = "packed") -> None:
+def verify_layout(group: KVGroupSpec, parallel: ParallelSpec, kv_packing: str = "packed") -> None:
     """Build every rank's mapping of ``parallel`` and prove tiling and coverage."""
-    maps = [_build_mapping(group, parallel.with_rank(r), kv_layout) for r in range(parallel.world_size)]
+    maps = [_build_mapping(group, parallel.with_rank(r), kv_packing) for r in range(parallel.world_size)]
     for m in maps:
         m.check_self()
     cpb = maps[0].canonical_page_bytes
@@ -282,7 +285,7 @@ def verify_layout(group: KVGroupSpec, parallel: ParallelSpec, kv_layout: str = "
         )
 
 
-def _attention_fragments(group: KVGroupSpec, par: ParallelSpec, kv_layout: str) -> tuple[_Frags, np.ndarray, int]:
+def _attention_fragments(group: KVGroupSpec, par: ParallelSpec, kv_packing: str) -> tuple[_Frags, np.ndarray, int]:
     """All fragments of this rank's local page (one head-dim each), the mask of
     those it stores, and the local page size."""
     es = group.element_size
@@ -309,13 +312,13 @@ def _attention_fragments(group: KVGroupSpec, par: ParallelSpec, kv_layout: str) 
     layer = l0 + li
     if group.kv_layout == "NHD":
         co = (((layer * 2 + kv) * b + t) * big_h + h) * de
-        if kv_layout == "interleaved":
+        if kv_packing == "interleaved":
             lo = (((li * tl_n + tl) * hl + hl_i) * 2 + kv) * de
         else:
             lo = (((li * 2 + kv) * tl_n + tl) * hl + hl_i) * de
     else:
         co = (((layer * 2 + kv) * big_h + h) * b + t) * de
-        if kv_layout == "interleaved":
+        if kv_packing == "interleaved":
             lo = (((li * hl + hl_i) * tl_n + tl) * 2 + kv) * de
         else:
             lo = (((li * 2 + kv) * hl + hl_i) * tl_n + tl) * de
@@ -325,33 +328,33 @@ def _attention_fragments(group: KVGroupSpec, par: ParallelSpec, kv_layout: str) 
     return frags, store, nl * 2 * tl_n * hl * de
 
 
-def _build_mapping(group: KVGroupSpec, parallel: ParallelSpec, kv_layout: str) -> PageMapping:
-    if kv_layout not in _LOCAL_LAYOUTS:
-        raise LayoutError(f"kv_layout must be one of {_LOCAL_LAYOUTS}, got {kv_layout!r}")
+def _build_mapping(group: KVGroupSpec, parallel: ParallelSpec, kv_packing: str) -> PageMapping:
+    if kv_packing not in _KV_PACKINGS:
+        raise LayoutError(f"kv_packing must be one of {_KV_PACKINGS}, got {kv_packing!r}")
     fmt = _format.canonical_format_id(group)
     cpb = _format.canonical_page_bytes(group, parallel)
     if _format.is_certified(group, parallel):
-        frags, store, lpb = _attention_fragments(group, parallel, kv_layout)
+        frags, store, lpb = _attention_fragments(group, parallel, kv_packing)
         if lpb != _format.local_page_bytes(group, parallel):
             raise LayoutError(f"group {fmt}: local page size disagrees with fstier._format")
         load_runs = tuple(_coalesce(frags))
         st = _Frags(frags.lo[store], frags.co[store], frags.size)
         store_runs = tuple(_coalesce(st))
-        return PageMapping(group, parallel, kv_layout, fmt, cpb, lpb, store_runs, load_runs, False)
+        return PageMapping(group, parallel, kv_packing, fmt, cpb, lpb, store_runs, load_runs, False)
     lpb = _format.local_page_bytes(group, parallel)
     slice_bytes = _format.rank_private_slice_bytes(group, parallel)
     runs = (PageRun(0, parallel.rank * slice_bytes, lpb, 1, lpb, lpb),) if lpb else ()
-    return PageMapping(group, parallel, kv_layout, fmt, cpb, lpb, runs, runs, True)
+    return PageMapping(group, parallel, kv_packing, fmt, cpb, lpb, runs, runs, True)
 
 
-def rank_page_mapping(group: KVGroupSpec, parallel: ParallelSpec, kv_layout: str = "packed") -> PageMapping:
+def rank_page_mapping(group: KVGroupSpec, parallel: ParallelSpec, kv_packing: str = "packed") -> PageMapping:
     """This rank's mapping of ``group`` under ``parallel``.
 
-    ``kv_layout`` is the rank-local arrangement of K and V (:data:`LocalKVLayout`);
+    ``kv_packing`` is the rank-local arrangement of K and V (:data:`KVPacking`);
     the token/head order comes from ``group.kv_layout`` (NHD/HND). Groups that
     cannot be certified get a rank-private mapping (``rank_private`` is true).
     """
-    return _build_mapping(group, parallel, kv_layout)
+    return _build_mapping(group, parallel, kv_packing)
 
 
 # --------------------------------------------------------------------------- #

@@ -19,15 +19,23 @@ engine's scheduler owns one :class:`FsTier`; it never blocks in it:
   wall time the write queue was busy) bounds queued store bytes to
   ``max_write_queue_seconds`` of work; beyond it, new stores are dropped with
   cause ``backpressure`` (a future miss, never a blocked caller).
-- **Circuit breaker.** ``breaker_failures`` consecutive I/O failures (errno
-  errors or deadline misses; never misses or corrupt files) open the breaker
+- **Circuit breaker.** ``breaker_failures`` consecutive failures that say
+  the device or mount is failing (EIO, EROFS, ESTALE, ENOTCONN, network
+  errnos, deadline misses; never misses, corrupt files, a FIFO, socket or
+  directory planted at a block path, permissions or a full disk) open the breaker
   for ``breaker_cooldown_s``: lookups return 0, stores drop (``degraded``),
   loads fail fast. Then it is half-open: the next jobs run, a success closes
   it, a failure reopens it. Each transition is logged once.
 - **Fencing.** An op past ``io_timeout_s`` is reported failed, but its thread
-  may still write into the slot later; that slot is fenced (jobs naming it
-  fail with ``slot_busy``) until the pool's ``on_late`` callback says the
-  stuck call returned.
+  may still write into the slot later (or, for a store, read it and publish
+  what it reads); that slot is fenced until the pool's ``on_late`` callback
+  says the stuck call returned: jobs naming it fail with ``slot_busy``, and
+  the slot provider (:mod:`fstier.slots`) is told to ``fence`` it, so a slot
+  the engine frees is not handed out again before the late call is over.
+  No byte written by an op after its job was reported reaches a later job.
+- **Slots** must be currently handed out by the provider
+  (``check_slots``): a job naming a slot the caller does not hold is a
+  ``ValueError``, as are malformed keys in any call, ``lookup`` included.
 - **Capacity.** With ``max_bytes``, usage is scanned once at start (streaming,
   on the capacity thread) and then tracked incrementally; above the high
   watermark the capacity thread removes least-recently-used files down to the
@@ -59,13 +67,15 @@ from typing import TYPE_CHECKING, Literal
 
 from fstier._capacity import GcReport, collect_garbage, key_from_block_name
 from fstier._metrics import TierMetrics
-from fstier.config import FstierConfig, load_config
+from fstier._usage import SharedUsage
+from fstier.config import FstierConfig, TierConfig, load_config
 from fstier.errors import ConfigError, IOPoolClosedError, PoolError, TierClosedError
 from fstier.file_mapper import BLOCK_SUFFIX, FileMapper
 from fstier.io import posix
 from fstier.io.blockfile import HEADER_SIZE, BlockHeader, ChecksumKind, padded_len, payload_checksum
 from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool
 from fstier.keys import BlockKey
+from fstier.slots import SlotProvider
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.host_pool import HostBlockPool
@@ -75,7 +85,8 @@ __all__ = ["BlockRemoved", "BlockStored", "FsTier", "JobResult", "TierEvent"]
 log = logging.getLogger("fstier.manager")
 
 #: Prior write speed before the first measurement (bytes/s). Conservative for
-#: NVMe (DESIGN §9 measures ~1.6 GB/s for new files) so an initial flood is
+#: NVMe (docs/architecture.md, "Facts of the machines": ~1.6 GB/s for new
+#: files) so an initial flood is
 #: bounded before any store has completed.
 _PRIOR_WRITE_BPS = 512e6
 _EMA_ALPHA = 0.2
@@ -86,9 +97,17 @@ _PARALLEL_LOOKUP_MIN = 512
 _LOOKUP_CHUNK = 256
 _CACHE_MAX_ENTRIES = 1 << 20
 _BAD_MAX_ENTRIES = 1 << 18
-#: The capacity thread rescans this often even without a trigger, so stores of
-#: other processes sharing the root are accounted for.
+#: The capacity thread rescans this often even without a trigger: the shared
+#: usage count (fstier._usage) drifts only through writers killed mid-store,
+#: hand-run ``fstier gc`` and instances without ``max_bytes``.
 _RESYNC_INTERVAL_S = 300.0
+#: While usage is above the high watermark and another instance holds the
+#: eviction lock (or just finished a pass that others outran), look again
+#: this soon.
+_BUSY_RETRY_S = 0.05
+#: Evictions are subtracted from the shared count in batches of this many
+#: files, so that a long pass lowers it as it goes (admission sees the room).
+_REMOVED_BATCH = 64
 #: Default private pool budget when ``from_config`` creates the pool itself.
 _DEFAULT_POOL_BYTES = 256 << 20
 
@@ -358,9 +377,32 @@ def _ignore_pool_job(_job: object) -> None:
     """``on_done`` of recency jobs: nothing to report to the engine."""
 
 
+def _exist_many(paths: Sequence[str]) -> list[bool]:
+    exists = os.path.exists
+    return [exists(p) for p in paths]
+
+
 def _file_bytes(payload_len: int) -> int:
     """Bytes a block file of ``payload_len`` occupies (header + padded payload)."""
     return HEADER_SIZE + padded_len(payload_len)
+
+
+#: Causes that say the device or mount is failing: only these count toward
+#: the circuit breaker. Anything about one file (a FIFO, socket or directory
+#: planted at a block path, a permission, a name) is that file's problem: the
+#: key is a miss, and the tier keeps serving every other key (issue 15 item 7:
+#: eight planted FIFOs used to degrade the whole tier). A full disk (ENOSPC,
+#: EDQUOT) is not failing either: loads still work and eviction frees space.
+_DEVICE_CAUSES = frozenset({
+    "timeout", "EIO", "EROFS", "ESTALE", "ENOTCONN", "ENODEV", "ENOMEDIUM", "ESHUTDOWN",
+    "ETIMEDOUT", "EHOSTDOWN", "EHOSTUNREACH", "ENETDOWN", "ENETUNREACH", "ENETRESET",
+    "ECONNREFUSED", "ECONNRESET", "ECONNABORTED", "ENOLINK", "EREMOTEIO", "EUCLEAN",
+})
+#: Load errors that mean "what is at the block path is not a block file":
+#: ``not_regular`` (a FIFO or directory: fstat says so), ENXIO (a socket
+#: refuses open), EISDIR, ENOTDIR (a file planted where a fan-out directory
+#: belongs). They are bad files: a miss with cause ``bad_file:<why>``.
+_BAD_FILE_CAUSES = frozenset({"not_regular", "ENXIO", "EISDIR", "ENOTDIR"})
 
 
 def _cause_of(result: object) -> str:
@@ -373,29 +415,53 @@ def _cause_of(result: object) -> str:
 class FsTier:
     """The filesystem tier for one (model, parallel layout, root) config.
 
-    ``pool`` is the :class:`~fstier.host_pool.HostBlockPool` whose slots jobs
-    name; each slot must hold the largest file payload padded to 4096.
+    ``pool`` is the :class:`~fstier.slots.SlotProvider` whose slots jobs name
+    (a :class:`~fstier.host_pool.HostBlockPool`, or an engine's own rows);
+    each slot must hold the largest file payload. A slot at least the payload
+    padded to 4096 is used as the I/O buffer whole (its tail is zeroed on
+    store); a shorter or unaligned one is moved with exactly the payload's
+    bytes (the I/O layer pads from its own buffer), so nothing outside the
+    payload is ever written.
+
+    ``config`` is an :class:`FstierConfig` (the namespace comes from its
+    model and parallel layout), or a :class:`TierConfig` together with a
+    ``mapper`` whose namespace an engine defined
+    (:meth:`FileMapper.for_engine`); :attr:`config` is then ``None``.
     """
 
-    def __init__(self, config: FstierConfig, pool: HostBlockPool) -> None:
-        if not isinstance(config, FstierConfig):
+    def __init__(
+        self,
+        config: FstierConfig | TierConfig,
+        pool: SlotProvider,
+        mapper: FileMapper | None = None,
+    ) -> None:
+        if isinstance(config, FstierConfig) and mapper is None:
+            self.config: FstierConfig | None = config
+            tier = config.tier
+            self.mapper = FileMapper(config)
+        elif isinstance(config, TierConfig) and isinstance(mapper, FileMapper):
+            self.config = None
+            tier = config
+            self.mapper = mapper
+        else:
             raise ConfigError(
-                f"FsTier(config=...): expected an FstierConfig, got {type(config).__name__}; "
+                f"FsTier(config=..., mapper=...): expected an FstierConfig, or a TierConfig "
+                f"with a FileMapper, got {type(config).__name__} and {type(mapper).__name__}; "
                 "use FsTier.from_config(path) for a YAML file"
             )
-        self.config = config
-        tier = config.tier
-        self.mapper = FileMapper(config)
+        self.tier_config: TierConfig = tier
         self._pool = pool
         self._owns_pool = False
+        self._own_pool: HostBlockPool | None = None  # closed by close() (from_config)
         self._payload_len = [
-            self.mapper.expected_payload_bytes(g) for g in range(len(config.model.groups))
+            self.mapper.expected_payload_bytes(g) for g in range(self.mapper.num_groups)
         ]
-        need = max(padded_len(n) for n in self._payload_len)
+        need = max(self._payload_len)
         if pool.slot_bytes < need:
             raise PoolError(
-                f"HostBlockPool slot_bytes is {pool.slot_bytes} but the largest file payload "
-                f"padded to 4096 is {need} bytes; create the pool with slot_bytes >= {need}"
+                f"{type(pool).__name__} slot_bytes is {pool.slot_bytes} but the largest file "
+                f"payload is {need} bytes; provide slots with slot_bytes >= {need} "
+                f"({padded_len(need)} lets I/O run on the slot in place)"
             )
         self.mapper.ensure_manifest()
         self.mapper.blocks_dir.mkdir(mode=0o755, exist_ok=True)
@@ -426,10 +492,17 @@ class FsTier:
         self._lookup_pool: ThreadPoolExecutor | None = None
         self._lookup_workers = max(2, min(tier.read_threads, 16))
 
-        # Capacity: usage is None until the initial scan finished.
+        # Capacity: root-wide usage shared with every instance on this root
+        # (fstier._usage); reported as None until this instance's first scan.
         self._max_bytes = tier.max_bytes
-        self._usage: int | None = None
+        self._shared: SharedUsage | None = (
+            SharedUsage(self.mapper.root, tier.file_mode) if self._max_bytes is not None else None
+        )
+        self._usage_known = False
+        self._resynced = time.monotonic()
         self._usage_lock = threading.Lock()
+        self._removed_pending = 0  # evicted bytes not yet subtracted from the count
+        self._removed_in_pass = 0
         self._cap_lock = threading.Lock()  # one capacity pass at a time
         self._recency_lock = threading.Lock()
         self._recent: dict[str, None] = {}  # files hit since the last flush, in order
@@ -447,7 +520,7 @@ class FsTier:
     # ---------------------------------------------------------------- creation
     @classmethod
     def from_config(
-        cls, config: str | os.PathLike[str] | FstierConfig, pool: HostBlockPool | None = None
+        cls, config: str | os.PathLike[str] | FstierConfig, pool: SlotProvider | None = None
     ) -> FsTier:
         """Build from a YAML path or an :class:`FstierConfig`. Without ``pool``
         a private :class:`HostBlockPool` is created (slots sized to the largest
@@ -471,10 +544,11 @@ class FsTier:
             own.close()
             raise
         tier._owns_pool = True
+        tier._own_pool = own
         return tier
 
     @property
-    def pool(self) -> HostBlockPool:
+    def pool(self) -> SlotProvider:
         return self._pool
 
     def payload_bytes(self, key: BlockKey) -> int:
@@ -531,6 +605,7 @@ class FsTier:
         n = len(keys)
         if n == 0:
             return 0
+        self._check_keys(keys, "lookup")
         if not self._breaker.allow():
             self.metrics.lookup_keys.inc(n)
             self.metrics.misses.inc()
@@ -548,15 +623,59 @@ class FsTier:
         self.metrics.lookup_seconds.observe(time.perf_counter() - t0)
         return hits
 
-    def _parallel_probe(self, keys: Sequence[BlockKey], start: int) -> int:
-        """Probe ``keys[start:]`` in chunks on the lookup threads, in waves of
-        one chunk per thread so an early miss wastes at most one wave."""
+    def present(self, keys: Sequence[BlockKey]) -> list[bool]:
+        """Per key, whether its block is present (no prefix stop, unlike
+        :meth:`lookup`): for engines that ask about keys out of order (vLLM's
+        sliding-window scan). Bad keys are absent; cached answers are used and
+        the rest are ``stat``-ed, in parallel chunks on the lookup threads for
+        big batches. It blocks on the filesystem: call it off the engine's
+        scheduler thread."""
+        self._check_open()
+        n = len(keys)
+        if n == 0:
+            return []
+        if not self._breaker.allow():
+            return [False] * n
+        now = time.monotonic()
+        states = self._cache.get_many(keys, now)
+        out = [bool(s) for s in states]
+        ngroups = len(self._payload_len)
+        todo = [i for i, s in enumerate(states) if s is None and keys[i].group_idx < ngroups]
+        if not todo:
+            return out
+        paths = [self._path_str(keys[i]) for i in todo]
+        if len(todo) < _PARALLEL_LOOKUP_MIN:
+            found = _exist_many(paths)
+        else:
+            executor = self._lookup_executor()
+            futures = [
+                executor.submit(_exist_many, paths[j : j + _LOOKUP_CHUNK])
+                for j in range(0, len(paths), _LOOKUP_CHUNK)
+            ]
+            found = [hit for fut in futures for hit in fut.result()]
+        hits: list[BlockKey] = []
+        misses: list[BlockKey] = []
+        for i, hit in zip(todo, found, strict=True):
+            out[i] = hit
+            (hits if hit else misses).append(keys[i])
+        self._cache.put_many(hits, True, now)
+        self._cache.put_many(misses, False, now)
+        self.metrics.lookup_keys.inc(n)
+        self.metrics.hits.inc(sum(out))
+        return out
+
+    def _lookup_executor(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._lookup_pool is None:
                 self._lookup_pool = ThreadPoolExecutor(
                     self._lookup_workers, thread_name_prefix="fstier-lookup"
                 )
-            executor = self._lookup_pool
+            return self._lookup_pool
+
+    def _parallel_probe(self, keys: Sequence[BlockKey], start: int) -> int:
+        """Probe ``keys[start:]`` in chunks on the lookup threads, in waves of
+        one chunk per thread so an early miss wastes at most one wave."""
+        executor = self._lookup_executor()
         n = len(keys)
         total = 0
         pos = start
@@ -592,28 +711,45 @@ class FsTier:
             raise ValueError(
                 f"job {job_id!r}: {len(keys)} keys but {len(slots)} slots; one slot per key"
             )
+        self._check_keys(keys, f"job {job_id!r}")
         num_slots = self._pool.num_slots
-        ngroups = len(self._payload_len)
-        for k, s in zip(keys, slots, strict=True):
-            if not isinstance(k, BlockKey):
-                raise ValueError(f"job {job_id!r}: keys must be BlockKey, got {type(k).__name__}")
-            if k.group_idx >= ngroups:
-                raise ValueError(
-                    f"job {job_id!r}: key group {k.group_idx} does not exist (model has {ngroups})"
-                )
+        for s in slots:
             if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < num_slots:
                 raise ValueError(
                     f"job {job_id!r}: slot {s!r} is not a slot index in 0..{num_slots - 1}"
                 )
         if len(set(slots)) != len(slots):
             raise ValueError(f"job {job_id!r}: a slot appears twice; one slot per key")
+        # The provider knows which slots the caller holds now: a slot that was
+        # never allocated, or was freed, may be handed to someone else at any
+        # time, so moving bytes through it is refused (issue 15 item 10).
+        try:
+            self._pool.check_slots(slots)
+        except ValueError as exc:
+            raise ValueError(f"job {job_id!r}: {exc}") from None
 
-    def _finish_now(
+    def _check_keys(self, keys: Sequence[BlockKey], what: str) -> None:
+        """Every element a :class:`BlockKey` of a group this model has, or a
+        ``ValueError`` naming the first that is not."""
+        ngroups = len(self._payload_len)
+        for i, k in enumerate(keys):
+            if not isinstance(k, BlockKey):
+                raise ValueError(
+                    f"{what}: keys[{i}] is {k!r} ({type(k).__name__}); keys must be BlockKey, "
+                    "e.g. from fstier.chain_hashes"
+                )
+            if k.group_idx >= ngroups:
+                raise ValueError(
+                    f"{what}: keys[{i}]: group {k.group_idx} does not exist "
+                    f"(the model has {ngroups} group(s))"
+                )
+
+    def _finish_now_locked(
         self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str
     ) -> None:
-        result = JobResult(job_id, kind, n == 0, 0, n, 0, 0.0, None if n == 0 else cause)
-        with self._lock:
-            self._finished.append(result)
+        self._finished.append(
+            JobResult(job_id, kind, n == 0, 0, n, 0, 0.0, None if n == 0 else cause)
+        )
 
     def submit_store(
         self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]
@@ -641,42 +777,48 @@ class FsTier:
         self._reap()
         n = len(keys)
         keys_t, slots_t = tuple(keys), tuple(slots)
-        if n == 0:
-            self._finish_now(job_id, kind, 0, "")
-            return
-        if not self._breaker.allow():
-            if kind == "store":
-                self.metrics.drops.inc("degraded", n)
-            else:
-                self.metrics.failures.inc("degraded", n)
-            self._finish_now(job_id, kind, n, "degraded")
-            return
         op_bytes = tuple(self._payload_len[k.group_idx] for k in keys_t)
+        # Every outcome, even one decided at once (empty, degraded, slot busy,
+        # backpressure), is taken under one lock after the duplicate-id check:
+        # otherwise a second job "J" that finishes at once would report a
+        # result for a "J" still in flight (issue 15 item 9).
         with self._lock:
             if job_id in self._user_ids:
                 raise ValueError(f"job id {job_id!r} is already in flight; job ids must be unique")
+            if n == 0:
+                self._finish_now_locked(job_id, kind, 0, "")
+                return
+            if not self._breaker.allow():
+                if kind == "store":
+                    self.metrics.drops.inc("degraded", n)
+                else:
+                    self.metrics.failures.inc("degraded", n)
+                self._finish_now_locked(job_id, kind, n, "degraded")
+                return
             if any(s in self._fenced for s in slots_t):
-                busy = True
-            else:
-                busy = False
-                if kind == "store" and not self._budget.admit(sum(map(_file_bytes, op_bytes))):
-                    self.metrics.drops.inc("backpressure", n)
-                    self._finished.append(
-                        JobResult(job_id, kind, False, 0, n, 0, 0.0, "backpressure")
-                    )
-                    return
-                pool_id = self._next_pool_id
-                self._next_pool_id += 1
-                job = _Job(
-                    pool_id, job_id, kind, keys_t, slots_t, op_bytes, time.perf_counter(),
-                    op_open=[kind == "store"] * n,
-                )
-                self._jobs[pool_id] = job
-                self._user_ids.add(job_id)
-        if busy:
-            self.metrics.failures.inc("slot_busy", n)
-            self._finish_now(job_id, kind, n, "slot_busy")
-            return
+                self.metrics.failures.inc("slot_busy", n)
+                self._finish_now_locked(job_id, kind, n, "slot_busy")
+                return
+            if kind == "store" and self._root_full():
+                # The root is over max_bytes (counted across every instance on
+                # it) and eviction has not caught up: drop, as backpressure
+                # does. A future miss, never data loss, never a blocked caller.
+                self.metrics.drops.inc("capacity", n)
+                self._finish_now_locked(job_id, kind, n, "capacity")
+                self._cap_wake.set()
+                return
+            if kind == "store" and not self._budget.admit(sum(map(_file_bytes, op_bytes))):
+                self.metrics.drops.inc("backpressure", n)
+                self._finish_now_locked(job_id, kind, n, "backpressure")
+                return
+            pool_id = self._next_pool_id
+            self._next_pool_id += 1
+            job = _Job(
+                pool_id, job_id, kind, keys_t, slots_t, op_bytes, time.perf_counter(),
+                op_open=[kind == "store"] * n,
+            )
+            self._jobs[pool_id] = job
+            self._user_ids.add(job_id)
         if kind == "store":
             ops: list[Callable[[], object]] = [partial(self._store_op, job, i) for i in range(n)]
             self._io.submit(pool_id, "write", ops)
@@ -700,8 +842,12 @@ class FsTier:
             n = job.op_bytes[i]
             padded = padded_len(n)
             view = self._pool.slot_view(slot)
-            if padded > n:
-                view[n:padded] = bytes(padded - n)  # deterministic file bytes
+            if len(view) >= padded:
+                if padded > n:
+                    view[n:padded] = bytes(padded - n)  # deterministic file bytes
+                io_view = view[:padded]
+            else:
+                io_view = view[:n]  # the I/O layer pads; nothing past the payload is touched
             checksum = self.io_options.checksum
             header = BlockHeader(
                 key=key,
@@ -719,7 +865,7 @@ class FsTier:
                 # timeout): replace the file rather than skip onto it.
                 with contextlib.suppress(FileNotFoundError):
                     posix.FS.unlink(path)
-            request = posix.StoreRequest(path, header, view[:padded])
+            request = posix.StoreRequest(path, header, io_view)
             outcome = posix.store_block(request, self.io_options)
             if outcome.status is posix.StoreStatus.FAILED and outcome.cause == "ENOENT":
                 # The fan-out directory was removed under us (an operator's
@@ -740,10 +886,14 @@ class FsTier:
             key, slot = job.keys[i], job.slots[i]
             n = job.op_bytes[i]
             view = self._pool.slot_view(slot)
+            padded = padded_len(n)
+            # A slot shorter than the padded payload gets exactly n bytes; the
+            # I/O layer reads the file's zero padding into its own buffer.
+            io_view = view[:padded] if len(view) >= padded else view[:n]
             path = Path(self._path_str(key))
             outcome = posix.load_block(
                 posix.LoadRequest(
-                    path, view[: padded_len(n)], key, self.mapper.digest_bytes, n, self.mapper.root
+                    path, io_view, key, self.mapper.digest_bytes, n, self.mapper.root
                 ),
                 self.io_options,
             )
@@ -753,7 +903,17 @@ class FsTier:
         finally:
             self._op_ended(job, i, 0)
 
-    def _note_recent(self, path: Path) -> None:
+    def touch(self, keys: Sequence[BlockKey]) -> None:
+        """Mark ``keys`` recently used (LRU recency) without a system call
+        here: their mtimes are bumped by the batched recency writes. Keys
+        without a file are ignored."""
+        self._check_open()
+        ngroups = len(self._payload_len)
+        for k in keys:
+            if k.group_idx < ngroups:
+                self._note_recent(self._path_str(k))
+
+    def _note_recent(self, path: Path | str) -> None:
         """Record a hit. Recency lives in the file's mtime because atime is
         unreliable (relatime/noatime); the writes are batched per file and run
         as their own write-queue job, so no load waits for them."""
@@ -797,6 +957,9 @@ class FsTier:
             for slot, owner in list(self._fenced.items()):
                 if owner == (pool_id, op_index):
                     del self._fenced[slot]
+                    # Only now may the provider hand the slot out again: the
+                    # late call can no longer write it.
+                    self._pool.unfence(slot)
                     log.info("fstier: slot %d released; its timed-out I/O returned", slot)
                     self._idle.notify_all()
                     return
@@ -827,12 +990,19 @@ class FsTier:
             if owner in self._late:
                 self._late.discard(owner)
             else:
-                self._fenced[job.slots[i]] = owner
+                slot = job.slots[i]
+                self._fenced[slot] = owner
+                # The provider's fence outlives the engine's free(): without
+                # it, alloc() hands the slot out again, new bytes are staged
+                # into it, and the stuck read overwrites them (issue 15 item
+                # 1). Fenced here, before the job's result is published, so
+                # the engine cannot have freed the slot yet.
+                self._pool.fence(slot)
         if reserved:
             self._budget.release(reserved, 0)
         log.warning(
             "fstier: %s of %r timed out after %.1fs; slot %d fenced until the call returns",
-            job.kind, job.keys[i], self.config.tier.io_timeout_s, job.slots[i],
+            job.kind, job.keys[i], self.tier_config.io_timeout_s, job.slots[i],
         )
 
     def _seconds(self, job: _Job) -> float:
@@ -881,7 +1051,7 @@ class FsTier:
             failed += 1
             cause = cause or c
             self.metrics.failures.inc(c)
-            self._breaker.failure(c)
+            self._breaker_failure(c)
         if failed == 0:
             prefix = len(results)
         self._cache.stored(stored + present, now)
@@ -899,6 +1069,12 @@ class FsTier:
             job.job_id, "store", failed == 0, prefix, len(results) - prefix, nbytes,
             seconds, cause, skipped,
         )
+
+    def _breaker_failure(self, cause: str) -> None:
+        """Count ``cause`` toward the breaker only if it says the device or
+        mount is failing (see ``_DEVICE_CAUSES``)."""
+        if cause in _DEVICE_CAUSES:
+            self._breaker.failure(cause)
 
     def _finish_load(self, job: _Job, results: list[object]) -> JobResult:
         prefix = 0
@@ -920,7 +1096,7 @@ class FsTier:
             if r is OP_TIMED_OUT:
                 self._timed_out(job, i)
                 c = "timeout"
-                self._breaker.failure(c)
+                self._breaker_failure(c)
             elif r is OP_CANCELLED:
                 c = "cancelled"
             elif isinstance(r, posix.LoadOutcome) and r.status is posix.LoadStatus.MISSING:
@@ -931,14 +1107,20 @@ class FsTier:
                 log.warning("fstier: corrupt block %r removed: %s %s", key, r.cause, r.detail)
                 if r.removed:
                     removed.append(key)
+            elif isinstance(r, posix.LoadOutcome) and r.cause in _BAD_FILE_CAUSES:
+                c = f"bad_file:{r.cause}"
+                log.warning(
+                    "fstier: %r: the block path holds no block file (%s); a miss. Remove "
+                    "whatever was placed at %s", key, r.detail or r.cause, self._path_str(key),
+                )
             elif isinstance(r, posix.LoadOutcome):
                 c = r.cause or "load_error"
                 log.warning("fstier: load of %r failed: %s (%s)", key, c, r.detail)
-                self._breaker.failure(c)
+                self._breaker_failure(c)
             else:
                 c = _cause_of(r)
                 log.warning("fstier: load of %r failed: %s", key, r)
-                self._breaker.failure(c)
+                self._breaker_failure(c)
             if cause is None:
                 cause = c
             self.metrics.failures.inc(c.split(":")[0])
@@ -1011,26 +1193,50 @@ class FsTier:
     # ---------------------------------------------------------------- capacity
     @property
     def usage_bytes(self) -> int | None:
-        """Tracked bytes of block files under the root (None before the first
-        scan or without ``max_bytes``)."""
-        with self._usage_lock:
-            return self._usage
+        """Bytes of block files under the root, counted by every instance
+        storing into it (None before this instance's first scan or without
+        ``max_bytes``)."""
+        if self._shared is None or not self._usage_known:
+            return None
+        return self._shared.read()
+
+    def _root_full(self) -> bool:
+        return (
+            self._shared is not None
+            and self._max_bytes is not None
+            and self._shared.read() > self._max_bytes
+        )
+
+    def _over_high(self) -> bool:
+        return (
+            self._shared is not None
+            and self._max_bytes is not None
+            and self._shared.read() > self._max_bytes * self.tier_config.high_watermark
+        )
 
     def _add_usage(self, delta: int) -> None:
-        if self._max_bytes is None:
+        if self._shared is None or self._max_bytes is None or delta == 0:
             return
-        with self._usage_lock:
-            if self._usage is None:
-                return
-            self._usage = max(0, self._usage + delta)
-            usage = self._usage
+        usage = self._shared.add(delta)
         self.metrics.usage_bytes.set(usage)
-        if usage > self._max_bytes * self.config.tier.high_watermark:
+        if usage > self._max_bytes * self.tier_config.high_watermark:
             self._cap_wake.set()
+
+    def _flush_removed(self) -> None:
+        with self._usage_lock:
+            pending, self._removed_pending = self._removed_pending, 0
+            self._removed_in_pass += pending
+        if pending:
+            self._add_usage(-pending)
 
     def _on_removed(self, path: str, size: int) -> None:
         self.metrics.evicted_blocks.inc()
         self.metrics.evicted_bytes.inc(size)
+        with self._usage_lock:
+            self._removed_pending += size
+            batch = self._removed_pending >= _REMOVED_BATCH * size
+        if batch:
+            self._flush_removed()
         if not path.startswith(self._blocks_prefix + os.sep):
             return  # another namespace sharing the root
         key = key_from_block_name(os.path.basename(path))
@@ -1049,14 +1255,41 @@ class FsTier:
         """One synchronous capacity pass over the root: sweep stale temp and
         ``.nfs*`` files and, above the high watermark of ``max_bytes``
         (default: ``tier.max_bytes``), evict LRU files down to the low
-        watermark. Resynchronises the tracked usage."""
+        watermark. Waits for a pass another instance on the root is running.
+        Resynchronises the shared usage count."""
         self._check_open()
-        return self._capacity_pass(max_bytes if max_bytes is not None else self._max_bytes)
+        report = None
+        while report is None:
+            report = self._capacity_pass(
+                max_bytes if max_bytes is not None else self._max_bytes, wait=True, resync=True
+            )
+        return report
 
-    def _capacity_pass(self, max_bytes: int | None) -> GcReport:
-        tier = self.config.tier
+    def _capacity_pass(
+        self, max_bytes: int | None, wait: bool = False, resync: bool = False
+    ) -> GcReport | None:
+        """Run a pass if this instance gets the root's eviction lock; None when
+        another instance holds it (``wait``: after a short sleep, so the
+        caller can retry).
+
+        The shared count follows evictions as they happen (``_on_removed``).
+        It is *reset* from the walk only when ``resync`` is asked, on this
+        instance's first pass, or when the pass removed nothing (the walk then
+        is the truth, and a count above it would drop stores for nothing):
+        a reset counts the stores other instances made during the walk twice
+        when the walk saw them, which is safe but, after every evicting pass,
+        would keep the count high and drop stores the root has room for."""
+        tier = self.tier_config
         self._flush_recency()  # eviction must see this process's latest hits
-        with self._cap_lock:
+        shared = self._shared
+        with self._cap_lock, contextlib.ExitStack() as stack:
+            if shared is not None and not stack.enter_context(shared.evicting()):
+                if wait:
+                    time.sleep(_BUSY_RETRY_S)
+                return None
+            before = shared.read() if shared is not None else 0
+            with self._usage_lock:
+                self._removed_pending = self._removed_in_pass = 0
             report = collect_garbage(
                 self.mapper.root,
                 max_bytes,
@@ -1066,11 +1299,22 @@ class FsTier:
                 on_removed=self._on_removed,
                 should_stop=self._cap_stop.is_set,
             )
+            self._flush_removed()
+            if (
+                shared is not None
+                and report.complete
+                and (resync or not self._usage_known or report.removed_files == 0)
+            ):
+                with self._usage_lock:
+                    mine = self._removed_in_pass
+                # Others' net stores during the walk are the change of
+                # the count that this pass's own subtractions (mine) do
+                # not explain: resync adds count - (before - mine).
+                usage = shared.resync(report.final_bytes, before - mine)
+                self._usage_known = True
+                self._resynced = time.monotonic()
+                self.metrics.usage_bytes.set(usage)
         self.metrics.temp_swept.inc(report.temp_removed)
-        if self._max_bytes is not None and report.complete:
-            with self._usage_lock:
-                self._usage = report.final_bytes
-            self.metrics.usage_bytes.set(report.final_bytes)
         if report.removed_files:
             log.info(
                 "fstier: evicted %d file(s), %d bytes; usage now %d bytes",
@@ -1080,11 +1324,30 @@ class FsTier:
 
     def _capacity_loop(self) -> None:
         while not self._cap_stop.is_set():
+            report: GcReport | None = None
+            soon = False
+            rest = 0.0
             try:
-                self._capacity_pass(self._max_bytes)
+                periodic = time.monotonic() - self._resynced >= _RESYNC_INTERVAL_S
+                report = self._capacity_pass(self._max_bytes, resync=periodic)
+                # Look again soon when another instance held the lock (its
+                # pass may not cover what we stored), when no scan has run
+                # yet, or when stores outran a pass that did evict.
+                soon = (
+                    not self._usage_known
+                    or (report is None and self._over_high())
+                    or (report is not None and report.removed_files > 0 and self._over_high())
+                )
+                if report is not None and report.removed_files == 0:
+                    # Nothing to evict (the count was reset from the walk):
+                    # do not walk again at once, however many stores wake us,
+                    # so a huge root is not rescanned back to back.
+                    rest = 2 * report.seconds
             except Exception:  # a capacity bug must not kill the tier
                 log.exception("fstier: capacity pass failed; retrying later")
-            self._cap_wake.wait(_RESYNC_INTERVAL_S)
+            if rest and self._cap_stop.wait(rest):
+                return
+            self._cap_wake.wait(_BUSY_RETRY_S if soon else _RESYNC_INTERVAL_S)
             self._cap_wake.clear()
 
     # ------------------------------------------------------------------ close
@@ -1096,7 +1359,7 @@ class FsTier:
                 return
             self._closed = True
         try:
-            self.drain(timeout=self.config.tier.io_timeout_s + 5.0)
+            self.drain(timeout=self.tier_config.io_timeout_s + 5.0)
         finally:
             self._cap_stop.set()
             self._cap_wake.set()
@@ -1108,8 +1371,10 @@ class FsTier:
                 executor, self._lookup_pool = self._lookup_pool, None
             if executor is not None:
                 executor.shutdown(wait=True)
-            if self._owns_pool:
-                self._pool.close()
+            if self._own_pool is not None:
+                self._own_pool.close()
+            if self._shared is not None:
+                self._shared.close()
 
     def __del__(self) -> None:
         # Threads are daemons; this only avoids leaking a private pool when

@@ -40,14 +40,14 @@ def rank_heads(group: KVGroupSpec, par: ParallelSpec) -> np.ndarray:
     return np.array([head_rank // (hr // H)])
 
 
-def local_page(group: KVGroupSpec, par: ParallelSpec, page: np.ndarray, kv_layout: str) -> np.ndarray:
+def local_page(group: KVGroupSpec, par: ParallelSpec, page: np.ndarray, kv_packing: str) -> np.ndarray:
     """The bytes rank ``par.rank`` holds for canonical ``page``, built by slicing."""
     arr = canonical_array(group, page)  # (L, 2, B, H, de)
     l0, l1 = _format.pp_layer_range(group.num_layers, par.pp_size, par.pp_rank)
     sub = arr[l0:l1][:, :, rank_tokens(group, par)][:, :, :, rank_heads(group, par)]
     if group.kv_layout == "HND":
         sub = sub.transpose(0, 1, 3, 2, 4)  # (l, kv, h, t, de)
-    if kv_layout == "interleaved":
+    if kv_packing == "interleaved":
         sub = np.moveaxis(sub, 1, 3)  # (l, a, b, kv, de)
     return np.ascontiguousarray(sub).reshape(-1)
 

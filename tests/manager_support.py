@@ -77,6 +77,9 @@ def load(tier: FsTier, job: object, ks: list[BlockKey], first_slot: int = 0):
 def open_tier(root: Path, num_slots: int = 64, **tier_kw: Any) -> Iterator[FsTier]:
     cfg = tiny_config(root, **tier_kw)
     pool = HostBlockPool(num_slots, FILE_BYTES)
+    # These tests name slots by index; FsTier refuses slots the caller does
+    # not hold, so the test holds them all (alloc returns 0, 1, 2, ...).
+    pool.alloc(num_slots)
     tier = FsTier(cfg, pool)
     try:
         yield tier

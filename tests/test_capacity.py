@@ -15,7 +15,7 @@ import pytest
 from manager_support import FILE_BYTES, fill, key, keys, open_tier, store, valid_namespace
 
 from fstier._capacity import collect_garbage, key_from_block_name, scan_usage
-from fstier.manager import BlockRemoved
+from fstier.manager import BlockRemoved, FsTier
 
 NS = 1_000_000_000
 
@@ -89,10 +89,10 @@ def test_recently_touched_file_survives_a_race(tmp_path: Path) -> None:
 
     real = cap._unlink_if_unchanged
 
-    def touch_then_unlink(path: str, mtime_ns: int, ino: int) -> str:
+    def touch_then_unlink(path: str, mtime_ns: int, ino: int, on_error=None) -> str:  # type: ignore[no-untyped-def]
         if path == str(old):
             os.utime(old)
-        return real(path, mtime_ns, ino)
+        return real(path, mtime_ns, ino, on_error)
 
     cap._unlink_if_unchanged = touch_then_unlink  # type: ignore[assignment]
     try:
@@ -250,3 +250,84 @@ def test_eviction_while_another_process_loads_surviving_keys(tmp_path: Path) -> 
         assert scan_usage(root).block_bytes <= 0.9 * cap
         assert tier.lookup(keys(0, n_hot)) == n_hot
         assert tier.metrics.snapshot()["fstier_evicted_blocks_total"] > 0
+
+
+@pytest.mark.parametrize("age", [float("inf"), float("nan"), -1.0, 0.0])
+def test_collect_garbage_refuses_non_finite_temp_age(tmp_path: Path, age: float) -> None:
+    """A library caller passing inf got OverflowError from every pass."""
+    with pytest.raises(ValueError, match="temp_max_age_s must be a finite number of seconds > 0"):
+        collect_garbage(tmp_path, None, temp_max_age_s=age)
+
+
+# -- usage shared by every instance on a root (issue 15 item 6) ----------------
+def _add_many(root: str, n: int) -> None:
+    from fstier._usage import SharedUsage
+
+    u = SharedUsage(root)
+    for _ in range(n):
+        u.add(8192)
+    u.close()
+
+
+def test_shared_usage_loses_no_concurrent_update(tmp_path: Path) -> None:
+    """Four processes adding at once: the flock makes every add count."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_add_many, args=(str(tmp_path), 500)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    from fstier._usage import SharedUsage
+
+    assert SharedUsage(tmp_path).read() == 4 * 500 * 8192
+
+
+def test_instances_on_one_root_see_each_others_stores(tmp_path: Path, monkeypatch) -> None:
+    """Each instance used to count only its own stores until a rescan every
+    300 s, so N instances could fill N x max_bytes."""
+    # Passes run only when this test asks: the background threads would race
+    # the assertions below.
+    monkeypatch.setattr(FsTier, "_capacity_loop", lambda self: None)
+    root = tmp_path / "root"
+    with open_tier(root, max_bytes=20 * FILE_BYTES, write_threads=1) as a, open_tier(
+        root, max_bytes=20 * FILE_BYTES, write_threads=1
+    ) as b:
+        a.run_capacity_pass()
+        b.run_capacity_pass()
+        assert store(a, "a", keys(0, 10)).success
+        assert b.usage_bytes == 10 * FILE_BYTES  # a's stores, counted for b
+        assert store(b, "b", keys(100, 9)).success
+        assert a.usage_bytes == 19 * FILE_BYTES
+        # The root is at max_bytes until a capacity pass runs: stores drop.
+        assert store(b, "b2", keys(300, 2), [30, 31]).success
+        assert a.usage_bytes == 21 * FILE_BYTES  # over max_bytes: the next store drops
+        fill(a, keys(200, 1), [40])
+        a.submit_store("full", keys(200, 1), [40])
+        (res,) = a.get_finished()
+        assert (res.success, res.cause) == (False, "capacity")
+        assert a.metrics.snapshot()["fstier_store_dropped_blocks_total"] == {"capacity": 1}
+        report = b.run_capacity_pass()
+        assert report.removed_files > 0
+        on_disk = sum(p.stat().st_size for p in root.rglob("*.bin"))
+        assert a.usage_bytes == b.usage_bytes == on_disk <= 20 * FILE_BYTES * 0.8
+
+
+def test_planted_usage_file_turns_sharing_off_not_the_tier(tmp_path: Path, caplog) -> None:
+    import logging
+
+    from fstier._usage import USAGE_FILE_NAME
+
+    root = tmp_path / "root"
+    root.mkdir()
+    os.mkfifo(root / USAGE_FILE_NAME)
+    caplog.set_level(logging.WARNING, logger="fstier.manager")
+    with open_tier(root, max_bytes=20 * FILE_BYTES) as tier:
+        assert not tier._shared.shared
+        assert store(tier, "s", keys(0, 3)).success
+        tier.run_capacity_pass()
+        assert tier.usage_bytes == 3 * FILE_BYTES
+    assert any("is not shared with other instances" in r.getMessage() for r in caplog.records)
+    assert (root / USAGE_FILE_NAME).is_fifo()  # left alone: fstier did not write it

@@ -154,3 +154,65 @@ def test_yaml_is_safe_loaded(tmp_path: Path) -> None:
 def test_config_error_is_a_value_error() -> None:
     with pytest.raises(ValueError):
         parse_config(_with("tier", read_threads=0))
+
+
+# -- non-finite and out-of-range numbers (issue 15 item 5) ---------------------
+_FLOAT_FIELDS = [
+    "low_watermark",
+    "high_watermark",
+    "max_write_queue_seconds",
+    "io_timeout_s",
+    "lookup_cache_ttl_s",
+    "temp_max_age_s",
+    "breaker_cooldown_s",
+]
+
+
+def _tier_with(tmp_path: Path, **tier: object) -> dict[str, object]:
+    return {
+        "tier": {"root_dir": str(tmp_path / "root"), **tier},
+        "model": {"name": "m", "groups": [{"head_size": 8}]},
+    }
+
+
+@pytest.mark.parametrize("field", _FLOAT_FIELDS)
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), "inf", "1e400", "nan"])
+def test_every_float_option_must_be_finite(tmp_path: Path, field: str, value: object) -> None:
+    """inf in temp_max_age_s silently disabled eviction (OverflowError in
+    every capacity pass); inf in io_timeout_s killed the watchdog thread."""
+    with pytest.raises(ConfigError, match=rf"^tier\.{field}: must be (a finite number|<|>)"):
+        parse_config(_tier_with(tmp_path, **{field: value}))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "bound"),
+    [
+        ("io_timeout_s", 1e300, "<= 86400"),
+        ("lookup_cache_ttl_s", 86401, "<= 86400"),
+        ("breaker_cooldown_s", 1e12, "<= 86400"),
+        ("max_write_queue_seconds", 3601, "<= 3600"),
+        ("temp_max_age_s", 1e18, "<= 31536000"),
+    ],
+)
+def test_time_options_have_an_upper_bound(tmp_path: Path, field: str, value: float, bound: str) -> None:
+    with pytest.raises(ConfigError, match=rf"tier\.{field}: must be {bound}, got"):
+        parse_config(_tier_with(tmp_path, **{field: value}))
+
+
+def test_yaml_infinity_is_refused_by_name(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text(
+        f"tier:\n  root_dir: {tmp_path / 'root'}\n  temp_max_age_s: .inf\n"
+        "model:\n  name: m\n  groups: [{head_size: 8}]\n"
+    )
+    with pytest.raises(ConfigError, match=r"tier\.temp_max_age_s: must be a finite number, got inf"):
+        load_config(p)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e300, "9" * 400, "99999999999999999999TiB"])
+def test_sizes_must_be_finite_and_fit_a_file_offset(tmp_path: Path, value: object) -> None:
+    """max_bytes: .inf was an OverflowError traceback, not a ConfigError."""
+    with pytest.raises(ConfigError, match=r"^tier\.max_bytes: .*(whole number|at most \d+ bytes)"):
+        parse_config(_tier_with(tmp_path, max_bytes=value))
+    with pytest.raises(ValueError):
+        parse_size(value)

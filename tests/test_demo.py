@@ -60,7 +60,7 @@ def test_demo_json_subprocess_every_case(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     _assert_every_case(doc)
-    assert doc["kv_layout"] == "cross-layer"
+    assert doc["cache_layout"] == "cross-layer"
     # The files are really there: inspect sees the demo's namespaces.
     inspect = subprocess.run(
         [str(FSTIER_BIN), "inspect", str(tmp_path / "root"), "--json"],
@@ -84,7 +84,7 @@ def test_demo_cli_runner_per_layer_with_config(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output[-3000:]
     doc = json.loads(res.output)
     _assert_every_case(doc)
-    assert doc["kv_layout"] == "per-layer"
+    assert doc["cache_layout"] == "per-layer"
     assert any(p.name.startswith("meta-llama_Llama-3.1-8B-Instruct-") for p in (tmp_path / "r").iterdir())
 
 

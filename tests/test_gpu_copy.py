@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -132,32 +134,73 @@ def test_tp2_rank_processes_store_tp4_rank_processes_load(layout):
         pool.free(slots)
 
 
-@pytest.mark.parametrize("kv", ["NHD", "HND"])
-@pytest.mark.parametrize("layout", ["packed", "split", "interleaved", "cross"])
-@pytest.mark.parametrize(("a", "b"), [(1, 4), (2, 8), (8, 2), (4, 1)])
-def test_in_process_round_trip_over_layouts(kv, layout, a, b):
+def _round_trip(kv, layout, a, b, device="cpu", cuda_copy=None, slots_order=None):
+    """tp=a ranks store 4 blocks, tp=b ranks load them into other blocks; checks
+    the slots against the canonical pages and every loaded and untouched block."""
     group = _group(layers=2, kv=kv)
     full = _full_kv(group, seed=a * 10 + b)
     kind = "interleaved" if layout == "interleaved" else "packed"
     blocks_out, blocks_in = [3, 0, 9, 5], [1, 4, 8, 10]
-    with HostBlockPool(4, group.page_bytes) as pool:
-        slots = pool.alloc(4)
+    with HostBlockPool(6, group.page_bytes) as pool:
+        held = pool.alloc(6)
+        slots = held[:4] if slots_order is None else [held[i] for i in slots_order]
+        for s in slots:
+            pool.slot_tensor(s).fill_(0x5A)  # poison: every byte must be written
         for r in range(a):
-            caches = _register(_shard(full, group, a, r), layout)
-            st = RankStager(caches, [rank_page_mapping(group, ParallelSpec(tp_size=a, rank=r), kind)], pool)
-            st.stage_out(LoadStoreSpec(blocks_out, [4], [0]), slots)
-            assert st.poll() == [1]
+            caches = _register(_shard(full, group, a, r).to(device), layout)
+            mapping = rank_page_mapping(group, ParallelSpec(tp_size=a, rank=r), kind)
+            st = RankStager(caches, [mapping], pool, cuda_copy=cuda_copy)
+            bid = st.stage_out(LoadStoreSpec(blocks_out, [4], [0]), slots)
+            st.wait(bid)
+            assert st.poll() == [bid] and st.in_flight == 0
+        for s, bo in zip(slots, blocks_out, strict=True):
+            assert torch.equal(pool.slot_tensor(s)[: group.page_bytes].view(torch.int8), _canonical(full, bo))
         for r in range(b):
-            shard = torch.zeros_like(_shard(full, group, b, r))
+            shard = torch.zeros_like(_shard(full, group, b, r)).to(device)
             caches = _register(shard, layout)
-            st = RankStager(caches, [rank_page_mapping(group, ParallelSpec(tp_size=b, rank=r), kind)], pool)
+            mapping = rank_page_mapping(group, ParallelSpec(tp_size=b, rank=r), kind)
+            st = RankStager(caches, [mapping], pool, cuda_copy=cuda_copy)
             st.wait(st.stage_in(slots, LoadStoreSpec(blocks_in, [4], [0])))
-            got = _reconstruct(shard, layout, caches)
+            got = _reconstruct(shard, layout, caches).cpu()
             want = _shard(full, group, b, r)
             for bo, bi in zip(blocks_out, blocks_in, strict=True):
                 assert torch.equal(got[:, bi], want[:, bo])
             untouched = [x for x in range(NUM_BLOCKS) if x not in blocks_in]
             assert got[:, untouched].eq(0).all()
+
+
+@pytest.mark.parametrize("kv", ["NHD", "HND"])
+@pytest.mark.parametrize("layout", ["packed", "split", "interleaved", "cross"])
+@pytest.mark.parametrize(("a", "b"), [(1, 4), (2, 8), (8, 2), (4, 1)])
+def test_in_process_round_trip_over_layouts(kv, layout, a, b):
+    _round_trip(kv, layout, a, b)
+
+
+@pytest.mark.parametrize("cuda_copy", ["dma", "kernel", "auto"])
+@pytest.mark.parametrize("kv", ["NHD", "HND"])
+@pytest.mark.parametrize("layout", ["packed", "split", "interleaved", "cross"])
+@pytest.mark.parametrize(("a", "b"), [(1, 4), (8, 2)])
+def test_device_copy_logic_round_trip_on_cpu(cuda_copy, kv, layout, a, b):
+    """The CUDA path's staging, packing and copy lists, run on CPU tensors
+    (memcpy in place of the copy engine), so CI checks them without a GPU."""
+    _round_trip(kv, layout, a, b, cuda_copy=cuda_copy, slots_order=[5, 0, 2, 3])
+
+
+def test_staging_packs_a_head_slice_as_one_copy_and_merges_adjacent_slots():
+    from fstier.gpu_copy import _host_copies
+
+    group = _group(layers=4, heads=8, head_size=16)
+    caches = _register(_shard(_full_kv(group), group, 4, 1), "packed")
+    mapping = rank_page_mapping(group, ParallelSpec(tp_size=4, rank=1))
+    with HostBlockPool(8, group.page_bytes) as pool:
+        stg = RankStager(caches, [mapping], pool, cuda_copy="dma")._staging[(0, "store")]
+    # rank 1 of 4 owns 2 heads (64 bytes) of every 256-byte token row: one 2-d copy per page
+    assert stg.page_bytes == group.page_bytes // 4 and stg.spans_page
+    assert stg.segs.tolist() == [[64, 0, 64, 4 * 2 * 8, 256, 64]]
+    pb = group.page_bytes
+    # slots 2, 3, 4 adjacent, then slot 0: two copies for four pages
+    rows = _host_copies(stg, np.array([2 * pb, 3 * pb, 4 * pb, 0]), pb)
+    assert rows[:, 3].tolist() == [3 * 64, 64] and rows[:, 0].tolist() == [2 * pb + 64, 64]
 
 
 def test_block_indices_skip_lands_the_right_pages():
@@ -209,6 +252,86 @@ def test_stager_rejects_mismatched_registration_and_small_slots():
             RankStager(caches, [rank_page_mapping(group, ParallelSpec(tp_size=4))], pool)
         with pytest.raises(LayoutError, match="create a larger pool"):
             RankStager(caches, [rank_page_mapping(group, ParallelSpec(tp_size=2))], pool, blocks_per_file=2)
+
+
+# ---------------------------------------------------------------- CUDA (run with -m gpu on a GPU machine)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("cuda_copy", ["dma", "kernel", "auto"])
+@pytest.mark.parametrize("kv", ["NHD", "HND"])
+@pytest.mark.parametrize("layout", ["packed", "split", "interleaved", "cross"])
+@pytest.mark.parametrize(("a", "b"), [(1, 4), (2, 8), (8, 2), (4, 1)])
+@pytest.mark.parametrize("slots_order", [None, [5, 0, 2, 3]])
+def test_cuda_round_trip_over_layouts(cuda_copy, kv, layout, a, b, slots_order):
+    _round_trip(kv, layout, a, b, device="cuda", cuda_copy=cuda_copy, slots_order=slots_order)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("cuda_copy", ["dma", "kernel", "auto"])
+def test_cuda_stage_calls_queue_and_return_while_the_device_is_busy(cuda_copy):
+    """stage_out/stage_in only queue work: with the engine's stream busy for
+    ~200 ms they return at once, poll() reports nothing and copies nothing,
+    and after the wait the bytes are right; index buffers are reused."""
+    group = _group(layers=4, heads=8, head_size=64, block_size=16)
+    full = _full_kv(group, seed=3).cuda()
+    with HostBlockPool(8, group.page_bytes) as pool:
+        slots = pool.alloc(8)
+        st = RankStager(_register(full.clone(), "cross"), [rank_page_mapping(group, ParallelSpec())], pool, cuda_copy=cuda_copy)
+        spec = LoadStoreSpec(list(range(8)), [8], [0])
+        st.wait(st.stage_out(spec, slots))  # warm-up: kernels loaded, index buffer pinned
+        assert st.poll() == [1]
+        pinned_before = st._pinned.allocated
+        torch.cuda.synchronize()
+        torch.cuda._sleep(400_000_000)  # ~0.2 s of GPU time on the current stream
+        t0 = time.perf_counter()
+        bid = st.stage_out(spec, slots)
+        call_s = time.perf_counter() - t0
+        assert st.poll() == [] and st.in_flight == 1
+        assert call_s < 0.05, f"stage_out blocked for {call_s:.3f} s"
+        st.wait(bid)
+        for s, blk in zip(slots, range(8), strict=True):
+            assert torch.equal(pool.slot_tensor(s)[: group.page_bytes].view(torch.int8), _canonical(full.cpu(), blk))
+        dest = torch.zeros_like(full)
+        st_in = RankStager(_register(dest, "packed"), [rank_page_mapping(group, ParallelSpec())], pool, cuda_copy=cuda_copy)
+        st_in.wait(st_in.stage_in(slots, LoadStoreSpec([11, 10, 9, 8, 7, 6, 5, 4], [8], [0])))
+        assert st_in.poll() == [1]
+        torch.cuda._sleep(400_000_000)
+        t0 = time.perf_counter()
+        bid = st_in.stage_in(slots, LoadStoreSpec([11, 10, 9, 8, 7, 6, 5, 4], [8], [0]))
+        call_s = time.perf_counter() - t0
+        assert st_in.poll() == [] and call_s < 0.05, f"stage_in blocked for {call_s:.3f} s"
+        st_in.wait(bid)
+        torch.cuda.synchronize()
+        for k, g in enumerate([11, 10, 9, 8, 7, 6, 5, 4]):
+            assert torch.equal(dest[:, g].cpu(), full[:, k].cpu())
+        assert st._pinned.allocated == pinned_before  # no pinned allocation per batch
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("cuda_copy", ["dma", "kernel", "auto"])
+def test_cuda_blocks_per_file_skip_matches_the_cpu_path(cuda_copy):
+    group = _group(layers=2)
+    full = _full_kv(group, seed=5)
+    with HostBlockPool(2, 4 * group.page_bytes) as pool:
+        slots = pool.alloc(2)
+        st = RankStager(_register(full.clone().cuda(), "cross"), [rank_page_mapping(group, ParallelSpec())], pool, 4, cuda_copy=cuda_copy)
+        st.wait(st.stage_out(LoadStoreSpec([4 + i for i in range(8)], [8], [0]), slots))
+        for page in range(4):
+            off = page * group.page_bytes
+            assert torch.equal(pool.slot_tensor(slots[1])[off : off + group.page_bytes].view(torch.int8), _canonical(full, 8 + page))
+        for start in (5, 6, 7):
+            dest = torch.zeros_like(full).cuda()
+            st_in = RankStager(_register(dest, "packed"), [rank_page_mapping(group, ParallelSpec())], pool, 4, cuda_copy=cuda_copy)
+            n = 8 - start
+            st_in.wait(st_in.stage_in([slots[1]], LoadStoreSpec([0, 1, 2][:n], [n], [start])))
+            for k in range(n):
+                assert torch.equal(dest[:, k].cpu(), full[:, 4 + start + k]), (start, k)
 
 
 # ---------------------------------------------------------------- pool
@@ -288,3 +411,23 @@ def test_reclaim_stale_segments_of_dead_creators():
         removed = HostBlockPool.reclaim_stale()
         assert stale in removed and live.name in _shm_names()
     assert stale not in _shm_names()
+
+
+@pytest.mark.parametrize("cuda_copy", ["dma", "kernel"])
+def test_evenly_spaced_layers_share_one_kernel(cuda_copy):
+    """Per-layer tensors at a fixed spacing (here views of one allocation) are
+    gathered by one index kernel per batch, not one per layer; layers in
+    separate CPU allocations keep one each. Bytes are right either way."""
+    group = _group(layers=4)
+    full = _full_kv(group, seed=9)
+    mapping = rank_page_mapping(group, ParallelSpec())
+    with HostBlockPool(2, group.page_bytes) as pool:
+        slots = pool.alloc(2)
+        for shard, units in ((full.clone(), 1), ([full[i].clone() for i in range(4)], 4)):
+            caches = CanonicalKVCaches.register([[shard[i] for i in range(4)]])
+            st = RankStager(caches, [mapping], pool, cuda_copy=cuda_copy)
+            assert [len(st._units[(0, k)]) for k in ("store", "load")] == [units, units]
+            pool.tensor.fill_(0)
+            st.wait(st.stage_out(LoadStoreSpec([6, 2], [2], [0]), slots))
+            assert torch.equal(pool.slot_tensor(slots[0])[: group.page_bytes].view(torch.int8), _canonical(full, 6))
+            assert torch.equal(pool.slot_tensor(slots[1])[: group.page_bytes].view(torch.int8), _canonical(full, 2))

@@ -26,15 +26,15 @@ from fstier.layout import (
 LAYOUTS = ("packed", "split", "interleaved")
 
 
-def _all_maps(group, par, kv_layout="packed") -> list[PageMapping]:
-    return [rank_page_mapping(group, par.with_rank(r), kv_layout) for r in range(par.world_size)]
+def _all_maps(group, par, kv_packing="packed") -> list[PageMapping]:
+    return [rank_page_mapping(group, par.with_rank(r), kv_packing) for r in range(par.world_size)]
 
 
-def _store_all(group, par, page, kv_layout) -> tuple[np.ndarray, np.ndarray]:
+def _store_all(group, par, page, kv_packing) -> tuple[np.ndarray, np.ndarray]:
     canon = np.zeros_like(page)
     count = np.zeros(page.size, dtype=np.int32)
-    for m in _all_maps(group, par, kv_layout):
-        apply_store(m.store_runs, local_page(group, m.parallel, page, kv_layout), canon, count)
+    for m in _all_maps(group, par, kv_packing):
+        apply_store(m.store_runs, local_page(group, m.parallel, page, kv_packing), canon, count)
     return canon, count
 
 
@@ -46,13 +46,13 @@ def _store_all(group, par, page, kv_layout) -> tuple[np.ndarray, np.ndarray]:
     block_size=st.sampled_from([1, 2, 4, 16]),
     dtype=st.sampled_from(["float32", "float16", "int8"]),
     kv=st.sampled_from(["NHD", "HND"]),
-    kv_layout=st.sampled_from(LAYOUTS),
+    kv_packing=st.sampled_from(LAYOUTS),
     layers=st.integers(1, 3),
 )
-def test_tiling_and_coverage_or_rank_private(heads, tp, head_size, block_size, dtype, kv, kv_layout, layers):
+def test_tiling_and_coverage_or_rank_private(heads, tp, head_size, block_size, dtype, kv, kv_packing, layers):
     group = attn_group(num_kv_heads=heads, head_size=head_size, block_size=block_size, dtype=dtype, kv_layout=kv, num_layers=layers)
     par = ParallelSpec(tp_size=tp)
-    m = rank_page_mapping(group, par, kv_layout)
+    m = rank_page_mapping(group, par, kv_packing)
     assert m.canonical_page_bytes == _format.canonical_page_bytes(group, par)
     assert m.local_page_bytes == _format.local_page_bytes(group, par)
     certified = heads % tp == 0 or tp % heads == 0
@@ -61,30 +61,30 @@ def test_tiling_and_coverage_or_rank_private(heads, tp, head_size, block_size, d
     if certified:
         # Independent check by simulation: bytes tile once and land right.
         page = np.random.default_rng(0).integers(0, 256, group.page_bytes, dtype=np.uint8)
-        canon, count = _store_all(group, par, page, kv_layout)
+        canon, count = _store_all(group, par, page, kv_packing)
         assert (count == 1).all()
         np.testing.assert_array_equal(canon, page)
-        for mm in _all_maps(group, par, kv_layout):
+        for mm in _all_maps(group, par, kv_packing):
             local = np.zeros(mm.local_page_bytes, dtype=np.uint8)
             cover = np.zeros(mm.local_page_bytes, dtype=np.int32)
             apply_load(mm.load_runs, page, local, cover)
             assert (cover == 1).all()
-            np.testing.assert_array_equal(local, local_page(group, mm.parallel, page, kv_layout))
+            np.testing.assert_array_equal(local, local_page(group, mm.parallel, page, kv_packing))
     else:
         assert m.canonical_page_bytes == tp * m.local_page_bytes
 
 
 @pytest.mark.parametrize("kv", ["NHD", "HND"])
-@pytest.mark.parametrize("kv_layout", LAYOUTS)
-def test_round_trip_every_tp_pair(kv, kv_layout):
+@pytest.mark.parametrize("kv_packing", LAYOUTS)
+def test_round_trip_every_tp_pair(kv, kv_packing):
     group = attn_group(num_kv_heads=8, head_size=4, block_size=4, kv_layout=kv, num_layers=3)
     page = np.random.default_rng(1).integers(0, 256, group.page_bytes, dtype=np.uint8)
     for a, b in itertools.product([1, 2, 4, 8], repeat=2):
-        canon, _ = _store_all(group, ParallelSpec(tp_size=a), page, kv_layout)
-        for m in _all_maps(group, ParallelSpec(tp_size=b), kv_layout):
+        canon, _ = _store_all(group, ParallelSpec(tp_size=a), page, kv_packing)
+        for m in _all_maps(group, ParallelSpec(tp_size=b), kv_packing):
             local = np.zeros(m.local_page_bytes, dtype=np.uint8)
             apply_load(m.load_runs, canon, local)
-            np.testing.assert_array_equal(local, local_page(group, m.parallel, page, kv_layout), err_msg=f"{a}->{b}")
+            np.testing.assert_array_equal(local, local_page(group, m.parallel, page, kv_packing), err_msg=f"{a}->{b}")
 
 
 @pytest.mark.parametrize(("heads", "a", "b"), [(2, 4, 8), (2, 8, 1), (1, 4, 2), (2, 2, 8), (4, 8, 2)])
@@ -199,7 +199,7 @@ def test_verify_detects_a_broken_mapping():
     bad_store = PageMapping(**{**good.__dict__, "store_runs": (r._replace(canonical_offset=r.canonical_offset + 8),)})
     with pytest.raises(LayoutError, match="does not match the load mapping"):
         bad_store.check_self()
-    with pytest.raises(LayoutError, match="kv_layout must be one of"):
+    with pytest.raises(LayoutError, match="kv_packing must be one of"):
         rank_page_mapping(group, ParallelSpec(), "sideways")
 
 

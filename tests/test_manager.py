@@ -146,6 +146,56 @@ def test_validation_errors_name_the_problem(tmp_path: Path) -> None:
         assert {r.job_id: r.success for r in tier.get_finished()} == {"dup": True, "empty": True}
 
 
+def test_lookup_validates_keys_like_submit(tmp_path: Path) -> None:
+    """Issue 15 item 8: a non-key element was an AttributeError deep in the
+    probe; it is a ValueError naming the element, as submit_store raises."""
+    with open_tier(tmp_path / "root", num_slots=4) as tier:
+        with pytest.raises(ValueError, match=r"lookup: keys\[0\] is 'x' \(str\); keys must be BlockKey"):
+            tier.lookup(["x"])  # type: ignore[list-item]
+        with pytest.raises(ValueError, match=r"keys\[1\] is None"):
+            tier.lookup([key(1), None])  # type: ignore[list-item]
+        with pytest.raises(ValueError, match=r"lookup: keys\[0\]: group 3 does not exist"):
+            tier.lookup([key(1, group=3)])
+        assert tier.lookup([key(1)]) == 0
+
+
+def test_empty_job_does_not_bypass_the_duplicate_id_check(tmp_path: Path) -> None:
+    """Issue 15 item 9: an empty (or degraded, or slot-busy) job finished at
+    once without looking at the ids in flight, so one job id got two results."""
+    with open_tier(tmp_path / "root", num_slots=4) as tier:
+        fill(tier, keys(0, 2), [0, 1])
+        tier.submit_store("J", keys(0, 2), [0, 1])
+        with pytest.raises(ValueError, match="job id 'J' is already in flight"):
+            tier.submit_store("J", [], [])
+        with pytest.raises(ValueError, match="job id 'J' is already in flight"):
+            tier.submit_load("J", [], [])
+        tier.drain()
+        results = tier.get_finished()
+        assert [r.job_id for r in results] == ["J"] and results[0].success
+        tier.submit_store("J", [], [])  # reported: the id is free again
+        assert [r.job_id for r in tier.get_finished()] == ["J"]
+
+
+def test_slots_not_currently_allocated_are_refused(tmp_path: Path) -> None:
+    """Issue 15 item 10: a slot the caller does not hold (never allocated, or
+    freed) may be handed to someone else at any time: refuse it."""
+    cfg = tiny_config(tmp_path / "root")
+    with HostBlockPool(4, FILE_BYTES) as pool, FsTier(cfg, pool) as tier:
+        with pytest.raises(ValueError, match="job 's': .*slot 0 is not allocated; take slots with alloc"):
+            tier.submit_store("s", keys(0, 1), [0])
+        held = pool.alloc(2)
+        fill(tier, keys(0, 2), held)
+        tier.submit_store("s", keys(0, 2), held)
+        tier.drain()
+        assert tier.get_finished()[0].success
+        pool.free([held[1]])
+        with pytest.raises(ValueError, match=f"slot {held[1]} is not allocated"):
+            tier.submit_load("l", keys(0, 2), held)
+        tier.submit_load("l", keys(0, 1), held[:1])
+        tier.drain()
+        assert tier.get_finished()[0].success
+
+
 def test_pool_too_small_is_a_clear_error(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path / "root", blocks_per_file=64)  # 64 x 128 B = 8 KiB payload
     with HostBlockPool(2, 4096) as pool, pytest.raises(PoolError, match="slot_bytes >= 8192"):
@@ -163,6 +213,7 @@ def test_from_config_yaml_with_private_pool(tmp_path: Path) -> None:
     with FsTier.from_config(cfg_file) as tier:
         assert tier.pool.slot_bytes == 4096 and tier.pool.num_slots >= 6
         pool_name = tier.pool.name
+        assert tier.pool.alloc(6) == list(range(6))  # jobs name slots the caller holds
         assert store(tier, "s", keys(0, 3)).success
         assert load(tier, "l", keys(0, 3), first_slot=3).success
     assert not os.path.exists(f"/dev/shm/{pool_name}")  # the private pool was closed

@@ -28,6 +28,7 @@ class FsTierMachine(RuleBasedStateMachine):
         super().__init__()
         self.root = Path(tempfile.mkdtemp(prefix="fstier-sm-"))
         self.pool = HostBlockPool(16, FILE_BYTES)
+        self.pool.alloc(16)  # slots are named by index below; hold them all
         self.cfg = tiny_config(self.root, lookup_cache_ttl_s=30.0)
         self.tier = FsTier(self.cfg, self.pool)
         self.present: set[BlockKey] = set()

@@ -117,8 +117,7 @@ def test_gc_eviction_never_unlinks_through_a_dir_swapped_after_the_scan(
         return real(*args, **kw)
 
     monkeypatch.setattr(cap, "_unlink_if_unchanged", swap_then_unlink)
-    before = None
-    report = collect_garbage(tmp_path / "root", max_bytes=0, low_watermark=0.0)
+    report = collect_garbage(tmp_path / "root", max_bytes=0, low_watermark=0.0, unlink_threads=1)
     before = _snapshot(outside)
     assert swapped and report.removed_files == 0
     assert len(before) == 5  # 4 block copies + precious.txt, all still there

@@ -48,7 +48,17 @@ def test_ops_of_one_job_run_in_parallel() -> None:
 def test_submit_and_get_finished_do_not_block() -> None:
     with IOPool(1, 1, io_timeout_s=5) as pool:
         gate = threading.Event()
-        pool.submit("slow", "read", [gate.wait, gate.wait])
+        started = threading.Semaphore(0)
+
+        def hold() -> None:
+            started.release()
+            gate.wait()
+
+        # Both threads (the idle writer steals the read job's second op) must
+        # be held before the writes go in, or a fast writer finishes some of
+        # them first (seen on a loaded 2-core CI machine).
+        pool.submit("slow", "read", [hold, hold])
+        assert started.acquire(timeout=5) and started.acquire(timeout=5)
         t0 = time.monotonic()
         for i in range(100):
             pool.submit(i, "write", [lambda: None])
@@ -215,3 +225,11 @@ def test_many_jobs_many_threads_every_job_completes_once() -> None:
         for j, job in jobs.items():
             assert job.results == [(j, i) for i in range(j % 7)]
         assert pool.queue_depth("read") == 0 and pool.stuck_threads == 0
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), float("nan"), 1e300, 0.0])
+def test_io_timeout_must_be_finite(timeout: float) -> None:
+    """io_timeout_s=inf made the watchdog's wait raise and the thread die:
+    every later deadline silently stopped firing (issue 15 item 5)."""
+    with pytest.raises(ValueError, match=r"io_timeout_s must be > 0 and finite \(or None"):
+        IOPool(1, 1, io_timeout_s=timeout)

@@ -1,30 +1,149 @@
 """The ``fstier`` command: a thin shell over the library.
 
-Commands: ``demo`` (the end-to-end tour: tp=2 stores, tp=4 loads, every
-fail-closed case), ``inspect`` (one row per namespace), ``verify`` (check
-every block, ``--fix`` removes bad ones), ``gc`` (LRU eviction and temp sweep
-with FsTier's own capacity code), ``bench`` (fstier vs raw O_DIRECT), and
-``config validate|show``.
+Commands, one module each: ``demo`` (the end-to-end tour: tp=2 stores, tp=4
+loads, every fail-closed case; its synthetic rank processes live in
+``demo_engine``), ``inspect`` (one row per namespace, from the streaming walk
+in ``scan``), ``verify`` (check every block, ``--fix`` removes bad ones),
+``gc`` (LRU eviction and temp sweep with FsTier's own capacity code),
+``bench`` (fstier vs raw O_DIRECT), and ``config validate|show``. Shared
+plumbing (exit codes, one-line errors, ``--json`` documents, progress,
+sizes, safe printing of names) is in ``_common``.
 
 Conventions every command follows:
 
 - exit 0 ok, 1 runtime failure (or something bad was found and not fixed),
-  2 usage or configuration error with ONE line naming the field;
-- ``--json`` prints one JSON document on stdout for scripts; people get rich
-  tables and progress bars (progress goes to stderr, and only to a terminal);
-- ``fstier --help`` never imports torch: torch-heavy modules (layout,
-  gpu_copy, manager, the demo) are imported inside the commands that need
-  them. ``tests/test_cli.py`` checks ``sys.modules`` in a real subprocess.
+  2 usage or configuration error, 130 interrupted (Ctrl-C); every failure is
+  ONE line on stderr, never a traceback (click's own usage errors included);
+- ``--json`` prints one JSON document on stdout for scripts, failures too:
+  ``{"ok": false, "exit_code": N, "error": "..."}``; people get rich tables
+  and progress bars (progress goes to stderr, and only to a terminal);
+- ``fstier --help`` imports no command module at all (commands are
+  registered lazily by name), so neither torch nor numpy nor the I/O layer
+  is loaded to print help; each command keeps its heavy imports inside its
+  body. ``tests/test_cli.py`` checks ``sys.modules`` in a real subprocess.
 """
 
 from __future__ import annotations
 
+import errno
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
 import click
+
+from fstier.cli._common import EXIT_FAILURE, EXIT_INTERRUPTED, _emit_json
 
 __all__ = ["main"]
 
+#: name -> (module, attribute, one-line help shown by ``fstier --help``).
+#: The help is spelled here so that listing commands imports none of them;
+#: tests/test_cli.py checks it equals the first sentence of each command's
+#: docstring (``get_short_help_str`` without a length limit).
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "bench": ("fstier.cli.bench", "bench_cmd", "fstier store/load vs raw O_DIRECT on the same directory in the same run."),
+    "config": ("fstier.cli.config", "config_group", "Validate or show a YAML configuration."),
+    "demo": (
+        "fstier.cli.demo",
+        "demo_cmd",
+        "The end-to-end tour: tp=2 ranks store, tp=4 ranks load, and every fail-closed case "
+        "(MLA, hybrid, corruption, restart).",
+    ),
+    "gc": (
+        "fstier.cli.gc",
+        "gc_cmd",
+        "Evict least-recently-used blocks under ROOT down to --max-bytes and sweep stale temp "
+        "files, with the same code as FsTier's capacity manager.",
+    ),
+    "inspect": (
+        "fstier.cli.inspect",
+        "inspect_cmd",
+        "One row per namespace under ROOT: model, parallel layout, files, bytes, ages.",
+    ),
+    "verify": (
+        "fstier.cli.verify",
+        "verify_cmd",
+        "Read and check every block under ROOT (header, key, length, checksum).",
+    ),
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class _FstierGroup(click.Group):
+    """Lazy command registration plus one error policy for the whole tree.
+
+    click prints its own usage errors as three lines (usage, hint, error) and
+    nothing on stdout even under ``--json``, and turns Ctrl-C into "Aborted!"
+    after a traceback-free but unhelpful exit 1. Here every failure that
+    reaches the top, click's included, is one line on stderr, and one JSON
+    document on stdout when ``--json`` was given.
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        spec = COMMANDS.get(cmd_name)
+        if spec is None:
+            return None
+        command: click.Command = getattr(importlib.import_module(spec[0]), spec[1])
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        as_json = "--json" in argv
+        try:
+            rv = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.Abort as exc:
+            if isinstance(exc.__cause__, KeyboardInterrupt):
+                code, message = EXIT_INTERRUPTED, "interrupted (Ctrl-C)"
+            else:
+                code, message = EXIT_FAILURE, "aborted"
+        except KeyboardInterrupt:
+            code, message = EXIT_INTERRUPTED, "interrupted (Ctrl-C)"
+        except click.UsageError as exc:
+            code, message = exc.exit_code, _usage_line(exc)
+        except click.ClickException as exc:
+            code, message = exc.exit_code, f"error: {exc.format_message()}"
+        except OSError as exc:
+            if exc.errno != errno.EPIPE:
+                raise
+            # The reader of our stdout went away (``| head``): stop quietly, and
+            # point stdout at /dev/null so the interpreter's final flush does
+            # not raise again.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(EXIT_FAILURE)
+        else:
+            if not standalone_mode:
+                return rv
+            sys.exit(rv if isinstance(rv, int) else 0)
+        if as_json:
+            _emit_json({"ok": False, "exit_code": code, "error": message})
+        click.echo(message, err=True)
+        sys.exit(code)
+
+
+def _usage_line(exc: click.UsageError) -> str:
+    """One line: what is wrong, and where the help is."""
+    where = exc.ctx.command_path if exc.ctx is not None else "fstier"
+    return f"usage error: {exc.format_message()} (see '{where} --help')"
+
+
+@click.group(cls=_FstierGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="fstier")
 def main() -> None:
     """fstier: a filesystem tier for LLM KV caches.
@@ -32,20 +151,6 @@ def main() -> None:
     \b
     Start with `fstier demo`: tp=2 ranks store a prompt's KV blocks, tp=4
     ranks load them back, and every case that must fail closed is shown.
-    Exit codes: 0 ok, 1 failure, 2 usage or configuration error.
+    Exit codes: 0 ok, 1 failure, 2 usage or configuration error, 130 Ctrl-C.
     """
 
-
-def _register() -> None:
-    # One module per command; each keeps torch-heavy imports inside its body.
-    from fstier.cli import bench, config, demo, gc, inspect, verify
-
-    main.add_command(demo.demo_cmd)
-    main.add_command(inspect.inspect_cmd)
-    main.add_command(verify.verify_cmd)
-    main.add_command(gc.gc_cmd)
-    main.add_command(bench.bench_cmd)
-    main.add_command(config.config_group)
-
-
-_register()

@@ -1,25 +1,36 @@
 """Shared plumbing of the ``fstier`` commands: exit codes, one-line errors,
-``--json`` documents, rich consoles, sizes and times for people."""
+``--json`` documents, rich consoles, progress on stderr, sizes and times for
+people, the ROOT checks every root-walking command makes, and safe printing of
+names (file names are data: they may hold rich markup such as ``[red]`` or
+bytes that are not UTF-8, and neither may crash or alter the output)."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import json
+import os
+import re
+import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from fstier.errors import ConfigError, FstierError
+from fstier.file_mapper import MANIFEST_NAME
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+#: 128 + SIGINT, what shells report for a command stopped by Ctrl-C.
+EXIT_INTERRUPTED = 130
 
 
 # -- output helpers ----------------------------------------------------------
@@ -36,8 +47,49 @@ def _console(stderr: bool = False) -> Any:
     return Console(file=stream, width=width, soft_wrap=False, highlight=False)
 
 
+def _display(text: str) -> str:
+    """``text`` as it can be printed anywhere: a name that was not valid UTF-8
+    (decoded by ``os.fsdecode`` into lone surrogates) shows its raw bytes as
+    backslash escapes (``\\xff``) instead of crashing a strict UTF-8 stdout."""
+    if not any("\udc80" <= ch <= "\udcff" for ch in text):
+        return text
+    return os.fsencode(text).decode("utf-8", "backslashreplace")
+
+
+def _cell(text: object) -> Any:
+    """A table cell or title that rich prints literally: no markup is
+    interpreted (a model called ``team/llama[/]-ft`` would otherwise crash
+    rich, and ``[red]`` would vanish) and undecodable bytes are escaped."""
+    from rich.text import Text
+
+    return Text(_display(str(text)))
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, str):
+        return _display(obj)
+    if isinstance(obj, dict):
+        return {_json_safe(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def _emit_report(doc: dict[str, Any], error: str | None = None) -> None:
+    """A command's JSON result with ``ok`` and ``exit_code`` first; a result
+    that fails the command (exit 1) carries ``error``, the one line the text
+    output ends with, like every other failure document."""
+    ok = error is None
+    head: dict[str, Any] = {"ok": ok, "exit_code": EXIT_OK if ok else EXIT_FAILURE}
+    if error is not None:
+        head["error"] = _display(error)
+    _emit_json({**head, **{k: v for k, v in doc.items() if k not in head}})
+
+
 def _emit_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, indent=2, sort_keys=False, default=str))
+    # Lone surrogates are legal in Python strings but not in UTF-8 JSON that
+    # other languages' parsers accept: print undecodable names escaped.
+    click.echo(json.dumps(_json_safe(obj), indent=2, sort_keys=False, default=str))
 
 
 class _Fail(Exception):
@@ -67,6 +119,7 @@ def _handle_errors(func: F) -> F:
         except OSError as exc:
             where = f" {exc.filename}" if exc.filename else ""
             code, message = EXIT_FAILURE, f"error:{where}: {exc.strerror or exc}"
+        message = _display(message)
         if as_json:
             _emit_json({"ok": False, "exit_code": code, "error": message})
         click.echo(message, err=True)
@@ -82,12 +135,157 @@ def _json_option(func: F) -> F:
 
 
 def _existing_root(root: str) -> Path:
+    """``root`` as a directory this user can list, or a one-line usage error
+    that says which of those it is not."""
     p = Path(root)
-    if not p.exists():
-        raise _Fail(EXIT_USAGE, f"ROOT {root!r}: no such directory")
-    if not p.is_dir():
-        raise _Fail(EXIT_USAGE, f"ROOT {root!r}: not a directory")
+    shown = _display(repr(root))
+    try:
+        st = os.stat(p)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _Fail(EXIT_USAGE, f"ROOT {shown}: a symlink loop (a link that points back at itself); give the real directory") from None
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise _Fail(EXIT_USAGE, f"ROOT {shown}: permission denied on a parent directory; run as a user who can enter it") from None
+        if exc.errno == errno.ENOTDIR:
+            raise _Fail(EXIT_USAGE, f"ROOT {shown}: a parent of it is a file, not a directory") from None
+        raise _Fail(EXIT_USAGE, f"ROOT {shown}: no such directory") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise _Fail(EXIT_USAGE, f"ROOT {shown}: is a file, not a directory; give the tier's root_dir")
+    if not os.access(p, os.R_OK | os.X_OK):
+        raise _Fail(EXIT_USAGE, f"ROOT {shown}: permission denied (cannot list it); run as a user who can read it")
     return p
+
+
+#: ``<safe model name>-<16 hex digits>``: how FileMapper names a namespace.
+_NAMESPACE_NAME = re.compile(r"^.+-[0-9a-f]{16}$")
+_MANIFEST = MANIFEST_NAME
+#: Entries a fresh volume or a shared mount holds before fstier wrote
+#: anything (ext4's lost+found; hidden names such as NetApp's .snapshot are
+#: skipped too): a root with only these is an empty root, not a foreign one.
+_ROOT_FURNITURE = frozenset({"lost+found"})
+
+
+def _fstier_root(root: str) -> Path:
+    """:func:`_existing_root`, and refuse a directory that is plainly not an
+    fstier root, saying what ROOT should be.
+
+    An fstier root holds namespace directories (``<model>-<digest>`` with a
+    ``config.json``). A root that holds ``config.json`` itself is one level
+    too deep: it is a namespace directory. A non-empty directory none of whose
+    entries looks like a namespace (``/etc``, a home directory) is not a root
+    at all: reporting "0 namespaces" there would read as a healthy empty tier.
+    An empty directory (or a fresh volume holding only ``lost+found`` and
+    hidden entries) is a fresh root and is fine. Only top-level names are
+    read (namespaces are few), so this costs nothing on a big root.
+    """
+    p = _existing_root(root)
+    _check_root_shape(p, root)
+    return p
+
+
+def _check_root_shape(p: Path, root: str) -> None:
+    shown = _display(repr(root))
+    if os.path.lexists(p / _MANIFEST) and _NAMESPACE_NAME.match(p.resolve().name):
+        parent = _display(str(p.resolve().parent))
+        raise _Fail(
+            EXIT_USAGE,
+            f"ROOT {shown} is a namespace directory (it holds {_MANIFEST}), one level too deep; "
+            f"ROOT should be its parent {parent!r} (verify takes --namespace NAME for one namespace)",
+        )
+    entries = 0
+    with os.scandir(p) as it:
+        for entry in it:
+            if entry.name in _ROOT_FURNITURE or entry.name.startswith("."):
+                continue  # what filesystems and tools put in any root
+            entries += 1
+            with contextlib.suppress(OSError):
+                if not entry.is_dir(follow_symlinks=False):
+                    continue
+                if _NAMESPACE_NAME.match(entry.name) or os.path.lexists(os.path.join(entry.path, _MANIFEST)):
+                    return
+    if entries:
+        raise _Fail(
+            EXIT_USAGE,
+            f"ROOT {shown} is not an fstier root: none of its {entries} entries is a namespace directory "
+            f"(<model>-<16 hex digits> holding {_MANIFEST}); ROOT should be the tier's root_dir "
+            f"(see `fstier config show FILE`)",
+        )
+
+
+class _Progress:
+    """A count of files on stderr while a long walk runs, for a terminal only.
+
+    ``total`` known: a bar with done/total and time left (verify counts first);
+    unknown: a spinner with the running count and rate (inspect, gc: counting
+    first would double a walk that takes a minute at a million files).
+    ``advance`` is cheap enough for per-file calls: it batches updates.
+    """
+
+    _BATCH = 64
+
+    def __init__(self, label: str, enabled: bool, total: int | None = None) -> None:
+        self._bar: Any = None
+        self._pending = 0
+        if not enabled:
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        console = Console(stderr=True)
+        if total is None:
+            self._bar = Progress(
+                SpinnerColumn(),
+                TextColumn(f"{label}: {{task.completed:,}} files"),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+            )
+        else:
+            self._bar = Progress(
+                TextColumn(label),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                console=console,
+                transient=True,
+            )
+        self._task = self._bar.add_task(label, total=total)
+        self._bar.start()
+
+    def advance(self, n: int = 1) -> None:
+        if self._bar is None:
+            return
+        self._pending += n
+        if self._pending >= self._BATCH:
+            self._bar.advance(self._task, self._pending)
+            self._pending = 0
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+@contextlib.contextmanager
+def _progress(label: str, enabled: bool, total: int | None = None) -> Iterator[_Progress]:
+    bar = _Progress(label, enabled, total)
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
+def _show_progress(as_json: bool) -> bool:
+    """Progress is for people: stderr must be a terminal, and never with --json."""
+    return not as_json and sys.stderr.isatty()
 
 
 def _fmt_time(ts: float | None) -> str:

@@ -9,7 +9,8 @@ rename, O_DIRECT when the probe allows) and :func:`~fstier.io.posix.load_block`
 we compare against: ``open(O_CREAT|O_DIRECT)``, one ``pwrite`` of the padded
 length, ``close``; and ``open(O_DIRECT)``, one ``preadv``, ``close``.
 
-Facts of these machines that shape it (DESIGN.md §9): every round writes
+Facts of these machines that shape it (docs/architecture.md, "Facts of the
+machines"): every round writes
 NEW files (overwriting allocated blocks is ~3x faster and would flatter the
 raw side), buffers are prefaulted and a warm-up round runs first, and reads
 use many threads. Used by ``fstier bench`` and ``benchmarks/bench_io.py``.
@@ -36,7 +37,8 @@ import click
 from fstier.cli._common import (
     EXIT_USAGE,
     _console,
-    _emit_json,
+    _display,
+    _emit_report,
     _Fail,
     _fmt_size,
     _handle_errors,
@@ -191,6 +193,7 @@ def run_bench(
         ]
         return {
             "root": str(base),
+            "root_temporary": own,
             "o_direct": direct,
             "o_direct_reason": support.reason,
             "block_bytes": block_bytes,
@@ -232,7 +235,7 @@ def bench_cmd(root: str | None, block_size: str, num_blocks: int, threads: int, 
         raise _Fail(EXIT_USAGE, f"--threads: must be >= 1, got {threads}")
     result = run_bench(Path(root) if root else None, block_bytes=size, num_blocks=num_blocks, threads=threads)
     if as_json:
-        _emit_json({"ok": True, **result})
+        _emit_report(result)
         return
     from rich.table import Table
 
@@ -245,7 +248,8 @@ def bench_cmd(root: str | None, block_size: str, num_blocks: int, threads: int, 
     console.print(table)
     console.print(
         f"{result['num_blocks']} x {_fmt_size(size)} files, {threads} threads, median of "
-        f"{result['rounds']} rounds after a warm-up, on {result['root']} (o_direct={result['o_direct']})",
+        f"{result['rounds']} rounds after a warm-up, on {_display(result['root'])}"
+        f"{' (a temporary directory, now deleted)' if result['root_temporary'] else ''} (o_direct={result['o_direct']})",
         markup=False,
     )
 

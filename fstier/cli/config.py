@@ -9,7 +9,7 @@ import click
 
 from fstier.cli._common import (
     _console,
-    _emit_json,
+    _emit_report,
     _handle_errors,
     _json_option,
 )
@@ -67,7 +67,7 @@ def config_validate(file: str, as_json: bool) -> None:
     """Check FILE; exit 2 with one line naming the bad field."""
     cfg = _load(file)
     if as_json:
-        _emit_json({"ok": True, "file": file, "model": cfg.model.name})
+        _emit_report({"file": file, "model": cfg.model.name})
         return
     click.echo(f"{file}: ok (model {cfg.model.name}, {len(cfg.model.groups)} group(s))")
 
@@ -83,7 +83,7 @@ def config_show(file: str, as_json: bool) -> None:
     cfg = _load(file)
     info = resolved_config(cfg)
     if as_json:
-        _emit_json({"ok": True, "file": file, **info})
+        _emit_report({"file": file, **info})
         return
     from rich.table import Table
 

@@ -32,8 +32,10 @@ import logging
 import multiprocessing as mp
 import random
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -44,8 +46,9 @@ import click
 
 from fstier.cli._common import (
     EXIT_FAILURE,
+    _cell,
     _console,
-    _emit_json,
+    _emit_report,
     _fmt_size,
     _handle_errors,
     _json_option,
@@ -121,6 +124,9 @@ class CaseResult:
 class DemoReport:
     root: str
     layout: str
+    #: the root was a temp dir made for this run and is deleted by the time
+    #: the report is printed (so the path is not worth looking at)
+    root_temporary: bool = False
     o_direct: bool = False
     cases: list[CaseResult] = field(default_factory=list)
     store_bytes: int = 0
@@ -148,7 +154,8 @@ class DemoReport:
             "store_gbps": round(self.store_gbps, 3),
             "load_gbps": round(self.load_gbps, 3),
             "root": self.root,
-            "kv_layout": self.layout,
+            "root_temporary": self.root_temporary,
+            "cache_layout": self.layout,
             "o_direct": self.o_direct,
             "seconds": round(self.seconds, 2),
         }
@@ -201,6 +208,18 @@ def _check_demo_model(model: ModelSpec) -> None:
             )
 
 
+def _ignore_sigint() -> Any:
+    """Ignore SIGINT (main thread only: elsewhere signals cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _restore_sigint(previous: Any) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)
+
+
 # -- the rank processes --------------------------------------------------------------
 class _Ranks:
     """Four spawned rank processes and their pipes."""
@@ -213,13 +232,33 @@ class _Ranks:
         ctx.set_forkserver_preload(["torch", "fstier.gpu_copy", "fstier.layout", "fstier.cli.demo_engine"])
         self._conns: list[Any] = []
         self._procs: list[Any] = []
-        for i in range(n):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=rank_main, args=(child,), name=f"fstier-demo-rank{i}", daemon=True)
-            proc.start()
-            child.close()
-            self._conns.append(parent)
-            self._procs.append(proc)
+        # Ctrl-C in a terminal signals the whole process group. Only this
+        # process should handle it (one line, cleanup, exit 130): the
+        # forkserver would print a KeyboardInterrupt traceback if the signal
+        # hit its torch import, and so would each rank. A process started
+        # with SIGINT ignored keeps it ignored (exec keeps SIG_IGN, Python
+        # then installs no handler), and the forkserver hands its own
+        # dispositions to the ranks it forks; so SIGINT is ignored here only
+        # for the instant of spawning the forkserver. rank_main ignores it too,
+        # for a forkserver that an earlier demo in this process started.
+        from multiprocessing import forkserver
+
+        previous = _ignore_sigint()
+        try:
+            forkserver.ensure_running()
+        finally:
+            _restore_sigint(previous)
+        try:
+            for i in range(n):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=rank_main, args=(child,), name=f"fstier-demo-rank{i}", daemon=True)
+                proc.start()
+                child.close()
+                self._conns.append(parent)
+                self._procs.append(proc)
+        except BaseException:  # Ctrl-C included: stop the ranks already started
+            self.close()
+            raise
 
     def call(self, targets: Sequence[tuple[int, Any]]) -> list[Any]:
         """Send one message to each (process, message) pair, then collect all
@@ -300,17 +339,28 @@ class _Demo:
             for g in range(len(m.groups))
         )
         self.pool = HostBlockPool(2 * self.num_files, slot_bytes)
-        self.ranks = _Ranks(NUM_RANKS)
+        try:
+            self.ranks = _Ranks(NUM_RANKS)
+        except BaseException:  # Ctrl-C included: no /dev/shm segment may outlive us
+            self.pool.close()
+            raise
         self.tiers: list[Any] = []
         self._deps = 0
         self._rng = random.Random(1234)
 
     def close(self) -> None:
-        for t in self.tiers:
-            with contextlib.suppress(Exception):
-                t.close()
-        self.ranks.close()
-        self.pool.close()
+        # A second Ctrl-C while cleaning up would interrupt it half-way and
+        # leave rank processes, temp files or the /dev/shm segment behind;
+        # cleanup takes seconds at most, so it is not interruptible.
+        previous = _ignore_sigint()
+        try:
+            for t in self.tiers:
+                with contextlib.suppress(Exception):
+                    t.close()
+            self.ranks.close()
+            self.pool.close()
+        finally:
+            _restore_sigint(previous)
 
     # -- plumbing -----------------------------------------------------------------------
     def _config(self, model: ModelSpec, tp: int) -> FstierConfig:
@@ -608,6 +658,7 @@ def run_demo(opts: DemoOptions) -> DemoReport:
             if status is not None:
                 status.stop()
         demo.report.seconds = time.perf_counter() - t0
+        demo.report.root_temporary = opts.root is None and opts.config is None
         return demo.report
 
 
@@ -634,7 +685,7 @@ def demo_cmd(root: str | None, config_file: str | None, per_layer: bool, as_json
     )
     report = run_demo(opts)
     if as_json:
-        _emit_json(report.to_json())
+        _emit_report(report.to_json(), None if report.ok else "some outcomes differ from what is expected (see cases)")
     else:
         _print_demo(report)
     if not report.ok:
@@ -645,21 +696,24 @@ def _print_demo(report: Any) -> None:
     from rich.table import Table
 
     console = _console()
-    table = Table(title=f"fstier demo ({report.layout} KV layout) root={report.root}")
+    where = f"{report.root} (temporary, now deleted)" if report.root_temporary else report.root
+    table = Table(title=_cell(f"fstier demo ({report.layout} KV cache) root={where}"))
     for col in ("case", "expected", "outcome", "", "stored", "loaded", "bytes", "GB/s", "detail"):
         table.add_column(col, overflow="fold")
     for case in report.cases:
         mark = "[green]ok[/green]" if case.ok else "[red]MISMATCH[/red]"
+        # Only the mark is markup; every other cell is data (a --config
+        # model name may hold brackets) and is printed literally.
         table.add_row(
-            case.name,
-            case.expected,
-            case.outcome,
+            _cell(case.name),
+            _cell(case.expected),
+            _cell(case.outcome),
             mark,
             str(case.stored_blocks),
             str(case.loaded_blocks),
             _fmt_size(case.bytes),
             f"{case.gbps:.2f}" if case.gbps else "-",
-            case.detail,
+            _cell(case.detail),
         )
     console.print(table)
     verdict = "[green]all outcomes as expected[/green]" if report.ok else "[red]some outcomes differ[/red]"

@@ -294,6 +294,11 @@ def _stage(dep: _Deployment, msg: Stage) -> int:
 
 def rank_main(conn: Any) -> None:
     """Serve commands on ``conn`` until :class:`Quit` or the pipe closes."""
+    import signal
+
+    # Ctrl-C is the parent's to handle (it stops the ranks and cleans up);
+    # a rank that raised KeyboardInterrupt would only add a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
 
     # Import the staging modules now, while the parent is still setting up.

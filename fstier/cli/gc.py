@@ -4,6 +4,9 @@ A thin wrapper over :func:`fstier._capacity.collect_garbage`, the very code
 FsTier's background capacity manager runs, applied to a whole root (every
 namespace in it) with both watermarks at 1.0: the operator asked for
 ``--max-bytes`` and gets at most that, no hysteresis.
+
+A path that cannot be read or removed does not stop the run: each one is
+listed (text and ``--json``), the sizes say they are partial, exit 1.
 """
 
 from __future__ import annotations
@@ -14,32 +17,47 @@ from typing import Any
 
 import click
 
-from fstier._capacity import collect_garbage
 from fstier.cli._common import (
     EXIT_FAILURE,
     EXIT_USAGE,
-    _emit_json,
-    _existing_root,
+    _display,
+    _emit_report,
     _Fail,
     _fmt_size,
+    _fstier_root,
     _handle_errors,
     _json_option,
     _parse_size_option,
+    _progress,
+    _show_progress,
 )
+from fstier.config import MAX_TEMP_AGE_SECONDS
+
+#: Paths that failed, printed in the text report (all of them go to --json).
+MAX_LISTED = 50
 
 __all__ = ["run_gc"]
 
 
-def run_gc(root: Path, max_bytes: int, *, dry_run: bool, temp_max_age_s: float) -> dict[str, Any]:
+def run_gc(
+    root: Path, max_bytes: int, *, dry_run: bool, temp_max_age_s: float, progress: bool = False
+) -> dict[str, Any]:
     """Run one gc over ``root``; returns the JSON-ready result."""
-    rep = collect_garbage(
-        root,
-        max_bytes,
-        low_watermark=1.0,
-        high_watermark=1.0,
-        temp_max_age_s=temp_max_age_s,
-        dry_run=dry_run,
-    )
+    from fstier._capacity import collect_garbage
+    from fstier.cli.scan import Unreadable
+
+    failed = Unreadable()
+    with _progress("gc", progress) as bar:
+        rep = collect_garbage(
+            root,
+            max_bytes,
+            low_watermark=1.0,
+            high_watermark=1.0,
+            temp_max_age_s=temp_max_age_s,
+            dry_run=dry_run,
+            on_error=failed.add,
+            on_file=bar.advance,
+        )
     return {
         "root": str(root),
         "dry_run": dry_run,
@@ -53,6 +71,8 @@ def run_gc(root: Path, max_bytes: int, *, dry_run: bool, temp_max_age_s: float) 
         "temp_removed_bytes": rep.temp_removed_bytes,
         "bytes_after": rep.final_bytes,
         "errors": rep.errors,
+        "partial": rep.errors > 0,
+        "failed": failed.to_json(),
         "passes": rep.passes,
         "seconds": round(rep.seconds, 3),
     }
@@ -76,21 +96,33 @@ def run_gc(root: Path, max_bytes: int, *, dry_run: bool, temp_max_age_s: float) 
 def gc_cmd(root: str, max_bytes: str, dry_run: bool, temp_max_age: float, as_json: bool) -> None:
     """Evict least-recently-used blocks under ROOT down to --max-bytes and sweep
     stale temp files, with the same code as FsTier's capacity manager."""
-    from fstier.cli.gc import run_gc
-
     limit = _parse_size_option(max_bytes, "--max-bytes")
-    if temp_max_age <= 0:
-        raise _Fail(EXIT_USAGE, f"--temp-max-age: must be > 0, got {temp_max_age}")
-    result = run_gc(_existing_root(root), limit, dry_run=dry_run, temp_max_age_s=temp_max_age)
+    # Checked before ROOT: nan/inf used to pass "<= 0" and crash the pass with
+    # OverflowError (issue 15 item 5). Same bounds as tier.temp_max_age_s.
+    if not 0 < temp_max_age <= MAX_TEMP_AGE_SECONDS:
+        raise _Fail(
+            EXIT_USAGE,
+            f"--temp-max-age: must be a finite number of seconds in (0, {MAX_TEMP_AGE_SECONDS:.0f}], "
+            f"got {temp_max_age}",
+        )
+    result = run_gc(
+        _fstier_root(root), limit, dry_run=dry_run, temp_max_age_s=temp_max_age, progress=_show_progress(as_json)
+    )
     ok = result["errors"] == 0
+    verdict = (
+        None
+        if ok
+        else f"sizes are partial: {result['errors']:,} path(s) could not be read or removed (listed above); "
+        "fix their permissions or run as their owner, then rerun"
+    )
     if as_json:
-        _emit_json({"ok": ok, **result})
+        _emit_report(result, verdict)
         if not ok:
             sys.exit(EXIT_FAILURE)
         return
     verb = "would remove" if dry_run else "removed"
     click.echo(
-        f"{root}: {_fmt_size(result['bytes_before'])} in {result['files_before']:,} block file(s); "
+        f"{_display(root)}: {_fmt_size(result['bytes_before'])} in {result['files_before']:,} block file(s); "
         f"target {_fmt_size(limit)}"
     )
     click.echo(
@@ -98,7 +130,10 @@ def gc_cmd(root: str, max_bytes: str, dry_run: bool, temp_max_age: float, as_jso
         f"and {result['temp_removed']} stale temp file(s); "
         f"{_fmt_size(result['bytes_after'])} remain"
     )
-    if not ok:
-        click.echo(f"{result['errors']} file(s) could not be examined or removed (see above)", err=True)
+    if verdict is not None:
+        for item in result["failed"][:MAX_LISTED]:
+            click.echo(f"unreadable: {_display(item['path'])}: {item['error']}", err=True)
+        if result["errors"] > MAX_LISTED:
+            click.echo(f"... and {result['errors'] - MAX_LISTED:,} more (use --json for the list)", err=True)
+        click.echo(verdict, err=True)
         sys.exit(EXIT_FAILURE)
-

@@ -13,13 +13,17 @@ What counts is decided in one place, :mod:`fstier._tree`, shared with
 ``fstier verify``, ``fstier gc`` and FsTier's capacity thread: block files
 are counted only where fstier puts them and only in namespaces whose
 manifest is valid; a namespace with a bad or missing manifest is listed with
-its ``manifest_error`` and zero files. Symlinks are never followed: a link
-is an "other" entry and left alone. This module does not import torch.
+its ``manifest_error`` and zero files. Symlinks are never followed (fstier
+never touches anything outside its root, docs/reliability.md): a link is
+reported as an "other" entry and left alone. A directory or file that cannot be read (permissions, I/O errors) is
+recorded in :class:`Unreadable` and the walk goes on with the rest, so a
+report over a partly unreadable root is complete except for what it names.
+This module does not import torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,7 @@ __all__ = [
     "FileEntry",
     "NamespaceStats",
     "ScanReport",
+    "Unreadable",
     "iter_namespace_dirs",
     "iter_namespace_files",
     "read_manifest",
@@ -134,13 +139,42 @@ class NamespaceStats:
 
 
 @dataclass(slots=True)
+class Unreadable:
+    """Paths a walk could not read, with why; totals that skipped them are partial.
+
+    Every path is counted; the first :attr:`KEEP` are kept for the report (a
+    permission mistake at the fan-out level can make thousands unreadable,
+    and the first few say what to fix).
+    """
+
+    KEEP = 1000
+
+    count: int = 0
+    paths: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, exc: OSError, path: str | None = None) -> None:
+        self.count += 1
+        if len(self.paths) < self.KEEP:
+            where = path if path is not None else str(exc.filename or "?")
+            self.paths.append((where, exc.strerror or str(exc)))
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    def to_json(self) -> list[dict[str, str]]:
+        return [{"path": p, "error": e} for p, e in self.paths]
+
+
+@dataclass(slots=True)
 class ScanReport:
     """The whole root: one :class:`NamespaceStats` per namespace directory,
-    plus entries at the top level that are not namespaces."""
+    plus entries at the top level that are not namespaces, and what could not
+    be read (when anything, the totals are partial)."""
 
     root: str
     namespaces: list[NamespaceStats]
     stray_entries: int = 0
+    unreadable: Unreadable = field(default_factory=Unreadable)
 
 
 def read_manifest(namespace_dir: Path) -> tuple[Manifest | None, str | None]:
@@ -164,36 +198,53 @@ def _stats_from_manifest(stats: NamespaceStats, manifest: Manifest) -> None:
     stats.blocks_per_file = fields.blocks_per_file
 
 
-def iter_namespace_files(namespace_dir: Path) -> Iterator[FileEntry]:
+def iter_namespace_files(
+    namespace_dir: Path, on_error: Callable[[OSError], None] | None = None
+) -> Iterator[FileEntry]:
     """Every file below ``namespace_dir`` except the manifest, one at a time,
     classified by the shared rule (:func:`fstier._tree.classify`).
 
     Directories vanishing mid-walk (gc or another host) are skipped; symlinks
-    and other non-regular entries are yielded as ``other`` without following."""
-    for f in _tree.iter_namespace_files(namespace_dir):
+    and other non-regular entries are yielded as ``other`` without following.
+    A directory or entry that cannot be read is passed to ``on_error`` (its
+    ``filename`` names it) and skipped; without ``on_error`` the error is
+    raised.
+    """
+    for f in _tree.iter_namespace_files(namespace_dir, on_error):
         yield FileEntry(f.path, f.kind, f.size, f.mtime_ns / 1e9, f.rank, f.block_hex, f.group_idx)
 
 
-def scan_namespace(namespace_dir: Path) -> NamespaceStats:
+def scan_namespace(
+    namespace_dir: Path,
+    unreadable: Unreadable | None = None,
+    on_file: Callable[[], None] | None = None,
+) -> NamespaceStats:
+    """Counters for one namespace; unreadable parts go to ``unreadable`` (raised
+    when it is None); ``on_file()`` is called per file met (progress)."""
     stats = NamespaceStats(namespace=namespace_dir.name, path=str(namespace_dir))
     manifest, error = read_manifest(namespace_dir)
     stats.manifest_error = error
     if manifest is None:
         return stats  # not fstier's: nothing in it is counted, checked or removed
     _stats_from_manifest(stats, manifest)
-    for entry in iter_namespace_files(namespace_dir):
+    on_error = unreadable.add if unreadable is not None else None
+    for entry in iter_namespace_files(namespace_dir, on_error):
         stats.add(entry)
+        if on_file is not None:
+            on_file()
     return stats
 
 
-def scan_root(root: Path) -> ScanReport:
-    """Statistics of every namespace under ``root``, sorted by name."""
+def scan_root(root: Path, on_file: Callable[[], None] | None = None) -> ScanReport:
+    """Statistics of every namespace under ``root``, sorted by name; a part
+    that cannot be read is named in ``report.unreadable`` and skipped."""
     namespaces: list[NamespaceStats] = []
+    unreadable = Unreadable()
     stray = 0
     for path, is_ns in iter_namespace_dirs(root):
         if is_ns:
-            namespaces.append(scan_namespace(path))
+            namespaces.append(scan_namespace(path, unreadable, on_file))
         else:
             stray += 1
     namespaces.sort(key=lambda s: s.namespace)
-    return ScanReport(root=str(root), namespaces=namespaces, stray_entries=stray)
+    return ScanReport(root=str(root), namespaces=namespaces, stray_entries=stray, unreadable=unreadable)

@@ -11,8 +11,10 @@ manifest, the page size against the manifest's groups, and, unless
 ``fix`` removes a bad file only if it is still the file that was checked
 (same inode and mtime): a writer may have replaced it with a good one since.
 A file that vanished meanwhile (gc, another host) is skipped, not bad; an
-I/O error is reported as ``unreadable`` and never removes anything
-(STYLE.md: transient errors leave the file alone).
+I/O error is reported as ``unreadable`` and never removes anything (a
+transient error is not proof of corruption, so the file is left alone). A
+directory that cannot be listed is reported as unreadable too, and the walk
+goes on with the rest; the report then says its counts are partial.
 """
 
 from __future__ import annotations
@@ -33,18 +35,31 @@ from fstier._resolve import unlink_if
 from fstier.cli._common import (
     EXIT_FAILURE,
     EXIT_USAGE,
+    _cell,
+    _check_root_shape,
     _console,
-    _emit_json,
+    _display,
+    _emit_report,
     _existing_root,
     _Fail,
     _fmt_size,
     _handle_errors,
     _json_option,
+    _progress,
+    _show_progress,
 )
-from fstier.cli.scan import FileKind, iter_namespace_dirs, iter_namespace_files, read_manifest
-from fstier.io.posix import FS, verify_file
+from fstier.cli.scan import (
+    FileKind,
+    Unreadable,
+    iter_namespace_dirs,
+    iter_namespace_files,
+    read_manifest,
+)
 
 __all__ = ["BadFile", "NamespaceVerify", "VerifyReport", "run_verify"]
+
+#: Bad and unreadable paths printed in the text report (all go to --json).
+MAX_LISTED = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +92,8 @@ class VerifyReport:
     namespaces: list[NamespaceVerify] = field(default_factory=list)
     bad: list[BadFile] = field(default_factory=list)
     seconds: float = 0.0
+    #: directories (and entries) that could not be listed: counts are partial
+    unreadable_dirs: Unreadable = field(default_factory=Unreadable)
 
     @property
     def checked(self) -> int:
@@ -87,9 +104,23 @@ class VerifyReport:
         return sum(ns.removed for ns in self.namespaces)
 
     @property
+    def unreadable_files(self) -> int:
+        return sum(ns.unreadable for ns in self.namespaces)
+
+    @property
+    def partial(self) -> bool:
+        """Something could not be read, so not every block was checked."""
+        return bool(self.unreadable_dirs) or self.unreadable_files > 0
+
+    @property
+    def bad_remaining(self) -> int:
+        """Bad files (not unreadable ones) that are still on disk."""
+        return sum(1 for b in self.bad if not b.removed and not b.reason.startswith("unreadable"))
+
+    @property
     def ok(self) -> bool:
         """Nothing bad remains (everything bad was removed) and nothing was unreadable."""
-        return all(b.removed for b in self.bad) and not any(ns.unreadable for ns in self.namespaces)
+        return self.bad_remaining == 0 and not self.partial
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -99,6 +130,9 @@ class VerifyReport:
             "checked": self.checked,
             "bad": [{"path": b.path, "reason": b.reason, "removed": b.removed} for b in self.bad],
             "removed": self.removed,
+            "partial": self.partial,
+            "unreadable_count": self.unreadable_dirs.count,
+            "unreadable": self.unreadable_dirs.to_json(),
             "seconds": round(self.seconds, 3),
             "namespaces": [
                 {
@@ -146,6 +180,8 @@ def _namespaces(root: Path, only: str | None) -> Iterator[Path]:
 
 def _check_one(path: str, full: bool, expect: _Expect) -> tuple[str, int, os.stat_result | None]:
     """``(reason or '', size, stat)``; reason ``gone`` when the file vanished."""
+    from fstier.io.posix import FS, verify_file
+
     try:
         before = FS.lstat(path)  # no symlink followed anywhere on the path
     except FileNotFoundError:
@@ -194,7 +230,8 @@ def _count_blocks(root: Path, only: str | None) -> int:
     for ns_dir in _namespaces(root, only):
         if read_manifest(ns_dir)[0] is None:
             continue
-        for entry in iter_namespace_files(ns_dir):
+        # Errors are ignored here: the checking walk meets and reports them.
+        for entry in iter_namespace_files(ns_dir, on_error=lambda _exc: None):
             n += entry.kind == FileKind.BLOCK
     return n
 
@@ -205,44 +242,21 @@ def run_verify(
     """Check every block file under ``root`` (or one namespace)."""
     t0 = time.perf_counter()
     report = VerifyReport(root=str(root), full=full, fix=fix)
-    bar: Any = None
-    task: Any = None
-    if progress:
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
-        total = _count_blocks(root, namespace)
-        bar = Progress(
-            TextColumn("verify"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        )
-        bar.start()
-        task = bar.add_task("verify", total=total)
-    try:
+    total = _count_blocks(root, namespace) if progress else None
+    with _progress("verify", progress, total) as bar:
         for ns_dir in _namespaces(root, namespace):
             expect, error = _expectations(ns_dir)
             ns = NamespaceVerify(namespace=ns_dir.name, manifest_error=error)
             report.namespaces.append(ns)
             if expect is None:
                 continue
-            for entry in iter_namespace_files(ns_dir):
+            for entry in iter_namespace_files(ns_dir, report.unreadable_dirs.add):
                 if entry.kind == FileKind.TEMP:
                     ns.temp_files += 1
                 if entry.kind != FileKind.BLOCK:
                     continue
                 reason, size, before = _check_one(entry.path, full, expect)
-                if bar is not None:
-                    bar.advance(task)
+                bar.advance()
                 if reason == "gone":
                     continue
                 ns.checked += 1
@@ -258,9 +272,6 @@ def run_verify(
                 removed = bool(fix and before is not None and _remove_if_same(entry.path, before))
                 ns.removed += removed
                 report.bad.append(BadFile(entry.path, reason, removed))
-    finally:
-        if bar is not None:
-            bar.stop()
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -292,33 +303,57 @@ def verify_cmd(root: str, namespace: str | None, fix: bool, headers_only: bool, 
             raise _Fail(EXIT_USAGE, f"--namespace {namespace!r}: must be one directory name under ROOT (see fstier inspect)")
         if ns_path.is_symlink() or not ns_path.is_dir():
             raise _Fail(EXIT_USAGE, f"--namespace {namespace!r}: no such namespace directory under {root}")
-    show_progress = not as_json and sys.stderr.isatty()
-    report = run_verify(root_path, namespace=namespace, fix=fix, full=not headers_only, progress=show_progress)
+    else:
+        _check_root_shape(root_path, root)
+    report = run_verify(root_path, namespace=namespace, fix=fix, full=not headers_only, progress=_show_progress(as_json))
     if as_json:
-        _emit_json({"ok": report.ok, **report.to_json()})
+        _emit_report(report.to_json(), None if report.ok else _verdict(report))
     else:
         from rich.table import Table
 
         console = _console()
-        table = Table(title=f"verify {root}" + (" (headers only)" if headers_only else ""))
+        table = Table(title=_cell(f"verify {root}" + (" (headers only)" if headers_only else "")))
         for col in ("namespace", "checked", "ok", "bad", "removed", "bytes"):
             table.add_column(col)
         for ns in report.namespaces:
             table.add_row(
-                ns.namespace, f"{ns.checked:,}", f"{ns.good:,}", f"{ns.bad:,}", f"{ns.removed:,}", _fmt_size(ns.bytes)
+                *(
+                    _cell(v)
+                    for v in (ns.namespace, f"{ns.checked:,}", f"{ns.good:,}", f"{ns.bad:,}", f"{ns.removed:,}", _fmt_size(ns.bytes))
+                )
             )
         console.print(table)
-        for bad in report.bad[:50]:
+        for bad in report.bad[:MAX_LISTED]:
+            if bad.reason.startswith("unreadable"):
+                console.print(f"unreadable: {_display(bad.path)}: {bad.reason.removeprefix('unreadable: ')} (kept)", markup=False)
+                continue
             state = "removed" if bad.removed else "kept"
-            console.print(f"bad: {bad.path}: {bad.reason} ({state})", markup=False)
-        if len(report.bad) > 50:
-            console.print(f"... and {len(report.bad) - 50} more (use --json for all)", markup=False)
-        verdict = "ok" if report.ok else "BAD FILES REMAIN (rerun with --fix to remove them)"
+            console.print(f"bad: {_display(bad.path)}: {bad.reason} ({state})", markup=False)
+        if len(report.bad) > MAX_LISTED:
+            console.print(f"... and {len(report.bad) - MAX_LISTED} more (use --json for all)", markup=False)
+        for path, error in report.unreadable_dirs.paths[:MAX_LISTED]:
+            console.print(f"unreadable: {_display(path)}: {error}", markup=False)
+        if report.unreadable_dirs.count > MAX_LISTED:
+            console.print(f"... and {report.unreadable_dirs.count - MAX_LISTED:,} more unreadable (use --json for all)", markup=False)
         console.print(
             f"{report.checked:,} file(s) checked in {report.seconds:.2f} s: {len(report.bad)} bad, "
-            f"{report.removed} removed; {verdict}",
+            f"{report.removed} removed; {_verdict(report)}",
             markup=False,
         )
     if not report.ok:
         sys.exit(EXIT_FAILURE)
 
+
+def _verdict(report: VerifyReport) -> str:
+    """What the run found, and the one thing that fixes it. ``--fix`` never
+    helps with an unreadable file (fstier does not remove what it could not
+    read), so it is only suggested for bad files that remain."""
+    parts = []
+    if report.bad_remaining:
+        parts.append("BAD FILES REMAIN (rerun with --fix to remove them)")
+    if report.partial:
+        parts.append(
+            f"PARTIAL: {report.unreadable_files + report.unreadable_dirs.count:,} path(s) could not be read "
+            "(fix their permissions or run as their owner, then rerun)"
+        )
+    return "; ".join(parts) or "ok"

@@ -1,6 +1,12 @@
 """Block I/O: the on-disk format, atomic O_DIRECT stores, checked loads, the
 dual-queue thread pool and its asyncio facade.
 
+This is the storage side of fstier: it moves the bytes of host slots to and
+from block files and knows nothing of GPUs, ranks or layouts (those are
+``layout`` and ``gpu_copy``, the engine side). ``blockfile`` is the format,
+``posix`` the store and load path, ``pool`` the threads that run them,
+``aio`` the same for asyncio callers; ``FsTier`` (``manager``) drives them.
+
 ``fstier.io`` is torch-free: importing it never imports torch.
 """
 

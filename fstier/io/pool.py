@@ -130,8 +130,13 @@ class IOPool:
                 f"IOPool needs read_threads >= 1 and write_threads >= 1, got "
                 f"{read_threads} and {write_threads}"
             )
-        if io_timeout_s is not None and io_timeout_s <= 0:
-            raise ValueError(f"IOPool io_timeout_s must be > 0 or None, got {io_timeout_s}")
+        # inf or nan would make the watchdog's wait raise and the thread die,
+        # silently disabling every deadline (issue 15 item 5).
+        if io_timeout_s is not None and not (0 < io_timeout_s <= threading.TIMEOUT_MAX):
+            raise ValueError(
+                f"IOPool io_timeout_s must be > 0 and finite (or None for no deadline), "
+                f"got {io_timeout_s}"
+            )
         self.io_timeout_s = io_timeout_s
         self._name = name
         self._lock = threading.Lock()

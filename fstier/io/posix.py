@@ -199,7 +199,8 @@ def aligned_buffer(nbytes: int) -> memoryview:
     # test_concurrency.py::test_io_buffers_private_after_fork).
     m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     view = memoryview(m)
-    # Touch every page now: first-touch faults are slow on these VMs (DESIGN §9).
+    # Touch every page now: first-touch faults are slow on these VMs
+    # (docs/architecture.md, "Facts of the machines").
     view[:: mmap.PAGESIZE] = bytes(len(range(0, size, mmap.PAGESIZE)))
     return view
 
@@ -814,7 +815,7 @@ def _load_once(req: LoadRequest, buf: memoryview, direct: bool, opts: IOOptions)
     except FileNotFoundError:
         return LoadOutcome(LoadStatus.MISSING, "ENOENT")
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        if exc.errno == errno.ELOOP:
             # A symlink where a block or one of its directories belongs was
             # planted, never written by fstier: remove a link at the final
             # name (never its target, never through a symlinked directory).

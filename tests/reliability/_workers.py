@@ -92,6 +92,13 @@ def one_key_writer(root: str, seed: int, seconds: float, out: str) -> None:
     _write(Path(out), rep)
 
 
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
 def replacer(root: str, seed: int, seconds: float, out: str) -> None:
     """Row 9 writer: replace the hot key's file in place by rename (a new
     valid version), or evict and store it again."""
@@ -100,7 +107,8 @@ def replacer(root: str, seed: int, seconds: float, out: str) -> None:
     key = key_for(0, "hot")
     rep = WorkerReport()
     deadline = time.monotonic() + seconds
-    good = tier.path(key).read_bytes() if tier.path(key).exists() else None
+    # The other replacer may evict the file between any two calls here.
+    good = _read_or_none(tier.path(key))
     while time.monotonic() < deadline:
         if good is not None and rng.random() < 0.5:
             atomic_write(tier.path(key), good, fsync="none")
@@ -111,7 +119,7 @@ def replacer(root: str, seed: int, seconds: float, out: str) -> None:
             res = tier.store(key)
             rep.count(f"store_{res.status.value}")
             if good is None and res.status == "STORED":
-                good = tier.path(key).read_bytes()
+                good = _read_or_none(tier.path(key))
     _write(Path(out), rep)
 
 

@@ -156,3 +156,31 @@ def test_read_during_replace(tmp_path: Path) -> None:
     assert wrong == 0
     assert ops["load_LOADED"] > 5 and ops["replace"] > 5, ops
     assert temp_files(root) == []
+
+
+# ------------------------------------------------------------------ row 26
+@pytest.mark.slow
+def test_many_instances_share_max_bytes(tmp_path: Path) -> None:
+    """Issue 15 item 6: five processes, each with its own FsTier and
+    max_bytes of 300 files on one root, storing ~17x max_bytes. Each used to
+    count only its own stores (peak 2.86x max_bytes); with the shared count
+    sampled usage stays within 1.25x and settles below max_bytes."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, str(repo / "benchmarks" / "bench_multi_instance.py"), "--json",
+         "--root", str(tmp_path / "root")],
+        capture_output=True, text=True, timeout=600, cwd=repo,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(
+        f"\nRELIABILITY-FIGURES multi-instance processes={res['procs']} "
+        f"peak={res['peak_ratio']}x settled={res['settled_ratio']}x max_bytes "
+        f"samples={res['samples']} dropped={res['dropped']} ({res['dropped_fraction']:.0%})"
+    )
+    assert res["samples"] >= 100
+    assert res["peak_ratio"] <= 1.25, res
+    assert res["settled_ratio"] < 1.0, res

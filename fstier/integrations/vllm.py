@@ -1,0 +1,734 @@
+"""fstier as a vLLM secondary KV offload tier: ``FstierTier``.
+
+vLLM (0.33.x) runs a CPU primary tier plus secondary tiers when
+``kv_connector_extra_config`` says ``"spec_name": "TieringOffloadingSpec"``;
+an out-of-tree tier is loaded from ``secondary_tiers``::
+
+    {"type": "FstierTier", "module_path": "fstier.integrations.vllm",
+     "root_dir": "/mnt/kv", "max_bytes": "2TiB"}
+
+The other keys reach :class:`FstierTier`'s constructor (docs/vllm.md):
+``root_dir`` (required, here or in the YAML), ``config`` (an fstier YAML
+whose ``tier:`` section gives defaults), any ``tier`` field inline
+(overriding the YAML), and vLLM's own keys (``locality``,
+``enable_kv_events``; ``n_read_threads``/``n_write_threads`` as aliases).
+Anything else is a :class:`~fstier.errors.ConfigError` naming the key.
+
+How vLLM's world maps onto fstier
+    * **Slots are vLLM's rows.** A secondary tier moves rows of the primary
+      tier's shared memory (``primary_kv_view``: chunks x row stride). A
+      :class:`RowSlots` provider hands FsTier those rows in place (no copy);
+      a vLLM ``chunk_id`` is the slot index and one row is one file's payload.
+    * **Namespace from vLLM's config.** vLLM owns the row layout, so the
+      digest holds vLLM's fields (model, dtype, tokens per hash, blocks per
+      chunk, groups, row bytes, canonical format, replicated layout, KV cache
+      layout) plus fstier's format version and salt; tp/pp/pcp/dcp sizes
+      leave it, and the rank segment disappears, exactly when vLLM says the
+      row bytes are parallelism-agnostic (``is_parallelism_agnostic`` or
+      ``replicated_layout``), the rule vLLM's own fs tier follows.
+    * **Lookups never touch the filesystem on the scheduler thread.** A cold
+      key answers RETRY; the step's keys go to a background thread as one
+      batch at ``on_schedule_end`` (vLLM's ``AsyncLookupManager``), which
+      asks :meth:`FsTier.present` (cached answers, parallel ``stat``).
+    * **Jobs.** ``submit_store``/``submit_load`` become one FsTier job each
+      (one I/O op per row on the dual-queue pool); ``get_finished_jobs``
+      turns FsTier results into vLLM ``JobResult``s with ``successful_keys``
+      for the loaded prefix of a partial load, ``transfer_time`` and
+      ``transfer_bytes``. Every load is verified (size, header, key,
+      namespace, checksum): a corrupt, short, foreign or missing file fails
+      its key, and the failed keys answer MISS from then on.
+    * **A row a late I/O call may still write is never handed back.** A job
+      whose op timed out is held back (not reported finished, so vLLM keeps
+      its rows pinned) until the stuck call returned; :meth:`drain_jobs`
+      waits for it too.
+
+Importing :mod:`fstier` never imports vLLM. Importing this module does when
+vLLM is installed; without it, or with a version outside
+:data:`SUPPORTED_VLLM`, constructing ``FstierTier`` raises
+:class:`VllmUnavailableError` naming what is installed and what is supported.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import re
+import threading
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from fstier.config import TierConfig, _format_validation_error
+from fstier.errors import ConfigError, FstierError, KeyFormatError
+from fstier.file_mapper import FileMapper
+from fstier.io.blockfile import FORMAT_VERSION
+from fstier.keys import BlockKey
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fstier.manager import FsTier
+    from fstier.manager import JobResult as FsJobResult
+
+__all__ = [
+    "SUPPORTED_VLLM",
+    "FstierTier",
+    "RowSlots",
+    "VllmUnavailableError",
+    "check_vllm",
+    "engine_mapper",
+    "tier_config_from_options",
+    "vllm_version",
+]
+
+log = logging.getLogger("fstier.vllm")
+
+#: The vLLM versions FstierTier is tested against (its tiering API is marked
+#: experimental upstream, so a new minor version is refused until tested).
+SUPPORTED_VLLM = ">=0.33.0,<0.34"
+_MIN_VERSION = (0, 33, 0)
+_MAX_VERSION_EXCL = (0, 34, 0)
+
+#: Keys vLLM itself puts in (or leaves in) a tier's constructor arguments.
+_VLLM_KEYS = frozenset({"locality", "enable_kv_events"})
+#: vLLM fs-tier spellings accepted for the same fstier field.
+_ALIASES = {"n_read_threads": "read_threads", "n_write_threads": "write_threads"}
+#: Top-level YAML sections fstier knows; only ``tier`` applies here.
+_YAML_SECTIONS = frozenset({"tier", "model", "parallel"})
+
+
+class VllmUnavailableError(FstierError, ImportError):
+    """vLLM is missing, not importable, or outside the supported versions."""
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM distribution's version, or None (never imports vLLM)."""
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    """Leading numeric release of ``version`` ("0.33.0rc1+cpu" -> (0, 33, 0))."""
+    m = re.match(r"^\s*v?(\d+(?:\.\d+)*)", version)
+    if m is None:
+        return ()
+    parts = tuple(int(p) for p in m.group(1).split("."))
+    return parts + (0,) * (3 - len(parts))
+
+
+_IMPORT_ERROR: BaseException | None = None
+
+
+def check_vllm() -> str:
+    """Return the installed vLLM version if FstierTier supports it, else raise
+    :class:`VllmUnavailableError` naming what is installed and what is supported."""
+    installed = vllm_version()
+    fix = (
+        "install a supported vLLM (on CPU machines: pip install torch==2.13.0, then "
+        "pip install --no-deps vllm==0.33.0 -r requirements-vllm.txt; see docs/vllm.md)"
+    )
+    if installed is None:
+        raise VllmUnavailableError(
+            f"FstierTier needs vLLM {SUPPORTED_VLLM}, but vLLM is not installed; {fix}"
+        )
+    if not _MIN_VERSION <= _version_tuple(installed) < _MAX_VERSION_EXCL:
+        raise VllmUnavailableError(
+            f"FstierTier needs vLLM {SUPPORTED_VLLM}, but vLLM {installed} is installed; {fix}"
+        )
+    if _IMPORT_ERROR is not None:
+        raise VllmUnavailableError(
+            f"FstierTier needs vLLM {SUPPORTED_VLLM}; vLLM {installed} is installed but its "
+            f"tiering modules do not import ({type(_IMPORT_ERROR).__name__}: {_IMPORT_ERROR}); {fix}"
+        )
+    return installed
+
+
+# ------------------------------------------------------------------ row slots
+class RowSlots:
+    """A :class:`~fstier.slots.SlotProvider` over fixed-stride rows of an
+    engine's buffer, in place: slot ``i`` is ``row_bytes`` bytes at
+    ``offset + i * stride``. Rows need not be 4096-aligned nor a multiple of
+    4096 long (FsTier then moves exactly the payload's bytes and the I/O layer
+    pads from its own buffer), and nothing outside a row is ever touched.
+
+    The engine owns the rows: :meth:`check_slots` checks indices and fences
+    only, and :meth:`fence` marks rows a timed-out I/O call may still write
+    (the vLLM adapter holds such a job's result back, so vLLM keeps the rows
+    pinned, until :meth:`unfence`)."""
+
+    def __init__(
+        self,
+        buffer: memoryview,
+        num_rows: int,
+        stride: int,
+        row_bytes: int | None = None,
+        offset: int = 0,
+    ) -> None:
+        flat = buffer if buffer.format == "B" and buffer.ndim == 1 else buffer.cast("B")
+        row_bytes = stride if row_bytes is None else row_bytes
+        if num_rows < 0 or stride <= 0 or not 0 < row_bytes <= stride or offset < 0:
+            raise ValueError(
+                f"RowSlots: need num_rows >= 0, stride > 0, 0 < row_bytes <= stride and "
+                f"offset >= 0, got num_rows={num_rows}, stride={stride}, "
+                f"row_bytes={row_bytes}, offset={offset}"
+            )
+        end = offset + (num_rows - 1) * stride + row_bytes if num_rows else offset
+        if end > len(flat):
+            raise ValueError(
+                f"RowSlots: {num_rows} rows of stride {stride} from offset {offset} need "
+                f"{end} bytes, but the buffer holds {len(flat)}"
+            )
+        if flat.readonly:
+            raise ValueError("RowSlots: the buffer must be writable (loads fill rows)")
+        self._flat = flat
+        self._num_rows = num_rows
+        self._stride = stride
+        self._row_bytes = row_bytes
+        self._offset = offset
+        self._fenced: set[int] = set()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_primary_view(cls, view: memoryview) -> RowSlots:
+        """Rows of vLLM's ``primary_kv_view`` (2-D, chunks x row stride)."""
+        if view.ndim != 2 or view.strides is None or view.shape is None:
+            raise ValueError(
+                f"primary_kv_view must be 2-D (chunks x row bytes), got ndim={view.ndim}"
+            )
+        return cls(view, view.shape[0], view.strides[0])
+
+    @property
+    def num_slots(self) -> int:
+        return self._num_rows
+
+    @property
+    def slot_bytes(self) -> int:
+        return self._row_bytes
+
+    @property
+    def stride(self) -> int:
+        return self._stride
+
+    def slot_view(self, i: int) -> memoryview:
+        start = self._offset + i * self._stride
+        return self._flat[start : start + self._row_bytes]
+
+    def check_slots(self, slots: Sequence[int]) -> None:
+        with self._lock:
+            for s in slots:
+                if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < self._num_rows:
+                    raise ValueError(
+                        f"slot {s!r} is not a row index in 0..{self._num_rows - 1}"
+                    )
+                if s in self._fenced:
+                    raise ValueError(
+                        f"slot {s} is fenced: a timed-out I/O call may still write it"
+                    )
+
+    def fence(self, i: int) -> None:
+        with self._lock:
+            self._fenced.add(i)
+
+    def unfence(self, i: int) -> None:
+        with self._lock:
+            self._fenced.discard(i)
+
+    @property
+    def fenced(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self._fenced)
+
+    def release(self) -> None:
+        """Drop this provider's export of the engine's buffer (after the last
+        I/O), so the engine can unmap it; slot views are invalid after."""
+        self._flat.release()
+
+
+# ------------------------------------------------------------------ options
+class _TierOnly(BaseModel):
+    """Validation wrapper so errors read ``tier.<field>``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tier: TierConfig
+
+
+def _yaml_tier_section(path: object) -> dict[str, Any]:
+    if not isinstance(path, str | Path):
+        raise ConfigError(
+            f"FstierTier option 'config': expected a path to an fstier YAML file, got {path!r}"
+        )
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"FstierTier option 'config': {str(p)!r} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"FstierTier option 'config': cannot read {str(p)!r}: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{p}: invalid YAML{where}: {problem}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("tier"), dict):
+        raise ConfigError(
+            f"{p}: FstierTier reads the file's 'tier:' mapping (vLLM supplies the model and "
+            "parallel layout), but it has none; write 'tier:' with fields such as max_bytes"
+        )
+    unknown = sorted(str(k) for k in data if k not in _YAML_SECTIONS)
+    if unknown:
+        raise ConfigError(
+            f"{p}: {unknown[0]}: unknown section; expected tier (model and parallel are "
+            "ignored under vLLM)"
+        )
+    ignored = sorted(k for k in data if k != "tier")
+    if ignored:
+        log.info("fstier: %s: ignoring section(s) %s; vLLM supplies them", p, ", ".join(ignored))
+    return dict(data["tier"])
+
+
+def tier_config_from_options(options: Mapping[str, Any]) -> TierConfig:
+    """The :class:`TierConfig` of FstierTier's constructor options (the vLLM
+    keys already removed): ``config``'s ``tier:`` section, then inline tier
+    fields (``tier.<field>`` or ``<field>``, and vLLM's thread-count names)
+    over it. Raises :class:`ConfigError` naming the first bad option."""
+    opts = dict(options)
+    base = _yaml_tier_section(opts.pop("config")) if opts.get("config") is not None else {}
+    opts.pop("config", None)
+    fields = TierConfig.model_fields
+    inline: dict[str, Any] = {}
+    for raw_key, value in opts.items():
+        key = str(raw_key).removeprefix("tier.")
+        key = _ALIASES.get(key, key)
+        if key not in fields:
+            raise ConfigError(
+                f"FstierTier option {raw_key!r}: unknown; expected root_dir, config, a tier "
+                f"field ({', '.join(sorted(f for f in fields if f != 'root_dir'))}) or one of "
+                f"vLLM's keys ({', '.join(sorted(_VLLM_KEYS | set(_ALIASES)))}); see docs/vllm.md"
+            )
+        inline[key] = value
+    merged = {**base, **inline}
+    if merged.get("root_dir") is None:
+        raise ConfigError(
+            "FstierTier option 'root_dir': required; give the directory for block files "
+            'inline ("root_dir": "/mnt/kv") or in the config YAML\'s tier: section'
+        )
+    try:
+        return _TierOnly.model_validate({"tier": merged}).tier
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, "FstierTier options")) from None
+
+
+# ---------------------------------------------------------------- namespace
+def engine_mapper(offloading_spec: Any, row_bytes: int, tier: TierConfig) -> FileMapper:
+    """The :class:`FileMapper` of a vLLM deployment: the digest holds vLLM's
+    fields that change a row's bytes, fstier's format version, the row size
+    and the salt; parallel sizes and the rank leave it exactly when vLLM calls
+    the rows parallelism-agnostic (``is_parallelism_agnostic`` or
+    ``replicated_layout``)."""
+    cfg = offloading_spec.config
+    par = cfg.parallel
+    replicated = bool(getattr(offloading_spec, "replicated_layout", cfg.replicated_layout))
+    agnostic = bool(par.is_parallelism_agnostic or replicated)
+    canonical_format = None
+    if cfg.canonical_layout and cfg.kv_cache_layout is not None:
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.canonical_mapping import (
+            canonical_format_id,
+        )
+
+        canonical_format = canonical_format_id(cfg.kv_cache_layout)
+    fields: dict[str, Any] = {
+        "engine": "vllm",
+        "model": cfg.model.name,
+        "dtype": str(cfg.model.dtype),
+        "tokens_per_hash": cfg.cache.tokens_per_hash,
+        "blocks_per_chunk": cfg.cache.blocks_per_chunk,
+        "groups": [
+            {
+                "group_id": g.group_id,
+                "tokens_per_block": g.tokens_per_block,
+                "layer_names": list(g.layer_names),
+                "sliding_window_size_in_chunks": g.sliding_window_size_in_chunks,
+            }
+            for g in cfg.groups
+        ],
+        "row_bytes": row_bytes,
+        "replicated_layout": replicated,
+        "canonical_layout": bool(cfg.canonical_layout),
+        "kv_cache_layout": cfg.kv_cache_layout,
+        "canonical_format": canonical_format,
+        "parallel_agnostic": agnostic,
+        "tp_size": 1 if agnostic else par.tp_size,
+        "pp_size": 1 if agnostic else par.pp_size,
+        "pcp_size": 1 if agnostic else par.pcp_size,
+        "dcp_size": 1 if agnostic else par.dcp_size,
+        "format_version": FORMAT_VERSION,
+        "namespace_salt": tier.namespace_salt,
+    }
+    return FileMapper.for_engine(
+        tier.root_dir,
+        cfg.model.name,
+        fields,
+        agnostic=agnostic,
+        rank=0 if agnostic else par.rank,
+        payload_bytes=[row_bytes] * max(1, len(cfg.groups)),
+    )
+
+
+def _block_key(key: bytes) -> BlockKey | None:
+    """vLLM's OffloadKey (hash + 4-byte big-endian group) as a BlockKey, or
+    None for a key fstier cannot name (a hash outside 8..64 bytes)."""
+    try:
+        return BlockKey(bytes(key[:-4]), int.from_bytes(key[-4:], "big"))
+    except KeyFormatError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """One vLLM job in flight (under ``FstierTier._lock``)."""
+
+    job_id: int
+    keys: tuple[Any, ...]
+    slots: tuple[int, ...]
+    is_load: bool
+    #: keys[:submitted] went to FsTier; a later key was not nameable
+    submitted: int
+
+
+# ------------------------------------------------------------------ the tier
+try:
+    from vllm.v1.kv_offload.base import (
+        Locality,
+        LookupResult,
+        Medium,
+        OffloadingCounterMetadata,
+        OffloadingEvent,
+        OffloadingGaugeMetadata,
+        OffloadingMetricMetadata,
+        OffloadKey,
+        ReqContext,
+        RequestOffloadingContext,
+        ScheduleEndContext,
+        make_offload_key,
+    )
+    from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
+    from vllm.v1.kv_offload.tiering.base import (
+        JobResult as VllmJobResult,
+    )
+    from vllm.v1.kv_offload.tiering.base import (
+        SecondaryTierManager,
+        TransferJob,
+    )
+except Exception as exc:  # vLLM missing or with another layout: fail at construction
+    _IMPORT_ERROR = exc
+
+    class FstierTier:  # type: ignore[no-redef,unused-ignore]
+        """Placeholder: vLLM is missing or not importable; constructing says so."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            check_vllm()
+            raise VllmUnavailableError(str(_IMPORT_ERROR))  # pragma: no cover
+
+else:
+    _METRIC_PREFIX = "vllm:kv_offload_fstier_"
+    _COUNTERS = {
+        "corrupt_blocks": ("fstier_corrupt_blocks_total", "Block files proven bad and removed."),
+        "evicted_blocks": ("fstier_evicted_blocks_total", "Block files removed by LRU eviction."),
+        "evicted_bytes": ("fstier_evicted_bytes_total", "Bytes removed by LRU eviction."),
+        "store_skipped_blocks": (
+            "fstier_store_skipped_blocks_total", "Stores skipped: the block was already on disk."
+        ),
+    }
+    _GAUGES = {
+        "usage_bytes": ("fstier_usage_bytes", "Bytes of block files under root_dir (with max_bytes)."),
+        "degraded": ("fstier_degraded", "1 while fstier's circuit breaker is open."),
+    }
+
+    class _PresenceLookup(AsyncLookupManager):
+        """vLLM's async lookup front end, answering from :meth:`FsTier.present`
+        on its background thread (one batch per request per step)."""
+
+        def __init__(self, tier: Any) -> None:
+            self._fs = tier.fstier
+            super().__init__(tier_type=tier.tier_type)
+
+        def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
+            bkeys = [_block_key(k) for k in keys]
+            valid = [k for k in bkeys if k is not None]
+            found = iter(self._fs.present(valid))
+            return [False if k is None else next(found) for k in bkeys]
+
+    class FstierTier(SecondaryTierManager):  # type: ignore[no-redef]
+        """fstier as a vLLM secondary tier (see the module docstring).
+
+        Constructed by vLLM's ``SecondaryTierFactory`` from a
+        ``secondary_tiers`` entry; every key of that entry other than
+        ``type``, ``module_path`` and ``backpressure`` arrives in ``options``.
+        """
+
+        medium: ClassVar[Medium] = Medium.STORAGE
+
+        def __init__(
+            self,
+            offloading_spec: Any,
+            primary_kv_view: memoryview,
+            tier_type: str,
+            backpressure_detector: Any = None,
+            **options: Any,
+        ) -> None:
+            check_vllm()
+            super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+            locality = options.pop("locality", None)
+            try:
+                self.locality = Locality(locality) if locality is not None else None
+            except ValueError:
+                raise ConfigError(
+                    f"FstierTier option 'locality': expected LOCAL or REMOTE, got {locality!r}"
+                ) from None
+            enable_events = options.pop("enable_kv_events", None)
+            tier_cfg = tier_config_from_options(options)
+            self.rows = RowSlots.from_primary_view(primary_kv_view)
+            # One row is one file's payload: the whole stride, as vLLM's own fs
+            # tier persists it (vLLM rounds it to 4096; any pad bytes are zero).
+            self.mapper = engine_mapper(offloading_spec, self.rows.slot_bytes, tier_cfg)
+            from fstier.manager import FsTier
+
+            self.fstier: FsTier = FsTier(tier_cfg, self.rows, self.mapper)
+            globally = bool(offloading_spec.kv_events_config.enable_kv_cache_events)
+            if enable_events and not globally:
+                log.warning(
+                    "fstier: enable_kv_events is set on tier %r but vLLM's KV cache events are "
+                    "disabled globally (kv_events_config); the tier emits none", tier_type,
+                )
+            self.events_enabled = globally and enable_events is not False
+            self._events: list[OffloadingEvent] = []
+            self._lock = threading.Lock()
+            self._jobs: dict[Hashable, _Job] = {}
+            #: finished FsTier results whose rows a late I/O call may still write
+            self._held: list[tuple[_Job, FsJobResult]] = []
+            #: jobs FsTier refused at submission: reported failed next poll
+            self._refused: list[_Job] = []
+            self._reported: dict[str, float] = {}
+            self._closed = False
+            try:
+                self._lookup = _PresenceLookup(self)
+            except BaseException:
+                self.fstier.close()
+                raise
+            log.info(
+                "fstier: vLLM tier %r at %s (namespace %s, %s, row %d bytes, %d rows)",
+                tier_type, self.mapper.root, self.mapper.namespace,
+                "parallel-agnostic" if self.mapper.agnostic else "per-rank",
+                self.rows.slot_bytes, self.rows.num_slots,
+            )
+
+        # -- requests and lookups (scheduler thread, under vLLM's manager lock)
+        def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+            return RequestOffloadingContext()
+
+        def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+            found = self._lookup.lookup(key, req_context)
+            if found is None:
+                return LookupResult.RETRY
+            return LookupResult.HIT if found else LookupResult.MISS
+
+        def on_schedule_end(self, context: ScheduleEndContext) -> None:
+            self._lookup.flush()
+
+        def on_request_finished(self, req_context: ReqContext) -> None:
+            self._lookup.cleanup(req_context.req_id)
+
+        def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+            bkeys = [k for k in map(_block_key, keys) if k is not None]
+            if bkeys and not self._closed:
+                self.fstier.touch(bkeys)
+
+        # -- jobs ------------------------------------------------------------
+        def _submit(self, job: TransferJob, is_load: bool) -> None:
+            keys = tuple(job.keys)
+            slots = tuple(int(c) for c in job.chunk_ids)
+            bkeys: list[BlockKey] = []
+            for k in keys:
+                b = _block_key(k)
+                if b is None:
+                    log.warning("fstier: key %r of job %d has no fstier name; it fails", k, job.job_id)
+                    break
+                bkeys.append(b)
+            rec = _Job(job.job_id, keys, slots, is_load, len(bkeys))
+            n = len(bkeys)
+            try:
+                with self._lock:
+                    self._jobs[job.job_id] = rec
+                if is_load:
+                    self.fstier.submit_load(job.job_id, bkeys, slots[:n])
+                else:
+                    self.fstier.submit_store(job.job_id, bkeys, slots[:n])
+            except (ValueError, FstierError) as exc:
+                # A job FsTier refuses (a row out of range or fenced, a closed
+                # tier) fails as a job: an exception here would take down
+                # vLLM's scheduler.
+                log.error("fstier: vLLM job %d refused: %s", job.job_id, exc)
+                with self._lock:
+                    self._jobs.pop(job.job_id, None)
+                    self._refused.append(rec)
+
+        def submit_store(self, job_metadata: TransferJob) -> None:
+            # Keys already on disk are skipped by the store op itself (one
+            # lstat on an I/O thread, never here); vLLM's backpressure_detector,
+            # when configured, already gated this call, and FsTier's own write
+            # budget still drops a flood beyond max_write_queue_seconds.
+            self._submit(job_metadata, is_load=False)
+
+        def submit_load(self, job_metadata: TransferJob) -> None:
+            self._submit(job_metadata, is_load=True)
+
+        def _to_vllm(self, rec: _Job, r: FsJobResult) -> VllmJobResult:
+            complete = r.success and rec.submitted == len(rec.keys)
+            successful = None
+            if rec.is_load and not complete:
+                failed = rec.keys[r.keys_completed :]
+                # A failed key must answer MISS from now on, or vLLM re-promotes
+                # it forever; FsTier also remembers it for later requests.
+                self._lookup.mark_miss(failed)
+                if r.keys_completed:
+                    successful = rec.keys[: r.keys_completed]
+            return VllmJobResult(
+                job_id=rec.job_id,
+                success=complete,
+                successful_keys=successful,
+                transfer_time=r.seconds,
+                # Bytes actually moved. A store whose keys were all present
+                # moved none: None lets vLLM count the rows, since a 0 would
+                # divide by zero in its backpressure EMA (s per MiB).
+                transfer_bytes=r.nbytes or None,
+            )
+
+        def get_finished_jobs(self) -> Iterable[VllmJobResult]:
+            out: list[VllmJobResult] = []
+            fresh = self.fstier.get_finished()
+            fenced = self.fstier.fenced_slots
+            with self._lock:
+                ready: list[tuple[_Job, FsJobResult]] = []
+                held: list[tuple[_Job, FsJobResult]] = []
+                for item in [*self._held, *((self._jobs.pop(r.job_id), r) for r in fresh)]:
+                    (held if fenced.intersection(item[0].slots) else ready).append(item)
+                self._held = held
+                refused, self._refused = self._refused, []
+            for rec, r in ready:
+                out.append(self._to_vllm(rec, r))
+            for rec in refused:
+                if rec.is_load:
+                    self._lookup.mark_miss(rec.keys)
+                out.append(VllmJobResult(job_id=rec.job_id, success=False))
+            self._collect_events()
+            return out
+
+        def has_pending_work(self) -> bool:
+            with self._lock:
+                return bool(self._jobs or self._held or self._refused)
+
+        def drain_jobs(self) -> None:
+            """Wait until every submitted job finished and no late I/O call
+            can still write a row; results stay queued for get_finished_jobs."""
+            self.fstier.drain()
+            self.fstier.wait_fences_released()
+
+        # -- events, stats, shutdown -------------------------------------------
+        def _collect_events(self) -> None:
+            from fstier.manager import BlockRemoved
+
+            for ev in self.fstier.take_events():
+                if not self.events_enabled:
+                    continue  # still taken, so FsTier's list never grows
+                self._events.append(
+                    OffloadingEvent(
+                        keys=[make_offload_key(k.block_hash, k.group_idx) for k in ev.keys],
+                        medium=Medium.STORAGE,
+                        removed=isinstance(ev, BlockRemoved),
+                        locality=self.locality,
+                    )
+                )
+
+        def take_events(self) -> Iterable[OffloadingEvent]:
+            if self._closed:
+                return []
+            self._collect_events()
+            out, self._events = self._events, []
+            return out
+
+        @property
+        def stats(self) -> dict[str, Any]:
+            """FsTier's metrics snapshot (fstier's own names)."""
+            return self.fstier.metrics.snapshot()
+
+        @classmethod
+        def build_metric_definitions(
+            cls, extra_config: dict[str, Any]
+        ) -> dict[str, OffloadingMetricMetadata]:
+            defs: dict[str, OffloadingMetricMetadata] = {}
+            for name, (_, doc) in _COUNTERS.items():
+                defs[_METRIC_PREFIX + name] = OffloadingCounterMetadata(documentation=doc)
+            for name, (_, doc) in _GAUGES.items():
+                defs[_METRIC_PREFIX + name] = OffloadingGaugeMetadata(documentation=doc)
+            return defs
+
+        def get_stats(self) -> Any:
+            """Counter increments since the last call and current gauges, as
+            vLLM's OffloadingConnectorStats (names in build_metric_definitions)."""
+            try:
+                from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+                    OffloadingConnectorStats,
+                )
+            except Exception:  # pragma: no cover - metrics module not importable
+                return None
+            if self._closed:
+                return None
+            snap = self.fstier.metrics.snapshot()
+            stats = OffloadingConnectorStats()
+            types, values = stats.metric_sections()
+            for name, (src, _) in _COUNTERS.items():
+                now = float(snap.get(src, 0.0))
+                delta = now - self._reported.get(name, 0.0)
+                self._reported[name] = now
+                if delta:
+                    types[_METRIC_PREFIX + name] = "counter"
+                    values[_METRIC_PREFIX + name] = {(): delta}
+            for name, (src, _) in _GAUGES.items():
+                types[_METRIC_PREFIX + name] = "gauge"
+                values[_METRIC_PREFIX + name] = {(): float(snap.get(src, 0.0))}
+            return stats
+
+        @classmethod
+        def config_info_keys(cls, tier_config: dict[str, Any]) -> tuple[str, ...]:
+            return ("fstier_root_dir", "fstier_namespace", "fstier_max_bytes", "fstier_checksum")
+
+        def config_info(self) -> Mapping[str, str | int | float | bool]:
+            t = self.fstier.tier_config
+            return {
+                "fstier_root_dir": str(t.root_dir),
+                "fstier_namespace": self.mapper.namespace,
+                "fstier_max_bytes": "None" if t.max_bytes is None else t.max_bytes,
+                "fstier_checksum": t.checksum,
+            }
+
+        def shutdown(self) -> None:
+            """Stop the lookup thread, finish in-flight jobs, close FsTier.
+            Idempotent."""
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._lookup.shutdown()
+            finally:
+                try:
+                    self.fstier.close()
+                finally:
+                    # vLLM unmaps the primary region next; a live export of it
+                    # would keep the mapping (and warn) past shutdown.
+                    self.rows.release()
