@@ -261,7 +261,7 @@ class FileMapper:
         h = key.hex
         return self.blocks_dir / h[:3] / h[3:5] / f"{h}-g{key.group_idx}{BLOCK_SUFFIX}"
 
-    def ensure_parent(self, path: Path) -> None:
+    def ensure_parent(self, path: str | Path) -> None:
         """Create ``path``'s directories under the namespace, one ``mkdirat``
         per level inside directory fds opened with no symlink on their path,
         so nothing lands outside root even if a directory is swapped for a
@@ -270,10 +270,12 @@ class FileMapper:
         Directories already made are remembered only to skip the ``mkdir``
         calls: the cache grants nothing, since every store resolves its
         directory again without following symlinks."""
-        parent = path.parent
-        key = str(parent)
+        # The cache check runs on strings: it is every store's first step,
+        # and building Path objects costs more than the rest of it.
+        key = os.fspath(path).rpartition("/")[0]
         if key in self._verified_dirs:
             return
+        parent = Path(key)
         rel = parent.relative_to(self.namespace_dir)
         try:
             fd = open_nofollow(self.namespace_dir, _DIR_FLAGS)
@@ -305,11 +307,11 @@ class FileMapper:
             )
         return exc
 
-    def forget_parent(self, path: Path) -> None:
+    def forget_parent(self, path: str | Path) -> None:
         """Drop ``path``'s directory from the verified cache, so the next
         :meth:`ensure_parent` re-creates and re-checks it (it was removed)."""
         with self._lock:
-            self._verified_dirs.discard(str(path.parent))
+            self._verified_dirs.discard(os.fspath(path).rpartition("/")[0])
 
     def _check_root(self) -> None:
         try:

@@ -881,7 +881,8 @@ class FsTier:
                 checksum_kind=ChecksumKind.XXH3_64 if checksum else ChecksumKind.NONE,
                 payload_checksum=payload_checksum(view[:n]) if checksum else 0,
             )
-            path = Path(self._path_str(key))
+            # A string path: pathlib costs ~40 µs per op at 64 KiB (issue 14).
+            path = self._path_str(key)
             self.mapper.ensure_parent(path)
             if self._cache.is_bad(key):
                 # Its last load failed without proof of corruption (EIO,
@@ -913,7 +914,7 @@ class FsTier:
             # A slot shorter than the padded payload gets exactly n bytes; the
             # I/O layer reads the file's zero padding into its own buffer.
             io_view = view[:padded] if len(view) >= padded else view[:n]
-            path = Path(self._path_str(key))
+            path = self._path_str(key)
             outcome = posix.load_block(
                 posix.LoadRequest(
                     path, io_view, key, self.mapper.digest_bytes, n, self.mapper.root
