@@ -77,10 +77,10 @@ _DEFAULT_CUDA_COPY: CudaCopy = "auto"
 #: "auto" takes the copy engine when a batch's host copies average at least
 #: this many bytes (each copy costs a few microseconds of launch, on the CPU and
 #: on the engine) and the rank's rows fill at least this share of their pitch;
-#: index kernels on the mapped pool otherwise. On an H100, 2-d copies of a
-#: quarter of each row ran at 0.72-0.87x of a contiguous copy where kernels
-#: ran at 0.78-0.97x; at half and full rows the copy engine was ahead
-#: (bench_gpu_staging, docs/performance.md).
+#: index kernels on the mapped pool otherwise. On an H100 (bench_gpu_staging,
+#: pages >= 64 KiB, 4 batches in flight) 2-d copies of a quarter of each row
+#: ran at a median 0.77x of a contiguous copy, kernels at 0.85x; at half and
+#: full rows the copy engine led (0.91x / 0.92x against 0.86x / 0.87x).
 _DMA_MIN_BYTES_PER_COPY = 1 << 20
 _DMA_MIN_DENSITY = 0.5
 
