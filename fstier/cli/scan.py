@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fstier._atomic import is_temp_name
+from fstier._usage import ROOT_FILES
 from fstier.file_mapper import BLOCK_NAME_RE, BLOCK_SUFFIX, MANIFEST_NAME
 
 __all__ = [
@@ -330,7 +331,7 @@ def scan_root(root: Path, on_file: Callable[[], None] | None = None) -> ScanRepo
     for path, is_ns in iter_namespace_dirs(root):
         if is_ns:
             namespaces.append(scan_namespace(path, unreadable, on_file))
-        else:
+        elif path.name not in ROOT_FILES:  # the shared usage count is fstier's own
             stray += 1
     namespaces.sort(key=lambda s: s.namespace)
     return ScanReport(root=str(root), namespaces=namespaces, stray_entries=stray, unreadable=unreadable)
