@@ -166,7 +166,8 @@ def _unit_groups(plans: Sequence[_Plan], views: Sequence[tuple[int, int, int]], 
 
 @dataclass
 class CopyStats:
-    """Copy instrumentation: ``ops`` batched torch copies issued, ``fragments``
+    """Copy instrumentation: ``ops`` copies issued (CPU: batched numpy/torch
+    copies; CUDA: index kernels plus copy-engine copies), ``fragments``
     contiguous byte ranges moved (a cross-layer row counts 1), ``bytes`` moved."""
 
     ops: int = 0
@@ -857,11 +858,6 @@ class RankStager:
         for p in u.plans:
             self.stats.fragments += n * p.reps * p.num
             self.stats.bytes += n * p.reps * p.num * p.size
-
-    def _count(self, p: _Plan, n: int) -> None:
-        self.stats.ops += 1
-        self.stats.fragments += n * p.reps * p.num
-        self.stats.bytes += n * p.reps * p.num * p.size
 
     def _new_batch(self) -> _Batch:
         with self._lock:
