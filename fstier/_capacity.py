@@ -2,11 +2,14 @@
 
 Shared by :class:`fstier.manager.FsTier` (background eviction) and ``fstier gc``.
 
-- **Streaming.** The tree is walked with :func:`os.scandir` one directory at a
-  time (an explicit stack of pending directories, never a list of every path),
-  symlinks are never followed, and only names fstier itself writes are ever
-  removed: block files ``<hex>-g<group>.bin``, temp files
-  (:func:`fstier._atomic.is_temp_name`) and NFS silly-renamed ``.nfs*`` files.
+- **Only fstier's files.** The candidates are exactly what
+  :func:`fstier._tree.iter_root` yields: block files where fstier puts them,
+  its temp files and NFS silly-renamed ``.nfs*`` files, and only inside
+  namespace directories with a valid manifest. Nothing else under the root
+  (other directories, the root's top level, symlinks) is counted or touched.
+  The walk streams through directory fds and never follows a symlink.
+- **One budget per root.** ``max_bytes`` is the whole root's: one disk, one
+  budget, least recently used first across every namespace in it.
 - **Recency is mtime.** fstier bumps a block file's mtime when it is loaded
   (``os.utime``) because atime is unreliable under ``relatime``/``noatime``;
   eviction removes the smallest mtimes first.
@@ -19,8 +22,9 @@ Shared by :class:`fstier.manager.FsTier` (background eviction) and ``fstier gc``
 - **Unlink only.** A file is never truncated or rewritten, so a reader that
   already opened it (this or another process, or another host) keeps reading
   valid bytes; a reader that opens it afterwards sees a miss. Just before
-  unlinking, the file is ``lstat``-ed again: if its mtime moved (someone loaded
-  it since the scan) it is kept.
+  unlinking, the file is stat-ed again through its directory fd (resolved
+  without symlinks, :func:`fstier._resolve.unlink_if`): if its mtime or inode
+  moved (someone loaded or replaced it since the scan) it is kept.
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
-from fstier._atomic import is_temp_name
-from fstier.file_mapper import BLOCK_NAME_RE
+from fstier._resolve import unlink_if
+from fstier._tree import BLOCK_NAME_RE, FileKind, TreeFile, iter_root
 from fstier.keys import BlockKey
 
 __all__ = [
@@ -73,10 +78,6 @@ def key_from_block_name(name: str) -> BlockKey | None:
         return None
 
 
-def _is_nfs_silly(name: str) -> bool:
-    return name.startswith(".nfs")
-
-
 @dataclass(frozen=True, slots=True)
 class UsageScan:
     """What one streaming walk of a root found."""
@@ -111,53 +112,10 @@ class GcReport:
     complete: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class _Entry:
-    path: str
-    name: str
-    size: int
-    mtime_ns: int
-    is_block: bool
-    is_sweepable: bool
-
-
-def _walk(root: str, on_error: Callable[[OSError], None] | None = None) -> Iterator[_Entry]:
-    """Every regular file under ``root``, streamed, without following symlinks."""
-    stack = [root]
-    while stack:
-        directory = stack.pop()
-        try:
-            it = os.scandir(directory)
-        except FileNotFoundError:
-            continue  # removed by a concurrent gc; nothing to count
-        except OSError as exc:
-            if on_error is not None:
-                on_error(exc)
-            continue
-        with it:
-            for entry in it:
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(entry.path)
-                        continue
-                    st = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:
-                    if on_error is not None:
-                        on_error(exc)
-                    continue
-                if not stat.S_ISREG(st.st_mode):
-                    continue
-                name = entry.name
-                yield _Entry(
-                    path=entry.path,
-                    name=name,
-                    size=st.st_size,
-                    mtime_ns=st.st_mtime_ns,
-                    is_block=is_block_name(name),
-                    is_sweepable=is_temp_name(name) or _is_nfs_silly(name),
-                )
+def _walk(root: str, on_error: Callable[[OSError], None] | None = None) -> Iterator[TreeFile]:
+    """The candidates under ``root`` (block, temp and ``.nfs`` files of valid
+    namespaces), streamed."""
+    return iter_root(Path(root), on_error)
 
 
 def scan_usage(root: str | os.PathLike[str]) -> UsageScan:
@@ -165,10 +123,10 @@ def scan_usage(root: str | os.PathLike[str]) -> UsageScan:
     t0 = time.perf_counter()
     blocks = block_bytes = temps = temp_bytes = other = 0
     for e in _walk(os.fspath(root)):
-        if e.is_block:
+        if e.kind == FileKind.BLOCK:
             blocks += 1
             block_bytes += e.size
-        elif e.is_sweepable:
+        elif e.kind in (FileKind.TEMP, FileKind.NFS):
             temps += 1
             temp_bytes += e.size
         else:
@@ -177,24 +135,17 @@ def scan_usage(root: str | os.PathLike[str]) -> UsageScan:
 
 
 def _unlink_if_unchanged(
-    path: str, mtime_ns: int, on_error: Callable[[OSError], None] | None = None
+    path: str, mtime_ns: int, ino: int, on_error: Callable[[OSError], None] | None = None
 ) -> str:
-    """Unlink ``path`` unless its mtime moved since the scan.
-    Returns ``removed``, ``kept`` (recently used) or ``gone``/``error``
+    """Unlink ``path`` unless its mtime or inode moved since the scan, never
+    through a symlink (:func:`fstier._resolve.unlink_if`). Returns
+    ``removed``, ``kept`` (recently used or replaced), ``gone`` or ``error``
     (the error also goes to ``on_error``)."""
-    try:
-        st = os.lstat(path)
-        if st.st_mtime_ns != mtime_ns or not stat.S_ISREG(st.st_mode):
-            return "kept"
-        os.unlink(path)
-    except FileNotFoundError:
-        return "gone"
-    except OSError as exc:
-        if on_error is not None:
-            exc.filename = exc.filename or path
-            on_error(exc)
-        return "error"
-    return "removed"
+    return unlink_if(
+        path,
+        lambda st: st.st_mtime_ns != mtime_ns or st.st_ino != ino or not stat.S_ISREG(st.st_mode),
+        on_error,
+    )
 
 
 #: Threads unlinking eviction victims at once. Unlinking a file whose blocks
@@ -205,7 +156,7 @@ UNLINK_THREADS = 8
 
 
 def _unlink_all(
-    victims: list[tuple[int, str, int]],
+    victims: list[tuple[int, str, int, int]],
     dry_run: bool,
     threads: int,
     on_error: Callable[[OSError], None] | None,
@@ -215,11 +166,11 @@ def _unlink_all(
         yield from ("removed" for _ in victims)
         return
     if threads <= 1 or len(victims) <= 1:
-        for neg_mtime, path, _size in victims:
-            yield _unlink_if_unchanged(path, -neg_mtime, on_error)
+        for neg_mtime, path, _size, ino in victims:
+            yield _unlink_if_unchanged(path, -neg_mtime, ino, on_error)
         return
     with ThreadPoolExecutor(min(threads, len(victims)), thread_name_prefix="fstier-unlink") as ex:
-        yield from ex.map(lambda v: _unlink_if_unchanged(v[1], -v[0], on_error), victims)
+        yield from ex.map(lambda v: _unlink_if_unchanged(v[1], -v[0], v[3], on_error), victims)
 
 
 def collect_garbage(
@@ -296,7 +247,7 @@ def collect_garbage(
         usage = 0
         files = 0
         # max-heap by mtime (negated) of the oldest candidates seen so far.
-        heap: list[tuple[int, str, int]] = []
+        heap: list[tuple[int, str, int, int]] = []
         heap_bytes = 0
         # Before the walk we do not know the excess; collect up to the cap and
         # trim once the total is known. During the walk, trim only when the
@@ -308,20 +259,20 @@ def collect_garbage(
                 break
             if on_file is not None:
                 on_file()
-            if e.is_block:
+            if e.kind == FileKind.BLOCK:
                 usage += e.size
                 files += 1
                 if max_bytes is not None:
-                    heapq.heappush(heap, (-e.mtime_ns, e.path, e.size))
+                    heapq.heappush(heap, (-e.mtime_ns, e.path, e.size, e.ino))
                     heap_bytes += e.size
                     if len(heap) > max_candidates:
-                        _, _, size = heapq.heappop(heap)
+                        _, _, size, _ = heapq.heappop(heap)
                         heap_bytes -= size
-            elif first and e.is_sweepable and e.mtime_ns < temp_cutoff:
+            elif first and e.kind in (FileKind.TEMP, FileKind.NFS) and e.mtime_ns < temp_cutoff:
                 # Old temp files are leftovers of killed writers (a live writer
                 # renames within seconds); .nfs* ones are files deleted while
                 # open on NFS whose holder is long gone.
-                result = "removed" if dry_run else _unlink_if_unchanged(e.path, e.mtime_ns, on_error)
+                result = "removed" if dry_run else _unlink_if_unchanged(e.path, e.mtime_ns, e.ino, on_error)
                 if result == "removed":
                     temp_removed += 1
                     temp_removed_bytes += e.size
@@ -339,11 +290,11 @@ def collect_garbage(
         # Keep only the oldest candidates that cover the excess: pop newest
         # while the rest still cover it.
         while heap and heap_bytes - heap[0][2] >= excess:
-            _, _, size = heapq.heappop(heap)
+            _, _, size, _ = heapq.heappop(heap)
             heap_bytes -= size
         victims = sorted(heap, reverse=True)  # oldest first (largest negated mtime)
         progress = 0
-        for (_, path, size), result in zip(
+        for (_, path, size, _ino), result in zip(
             victims, _unlink_all(victims, dry_run, unlink_threads, on_error), strict=True
         ):
             if result == "removed":

@@ -20,6 +20,7 @@ and follows the engine's parallel-agnostic verdict, with the same layout.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -31,19 +32,18 @@ from typing import Any
 
 from fstier._atomic import atomic_write
 from fstier._format import canonical_format_id, canonical_page_bytes, is_certified
+from fstier._resolve import open_nofollow
+from fstier._tree import BLOCK_NAME_RE, MANIFEST_NAME, canonical_json, read_manifest
 from fstier.config import FstierConfig, ModelSpec, ParallelSpec
 from fstier.errors import FstierError, NamespaceMismatchError, PathSafetyError, StorageError
 from fstier.keys import BlockKey
 
 __all__ = ["BLOCK_NAME_RE", "MANIFEST_NAME", "NAMESPACE_VERSION", "FileMapper", "is_parallel_agnostic", "safe_model_name"]
 
-MANIFEST_NAME = "config.json"
 NAMESPACE_VERSION = 1
 BLOCK_SUFFIX = ".bin"
-#: A block file's name, as :meth:`FileMapper.path_for` writes it: the key's
-#: hash in hex (8..64 bytes) and its group. Every reader of the tree uses this.
-BLOCK_NAME_RE = re.compile(r"^([0-9a-f]{16,128})-g([0-9]{1,5})\.bin$")
 _MAX_NAME = 64
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -74,8 +74,7 @@ def safe_model_name(name: str) -> str:
     return safe or "model"
 
 
-def _canonical_json(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+_canonical_json = canonical_json
 
 
 class FileMapper:
@@ -138,7 +137,10 @@ class FileMapper:
         fields: dict[str, Any],
         payload_bytes: list[int],
     ) -> None:
-        self.root = root
+        # The real path: block paths are then free of symlinks by
+        # construction, and every later resolution refuses any symlink it
+        # meets (fstier/_resolve.py), planted below the root or not.
+        self.root = Path(os.path.realpath(root))
         self.agnostic = agnostic
         self.fields = fields
         self._payload_bytes = payload_bytes
@@ -232,18 +234,13 @@ class FileMapper:
         self._check_not_symlink(self.namespace_dir)
         path = self.namespace_dir / MANIFEST_NAME
         want = self.manifest()
-        try:
-            existing = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            existing = None
-        except (OSError, ValueError) as exc:
-            raise NamespaceMismatchError(
-                f"{path}: unreadable manifest ({exc}); move the directory aside or remove it"
-            ) from None
+        # A symlink, FIFO, oversized, malformed or mistyped manifest is
+        # refused with NamespaceMismatchError naming it (fstier/_tree.py).
+        existing = read_manifest(self.namespace_dir)
         if existing is None:
             atomic_write(path, json.dumps(want, indent=2, sort_keys=True).encode(), fsync="file+dir")
             return
-        if not isinstance(existing, dict) or existing.get("fields") != want["fields"]:
+        if existing.fields != want["fields"]:
             raise NamespaceMismatchError(
                 f"{path}: manifest fields differ from this config although the digest "
                 f"{self.digest} matches; the directory was altered by hand. Move it aside."
@@ -265,22 +262,48 @@ class FileMapper:
         return self.blocks_dir / h[:3] / h[3:5] / f"{h}-g{key.group_idx}{BLOCK_SUFFIX}"
 
     def ensure_parent(self, path: Path) -> None:
-        """Create ``path``'s directories under the namespace, refusing any
-        component that is a symlink (so nothing lands outside root)."""
+        """Create ``path``'s directories under the namespace, one ``mkdirat``
+        per level inside directory fds opened with no symlink on their path,
+        so nothing lands outside root even if a directory is swapped for a
+        symlink meanwhile (that is refused with :class:`PathSafetyError`).
+
+        Directories already made are remembered only to skip the ``mkdir``
+        calls: the cache grants nothing, since every store resolves its
+        directory again without following symlinks."""
         parent = path.parent
         key = str(parent)
         if key in self._verified_dirs:
             return
         rel = parent.relative_to(self.namespace_dir)
-        current = self.namespace_dir
-        self._check_not_symlink(current)
-        for part in rel.parts:
-            current = current / part
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(current, 0o755)
-            self._check_not_symlink(current)
+        try:
+            fd = open_nofollow(self.namespace_dir, _DIR_FLAGS)
+        except OSError as exc:
+            raise self._unsafe(self.namespace_dir, exc) from None
+        try:
+            current = self.namespace_dir
+            for part in rel.parts:
+                current = current / part
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                try:
+                    nfd = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                except OSError as exc:
+                    raise self._unsafe(current, exc) from None
+                os.close(fd)
+                fd = nfd
+        finally:
+            os.close(fd)
         with self._lock:
             self._verified_dirs.add(key)
+
+    @staticmethod
+    def _unsafe(path: Path, exc: OSError) -> Exception:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            return PathSafetyError(
+                f"{path} (or a directory above it, below the root) is a symlink or not a "
+                "directory; fstier refuses to follow it. Remove it."
+            )
+        return exc
 
     def forget_parent(self, path: Path) -> None:
         """Drop ``path``'s directory from the verified cache, so the next

@@ -372,8 +372,8 @@ _RECENCY_MAX_PENDING = 4096
 
 def _bump_mtimes(paths: Sequence[str]) -> None:
     for p in paths:
-        with contextlib.suppress(OSError):  # evicted or replaced meanwhile
-            os.utime(p)
+        # Evicted or replaced meanwhile is fine; never through a symlink.
+        posix.touch_file(p)
 
 
 def _ignore_pool_job(_job: object) -> None:

@@ -97,3 +97,27 @@ def temp_files(root: Path) -> list[str]:
 
 def fstier_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("fstier")]
+
+
+def valid_namespace(root: Path, model: str = "m") -> Path:
+    """``root/<model>-<digest>`` with a valid manifest (made by hand, as a
+    real FileMapper would write it), created once."""
+    import hashlib
+    import json
+
+    from fstier._tree import canonical_json
+
+    fields = {"model": model, "namespace_version": 1}
+    digest = hashlib.sha256(canonical_json(fields)).hexdigest()[:16]
+    d = root / f"{model}-{digest}"
+    if not (d / "config.json").exists():
+        d.mkdir(parents=True, exist_ok=True)
+        manifest = {
+            "fstier_manifest": 1,
+            "namespace": d.name,
+            "digest": digest,
+            "parallel_agnostic": True,
+            "fields": fields,
+        }
+        (d / "config.json").write_text(json.dumps(manifest))
+    return d

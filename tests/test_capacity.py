@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from manager_support import FILE_BYTES, fill, key, keys, open_tier, store
+from manager_support import FILE_BYTES, fill, key, keys, open_tier, store, valid_namespace
 
 from fstier._capacity import collect_garbage, key_from_block_name, scan_usage
 from fstier.manager import BlockRemoved, FsTier
@@ -21,8 +21,10 @@ NS = 1_000_000_000
 
 
 def _block(root: Path, i: int, size: int = 1000, age_s: float = 0.0) -> Path:
+    """A block-named file where fstier puts blocks, in a valid namespace
+    (gc and the capacity thread consider nothing else)."""
     h = f"{i:032x}"
-    p = root / "ns" / h[:3] / h[3:5] / f"{h}-g0.bin"
+    p = valid_namespace(root) / h[:3] / h[3:5] / f"{h}-g0.bin"
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_bytes(b"x" * size)
     t = time.time() - age_s
@@ -33,8 +35,8 @@ def _block(root: Path, i: int, size: int = 1000, age_s: float = 0.0) -> Path:
 def test_scan_usage_counts_blocks_and_temps_without_following_links(tmp_path: Path) -> None:
     for i in range(5):
         _block(tmp_path, i, 100)
-    (tmp_path / "ns" / ".x.bin.tmp.host.1.2.ab").write_bytes(b"t" * 7)
-    (tmp_path / "ns" / "config.json").write_text("{}")
+    (valid_namespace(tmp_path) / ".x.bin.tmp.host.1.2.ab").write_bytes(b"t" * 7)
+    (valid_namespace(tmp_path) / "notes.txt").write_bytes(b"n")  # other (the manifest is not)
     outside = tmp_path.parent / f"{tmp_path.name}-outside"
     outside.mkdir()
     _block(outside, 99, 5000)
@@ -83,28 +85,27 @@ def test_recently_touched_file_survives_a_race(tmp_path: Path) -> None:
 
     # Simulate a reader bumping recency between scan and unlink: the candidate's
     # recorded mtime no longer matches, so it is kept.
-    real_lstat = os.lstat
-
-    def lstat_after_touch(p, *a, **k):
-        if str(p) == str(old):
-            os.utime(old)
-        return real_lstat(p, *a, **k)
-
     import fstier._capacity as cap
 
-    orig = cap.os.lstat
-    cap.os.lstat = lstat_after_touch  # type: ignore[assignment]
+    real = cap._unlink_if_unchanged
+
+    def touch_then_unlink(path: str, mtime_ns: int, ino: int, on_error=None) -> str:  # type: ignore[no-untyped-def]
+        if path == str(old):
+            os.utime(old)
+        return real(path, mtime_ns, ino, on_error)
+
+    cap._unlink_if_unchanged = touch_then_unlink  # type: ignore[assignment]
     try:
         rep = collect_garbage(tmp_path, 2000, low_watermark=0.5, high_watermark=0.9,
                               on_removed=touch_old_once)
     finally:
-        cap.os.lstat = orig  # type: ignore[assignment]
+        cap._unlink_if_unchanged = real  # type: ignore[assignment]
     assert old.exists()
     assert rep.kept_recently_used >= 1
 
 
 def test_temp_and_nfs_files_swept_by_age_only(tmp_path: Path) -> None:
-    d = tmp_path / "ns" / "abc"
+    d = valid_namespace(tmp_path) / "abc"
     d.mkdir(parents=True)
     old_tmp = d / ".f-g0.bin.tmp.host.1.2.aa"
     new_tmp = d / ".f-g0.bin.tmp.host.1.3.bb"

@@ -47,12 +47,14 @@ def one_line(text: str) -> str:
 
 
 def deny(monkeypatch: pytest.MonkeyPatch, func: str, victim: Path) -> None:
-    """Make ``os.<func>`` raise EACCES for ``victim`` (and below it) only."""
+    """Make ``os.<func>`` raise EACCES for ``victim`` (and below it) only.
+    A directory fd (the tree walk scans fds, fstier/_tree.py) is matched by
+    the path it was opened at."""
     real = getattr(os, func)
     prefix = os.fspath(victim)
 
     def fake(path: Any, *args: Any, **kwargs: Any) -> Any:
-        p = os.fspath(path) if not isinstance(path, int) else ""
+        p = os.fspath(path) if not isinstance(path, int) else os.readlink(f"/proc/self/fd/{path}")
         if p == prefix or p.startswith(prefix + os.sep):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), p)
         return real(path, *args, **kwargs)

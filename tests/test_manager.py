@@ -277,15 +277,17 @@ def test_store_keys_completed_is_a_prefix_of_keys_on_disk(tmp_path: Path, monkey
     """keys[:keys_completed] must all be on disk: an engine advertises them."""
     with open_tier(tmp_path / "root") as tier:
         ks = keys(0, 4)
-        bad_path = str(tier.mapper.path_for(ks[1]).name)
-        real_open = posix.FS.open
+        bad_name = str(tier.mapper.path_for(ks[1]).name)
+        real_link = posix.FS.link_at
 
-        def open_(path, flags, mode=0o777):
-            if bad_path in str(path) and flags & os.O_CREAT:
+        # Publication is where a full directory refuses a new name.
+        def link_at(fd, dir_fd, name):
+            if name == bad_name:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            return real_open(path, flags, mode)
+            return real_link(fd, dir_fd, name)
 
-        monkeypatch.setattr(posix.FS, "open", open_)
+        monkeypatch.setattr(posix, "_tmpfile_refused", False)
+        monkeypatch.setattr(posix.FS, "link_at", link_at)
         res = store(tier, "s", ks)
         monkeypatch.undo()
         assert not res.success and res.cause == "ENOSPC"
@@ -300,7 +302,6 @@ def test_store_keys_completed_is_a_prefix_of_keys_on_disk(tmp_path: Path, monkey
 def test_hits_bump_recency_once_per_file_per_flush(tmp_path: Path, monkeypatch) -> None:
     """LRU recency costs one metadata write per file per flush, not one per
     hit (a SETATTR round trip on NFS), and is written before eviction."""
-    import fstier.manager as manager_mod
 
     with open_tier(tmp_path / "root") as tier:
         ks = keys(0, 2)
@@ -310,8 +311,8 @@ def test_hits_bump_recency_once_per_file_per_flush(tmp_path: Path, monkeypatch) 
         for p in paths:
             os.utime(p, ns=(old, old))
         calls: list[str] = []
-        real_utime = os.utime
-        monkeypatch.setattr(manager_mod.os, "utime", lambda p, *a, **k: (calls.append(p), real_utime(p, *a, **k)))
+        real_touch = posix.touch_file
+        monkeypatch.setattr(posix, "touch_file", lambda p: (calls.append(p), real_touch(p))[1])
         for j in range(20):
             assert load(tier, f"l{j}", ks).success
         tier.run_capacity_pass()  # flushes pending recency first

@@ -344,14 +344,14 @@ def test_corrupt_file_replaced_concurrently_is_not_removed(
     good = tmp_path / "good"
     shutil.copyfile(path, good)
     _flip(HEADER_SIZE, 0)(path, tmp_path)
-    real_lstat = FS.lstat
+    real_stat_at = FS.stat_at
 
-    def racing_lstat(p: Any) -> os.stat_result:
-        if Path(p) == path and good.exists():
+    def racing_stat_at(dir_fd: int, name: str) -> os.stat_result:
+        if name == path.name and good.exists():
             os.replace(good, path)  # a concurrent writer publishes a good file
-        return real_lstat(p)
+        return real_stat_at(dir_fd, name)
 
-    monkeypatch.setattr(FS, "lstat", racing_lstat)
+    monkeypatch.setattr(FS, "stat_at", racing_stat_at)
     res, _ = load(tmp_path, K1, opts)
     assert res.status is LoadStatus.CORRUPT and not res.removed
     monkeypatch.undo()
@@ -408,7 +408,8 @@ def _raise(code: int) -> Callable[..., Any]:
         ("fsync", errno.EIO),
         ("open", errno.EMFILE),
         ("open", errno.EACCES),
-        ("replace", errno.EXDEV),
+        ("link_at", errno.EXDEV),
+        ("replace_at", errno.EXDEV),
         ("close", errno.EIO),
     ],
 )
@@ -420,6 +421,8 @@ def test_store_faults_publish_nothing_and_recover(
     old = io_worker.path_of(tmp_path, K2).read_bytes()
     fds_before = len(os.listdir("/proc/self/fd"))
     real_close = FS.close
+    # replace_at is the named-temp publication (filesystems without O_TMPFILE).
+    monkeypatch.setattr(posix, "_tmpfile_refused", method == "replace_at")
     if method == "close":
 
         def bad_close(fd: int) -> None:
@@ -480,16 +483,18 @@ def test_zero_byte_write_fails_instead_of_spinning(
     assert out.status is StoreStatus.FAILED and out.cause == "EIO" and temps(tmp_path) == []
 
 
+@pytest.mark.parametrize("method", ["link_at", "replace_at"])
 def test_rename_error_after_rename_happened(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str
 ) -> None:
-    real = FS.replace
+    real = getattr(FS, method)
 
-    def replace_then_fail(src: Any, dst: Any) -> None:
-        real(src, dst)
+    def publish_then_fail(*args: Any) -> None:
+        real(*args)
         raise OSError(errno.EIO, "NFS reply lost")
 
-    monkeypatch.setattr(FS, "replace", replace_then_fail)
+    monkeypatch.setattr(posix, "_tmpfile_refused", method == "replace_at")
+    monkeypatch.setattr(FS, method, publish_then_fail)
     out = store(tmp_path, K1, IOOptions())
     assert out.status is StoreStatus.FAILED and temps(tmp_path) == []
     monkeypatch.undo()
@@ -506,7 +511,6 @@ def test_rename_error_after_rename_happened(
         ("preadv", errno.EIO, LoadStatus.ERROR),
         ("preadv", errno.EINTR, LoadStatus.ERROR),
         ("preadv", errno.ESTALE, LoadStatus.ERROR),
-        ("fstat", errno.EIO, LoadStatus.ERROR),
     ],
 )
 def test_transient_load_errors_leave_the_file(

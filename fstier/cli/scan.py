@@ -9,9 +9,13 @@ iterators, yielding one file at a time. The stack holds at most the pending
 siblings along one path (a few thousand names at the fan-out fstier uses),
 and per-namespace statistics are counters, never file lists.
 
-Symlinks are never followed (fstier never touches anything outside its
-root, docs/reliability.md): a link is reported as an "other" entry and left
-alone. A directory or file that cannot be read (permissions, I/O errors) is
+What counts is decided in one place, :mod:`fstier._tree`, shared with
+``fstier verify``, ``fstier gc`` and FsTier's capacity thread: block files
+are counted only where fstier puts them and only in namespaces whose
+manifest is valid; a namespace with a bad or missing manifest is listed with
+its ``manifest_error`` and zero files. Symlinks are never followed (fstier
+never touches anything outside its root, docs/reliability.md): a link is
+reported as an "other" entry and left alone. A directory or file that cannot be read (permissions, I/O errors) is
 recorded in :class:`Unreadable` and the walk goes on with the rest, so a
 report over a partly unreadable root is complete except for what it names.
 This module does not import torch.
@@ -19,18 +23,14 @@ This module does not import torch.
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fstier._atomic import is_temp_name
+from fstier import _tree
+from fstier._tree import FileKind, Manifest, check_namespace, iter_namespace_dirs
 from fstier._usage import ROOT_FILES
-from fstier.file_mapper import BLOCK_NAME_RE, BLOCK_SUFFIX, MANIFEST_NAME
 
 __all__ = [
     "FileEntry",
@@ -42,19 +42,6 @@ __all__ = [
     "read_manifest",
     "scan_root",
 ]
-
-_BLOCK_NAME = BLOCK_NAME_RE
-_RANK_DIR = re.compile(r"^r([0-9]+)$")
-
-
-class FileKind:
-    """What a file under a namespace is, judged by its name alone."""
-
-    BLOCK = "block"
-    TEMP = "temp"
-    NFS = "nfs"
-    OTHER = "other"
-
 
 @dataclass(frozen=True, slots=True)
 class FileEntry:
@@ -191,57 +178,32 @@ class ScanReport:
     unreadable: Unreadable = field(default_factory=Unreadable)
 
 
-def read_manifest(namespace_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """The parsed ``config.json`` of a namespace, or ``(None, reason)``."""
-    path = namespace_dir / MANIFEST_NAME
-    try:
-        # O_NOFOLLOW: a manifest that is a symlink is not ours to read.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None, "no config.json"
-    except OSError as exc:
-        return None, f"config.json unreadable: {exc.strerror or exc}"
-    try:
-        with os.fdopen(fd, "rb") as fh:
-            raw = fh.read(1 << 20)
-        data = json.loads(raw.decode("utf-8"))
-    except (OSError, ValueError) as exc:
-        return None, f"config.json is not valid JSON: {exc}"
-    if not isinstance(data, dict) or not isinstance(data.get("fields"), dict):
-        return None, "config.json has no 'fields' mapping"
-    return data, None
+def read_manifest(namespace_dir: Path) -> tuple[Manifest | None, str | None]:
+    """The checked manifest of a namespace, or ``(None, reason)``: missing,
+    not a regular file, a symlink, too big, not JSON, wrong types, or not
+    this directory's (:func:`fstier._tree.read_manifest`)."""
+    ns = check_namespace(namespace_dir)
+    return ns.manifest, ns.error
 
 
-def _stats_from_manifest(stats: NamespaceStats, manifest: dict[str, Any]) -> None:
-    fields = manifest["fields"]
-    stats.model = fields.get("model")
-    stats.revision = fields.get("revision")
-    stats.digest = manifest.get("digest")
-    stats.parallel_agnostic = bool(manifest.get("parallel_agnostic"))
-    stats.tp_size = fields.get("tp_size")
-    stats.pp_size = fields.get("pp_size")
-    stats.format_id = fields.get("format_id")
-    groups = fields.get("groups")
-    stats.num_groups = len(groups) if isinstance(groups, list) else None
-    stats.blocks_per_file = fields.get("blocks_per_file")
-
-
-def _classify(name: str) -> tuple[str, str | None, int | None]:
-    if is_temp_name(name):
-        return FileKind.TEMP, None, None
-    if name.startswith(".nfs"):
-        return FileKind.NFS, None, None
-    if name.endswith(BLOCK_SUFFIX):
-        m = _BLOCK_NAME.match(name)
-        if m:
-            return FileKind.BLOCK, m.group(1), int(m.group(2))
-    return FileKind.OTHER, None, None
+def _stats_from_manifest(stats: NamespaceStats, manifest: Manifest) -> None:
+    fields = manifest.typed_fields
+    stats.model = fields.model
+    stats.revision = fields.revision
+    stats.digest = manifest.digest
+    stats.parallel_agnostic = manifest.parallel_agnostic
+    stats.tp_size = fields.tp_size
+    stats.pp_size = fields.pp_size
+    stats.format_id = fields.format_id
+    stats.num_groups = len(fields.groups) if fields.groups is not None else None
+    stats.blocks_per_file = fields.blocks_per_file
 
 
 def iter_namespace_files(
     namespace_dir: Path, on_error: Callable[[OSError], None] | None = None
 ) -> Iterator[FileEntry]:
-    """Every file below ``namespace_dir`` except the manifest, one at a time.
+    """Every file below ``namespace_dir`` except the manifest, one at a time,
+    classified by the shared rule (:func:`fstier._tree.classify`).
 
     Directories vanishing mid-walk (gc or another host) are skipped; symlinks
     and other non-regular entries are yielded as ``other`` without following.
@@ -249,57 +211,8 @@ def iter_namespace_files(
     ``filename`` names it) and skipped; without ``on_error`` the error is
     raised.
     """
-    top = str(namespace_dir)
-    stack: list[tuple[str, int | None, int]] = [(top, None, 0)]
-    while stack:
-        directory, rank, depth = stack.pop()
-        try:
-            it = os.scandir(directory)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        except OSError as exc:
-            if on_error is None:
-                raise
-            on_error(exc)
-            continue
-        with it:
-            for entry in it:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:
-                    if on_error is None:
-                        raise
-                    exc.filename = exc.filename or entry.path
-                    on_error(exc)
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    sub_rank = rank
-                    if depth == 0:
-                        m = _RANK_DIR.match(entry.name)
-                        if m:
-                            sub_rank = int(m.group(1))
-                    stack.append((entry.path, sub_rank, depth + 1))
-                    continue
-                if depth == 0 and entry.name == MANIFEST_NAME:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    kind, block_hex, group = _classify(entry.name)
-                else:
-                    kind, block_hex, group = FileKind.OTHER, None, None
-                yield FileEntry(entry.path, kind, st.st_size, st.st_mtime, rank, block_hex, group)
-
-
-def iter_namespace_dirs(root: Path) -> Iterator[tuple[Path, bool]]:
-    """``(path, is_namespace)`` for every top-level entry of ``root``: a
-    directory (not a symlink) is a namespace; anything else is a stray."""
-    with os.scandir(root) as it:
-        for entry in it:
-            if entry.is_dir(follow_symlinks=False):
-                yield Path(entry.path), True
-            else:
-                yield Path(entry.path), False
+    for f in _tree.iter_namespace_files(namespace_dir, on_error):
+        yield FileEntry(f.path, f.kind, f.size, f.mtime_ns / 1e9, f.rank, f.block_hex, f.group_idx)
 
 
 def scan_namespace(
@@ -311,9 +224,10 @@ def scan_namespace(
     when it is None); ``on_file()`` is called per file met (progress)."""
     stats = NamespaceStats(namespace=namespace_dir.name, path=str(namespace_dir))
     manifest, error = read_manifest(namespace_dir)
-    if manifest is not None:
-        _stats_from_manifest(stats, manifest)
     stats.manifest_error = error
+    if manifest is None:
+        return stats  # not fstier's: nothing in it is counted, checked or removed
+    _stats_from_manifest(stats, manifest)
     on_error = unreadable.add if unreadable is not None else None
     for entry in iter_namespace_files(namespace_dir, on_error):
         stats.add(entry)

@@ -31,6 +31,7 @@ from typing import Any
 import click
 
 from fstier._capacity import key_from_block_name
+from fstier._resolve import unlink_if
 from fstier.cli._common import (
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -159,24 +160,14 @@ class _Expect:
     blocks_per_file: int | None
 
 
-def _expectations(namespace_dir: Path) -> tuple[_Expect, str | None]:
+def _expectations(namespace_dir: Path) -> tuple[_Expect | None, str | None]:
+    """What the manifest says, or ``(None, reason)`` when the namespace is not
+    fstier's: then nothing in it is checked or removed."""
     manifest, error = read_manifest(namespace_dir)
     if manifest is None:
-        return _Expect(None, {}, None), error
-    digest_hex = manifest.get("digest")
-    try:
-        digest = bytes.fromhex(digest_hex) if isinstance(digest_hex, str) else None
-    except ValueError:
-        digest = None
-    fields = manifest["fields"]
-    pages: dict[int, int] = {}
-    groups = fields.get("groups")
-    if isinstance(groups, list):
-        for idx, g in enumerate(groups):
-            if isinstance(g, dict) and isinstance(g.get("file_page_bytes"), int):
-                pages[idx] = g["file_page_bytes"]
-    bpf = fields.get("blocks_per_file")
-    return _Expect(digest, pages, bpf if isinstance(bpf, int) else None), None
+        return None, error
+    fields = manifest.typed_fields
+    return _Expect(bytes.fromhex(manifest.digest), fields.file_page_bytes(), fields.blocks_per_file), None
 
 
 def _namespaces(root: Path, only: str | None) -> Iterator[Path]:
@@ -189,15 +180,17 @@ def _namespaces(root: Path, only: str | None) -> Iterator[Path]:
 
 def _check_one(path: str, full: bool, expect: _Expect) -> tuple[str, int, os.stat_result | None]:
     """``(reason or '', size, stat)``; reason ``gone`` when the file vanished."""
+    from fstier.io.posix import FS, verify_file
+
     try:
-        before = os.lstat(path)
+        before = FS.lstat(path)  # no symlink followed anywhere on the path
     except FileNotFoundError:
         return "gone", 0, None
+    except OSError as exc:
+        return f"unreadable: {exc.strerror or exc}", 0, None
     key = key_from_block_name(os.path.basename(path))
     if key is None:
         return "bad_name", before.st_size, before
-    from fstier.io.posix import verify_file
-
     try:
         check = verify_file(path, full, key=key, namespace_digest=expect.digest)
     except FileNotFoundError:
@@ -219,28 +212,24 @@ def _check_one(path: str, full: bool, expect: _Expect) -> tuple[str, int, os.sta
 
 
 def _remove_if_same(path: str, before: os.stat_result) -> bool:
-    try:
-        now = os.lstat(path)
-    except FileNotFoundError:
-        return True  # already gone: nothing bad remains
-    if (
-        not stat.S_ISREG(now.st_mode)
-        or now.st_ino != before.st_ino
-        or now.st_mtime_ns != before.st_mtime_ns
-    ):
-        return False  # replaced since the check: not the file we judged
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    return True
+    """Unlink ``path`` if it is still the file that was judged (same inode
+    and mtime), through a directory fd resolved without symlinks."""
+    result = unlink_if(
+        path,
+        lambda now: (
+            not stat.S_ISREG(now.st_mode)
+            or now.st_ino != before.st_ino
+            or now.st_mtime_ns != before.st_mtime_ns
+        ),
+    )
+    return result in ("removed", "gone")  # gone: nothing bad remains
 
 
 def _count_blocks(root: Path, only: str | None) -> int:
     n = 0
     for ns_dir in _namespaces(root, only):
+        if read_manifest(ns_dir)[0] is None:
+            continue
         # Errors are ignored here: the checking walk meets and reports them.
         for entry in iter_namespace_files(ns_dir, on_error=lambda _exc: None):
             n += entry.kind == FileKind.BLOCK
@@ -259,6 +248,8 @@ def run_verify(
             expect, error = _expectations(ns_dir)
             ns = NamespaceVerify(namespace=ns_dir.name, manifest_error=error)
             report.namespaces.append(ns)
+            if expect is None:
+                continue
             for entry in iter_namespace_files(ns_dir, report.unreadable_dirs.add):
                 if entry.kind == FileKind.TEMP:
                     ns.temp_files += 1

@@ -6,12 +6,13 @@ completion is handed back to the event loop with
 ``loop.call_soon_threadsafe``: the loop never blocks on a system call. The
 operations of one call run in parallel across the pool's threads.
 
-aiofiles (itself a thread-pool wrapper, one thread hop per call) serves the
-small-file work here (the namespace manifest). It is not used for blocks:
-``benchmarks/bench_io.py`` compares an aiofiles-only block path with this
-pool path; the pool path stores faster and reads with O_DIRECT into the
-caller's slot with no extra copy (aiofiles' read allocates and copies), see
-docs/performance.md.
+The namespace manifest is read with ``asyncio.to_thread`` through the one
+hardened manifest reader (:mod:`fstier._tree`: no symlinks, no blocking on
+a FIFO, size-capped); aiofiles, which opens by path and follows symlinks,
+is not used for it. Nor for blocks: ``benchmarks/bench_io.py`` compares an
+aiofiles-only block path with this pool path; the pool path stores faster
+and reads with O_DIRECT into the caller's slot with no extra copy
+(aiofiles' read allocates and copies), see docs/performance.md.
 """
 
 from __future__ import annotations
@@ -19,14 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
-import os
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
-
-import aiofiles
 
 from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool, PoolJob
 from fstier.io.posix import (
@@ -136,15 +133,19 @@ class AsyncBlockIO:
         return [r is True for r in job.results]
 
     async def read_manifest(self, namespace_dir: str | Path) -> dict[str, Any] | None:
-        """The namespace's ``config.json`` (aiofiles), or None when absent."""
-        path = os.path.join(namespace_dir, "config.json")
-        try:
-            async with aiofiles.open(path, encoding="utf-8") as f:
-                text = await f.read()
-        except FileNotFoundError:
+        """The namespace's ``config.json`` as a dict, or None when absent.
+
+        Read off the loop like every manifest read (:mod:`fstier._tree`):
+        no symlink followed, non-blocking (a FIFO cannot hang it), regular
+        files only, size-capped, depth-checked JSON; anything else raises
+        :class:`~fstier.errors.NamespaceMismatchError` naming the path."""
+        from fstier._tree import MANIFEST_NAME, parse_json_object, read_manifest_bytes
+
+        path = Path(namespace_dir) / MANIFEST_NAME
+        raw = await asyncio.to_thread(read_manifest_bytes, path)
+        if raw is None:
             return None
-        data = json.loads(text)
-        return data if isinstance(data, dict) else None
+        return parse_json_object(path, raw)
 
     async def aclose(self) -> None:
         """Shut the private pool down (a shared pool is left to its owner)."""

@@ -56,6 +56,7 @@ import numpy as np
 import xxhash
 
 from fstier._atomic import temp_path_for
+from fstier._resolve import open_nofollow, split_parent
 from fstier.errors import BlockCorruptError, DirectIOUnsupportedError
 from fstier.io.blockfile import (
     ALIGNMENT,
@@ -93,6 +94,7 @@ __all__ = [
     "reset_probe_cache",
     "store_block",
     "store_blocks",
+    "touch_file",
     "verify_file",
 ]
 
@@ -102,6 +104,9 @@ O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 _O_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECTORY: int = getattr(os, "O_DIRECTORY", 0)
+_O_TMPFILE: int = getattr(os, "O_TMPFILE", 0)
+#: A directory fd used as ``dir_fd`` (and fsync-able, unlike O_PATH).
+_O_DIR_FLAGS = os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC
 _PROBE_NAME = ".fstier-odirect-probe"
 
 
@@ -109,10 +114,18 @@ _PROBE_NAME = ".fstier-odirect-probe"
 class _OsOps:
     """Every system call the io layer makes. Tests replace methods on the
     module-level :data:`FS` instance (``monkeypatch.setattr(posix.FS, "fsync", f)``)
-    to inject ENOSPC, EIO, short writes, hangs..."""
+    to inject ENOSPC, EIO, short writes, hangs...
+
+    Path arguments are resolved with no symlink in any component
+    (:func:`fstier._resolve.open_nofollow`); ``*_at`` methods act on one
+    name inside a directory fd opened that way, so a directory swapped for a
+    symlink after it was opened cannot redirect them."""
 
     def open(self, path: str | Path, flags: int, mode: int = 0o600) -> int:
-        return os.open(path, flags, mode)
+        return open_nofollow(path, flags, mode)
+
+    def openat(self, dir_fd: int, name: str, flags: int, mode: int = 0o600) -> int:
+        return os.open(name, flags | _O_NOFOLLOW | _O_CLOEXEC, mode, dir_fd=dir_fd)
 
     def close(self, fd: int) -> None:
         os.close(fd)
@@ -126,20 +139,47 @@ class _OsOps:
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
 
-    def replace(self, src: str | Path, dst: str | Path) -> None:
-        os.replace(src, dst)
-
-    def unlink(self, path: str | Path) -> None:
-        os.unlink(path)
-
     def fstat(self, fd: int) -> os.stat_result:
         return os.fstat(fd)
 
-    def lstat(self, path: str | Path) -> os.stat_result:
-        return os.lstat(path)
+    def stat_at(self, dir_fd: int, name: str) -> os.stat_result:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
 
-    def mkdir(self, path: str | Path, mode: int = 0o755) -> None:
-        os.mkdir(path, mode)
+    def unlink_at(self, dir_fd: int, name: str) -> None:
+        os.unlink(name, dir_fd=dir_fd)
+
+    def replace_at(self, dir_fd: int, src: str, dst: str) -> None:
+        os.replace(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+    def link_at(self, fd: int, dir_fd: int, name: str) -> None:
+        """Give the anonymous (``O_TMPFILE``) file ``fd`` the name ``name`` in
+        ``dir_fd``. ``EEXIST`` if the name exists (linkat never replaces)."""
+        # /proc/self/fd/N with AT_SYMLINK_FOLLOW needs no privilege, unlike
+        # AT_EMPTY_PATH (CAP_DAC_READ_SEARCH).
+        os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd, follow_symlinks=True)
+
+    def mkdir_at(self, dir_fd: int, name: str, mode: int = 0o755) -> None:
+        os.mkdir(name, mode, dir_fd=dir_fd)
+
+    def utime(self, fd: int) -> None:
+        os.utime(fd)
+
+    # Path-level conveniences: one name resolved in its parent, no symlinks.
+    def lstat(self, path: str | Path) -> os.stat_result:
+        parent, name = split_parent(path)
+        dfd = self.open(parent, _O_DIR_FLAGS)
+        try:
+            return self.stat_at(dfd, name)
+        finally:
+            self.close(dfd)
+
+    def unlink(self, path: str | Path) -> None:
+        parent, name = split_parent(path)
+        dfd = self.open(parent, _O_DIR_FLAGS)
+        try:
+            self.unlink_at(dfd, name)
+        finally:
+            self.close(dfd)
 
 
 FS = _OsOps()
@@ -177,11 +217,14 @@ def _is_aligned(view: memoryview, alignment: int) -> bool:
 
 
 class _ThreadBuffers(threading.local):
-    """Per-thread aligned header buffer and zero tail, reused for every op."""
+    """Per-thread aligned header, bounce and overflow pages, reused for every op."""
 
     def __init__(self) -> None:
         self.header = aligned_buffer(HEADER_SIZE)
+        #: bounce page for a payload's last partial page (store and load)
         self.tail = aligned_buffer(ALIGNMENT)
+        #: overflow page: a too-long file shows up in the load's one preadv
+        self.over = aligned_buffer(ALIGNMENT)
 
 
 _BUFS = _ThreadBuffers()
@@ -431,113 +474,184 @@ def _close_quietly(fd: int) -> None:
         FS.close(fd)
 
 
-def _discard(tmp: Path) -> None:
+def _discard_at(dir_fd: int, name: str) -> None:
     try:
-        FS.unlink(tmp)
+        FS.unlink_at(dir_fd, name)
     except FileNotFoundError:
         pass
     except OSError as exc:
-        log.warning("could not remove temp file %s: %s", tmp, exc)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = FS.open(directory, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
-    try:
-        FS.fsync(fd)
-    finally:
-        FS.close(fd)
+        log.warning("could not remove temp file %s: %s", name, exc)
 
 
 def _store_iov(
     payload: memoryview, n: int, header: memoryview, alignment: int
 ) -> tuple[list[memoryview], bool]:
-    """The write vector and whether it is O_DIRECT-aligned."""
-    padded = padded_len(n)
-    pad = padded - n
-    if pad and len(payload) >= padded and not payload.readonly:
-        payload[n:padded] = _ZEROS[:pad]
-        pad = 0
-        body = [payload[:padded]]
-    elif pad:
-        body = [payload[:n], memoryview(_ZEROS)[:pad]]
-    else:
-        body = [payload[:n]]
-    bufs = [header, *[b for b in body if len(b)]]
+    """The write vector for exactly ``payload[:n]`` (never a byte beyond it)
+    and whether it is O_DIRECT-aligned.
+
+    The file holds the payload zero-padded to 4096. The whole 4096-byte pages
+    of the payload are written from the caller's buffer; the last partial
+    page, if any, goes through the thread's bounce page (a copy of at most
+    4095 bytes plus zeros), so an aligned buffer of any length stays on
+    O_DIRECT and nothing outside ``payload[:n]`` is read or written."""
+    whole = n - n % ALIGNMENT
+    rest = n - whole
+    bufs = [header]
+    if whole:
+        bufs.append(payload[:whole])
+    if rest:
+        bounce = _BUFS.tail
+        bounce[:rest] = payload[whole:n]
+        bounce[rest:] = _ZEROS[: ALIGNMENT - rest]
+        bufs.append(bounce)
     return bufs, all(_is_aligned(b, alignment) for b in bufs)
 
 
-def _store_once(path: Path, bufs: list[memoryview], direct: bool, opts: IOOptions) -> StoreOutcome:
-    tmp = temp_path_for(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC
-    if direct:
-        flags |= O_DIRECT
-    stage = "open temp"
+#: Set once O_TMPFILE was refused (NFS, old kernels): named temps from then on.
+_tmpfile_refused = not _O_TMPFILE
+
+
+def _create_temp(dir_fd: int, name: str, direct: bool, opts: IOOptions) -> tuple[int, str | None]:
+    """An fd to write the new file into, and its temp name (``None`` for an
+    anonymous O_TMPFILE inode, which a crash leaves nowhere at all)."""
+    global _tmpfile_refused
+    flags = os.O_WRONLY | _O_CLOEXEC | (O_DIRECT if direct else 0)
+    if not _tmpfile_refused:
+        try:
+            return FS.openat(dir_fd, ".", flags | _O_TMPFILE, opts.file_mode), None
+        except OSError as exc:
+            # EISDIR: a kernel without O_TMPFILE read it as O_DIRECTORY.
+            # EOPNOTSUPP: the filesystem has none (NFS, FUSE). Anything else
+            # (ENOSPC, EACCES, EINVAL from O_DIRECT) is the store's failure.
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR):
+                raise
+            _tmpfile_refused = True
+            log.info("O_TMPFILE unavailable (%s); publishing through named temp files", _cause(exc))
+    tmp = temp_path_for(Path(name)).name
     try:
-        fd = FS.open(tmp, flags, opts.file_mode)
+        return FS.openat(dir_fd, tmp, flags | os.O_CREAT | os.O_EXCL, opts.file_mode), tmp
     except OSError as exc:
-        _unlink_own_temp(tmp, exc)
-        return StoreOutcome(StoreStatus.FAILED, _cause(exc), f"{stage} {tmp.name}: {exc.strerror}")
+        if exc.errno != errno.EEXIST:
+            # Some filesystems (ramfs) create the file for O_CREAT|O_EXCL|O_DIRECT
+            # and then fail the open; the name is unique to this thread.
+            with contextlib.suppress(OSError):
+                FS.unlink_at(dir_fd, tmp)
+        raise
+
+
+def _link_anonymous(fd: int, dir_fd: int, name: str) -> None:
+    """Publish an O_TMPFILE inode as ``name``. linkat never replaces, so when
+    the name exists (a concurrent writer, a planted link) the inode is linked
+    under a temp name and renamed over it: the last writer wins, as with
+    named temps."""
+    try:
+        FS.link_at(fd, dir_fd, name)
+        return
+    except FileExistsError:
+        pass
+    tmp = temp_path_for(Path(name)).name
+    FS.link_at(fd, dir_fd, tmp)
+    try:
+        FS.replace_at(dir_fd, tmp, name)
+    except BaseException:
+        _discard_at(dir_fd, tmp)
+        raise
+
+
+def _store_once(
+    dir_fd: int, name: str, bufs: list[memoryview], direct: bool, opts: IOOptions
+) -> StoreOutcome:
+    try:
+        fd, tmp = _create_temp(dir_fd, name, direct, opts)
+    except OSError as exc:
+        return StoreOutcome(StoreStatus.FAILED, _cause(exc), f"create temp for {name}: {exc.strerror}")
+    stage = "write"
+    linked = False
     try:
         try:
-            stage = "write"
             written = _pwritev_all(fd, bufs, 0)
             if opts.fsync != "none":
                 # Never retried: after a failed fsync the kernel may have
                 # dropped the dirty pages, so a retry could "succeed" on garbage.
                 stage = "fsync"
                 FS.fsync(fd)
+            if tmp is None:
+                # An anonymous inode is published through its open fd.
+                stage = "link"
+                _link_anonymous(fd, dir_fd, name)
+                linked = True
         except OSError:
             _close_quietly(fd)
             raise
         stage = "close"
         FS.close(fd)  # NFS reports deferred write errors here
-        stage = "rename"
-        FS.replace(tmp, path)
+        if tmp is not None:
+            stage = "rename"
+            FS.replace_at(dir_fd, tmp, name)
     except OSError as exc:
-        _discard(tmp)
-        return StoreOutcome(StoreStatus.FAILED, _cause(exc), f"{stage} {path.name}: {exc.strerror}")
+        if tmp is not None:
+            _discard_at(dir_fd, tmp)
+        elif linked:
+            # close failed after the link: withdraw the name rather than
+            # acknowledge a file whose writes may be lost (at worst this
+            # removes a concurrent writer's identical copy: a future miss).
+            _discard_at(dir_fd, name)
+        return StoreOutcome(StoreStatus.FAILED, _cause(exc), f"{stage} {name}: {exc.strerror}")
     if opts.fsync == "file+dir":
         try:
-            _fsync_dir(path.parent)
+            FS.fsync(dir_fd)
         except OSError as exc:
             # The complete file is visible but not durable: never acknowledge it.
             return StoreOutcome(
-                StoreStatus.FAILED, _cause(exc), f"directory fsync after publishing {path.name}"
+                StoreStatus.FAILED, _cause(exc), f"directory fsync after publishing {name}"
             )
     return StoreOutcome(StoreStatus.STORED, nbytes=written)
 
 
 def store_block(req: StoreRequest, opts: IOOptions) -> StoreOutcome:
     """Store one block atomically. Never raises ``OSError``; raises
-    ``ValueError`` only for a malformed request (a programming error)."""
-    path = Path(req.path)
+    ``ValueError`` only for a malformed request (a programming error).
+
+    Exactly ``req.header.payload_len`` bytes of ``req.payload`` are read, at
+    any alignment; the caller's buffer is never written."""
     n = req.header.payload_len
     payload = _byte_view(req.payload)
     if len(payload) < n:
         raise ValueError(
             f"StoreRequest.payload holds {len(payload)} bytes but header.payload_len is {n}"
         )
+    parent, name = split_parent(req.path)
     try:
-        st = FS.lstat(path)
-    except FileNotFoundError:
-        pass
+        dir_fd = FS.open(parent, _O_DIR_FLAGS)
     except OSError as exc:
-        return StoreOutcome(StoreStatus.FAILED, _cause(exc), f"lstat {path.name}: {exc.strerror}")
-    else:
-        if stat.S_ISREG(st.st_mode):
-            return StoreOutcome(StoreStatus.SKIPPED)
-        # Anything else (a planted symlink) is replaced: rename swaps the link
-        # itself and never writes through it.
-    header = _BUFS.header
-    encode_header_into(req.header, header)
-    bufs, aligned = _store_iov(payload, n, header, opts.alignment)
-    direct = opts.o_direct and aligned
-    out = _store_once(path, bufs, direct, opts)
-    if direct and out.status is StoreStatus.FAILED and out.cause == "EINVAL":
-        # A filesystem that passed the probe but refuses this write: one
-        # buffered retry (a new temp file) rather than a lost block.
-        out = _store_once(path, bufs, False, opts)
-    return out
+        # ENOENT: the fan-out directory is missing (the caller creates it);
+        # ELOOP/ENOTDIR: a component is a symlink or a file: refused, since
+        # following it could place the block outside the root.
+        return StoreOutcome(StoreStatus.FAILED, _cause(exc), f"open directory of {name}: {exc.strerror}")
+    try:
+        try:
+            st = FS.stat_at(dir_fd, name)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            return StoreOutcome(StoreStatus.FAILED, _cause(exc), f"stat {name}: {exc.strerror}")
+        else:
+            if stat.S_ISREG(st.st_mode):
+                return StoreOutcome(StoreStatus.SKIPPED)
+            # Anything else (a planted symlink) is replaced: rename swaps the
+            # link itself and never writes through it.
+        header = _BUFS.header
+        encode_header_into(req.header, header)
+        bufs, aligned = _store_iov(payload, n, header, opts.alignment)
+        direct = opts.o_direct and aligned
+        out = _store_once(dir_fd, name, bufs, direct, opts)
+        if direct and out.status is StoreStatus.FAILED and out.cause == "EINVAL":
+            # A filesystem that passed the probe but refuses this write: one
+            # buffered retry (a new temp file) rather than a lost block.
+            out = _store_once(dir_fd, name, bufs, False, opts)
+        return out
+    finally:
+        _close_quietly(dir_fd)
 
 
 def store_blocks(reqs: Sequence[StoreRequest], opts: IOOptions) -> list[StoreOutcome]:
@@ -557,9 +671,8 @@ class LoadStatus(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class LoadRequest:
-    """Load the file at ``path`` into ``buffer`` (at least ``payload_len``
-    bytes; with the padded length and 4096 alignment it is read directly, with
-    O_DIRECT when enabled) and check that it holds ``key`` of namespace
+    """Load the file at ``path`` into ``buffer[:payload_len]`` (any alignment;
+    O_DIRECT when enabled and the buffer starts 4096-aligned) and check that it holds ``key`` of namespace
     ``namespace_digest`` with exactly ``payload_len`` payload bytes."""
 
     path: Path
@@ -567,9 +680,8 @@ class LoadRequest:
     key: BlockKey
     namespace_digest: bytes
     payload_len: int
-    #: The cache root. When set, a corrupt file is removed only if its
-    #: directory really lies under this root (no symlinked component led
-    #: elsewhere): promise 5, nothing outside root is ever removed.
+    #: Unused, kept for callers that pass it: no path is ever resolved
+    #: through a symlink, so nothing outside the root can be removed.
     root: Path | None = None
 
 
@@ -613,33 +725,79 @@ def _preadv_all(fd: int, bufs: list[memoryview], offset: int) -> int:
     return total
 
 
-def _contained(path: Path, root: Path | None) -> bool:
-    """True when ``path``'s directory resolves (symlinks followed) under
-    ``root``'s real path. Only called before a removal, never on the hot path."""
-    if root is None:
-        return True
-    real_parent = os.path.realpath(path.parent)
-    real_root = os.path.realpath(root)
-    return real_parent == real_root or real_parent.startswith(real_root.rstrip(os.sep) + os.sep)
-
-
-def _remove_if_same(path: Path, st: os.stat_result, root: Path | None = None) -> bool:
+def _remove_if_same(path: Path, st: os.stat_result) -> bool:
     """Unlink ``path`` only if it still names the inode we read, so a file a
-    concurrent writer has just renamed into place is never removed, and only
-    if it lies under ``root``."""
-    if not _contained(path, root):
-        log.warning("not removing corrupt file %s: it resolves outside the cache root", path)
+    concurrent writer has just renamed into place is never removed. The name
+    is resolved with no symlink in any component: nothing outside the root
+    is ever removed (a swapped directory fails the resolution)."""
+    parent, name = split_parent(path)
+    try:
+        dir_fd = FS.open(parent, _O_DIR_FLAGS)
+    except OSError as exc:
+        log.warning("not removing corrupt block %s: %s", path, exc.strerror)
         return False
     try:
-        now = FS.lstat(path)
+        now = FS.stat_at(dir_fd, name)
         if (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev):
             return False
-        FS.unlink(path)
+        FS.unlink_at(dir_fd, name)
         return True
     except OSError as exc:
         if exc.errno != errno.ENOENT:
             log.warning("could not remove corrupt block %s: %s", path, exc)
         return False
+    finally:
+        _close_quietly(dir_fd)
+
+
+def _remove_planted_link(path: Path) -> bool:
+    """Remove a symlink found at a block's final name (fstier never writes
+    one). Only the link itself, and only when its directory resolves without
+    a symlink: an ELOOP from a symlinked *directory* removes nothing."""
+    parent, name = split_parent(path)
+    try:
+        dir_fd = FS.open(parent, _O_DIR_FLAGS)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISLNK(FS.stat_at(dir_fd, name).st_mode):
+            return False
+        FS.unlink_at(dir_fd, name)
+        return True
+    except OSError:
+        return False
+    finally:
+        _close_quietly(dir_fd)
+
+
+def _read_vector(buf: memoryview, n: int, alignment: int) -> tuple[list[memoryview], bool]:
+    """[header, whole pages of ``buf[:n]``, bounce page, overflow page] and
+    whether it is O_DIRECT-aligned. The bounce page takes the payload's last
+    partial page and the padding, so nothing beyond ``buf[:n]`` is written;
+    the overflow page makes a file longer than expected show up in the same
+    ``preadv`` (no ``fstat`` on the hot path)."""
+    whole = n - n % ALIGNMENT
+    bufs = [_BUFS.header]
+    if whole:
+        bufs.append(buf[:whole])
+    if n > whole:
+        bufs.append(_BUFS.tail)
+    bufs.append(_BUFS.over)
+    return bufs, all(_is_aligned(b, alignment) for b in bufs)
+
+
+def _read_file(fd: int, bufs: list[memoryview], want: int) -> int:
+    """Read until ``want`` bytes or EOF. One ``preadv`` for a file of the
+    expected size: its EOF lands inside the overflow page."""
+    total = 0
+    while True:
+        got = FS.preadv(fd, bufs, total)
+        if got <= 0:
+            return total  # EOF: the file is short (or shrank under us)
+        total += got
+        if total >= want:
+            return total  # == want: exact; > want: the file is too long
+        bufs = _advance(bufs, got)
 
 
 def _load_once(req: LoadRequest, buf: memoryview, direct: bool, opts: IOOptions) -> LoadOutcome:
@@ -647,8 +805,8 @@ def _load_once(req: LoadRequest, buf: memoryview, direct: bool, opts: IOOptions)
     n = req.payload_len
     padded = padded_len(n)
     # O_NONBLOCK: a FIFO planted at a block path would block open() forever;
-    # with it the open returns and the S_ISREG check below rejects the file.
-    # It has no effect on regular files.
+    # with it the open returns and the read fails (ESPIPE). It has no effect
+    # on regular files. No symlink is followed in any component.
     flags = os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | os.O_NONBLOCK
     if direct:
         flags |= O_DIRECT
@@ -658,38 +816,40 @@ def _load_once(req: LoadRequest, buf: memoryview, direct: bool, opts: IOOptions)
         return LoadOutcome(LoadStatus.MISSING, "ENOENT")
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            # A symlink where a block belongs was planted, never written by
-            # fstier: remove the link itself (never its target).
-            removed = False
-            if _contained(path, req.root):
-                try:
-                    FS.unlink(path)
-                    removed = True
-                except OSError:
-                    pass
+            # A symlink where a block or one of its directories belongs was
+            # planted, never written by fstier: remove a link at the final
+            # name (never its target, never through a symlinked directory).
+            removed = _remove_planted_link(path)
             return LoadOutcome(
-                LoadStatus.CORRUPT, "symlink", f"{path.name} is a symlink", removed=removed
+                LoadStatus.CORRUPT, "symlink", f"{path.name}: a symlink on its path", removed=removed
             )
         return LoadOutcome(LoadStatus.ERROR, _cause(exc), f"open {path.name}: {exc.strerror}")
-    st: os.stat_result | None = None
+    want = HEADER_SIZE + padded
     try:
+        bufs, _aligned = _read_vector(buf, n, ALIGNMENT)
         try:
-            st = FS.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return LoadOutcome(
-                    LoadStatus.ERROR, "not_regular", f"{path.name} is not a regular file"
-                )
-            want = HEADER_SIZE + padded
-            if st.st_size != want:
-                raise BlockCorruptError("bad_size", f"file is {st.st_size} bytes, expected {want}")
-            header = _BUFS.header
-            if len(buf) >= padded:
-                bufs = [header, buf[:padded]]
-            else:
-                bufs = [header, buf[:n], _BUFS.tail[: padded - n]]
-            got = _preadv_all(fd, [b for b in bufs if len(b)], 0)
+            got = _read_file(fd, bufs, want)
+        except OSError as exc:
+            if exc.errno in (errno.EISDIR, errno.ESPIPE, errno.EINVAL, errno.ENXIO):
+                # Not a regular file (a directory, FIFO, device): a bad file.
+                with contextlib.suppress(OSError):
+                    if not stat.S_ISREG(FS.fstat(fd).st_mode):
+                        return LoadOutcome(
+                            LoadStatus.ERROR, "not_regular", f"{path.name} is not a regular file"
+                        )
+            return LoadOutcome(LoadStatus.ERROR, _cause(exc), f"read {path.name}: {exc.strerror}")
+        try:
             if got != want:
+                # Only the slow path pays for an fstat: was it ever a block?
+                st = FS.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    return LoadOutcome(
+                        LoadStatus.ERROR, "not_regular", f"{path.name} is not a regular file"
+                    )
+                if st.st_size != want:
+                    raise BlockCorruptError("bad_size", f"file is {st.st_size} bytes, expected {want}")
                 raise BlockCorruptError("short_read", f"read {got} of {want} bytes")
+            header = _BUFS.header
             h = decode_header(header)
             if h.key != req.key:
                 raise BlockCorruptError("wrong_key", f"file holds {h.key!r}, expected {req.key!r}")
@@ -702,6 +862,9 @@ def _load_once(req: LoadRequest, buf: memoryview, direct: bool, opts: IOOptions)
                 raise BlockCorruptError(
                     "wrong_length", f"payload_len {h.payload_len}, expected {n}"
                 )
+            whole = n - n % ALIGNMENT
+            if n > whole:
+                buf[whole:n] = _BUFS.tail[: n - whole]
             if (
                 opts.checksum
                 and h.checksum_kind == ChecksumKind.XXH3_64
@@ -709,7 +872,11 @@ def _load_once(req: LoadRequest, buf: memoryview, direct: bool, opts: IOOptions)
             ):
                 raise BlockCorruptError("payload_checksum", "payload bytes do not match checksum")
         except BlockCorruptError as exc:
-            removed = st is not None and _remove_if_same(path, st, req.root)
+            try:
+                st = FS.fstat(fd)
+            except OSError:
+                return LoadOutcome(LoadStatus.CORRUPT, exc.reason, exc.detail)
+            removed = _remove_if_same(path, st)
             return LoadOutcome(LoadStatus.CORRUPT, exc.reason, exc.detail, removed=removed)
         except OSError as exc:
             return LoadOutcome(LoadStatus.ERROR, _cause(exc), f"read {path.name}: {exc.strerror}")
@@ -720,18 +887,20 @@ def _load_once(req: LoadRequest, buf: memoryview, direct: bool, opts: IOOptions)
 
 def load_block(req: LoadRequest, opts: IOOptions) -> LoadOutcome:
     """Load and verify one block. Never raises ``OSError``; raises
-    ``ValueError`` only for a malformed request."""
+    ``ValueError`` only for a malformed request.
+
+    Exactly ``req.payload_len`` bytes of ``req.buffer`` are written, at any
+    alignment (the last partial page goes through a bounce page). O_DIRECT is
+    used when the buffer's start is aligned; its bytes are garbage unless the
+    outcome is LOADED."""
     buf = _byte_view(req.buffer)
     n = req.payload_len
     if n < 0 or len(buf) < n:
         raise ValueError(f"LoadRequest.buffer holds {len(buf)} bytes but payload_len is {n}")
     if buf.readonly:
         raise ValueError("LoadRequest.buffer must be writable")
-    direct = (
-        opts.o_direct
-        and len(buf) >= padded_len(n)
-        and _is_aligned(buf[: padded_len(n)], opts.alignment)
-    )
+    whole = n - n % ALIGNMENT
+    direct = opts.o_direct and _is_aligned(buf[:whole], opts.alignment)
     out = _load_once(req, buf, direct, opts)
     if direct and out.status is LoadStatus.ERROR and out.cause == "EINVAL":
         out = _load_once(req, buf, False, opts)
@@ -747,6 +916,24 @@ def load_blocks(reqs: Sequence[LoadRequest], opts: IOOptions) -> BatchLoadResult
         if not out.ok:
             return BatchLoadResult(len(outcomes) - 1, outcomes)
     return BatchLoadResult(len(outcomes), outcomes)
+
+
+# ---------------------------------------------------------------- recency
+def touch_file(path: str | Path) -> bool:
+    """Set a block file's mtime to now (its LRU recency) without following a
+    symlink anywhere on its path. False when it is gone or refused."""
+    parent, name = split_parent(path)
+    try:
+        dir_fd = FS.open(parent, _O_DIR_FLAGS)
+    except OSError:
+        return False
+    try:
+        os.utime(name, dir_fd=dir_fd, follow_symlinks=False)
+        return True
+    except OSError:
+        return False
+    finally:
+        _close_quietly(dir_fd)
 
 
 # ------------------------------------------------------------- CLI helpers

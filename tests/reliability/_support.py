@@ -23,7 +23,14 @@ from fstier.config import FstierConfig, parse_config
 from fstier.file_mapper import FileMapper
 from fstier.io import posix
 from fstier.io.blockfile import HEADER_SIZE, header_for_payload, padded_len
-from fstier.io.posix import IOOptions, LoadOutcome, LoadRequest, StoreOutcome, StoreRequest
+from fstier.io.posix import (
+    IOOptions,
+    LoadOutcome,
+    LoadRequest,
+    StoreOutcome,
+    StoreRequest,
+    StoreStatus,
+)
 from fstier.keys import BlockKey
 
 #: One full-attention group, 1 layer x 1 head x 8 dims x 16 tokens x fp16:
@@ -78,7 +85,10 @@ class Tier:
         n = self.payload_len
         data = payload_for(key, n) if payload is None else payload
         path = self.path(key)
-        self.mapper.ensure_parent(path)
+        try:
+            self.mapper.ensure_parent(path)
+        except OSError as exc:  # EMFILE and friends: a failed store, as in FsTier
+            return StoreOutcome(StoreStatus.FAILED, errno.errorcode.get(exc.errno or 0, "OSError"))
         buf = posix.aligned_buffer(n)
         buf[:n] = data
         header = header_for_payload(key, self.mapper.digest_bytes, data, 1, n)

@@ -3,8 +3,9 @@
 ``_writer.py point ROOT KILL_POINT INDEX``
     Store ``key_for(INDEX)`` under ROOT through a wrapped ``posix.FS`` that
     SIGKILLs this very process at KILL_POINT: ``after_write`` (the data is in
-    the temp file), ``before_rename`` (fsync done, rename not yet issued) or
-    ``after_rename`` (published, not yet acknowledged). No production hook is
+    the temp file), ``before_rename`` (fsync done, the link or rename that
+    publishes it not yet issued) or ``after_rename`` (published, not yet
+    acknowledged). No production hook is
     involved: the kill rides on the fault-injection seam.
 
 ``_writer.py zygote ROOT``
@@ -44,14 +45,18 @@ def run_point(root: str, point: str, index: int) -> None:
             _kill_self()
         return n
 
-    def replace(real: Any, src: Any, dst: Any) -> None:
+    # Publication is a linkat of an O_TMPFILE inode, or a renameat of a named
+    # temp where the filesystem has no O_TMPFILE: both are "the rename".
+    def publish(real: Any, *args: Any) -> None:
         if point == "before_rename":
             _kill_self()
-        real(src, dst)
+        real(*args)
         if point == "after_rename":
             _kill_self()
 
-    ops.hooks.update(pwritev=pwritev, replace=replace)
+    ops.hooks.update(pwritev=pwritev, link_at=publish, replace_at=publish)
+    if os.environ.get("FSTIER_TEST_NAMED_TEMPS") == "1":
+        posix._tmpfile_refused = True
     posix.FS = ops
     out = tier.store(_support.key_for(index))
     # Reaching this line means the kill point was never hit: the parent fails.

@@ -36,11 +36,14 @@ def _age(paths: list[Path], seconds: float) -> None:
 
 
 # ---------------------------------------------------------------- row 1
-def test_named_kill_points(tmp_path: Path) -> None:
-    """after_write / before_rename: absent + one orphan temp; after_rename:
-    present and verifying. Older blocks are untouched in every case."""
+@pytest.mark.parametrize("named", [False, True], ids=["tmpfile", "named"])
+def test_named_kill_points(tmp_path: Path, named: bool) -> None:
+    """after_write / before_rename: absent, plus one orphan temp with named
+    temps (none with O_TMPFILE: the inode dies with the process);
+    after_rename: present and verifying. Older blocks are untouched."""
     points = ["after_write", "before_rename", "after_rename"]
     roots = {p: tmp_path / p for p in points}
+    env = {**os.environ, "FSTIER_TEST_NAMED_TEMPS": "1" if named else "0"}
     old_keys = [key_for(100 + i) for i in range(3)]
     for root in roots.values():
         tier = Tier.open(root)
@@ -52,6 +55,7 @@ def test_named_kill_points(tmp_path: Path) -> None:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env=env,
         )
         for p in points
     }
@@ -68,7 +72,7 @@ def test_named_kill_points(tmp_path: Path) -> None:
             assert temps == []
         else:
             assert out.status == "MISSING", (p, out)
-            assert len(temps) == 1, (p, temps)
+            assert len(temps) == int(named), (p, temps)
         for k in old_keys:
             out, got = tier.load(k)
             assert out.status == "LOADED" and got == payload_for(k, tier.payload_len)

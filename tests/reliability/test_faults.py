@@ -167,10 +167,15 @@ def test_failed_fsync_is_never_retried(tier: Tier, ops: FaultyOps, code: int) ->
     _assert_recovers(tier, ops, 0)
 
 
+@pytest.mark.parametrize("named", [False, True], ids=["tmpfile", "named"])
 @pytest.mark.parametrize("code", [errno.EXDEV, errno.EIO, errno.EACCES])
-def test_rename_error_publishes_nothing(tier: Tier, ops: FaultyOps, code: int) -> None:
+def test_rename_error_publishes_nothing(
+    tier: Tier, ops: FaultyOps, code: int, named: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Publication is linkat (O_TMPFILE) or renameat (named temps): fail both.
+    monkeypatch.setattr(posix, "_tmpfile_refused", named)
     fds = fd_count()
-    ops.hooks["replace"] = raise_errno(code)
+    ops.hooks["link_at"] = ops.hooks["replace_at"] = raise_errno(code)
     _assert_clean_failure(tier, key_for(0), tier.store(key_for(0)), errno.errorcode[code], fds)
     _assert_recovers(tier, ops, 0)
 
@@ -196,12 +201,16 @@ def test_directory_fsync_failure_is_not_acknowledged(tier: Tier, ops: FaultyOps)
 
 
 # ------------------------------------------------------------------ row 13
-def test_rename_reports_error_but_happened(tier: Tier, ops: FaultyOps) -> None:
-    def replace(real: Any, src: Any, dst: Any) -> None:
-        real(src, dst)
+@pytest.mark.parametrize("named", [False, True], ids=["tmpfile", "named"])
+def test_rename_reports_error_but_happened(
+    tier: Tier, ops: FaultyOps, named: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def publish(real: Any, *args: Any) -> None:
+        real(*args)
         raise oserror(errno.EIO)
 
-    ops.hooks["replace"] = replace
+    monkeypatch.setattr(posix, "_tmpfile_refused", named)
+    ops.hooks["link_at"] = ops.hooks["replace_at"] = publish
     fds = fd_count()
     key = key_for(0)
     FAULTS_INJECTED["count"] += 1

@@ -8,6 +8,7 @@ afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -77,12 +78,15 @@ def test_symlink_planted_at_temp_path(tmp_path: Path, outside: Path, monkeypatch
     before = _snapshot(outside)
     ops = FaultyOps()
 
-    def open_(real, path, flags, mode=0o600):  # type: ignore[no-untyped-def]
-        if ".tmp." in Path(path).name and not os.path.lexists(path):
-            os.symlink(outside / "precious.txt", path)
-        return real(path, flags, mode)
+    def openat(real, dir_fd, name, flags, mode=0o600):  # type: ignore[no-untyped-def]
+        if ".tmp." in name:
+            with contextlib.suppress(FileExistsError):
+                os.symlink(outside / "precious.txt", name, dir_fd=dir_fd)
+        return real(dir_fd, name, flags, mode)
 
-    ops.hooks["open"] = open_
+    # Named temps are what can be raced (an O_TMPFILE inode has no name).
+    monkeypatch.setattr(posix, "_tmpfile_refused", True)
+    ops.hooks["openat"] = openat
     monkeypatch.setattr(posix, "FS", ops)
     out = tier.store(key_for(0))
     assert out.status == "FAILED" and out.cause == "EEXIST"

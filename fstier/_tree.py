@@ -1,0 +1,417 @@
+"""What in a root belongs to fstier: the one definition inspect, verify, gc
+and the capacity thread share, and the hardened manifest reader.
+
+A root holds namespace directories ``<safe_model_name>-<digest16>``. A
+namespace is **valid** when its ``config.json`` is a regular file (opened
+``O_NOFOLLOW|O_NONBLOCK``, so a symlink or FIFO there is refused without
+blocking) of at most :data:`MANIFEST_MAX_BYTES`, holds JSON that parses into a
+:class:`Manifest` (strict types; a too deeply nested document is refused, not
+a ``RecursionError``), names this directory, and carries a digest that is the
+sha256 of its own fields and the directory's suffix. Anything else is refused
+with :class:`~fstier.errors.NamespaceMismatchError` naming the path and the
+fix.
+
+Only inside a valid namespace does fstier count or remove anything
+(:func:`iter_root`), and only these (:func:`classify`):
+
+- **block**: a regular file named ``<hex>-g<group>.bin`` exactly where
+  ``FileMapper.path_for`` puts it: ``[r<rank>/]<hex[:3]>/<hex[3:5]>/``;
+- **temp**: fstier's own temp names (:func:`fstier._atomic.is_temp_name`);
+- **nfs**: NFS silly-renamed ``.nfs*`` files (deleted while open).
+
+Everything else (other names, misplaced block names, files at the root's top
+level, symlinks, FIFOs, whole directories without a valid manifest) is
+**other**: listed by inspect, never checked by verify, never removed by gc.
+
+The walk holds directory fds (``openat`` with ``O_NOFOLLOW|O_DIRECTORY``,
+``os.scandir(fd)``), never descends a symlink, and streams: memory is the
+pending entries of at most four directory levels.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from fstier._atomic import is_temp_name
+from fstier._resolve import open_nofollow
+from fstier.errors import NamespaceMismatchError
+
+__all__ = [
+    "BLOCK_NAME_RE",
+    "MANIFEST_MAX_BYTES",
+    "MANIFEST_NAME",
+    "FileKind",
+    "Manifest",
+    "ManifestFields",
+    "TreeFile",
+    "canonical_json",
+    "classify",
+    "iter_namespace_files",
+    "iter_root",
+    "read_manifest",
+]
+
+MANIFEST_NAME = "config.json"
+#: A manifest is about 2 KiB; anything much larger was not written by fstier.
+MANIFEST_MAX_BYTES = 64 * 1024
+#: JSON nesting deeper than this is refused before parsing (fstier writes 4).
+_MAX_DEPTH = 32
+#: A block file's name, as ``FileMapper.path_for`` writes it: the key's hash
+#: in hex (8..64 bytes) and its group.
+BLOCK_NAME_RE = re.compile(r"^([0-9a-f]{16,128})-g([0-9]{1,5})\.bin$")
+_RANK_DIR = re.compile(r"^r([0-9]{1,6})$")
+_NAMESPACE_DIR = re.compile(r"^.{1,64}-([0-9a-f]{16})$")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Sorted keys, no spaces, ASCII: what the namespace digest is taken over."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+# ------------------------------------------------------------------ manifest
+class ManifestFields(BaseModel):
+    """The digested fields readers use, with their types. Other fields (an
+    engine's own) are kept as they are; a known field of the wrong type
+    makes the manifest invalid."""
+
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+    model: str | None = None
+    revision: str | None = None
+    tp_size: int | None = None
+    pp_size: int | None = None
+    format_id: str | None = None
+    blocks_per_file: int | None = None
+    groups: list[dict[str, Any]] | None = None
+
+    def file_page_bytes(self) -> dict[int, int]:
+        """Group index -> page bytes in a file, where the manifest says."""
+        out: dict[int, int] = {}
+        for idx, g in enumerate(self.groups or []):
+            v = g.get("file_page_bytes")
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                out[idx] = v
+        return out
+
+
+class Manifest(BaseModel):
+    """A parsed, checked ``config.json``."""
+
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+    fstier_manifest: int
+    namespace: str
+    digest: str
+    parallel_agnostic: bool
+    fields: dict[str, Any]
+
+    @property
+    def typed_fields(self) -> ManifestFields:
+        return ManifestFields.model_validate(self.fields)
+
+
+def _json_depth_ok(raw: bytes) -> bool:
+    """Nesting of ``[``/``{`` outside strings stays within :data:`_MAX_DEPTH`
+    (json.loads would raise RecursionError on ~1000 levels)."""
+    depth = 0
+    in_str = esc = False
+    for c in raw:
+        if in_str:
+            if esc:
+                esc = False
+            elif c == 0x5C:  # backslash
+                esc = True
+            elif c == 0x22:
+                in_str = False
+        elif c == 0x22:
+            in_str = True
+        elif c in (0x5B, 0x7B):
+            depth += 1
+            if depth > _MAX_DEPTH:
+                return False
+        elif c in (0x5D, 0x7D):
+            depth -= 1
+    return True
+
+
+def _refuse(path: Path, why: str) -> NamespaceMismatchError:
+    return NamespaceMismatchError(
+        f"{path}: unreadable manifest ({why}); fstier did not write it. Move the "
+        "namespace directory aside (or remove it) and fstier starts a fresh one."
+    )
+
+
+def read_manifest_bytes(path: Path) -> bytes | None:
+    """The bytes of a manifest file, or None if there is none. A symlink,
+    FIFO or other non-regular file, or one over the size cap, is refused with
+    :class:`NamespaceMismatchError`; I/O errors are ``OSError``."""
+    try:
+        # O_NONBLOCK: a FIFO must not block the open (FsTier start, the CLI).
+        fd = open_nofollow(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _refuse(path, "a symlink is on its path") from None
+        if exc.errno == errno.ENXIO:  # a socket
+            raise _refuse(path, "not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse(path, "not a regular file")
+        if st.st_size > MANIFEST_MAX_BYTES:
+            raise _refuse(path, f"{st.st_size} bytes, more than the {MANIFEST_MAX_BYTES} a manifest may hold")
+        chunks = []
+        left = MANIFEST_MAX_BYTES + 1
+        while left > 0:
+            b = os.read(fd, left)
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        raw = b"".join(chunks)
+        if len(raw) > MANIFEST_MAX_BYTES:
+            raise _refuse(path, f"more than the {MANIFEST_MAX_BYTES} bytes a manifest may hold")
+        return raw
+    finally:
+        os.close(fd)
+
+
+def parse_json_object(path: Path, raw: bytes) -> dict[str, Any]:
+    """Manifest bytes as a JSON object, or refused (deep nesting included)."""
+    if not _json_depth_ok(raw):
+        raise _refuse(path, f"JSON nested deeper than {_MAX_DEPTH} levels")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise _refuse(path, f"not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise _refuse(path, f"a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def parse_manifest(path: Path, raw: bytes) -> Manifest:
+    """Parse manifest bytes into a :class:`Manifest` or refuse them."""
+    data = parse_json_object(path, raw)
+    try:
+        manifest = Manifest.model_validate(data)
+        manifest.typed_fields  # noqa: B018 - validates the known fields' types
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise _refuse(path, f"field {where!r}: {first['msg']}") from None
+    return manifest
+
+
+def read_manifest(namespace_dir: Path) -> Manifest | None:
+    """The checked manifest of ``namespace_dir``, None when it has none.
+
+    Raises :class:`NamespaceMismatchError` when the manifest is not one
+    fstier wrote for this directory (see the module docstring)."""
+    path = namespace_dir / MANIFEST_NAME
+    raw = read_manifest_bytes(path)
+    if raw is None:
+        return None
+    manifest = parse_manifest(path, raw)
+    digest = hashlib.sha256(canonical_json(manifest.fields)).hexdigest()[:16]
+    if manifest.digest != digest:
+        raise _refuse(path, f"its fields differ from its digest {manifest.digest!r} (they hash to {digest}): altered by hand")
+    if manifest.namespace != namespace_dir.name or not namespace_dir.name.endswith("-" + digest):
+        raise _refuse(path, f"it names namespace {manifest.namespace!r}, not this directory")
+    return manifest
+
+
+# ---------------------------------------------------------------------- walk
+class FileKind:
+    """What a file under a namespace is (see the module docstring)."""
+
+    BLOCK = "block"
+    TEMP = "temp"
+    NFS = "nfs"
+    OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class TreeFile:
+    """One entry met by the walk."""
+
+    path: str
+    name: str
+    kind: str
+    size: int
+    mtime_ns: int
+    ino: int
+    rank: int | None
+    block_hex: str | None
+    group_idx: int | None
+
+
+def classify(rel_dirs: tuple[str, ...], name: str, is_regular: bool) -> tuple[str, str | None, int | None]:
+    """``(kind, block_hex, group)`` of a file ``name`` in the namespace
+    subdirectory ``rel_dirs``: the one rule every reader of a root applies."""
+    if not is_regular:
+        return FileKind.OTHER, None, None
+    if is_temp_name(name):
+        return FileKind.TEMP, None, None
+    if name.startswith(".nfs"):
+        return FileKind.NFS, None, None
+    m = BLOCK_NAME_RE.match(name)
+    if m is None:
+        return FileKind.OTHER, None, None
+    dirs = rel_dirs[1:] if rel_dirs and _RANK_DIR.match(rel_dirs[0]) else rel_dirs
+    h = m.group(1)
+    if dirs != (h[:3], h[3:5]):
+        return FileKind.OTHER, None, None
+    return FileKind.BLOCK, h, int(m.group(2))
+
+
+def iter_namespace_files(
+    namespace_dir: Path, on_error: Callable[[OSError], None] | None = None
+) -> Iterator[TreeFile]:
+    """Every file below ``namespace_dir`` but the manifest, classified, one
+    at a time. Directories are opened through fds without following links;
+    one that vanishes mid-walk is skipped; other errors go to ``on_error``."""
+    try:
+        top = open_nofollow(namespace_dir, _DIR_FLAGS)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        _report(on_error, exc, str(namespace_dir))
+        return
+    yield from _walk_fd(top, str(namespace_dir), (), on_error)
+
+
+def _report(on_error: Callable[[OSError], None] | None, exc: OSError, path: str) -> None:
+    """Hand ``exc`` to ``on_error`` with ``filename`` naming ``path`` (an error
+    from an fd-based call names nothing by itself); raise it without one."""
+    exc.filename = exc.filename or path
+    if on_error is None:
+        raise exc
+    on_error(exc)
+
+
+def _walk_fd(
+    fd: int, path: str, rel: tuple[str, ...], on_error: Callable[[OSError], None] | None
+) -> Iterator[TreeFile]:
+    """Walk the directory ``fd`` (closed here). Blocks are at most three
+    levels down (``r<rank>/abc/de``): deeper directories are not fstier's."""
+    try:
+        rank = None
+        if rel:
+            m = _RANK_DIR.match(rel[0])
+            rank = int(m.group(1)) if m else None
+        subdirs: list[str] = []
+        try:
+            it = os.scandir(fd)
+        except OSError as exc:
+            _report(on_error, exc, path)
+            return
+        with it:
+            for entry in it:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    _report(on_error, exc, f"{path}/{entry.name}")
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    if len(rel) < 3:
+                        subdirs.append(entry.name)
+                    continue
+                name = entry.name
+                if not rel and name == MANIFEST_NAME:
+                    continue
+                kind, h, group = classify(rel, name, stat.S_ISREG(st.st_mode))
+                yield TreeFile(
+                    f"{path}/{name}", name, kind, st.st_size, st.st_mtime_ns, st.st_ino, rank, h, group
+                )
+        for name in subdirs:
+            try:
+                sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except (FileNotFoundError, NotADirectoryError, OSError) as exc:
+                # ENOENT: removed meanwhile; ELOOP/ENOTDIR: swapped for a link.
+                if not isinstance(exc, FileNotFoundError):
+                    _report(on_error, exc, f"{path}/{name}")
+                continue
+            yield from _walk_fd(sub, f"{path}/{name}", (*rel, name), on_error)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceDir:
+    """A top-level directory of a root and its manifest verdict."""
+
+    path: Path
+    manifest: Manifest | None
+    error: str | None
+
+    @property
+    def valid(self) -> bool:
+        return self.manifest is not None
+
+
+def iter_namespace_dirs(root: Path) -> Iterator[tuple[Path, bool]]:
+    """``(path, is_directory)`` for every top-level entry of ``root``
+    (symlinks are not directories here)."""
+    with os.scandir(root) as it:
+        for entry in it:
+            yield Path(entry.path), entry.is_dir(follow_symlinks=False)
+
+
+def check_namespace(path: Path) -> NamespaceDir:
+    """Read and check ``path``'s manifest; never raises for a bad one."""
+    try:
+        manifest = read_manifest(path)
+    except NamespaceMismatchError as exc:
+        return NamespaceDir(path, None, str(exc))
+    except OSError as exc:
+        return NamespaceDir(path, None, f"{path / MANIFEST_NAME}: unreadable ({exc.strerror or exc})")
+    if manifest is None:
+        return NamespaceDir(path, None, f"{path / MANIFEST_NAME}: missing; not an fstier namespace")
+    return NamespaceDir(path, manifest, None)
+
+
+def _chain(first: tuple[Path, bool], rest: Iterator[tuple[Path, bool]]) -> Iterator[tuple[Path, bool]]:
+    yield first
+    yield from rest
+
+
+def iter_root(
+    root: Path, on_error: Callable[[OSError], None] | None = None
+) -> Iterator[TreeFile]:
+    """Every file of every valid namespace under ``root``, classified: its
+    block, temp and ``.nfs`` files are the candidates of gc and capacity and
+    what inspect and verify count; ``other`` files are only counted. Nothing
+    outside valid namespaces is ever yielded."""
+    try:
+        top = iter_namespace_dirs(root)
+        first = next(top, None)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        _report(on_error, exc, str(root))
+        return
+    if first is None:
+        return
+    for path, is_dir in _chain(first, top):
+        if not is_dir or not _NAMESPACE_DIR.match(path.name):
+            continue
+        ns = check_namespace(path)
+        if not ns.valid:
+            continue
+        yield from iter_namespace_files(path, on_error)
