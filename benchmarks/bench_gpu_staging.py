@@ -79,7 +79,7 @@ def run_case(page_kib, kind, tp, kv, modes, batch_mib, repeats, shuffle, infligh
     cpb = group.page_bytes
     assert cpb == page_kib * 1024, (cpb, page_kib)
     share = cpb // tp
-    n = max(16, min(4096, batch_mib * 2**20 // share))
+    n = max(16, min(8192, batch_mib * 2**20 // share))
     num_blocks = n + n // 4
     heads = HEADS // tp
     shape = (layers, num_blocks, 2, bs, heads, HEAD_SIZE) if kv == "NHD" else (layers, num_blocks, 2, heads, bs, HEAD_SIZE)
@@ -195,9 +195,49 @@ def run_case(page_kib, kind, tp, kv, modes, batch_mib, repeats, shuffle, infligh
     return results
 
 
+def print_tables(rows: list[dict], inflight: int, mode: str) -> None:
+    """Markdown: one mode per configuration, then every mode's median over configurations."""
+    by = {(r["page_kib"], r["cache"], r["tp"], r["kv"], r["mode"]): r for r in rows}
+    print(
+        f"\n{mode}: GB/s (x the pinned contiguous copy); 1 = one batch at a time, {inflight} = {inflight} batches "
+        "queued back to back; shuffled = slots in random order\n"
+    )
+    print(
+        f"| page | cache | share | layout | blocks | out 1 | out {inflight} | in 1 | in {inflight} | "
+        f"out {inflight} shuffled | in {inflight} shuffled | copy out / in |"
+    )
+    print("| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        if r["mode"] != mode:
+            continue
+        sh = by.get((r["page_kib"], r["cache"], r["tp"], r["kv"], mode + "/shuffled"))
+
+        def cell(x, k):
+            return f"{x[k + '_gbs']:.1f} ({x[k + '_ratio']:.2f})" if x else "-"
+
+        print(
+            f"| {r['page_kib']} KiB | {r['cache']} | 1/{r['tp']} | {r['kv']} | {r['blocks']} | {cell(r, 'out')} | "
+            f"{cell(r, 'outk')} | {cell(r, 'in')} | {cell(r, 'ink')} | {cell(sh, 'outk')} | {cell(sh, 'ink')} | "
+            f"{r['base_out_gbs']:.1f} / {r['base_in_gbs']:.1f} |"
+        )
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    pages = list(dict.fromkeys(r["page_kib"] for r in rows))
+    print(f"\nmedian (min) ratio to the contiguous copy over caches, shares and layouts, {inflight} in flight\n")
+    print("| mode | " + " | ".join(f"{p} KiB out | {p} KiB in" for p in pages) + " |")
+    print("| --- | " + " | ".join("---: | ---:" for _ in pages) + " |")
+    for m in modes:
+        cells = []
+        for p in pages:
+            sel = [r for r in rows if r["mode"] == m and r["page_kib"] == p]
+            for k in ("outk_ratio", "ink_ratio"):
+                v = [r[k] for r in sel]
+                cells.append(f"{statistics.median(v):.2f} ({min(v):.2f})")
+        print(f"| {m} | " + " | ".join(cells) + " |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch-mib", type=int, default=16, help="rank bytes per batch (blocks: 16..4096)")
+    ap.add_argument("--batch-mib", type=int, default=64, help="rank bytes per batch (blocks: 16..8192)")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--pages", default="16,64,256,2048", help="page sizes in KiB")
     ap.add_argument("--modes", default="dma,kernel")
@@ -227,6 +267,8 @@ def main() -> int:
                         profile=args.profile and not rows,
                     )
                     rows += rs
+                    if args.json:  # after every case: a run cut short keeps what it measured
+                        Path(args.json).write_text(json.dumps({"device": name, "torch": torch.__version__, "rows": rows}, indent=1))
                     for r in rs:
                         print(
                             f"{r['page_kib']:>5} KiB {r['cache']:<9} 1/{r['tp']} {r['kv']} {r['mode']:<12} "
@@ -239,19 +281,7 @@ def main() -> int:
                     print(f"   ({time.perf_counter() - t0:.1f} s)", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"device": name, "torch": torch.__version__, "rows": rows}, indent=1))
-    # Summary table (markdown): GB/s for one batch / INFLIGHT batches queued, (x the baseline).
-    print(
-        f"\n| page | cache | share | layout | mode | stage_out GB/s: 1 / {args.inflight} in flight (x base) "
-        f"| stage_in GB/s: 1 / {args.inflight} in flight (x base) | base out / in GB/s |"
-    )
-    print("| ---: | --- | --- | --- | --- | ---: | ---: | ---: |")
-    for r in rows:
-        print(
-            f"| {r['page_kib']} KiB | {r['cache']} | 1/{r['tp']} | {r['kv']} | {r['mode']} | "
-            f"{r['out_gbs']:.1f} / {r['outk_gbs']:.1f} ({r['out_ratio']:.2f} / {r['outk_ratio']:.2f}) | "
-            f"{r['in_gbs']:.1f} / {r['ink_gbs']:.1f} ({r['in_ratio']:.2f} / {r['ink_ratio']:.2f}) | "
-            f"{r['base_out_gbs']:.1f} / {r['base_in_gbs']:.1f} |"
-        )
+    print_tables(rows, args.inflight, "auto" if "auto" in modes else modes[0])
     return 0
 
 

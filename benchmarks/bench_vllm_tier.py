@@ -328,6 +328,9 @@ def syscalls(args: argparse.Namespace) -> dict[str, Any]:
             child.stdin.write("\n")
             child.stdin.flush()
             child.wait(timeout=120)
+            if args.strace_keep:
+                Path(args.strace_keep).mkdir(parents=True, exist_ok=True)
+                shutil.copy(summary, Path(args.strace_keep) / f"strace-{t}.txt")
             counts = _strace_counts(summary)
             if not counts:
                 raise SystemExit(f"{t}: no strace summary:\n{summary.read_text()[:2000]}")
@@ -397,18 +400,23 @@ def main() -> None:
     ap.add_argument("--no-lookup", action="store_true")
     ap.add_argument("--syscalls", action="store_true", help="also count syscalls per file with strace")
     ap.add_argument("--syscall-total", default="64MiB")
+    ap.add_argument("--strace-keep", help="directory to keep strace -c summaries in")
     ap.add_argument("--json", help="write results as JSON to this file")
     ap.add_argument("--plot", help="write a PNG plot to this file (needs matplotlib)")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--fstier", default="{}", help="JSON of extra FstierTier options (default: shipped defaults)")
     ap.add_argument("--vllm-python", action="store_true",
                     help="run vLLM's fs tier without its C extension (vllm.fs_io_C), i.e. its pure-Python I/O path")
+    ap.add_argument("--switch-interval", type=float,
+                    help="diagnostic: sys.setswitchinterval(seconds) for both tiers (default: Python's 0.005)")
     ap.add_argument("--child", choices=TIERS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.sizes = [parse_size(s) for s in args.sizes.split(",")]
     args.total = parse_size(args.total)
     args.syscall_total = parse_size(args.syscall_total)
     args.fstier_options = json.loads(args.fstier)
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     if args.vllm_python:
         # vLLM's fs tier imports its C batch I/O optionally; a None entry makes
         # that import fail, so it takes its pure-Python path.

@@ -187,6 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", type=int, default=8)
     parser.add_argument("--tp", type=int, default=2, choices=(1, 2, 4, 8))
     args = parser.parse_args(argv)
+    from fstier.integrations.vllm import VllmUnavailableError, check_vllm
+
+    try:
+        check_vllm()
+    except VllmUnavailableError as exc:
+        print(f"examples/vllm_tier.py: {exc}", file=sys.stderr)
+        return 2
     if args.root is not None:
         return run(args.root, args.chunks, args.tp)
     with tempfile.TemporaryDirectory(prefix="fstier-vllm-") as tmp:

@@ -40,12 +40,14 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["EVICT_LOCK_NAME", "USAGE_FILE_NAME", "SharedUsage"]
+__all__ = ["EVICT_LOCK_NAME", "ROOT_FILES", "USAGE_FILE_NAME", "SharedUsage"]
 
 log = logging.getLogger("fstier.manager")
 
 USAGE_FILE_NAME = ".fstier-usage"
 EVICT_LOCK_NAME = ".fstier-evict.lock"
+#: fstier's own files at the top of a root (not strays for ``fstier inspect``)
+ROOT_FILES = frozenset({USAGE_FILE_NAME, EVICT_LOCK_NAME})
 _COUNT = struct.Struct("<q")
 _FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 

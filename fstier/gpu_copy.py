@@ -26,8 +26,9 @@ pool is registered pinned and mapped, and ``cuda_copy`` picks how a batch moves:
   batch costs a few copies whatever its size. Loads run the same in reverse.
 * ``"kernel"``: index kernels read or write the mapped slots directly.
 * ``"auto"`` (the default on CUDA): per batch, ``"dma"`` when its copies
-  average at least 1 MiB, ``"kernel"`` when they are many and small (small
-  pages in scattered slots).
+  average at least 1 MiB and the rank owns at least half of each row it
+  copies, ``"kernel"`` otherwise (many small copies: small pages in scattered
+  slots; thin rows: a quarter of the heads or less), as measured on an H100.
 
 Both only queue work: ``stage_out``/``stage_in`` return once it is queued (the
 only host work is building index arrays), completion is an event per batch,
@@ -75,8 +76,13 @@ _CUDA_COPIES = ("auto", "dma", "kernel")
 _DEFAULT_CUDA_COPY: CudaCopy = "auto"
 #: "auto" takes the copy engine when a batch's host copies average at least
 #: this many bytes (each copy costs a few microseconds of launch, on the CPU and
-#: on the engine), index kernels on the mapped pool otherwise.
+#: on the engine) and the rank's rows fill at least this share of their pitch;
+#: index kernels on the mapped pool otherwise. On an H100 (bench_gpu_staging,
+#: pages >= 64 KiB, 4 batches in flight) 2-d copies of a quarter of each row
+#: ran at a median 0.77x of a contiguous copy, kernels at 0.85x; at half and
+#: full rows the copy engine led (0.91x / 0.92x against 0.86x / 0.87x).
 _DMA_MIN_BYTES_PER_COPY = 1 << 20
+_DMA_MIN_DENSITY = 0.5
 
 #: Per-block bytes of a plan from which one copy per block beats one batched
 #: fancy-index copy (which needs a temporary and a second pass).
@@ -160,7 +166,8 @@ def _unit_groups(plans: Sequence[_Plan], views: Sequence[tuple[int, int, int]], 
 
 @dataclass
 class CopyStats:
-    """Copy instrumentation: ``ops`` batched torch copies issued, ``fragments``
+    """Copy instrumentation: ``ops`` copies issued (CPU: batched numpy/torch
+    copies; CUDA: index kernels plus copy-engine copies), ``fragments``
     contiguous byte ranges moved (a cross-layer row counts 1), ``bytes`` moved."""
 
     ops: int = 0
@@ -228,6 +235,8 @@ class _Staging:
     views: tuple[tuple[int, int, int], ...]
     segs: np.ndarray
     spans_page: bool
+    #: smallest width / canonical pitch of a segment (1.0: contiguous rows)
+    density: float = 1.0
 
 
 def _staging_for(plans: Sequence[_Plan], cpb: int) -> _Staging:
@@ -295,7 +304,8 @@ def _staging_for(plans: Sequence[_Plan], cpb: int) -> _Staging:
         i = j
     arr = np.array(segs, dtype=np.int64)
     spans = len(segs) == 1 and segs[0][3] * segs[0][4] == cpb and segs[0][3] * segs[0][5] == page_bytes
-    return _Staging(page_bytes, tuple(views), arr, spans)
+    density = min(1.0 if rows == 1 else w / cp for _, _, w, rows, cp, _ in segs)
+    return _Staging(page_bytes, tuple(views), arr, spans, density)
 
 
 def _host_copies(st: _Staging, host_off: np.ndarray, cpb: int) -> np.ndarray:
@@ -528,6 +538,7 @@ class RankStager:
     def _setup_device_path(self) -> None:
         """Staging layouts, element types and typed views, built once."""
         self._pinned = _PinnedIndices()
+        self._idx_dev: torch.Tensor | None = None
         self._rt: Any = None
         if self._cuda and self.copy_mode in ("dma", "auto"):
             from fstier._cudart import cudart
@@ -599,8 +610,11 @@ class RankStager:
         for a in arrays:
             host[at : at + a.size] = a
             at += a.size
-        dev = torch.empty(n, dtype=torch.int64, device=self.device)
-        dev.copy_(buf[:n], non_blocking=True)
+        # One device index buffer, reused like the staging buffers (stream order).
+        if self._idx_dev is None or self._idx_dev.numel() < n:
+            self._idx_dev = torch.empty(1 << max(0, n - 1).bit_length(), dtype=torch.int64, device=self.device)
+        dev = self._idx_dev
+        dev[:n].copy_(buf[:n], non_blocking=True)
         batch.keep.append(dev)
         out, at = [], 0
         for a in arrays:
@@ -666,7 +680,8 @@ class RankStager:
             host_off = sidx * self.pool.slot_bytes + pidx * gp.canonical_page_bytes
             rows = _host_copies(st, host_off, gp.canonical_page_bytes)
             use_kernel = self.copy_mode == "kernel" or (
-                self.copy_mode == "auto" and n * st.page_bytes < _DMA_MIN_BYTES_PER_COPY * rows.shape[0]
+                self.copy_mode == "auto"
+                and (n * st.page_bytes < _DMA_MIN_BYTES_PER_COPY * rows.shape[0] or st.density < _DMA_MIN_DENSITY)
             )
             units = self._units[(g, kind)]
             if use_kernel:
@@ -843,11 +858,6 @@ class RankStager:
         for p in u.plans:
             self.stats.fragments += n * p.reps * p.num
             self.stats.bytes += n * p.reps * p.num * p.size
-
-    def _count(self, p: _Plan, n: int) -> None:
-        self.stats.ops += 1
-        self.stats.fragments += n * p.reps * p.num
-        self.stats.bytes += n * p.reps * p.num * p.size
 
     def _new_batch(self) -> _Batch:
         with self._lock:

@@ -54,7 +54,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import os
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -124,7 +126,8 @@ class JobResult:
     acknowledged (store; a later key of a failed store job may still have
     been written, and :class:`BlockStored` events list exactly which were).
     ``cause`` names the first failure (an errno name such as ``ENOSPC``,
-    ``timeout``, ``backpressure``, ``degraded``, ``slot_busy``,
+    ``timeout``, ``backpressure``, ``capacity``, ``degraded``, ``slot_busy``,
+    ``bad_file:<why>``,
     ``corrupt:<reason>``, or ``miss``). ``skipped`` counts stores of keys
     already present.
     """
@@ -377,9 +380,18 @@ def _ignore_pool_job(_job: object) -> None:
     """``on_done`` of recency jobs: nothing to report to the engine."""
 
 
+def _is_block_file(path: str) -> bool:
+    """True when ``path`` is a regular file (not followed if a symlink). A
+    FIFO, socket or directory planted at a block path is a miss here, not a
+    hit whose load then fails; lstat costs what ``os.path.exists`` does."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def _exist_many(paths: Sequence[str]) -> list[bool]:
-    exists = os.path.exists
-    return [exists(p) for p in paths]
+    return [_is_block_file(p) for p in paths]
 
 
 def _file_bytes(payload_len: int) -> int:
@@ -403,6 +415,16 @@ _DEVICE_CAUSES = frozenset({
 #: refuses open), EISDIR, ENOTDIR (a file planted where a fan-out directory
 #: belongs). They are bad files: a miss with cause ``bad_file:<why>``.
 _BAD_FILE_CAUSES = frozenset({"not_regular", "ENXIO", "EISDIR", "ENOTDIR"})
+
+
+def _wait_timeout(what: str, timeout: float | None) -> float | None:
+    """A wait's timeout: ``inf`` means no limit (threading's waits raise
+    OverflowError for it); nan or a negative value is a caller's mistake."""
+    if timeout is None or timeout == math.inf:
+        return None
+    if not timeout >= 0:  # also catches nan
+        raise ValueError(f"{what}(timeout=...): expected seconds >= 0 or None, got {timeout!r}")
+    return min(float(timeout), threading.TIMEOUT_MAX)
 
 
 def _cause_of(result: object) -> str:
@@ -574,7 +596,7 @@ class FsTier:
         now = time.monotonic()
         found: list[BlockKey] = []
         count = 0
-        exists = os.path.exists
+        exists = _is_block_file
         ngroups = len(self._payload_len)
         missed = False
         # Cache answers are fetched 32 at a time so a miss near the front
@@ -634,6 +656,7 @@ class FsTier:
         n = len(keys)
         if n == 0:
             return []
+        self._check_keys(keys, "present")
         if not self._breaker.allow():
             return [False] * n
         now = time.monotonic()
@@ -1156,6 +1179,7 @@ class FsTier:
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every submitted job has finished (results stay queued
         for :meth:`get_finished`). Returns False if ``timeout`` expired."""
+        timeout = _wait_timeout("drain", timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -1186,6 +1210,7 @@ class FsTier:
     def wait_fences_released(self, timeout: float | None = None) -> bool:
         """Wait until no slot is fenced by a timed-out op (every stuck call
         returned). Returns False if ``timeout`` expired first."""
+        timeout = _wait_timeout("wait_fences_released", timeout)
         self._reap()
         with self._idle:
             return self._idle.wait_for(lambda: not self._fenced, timeout)

@@ -331,3 +331,13 @@ def test_planted_usage_file_turns_sharing_off_not_the_tier(tmp_path: Path, caplo
         assert tier.usage_bytes == 3 * FILE_BYTES
     assert any("is not shared with other instances" in r.getMessage() for r in caplog.records)
     assert (root / USAGE_FILE_NAME).is_fifo()  # left alone: fstier did not write it
+
+
+def test_inspect_does_not_count_the_usage_files_as_strays(tmp_path: Path) -> None:
+    from fstier.cli.scan import scan_root
+
+    root = tmp_path / "root"
+    with open_tier(root, max_bytes="1MiB") as tier:
+        store(tier, "s", keys(0, 2))
+    assert (root / ".fstier-usage").is_file()
+    assert scan_root(root).stray_entries == 0

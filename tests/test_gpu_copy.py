@@ -195,7 +195,7 @@ def test_staging_packs_a_head_slice_as_one_copy_and_merges_adjacent_slots():
     with HostBlockPool(8, group.page_bytes) as pool:
         stg = RankStager(caches, [mapping], pool, cuda_copy="dma")._staging[(0, "store")]
     # rank 1 of 4 owns 2 heads (64 bytes) of every 256-byte token row: one 2-d copy per page
-    assert stg.page_bytes == group.page_bytes // 4 and stg.spans_page
+    assert stg.page_bytes == group.page_bytes // 4 and stg.spans_page and stg.density == 0.25
     assert stg.segs.tolist() == [[64, 0, 64, 4 * 2 * 8, 256, 64]]
     pb = group.page_bytes
     # slots 2, 3, 4 adjacent, then slot 0: two copies for four pages
@@ -431,3 +431,24 @@ def test_evenly_spaced_layers_share_one_kernel(cuda_copy):
             st.wait(st.stage_out(LoadStoreSpec([6, 2], [2], [0]), slots))
             assert torch.equal(pool.slot_tensor(slots[0])[: group.page_bytes].view(torch.int8), _canonical(full, 6))
             assert torch.equal(pool.slot_tensor(slots[1])[: group.page_bytes].view(torch.int8), _canonical(full, 2))
+
+
+@pytest.mark.parametrize(("tp", "ops"), [(1, 2), (2, 2), (4, 1)])
+def test_auto_takes_the_copy_engine_for_big_dense_copies_and_kernels_for_thin_rows(tp, ops):
+    """8 adjacent 256 KiB pages: one merged host copy. "auto" moves it with the
+    copy engine (gather kernel + 1 copy) when the rank owns at least half of
+    each row, with one kernel on the mapped slots at a quarter (thin rows).
+    The slots hold what the host path writes."""
+    group = _group(layers=4, heads=8, head_size=128, block_size=16)
+    shard = _shard(_full_kv(group, seed=1), group, tp, 0)
+    mapping = rank_page_mapping(group, ParallelSpec(tp_size=tp, rank=0))
+    spec = LoadStoreSpec(list(range(8)), [8], [0])
+    with HostBlockPool(8, group.page_bytes) as pool, HostBlockPool(8, group.page_bytes) as ref:
+        slots, ref_slots = pool.alloc(8), ref.alloc(8)
+        st = RankStager(_register(shard, "packed"), [mapping], pool, cuda_copy="auto")
+        st.wait(st.stage_out(spec, slots))
+        assert st.stats.ops == ops
+        host = RankStager(_register(shard, "packed"), [mapping], ref)
+        host.wait(host.stage_out(spec, ref_slots))
+        for s, r in zip(slots, ref_slots, strict=True):
+            assert torch.equal(pool.slot_tensor(s), ref.slot_tensor(r))

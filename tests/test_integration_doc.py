@@ -6,6 +6,7 @@ provides."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -61,3 +62,21 @@ def test_vllm_entry_is_valid_and_linked() -> None:
 def test_readme_and_architecture_link_the_guide() -> None:
     for doc in (REPO / "README.md", REPO / "docs" / "architecture.md"):
         assert "integration.md" in doc.read_text(), doc
+
+
+def test_staging_snippet_on_cuda(tmp_path: Path) -> None:
+    """The text says CPU tensors stand in for GPU ones: on a machine with a
+    GPU, the same snippet with its KV caches on CUDA loads the same bytes."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    code = SNIPPETS[0]
+    assert "dtype=cfg.model.dtype)" in code and ".half()" in code
+    code = code.replace("dtype=cfg.model.dtype)", 'dtype=cfg.model.dtype, device="cuda")').replace(".half()", ".half().cuda()")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path)},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert EXPECTED[0][1] in out.stdout

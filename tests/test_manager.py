@@ -157,6 +157,8 @@ def test_lookup_validates_keys_like_submit(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match=r"lookup: keys\[0\]: group 3 does not exist"):
             tier.lookup([key(1, group=3)])
         assert tier.lookup([key(1)]) == 0
+        with pytest.raises(ValueError, match=r"present: keys\[0\] is 'x' \(str\)"):
+            tier.present(["x"])  # type: ignore[list-item]
 
 
 def test_empty_job_does_not_bypass_the_duplicate_id_check(tmp_path: Path) -> None:

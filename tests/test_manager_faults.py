@@ -193,3 +193,27 @@ def test_load_errors_are_failed_jobs_not_exceptions(tmp_path: Path, monkeypatch,
         monkeypatch.setattr(posix.FS, "open", fail)
         res = load(tier, "l", keys(0, 2))
         assert (res.keys_completed, res.cause) == (0, fault)
+
+
+def test_wait_timeouts_accept_inf_and_refuse_nan(tmp_path: Path, monkeypatch) -> None:
+    """drain(inf) with a job in flight raised OverflowError from threading's
+    wait (a sibling of issue 15 item 5): inf means no limit."""
+    release = threading.Event()
+    real = posix.FS.pwritev
+
+    def slow(fd, bufs, offset):
+        release.wait(5)
+        return real(fd, bufs, offset)
+
+    monkeypatch.setattr(posix.FS, "pwritev", slow)
+    with open_tier(tmp_path / "root") as tier:
+        fill(tier, keys(0, 1), [0])
+        tier.submit_store("s", keys(0, 1), [0])
+        threading.Timer(0.2, release.set).start()
+        assert tier.drain(float("inf"))
+        assert tier.get_finished()[0].success
+        assert tier.wait_fences_released(float("inf"))
+        with pytest.raises(ValueError, match=r"drain\(timeout=...\): expected seconds >= 0 or None, got nan"):
+            tier.drain(float("nan"))
+        with pytest.raises(ValueError, match="wait_fences_released"):
+            tier.wait_fences_released(-1)

@@ -523,3 +523,43 @@ def test_a_timed_out_load_is_held_back_until_the_late_call_returned(
         (res,) = list(tier.get_finished_jobs())
         assert (res.job_id, res.success) == (9, False)
         monkeypatch.undo()
+
+
+def test_touch_bumps_the_files_lru_recency(tmp_path: Path) -> None:
+    root = tmp_path / "kv"
+    keys = keys_for(17, 2)
+    with tiering_manager(offloading_config([tier_cfg(root)])) as m:
+        tier = fstier_tier(m)
+        store_request(m, "s", keys)
+        paths = [tier.mapper.path_for(fv._block_key(k)) for k in keys]
+        for p in paths:
+            os.utime(p, (1_000_000, 1_000_000))  # long ago
+        with m.lock:
+            m.touch(keys[:1], ReqContext(req_id="t"))  # vLLM's touch reaches every tier
+        tier.fstier.flush_recency()
+        assert os.stat(paths[0]).st_mtime > 1_000_000 + 3600
+        assert os.stat(paths[1]).st_mtime == 1_000_000
+
+
+def test_fstier_write_budget_drops_a_flood_as_failed_stores(tmp_path: Path) -> None:
+    root = tmp_path / "kv"
+    keys = keys_for(18, 24)
+    opts = tier_cfg(root, max_write_queue_seconds=1e-9)  # room for one job at a time
+    with tiering_manager(offloading_config([opts], num_chunks=32)) as m:
+        tier = fstier_tier(m)
+        view = m.primary_tier.get_kv_memoryview()
+        flat, stride = view.cast("B"), view.strides[0]
+        for i in range(3):  # three requests' cascades submitted in one step
+            ctx = ReqContext(req_id=f"r{i}")
+            with m.lock:
+                m.on_new_request(ctx)
+                out = m.prepare_store(keys[i * 8 : (i + 1) * 8], ctx)
+                for k, c in zip(out.keys_to_store, out.store_spec.chunk_ids, strict=True):
+                    flat[int(c) * stride : (int(c) + 1) * stride] = row_pattern(k, stride)
+                m.complete_store(keys[i * 8 : (i + 1) * 8], ctx)
+                m.on_request_finished(ctx)
+        flat.release()
+        steps(m)
+        drops = tier.fstier.metrics.drops.values().get("backpressure", 0)
+        assert drops >= 8  # at least one whole job dropped, reported as a failed cascade
+        assert 8 <= len(block_files(root)) <= 24 - drops

@@ -30,6 +30,7 @@ from typing import Any
 
 from fstier import _tree
 from fstier._tree import FileKind, Manifest, check_namespace, iter_namespace_dirs
+from fstier._usage import ROOT_FILES
 
 __all__ = [
     "FileEntry",
@@ -244,7 +245,7 @@ def scan_root(root: Path, on_file: Callable[[], None] | None = None) -> ScanRepo
     for path, is_ns in iter_namespace_dirs(root):
         if is_ns:
             namespaces.append(scan_namespace(path, unreadable, on_file))
-        else:
+        elif path.name not in ROOT_FILES:  # the shared usage count is fstier's own
             stray += 1
     namespaces.sort(key=lambda s: s.namespace)
     return ScanReport(root=str(root), namespaces=namespaces, stray_entries=stray, unreadable=unreadable)

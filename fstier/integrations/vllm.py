@@ -128,8 +128,9 @@ def check_vllm() -> str:
     :class:`VllmUnavailableError` naming what is installed and what is supported."""
     installed = vllm_version()
     fix = (
-        "install a supported vLLM (on CPU machines: pip install torch==2.13.0, then "
-        "pip install --no-deps vllm==0.33.0 -r requirements-vllm.txt; see docs/vllm.md)"
+        "install a supported vLLM (on a CPU-only machine: pip install torch==2.13.0, then "
+        "pip install --no-deps vllm==0.33.0 xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2, then "
+        "pip install -r requirements-vllm.txt; `make install-vllm` does all three; see docs/vllm.md)"
     )
     if installed is None:
         raise VllmUnavailableError(
@@ -616,8 +617,12 @@ else:
             with self._lock:
                 ready: list[tuple[_Job, FsJobResult]] = []
                 held: list[tuple[_Job, FsJobResult]] = []
-                for item in [*self._held, *((self._jobs.pop(r.job_id), r) for r in fresh)]:
-                    (held if fenced.intersection(item[0].slots) else ready).append(item)
+                done = [(self._jobs.pop(r.job_id, None), r) for r in fresh]
+                for rec, r in [*self._held, *done]:
+                    if rec is None:  # not a job of ours (cannot happen; never crash vLLM)
+                        log.error("fstier: result for unknown job %r dropped", r.job_id)
+                        continue
+                    (held if fenced.intersection(rec.slots) else ready).append((rec, r))
                 self._held = held
                 refused, self._refused = self._refused, []
             for rec, r in ready:

@@ -407,6 +407,10 @@ def test_planted_non_regular_files_are_misses_not_breaker_failures(tmp_path: Pat
         assert t.metrics.snapshot()["fstier_failures_total"] == {"bad_file": 8}
         assert t.metrics.breaker_trips.value == 0
         assert t.lookup(planted[:1]) == 0  # a bad key stays a miss
+        # ... and a planted file that was never loaded is a miss at lookup.
+        fresh = key_for(200)
+        _plant(t.mapper.path_for(fresh), "fifo")
+        assert t.lookup([fresh]) == 0
         # Every good key is still served, at once.
         assert t.lookup(good) == 4
         r, got = _run(t, "load", good)
