@@ -354,3 +354,18 @@ def test_capacity_is_described_identically_in_example_configuration_and_cli_docs
         text = (repo / rel).read_text()
         flat = re.sub(r"\s+", " ", re.sub(r"^\s*#", " ", text, flags=re.M))
         assert sentence in flat, rel
+
+
+def test_atomic_write_never_writes_through_a_symlinked_directory(tmp_path: Path, outside: Path) -> None:
+    """The manifest writer (a sibling of item 2): its directory swapped for a
+    link after the namespace check must not receive the file."""
+    from fstier._atomic import atomic_write
+
+    ns = tmp_path / "root" / "ns"
+    ns.parent.mkdir()
+    ns.symlink_to(outside, target_is_directory=True)
+    before = _snapshot(outside)
+    with pytest.raises(OSError) as info:
+        atomic_write(ns / "config.json", b"{}", fsync="file+dir")
+    assert info.value.errno == 40  # ELOOP
+    assert _snapshot(outside) == before and not (outside / "config.json").exists()
