@@ -17,6 +17,8 @@ import socket
 import threading
 from pathlib import Path
 
+from fstier._resolve import open_nofollow
+
 __all__ = ["TEMP_MARKER", "atomic_write", "fsync_dir", "is_temp_name", "temp_path_for"]
 
 TEMP_MARKER = ".tmp."
@@ -39,7 +41,7 @@ def is_temp_name(name: str) -> bool:
 
 def fsync_dir(directory: Path) -> None:
     """fsync a directory so a rename inside it is durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    fd = open_nofollow(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:
@@ -49,25 +51,36 @@ def fsync_dir(directory: Path) -> None:
 def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, fsync: str = "file") -> None:
     """Write ``data`` to ``path`` atomically: temp file in the same directory,
     full write loop, optional fsync (``none``, ``file``, ``file+dir``),
-    ``os.replace``. The temp file is removed on any exception."""
-    tmp = temp_path_for(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    rename. The temp file is removed on any exception.
+
+    The directory is opened once without following a symlink in any
+    component, and the temp file is created, renamed and fsynced through
+    that fd, so a directory swapped for a symlink meanwhile cannot send the
+    file outside the root."""
+    tmp = temp_path_for(path).name
+    dfd = open_nofollow(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd
+        )
         try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                if n <= 0:
-                    raise OSError(errno.EIO, f"write returned {n} for {tmp}")
-                view = view[n:]
-            if fsync in ("file", "file+dir"):
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    if fsync == "file+dir":
-        fsync_dir(path.parent)
+            try:
+                view = memoryview(data)
+                while view:
+                    n = os.write(fd, view)
+                    if n <= 0:
+                        raise OSError(errno.EIO, f"write returned {n} for {tmp}")
+                    view = view[n:]
+                if fsync in ("file", "file+dir"):
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+        if fsync == "file+dir":
+            os.fsync(dfd)
+    finally:
+        os.close(dfd)

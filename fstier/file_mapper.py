@@ -275,28 +275,54 @@ class FileMapper:
         key = os.fspath(path).rpartition("/")[0]
         if key in self._verified_dirs:
             return
-        parent = Path(key)
-        rel = parent.relative_to(self.namespace_dir)
+        ns = os.fspath(self.namespace_dir)
+        if not key.startswith(ns + "/"):
+            raise ValueError(f"{path!r} is not under the namespace directory {ns}")
+        # Strings, not pathlib: with 4096 x 256 fan-out directories most new
+        # keys create one, and Path parsing cost more than the mkdirs
+        # (issue 14). The walk starts at the deepest directory already made
+        # (opened again with no symlink on its path, as the namespace is).
+        parts = key[len(ns) + 1 :].split("/")
+        start, base = 0, ns
+        for i in range(len(parts) - 1, 0, -1):
+            ancestor = f"{ns}/{'/'.join(parts[:i])}"
+            if ancestor in self._verified_dirs:
+                start, base = i, ancestor
+                break
         try:
-            fd = open_nofollow(self.namespace_dir, _DIR_FLAGS)
+            fd = open_nofollow(base, _DIR_FLAGS)
+        except FileNotFoundError:
+            if base == ns:
+                raise
+            # That ancestor was removed too (gc of empty directories, an
+            # operator's rm -rf): forget it and walk from the namespace.
+            with self._lock:
+                self._verified_dirs.discard(base)
+            start, base = 0, ns
+            try:
+                fd = open_nofollow(base, _DIR_FLAGS)
+            except OSError as exc:
+                raise self._unsafe(Path(base), exc) from None
         except OSError as exc:
-            raise self._unsafe(self.namespace_dir, exc) from None
+            raise self._unsafe(Path(base), exc) from None
+        made: list[str] = []
         try:
-            current = self.namespace_dir
-            for part in rel.parts:
-                current = current / part
+            current = base
+            for part in parts[start:]:
+                current = f"{current}/{part}"
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(part, 0o755, dir_fd=fd)
                 try:
                     nfd = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
                 except OSError as exc:
-                    raise self._unsafe(current, exc) from None
+                    raise self._unsafe(Path(current), exc) from None
                 os.close(fd)
                 fd = nfd
+                made.append(current)
         finally:
             os.close(fd)
         with self._lock:
-            self._verified_dirs.add(key)
+            self._verified_dirs.update(made)
 
     @staticmethod
     def _unsafe(path: Path, exc: OSError) -> Exception:

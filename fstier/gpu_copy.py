@@ -77,10 +77,10 @@ _DEFAULT_CUDA_COPY: CudaCopy = "auto"
 #: "auto" takes the copy engine when a batch's host copies average at least
 #: this many bytes (each copy costs a few microseconds of launch, on the CPU and
 #: on the engine) and the rank's rows fill at least this share of their pitch;
-#: index kernels on the mapped pool otherwise. On an H100, 2-d copies of a
-#: quarter of each row ran at 0.72-0.87x of a contiguous copy where kernels
-#: ran at 0.78-0.97x; at half and full rows the copy engine was ahead
-#: (bench_gpu_staging, docs/performance.md).
+#: index kernels on the mapped pool otherwise. On an H100 (bench_gpu_staging,
+#: pages >= 64 KiB, 4 batches in flight) 2-d copies of a quarter of each row
+#: ran at a median 0.77x of a contiguous copy, kernels at 0.85x; at half and
+#: full rows the copy engine led (0.91x / 0.92x against 0.86x / 0.87x).
 _DMA_MIN_BYTES_PER_COPY = 1 << 20
 _DMA_MIN_DENSITY = 0.5
 
@@ -166,7 +166,8 @@ def _unit_groups(plans: Sequence[_Plan], views: Sequence[tuple[int, int, int]], 
 
 @dataclass
 class CopyStats:
-    """Copy instrumentation: ``ops`` batched torch copies issued, ``fragments``
+    """Copy instrumentation: ``ops`` copies issued (CPU: batched numpy/torch
+    copies; CUDA: index kernels plus copy-engine copies), ``fragments``
     contiguous byte ranges moved (a cross-layer row counts 1), ``bytes`` moved."""
 
     ops: int = 0
@@ -857,11 +858,6 @@ class RankStager:
         for p in u.plans:
             self.stats.fragments += n * p.reps * p.num
             self.stats.bytes += n * p.reps * p.num * p.size
-
-    def _count(self, p: _Plan, n: int) -> None:
-        self.stats.ops += 1
-        self.stats.fragments += n * p.reps * p.num
-        self.stats.bytes += n * p.reps * p.num * p.size
 
     def _new_batch(self) -> _Batch:
         with self._lock:

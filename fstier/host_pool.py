@@ -4,9 +4,10 @@
 shared-memory segment (``/dev/shm/fstier-<pid>-<token>``), prefaulted at
 creation because first touch is slow on these machines, and pinned with
 ``cudaHostRegister`` when CUDA is available so device copies run
-asynchronously (registered portable and mapped: :meth:`HostBlockPool.device_tensor`
-lets kernels read and write slots in place). The creating process (the scheduler side, which owns
-``FsTier``) allocates and frees slots; rank processes :meth:`HostBlockPool.attach`
+asynchronously (registered portable and mapped:
+:meth:`HostBlockPool.device_tensor` lets kernels read and write slots in
+place). The creating process (the scheduler side, which owns ``FsTier``)
+allocates and frees slots; rank processes :meth:`HostBlockPool.attach`
 by name and only read and write slot bytes. A 4096-byte header in front of the
 slots records the geometry so attach needs nothing but the name.
 

@@ -219,7 +219,7 @@ def test_fifo_manifest_does_not_hang_fstier_or_the_cli(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "content",
     [
-        "[" * 100_000 + "]" * 100_000,  # RecursionError in json.loads
+        "[" * 30_000 + "]" * 30_000,  # under the size cap; RecursionError in json.loads
         '{"fstier_manifest": 1, "namespace": 5, "digest": [], "parallel_agnostic": "yes", "fields": 3}',
         '{"fstier_manifest": 1, "namespace": "x", "digest": "y", "parallel_agnostic": true,'
         ' "fields": {"model": 5, "revision": {"a": 1}, "tp_size": "2", "groups": 7}}',
@@ -338,3 +338,34 @@ def test_gc_touches_only_fstier_files_of_valid_namespaces_and_all_readers_agree(
     assert out["evicted_files"] == len(good) and out["temp_removed"] == 1
     assert all(d.exists() for d in decoys)
     assert not any(p.exists() for p in good) and not stale.exists()
+
+
+def test_capacity_is_described_identically_in_example_configuration_and_cli_docs() -> None:
+    """Item 4: one sentence, the same words, in all three places."""
+    import re
+
+    repo = Path(__file__).resolve().parents[1]
+    sentence = (
+        "Capacity is root-wide: one max_bytes budget for every namespace under the root (one disk), "
+        "least recently used first across all of them. Only block, temp and .nfs files inside namespace "
+        "directories with a valid config.json are counted or removed; nothing else under the root is touched."
+    )
+    for rel in ("examples/fstier.yaml", "docs/configuration.md", "docs/cli.md"):
+        text = (repo / rel).read_text()
+        flat = re.sub(r"\s+", " ", re.sub(r"^\s*#", " ", text, flags=re.M))
+        assert sentence in flat, rel
+
+
+def test_atomic_write_never_writes_through_a_symlinked_directory(tmp_path: Path, outside: Path) -> None:
+    """The manifest writer (a sibling of item 2): its directory swapped for a
+    link after the namespace check must not receive the file."""
+    from fstier._atomic import atomic_write
+
+    ns = tmp_path / "root" / "ns"
+    ns.parent.mkdir()
+    ns.symlink_to(outside, target_is_directory=True)
+    before = _snapshot(outside)
+    with pytest.raises(OSError) as info:
+        atomic_write(ns / "config.json", b"{}", fsync="file+dir")
+    assert info.value.errno == 40  # ELOOP
+    assert _snapshot(outside) == before and not (outside / "config.json").exists()

@@ -1,35 +1,61 @@
 """POSIX block I/O: probe O_DIRECT once, store atomically, load and verify.
 
-Store path (:func:`store_block`)
-    1. If the final path already holds a regular file, the block is SKIPPED
-       (content-addressed: the same key always means the same bytes).
-    2. Encode the header into a 4096-aligned per-thread buffer.
-    3. Open a unique temp name beside the final path
-       (``O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC``, explicit mode, ``O_DIRECT``
-       when enabled and the caller's buffer is aligned).
-    4. ``pwritev([header, payload padded to 4096])`` in a loop that survives
-       short writes; fsync per policy (a failed fsync is never retried).
-    5. ``os.replace`` onto the final name; fsync the directory for ``file+dir``.
-    Any error removes the temp file and publishes nothing; the outcome is
-    FAILED with the errno name as cause. Nothing here raises ``OSError``.
+No path is ever resolved through a symlink: every path goes through
+:func:`fstier._resolve.open_nofollow` (``openat2`` with
+``RESOLVE_NO_SYMLINKS``), and every name is acted on inside a directory fd
+opened that way, so a directory swapped for a symlink at any moment is
+refused (``ELOOP``), never followed out of the root.
 
-Load path (:func:`load_block`)
-    Open the final path (``O_RDONLY|O_NOFOLLOW``, ``O_DIRECT`` when enabled),
-    ``fstat`` the fd (never a path stat: NFS close-to-open), then check in
-    order: size == 4096 + padded(expected payload) -> ``preadv`` into
-    [aligned header buffer, caller's buffer] -> magic/version -> header
-    checksum -> key and namespace -> payload length -> payload checksum.
-    Proven corruption unlinks the file (only if the path still names the inode
-    we opened) and returns CORRUPT; a missing file is MISSING; transient
-    errors (EMFILE, EIO, ESTALE, EINTR, EACCES) are ERROR and leave the file.
-    Bytes of a block that is not LOADED must be treated as garbage.
+Payloads are **exact-length**: a store reads, and a load writes, exactly
+``payload_len`` bytes of the caller's buffer, at any address and any length.
+The file holds the payload zero-padded to 4096; the payload's whole pages go
+straight between the buffer and the file, its last partial page through a
+4 KiB per-thread bounce page, so a buffer that starts 4096-aligned stays on
+O_DIRECT whatever its length (docs/architecture.md has the measurement).
+
+Store path (:func:`store_block`), 7 system calls
+    1. Open the final path's directory (``openat2``, no symlinks).
+    2. ``fstatat`` the name: a regular file there means SKIPPED
+       (content-addressed: the same key always means the same bytes).
+    3. Encode the header into a 4096-aligned per-thread buffer; open an
+       anonymous inode in the directory (``O_TMPFILE``, explicit mode,
+       ``O_DIRECT`` when enabled and the buffer is aligned); where the
+       filesystem has no ``O_TMPFILE`` (NFS), a unique temp name instead
+       (``O_CREAT|O_EXCL|O_NOFOLLOW``).
+    4. ``pwritev([header, whole pages, bounce page])`` in a loop that
+       survives short writes; fsync per policy (a failed fsync is never
+       retried).
+    5. Publish: ``linkat`` the anonymous inode to the final name (if the
+       name exists, link a temp name and ``renameat`` it over, so the last
+       writer wins), or ``renameat`` the named temp; close; fsync the
+       directory fd for ``file+dir``.
+    Any error removes the temp name and publishes nothing; the outcome is
+    FAILED with the errno name as cause. A crash before the link leaves
+    nothing at all (the anonymous inode dies with the process). Nothing
+    here raises ``OSError``.
+
+Load path (:func:`load_block`), 3 system calls
+    ``openat2`` the final path (``O_RDONLY|O_NOFOLLOW|O_NONBLOCK``, no
+    symlinks, ``O_DIRECT`` when enabled), then ONE ``preadv`` into
+    [aligned header buffer, the caller's whole pages, bounce page, overflow
+    page], close. A file of the expected size ends inside the overflow page;
+    any other size shows as a short or long read, and only then is the fd
+    ``fstat``-ed (never a path stat: NFS close-to-open). Then, in order:
+    magic/version -> header checksum -> key and namespace -> payload length
+    -> payload checksum. Proven corruption unlinks the file (only if the name
+    still holds the inode we read) and returns CORRUPT; a missing file is
+    MISSING; a symlink on the path is CORRUPT (a link at the final name is
+    removed, never its target); a FIFO, socket, directory or device is
+    ERROR ``not_regular``/``ENXIO``/``ENOTDIR``; transient errors (EMFILE,
+    EIO, ESTALE, EINTR, EACCES) are ERROR and leave the file. Bytes of a
+    block that is not LOADED must be treated as garbage.
 
 O_DIRECT (:func:`probe_o_direct`)
     Probed once per directory: statx ``DIOALIGN`` where the kernel reports it,
     then an aligned write and read of a probe temp file (some filesystems accept
     the open and refuse the write). ``auto`` falls back to buffered I/O with one
     warning; ``on`` raises :class:`~fstier.errors.DirectIOUnsupportedError`.
-    A single operation whose buffer is not aligned silently uses buffered I/O.
+    A single operation whose buffer does not start aligned uses buffered I/O.
 
 Every system call goes through :data:`FS`, an :class:`_OsOps` instance, so
 tests and the reliability suite can inject faults by swapping its methods.
@@ -210,8 +236,7 @@ def buffer_address(view: memoryview) -> int:
     if len(view) == 0:
         return 0
     if not view.readonly:
-        # ctypes takes a writable buffer in ~0.4 µs; numpy's array interface
-        # costs ~2 µs, paid on every store and load (issue 14).
+        # ~10x cheaper than going through numpy; it runs on every op.
         return ctypes.addressof(ctypes.c_char.from_buffer(view))
     return int(np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0])
 
@@ -508,9 +533,8 @@ def _store_iov(
         bounce[:rest] = payload[whole:n]
         bounce[rest:] = _ZEROS[: ALIGNMENT - rest]
         bufs.append(bounce)
-    # The header and bounce pages are page-aligned by construction
-    # (aligned_buffer): only the caller's pages need the check.
-    return bufs, not whole or _is_aligned(bufs[1], alignment)
+    # The header and bounce pages are page-aligned by construction.
+    return bufs, _is_aligned(payload[:whole], alignment)
 
 
 #: Set once O_TMPFILE was refused (NFS, old kernels): named temps from then on.
@@ -777,8 +801,8 @@ def _remove_planted_link(path: str | Path) -> bool:
 
 
 def _read_vector(buf: memoryview, n: int) -> list[memoryview]:
-    """[header, whole pages of ``buf[:n]``, bounce page, overflow page] (the
-    caller checked ``buf``'s alignment for O_DIRECT). The bounce page takes the payload's last
+    """[header, whole pages of ``buf[:n]``, bounce page, overflow page]
+    (O_DIRECT-aligned when ``buf`` starts aligned). The bounce page takes the payload's last
     partial page and the padding, so nothing beyond ``buf[:n]`` is written;
     the overflow page makes a file longer than expected show up in the same
     ``preadv`` (no ``fstat`` on the hot path)."""
@@ -806,20 +830,12 @@ def _read_file(fd: int, bufs: list[memoryview], want: int) -> int:
         bufs = _advance(bufs, got)
 
 
-class _Name(str):
-    """A path string with pathlib's ``.name`` for error messages, without
-    building a Path per load (pathlib's parsing costs ~40 µs of a 64 KiB
-    load's CPU; issue 14)."""
-
-    __slots__ = ()
-
-    @property
-    def name(self) -> str:
-        return self.rpartition("/")[2]
+def _name(path: str) -> str:
+    return path.rpartition("/")[2]
 
 
 def _load_once(req: LoadRequest, buf: memoryview, direct: bool, opts: IOOptions) -> LoadOutcome:
-    path = _Name(os.fspath(req.path))
+    path = os.fspath(req.path)  # a str: Path objects cost ~8 us per op here
     n = req.payload_len
     padded = padded_len(n)
     # O_NONBLOCK: a FIFO planted at a block path would block open() forever;
@@ -839,9 +855,9 @@ def _load_once(req: LoadRequest, buf: memoryview, direct: bool, opts: IOOptions)
             # name (never its target, never through a symlinked directory).
             removed = _remove_planted_link(path)
             return LoadOutcome(
-                LoadStatus.CORRUPT, "symlink", f"{path.name}: a symlink on its path", removed=removed
+                LoadStatus.CORRUPT, "symlink", f"{_name(path)}: a symlink on its path", removed=removed
             )
-        return LoadOutcome(LoadStatus.ERROR, _cause(exc), f"open {path.name}: {exc.strerror}")
+        return LoadOutcome(LoadStatus.ERROR, _cause(exc), f"open {_name(path)}: {exc.strerror}")
     want = HEADER_SIZE + padded
     try:
         bufs = _read_vector(buf, n)
@@ -853,16 +869,16 @@ def _load_once(req: LoadRequest, buf: memoryview, direct: bool, opts: IOOptions)
                 with contextlib.suppress(OSError):
                     if not stat.S_ISREG(FS.fstat(fd).st_mode):
                         return LoadOutcome(
-                            LoadStatus.ERROR, "not_regular", f"{path.name} is not a regular file"
+                            LoadStatus.ERROR, "not_regular", f"{_name(path)} is not a regular file"
                         )
-            return LoadOutcome(LoadStatus.ERROR, _cause(exc), f"read {path.name}: {exc.strerror}")
+            return LoadOutcome(LoadStatus.ERROR, _cause(exc), f"read {_name(path)}: {exc.strerror}")
         try:
             if got != want:
                 # Only the slow path pays for an fstat: was it ever a block?
                 st = FS.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
                     return LoadOutcome(
-                        LoadStatus.ERROR, "not_regular", f"{path.name} is not a regular file"
+                        LoadStatus.ERROR, "not_regular", f"{_name(path)} is not a regular file"
                     )
                 if st.st_size != want:
                     raise BlockCorruptError("bad_size", f"file is {st.st_size} bytes, expected {want}")
@@ -897,7 +913,7 @@ def _load_once(req: LoadRequest, buf: memoryview, direct: bool, opts: IOOptions)
             removed = _remove_if_same(path, st)
             return LoadOutcome(LoadStatus.CORRUPT, exc.reason, exc.detail, removed=removed)
         except OSError as exc:
-            return LoadOutcome(LoadStatus.ERROR, _cause(exc), f"read {path.name}: {exc.strerror}")
+            return LoadOutcome(LoadStatus.ERROR, _cause(exc), f"read {_name(path)}: {exc.strerror}")
     finally:
         _close_quietly(fd)
     return LoadOutcome(LoadStatus.LOADED, nbytes=n)
