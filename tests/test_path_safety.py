@@ -369,3 +369,26 @@ def test_atomic_write_never_writes_through_a_symlinked_directory(tmp_path: Path,
         atomic_write(ns / "config.json", b"{}", fsync="file+dir")
     assert info.value.errno == 40  # ELOOP
     assert _snapshot(outside) == before and not (outside / "config.json").exists()
+
+
+def test_fstier_jobs_touch_only_the_payload_bytes_of_a_slot(tmp_path: Path) -> None:
+    """A slot may be an engine row followed by other data: a store must not
+    zero the padding in the slot, a load must not write past the payload."""
+    from manager_support import fill, payload_for
+
+    with open_tier(tmp_path / "root") as tier:
+        (k,) = keys(0, 1)
+        n = tier.payload_bytes(k)
+        view = tier.pool.slot_view(0)
+        view[:] = b"\xab" * len(view)
+        fill(tier, [k], [0])
+        tier.submit_store("s", [k], [0])
+        tier.drain()
+        assert tier.get_finished()[0].success
+        assert bytes(view[n:]) == b"\xab" * (len(view) - n)
+        view[:] = b"\xcd" * len(view)
+        tier.submit_load("l", [k], [0])
+        tier.drain()
+        assert tier.get_finished()[0].success
+        assert bytes(view[:n]) == payload_for(k, n)
+        assert bytes(view[n:]) == b"\xcd" * (len(view) - n)
