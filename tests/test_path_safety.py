@@ -29,6 +29,19 @@ def _snapshot(d: Path) -> dict[str, tuple[bytes, int]]:
     return out
 
 
+@pytest.fixture(params=["openat2", "walk"])
+def resolution(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways a path is resolved: openat2, and the per-component walk
+    used where the kernel has no openat2."""
+    import fstier._resolve as resolve
+
+    if request.param == "walk":
+        monkeypatch.setattr(resolve, "HAVE_OPENAT2", False)
+    elif not resolve.HAVE_OPENAT2:
+        pytest.skip("this kernel has no openat2")
+    return str(request.param)
+
+
 @pytest.fixture
 def outside(tmp_path: Path) -> Path:
     d = tmp_path / "outside"
@@ -50,7 +63,7 @@ def _swap_for_link(directory: Path, target: Path) -> None:
 
 # ------------------------------------------------------------- item 2: swap
 def test_fanout_dir_swapped_after_first_use_store_load_never_go_outside(
-    tmp_path: Path, outside: Path
+    tmp_path: Path, outside: Path, resolution: str
 ) -> None:
     with open_tier(tmp_path / "root") as tier:
         ks = keys(0, 3)
@@ -67,7 +80,7 @@ def test_fanout_dir_swapped_after_first_use_store_load_never_go_outside(
     assert not (outside / tier.mapper.path_for(ks[2]).name).exists()
 
 
-def test_recency_never_touches_a_file_through_a_swapped_dir(tmp_path: Path, outside: Path) -> None:
+def test_recency_never_touches_a_file_through_a_swapped_dir(tmp_path: Path, outside: Path, resolution: str) -> None:
     with open_tier(tmp_path / "root") as tier:
         ks = keys(0, 2)
         assert store(tier, "s", ks).success
@@ -81,7 +94,7 @@ def test_recency_never_touches_a_file_through_a_swapped_dir(tmp_path: Path, outs
     assert _snapshot(outside) == before
 
 
-def test_corrupt_file_behind_swapped_dir_is_not_removed(tmp_path: Path, outside: Path) -> None:
+def test_corrupt_file_behind_swapped_dir_is_not_removed(tmp_path: Path, outside: Path, resolution: str) -> None:
     """A load that meets the swapped directory removes nothing, whatever lies
     at the same name outside (old code unlinked through the link when the
     file outside failed its checks)."""
@@ -98,7 +111,7 @@ def test_corrupt_file_behind_swapped_dir_is_not_removed(tmp_path: Path, outside:
 
 
 def test_gc_eviction_never_unlinks_through_a_dir_swapped_after_the_scan(
-    tmp_path: Path, outside: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, outside: Path, monkeypatch: pytest.MonkeyPatch, resolution: str
 ) -> None:
     """The victim list is made by the scan; the directory is swapped before
     the unlink. The file outside has the same name and mtime."""
