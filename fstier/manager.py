@@ -486,7 +486,8 @@ class FsTier:
                 f"({padded_len(need)} lets I/O run on the slot in place)"
             )
         self.mapper.ensure_manifest()
-        self.mapper.blocks_dir.mkdir(mode=0o755, exist_ok=True)
+        # mkdirat inside directory fds: never through a swapped namespace dir.
+        self.mapper.ensure_parent(self.mapper.blocks_dir / "_")
         support = posix.probe_o_direct(self.mapper.namespace_dir, tier.o_direct)
         self.io_options = posix.IOOptions.from_tier(tier, support)
         self.metrics = TierMetrics()
