@@ -486,7 +486,8 @@ class FsTier:
                 f"({padded_len(need)} lets I/O run on the slot in place)"
             )
         self.mapper.ensure_manifest()
-        self.mapper.blocks_dir.mkdir(mode=0o755, exist_ok=True)
+        # mkdirat inside directory fds: never through a swapped namespace dir.
+        self.mapper.ensure_parent(self.mapper.blocks_dir / "_")
         support = posix.probe_o_direct(self.mapper.namespace_dir, tier.o_direct)
         self.io_options = posix.IOOptions.from_tier(tier, support)
         self.metrics = TierMetrics()
@@ -863,14 +864,10 @@ class FsTier:
         try:
             key, slot = job.keys[i], job.slots[i]
             n = job.op_bytes[i]
-            padded = padded_len(n)
             view = self._pool.slot_view(slot)
-            if len(view) >= padded:
-                if padded > n:
-                    view[n:padded] = bytes(padded - n)  # deterministic file bytes
-                io_view = view[:padded]
-            else:
-                io_view = view[:n]  # the I/O layer pads; nothing past the payload is touched
+            # Exactly the payload: the I/O layer writes the file's zero padding
+            # from its own bounce page, so no byte past it is touched.
+            io_view = view[:n]
             checksum = self.io_options.checksum
             header = BlockHeader(
                 key=key,
@@ -910,10 +907,9 @@ class FsTier:
             key, slot = job.keys[i], job.slots[i]
             n = job.op_bytes[i]
             view = self._pool.slot_view(slot)
-            padded = padded_len(n)
-            # A slot shorter than the padded payload gets exactly n bytes; the
-            # I/O layer reads the file's zero padding into its own buffer.
-            io_view = view[:padded] if len(view) >= padded else view[:n]
+            # Exactly n bytes are written; the I/O layer reads the file's zero
+            # padding into its own bounce page.
+            io_view = view[:n]
             path = self._path_str(key)
             outcome = posix.load_block(
                 posix.LoadRequest(

@@ -29,6 +29,19 @@ def _snapshot(d: Path) -> dict[str, tuple[bytes, int]]:
     return out
 
 
+@pytest.fixture(params=["openat2", "walk"])
+def resolution(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways a path is resolved: openat2, and the per-component walk
+    used where the kernel has no openat2."""
+    import fstier._resolve as resolve
+
+    if request.param == "walk":
+        monkeypatch.setattr(resolve, "HAVE_OPENAT2", False)
+    elif not resolve.HAVE_OPENAT2:
+        pytest.skip("this kernel has no openat2")
+    return str(request.param)
+
+
 @pytest.fixture
 def outside(tmp_path: Path) -> Path:
     d = tmp_path / "outside"
@@ -50,7 +63,7 @@ def _swap_for_link(directory: Path, target: Path) -> None:
 
 # ------------------------------------------------------------- item 2: swap
 def test_fanout_dir_swapped_after_first_use_store_load_never_go_outside(
-    tmp_path: Path, outside: Path
+    tmp_path: Path, outside: Path, resolution: str
 ) -> None:
     with open_tier(tmp_path / "root") as tier:
         ks = keys(0, 3)
@@ -67,7 +80,7 @@ def test_fanout_dir_swapped_after_first_use_store_load_never_go_outside(
     assert not (outside / tier.mapper.path_for(ks[2]).name).exists()
 
 
-def test_recency_never_touches_a_file_through_a_swapped_dir(tmp_path: Path, outside: Path) -> None:
+def test_recency_never_touches_a_file_through_a_swapped_dir(tmp_path: Path, outside: Path, resolution: str) -> None:
     with open_tier(tmp_path / "root") as tier:
         ks = keys(0, 2)
         assert store(tier, "s", ks).success
@@ -81,7 +94,7 @@ def test_recency_never_touches_a_file_through_a_swapped_dir(tmp_path: Path, outs
     assert _snapshot(outside) == before
 
 
-def test_corrupt_file_behind_swapped_dir_is_not_removed(tmp_path: Path, outside: Path) -> None:
+def test_corrupt_file_behind_swapped_dir_is_not_removed(tmp_path: Path, outside: Path, resolution: str) -> None:
     """A load that meets the swapped directory removes nothing, whatever lies
     at the same name outside (old code unlinked through the link when the
     file outside failed its checks)."""
@@ -98,7 +111,7 @@ def test_corrupt_file_behind_swapped_dir_is_not_removed(tmp_path: Path, outside:
 
 
 def test_gc_eviction_never_unlinks_through_a_dir_swapped_after_the_scan(
-    tmp_path: Path, outside: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, outside: Path, monkeypatch: pytest.MonkeyPatch, resolution: str
 ) -> None:
     """The victim list is made by the scan; the directory is swapped before
     the unlink. The file outside has the same name and mtime."""
@@ -369,3 +382,26 @@ def test_atomic_write_never_writes_through_a_symlinked_directory(tmp_path: Path,
         atomic_write(ns / "config.json", b"{}", fsync="file+dir")
     assert info.value.errno == 40  # ELOOP
     assert _snapshot(outside) == before and not (outside / "config.json").exists()
+
+
+def test_fstier_jobs_touch_only_the_payload_bytes_of_a_slot(tmp_path: Path) -> None:
+    """A slot may be an engine row followed by other data: a store must not
+    zero the padding in the slot, a load must not write past the payload."""
+    from manager_support import fill, payload_for
+
+    with open_tier(tmp_path / "root") as tier:
+        (k,) = keys(0, 1)
+        n = tier.payload_bytes(k)
+        view = tier.pool.slot_view(0)
+        view[:] = b"\xab" * len(view)
+        fill(tier, [k], [0])
+        tier.submit_store("s", [k], [0])
+        tier.drain()
+        assert tier.get_finished()[0].success
+        assert bytes(view[n:]) == b"\xab" * (len(view) - n)
+        view[:] = b"\xcd" * len(view)
+        tier.submit_load("l", [k], [0])
+        tier.drain()
+        assert tier.get_finished()[0].success
+        assert bytes(view[:n]) == payload_for(k, n)
+        assert bytes(view[n:]) == b"\xcd" * (len(view) - n)
