@@ -276,13 +276,13 @@ class FileMapper:
         if key in self._verified_dirs:
             return
         ns = os.fspath(self.namespace_dir)
-        if not key.startswith(ns + "/"):
+        if key != ns and not key.startswith(ns + "/"):
             raise ValueError(f"{path!r} is not under the namespace directory {ns}")
         # Strings, not pathlib: with 4096 x 256 fan-out directories most new
         # keys create one, and Path parsing cost more than the mkdirs
         # (issue 14). The walk starts at the deepest directory already made
         # (opened again with no symlink on its path, as the namespace is).
-        parts = key[len(ns) + 1 :].split("/")
+        parts = key[len(ns) + 1 :].split("/") if key != ns else []
         start, base = 0, ns
         for i in range(len(parts) - 1, 0, -1):
             ancestor = f"{ns}/{'/'.join(parts[:i])}"

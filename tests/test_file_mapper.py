@@ -231,3 +231,24 @@ def test_unwritable_root_is_a_storage_error_naming_it(tmp_path: Path) -> None:
         m.ensure_manifest()
     assert "blocker" in str(info.value) and "choose another root_dir" in str(info.value)
     assert isinstance(info.value, OSError)
+
+
+def test_ensure_parent_recreates_removed_fanout_levels(tmp_path: Path) -> None:
+    """ensure_parent starts at the deepest directory it already made; when
+    that one was removed too (gc of empty directories, rm -rf), it walks from
+    the namespace again instead of failing the store with ENOENT."""
+    import shutil
+
+    mapper = FileMapper(make_config(tmp_path / "root"))
+    mapper.ensure_manifest()
+    a = mapper.path_for(BlockKey(bytes.fromhex("abcdef") + bytes(29), 0))
+    b = mapper.path_for(BlockKey(bytes.fromhex("abcd01") + bytes(29), 0))
+    mapper.ensure_parent(a)
+    assert a.parent.is_dir()
+    shutil.rmtree(a.parent.parent)  # both fan-out levels gone
+    mapper.forget_parent(a)
+    mapper.ensure_parent(b)  # a sibling leaf under the removed first level
+    assert b.parent.is_dir()
+    mapper.ensure_parent(mapper.namespace_dir / "x")  # the namespace itself: nothing to make
+    with pytest.raises(ValueError, match="not under the namespace"):
+        mapper.ensure_parent(tmp_path / "elsewhere" / "x")
