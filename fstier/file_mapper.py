@@ -32,10 +32,10 @@ from typing import Any
 
 from fstier._atomic import atomic_write
 from fstier._format import canonical_format_id, canonical_page_bytes, is_certified
-from fstier._resolve import open_nofollow
 from fstier._tree import BLOCK_NAME_RE, MANIFEST_NAME, canonical_json, read_manifest
 from fstier.config import FstierConfig, ModelSpec, ParallelSpec
 from fstier.errors import FstierError, NamespaceMismatchError, PathSafetyError, StorageError
+from fstier.io import posix
 from fstier.keys import BlockKey
 
 __all__ = ["BLOCK_NAME_RE", "MANIFEST_NAME", "NAMESPACE_VERSION", "FileMapper", "is_parallel_agnostic", "safe_model_name"]
@@ -270,11 +270,23 @@ class FileMapper:
         Directories already made are remembered only to skip the ``mkdir``
         calls: the cache grants nothing, since every store resolves its
         directory again without following symlinks."""
+        made = self.make_parent(path)
+        if made is not None:
+            posix.FS.close(made[0])
+
+    def make_parent(self, path: str | Path) -> tuple[int, bool] | None:
+        """:meth:`ensure_parent`, keeping what the walk opened: ``None`` when
+        the directory was already known, else an fd of ``path``'s directory
+        (opened with no symlink on its path; the caller closes it) and
+        whether this call created it. A store into a new fan-out directory
+        then needs no second resolution and no existence check. The walk
+        goes through the I/O layer's system-call seam (``posix.FS``), as
+        the store itself does."""
         # The cache check runs on strings: it is every store's first step,
         # and building Path objects costs more than the rest of it.
         key = os.fspath(path).rpartition("/")[0]
         if key in self._verified_dirs:
-            return
+            return None
         ns = os.fspath(self.namespace_dir)
         if key != ns and not key.startswith(ns + "/"):
             raise ValueError(f"{path!r} is not under the namespace directory {ns}")
@@ -290,7 +302,7 @@ class FileMapper:
                 start, base = i, ancestor
                 break
         try:
-            fd = open_nofollow(base, _DIR_FLAGS)
+            fd = posix.FS.open(base, _DIR_FLAGS)
         except FileNotFoundError:
             if base == ns:
                 raise
@@ -300,29 +312,36 @@ class FileMapper:
                 self._verified_dirs.discard(base)
             start, base = 0, ns
             try:
-                fd = open_nofollow(base, _DIR_FLAGS)
+                fd = posix.FS.open(base, _DIR_FLAGS)
             except OSError as exc:
                 raise self._unsafe(Path(base), exc) from None
         except OSError as exc:
             raise self._unsafe(Path(base), exc) from None
         made: list[str] = []
+        fresh = False
         try:
             current = base
             for part in parts[start:]:
                 current = f"{current}/{part}"
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o755, dir_fd=fd)
                 try:
-                    nfd = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                    posix.FS.mkdir_at(fd, part, 0o755)
+                    fresh = True
+                except FileExistsError:
+                    fresh = False
+                try:
+                    nfd = posix.FS.openat(fd, part, _DIR_FLAGS)
                 except OSError as exc:
                     raise self._unsafe(Path(current), exc) from None
-                os.close(fd)
+                posix.FS.close(fd)
                 fd = nfd
                 made.append(current)
-        finally:
-            os.close(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                posix.FS.close(fd)
+            raise
         with self._lock:
             self._verified_dirs.update(made)
+        return fd, fresh
 
     @staticmethod
     def _unsafe(path: Path, exc: OSError) -> Exception:

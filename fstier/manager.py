@@ -880,14 +880,26 @@ class FsTier:
             )
             # A string path: pathlib costs ~40 µs per op at 64 KiB (issue 14).
             path = self._path_str(key)
-            self.mapper.ensure_parent(path)
+            opened = self.mapper.make_parent(path)
             if self._cache.is_bad(key):
                 # Its last load failed without proof of corruption (EIO,
                 # timeout): replace the file rather than skip onto it.
                 with contextlib.suppress(FileNotFoundError):
                     posix.FS.unlink(path)
             request = posix.StoreRequest(path, header, io_view)
-            outcome = posix.store_block(request, self.io_options)
+            if opened is None:
+                outcome = posix.store_block(request, self.io_options)
+            else:
+                # The directory was just made (or checked): store through the
+                # fd that walk opened, with no second resolution (issue 14).
+                dir_fd, fresh = opened
+                try:
+                    outcome = posix.store_block_at(
+                        dir_fd, path.rpartition("/")[2], header, io_view, self.io_options,
+                        fresh=fresh,
+                    )
+                finally:
+                    posix.FS.close(dir_fd)
             if outcome.status is posix.StoreStatus.FAILED and outcome.cause == "ENOENT":
                 # The fan-out directory was removed under us (an operator's
                 # rm -rf, another host, gc of empty dirs): re-create it once

@@ -603,3 +603,27 @@ def test_reader_racing_replace_sees_complete_file_or_miss(tmp_path: Path, opts: 
     assert writer.returncode == 0
     assert seen.get(LoadStatus.LOADED, 0) > 0 and len(versions) > 1, (seen, out)
     assert temps(tmp_path) == []
+
+
+def test_store_block_at_a_directory_fd(tmp_path: Path, opts: IOOptions) -> None:
+    """store_block_at publishes into a directory fd the caller opened; fresh
+    (the caller just made the directory) skips the existence check, so a
+    second store without it still skips onto the file already there."""
+    path = io_worker.path_of(tmp_path, K1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = io_worker.payload_of(K1, 1)
+    slot = aligned_buffer(padded_len(N))
+    slot[:N] = data
+    header = header_for_payload(K1, DIGEST, data, 1, N)
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        out = posix.store_block_at(dfd, path.name, header, slot, opts, fresh=True)
+        assert out.status is StoreStatus.STORED
+        assert posix.store_block_at(dfd, path.name, header, slot, opts).status is StoreStatus.SKIPPED
+        with pytest.raises(ValueError, match="payload holds 10 bytes"):
+            posix.store_block_at(dfd, path.name, header, slot[:10], opts)
+    finally:
+        os.close(dfd)
+    res, buf = load(tmp_path, K1, opts)
+    assert res.ok and bytes(buf[:N]) == data
+    assert temps(tmp_path) == []

@@ -119,6 +119,7 @@ __all__ = [
     "read_header",
     "reset_probe_cache",
     "store_block",
+    "store_block_at",
     "store_blocks",
     "touch_file",
     "verify_file",
@@ -659,6 +660,37 @@ def store_block(req: StoreRequest, opts: IOOptions) -> StoreOutcome:
         # following it could place the block outside the root.
         return StoreOutcome(StoreStatus.FAILED, _cause(exc), f"open directory of {name}: {exc.strerror}")
     try:
+        return _store_in(dir_fd, name, req.header, payload, opts, fresh=False)
+    finally:
+        _close_quietly(dir_fd)
+
+
+def store_block_at(
+    dir_fd: int,
+    name: str,
+    header: BlockHeader,
+    payload: memoryview,
+    opts: IOOptions,
+    *,
+    fresh: bool = False,
+) -> StoreOutcome:
+    """:func:`store_block` into ``name`` inside ``dir_fd``, a directory the
+    caller opened with no symlink on its path (and closes). ``fresh``: the
+    caller has just created that directory, so the existence check is
+    skipped (one system call less per store into a new fan-out directory; a
+    racing writer's identical copy is still handled by the publication)."""
+    n = header.payload_len
+    view = _byte_view(payload)
+    if len(view) < n:
+        raise ValueError(f"store_block_at: payload holds {len(view)} bytes but payload_len is {n}")
+    return _store_in(dir_fd, name, header, view, opts, fresh=fresh)
+
+
+def _store_in(
+    dir_fd: int, name: str, h: BlockHeader, payload: memoryview, opts: IOOptions, *, fresh: bool
+) -> StoreOutcome:
+    n = h.payload_len
+    if not fresh:
         try:
             st = FS.stat_at(dir_fd, name)
         except FileNotFoundError:
@@ -670,18 +702,16 @@ def store_block(req: StoreRequest, opts: IOOptions) -> StoreOutcome:
                 return StoreOutcome(StoreStatus.SKIPPED)
             # Anything else (a planted symlink) is replaced: rename swaps the
             # link itself and never writes through it.
-        header = _BUFS.header
-        encode_header_into(req.header, header)
-        bufs, aligned = _store_iov(payload, n, header, opts.alignment)
-        direct = opts.o_direct and aligned
-        out = _store_once(dir_fd, name, bufs, direct, opts)
-        if direct and out.status is StoreStatus.FAILED and out.cause == "EINVAL":
-            # A filesystem that passed the probe but refuses this write: one
-            # buffered retry (a new temp file) rather than a lost block.
-            out = _store_once(dir_fd, name, bufs, False, opts)
-        return out
-    finally:
-        _close_quietly(dir_fd)
+    header = _BUFS.header
+    encode_header_into(h, header)
+    bufs, aligned = _store_iov(payload, n, header, opts.alignment)
+    direct = opts.o_direct and aligned
+    out = _store_once(dir_fd, name, bufs, direct, opts)
+    if direct and out.status is StoreStatus.FAILED and out.cause == "EINVAL":
+        # A filesystem that passed the probe but refuses this write: one
+        # buffered retry (a new temp file) rather than a lost block.
+        out = _store_once(dir_fd, name, bufs, False, opts)
+    return out
 
 
 def store_blocks(reqs: Sequence[StoreRequest], opts: IOOptions) -> list[StoreOutcome]:
