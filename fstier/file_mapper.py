@@ -35,7 +35,6 @@ from fstier._format import canonical_format_id, canonical_page_bytes, is_certifi
 from fstier._tree import BLOCK_NAME_RE, MANIFEST_NAME, canonical_json, read_manifest
 from fstier.config import FstierConfig, ModelSpec, ParallelSpec
 from fstier.errors import FstierError, NamespaceMismatchError, PathSafetyError, StorageError
-from fstier.io import posix
 from fstier.keys import BlockKey
 
 __all__ = ["BLOCK_NAME_RE", "MANIFEST_NAME", "NAMESPACE_VERSION", "FileMapper", "is_parallel_agnostic", "safe_model_name"]
@@ -272,7 +271,7 @@ class FileMapper:
         directory again without following symlinks."""
         made = self.make_parent(path)
         if made is not None:
-            posix.FS.close(made[0])
+            os.close(made[0])
 
     def make_parent(self, path: str | Path) -> tuple[int, bool] | None:
         """:meth:`ensure_parent`, keeping what the walk opened: ``None`` when
@@ -287,6 +286,8 @@ class FileMapper:
         key = os.fspath(path).rpartition("/")[0]
         if key in self._verified_dirs:
             return None
+        # Here, not at module level: `fstier --help` must not import numpy.
+        from fstier.io import posix
         ns = os.fspath(self.namespace_dir)
         if key != ns and not key.startswith(ns + "/"):
             raise ValueError(f"{path!r} is not under the namespace directory {ns}")
