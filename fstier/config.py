@@ -364,11 +364,16 @@ def load_config(path: str | os.PathLike[str]) -> FstierConfig:
         raise ConfigError(f"config file {str(p)!r}: is a directory, expected a YAML file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {str(p)!r}: cannot read: {exc}") from None
+    return parse_config(yaml_document(text, p), source=str(p))
+
+
+def yaml_document(text: str, source: str | os.PathLike[str]) -> Any:
+    """Parse YAML ``text`` read from ``source``; a syntax error is one
+    :class:`ConfigError` naming the file, line and column."""
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{p}: invalid YAML{where}: {problem}") from None
-    return parse_config(data, source=str(p))
+        raise ConfigError(f"{source}: invalid YAML{where}: {problem}") from None

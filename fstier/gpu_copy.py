@@ -626,7 +626,8 @@ class RankStager:
         """Host copies (:func:`_host_copies` rows) between staging and slots (copy engine on CUDA)."""
         self.stats.ops += rows.shape[0]
         if self._cuda:
-            assert self._stream is not None and self._rt is not None
+            if self._stream is None or self._rt is None:
+                raise RuntimeError("RankStager: CUDA stream not set up (a CUDA stager without a stream)")
             stream = self._stream.cuda_stream
             hbase, sbase = self._pool_i8.data_ptr(), stage.data_ptr()
             for h, so, w, r, hp, sp in rows.tolist():
@@ -687,7 +688,8 @@ class RankStager:
             if use_kernel:
                 ids_d, s_d, p_d = self._device_indices(batch, [ids, sidx, pidx])
                 for u in units:
-                    assert u.dst is not None
+                    if u.dst is None:
+                        raise RuntimeError("RankStager: kernel copy unit without a mapped slot view")
                     if out:
                         u.dst[:, s_d, p_d] = u.src.index_select(1, ids_d)
                     else:

@@ -59,10 +59,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from fstier.config import TierConfig, _format_validation_error
+from fstier.config import TierConfig, _format_validation_error, yaml_document
 from fstier.errors import ConfigError, FstierError, KeyFormatError
 from fstier.file_mapper import FileMapper
 from fstier.io.blockfile import FORMAT_VERSION
@@ -269,13 +268,7 @@ def _yaml_tier_section(path: object) -> dict[str, Any]:
         raise ConfigError(f"FstierTier option 'config': {str(p)!r} not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"FstierTier option 'config': cannot read {str(p)!r}: {exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{p}: invalid YAML{where}: {problem}") from None
+    data = yaml_document(text, p)
     if not isinstance(data, dict) or not isinstance(data.get("tier"), dict):
         raise ConfigError(
             f"{p}: FstierTier reads the file's 'tier:' mapping (vLLM supplies the model and "
