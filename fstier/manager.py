@@ -71,7 +71,7 @@ from fstier._capacity import GcReport, collect_garbage, key_from_block_name
 from fstier._metrics import TierMetrics
 from fstier._usage import SharedUsage
 from fstier.config import FstierConfig, TierConfig, load_config
-from fstier.errors import ConfigError, IOPoolClosedError, PoolError, TierClosedError
+from fstier.errors import ConfigError, FstierError, IOPoolClosedError, PoolError, TierClosedError
 from fstier.file_mapper import BLOCK_SUFFIX, FileMapper
 from fstier.io import posix
 from fstier.io.blockfile import HEADER_SIZE, BlockHeader, ChecksumKind, padded_len, payload_checksum
@@ -859,6 +859,23 @@ class FsTier:
         if job.kind == "store" and reserved:
             self._budget.release(reserved, written)
 
+    def _namespace_back(self) -> bool:
+        """Re-create the namespace directory and its manifest if they were
+        removed under a running tier (an operator's ``rm -rf`` of the cache);
+        True when it did. Without this every later store failed ENOENT until
+        a restart, since the fan-out walk starts at the namespace."""
+        if os.path.lexists(self.mapper.namespace_dir):
+            return False
+        try:
+            self.mapper.ensure_manifest()
+        except FstierError:  # root gone or unwritable: the store fails as it would
+            return False
+        log.warning(
+            "fstier: namespace directory %s was removed under a running tier; re-created it",
+            self.mapper.namespace_dir,
+        )
+        return True
+
     def _store_op(self, job: _Job, i: int) -> posix.StoreOutcome:
         written = 0
         try:
@@ -880,7 +897,12 @@ class FsTier:
             )
             # A string path: pathlib costs ~40 µs per op at 64 KiB (issue 14).
             path = self._path_str(key)
-            opened = self.mapper.make_parent(path)
+            try:
+                opened = self.mapper.make_parent(path)
+            except FileNotFoundError:
+                if not self._namespace_back():
+                    raise
+                opened = self.mapper.make_parent(path)
             if self._cache.is_bad(key):
                 # Its last load failed without proof of corruption (EIO,
                 # timeout): replace the file rather than skip onto it.
@@ -903,7 +925,9 @@ class FsTier:
             if outcome.status is posix.StoreStatus.FAILED and outcome.cause == "ENOENT":
                 # The fan-out directory was removed under us (an operator's
                 # rm -rf, another host, gc of empty dirs): re-create it once
-                # instead of failing every later store into it.
+                # instead of failing every later store into it (the whole
+                # namespace directory too, manifest included).
+                self._namespace_back()
                 self.mapper.forget_parent(path)
                 self.mapper.ensure_parent(path)
                 outcome = posix.store_block(request, self.io_options)

@@ -275,6 +275,27 @@ def test_store_recovers_when_fanout_dirs_are_removed(tmp_path: Path) -> None:
         t.close()
 
 
+def test_store_recovers_when_the_namespace_dir_is_removed(tmp_path: Path) -> None:
+    """rm -rf of the whole namespace directory (manifest included) under a
+    running tier: the next store re-creates the directory and its manifest
+    instead of failing every store until a restart."""
+    import shutil
+
+    t = _tier(tmp_path / "root", breaker_failures=2)
+    try:
+        assert _run(t, "store", [key_for(0)])[0].success
+        shutil.rmtree(t.mapper.namespace_dir)
+        for i in range(1, 4):
+            r, _ = _run(t, "store", [key_for(i)])
+            assert r.success, r
+        assert (t.mapper.namespace_dir / "config.json").is_file()
+        assert t.breaker_state == "closed"
+        r, got = _run(t, "load", [key_for(3)])
+        assert r.success and got[0] == payload_for(key_for(3), t.payload_bytes(key_for(3)))
+    finally:
+        t.close()
+
+
 # ------------------------------------------------------------------ row 24
 def test_late_read_never_reaches_a_reallocated_slot(tmp_path: Path, ops: FaultyOps) -> None:
     """Issue 15 item 1, end to end with a real hanging read: the load of A
