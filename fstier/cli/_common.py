@@ -47,6 +47,20 @@ def _console(stderr: bool = False) -> Any:
     return Console(file=stream, width=width, soft_wrap=False, highlight=False)
 
 
+#: Paths a text report lists before "... and N more" (JSON lists them all).
+MAX_LISTED = 50
+
+
+def _print_unreadable(console: Any, unreadable: Any) -> None:
+    """List the paths a walk could not read (a :class:`~fstier.cli.scan.Unreadable`),
+    the first :data:`MAX_LISTED` of them, then how many more."""
+    for path, error in unreadable.paths[:MAX_LISTED]:
+        console.print(f"unreadable: {_display(path)}: {error}", markup=False)
+    if unreadable.count > MAX_LISTED:
+        more = unreadable.count - MAX_LISTED
+        console.print(f"... and {more:,} more unreadable (use --json for the list)", markup=False)
+
+
 def _display(text: str) -> str:
     """``text`` as it can be printed anywhere: a name that was not valid UTF-8
     (decoded by ``os.fsdecode`` into lone surrogates) shows its raw bytes as

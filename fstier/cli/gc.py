@@ -20,6 +20,7 @@ import click
 from fstier.cli._common import (
     EXIT_FAILURE,
     EXIT_USAGE,
+    MAX_LISTED,
     _display,
     _emit_report,
     _Fail,
@@ -32,9 +33,6 @@ from fstier.cli._common import (
     _show_progress,
 )
 from fstier.config import MAX_TEMP_AGE_SECONDS
-
-#: Paths that failed, printed in the text report (all of them go to --json).
-MAX_LISTED = 50
 
 __all__ = ["run_gc"]
 

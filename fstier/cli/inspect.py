@@ -15,19 +15,16 @@ from fstier.cli._common import (
     EXIT_FAILURE,
     _cell,
     _console,
-    _display,
     _emit_report,
     _fmt_size,
     _fmt_time,
     _fstier_root,
     _handle_errors,
     _json_option,
+    _print_unreadable,
     _progress,
     _show_progress,
 )
-
-#: Unreadable paths printed in the text report (all of them go to --json).
-MAX_LISTED = 50
 
 
 @click.command("inspect")
@@ -98,10 +95,7 @@ def inspect_cmd(root: str, as_json: bool) -> None:
         )
     console = _console()
     console.print(table)
-    for path, error in report.unreadable.paths[:MAX_LISTED]:
-        console.print(f"unreadable: {_display(path)}: {error}", markup=False)
-    if report.unreadable.count > MAX_LISTED:
-        console.print(f"... and {report.unreadable.count - MAX_LISTED:,} more unreadable (use --json for the list)", markup=False)
+    _print_unreadable(console, report.unreadable)
     console.print(
         f"{len(report.namespaces)} namespace(s), {total_files:,} block file(s), "
         f"{_fmt_size(total_bytes)}; {report.stray_entries} other top-level entries",

@@ -35,6 +35,7 @@ from fstier._resolve import unlink_if
 from fstier.cli._common import (
     EXIT_FAILURE,
     EXIT_USAGE,
+    MAX_LISTED,
     _cell,
     _check_root_shape,
     _console,
@@ -45,6 +46,7 @@ from fstier.cli._common import (
     _fmt_size,
     _handle_errors,
     _json_option,
+    _print_unreadable,
     _progress,
     _show_progress,
 )
@@ -58,8 +60,6 @@ from fstier.cli.scan import (
 
 __all__ = ["BadFile", "NamespaceVerify", "VerifyReport", "run_verify"]
 
-#: Bad and unreadable paths printed in the text report (all go to --json).
-MAX_LISTED = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,10 +331,7 @@ def verify_cmd(root: str, namespace: str | None, fix: bool, headers_only: bool, 
             console.print(f"bad: {_display(bad.path)}: {bad.reason} ({state})", markup=False)
         if len(report.bad) > MAX_LISTED:
             console.print(f"... and {len(report.bad) - MAX_LISTED} more (use --json for all)", markup=False)
-        for path, error in report.unreadable_dirs.paths[:MAX_LISTED]:
-            console.print(f"unreadable: {_display(path)}: {error}", markup=False)
-        if report.unreadable_dirs.count > MAX_LISTED:
-            console.print(f"... and {report.unreadable_dirs.count - MAX_LISTED:,} more unreadable (use --json for all)", markup=False)
+        _print_unreadable(console, report.unreadable_dirs)
         console.print(
             f"{report.checked:,} file(s) checked in {report.seconds:.2f} s: {len(report.bad)} bad, "
             f"{report.removed} removed; {_verdict(report)}",
