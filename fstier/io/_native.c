@@ -262,6 +262,12 @@ static int fx_resolve(int dfd, const char *path, int flags, mode_t mode, int ben
         else
             fd = openat(cur, p, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         int e = errno;
+        if (fd < 0 && e == ENOTDIR) {
+            /* O_DIRECTORY is checked before O_NOFOLLOW: a symlink shows as
+             * ENOTDIR; report it as openat2 does (ELOOP) */
+            struct stat lst;
+            if (fstatat(cur, p, &lst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(lst.st_mode)) e = ELOOP;
+        }
         close(cur);
         if (fd < 0) {
             errno = e;
