@@ -240,6 +240,10 @@ class TierConfig(BaseModel):
     read_threads: int = Field(8, ge=1, le=256)
     write_threads: int = Field(4, ge=1, le=256)
     o_direct: Literal["auto", "on", "off"] = "auto"
+    #: the per-file I/O path: the native extension (``auto``: when it is
+    #: built; ``on``: required), or ``off``: the pure-Python path.
+    #: ``FSTIER_NATIVE=0`` in the environment forces ``off``.
+    native_io: Literal["auto", "on", "off"] = "auto"
     checksum: Literal["xxh3", "none"] = "xxh3"
     fsync: Literal["none", "file", "file+dir"] = "none"
     file_mode: Annotated[int, BeforeValidator(_file_mode), Field(ge=0, le=0o777)] = 0o644

@@ -51,6 +51,7 @@ All job bookkeeping lives in one :class:`_Job` record per in-flight job under
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import logging
@@ -73,7 +74,7 @@ from fstier._usage import SharedUsage
 from fstier.config import FstierConfig, TierConfig, load_config
 from fstier.errors import ConfigError, FstierError, IOPoolClosedError, PoolError, TierClosedError
 from fstier.file_mapper import BLOCK_SUFFIX, FileMapper
-from fstier.io import posix
+from fstier.io import native, posix
 from fstier.io.blockfile import HEADER_SIZE, BlockHeader, ChecksumKind, padded_len, payload_checksum
 from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool
 from fstier.keys import BlockKey
@@ -176,6 +177,33 @@ class _Job:
     #: store ops whose bytes still count as queued (cleared when the op ends or times out)
     op_open: list[bool] = field(default_factory=list)
     last_end: float = 0.0
+    #: native path: pool op j moves keys[bounds[j]:bounds[j + 1]] in one call
+    #: (None: one pool op per key, the Python path)
+    bounds: tuple[int, ...] | None = None
+
+    def op_of(self, i: int) -> int:
+        """The pool op that moves key ``i``."""
+        if self.bounds is None:
+            return i
+        return bisect.bisect_right(self.bounds, i) - 1
+
+    def keys_of_op(self, op: int) -> range:
+        """The key indices pool op ``op`` moves."""
+        if self.bounds is None:
+            return range(op, op + 1)
+        return range(self.bounds[op], self.bounds[op + 1])
+
+
+#: Keys per native call at least (a job is split across the I/O threads, but
+#: not into calls smaller than this: each call costs ~20 us of Python).
+_NATIVE_MIN_BATCH = 4
+
+
+def _split_bounds(n: int, threads: int) -> tuple[int, ...]:
+    """Boundaries that split ``n`` keys into at most ``threads`` near-equal
+    batches of at least :data:`_NATIVE_MIN_BATCH` keys."""
+    parts = max(1, min(threads, n // _NATIVE_MIN_BATCH))
+    return tuple(n * j // parts for j in range(parts + 1))
 
 
 class _LookupCache:
@@ -490,7 +518,11 @@ class FsTier:
         self.mapper.ensure_parent(self.mapper.blocks_dir / "_")
         support = posix.probe_o_direct(self.mapper.namespace_dir, tier.o_direct)
         self.io_options = posix.IOOptions.from_tier(tier, support)
+        #: which per-file path runs (fstier.io.native): "native" or "python"
+        self.io_path = native.log_selection_once(tier.native_io)
+        self._native = self.io_path.backend == "native"
         self.metrics = TierMetrics()
+        self.metrics.native_io.set(1 if self._native else 0)
         self._cache = _LookupCache(tier.lookup_cache_ttl_s)
         self._breaker = _Breaker(tier.breaker_failures, tier.breaker_cooldown_s, self.metrics)
         self._budget = _WriteBudget(tier.max_write_queue_seconds, self.metrics)
@@ -843,12 +875,19 @@ class FsTier:
             )
             self._jobs[pool_id] = job
             self._user_ids.add(job_id)
-        if kind == "store":
-            ops: list[Callable[[], object]] = [partial(self._store_op, job, i) for i in range(n)]
-            self._io.submit(pool_id, "write", ops)
+        ops: list[Callable[[], object]]
+        if self._native and self._python_seam_untouched():
+            # A whole batch per native call with the GIL released; the job
+            # is split across the I/O threads in batches (job.bounds).
+            threads = self.tier_config.write_threads if kind == "store" else self.tier_config.read_threads
+            job.bounds = _split_bounds(n, threads)
+            run = self._store_batch if kind == "store" else self._load_batch
+            ops = [partial(run, job, a, b) for a, b in zip(job.bounds[:-1], job.bounds[1:], strict=True)]
+        elif kind == "store":
+            ops = [partial(self._store_op, job, i) for i in range(n)]
         else:
             ops = [partial(self._load_op, job, i) for i in range(n)]
-            self._io.submit(pool_id, "read", ops)
+        self._io.submit(pool_id, "write" if kind == "store" else "read", ops)
 
     # -- ops (run on I/O threads) ----------------------------------------------
     def _op_ended(self, job: _Job, i: int, written: int) -> None:
@@ -876,67 +915,132 @@ class FsTier:
         )
         return True
 
+    @staticmethod
+    def _python_seam_untouched() -> bool:
+        """False while ``posix.FS`` (the Python path's system-call seam) is
+        replaced or patched, e.g. by a test injecting faults there: that
+        tier's jobs then take the Python path, whose calls the seam sees.
+        The native path has its own seam (``fstier.io.native.fault``)."""
+        fs = posix.FS
+        return type(fs) is posix._OsOps and not vars(fs)
+
     def _store_op(self, job: _Job, i: int) -> posix.StoreOutcome:
         written = 0
         try:
-            key, slot = job.keys[i], job.slots[i]
-            n = job.op_bytes[i]
-            view = self._pool.slot_view(slot)
-            # Exactly the payload: the I/O layer writes the file's zero padding
-            # from its own bounce page, so no byte past it is touched.
-            io_view = view[:n]
-            checksum = self.io_options.checksum
-            header = BlockHeader(
-                key=key,
-                namespace_digest=self.mapper.digest_bytes,
-                payload_len=n,
-                page_count=self._bpf,
-                page_bytes=n // self._bpf,
-                checksum_kind=ChecksumKind.XXH3_64 if checksum else ChecksumKind.NONE,
-                payload_checksum=payload_checksum(view[:n]) if checksum else 0,
-            )
-            # A string path: pathlib costs ~40 µs per op at 64 KiB (issue 14).
-            path = self._path_str(key)
-            try:
-                opened = self.mapper.make_parent(path)
-            except FileNotFoundError:
-                if not self._namespace_back():
-                    raise
-                opened = self.mapper.make_parent(path)
-            if self._cache.is_bad(key):
-                # Its last load failed without proof of corruption (EIO,
-                # timeout): replace the file rather than skip onto it.
-                with contextlib.suppress(FileNotFoundError):
-                    posix.FS.unlink(path)
-            request = posix.StoreRequest(path, header, io_view)
-            if opened is None:
-                outcome = posix.store_block(request, self.io_options)
-            else:
-                # The directory was just made (or checked): store through the
-                # fd that walk opened, with no second resolution (issue 14).
-                dir_fd, fresh = opened
-                try:
-                    outcome = posix.store_block_at(
-                        dir_fd, path.rpartition("/")[2], header, io_view, self.io_options,
-                        fresh=fresh,
-                    )
-                finally:
-                    posix.FS.close(dir_fd)
-            if outcome.status is posix.StoreStatus.FAILED and outcome.cause == "ENOENT":
-                # The fan-out directory was removed under us (an operator's
-                # rm -rf, another host, gc of empty dirs): re-create it once
-                # instead of failing every later store into it (the whole
-                # namespace directory too, manifest included).
-                self._namespace_back()
-                self.mapper.forget_parent(path)
-                self.mapper.ensure_parent(path)
-                outcome = posix.store_block(request, self.io_options)
-            if outcome.status is posix.StoreStatus.SKIPPED:
-                self._note_recent(path)
+            outcome = self._store_one(job, i)
             written = outcome.nbytes
             return outcome
         finally:
             self._op_ended(job, i, written)
+
+    def _store_batch(self, job: _Job, lo: int, hi: int) -> list[posix.StoreOutcome]:
+        """Store keys ``lo..hi-1`` of ``job`` in one native call (GIL
+        released for the whole batch). Keys whose directory is missing
+        (ENOENT: the namespace or a fan-out directory was removed under the
+        tier) are retried one by one on the Python path, which re-creates
+        them."""
+        written = [0] * (hi - lo)
+        try:
+            keys = job.keys[lo:hi]
+            views = [self._pool.slot_view(job.slots[i])[: job.op_bytes[i]] for i in range(lo, hi)]
+            paths = [self._path_str(k) for k in keys]
+            for k, path in zip(keys, paths, strict=True):
+                if self._cache.is_bad(k):
+                    # Its last load failed without proof of corruption:
+                    # replace the file rather than skip onto it.
+                    with contextlib.suppress(FileNotFoundError):
+                        posix.FS.unlink(path)
+            outs = native.store_batch(
+                self._blocks_prefix, paths, keys, views, self.mapper.digest_bytes, self._bpf,
+                self.io_options,
+            )
+            for j, out in enumerate(outs):
+                if out.status is posix.StoreStatus.FAILED and out.cause == "ENOENT":
+                    outs[j] = out = self._store_one(job, lo + j)
+                elif out.status is posix.StoreStatus.SKIPPED:
+                    self._note_recent(paths[j])
+                written[j] = out.nbytes
+            return outs
+        finally:
+            for j in range(hi - lo):
+                self._op_ended(job, lo + j, written[j])
+
+    def _load_batch(self, job: _Job, lo: int, hi: int) -> list[posix.LoadOutcome]:
+        """Load keys ``lo..hi-1`` of ``job`` in one native call (GIL released
+        for the whole batch); every key is attempted, as the per-key ops of
+        the Python path are."""
+        try:
+            keys = job.keys[lo:hi]
+            views = [self._pool.slot_view(job.slots[i])[: job.op_bytes[i]] for i in range(lo, hi)]
+            paths = [self._path_str(k) for k in keys]
+            outs = native.load_batch(
+                self._blocks_prefix, paths, keys, views, self.mapper.digest_bytes, self.io_options
+            )
+            for path, out in zip(paths, outs, strict=True):
+                if out.status is posix.LoadStatus.LOADED:
+                    self._note_recent(path)
+            return outs
+        finally:
+            for i in range(lo, hi):
+                self._op_ended(job, i, 0)
+
+    def _store_one(self, job: _Job, i: int) -> posix.StoreOutcome:
+        """One key's store on the Python path (the caller ends the op)."""
+        key, slot = job.keys[i], job.slots[i]
+        n = job.op_bytes[i]
+        view = self._pool.slot_view(slot)
+        # Exactly the payload: the I/O layer writes the file's zero padding
+        # from its own bounce page, so no byte past it is touched.
+        io_view = view[:n]
+        checksum = self.io_options.checksum
+        header = BlockHeader(
+            key=key,
+            namespace_digest=self.mapper.digest_bytes,
+            payload_len=n,
+            page_count=self._bpf,
+            page_bytes=n // self._bpf,
+            checksum_kind=ChecksumKind.XXH3_64 if checksum else ChecksumKind.NONE,
+            payload_checksum=payload_checksum(view[:n]) if checksum else 0,
+        )
+        # A string path: pathlib costs ~40 µs per op at 64 KiB (issue 14).
+        path = self._path_str(key)
+        try:
+            opened = self.mapper.make_parent(path)
+        except FileNotFoundError:
+            if not self._namespace_back():
+                raise
+            opened = self.mapper.make_parent(path)
+        if self._cache.is_bad(key):
+            # Its last load failed without proof of corruption (EIO,
+            # timeout): replace the file rather than skip onto it.
+            with contextlib.suppress(FileNotFoundError):
+                posix.FS.unlink(path)
+        request = posix.StoreRequest(path, header, io_view)
+        if opened is None:
+            outcome = posix.store_block(request, self.io_options)
+        else:
+            # The directory was just made (or checked): store through the
+            # fd that walk opened, with no second resolution (issue 14).
+            dir_fd, fresh = opened
+            try:
+                outcome = posix.store_block_at(
+                    dir_fd, path.rpartition("/")[2], header, io_view, self.io_options,
+                    fresh=fresh,
+                )
+            finally:
+                posix.FS.close(dir_fd)
+        if outcome.status is posix.StoreStatus.FAILED and outcome.cause == "ENOENT":
+            # The fan-out directory was removed under us (an operator's
+            # rm -rf, another host, gc of empty dirs): re-create it once
+            # instead of failing every later store into it (the whole
+            # namespace directory too, manifest included).
+            self._namespace_back()
+            self.mapper.forget_parent(path)
+            self.mapper.ensure_parent(path)
+            outcome = posix.store_block(request, self.io_options)
+        if outcome.status is posix.StoreStatus.SKIPPED:
+            self._note_recent(path)
+        return outcome
 
     def _load_op(self, job: _Job, i: int) -> posix.LoadOutcome:
         try:
@@ -1008,8 +1112,11 @@ class FsTier:
         _bump_mtimes(paths)
 
     def _on_late(self, pool_id: Hashable, op_index: int) -> None:
-        """The pool says a timed-out op finally returned: unfence its slot."""
+        """The pool says a timed-out op finally returned: unfence its slots
+        (one on the Python path; every slot of the batch on the native path,
+        whose late call held them all)."""
         with self._lock:
+            released = False
             for slot, owner in list(self._fenced.items()):
                 if owner == (pool_id, op_index):
                     del self._fenced[slot]
@@ -1017,9 +1124,11 @@ class FsTier:
                     # late call can no longer write it.
                     self._pool.unfence(slot)
                     log.info("fstier: slot %d released; its timed-out I/O returned", slot)
-                    self._idle.notify_all()
-                    return
-            self._late.add((pool_id, op_index))
+                    released = True
+            if released:
+                self._idle.notify_all()
+            else:
+                self._late.add((pool_id, op_index))
 
     # -- completion --------------------------------------------------------------
     def _reap(self) -> None:
@@ -1029,22 +1138,40 @@ class FsTier:
                 job = self._jobs.pop(pj.job_id, None)
             if job is None:
                 continue
+            results = list(pj.results) if job.bounds is None else self._per_key(job, pj.results)
             if job.kind == "store":
-                result = self._finish_store(job, list(pj.results))
+                result = self._finish_store(job, results)
             else:
-                result = self._finish_load(job, list(pj.results))
+                result = self._finish_load(job, results)
             with self._idle:
+                if job.bounds is not None:
+                    # the late marks of this job's batches served all their keys
+                    self._late.difference_update((job.pool_id, j) for j in range(len(job.bounds) - 1))
                 self._user_ids.discard(job.job_id)
                 self._finished.append(result)
                 self._idle.notify_all()
+
+    @staticmethod
+    def _per_key(job: _Job, results: Sequence[object]) -> list[object]:
+        """Native batches' results as one result per key: a batch that timed
+        out, was cancelled or raised stands for each of its keys."""
+        out: list[object] = []
+        for j, r in enumerate(results):
+            keys = job.keys_of_op(j)
+            if isinstance(r, list) and len(r) == len(keys):
+                out.extend(r)
+            else:
+                out.extend([r] * len(keys))
+        return out
 
     def _timed_out(self, job: _Job, i: int) -> None:
         with self._lock:
             reserved = _file_bytes(job.op_bytes[i]) if job.op_open[i] else 0
             job.op_open[i] = False
-            owner = (job.pool_id, i)
+            owner = (job.pool_id, job.op_of(i))
             if owner in self._late:
-                self._late.discard(owner)
+                if job.bounds is None:
+                    self._late.discard(owner)
             else:
                 slot = job.slots[i]
                 self._fenced[slot] = owner

@@ -23,6 +23,7 @@ import pytest
 import xxhash
 
 from fstier._atomic import is_temp_name
+from fstier.errors import ConfigError
 from fstier.io import native, posix
 from fstier.io.blockfile import (
     HEADER_SIZE,
@@ -488,8 +489,11 @@ def test_missing_extension_falls_back_or_fails_when_required(monkeypatch: pytest
     monkeypatch.delenv("FSTIER_NATIVE", raising=False)
     st = native.status()
     assert st.backend == "python" and "unavailable" in st.reason
+    assert native.status("off").backend == "python"
+    with pytest.raises(ConfigError, match="native_io: on.*C compiler"):
+        native.status("on")
     monkeypatch.setenv("FSTIER_NATIVE", "1")
-    with pytest.raises(ImportError, match="C compiler"):
+    with pytest.raises(ConfigError, match="FSTIER_NATIVE=1.*C compiler"):
         native.status()
 
 

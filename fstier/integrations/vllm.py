@@ -704,7 +704,8 @@ else:
 
         @classmethod
         def config_info_keys(cls, tier_config: dict[str, Any]) -> tuple[str, ...]:
-            return ("fstier_root_dir", "fstier_namespace", "fstier_max_bytes", "fstier_checksum")
+            return ("fstier_root_dir", "fstier_namespace", "fstier_max_bytes", "fstier_checksum",
+                    "fstier_io_path")
 
         def config_info(self) -> Mapping[str, str | int | float | bool]:
             t = self.fstier.tier_config
@@ -713,6 +714,7 @@ else:
                 "fstier_namespace": self.mapper.namespace,
                 "fstier_max_bytes": "None" if t.max_bytes is None else t.max_bytes,
                 "fstier_checksum": t.checksum,
+                "fstier_io_path": self.fstier.io_path.backend,
             }
 
         def shutdown(self) -> None:

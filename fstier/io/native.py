@@ -49,6 +49,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 from fstier._atomic import _HOST
+from fstier.errors import ConfigError
 from fstier.io import posix
 from fstier.io.blockfile import FORMAT_VERSION
 from fstier.io.posix import (
@@ -101,18 +102,26 @@ class NativeStatus(NamedTuple):
     checksum: str
 
 
-def status() -> NativeStatus:
-    """The path FsTier uses now (reads ``FSTIER_NATIVE`` each call)."""
+def status(mode: str = "auto") -> NativeStatus:
+    """The path a tier configured with ``native_io: mode`` uses now (reads
+    ``FSTIER_NATIVE`` each call: ``0`` forces the Python path, ``1`` requires
+    the extension). Raises :class:`~fstier.errors.ConfigError` when the
+    extension is required but does not import."""
     env = os.environ.get("FSTIER_NATIVE", "").strip()
     if env == "0":
         return NativeStatus("python", "FSTIER_NATIVE=0 forces the Python I/O path",
                             "xxh3-64 (xxhash package)")
+    if mode == "off" and env != "1":
+        return NativeStatus("python", "tier.native_io: off forces the Python I/O path",
+                            "xxh3-64 (xxhash package)")
     if _ext is None:
-        if env == "1":
-            raise ImportError(
-                f"FSTIER_NATIVE=1 but fstier's native extension does not import ({_import_error}); "
-                "reinstall fstier on a machine with a C compiler and Python headers "
-                "(pip install --force-reinstall --no-binary fstier fstier), or unset FSTIER_NATIVE"
+        if env == "1" or mode == "on":
+            why = "FSTIER_NATIVE=1" if env == "1" else "tier.native_io: on"
+            raise ConfigError(
+                f"{why}, but fstier's native extension does not import ({_import_error}); "
+                "reinstall fstier where a C compiler and Python headers exist "
+                "(pip install --force-reinstall --no-binary fstier fstier), or set "
+                "tier.native_io to 'auto'"
             )
         return NativeStatus(
             "python",
@@ -122,7 +131,7 @@ def status() -> NativeStatus:
     how = "openat2" if _settings.get("openat2") else "O_NOFOLLOW walk"
     return NativeStatus(
         "native",
-        f"native extension loaded (GIL released per batch, path resolution by {how})",
+        f"native extension loaded (a batch per call, GIL released, path resolution by {how})",
         f"xxh3-64 {_settings.get('xxh3_impl', '')}".strip(),
     )
 
@@ -136,10 +145,11 @@ _logged = False
 _log_lock = threading.Lock()
 
 
-def log_selection_once() -> NativeStatus:
-    """Log the selected path once per process (at the first tier start)."""
+def log_selection_once(mode: str = "auto") -> NativeStatus:
+    """The path for ``native_io: mode``, logged once per process (at the
+    first tier start)."""
     global _logged
-    st = status()
+    st = status(mode)
     with _log_lock:
         if not _logged:
             _logged = True
