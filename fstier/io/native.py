@@ -104,15 +104,15 @@ class NativeStatus(NamedTuple):
 
 def status(mode: str = "auto") -> NativeStatus:
     """The path a tier configured with ``native_io: mode`` uses now (reads
-    ``FSTIER_NATIVE`` each call: ``0`` forces the Python path, ``1`` requires
-    the extension). Raises :class:`~fstier.errors.ConfigError` when the
+    ``FSTIER_NATIVE`` each call: ``0`` forces the Python path; ``1`` turns
+    ``auto`` into ``on``, i.e. the extension is required; ``off`` stays off). Raises :class:`~fstier.errors.ConfigError` when the
     extension is required but does not import."""
     env = os.environ.get("FSTIER_NATIVE", "").strip()
     if env == "0":
         return NativeStatus("python", "FSTIER_NATIVE=0 forces the Python I/O path",
                             "xxh3-64 (xxhash package)")
-    if mode == "off" and env != "1":
-        return NativeStatus("python", "tier.native_io: off forces the Python I/O path",
+    if mode == "off":
+        return NativeStatus("python", "tier.native_io: off selects the Python I/O path",
                             "xxh3-64 (xxhash package)")
     if _ext is None:
         if env == "1" or mode == "on":
