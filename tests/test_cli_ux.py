@@ -26,11 +26,11 @@ from click.testing import CliRunner
 from conftest import make_config
 from test_cli import SMALL_GROUP, run_bin, store_blocks, write_yaml
 
-from fstier._units import format_size
 from fstier.cli import main
 from fstier.config import load_config, parse_config
 from fstier.errors import ConfigError
 from fstier.file_mapper import FileMapper
+from fstier.units import format_size
 
 REPO = Path(__file__).resolve().parents[1]
 
