@@ -23,7 +23,7 @@ Shared by :class:`fstier.manager.FsTier` (background eviction) and ``fstier gc``
   already opened it (this or another process, or another host) keeps reading
   valid bytes; a reader that opens it afterwards sees a miss. Just before
   unlinking, the file is stat-ed again through its directory fd (resolved
-  without symlinks, :func:`fstier._resolve.unlink_if`): if its mtime or inode
+  without symlinks, :func:`fstier.io.fsops.unlink_if`): if its mtime or inode
   moved (someone loaded or replaced it since the scan) it is kept.
 """
 
@@ -38,8 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from fstier._resolve import unlink_if
 from fstier._tree import BLOCK_NAME_RE, FileKind, TreeFile, iter_root
+from fstier.io.fsops import unlink_if
 from fstier.keys import BlockKey
 
 __all__ = [
@@ -138,7 +138,7 @@ def _unlink_if_unchanged(
     path: str, mtime_ns: int, ino: int, on_error: Callable[[OSError], None] | None = None
 ) -> str:
     """Unlink ``path`` unless its mtime or inode moved since the scan, never
-    through a symlink (:func:`fstier._resolve.unlink_if`). Returns
+    through a symlink (:func:`fstier.io.fsops.unlink_if`). Returns
     ``removed``, ``kept`` (recently used or replaced), ``gone`` or ``error``
     (the error also goes to ``on_error``)."""
     return unlink_if(

@@ -16,7 +16,7 @@ Only inside a valid namespace does fstier count or remove anything
 
 - **block**: a regular file named ``<hex>-g<group>.bin`` exactly where
   ``FileMapper.path_for`` puts it: ``[r<rank>/]<hex[:3]>/<hex[3:5]>/``;
-- **temp**: fstier's own temp names (:func:`fstier._atomic.is_temp_name`);
+- **temp**: fstier's own temp names (:func:`fstier.io.fsops.is_temp_name`);
 - **nfs**: NFS silly-renamed ``.nfs*`` files (deleted while open).
 
 Everything else (other names, misplaced block names, files at the root's top
@@ -43,9 +43,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from fstier._atomic import is_temp_name
-from fstier._resolve import open_nofollow
 from fstier.errors import NamespaceMismatchError
+from fstier.file_mapper import BLOCK_NAME_RE, MANIFEST_NAME, canonical_json
+from fstier.io.fsops import is_temp_name, open_nofollow
 
 __all__ = [
     "BLOCK_NAME_RE",
@@ -62,22 +62,13 @@ __all__ = [
     "read_manifest",
 ]
 
-MANIFEST_NAME = "config.json"
 #: A manifest is about 2 KiB; anything much larger was not written by fstier.
 MANIFEST_MAX_BYTES = 64 * 1024
 #: JSON nesting deeper than this is refused before parsing (fstier writes 4).
 _MAX_DEPTH = 32
-#: A block file's name, as ``FileMapper.path_for`` writes it: the key's hash
-#: in hex (8..64 bytes) and its group.
-BLOCK_NAME_RE = re.compile(r"^([0-9a-f]{16,128})-g([0-9]{1,5})\.bin$")
 _RANK_DIR = re.compile(r"^r([0-9]{1,6})$")
 _NAMESPACE_DIR = re.compile(r"^.{1,64}-([0-9a-f]{16})$")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def canonical_json(obj: Any) -> bytes:
-    """Sorted keys, no spaces, ASCII: what the namespace digest is taken over."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 # ------------------------------------------------------------------ manifest

@@ -30,9 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from fstier._atomic import atomic_write
 from fstier._format import canonical_format_id, canonical_page_bytes, is_certified
-from fstier._tree import BLOCK_NAME_RE, MANIFEST_NAME, canonical_json, read_manifest
 from fstier.config import FstierConfig, ModelSpec, ParallelSpec
 from fstier.errors import FstierError, NamespaceMismatchError, PathSafetyError, StorageError
 from fstier.keys import BlockKey
@@ -41,6 +39,11 @@ __all__ = ["BLOCK_NAME_RE", "MANIFEST_NAME", "NAMESPACE_VERSION", "FileMapper", 
 
 NAMESPACE_VERSION = 1
 BLOCK_SUFFIX = ".bin"
+#: The namespace manifest's file name, in the namespace directory.
+MANIFEST_NAME = "config.json"
+#: A block file's name, as :meth:`FileMapper.path_for` writes it: the key's
+#: hash in hex (8..64 bytes) and its group.
+BLOCK_NAME_RE = re.compile(r"^([0-9a-f]{16,128})-g([0-9]{1,5})\.bin$")
 _MAX_NAME = 64
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -71,6 +74,11 @@ def safe_model_name(name: str) -> str:
     if safe.startswith("."):
         safe = "_" + safe[1:]
     return safe or "model"
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Sorted keys, no spaces, ASCII: what the namespace digest is taken over."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 _canonical_json = canonical_json
@@ -138,7 +146,7 @@ class FileMapper:
     ) -> None:
         # The real path: block paths are then free of symlinks by
         # construction, and every later resolution refuses any symlink it
-        # meets (fstier/_resolve.py), planted below the root or not.
+        # meets (fstier/io/fsops.py), planted below the root or not.
         self.root = Path(os.path.realpath(root))
         self.agnostic = agnostic
         self.fields = fields
@@ -228,6 +236,11 @@ class FileMapper:
         )
 
     def _ensure_manifest(self) -> None:
+        # Here, not at module level: naming a block (and `fstier config
+        # validate`) imports no part of the I/O layer.
+        from fstier._tree import read_manifest
+        from fstier.io.fsops import atomic_write
+
         self._check_root()
         self.namespace_dir.mkdir(mode=0o755, exist_ok=True)
         self._check_not_symlink(self.namespace_dir)

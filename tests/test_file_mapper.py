@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from conftest import make_config
 
-from fstier._atomic import is_temp_name
 from fstier.config import ModelSpec, ParallelSpec
 from fstier.errors import NamespaceMismatchError, PathSafetyError
 from fstier.file_mapper import FileMapper, is_parallel_agnostic, safe_model_name
+from fstier.io.fsops import is_temp_name
 from fstier.keys import BlockKey
 
 FULL = {"kind": "full_attention", "block_size": 16, "num_layers": 2, "num_kv_heads": 8, "head_size": 64}

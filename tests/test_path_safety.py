@@ -33,7 +33,7 @@ def _snapshot(d: Path) -> dict[str, tuple[bytes, int]]:
 def resolution(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both ways a path is resolved: openat2, and the per-component walk
     used where the kernel has no openat2."""
-    import fstier._resolve as resolve
+    import fstier.io.fsops as resolve
 
     if request.param == "walk":
         monkeypatch.setattr(resolve, "HAVE_OPENAT2", False)
@@ -372,7 +372,7 @@ def test_capacity_is_described_identically_in_example_configuration_and_cli_docs
 def test_atomic_write_never_writes_through_a_symlinked_directory(tmp_path: Path, outside: Path) -> None:
     """The manifest writer (a sibling of item 2): its directory swapped for a
     link after the namespace check must not receive the file."""
-    from fstier._atomic import atomic_write
+    from fstier.io.fsops import atomic_write
 
     ns = tmp_path / "root" / "ns"
     ns.parent.mkdir()

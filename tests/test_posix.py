@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from fstier._atomic import is_temp_name
 from fstier.errors import DirectIOUnsupportedError
 from fstier.io import posix
 from fstier.io.blockfile import HEADER_SIZE, header_for_payload, padded_len
+from fstier.io.fsops import is_temp_name
 from fstier.io.posix import (
     FS,
     IOOptions,

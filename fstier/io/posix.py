@@ -1,7 +1,7 @@
 """POSIX block I/O: probe O_DIRECT once, store atomically, load and verify.
 
 No path is ever resolved through a symlink: every path goes through
-:func:`fstier._resolve.open_nofollow` (``openat2`` with
+:func:`fstier.io.fsops.open_nofollow` (``openat2`` with
 ``RESOLVE_NO_SYMLINKS``), and every name is acted on inside a directory fd
 opened that way, so a directory swapped for a symlink at any moment is
 refused (``ELOOP``), never followed out of the root.
@@ -81,8 +81,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import xxhash
 
-from fstier._atomic import temp_path_for
-from fstier._resolve import open_nofollow, split_parent
 from fstier.errors import BlockCorruptError, DirectIOUnsupportedError
 from fstier.io.blockfile import (
     ALIGNMENT,
@@ -94,6 +92,7 @@ from fstier.io.blockfile import (
     padded_len,
     payload_checksum,
 )
+from fstier.io.fsops import open_nofollow, split_parent, temp_path_for
 from fstier.keys import BlockKey
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -144,7 +143,7 @@ class _OsOps:
     to inject ENOSPC, EIO, short writes, hangs...
 
     Path arguments are resolved with no symlink in any component
-    (:func:`fstier._resolve.open_nofollow`); ``*_at`` methods act on one
+    (:func:`fstier.io.fsops.open_nofollow`); ``*_at`` methods act on one
     name inside a directory fd opened that way, so a directory swapped for a
     symlink after it was opened cannot redirect them."""
 
