@@ -292,7 +292,7 @@ class FileMapper:
         (opened with no symlink on its path; the caller closes it) and
         whether this call created it. A store into a new fan-out directory
         then needs no second resolution and no existence check. The walk
-        goes through the I/O layer's system-call seam (``posix.FS``), as
+        goes through the I/O layer's system-call seam (``fsops.FS``), as
         the store itself does."""
         # The cache check runs on strings: it is every store's first step,
         # and building Path objects costs more than the rest of it.
@@ -300,7 +300,7 @@ class FileMapper:
         if key in self._verified_dirs:
             return None
         # Here, not at module level: `fstier --help` must not import numpy.
-        from fstier.io import posix
+        from fstier.io import fsops
         ns = os.fspath(self.namespace_dir)
         if key != ns and not key.startswith(ns + "/"):
             raise ValueError(f"{path!r} is not under the namespace directory {ns}")
@@ -316,7 +316,7 @@ class FileMapper:
                 start, base = i, ancestor
                 break
         try:
-            fd = posix.FS.open(base, _DIR_FLAGS)
+            fd = fsops.FS.open(base, _DIR_FLAGS)
         except FileNotFoundError:
             if base == ns:
                 raise
@@ -326,7 +326,7 @@ class FileMapper:
                 self._verified_dirs.discard(base)
             start, base = 0, ns
             try:
-                fd = posix.FS.open(base, _DIR_FLAGS)
+                fd = fsops.FS.open(base, _DIR_FLAGS)
             except OSError as exc:
                 raise self._unsafe(Path(base), exc) from None
         except OSError as exc:
@@ -338,20 +338,20 @@ class FileMapper:
             for part in parts[start:]:
                 current = f"{current}/{part}"
                 try:
-                    posix.FS.mkdir_at(fd, part, 0o755)
+                    fsops.FS.mkdir_at(fd, part, 0o755)
                     fresh = True
                 except FileExistsError:
                     fresh = False
                 try:
-                    nfd = posix.FS.openat(fd, part, _DIR_FLAGS)
+                    nfd = fsops.FS.openat(fd, part, _DIR_FLAGS)
                 except OSError as exc:
                     raise self._unsafe(Path(current), exc) from None
-                posix.FS.close(fd)
+                fsops.FS.close(fd)
                 fd = nfd
                 made.append(current)
         except BaseException:
             with contextlib.suppress(OSError):
-                posix.FS.close(fd)
+                fsops.FS.close(fd)
             raise
         with self._lock:
             self._verified_dirs.update(made)

@@ -73,7 +73,7 @@ from fstier._usage import SharedUsage
 from fstier.config import FstierConfig, TierConfig, load_config
 from fstier.errors import ConfigError, FstierError, IOPoolClosedError, PoolError, TierClosedError
 from fstier.file_mapper import BLOCK_SUFFIX, FileMapper
-from fstier.io import posix
+from fstier.io import blockstore, capabilities, fsops
 from fstier.io.blockfile import HEADER_SIZE, BlockHeader, ChecksumKind, padded_len, payload_checksum
 from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool
 from fstier.keys import BlockKey
@@ -373,7 +373,7 @@ _RECENCY_MAX_PENDING = 4096
 def _bump_mtimes(paths: Sequence[str]) -> None:
     for p in paths:
         # Evicted or replaced meanwhile is fine; never through a symlink.
-        posix.touch_file(p)
+        blockstore.touch_file(p)
 
 
 def _ignore_pool_job(_job: object) -> None:
@@ -488,8 +488,8 @@ class FsTier:
         self.mapper.ensure_manifest()
         # mkdirat inside directory fds: never through a swapped namespace dir.
         self.mapper.ensure_parent(self.mapper.blocks_dir / "_")
-        support = posix.probe_o_direct(self.mapper.namespace_dir, tier.o_direct)
-        self.io_options = posix.IOOptions.from_tier(tier, support)
+        support = capabilities.probe_o_direct(self.mapper.namespace_dir, tier.o_direct)
+        self.io_options = blockstore.IOOptions.from_tier(tier, support)
         self.metrics = TierMetrics()
         self._cache = _LookupCache(tier.lookup_cache_ttl_s)
         self._breaker = _Breaker(tier.breaker_failures, tier.breaker_cooldown_s, self.metrics)
@@ -876,7 +876,7 @@ class FsTier:
         )
         return True
 
-    def _store_op(self, job: _Job, i: int) -> posix.StoreOutcome:
+    def _store_op(self, job: _Job, i: int) -> blockstore.StoreOutcome:
         written = 0
         try:
             key, slot = job.keys[i], job.slots[i]
@@ -907,22 +907,22 @@ class FsTier:
                 # Its last load failed without proof of corruption (EIO,
                 # timeout): replace the file rather than skip onto it.
                 with contextlib.suppress(FileNotFoundError):
-                    posix.FS.unlink(path)
-            request = posix.StoreRequest(path, header, io_view)
+                    fsops.FS.unlink(path)
+            request = blockstore.StoreRequest(path, header, io_view)
             if opened is None:
-                outcome = posix.store_block(request, self.io_options)
+                outcome = blockstore.store_block(request, self.io_options)
             else:
                 # The directory was just made (or checked): store through the
                 # fd that walk opened, with no second resolution (issue 14).
                 dir_fd, fresh = opened
                 try:
-                    outcome = posix.store_block_at(
+                    outcome = blockstore.store_block_at(
                         dir_fd, path.rpartition("/")[2], header, io_view, self.io_options,
                         fresh=fresh,
                     )
                 finally:
-                    posix.FS.close(dir_fd)
-            if outcome.status is posix.StoreStatus.FAILED and outcome.cause == "ENOENT":
+                    fsops.FS.close(dir_fd)
+            if outcome.status is blockstore.StoreStatus.FAILED and outcome.cause == "ENOENT":
                 # The fan-out directory was removed under us (an operator's
                 # rm -rf, another host, gc of empty dirs): re-create it once
                 # instead of failing every later store into it (the whole
@@ -930,15 +930,15 @@ class FsTier:
                 self._namespace_back()
                 self.mapper.forget_parent(path)
                 self.mapper.ensure_parent(path)
-                outcome = posix.store_block(request, self.io_options)
-            if outcome.status is posix.StoreStatus.SKIPPED:
+                outcome = blockstore.store_block(request, self.io_options)
+            if outcome.status is blockstore.StoreStatus.SKIPPED:
                 self._note_recent(path)
             written = outcome.nbytes
             return outcome
         finally:
             self._op_ended(job, i, written)
 
-    def _load_op(self, job: _Job, i: int) -> posix.LoadOutcome:
+    def _load_op(self, job: _Job, i: int) -> blockstore.LoadOutcome:
         try:
             key, slot = job.keys[i], job.slots[i]
             n = job.op_bytes[i]
@@ -947,13 +947,13 @@ class FsTier:
             # padding into its own bounce page.
             io_view = view[:n]
             path = self._path_str(key)
-            outcome = posix.load_block(
-                posix.LoadRequest(
+            outcome = blockstore.load_block(
+                blockstore.LoadRequest(
                     path, io_view, key, self.mapper.digest_bytes, n, self.mapper.root
                 ),
                 self.io_options,
             )
-            if outcome.status is posix.LoadStatus.LOADED:
+            if outcome.status is blockstore.LoadStatus.LOADED:
                 self._note_recent(path)
             return outcome
         finally:
@@ -1087,18 +1087,18 @@ class FsTier:
             if r is OP_TIMED_OUT:
                 self._timed_out(job, i)
                 c = "timeout"
-            elif isinstance(r, posix.StoreOutcome) and r.status is posix.StoreStatus.STORED:
+            elif isinstance(r, blockstore.StoreOutcome) and r.status is blockstore.StoreStatus.STORED:
                 stored.append(key)
                 nbytes += job.op_bytes[i]
                 file_bytes += _file_bytes(job.op_bytes[i])
                 self._breaker.success()
                 continue
-            elif isinstance(r, posix.StoreOutcome) and r.status is posix.StoreStatus.SKIPPED:
+            elif isinstance(r, blockstore.StoreOutcome) and r.status is blockstore.StoreStatus.SKIPPED:
                 skipped += 1
                 present.append(key)
                 self._breaker.success()
                 continue
-            elif isinstance(r, posix.StoreOutcome):
+            elif isinstance(r, blockstore.StoreOutcome):
                 c = r.cause or "store_failed"
                 log.warning("fstier: store of %r failed: %s (%s)", key, c, r.detail)
             else:
@@ -1141,7 +1141,7 @@ class FsTier:
         in_prefix = True
         for i, r in enumerate(results):
             key = job.keys[i]
-            if isinstance(r, posix.LoadOutcome) and r.status is posix.LoadStatus.LOADED:
+            if isinstance(r, blockstore.LoadOutcome) and r.status is blockstore.LoadStatus.LOADED:
                 self._breaker.success()
                 if in_prefix:
                     prefix += 1
@@ -1155,21 +1155,21 @@ class FsTier:
                 self._breaker_failure(c)
             elif r is OP_CANCELLED:
                 c = "cancelled"
-            elif isinstance(r, posix.LoadOutcome) and r.status is posix.LoadStatus.MISSING:
+            elif isinstance(r, blockstore.LoadOutcome) and r.status is blockstore.LoadStatus.MISSING:
                 c = "miss"
-            elif isinstance(r, posix.LoadOutcome) and r.status is posix.LoadStatus.CORRUPT:
+            elif isinstance(r, blockstore.LoadOutcome) and r.status is blockstore.LoadStatus.CORRUPT:
                 c = f"corrupt:{r.cause}"
                 self.metrics.corrupt.inc()
                 log.warning("fstier: corrupt block %r removed: %s %s", key, r.cause, r.detail)
                 if r.removed:
                     removed.append(key)
-            elif isinstance(r, posix.LoadOutcome) and r.cause in _BAD_FILE_CAUSES:
+            elif isinstance(r, blockstore.LoadOutcome) and r.cause in _BAD_FILE_CAUSES:
                 c = f"bad_file:{r.cause}"
                 log.warning(
                     "fstier: %r: the block path holds no block file (%s); a miss. Remove "
                     "whatever was placed at %s", key, r.detail or r.cause, self._path_str(key),
                 )
-            elif isinstance(r, posix.LoadOutcome):
+            elif isinstance(r, blockstore.LoadOutcome):
                 c = r.cause or "load_error"
                 log.warning("fstier: load of %r failed: %s (%s)", key, c, r.detail)
                 self._breaker_failure(c)

@@ -287,7 +287,7 @@ def test_gc_names_what_it_could_not_read(root_with_locked_dir: tuple[Path, Path,
 
 
 def test_verify_fix_on_unreadable_file_does_not_suggest_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import fstier.io.posix as posix
+    import fstier.io.blockstore as posix
 
     root = tmp_path / "root"
     paths = store_blocks(make_config(root, groups=SMALL_GROUP), 3)

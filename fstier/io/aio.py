@@ -25,9 +25,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool, PoolJob
-from fstier.io.posix import (
-    FS,
+from fstier.io import fsops
+from fstier.io.blockstore import (
     BatchLoadResult,
     IOOptions,
     LoadOutcome,
@@ -39,6 +38,7 @@ from fstier.io.posix import (
     load_block,
     store_block,
 )
+from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool, PoolJob
 
 __all__ = ["AsyncBlockIO"]
 
@@ -125,7 +125,7 @@ class AsyncBlockIO:
 
         def probe(p: str | Path) -> bool:
             try:
-                return FS.lstat(p).st_mode & 0o170000 == 0o100000
+                return fsops.FS.lstat(p).st_mode & 0o170000 == 0o100000
             except OSError:
                 return False
 

@@ -41,24 +41,52 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import logging
+import mmap
 import os
 import secrets
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fstier.io.blockfile import ALIGNMENT, padded_len
 
 __all__ = [
+    "FS",
     "HAVE_OPENAT2",
+    "O_CLOEXEC",
+    "O_DIRECT",
+    "O_DIRECTORY",
+    "O_DIR_FLAGS",
+    "O_NOFOLLOW",
+    "O_TMPFILE",
+    "OsOps",
     "TEMP_MARKER",
+    "advance",
+    "aligned_buffer",
     "atomic_write",
+    "buffer_address",
+    "byte_view",
+    "close_quietly",
+    "discard_at",
+    "errno_name",
     "fsync_dir",
+    "is_aligned",
     "is_temp_name",
     "open_nofollow",
+    "preadv_all",
+    "pwritev_all",
     "split_parent",
     "temp_path_for",
     "unlink_if",
+    "unlink_if_same",
 ]
+
+log = logging.getLogger("fstier.io")
 
 _O_PATH: int = getattr(os, "O_PATH", 0)
 _O_DIRECTORY: int = getattr(os, "O_DIRECTORY", 0)
@@ -66,6 +94,13 @@ _O_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
 _O_CREAT: int = os.O_CREAT
 _O_TMPFILE: int = getattr(os, "O_TMPFILE", 0)
+O_DIRECT: int = getattr(os, "O_DIRECT", 0)
+O_NOFOLLOW: int = _O_NOFOLLOW
+O_CLOEXEC: int = _O_CLOEXEC
+O_DIRECTORY: int = _O_DIRECTORY
+O_TMPFILE: int = _O_TMPFILE
+#: A directory fd used as ``dir_fd`` (and fsync-able, unlike O_PATH).
+O_DIR_FLAGS = os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC
 _AT_FDCWD = -100
 _RESOLVE_NO_SYMLINKS = 0x04
 _SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(os.uname().machine, 0)
@@ -278,3 +313,197 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, fsync: str = "fi
             os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+# ---------------------------------------------------------------- the FS seam
+class OsOps:
+    """Every system call the io layer makes. Tests replace methods on the
+    module-level :data:`FS` instance (``monkeypatch.setattr(posix.FS, "fsync", f)``)
+    to inject ENOSPC, EIO, short writes, hangs...
+
+    Path arguments are resolved with no symlink in any component
+    (:func:`open_nofollow`); ``*_at`` methods act on one
+    name inside a directory fd opened that way, so a directory swapped for a
+    symlink after it was opened cannot redirect them."""
+
+    def open(self, path: str | Path, flags: int, mode: int = 0o600) -> int:
+        return open_nofollow(path, flags, mode)
+
+    def openat(self, dir_fd: int, name: str, flags: int, mode: int = 0o600) -> int:
+        return os.open(name, flags | O_NOFOLLOW | O_CLOEXEC, mode, dir_fd=dir_fd)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def pwritev(self, fd: int, buffers: Sequence[Any], offset: int) -> int:
+        return os.pwritev(fd, buffers, offset)
+
+    def preadv(self, fd: int, buffers: Sequence[Any], offset: int) -> int:
+        return os.preadv(fd, buffers, offset)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def fstat(self, fd: int) -> os.stat_result:
+        return os.fstat(fd)
+
+    def stat_at(self, dir_fd: int, name: str) -> os.stat_result:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+
+    def unlink_at(self, dir_fd: int, name: str) -> None:
+        os.unlink(name, dir_fd=dir_fd)
+
+    def replace_at(self, dir_fd: int, src: str, dst: str) -> None:
+        os.replace(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+    def link_at(self, fd: int, dir_fd: int, name: str) -> None:
+        """Give the anonymous (``O_TMPFILE``) file ``fd`` the name ``name`` in
+        ``dir_fd``. ``EEXIST`` if the name exists (linkat never replaces)."""
+        # /proc/self/fd/N with AT_SYMLINK_FOLLOW needs no privilege, unlike
+        # AT_EMPTY_PATH (CAP_DAC_READ_SEARCH).
+        os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd, follow_symlinks=True)
+
+    def mkdir_at(self, dir_fd: int, name: str, mode: int = 0o755) -> None:
+        os.mkdir(name, mode, dir_fd=dir_fd)
+
+    def utime(self, fd: int) -> None:
+        os.utime(fd)
+
+    # Path-level conveniences: one name resolved in its parent, no symlinks.
+    def lstat(self, path: str | Path) -> os.stat_result:
+        parent, name = split_parent(path)
+        dfd = self.open(parent, O_DIR_FLAGS)
+        try:
+            return self.stat_at(dfd, name)
+        finally:
+            self.close(dfd)
+
+    def unlink(self, path: str | Path) -> None:
+        parent, name = split_parent(path)
+        dfd = self.open(parent, O_DIR_FLAGS)
+        try:
+            self.unlink_at(dfd, name)
+        finally:
+            self.close(dfd)
+
+
+FS = OsOps()
+
+
+def errno_name(exc: OSError) -> str:
+    return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+
+
+# ------------------------------------------------------------ aligned buffers
+def aligned_buffer(nbytes: int) -> memoryview:
+    """A page-aligned, writable, zeroed buffer (anonymous mmap) of at least
+    ``nbytes`` rounded up to 4096. The memory is prefaulted."""
+    size = max(ALIGNMENT, padded_len(nbytes))
+    # MAP_PRIVATE: Python's default for anonymous maps is MAP_SHARED, which a
+    # forked child would share with its parent (tests/reliability/
+    # test_concurrency.py::test_io_buffers_private_after_fork).
+    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    view = memoryview(m)
+    # Touch every page now: first-touch faults are slow on these VMs
+    # (docs/architecture.md, "Facts of the machines").
+    view[:: mmap.PAGESIZE] = bytes(len(range(0, size, mmap.PAGESIZE)))
+    return view
+
+
+def buffer_address(view: memoryview) -> int:
+    """The address of the first byte of a contiguous buffer."""
+    if len(view) == 0:
+        return 0
+    if not view.readonly:
+        # ~10x cheaper than going through numpy; it runs on every op.
+        return ctypes.addressof(ctypes.c_char.from_buffer(view))
+    return int(np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0])
+
+
+def byte_view(buf: Any) -> memoryview:
+    """``buf`` as a flat memoryview of bytes."""
+    view = memoryview(buf)
+    if view.ndim != 1 or view.itemsize != 1 or view.format not in ("B", "b", "c"):
+        view = view.cast("B")
+    return view
+
+
+def is_aligned(view: memoryview, alignment: int) -> bool:
+    return buffer_address(view) % alignment == 0 and len(view) % alignment == 0
+
+
+
+# ------------------------------------------------------------ robust calls
+def advance(bufs: list[memoryview], n: int) -> list[memoryview]:
+    """Drop the first ``n`` bytes from a list of buffers (short-write resume)."""
+    out: list[memoryview] = []
+    for b in bufs:
+        if n >= len(b):
+            n -= len(b)
+            continue
+        out.append(b[n:] if n else b)
+        n = 0
+    return out
+
+
+def pwritev_all(fd: int, bufs: list[memoryview], offset: int) -> int:
+    total = 0
+    while bufs:
+        n = FS.pwritev(fd, bufs, offset + total)
+        if n <= 0:
+            raise OSError(errno.EIO, f"pwritev wrote {n} bytes")
+        total += n
+        bufs = advance(bufs, n)
+    return total
+
+
+def close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        FS.close(fd)
+
+
+def discard_at(dir_fd: int, name: str) -> None:
+    try:
+        FS.unlink_at(dir_fd, name)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("could not remove temp file %s: %s", name, exc)
+
+
+
+def preadv_all(fd: int, bufs: list[memoryview], offset: int) -> int:
+    total = 0
+    while bufs:
+        n = FS.preadv(fd, bufs, offset + total)
+        if n <= 0:
+            break  # EOF: the file shrank under us; the caller sees a short read
+        total += n
+        bufs = advance(bufs, n)
+    return total
+
+
+
+def unlink_if_same(path: str | Path, st: os.stat_result) -> bool:
+    """Unlink ``path`` only if it still names the inode we read, so a file a
+    concurrent writer has just renamed into place is never removed. The name
+    is resolved with no symlink in any component: nothing outside the root
+    is ever removed (a swapped directory fails the resolution)."""
+    parent, name = split_parent(path)
+    try:
+        dir_fd = FS.open(parent, O_DIR_FLAGS)
+    except OSError as exc:
+        log.warning("not removing corrupt block %s: %s", path, exc.strerror)
+        return False
+    try:
+        now = FS.stat_at(dir_fd, name)
+        if (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev):
+            return False
+        FS.unlink_at(dir_fd, name)
+        return True
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            log.warning("could not remove corrupt block %s: %s", path, exc)
+        return False
+    finally:
+        close_quietly(dir_fd)
