@@ -3,7 +3,7 @@
 Shared by :class:`fstier.manager.FsTier` (background eviction) and ``fstier gc``.
 
 - **Only fstier's files.** The candidates are exactly what
-  :func:`fstier._tree.iter_root` yields: block files where fstier puts them,
+  :func:`fstier.io.tree.iter_root` yields: block files where fstier puts them,
   its temp files and NFS silly-renamed ``.nfs*`` files, and only inside
   namespace directories with a valid manifest. Nothing else under the root
   (other directories, the root's top level, symlinks) is counted or touched.
@@ -38,8 +38,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from fstier._tree import BLOCK_NAME_RE, FileKind, TreeFile, iter_root
+from fstier.file_mapper import BLOCK_NAME_RE
 from fstier.io.fsops import unlink_if
+from fstier.io.tree import FileKind, TreeFile, iter_root
 from fstier.keys import BlockKey
 
 __all__ = [

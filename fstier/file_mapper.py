@@ -238,8 +238,8 @@ class FileMapper:
     def _ensure_manifest(self) -> None:
         # Here, not at module level: naming a block (and `fstier config
         # validate`) imports no part of the I/O layer.
-        from fstier._tree import read_manifest
         from fstier.io.fsops import atomic_write
+        from fstier.io.manifest import read_manifest
 
         self._check_root()
         self.namespace_dir.mkdir(mode=0o755, exist_ok=True)
@@ -247,7 +247,7 @@ class FileMapper:
         path = self.namespace_dir / MANIFEST_NAME
         want = self.manifest()
         # A symlink, FIFO, oversized, malformed or mistyped manifest is
-        # refused with NamespaceMismatchError naming it (fstier/_tree.py).
+        # refused with NamespaceMismatchError naming it (fstier/io/manifest.py).
         existing = read_manifest(self.namespace_dir)
         if existing is None:
             atomic_write(path, json.dumps(want, indent=2, sort_keys=True).encode(), fsync="file+dir")

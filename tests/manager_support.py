@@ -105,7 +105,7 @@ def valid_namespace(root: Path, model: str = "m") -> Path:
     import hashlib
     import json
 
-    from fstier._tree import canonical_json
+    from fstier.file_mapper import canonical_json
 
     fields = {"model": model, "namespace_version": 1}
     digest = hashlib.sha256(canonical_json(fields)).hexdigest()[:16]

@@ -48,7 +48,7 @@ def one_line(text: str) -> str:
 
 def deny(monkeypatch: pytest.MonkeyPatch, func: str, victim: Path) -> None:
     """Make ``os.<func>`` raise EACCES for ``victim`` (and below it) only.
-    A directory fd (the tree walk scans fds, fstier/_tree.py) is matched by
+    A directory fd (the tree walk scans fds, fstier/io/tree.py) is matched by
     the path it was opened at."""
     real = getattr(os, func)
     prefix = os.fspath(victim)
