@@ -58,8 +58,8 @@ _LAZY = {
     "StateSpec": "fstier.layout",
     "CopyStats": "fstier.gpu_copy",
     "TierEvent": "fstier.manager",
-    "TierMetrics": "fstier._metrics",
-    "GcReport": "fstier._capacity",
+    "TierMetrics": "fstier.tier.metrics",
+    "GcReport": "fstier.tier.capacity",
     "SlotProvider": "fstier.slots",
     "PageRun": "fstier.layout",
     "PageMapping": "fstier.layout",
@@ -136,8 +136,6 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fstier._capacity import GcReport
-    from fstier._metrics import TierMetrics
     from fstier.gpu_copy import CopyStats, RankStager
     from fstier.host_pool import HostBlockPool
     from fstier.layout import (
@@ -155,3 +153,5 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from fstier.manager import BlockRemoved, BlockStored, FsTier, JobResult, TierEvent
     from fstier.slots import SlotProvider
+    from fstier.tier.capacity import GcReport
+    from fstier.tier.metrics import TierMetrics

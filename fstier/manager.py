@@ -39,11 +39,11 @@ engine's scheduler owns one :class:`FsTier`; it never blocks in it:
 - **Capacity.** With ``max_bytes``, usage is scanned once at start (streaming,
   on the capacity thread) and then tracked incrementally; above the high
   watermark the capacity thread removes least-recently-used files down to the
-  low watermark (:func:`fstier._capacity.collect_garbage`: unlink only, safe
+  low watermark (:func:`fstier.tier.capacity.collect_garbage`: unlink only, safe
   with concurrent readers and other processes). Recency is the file mtime,
   bumped by fstier on every load and every store of an already present key.
 - **Events and metrics.** ``take_events()`` returns :class:`BlockStored` /
-  :class:`BlockRemoved`; ``metrics`` is a :class:`~fstier._metrics.TierMetrics`.
+  :class:`BlockRemoved`; ``metrics`` is a :class:`~fstier.tier.metrics.TierMetrics`.
 
 All job bookkeeping lives in one :class:`_Job` record per in-flight job under
 ``FsTier._lock``.
@@ -67,9 +67,6 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from fstier._capacity import GcReport, collect_garbage, key_from_block_name
-from fstier._metrics import TierMetrics
-from fstier._usage import SharedUsage
 from fstier.config import FstierConfig, TierConfig, load_config
 from fstier.errors import ConfigError, FstierError, IOPoolClosedError, PoolError, TierClosedError
 from fstier.file_mapper import BLOCK_SUFFIX, FileMapper
@@ -78,6 +75,9 @@ from fstier.io.blockfile import HEADER_SIZE, BlockHeader, ChecksumKind, padded_l
 from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool
 from fstier.keys import BlockKey
 from fstier.slots import SlotProvider
+from fstier.tier.capacity import GcReport, collect_garbage, key_from_block_name
+from fstier.tier.metrics import TierMetrics
+from fstier.tier.usage import SharedUsage
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.host_pool import HostBlockPool
@@ -100,7 +100,7 @@ _LOOKUP_CHUNK = 256
 _CACHE_MAX_ENTRIES = 1 << 20
 _BAD_MAX_ENTRIES = 1 << 18
 #: The capacity thread rescans this often even without a trigger: the shared
-#: usage count (fstier._usage) drifts only through writers killed mid-store,
+#: usage count (fstier.tier.usage) drifts only through writers killed mid-store,
 #: hand-run ``fstier gc`` and instances without ``max_bytes``.
 _RESYNC_INTERVAL_S = 300.0
 #: While usage is above the high watermark and another instance holds the
@@ -516,7 +516,7 @@ class FsTier:
         self._lookup_workers = max(2, min(tier.read_threads, 16))
 
         # Capacity: root-wide usage shared with every instance on this root
-        # (fstier._usage); reported as None until this instance's first scan.
+        # (fstier.tier.usage); reported as None until this instance's first scan.
         self._max_bytes = tier.max_bytes
         self._shared: SharedUsage | None = (
             SharedUsage(self.mapper.root, tier.file_mode) if self._max_bytes is not None else None

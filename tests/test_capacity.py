@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from manager_support import FILE_BYTES, fill, key, keys, open_tier, store, valid_namespace
 
-from fstier._capacity import collect_garbage, key_from_block_name, scan_usage
 from fstier.manager import BlockRemoved, FsTier
+from fstier.tier.capacity import collect_garbage, key_from_block_name, scan_usage
 
 NS = 1_000_000_000
 
@@ -85,7 +85,7 @@ def test_recently_touched_file_survives_a_race(tmp_path: Path) -> None:
 
     # Simulate a reader bumping recency between scan and unlink: the candidate's
     # recorded mtime no longer matches, so it is kept.
-    import fstier._capacity as cap
+    import fstier.tier.capacity as cap
 
     real = cap._unlink_if_unchanged
 
@@ -261,7 +261,7 @@ def test_collect_garbage_refuses_non_finite_temp_age(tmp_path: Path, age: float)
 
 # -- usage shared by every instance on a root (issue 15 item 6) ----------------
 def _add_many(root: str, n: int) -> None:
-    from fstier._usage import SharedUsage
+    from fstier.tier.usage import SharedUsage
 
     u = SharedUsage(root)
     for _ in range(n):
@@ -280,7 +280,7 @@ def test_shared_usage_loses_no_concurrent_update(tmp_path: Path) -> None:
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    from fstier._usage import SharedUsage
+    from fstier.tier.usage import SharedUsage
 
     assert SharedUsage(tmp_path).read() == 4 * 500 * 8192
 
@@ -318,7 +318,7 @@ def test_instances_on_one_root_see_each_others_stores(tmp_path: Path, monkeypatc
 def test_planted_usage_file_turns_sharing_off_not_the_tier(tmp_path: Path, caplog) -> None:
     import logging
 
-    from fstier._usage import USAGE_FILE_NAME
+    from fstier.tier.usage import USAGE_FILE_NAME
 
     root = tmp_path / "root"
     root.mkdir()

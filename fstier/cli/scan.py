@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fstier._usage import ROOT_FILES
 from fstier.io import tree as _tree
 from fstier.io.manifest import Manifest
 from fstier.io.tree import FileKind, check_namespace, iter_namespace_dirs
+from fstier.tier.usage import ROOT_FILES
 
 __all__ = [
     "FileEntry",

@@ -30,7 +30,6 @@ from typing import Any
 
 import click
 
-from fstier._capacity import key_from_block_name
 from fstier.cli._common import (
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -57,6 +56,7 @@ from fstier.cli.scan import (
     read_manifest,
 )
 from fstier.io.fsops import unlink_if
+from fstier.tier.capacity import key_from_block_name
 
 __all__ = ["BadFile", "NamespaceVerify", "VerifyReport", "run_verify"]
 
