@@ -1,7 +1,7 @@
 """Memory bound: store and load ``--total`` (10 GiB) through a ``--pool`` (1 GiB) host pool.
 
 The scheduler-side loop of an engine, without the GPU: a bounded
-:class:`~fstier.host_pool.HostBlockPool` (prefaulted, so it is resident from
+:class:`~fstier.slots.host_pool.HostBlockPool` (prefaulted, so it is resident from
 the start), jobs of ``--chunk`` slots submitted to :class:`~fstier.manager.FsTier`
 whenever enough slots are free, slots freed as jobs finish. Each slot gets a
 stamp (its file index) in its first and last 8 bytes before the store, and

@@ -9,7 +9,7 @@ is parallel-agnostic (both FsTiers resolve to the same namespace). Every
 rank has its own cross-layer KV cache (``allocate_cross_layer_kv_caches``,
 CPU tensors here: this VM has no GPU) and its own
 :class:`~fstier.gpu_copy.RankStager`; all ranks share one
-:class:`~fstier.host_pool.HostBlockPool` that is *smaller* than the workload
+:class:`~fstier.slots.host_pool.HostBlockPool` that is *smaller* than the workload
 (``--pool``), so slots are recycled exactly as an engine would.
 
 Store phase (timed from the first stage_out to the last file on disk): a

@@ -74,13 +74,13 @@ from fstier.io import blockstore, capabilities, fsops
 from fstier.io.blockfile import HEADER_SIZE, BlockHeader, ChecksumKind, padded_len, payload_checksum
 from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool
 from fstier.keys import BlockKey
-from fstier.slots import SlotProvider
+from fstier.slots.provider import SlotProvider
 from fstier.tier.capacity import GcReport, collect_garbage, key_from_block_name
 from fstier.tier.metrics import TierMetrics
 from fstier.tier.usage import SharedUsage
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fstier.host_pool import HostBlockPool
+    from fstier.slots.host_pool import HostBlockPool
 
 __all__ = ["BlockRemoved", "BlockStored", "FsTier", "JobResult", "TierEvent"]
 
@@ -438,7 +438,7 @@ class FsTier:
     """The filesystem tier for one (model, parallel layout, root) config.
 
     ``pool`` is the :class:`~fstier.slots.SlotProvider` whose slots jobs name
-    (a :class:`~fstier.host_pool.HostBlockPool`, or an engine's own rows);
+    (a :class:`~fstier.slots.host_pool.HostBlockPool`, or an engine's own rows);
     each slot must hold the largest file payload. A slot at least the payload
     padded to 4096 is used as the I/O buffer whole (its tail is zeroed on
     store); a shorter or unaligned one is moved with exactly the payload's
@@ -552,7 +552,7 @@ class FsTier:
         cfg = config if isinstance(config, FstierConfig) else load_config(config)
         if pool is not None:
             return cls(cfg, pool)
-        from fstier.host_pool import HostBlockPool
+        from fstier.slots.host_pool import HostBlockPool
 
         mapper = FileMapper(cfg)
         slot_bytes = max(

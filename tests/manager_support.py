@@ -12,9 +12,9 @@ from typing import Any
 from conftest import make_config
 
 from fstier.config import FstierConfig
-from fstier.host_pool import HostBlockPool
 from fstier.keys import BlockKey
 from fstier.manager import FsTier
+from fstier.slots.host_pool import HostBlockPool
 
 # One group, 1 layer x 1 head x 4 tokens x 8 fp16 x (K,V) = 128-byte pages:
 # files are 8 KiB (header + one padded page), so tests stay fast.

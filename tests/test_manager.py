@@ -24,9 +24,9 @@ from manager_support import (
 )
 
 from fstier.errors import MetricsUnavailableError, PoolError, TierClosedError
-from fstier.host_pool import HostBlockPool
 from fstier.io import blockstore, capabilities, posix
 from fstier.manager import BlockRemoved, BlockStored, FsTier, JobResult
+from fstier.slots.host_pool import HostBlockPool
 
 
 def test_round_trip_bytes_and_paths(tmp_path: Path) -> None:

@@ -205,8 +205,8 @@ def test_fifo_manifest_does_not_hang_fstier_or_the_cli(tmp_path: Path) -> None:
 
     from fstier.cli import main
     from fstier.errors import NamespaceMismatchError
-    from fstier.host_pool import HostBlockPool
     from fstier.manager import FsTier
+    from fstier.slots.host_pool import HostBlockPool
 
     root = tmp_path / "root"
     ns = _namespace_of(root)

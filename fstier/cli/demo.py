@@ -1,7 +1,7 @@
 """``fstier demo``: the end-to-end tour with real processes and real files.
 
 The parent process plays the engine's scheduler: it creates one
-:class:`~fstier.host_pool.HostBlockPool` (named shared memory) and owns the
+:class:`~fstier.slots.host_pool.HostBlockPool` (named shared memory) and owns the
 :class:`~fstier.manager.FsTier` instances. Four spawned processes play GPU
 ranks (:mod:`fstier.cli.demo_engine`): they attach to the pool by name, hold
 a synthetic KV cache each, and move bytes with a
@@ -336,7 +336,7 @@ class _Deployment:
 # -- the demo --------------------------------------------------------------------------
 class _Demo:
     def __init__(self, opts: DemoOptions, root: Path) -> None:
-        from fstier.host_pool import HostBlockPool
+        from fstier.slots.host_pool import HostBlockPool
 
         self.opts = opts
         self.root = root

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from fstier.host_pool import HostBlockPool
 from fstier.io import fsops, posix
 from fstier.manager import FsTier, JobResult
+from fstier.slots.host_pool import HostBlockPool
 
 from ._support import (
     FaultyOps,
