@@ -443,7 +443,7 @@ def test_config_error_example_in_docs_is_what_the_cli_prints(tmp_path: Path) -> 
 def test_demo_says_its_root_was_temporary(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The demo's zero-argument root is deleted before the report is printed:
     the report must say so instead of showing a path that no longer exists."""
-    import fstier.cli.demo as demo_mod
+    import fstier.demo.scenario as demo_mod
 
     roots: list[Path] = []
 
