@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from fstier._format import canonical_format_id, canonical_page_bytes, is_certified
+from fstier.canonical import canonical_format_id, canonical_page_bytes, is_certified
 from fstier.config import FstierConfig, ModelSpec, ParallelSpec
 from fstier.errors import FstierError, NamespaceMismatchError, PathSafetyError, StorageError
 from fstier.keys import BlockKey

@@ -118,7 +118,7 @@ def test_each_byte_changing_field_changes_the_namespace(
 
 
 def test_canonical_format_version_changes_the_namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import fstier._format as fmt
+    import fstier.canonical as fmt
 
     before = _digest(tmp_path)
     monkeypatch.setattr(fmt, "CANONICAL_LAYOUT_VERSION", fmt.CANONICAL_LAYOUT_VERSION + 1)
