@@ -59,7 +59,7 @@ _LAZY = {
     "CopyStats": "fstier.gpu_copy",
     "TierEvent": "fstier.manager",
     "TierMetrics": "fstier.tier.metrics",
-    "GcReport": "fstier.tier.capacity",
+    "GcReport": "fstier.tier.gc",
     "SlotProvider": "fstier.slots.provider",
     "PageRun": "fstier.layout",
     "PageMapping": "fstier.layout",
@@ -153,5 +153,5 @@ if TYPE_CHECKING:  # pragma: no cover
     from fstier.manager import BlockRemoved, BlockStored, FsTier, JobResult, TierEvent
     from fstier.slots.host_pool import HostBlockPool
     from fstier.slots.provider import SlotProvider
-    from fstier.tier.capacity import GcReport
+    from fstier.tier.gc import GcReport
     from fstier.tier.metrics import TierMetrics

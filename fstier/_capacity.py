@@ -1,8 +1,8 @@
-"""Old import path of :mod:`fstier.tier.capacity`, kept for one release: import from there."""
+"""Old import path of :mod:`fstier.tier.gc`, kept for one release: import from there."""
 
 from __future__ import annotations
 
-from fstier.tier.capacity import (
+from fstier.tier.gc import (
     DEFAULT_MAX_CANDIDATES,
     UNLINK_THREADS,
     GcReport,

@@ -39,7 +39,7 @@ engine's scheduler owns one :class:`FsTier`; it never blocks in it:
 - **Capacity.** With ``max_bytes``, usage is scanned once at start (streaming,
   on the capacity thread) and then tracked incrementally; above the high
   watermark the capacity thread removes least-recently-used files down to the
-  low watermark (:func:`fstier.tier.capacity.collect_garbage`: unlink only, safe
+  low watermark (:func:`fstier.tier.gc.collect_garbage`: unlink only, safe
   with concurrent readers and other processes). Recency is the file mtime,
   bumped by fstier on every load and every store of an already present key.
 - **Events and metrics.** ``take_events()`` returns :class:`BlockStored` /
@@ -75,9 +75,9 @@ from fstier.io.blockfile import HEADER_SIZE, BlockHeader, ChecksumKind, padded_l
 from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
-from fstier.tier.capacity import GcReport, collect_garbage, key_from_block_name
+from fstier.tier.capacity import Capacity
+from fstier.tier.gc import GcReport, key_from_block_name
 from fstier.tier.metrics import TierMetrics
-from fstier.tier.usage import SharedUsage
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.slots.host_pool import HostBlockPool
@@ -99,17 +99,6 @@ _PARALLEL_LOOKUP_MIN = 512
 _LOOKUP_CHUNK = 256
 _CACHE_MAX_ENTRIES = 1 << 20
 _BAD_MAX_ENTRIES = 1 << 18
-#: The capacity thread rescans this often even without a trigger: the shared
-#: usage count (fstier.tier.usage) drifts only through writers killed mid-store,
-#: hand-run ``fstier gc`` and instances without ``max_bytes``.
-_RESYNC_INTERVAL_S = 300.0
-#: While usage is above the high watermark and another instance holds the
-#: eviction lock (or just finished a pass that others outran), look again
-#: this soon.
-_BUSY_RETRY_S = 0.05
-#: Evictions are subtracted from the shared count in batches of this many
-#: files, so that a long pass lowers it as it goes (admission sees the room).
-_REMOVED_BATCH = 64
 #: Default private pool budget when ``from_config`` creates the pool itself.
 _DEFAULT_POOL_BYTES = 256 << 20
 
@@ -515,30 +504,19 @@ class FsTier:
         self._lookup_pool: ThreadPoolExecutor | None = None
         self._lookup_workers = max(2, min(tier.read_threads, 16))
 
-        # Capacity: root-wide usage shared with every instance on this root
-        # (fstier.tier.usage); reported as None until this instance's first scan.
-        self._max_bytes = tier.max_bytes
-        self._shared: SharedUsage | None = (
-            SharedUsage(self.mapper.root, tier.file_mode) if self._max_bytes is not None else None
-        )
-        self._usage_known = False
-        self._resynced = time.monotonic()
-        self._usage_lock = threading.Lock()
-        self._removed_pending = 0  # evicted bytes not yet subtracted from the count
-        self._removed_in_pass = 0
-        self._cap_lock = threading.Lock()  # one capacity pass at a time
         self._recency_lock = threading.Lock()
         self._recent: dict[str, None] = {}  # files hit since the last flush, in order
         self._recency_flushed = time.monotonic()
         self._recency_seq = 0
-        self._cap_wake = threading.Event()
-        self._cap_stop = threading.Event()
-        self._cap_thread: threading.Thread | None = None
-        if self._max_bytes is not None:
-            self._cap_thread = threading.Thread(
-                target=self._capacity_loop, name="fstier-capacity", daemon=True
-            )
-            self._cap_thread.start()
+        # Capacity: root-wide usage shared with every instance on this root
+        # and the capacity thread (fstier.tier.capacity).
+        self.capacity = Capacity(
+            self.mapper.root,
+            tier,
+            self.metrics,
+            on_evicted=self._on_evicted,
+            before_pass=self._flush_recency,
+        )
 
     # ---------------------------------------------------------------- creation
     @classmethod
@@ -823,13 +801,13 @@ class FsTier:
                 self.metrics.failures.inc("slot_busy", n)
                 self._finish_now_locked(job_id, kind, n, "slot_busy")
                 return
-            if kind == "store" and self._root_full():
+            if kind == "store" and self.capacity.root_full():
                 # The root is over max_bytes (counted across every instance on
                 # it) and eviction has not caught up: drop, as backpressure
                 # does. A future miss, never data loss, never a blocked caller.
                 self.metrics.drops.inc("capacity", n)
                 self._finish_now_locked(job_id, kind, n, "capacity")
-                self._cap_wake.set()
+                self.capacity.wake()
                 return
             if kind == "store" and not self._budget.admit(sum(map(_file_bytes, op_bytes))):
                 self.metrics.drops.inc("backpressure", n)
@@ -1120,7 +1098,7 @@ class FsTier:
         if stored:
             with self._lock:
                 self._events.append(BlockStored(tuple(stored)))
-            self._add_usage(file_bytes)
+            self.capacity.add(file_bytes)
         return JobResult(
             job.job_id, "store", failed == 0, prefix, len(results) - prefix, nbytes,
             seconds, cause, skipped,
@@ -1185,7 +1163,7 @@ class FsTier:
         if removed:
             with self._lock:
                 self._events.append(BlockRemoved(tuple(removed), "corrupt"))
-            self._add_usage(-sum(_file_bytes(self._payload_len[k.group_idx]) for k in removed))
+            self.capacity.add(-sum(_file_bytes(self._payload_len[k.group_idx]) for k in removed))
         m = self.metrics
         m.loaded_blocks.inc(prefix)
         m.loaded_bytes.inc(nbytes)
@@ -1254,47 +1232,9 @@ class FsTier:
         """Bytes of block files under the root, counted by every instance
         storing into it (None before this instance's first scan or without
         ``max_bytes``)."""
-        if self._shared is None or not self._usage_known:
-            return None
-        return self._shared.read()
+        return self.capacity.usage_bytes
 
-    def _root_full(self) -> bool:
-        return (
-            self._shared is not None
-            and self._max_bytes is not None
-            and self._shared.read() > self._max_bytes
-        )
-
-    def _over_high(self) -> bool:
-        return (
-            self._shared is not None
-            and self._max_bytes is not None
-            and self._shared.read() > self._max_bytes * self.tier_config.high_watermark
-        )
-
-    def _add_usage(self, delta: int) -> None:
-        if self._shared is None or self._max_bytes is None or delta == 0:
-            return
-        usage = self._shared.add(delta)
-        self.metrics.usage_bytes.set(usage)
-        if usage > self._max_bytes * self.tier_config.high_watermark:
-            self._cap_wake.set()
-
-    def _flush_removed(self) -> None:
-        with self._usage_lock:
-            pending, self._removed_pending = self._removed_pending, 0
-            self._removed_in_pass += pending
-        if pending:
-            self._add_usage(-pending)
-
-    def _on_removed(self, path: str, size: int) -> None:
-        self.metrics.evicted_blocks.inc()
-        self.metrics.evicted_bytes.inc(size)
-        with self._usage_lock:
-            self._removed_pending += size
-            batch = self._removed_pending >= _REMOVED_BATCH * size
-        if batch:
-            self._flush_removed()
+    def _on_evicted(self, path: str) -> None:
         if not path.startswith(self._blocks_prefix + os.sep):
             return  # another namespace sharing the root
         key = key_from_block_name(os.path.basename(path))
@@ -1316,97 +1256,7 @@ class FsTier:
         watermark. Waits for a pass another instance on the root is running.
         Resynchronises the shared usage count."""
         self._check_open()
-        report = None
-        while report is None:
-            report = self._capacity_pass(
-                max_bytes if max_bytes is not None else self._max_bytes, wait=True, resync=True
-            )
-        return report
-
-    def _capacity_pass(
-        self, max_bytes: int | None, wait: bool = False, resync: bool = False
-    ) -> GcReport | None:
-        """Run a pass if this instance gets the root's eviction lock; None when
-        another instance holds it (``wait``: after a short sleep, so the
-        caller can retry).
-
-        The shared count follows evictions as they happen (``_on_removed``).
-        It is *reset* from the walk only when ``resync`` is asked, on this
-        instance's first pass, or when the pass removed nothing (the walk then
-        is the truth, and a count above it would drop stores for nothing):
-        a reset counts the stores other instances made during the walk twice
-        when the walk saw them, which is safe but, after every evicting pass,
-        would keep the count high and drop stores the root has room for."""
-        tier = self.tier_config
-        self._flush_recency()  # eviction must see this process's latest hits
-        shared = self._shared
-        with self._cap_lock, contextlib.ExitStack() as stack:
-            if shared is not None and not stack.enter_context(shared.evicting()):
-                if wait:
-                    time.sleep(_BUSY_RETRY_S)
-                return None
-            before = shared.read() if shared is not None else 0
-            with self._usage_lock:
-                self._removed_pending = self._removed_in_pass = 0
-            report = collect_garbage(
-                self.mapper.root,
-                max_bytes,
-                tier.low_watermark,
-                tier.temp_max_age_s,
-                high_watermark=tier.high_watermark,
-                on_removed=self._on_removed,
-                should_stop=self._cap_stop.is_set,
-            )
-            self._flush_removed()
-            if (
-                shared is not None
-                and report.complete
-                and (resync or not self._usage_known or report.removed_files == 0)
-            ):
-                with self._usage_lock:
-                    mine = self._removed_in_pass
-                # Others' net stores during the walk are the change of
-                # the count that this pass's own subtractions (mine) do
-                # not explain: resync adds count - (before - mine).
-                usage = shared.resync(report.final_bytes, before - mine)
-                self._usage_known = True
-                self._resynced = time.monotonic()
-                self.metrics.usage_bytes.set(usage)
-        self.metrics.temp_swept.inc(report.temp_removed)
-        if report.removed_files:
-            log.info(
-                "fstier: evicted %d file(s), %d bytes; usage now %d bytes",
-                report.removed_files, report.removed_bytes, report.final_bytes,
-            )
-        return report
-
-    def _capacity_loop(self) -> None:
-        while not self._cap_stop.is_set():
-            report: GcReport | None = None
-            soon = False
-            rest = 0.0
-            try:
-                periodic = time.monotonic() - self._resynced >= _RESYNC_INTERVAL_S
-                report = self._capacity_pass(self._max_bytes, resync=periodic)
-                # Look again soon when another instance held the lock (its
-                # pass may not cover what we stored), when no scan has run
-                # yet, or when stores outran a pass that did evict.
-                soon = (
-                    not self._usage_known
-                    or (report is None and self._over_high())
-                    or (report is not None and report.removed_files > 0 and self._over_high())
-                )
-                if report is not None and report.removed_files == 0:
-                    # Nothing to evict (the count was reset from the walk):
-                    # do not walk again at once, however many stores wake us,
-                    # so a huge root is not rescanned back to back.
-                    rest = 2 * report.seconds
-            except Exception:  # a capacity bug must not kill the tier
-                log.exception("fstier: capacity pass failed; retrying later")
-            if rest and self._cap_stop.wait(rest):
-                return
-            self._cap_wake.wait(_BUSY_RETRY_S if soon else _RESYNC_INTERVAL_S)
-            self._cap_wake.clear()
+        return self.capacity.run_pass(max_bytes)
 
     # ------------------------------------------------------------------ close
     def close(self) -> None:
@@ -1419,10 +1269,7 @@ class FsTier:
         try:
             self.drain(timeout=self.tier_config.io_timeout_s + 5.0)
         finally:
-            self._cap_stop.set()
-            self._cap_wake.set()
-            if self._cap_thread is not None:
-                self._cap_thread.join()
+            self.capacity.stop()
             self._io.shutdown()
             self._flush_recency()
             with self._lock:
@@ -1431,8 +1278,7 @@ class FsTier:
                 executor.shutdown(wait=True)
             if self._own_pool is not None:
                 self._own_pool.close()
-            if self._shared is not None:
-                self._shared.close()
+            self.capacity.close()
 
     def __del__(self) -> None:
         # Threads are daemons; this only avoids leaking a private pool when

@@ -17,7 +17,7 @@ from manager_support import keys, load, open_tier, store
 from fstier.io import posix
 from fstier.io.blockfile import padded_len
 from fstier.keys import BlockKey
-from fstier.tier.capacity import collect_garbage
+from fstier.tier.gc import collect_garbage
 
 
 def _snapshot(d: Path) -> dict[str, tuple[bytes, int]]:
@@ -115,7 +115,7 @@ def test_gc_eviction_never_unlinks_through_a_dir_swapped_after_the_scan(
 ) -> None:
     """The victim list is made by the scan; the directory is swapped before
     the unlink. The file outside has the same name and mtime."""
-    import fstier.tier.capacity as cap
+    import fstier.tier.gc as cap
 
     with open_tier(tmp_path / "root") as tier:
         assert store(tier, "s", keys(0, 4)).success

@@ -1,6 +1,6 @@
 """``fstier gc``: LRU eviction down to a size and a stale temp-file sweep.
 
-A thin wrapper over :func:`fstier.tier.capacity.collect_garbage`, the very code
+A thin wrapper over :func:`fstier.tier.gc.collect_garbage`, the very code
 FsTier's background capacity manager runs, applied to a whole root (every
 namespace in it) with both watermarks at 1.0: the operator asked for
 ``--max-bytes`` and gets at most that, no hysteresis.
@@ -42,7 +42,7 @@ def run_gc(
 ) -> dict[str, Any]:
     """Run one gc over ``root``; returns the JSON-ready result."""
     from fstier.cli.scan import Unreadable
-    from fstier.tier.capacity import collect_garbage
+    from fstier.tier.gc import collect_garbage
 
     failed = Unreadable()
     with _progress("gc", progress) as bar:

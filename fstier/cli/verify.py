@@ -56,7 +56,7 @@ from fstier.cli.scan import (
     read_manifest,
 )
 from fstier.io.fsops import unlink_if
-from fstier.tier.capacity import key_from_block_name
+from fstier.tier.gc import key_from_block_name
 
 __all__ = ["BadFile", "NamespaceVerify", "VerifyReport", "run_verify"]
 

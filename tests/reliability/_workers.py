@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from fstier.io.fsops import atomic_write
-from fstier.tier.capacity import collect_garbage
+from fstier.tier.gc import collect_garbage
 
 from ._support import Tier, key_for, payload_for
 

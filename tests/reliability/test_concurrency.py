@@ -28,7 +28,7 @@ FIGURES: dict[str, int] = {}
 #: out on purpose: see test_io_buffers_private_after_fork (a known bug).
 PRELOAD = [
     "numpy", "xxhash", "pydantic", "asyncio", "aiofiles", "concurrent.futures", "logging",
-    "fstier.config", "fstier.file_mapper", "fstier.tier.capacity",
+    "fstier.config", "fstier.file_mapper", "fstier.tier.gc",
 ]
 
 

@@ -22,7 +22,7 @@ from fstier.errors import ConfigError, PathSafetyError
 from fstier.file_mapper import FileMapper
 from fstier.io import capabilities, fsops
 from fstier.io.posix import verify_file
-from fstier.tier.capacity import collect_garbage
+from fstier.tier.gc import collect_garbage
 
 from ._support import Tier, block_files, iter_files, key_for, payload_for, temp_files, tiny_config
 
