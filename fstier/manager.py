@@ -56,10 +56,8 @@ import errno
 import logging
 import math
 import os
-import stat
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -68,16 +66,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from fstier.config import FstierConfig, TierConfig, load_config
-from fstier.errors import ConfigError, FstierError, IOPoolClosedError, PoolError, TierClosedError
+from fstier.errors import ConfigError, FstierError, PoolError, TierClosedError
 from fstier.file_mapper import BLOCK_SUFFIX, FileMapper
 from fstier.io import blockstore, capabilities, fsops
 from fstier.io.blockfile import HEADER_SIZE, BlockHeader, ChecksumKind, padded_len, payload_checksum
 from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
+from fstier.tier.admission import BAD_FILE_CAUSES, DEVICE_CAUSES, Breaker, WriteBudget
 from fstier.tier.capacity import Capacity
 from fstier.tier.gc import GcReport, key_from_block_name
+from fstier.tier.lookup import LookupCache, exist_many, is_block_file
 from fstier.tier.metrics import TierMetrics
+from fstier.tier.recency import Recency
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.slots.host_pool import HostBlockPool
@@ -86,19 +87,9 @@ __all__ = ["BlockRemoved", "BlockStored", "FsTier", "JobResult", "TierEvent"]
 
 log = logging.getLogger("fstier.manager")
 
-#: Prior write speed before the first measurement (bytes/s). Conservative for
-#: NVMe (docs/architecture.md, "Facts of the machines": ~1.6 GB/s for new
-#: files) so an initial flood is
-#: bounded before any store has completed.
-_PRIOR_WRITE_BPS = 512e6
-_EMA_ALPHA = 0.2
-#: A busy period shorter than this is folded into the next sample (timer noise).
-_MIN_SAMPLE_S = 0.005
 #: Lookup batches at least this long (uncached) are stat-ed in parallel chunks.
 _PARALLEL_LOOKUP_MIN = 512
 _LOOKUP_CHUNK = 256
-_CACHE_MAX_ENTRIES = 1 << 20
-_BAD_MAX_ENTRIES = 1 << 18
 #: Default private pool budget when ``from_config`` creates the pool itself.
 _DEFAULT_POOL_BYTES = 256 << 20
 
@@ -167,243 +158,9 @@ class _Job:
     last_end: float = 0.0
 
 
-class _LookupCache:
-    """Short-lived present/absent answers plus the *bad* set (keys whose load
-    failed; never a hit until stored again). One lock; batch methods take it
-    once per batch."""
-
-    def __init__(self, ttl_s: float) -> None:
-        self.ttl = ttl_s
-        self._entries: dict[BlockKey, tuple[bool, float]] = {}
-        self._bad: OrderedDict[BlockKey, None] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get_many(self, keys: Sequence[BlockKey], now: float) -> list[bool | None]:
-        out: list[bool | None] = []
-        with self._lock:
-            entries, bad = self._entries, self._bad
-            for k in keys:
-                if k in bad:
-                    out.append(False)
-                    continue
-                e = entries.get(k)
-                out.append(e[0] if e is not None and e[1] > now else None)
-        return out
-
-    def put_many(self, keys: Sequence[BlockKey], present: bool, now: float) -> None:
-        if self.ttl <= 0 or not keys:
-            return
-        expiry = now + self.ttl
-        with self._lock:
-            if len(self._entries) + len(keys) > _CACHE_MAX_ENTRIES:
-                self._entries = {k: v for k, v in self._entries.items() if v[1] > now}
-                if len(self._entries) + len(keys) > _CACHE_MAX_ENTRIES:
-                    self._entries.clear()
-            for k in keys:
-                self._entries[k] = (present, expiry)
-
-    def stored(self, keys: Sequence[BlockKey], now: float) -> None:
-        """Keys now present on disk (stored, or found present by a store)."""
-        with self._lock:
-            for k in keys:
-                self._bad.pop(k, None)
-        self.put_many(keys, True, now)
-
-    def mark_bad(self, keys: Sequence[BlockKey]) -> None:
-        with self._lock:
-            for k in keys:
-                self._entries.pop(k, None)
-                self._bad[k] = None
-                self._bad.move_to_end(k)
-            while len(self._bad) > _BAD_MAX_ENTRIES:
-                self._bad.popitem(last=False)
-
-    def is_bad(self, key: BlockKey) -> bool:
-        with self._lock:
-            return key in self._bad
-
-    def forget(self, keys: Sequence[BlockKey]) -> None:
-        """Keys whose files were removed: drop any cached answer."""
-        with self._lock:
-            for k in keys:
-                self._entries.pop(k, None)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-
-class _Breaker:
-    """Consecutive-failure circuit breaker: closed -> open (cool-down) ->
-    half-open -> closed on a success, open again on a failure."""
-
-    CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
-
-    def __init__(self, threshold: int, cooldown_s: float, metrics: TierMetrics) -> None:
-        self.threshold = threshold
-        self.cooldown_s = cooldown_s
-        self._metrics = metrics
-        self._state = self.CLOSED
-        self._failures = 0
-        self._open_until = 0.0
-        self._lock = threading.Lock()
-
-    @property
-    def state(self) -> str:
-        with self._lock:
-            self._tick(time.monotonic())
-            return self._state
-
-    def _tick(self, now: float) -> None:
-        if self._state == self.OPEN and now >= self._open_until:
-            self._state = self.HALF_OPEN
-            log.warning("fstier: circuit breaker half-open; probing the tier again")
-
-    def allow(self) -> bool:
-        """False while open (degraded)."""
-        with self._lock:
-            self._tick(time.monotonic())
-            return self._state != self.OPEN
-
-    def success(self) -> None:
-        with self._lock:
-            self._failures = 0
-            if self._state != self.CLOSED:
-                self._state = self.CLOSED
-                self._metrics.degraded.set(0)
-                log.warning("fstier: circuit breaker closed; the tier recovered")
-
-    def failure(self, cause: str) -> None:
-        with self._lock:
-            now = time.monotonic()
-            self._tick(now)
-            self._failures += 1
-            if self._state == self.HALF_OPEN or (
-                self._state == self.CLOSED and self._failures >= self.threshold
-            ):
-                self._state = self.OPEN
-                self._open_until = now + self.cooldown_s
-                self._metrics.breaker_trips.inc()
-                self._metrics.degraded.set(1)
-                log.error(
-                    "fstier: circuit breaker open after %d consecutive I/O failure(s) (last: %s); "
-                    "tier degraded for %.1fs (lookups miss, stores drop, loads fail fast)",
-                    self._failures, cause, self.cooldown_s,
-                )
-
-
-class _WriteBudget:
-    """Backpressure: queued store bytes versus an EMA of the write speed.
-
-    The speed sample is bytes completed over the wall time during which the
-    write queue was non-empty, so it measures the pool's aggregate throughput
-    whatever the number of writer threads and jobs in flight."""
-
-    def __init__(self, max_queue_s: float, metrics: TierMetrics) -> None:
-        self.max_queue_s = max_queue_s
-        self._metrics = metrics
-        self.speed = _PRIOR_WRITE_BPS
-        self._measured = False
-        self.queued = 0
-        self._busy_since = 0.0
-        self._busy_bytes = 0
-        self._lock = threading.Lock()
-        metrics.write_speed.set(self.speed)
-
-    def admit(self, nbytes: int) -> bool:
-        """Reserve ``nbytes`` if they fit; an idle queue always admits (a job
-        bigger than the budget must still be storable)."""
-        with self._lock:
-            if self.queued > 0 and self.queued + nbytes > self.max_queue_s * self.speed:
-                return False
-            if self.queued == 0:
-                self._busy_since = time.perf_counter()
-                self._busy_bytes = 0
-            self.queued += nbytes
-            self._metrics.queued_store_bytes.set(self.queued)
-            return True
-
-    def release(self, reserved: int, written: int) -> None:
-        """An op ended: ``reserved`` bytes leave the queue, ``written`` count
-        toward the speed sample."""
-        with self._lock:
-            self.queued = max(0, self.queued - reserved)
-            self._busy_bytes += written
-            now = time.perf_counter()
-            elapsed = now - self._busy_since
-            if self._busy_bytes > 0 and elapsed >= _MIN_SAMPLE_S and (
-                self.queued == 0 or elapsed >= 0.25
-            ):
-                sample = self._busy_bytes / elapsed
-                # The first measurement replaces the prior outright: a slow
-                # mount must not hide behind an optimistic guess for long.
-                if self._measured:
-                    self.speed = (1 - _EMA_ALPHA) * self.speed + _EMA_ALPHA * sample
-                else:
-                    self.speed = sample
-                    self._measured = True
-                self._metrics.write_speed.set(self.speed)
-                self._busy_since = now
-                self._busy_bytes = 0
-            elif self.queued == 0 and self._busy_bytes == 0:
-                self._busy_since = now
-            self._metrics.queued_store_bytes.set(self.queued)
-
-
-#: Hits are recorded in memory and written to the files' mtimes (their LRU
-#: recency, read by every process's eviction and by ``fstier gc``) at most this
-#: often, and before every capacity pass: a hot block costs one metadata
-#: write per interval, not one per hit (a SETATTR round trip on NFS).
-_RECENCY_FLUSH_S = 5.0
-#: ... or as soon as this many distinct files are pending.
-_RECENCY_MAX_PENDING = 4096
-
-
-def _bump_mtimes(paths: Sequence[str]) -> None:
-    for p in paths:
-        # Evicted or replaced meanwhile is fine; never through a symlink.
-        blockstore.touch_file(p)
-
-
-def _ignore_pool_job(_job: object) -> None:
-    """``on_done`` of recency jobs: nothing to report to the engine."""
-
-
-def _is_block_file(path: str) -> bool:
-    """True when ``path`` is a regular file (not followed if a symlink). A
-    FIFO, socket or directory planted at a block path is a miss here, not a
-    hit whose load then fails; lstat costs what ``os.path.exists`` does."""
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except (OSError, ValueError):
-        return False
-
-
-def _exist_many(paths: Sequence[str]) -> list[bool]:
-    return [_is_block_file(p) for p in paths]
-
-
 def _file_bytes(payload_len: int) -> int:
     """Bytes a block file of ``payload_len`` occupies (header + padded payload)."""
     return HEADER_SIZE + padded_len(payload_len)
-
-
-#: Causes that say the device or mount is failing: only these count toward
-#: the circuit breaker. Anything about one file (a FIFO, socket or directory
-#: planted at a block path, a permission, a name) is that file's problem: the
-#: key is a miss, and the tier keeps serving every other key (issue 15 item 7:
-#: eight planted FIFOs used to degrade the whole tier). A full disk (ENOSPC,
-#: EDQUOT) is not failing either: loads still work and eviction frees space.
-_DEVICE_CAUSES = frozenset({
-    "timeout", "EIO", "EROFS", "ESTALE", "ENOTCONN", "ENODEV", "ENOMEDIUM", "ESHUTDOWN",
-    "ETIMEDOUT", "EHOSTDOWN", "EHOSTUNREACH", "ENETDOWN", "ENETUNREACH", "ENETRESET",
-    "ECONNREFUSED", "ECONNRESET", "ECONNABORTED", "ENOLINK", "EREMOTEIO", "EUCLEAN",
-})
-#: Load errors that mean "what is at the block path is not a block file":
-#: ``not_regular`` (a FIFO or directory: fstat says so), ENXIO (a socket
-#: refuses open), EISDIR, ENOTDIR (a file planted where a fan-out directory
-#: belongs). They are bad files: a miss with cause ``bad_file:<why>``.
-_BAD_FILE_CAUSES = frozenset({"not_regular", "ENXIO", "EISDIR", "ENOTDIR"})
 
 
 def _wait_timeout(what: str, timeout: float | None) -> float | None:
@@ -480,9 +237,9 @@ class FsTier:
         support = capabilities.probe_o_direct(self.mapper.namespace_dir, tier.o_direct)
         self.io_options = blockstore.IOOptions.from_tier(tier, support)
         self.metrics = TierMetrics()
-        self._cache = _LookupCache(tier.lookup_cache_ttl_s)
-        self._breaker = _Breaker(tier.breaker_failures, tier.breaker_cooldown_s, self.metrics)
-        self._budget = _WriteBudget(tier.max_write_queue_seconds, self.metrics)
+        self._cache = LookupCache(tier.lookup_cache_ttl_s)
+        self._breaker = Breaker(tier.breaker_failures, tier.breaker_cooldown_s, self.metrics)
+        self._budget = WriteBudget(tier.max_write_queue_seconds, self.metrics)
         self._blocks_prefix = os.fspath(self.mapper.blocks_dir)
         self._bpf = tier.blocks_per_file
 
@@ -504,10 +261,7 @@ class FsTier:
         self._lookup_pool: ThreadPoolExecutor | None = None
         self._lookup_workers = max(2, min(tier.read_threads, 16))
 
-        self._recency_lock = threading.Lock()
-        self._recent: dict[str, None] = {}  # files hit since the last flush, in order
-        self._recency_flushed = time.monotonic()
-        self._recency_seq = 0
+        self._recency = Recency(self._io)
         # Capacity: root-wide usage shared with every instance on this root
         # and the capacity thread (fstier.tier.capacity).
         self.capacity = Capacity(
@@ -575,7 +329,7 @@ class FsTier:
         now = time.monotonic()
         found: list[BlockKey] = []
         count = 0
-        exists = _is_block_file
+        exists = is_block_file
         ngroups = len(self._payload_len)
         missed = False
         # Cache answers are fetched 32 at a time so a miss near the front
@@ -647,11 +401,11 @@ class FsTier:
             return out
         paths = [self._path_str(keys[i]) for i in todo]
         if len(todo) < _PARALLEL_LOOKUP_MIN:
-            found = _exist_many(paths)
+            found = exist_many(paths)
         else:
             executor = self._lookup_executor()
             futures = [
-                executor.submit(_exist_many, paths[j : j + _LOOKUP_CHUNK])
+                executor.submit(exist_many, paths[j : j + _LOOKUP_CHUNK])
                 for j in range(0, len(paths), _LOOKUP_CHUNK)
             ]
             found = [hit for fut in futures for hit in fut.result()]
@@ -948,29 +702,7 @@ class FsTier:
                 self._note_recent(self._path_str(k))
 
     def _note_recent(self, path: Path | str) -> None:
-        """Record a hit. Recency lives in the file's mtime because atime is
-        unreliable (relatime/noatime); the writes are batched per file and run
-        as their own write-queue job, so no load waits for them."""
-        with self._recency_lock:
-            self._recent[os.fspath(path)] = None
-            due = (
-                len(self._recent) >= _RECENCY_MAX_PENDING
-                or time.monotonic() - self._recency_flushed >= _RECENCY_FLUSH_S
-            )
-            paths = self._take_recent_locked() if due else []
-            self._recency_seq += 1
-            job_id = ("recency", self._recency_seq)
-        if paths:
-            try:
-                self._io.submit(job_id, "write", [partial(_bump_mtimes, paths)], on_done=_ignore_pool_job)
-            except IOPoolClosedError:  # the tier is closing: do it here
-                _bump_mtimes(paths)
-
-    def _take_recent_locked(self) -> list[str]:
-        paths = list(self._recent)
-        self._recent = {}
-        self._recency_flushed = time.monotonic()
-        return paths
+        self._recency.note(path)
 
     def flush_recency(self) -> None:
         """Write pending hit recency to the files' mtimes now (it is otherwise
@@ -980,10 +712,7 @@ class FsTier:
         self._flush_recency()
 
     def _flush_recency(self) -> None:
-        """Bump the mtime of every file hit since the last flush, once each."""
-        with self._recency_lock:
-            paths = self._take_recent_locked()
-        _bump_mtimes(paths)
+        self._recency.flush()
 
     def _on_late(self, pool_id: Hashable, op_index: int) -> None:
         """The pool says a timed-out op finally returned: unfence its slot."""
@@ -1106,8 +835,8 @@ class FsTier:
 
     def _breaker_failure(self, cause: str) -> None:
         """Count ``cause`` toward the breaker only if it says the device or
-        mount is failing (see ``_DEVICE_CAUSES``)."""
-        if cause in _DEVICE_CAUSES:
+        mount is failing (see ``DEVICE_CAUSES``)."""
+        if cause in DEVICE_CAUSES:
             self._breaker.failure(cause)
 
     def _finish_load(self, job: _Job, results: list[object]) -> JobResult:
@@ -1141,7 +870,7 @@ class FsTier:
                 log.warning("fstier: corrupt block %r removed: %s %s", key, r.cause, r.detail)
                 if r.removed:
                     removed.append(key)
-            elif isinstance(r, blockstore.LoadOutcome) and r.cause in _BAD_FILE_CAUSES:
+            elif isinstance(r, blockstore.LoadOutcome) and r.cause in BAD_FILE_CAUSES:
                 c = f"bad_file:{r.cause}"
                 log.warning(
                     "fstier: %r: the block path holds no block file (%s); a miss. Remove "

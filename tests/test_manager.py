@@ -323,9 +323,9 @@ def test_hits_bump_recency_once_per_file_per_flush(tmp_path: Path, monkeypatch) 
 def test_recency_flush_runs_as_background_write_job(tmp_path: Path, monkeypatch) -> None:
     """When a flush is due, the mtime writes go to the write queue as their own
     job: no load waits for them and the engine never sees that job."""
-    import fstier.manager as manager_mod
+    import fstier.tier.recency as recency_mod
 
-    monkeypatch.setattr(manager_mod, "_RECENCY_FLUSH_S", 0.0)
+    monkeypatch.setattr(recency_mod, "FLUSH_S", 0.0)
     with open_tier(tmp_path / "root") as tier:
         ks = keys(0, 3)
         store(tier, "s", ks)
