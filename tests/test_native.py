@@ -2,7 +2,7 @@
 
 Every behaviour test here runs on BOTH paths through one adapter (``io``
 fixture): the same stores, loads, corruptions and injected faults, with the
-Python path's faults injected through ``posix.FS`` and the native path's
+Python path's faults injected through ``fsops.FS`` and the native path's
 through its own seam (``native.fault``). The expectations are written once,
 so the paths cannot drift apart. Golden tests pin the checksum (XXH3-64
 written from its specification) to the ``xxhash`` package, and the header
@@ -22,9 +22,8 @@ from typing import Any
 import pytest
 import xxhash
 
-from fstier._atomic import is_temp_name
 from fstier.errors import ConfigError
-from fstier.io import native, posix
+from fstier.io import blockstore, capabilities, fsops, native
 from fstier.io.blockfile import (
     HEADER_SIZE,
     BlockHeader,
@@ -33,7 +32,7 @@ from fstier.io.blockfile import (
     header_for_payload,
     padded_len,
 )
-from fstier.io.posix import (
+from fstier.io.blockstore import (
     IOOptions,
     LoadOutcome,
     LoadRequest,
@@ -41,8 +40,9 @@ from fstier.io.posix import (
     StoreOutcome,
     StoreRequest,
     StoreStatus,
-    aligned_buffer,
 )
+from fstier.io.capabilities import probe_o_direct, reset_probe_cache
+from fstier.io.fsops import aligned_buffer, is_temp_name
 from fstier.keys import BlockKey
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -141,7 +141,7 @@ class IOPath:
             return native.store_batch(str(self.root), [str(path)], [key], [slot[:N]], DIGEST, 1, opts)[0]
         path.parent.mkdir(exist_ok=True)
         header = header_for_payload(key, DIGEST, data, 1, N, checksum=opts.checksum)
-        return posix.store_block(StoreRequest(path, header, slot), opts)
+        return blockstore.store_block(StoreRequest(path, header, slot), opts)
 
     def load(self, key: BlockKey, opts: IOOptions, buf: memoryview | None = None
              ) -> tuple[LoadOutcome, memoryview]:
@@ -150,7 +150,7 @@ class IOPath:
         path = self.path(key)
         if self.name == "native":
             return native.load_batch(str(self.root), [str(path)], [key], [buf[:N]], DIGEST, opts)[0], buf
-        return posix.load_block(LoadRequest(path, buf, key, DIGEST, N), opts), buf
+        return blockstore.load_block(LoadRequest(path, buf, key, DIGEST, N), opts), buf
 
     def fail(self, op: str, code: int = 0, *, times: int = -1, after: bool = False,
              short: int = 0, delay_s: float = 0.0) -> list[int]:
@@ -164,7 +164,7 @@ class IOPath:
             self._fail_open(op, code, calls)
             return calls
         method = _PY_METHODS[op]
-        real = getattr(posix.FS, method)
+        real = getattr(fsops.FS, method)
 
         def wrapped(*args: Any) -> Any:
             calls.append(1)
@@ -177,7 +177,7 @@ class IOPath:
                 raise OSError(code, os.strerror(code))
             return real(*args)
 
-        self.mp.setattr(posix.FS, method, wrapped)
+        self.mp.setattr(fsops.FS, method, wrapped)
         return calls
 
     def _fail_open(self, op: str, code: int, calls: list[int]) -> None:
@@ -185,7 +185,7 @@ class IOPath:
         write, or a block to read). O_TMPFILE contains the O_DIRECTORY bit,
         so a directory open is one with O_DIRECTORY and no write access."""
         for method, flag_at in (("open", 1), ("openat", 2)):
-            real = getattr(posix.FS, method)
+            real = getattr(fsops.FS, method)
 
             def wrapped(*args: Any, _real: Any = real, _at: int = flag_at) -> int:
                 flags = args[_at]
@@ -195,7 +195,7 @@ class IOPath:
                     raise OSError(code, os.strerror(code))
                 return _real(*args)
 
-            self.mp.setattr(posix.FS, method, wrapped)
+            self.mp.setattr(fsops.FS, method, wrapped)
 
     def clear(self) -> None:
         """Remove every injected fault (both seams)."""
@@ -213,7 +213,7 @@ PATHS = ["python", pytest.param("native", marks=needs_native)]
 def io(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[IOPath]:
     root = tmp_path / "root"
     (root / "sub").mkdir(parents=True)
-    posix.reset_probe_cache()
+    reset_probe_cache()
     yield IOPath(request.param, root, monkeypatch)
     native.clear_faults()
     if native._ext is not None:
@@ -225,8 +225,8 @@ def temps(root: Path) -> list[str]:
 
 
 def _direct(root: Path) -> bool:
-    posix.reset_probe_cache()
-    return posix.probe_o_direct(root, "auto").enabled
+    reset_probe_cache()
+    return probe_o_direct(root, "auto").enabled
 
 
 @pytest.fixture(params=["buffered", "direct"])
@@ -246,7 +246,7 @@ def test_round_trip_and_skip(io: IOPath, opts: IOOptions) -> None:
     res, buf = io.load(K1, opts)
     assert res.status is LoadStatus.LOADED and res.nbytes == N
     assert bytes(buf[:N]) == io_worker.payload_of(K1, 3)
-    assert posix.verify_file(io.path(K1), True, key=K1, namespace_digest=DIGEST).ok
+    assert blockstore.verify_file(io.path(K1), True, key=K1, namespace_digest=DIGEST).ok
     assert temps(io.root) == []
 
 
@@ -298,7 +298,7 @@ def test_wrong_namespace_is_corrupt(io: IOPath) -> None:
     io.store(K1, opts)
     path = io.path(K1)
     raw = bytearray(path.read_bytes())
-    h = posix.read_header(path)
+    h = blockstore.read_header(path)
     other = BlockHeader(h.key, b"\x01" * 8, h.payload_len, h.page_count, h.page_bytes,
                         h.checksum_kind, h.payload_checksum, h.created_ns)
     raw[:HEADER_SIZE] = encode_header(other)
@@ -310,7 +310,7 @@ def test_wrong_namespace_is_corrupt(io: IOPath) -> None:
 def test_checksum_off_skips_payload_check(io: IOPath) -> None:
     opts = IOOptions(checksum=False)
     io.store(K1, opts)
-    assert posix.read_header(io.path(K1)).checksum_kind == ChecksumKind.NONE
+    assert blockstore.read_header(io.path(K1)).checksum_kind == ChecksumKind.NONE
     with open(io.path(K1), "r+b") as fh:
         fh.seek(HEADER_SIZE + 5)
         fh.write(b"\xff")
@@ -345,7 +345,7 @@ def test_symlinks_are_never_followed(io: IOPath, tmp_path: Path, walk: bool) -> 
 
 
 def test_named_temp_publication(io: IOPath, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(posix, "_tmpfile_refused", True)
+    monkeypatch.setattr(capabilities, "_tmpfile_refused", True)
     if io.name == "native":
         native.configure(tmpfile=False)
     assert io.store(K1, IOOptions(fsync="file+dir")).ok
@@ -367,17 +367,17 @@ def test_store_faults_publish_nothing_and_recover(
     old = io.path(K2).read_bytes()
     fds = len(os.listdir("/proc/self/fd"))
     named = op == "rename"  # the named-temp publication (no O_TMPFILE)
-    monkeypatch.setattr(posix, "_tmpfile_refused", named)
+    monkeypatch.setattr(capabilities, "_tmpfile_refused", named)
     if io.name == "native":
         native.configure(tmpfile=not named)
     if op == "close" and io.name == "python":
-        real = posix.FS.close
+        real = fsops.FS.close
 
         def bad_close(fd: int) -> None:
             real(fd)
             raise OSError(code, os.strerror(code))
 
-        monkeypatch.setattr(posix.FS, "close", bad_close)
+        monkeypatch.setattr(fsops.FS, "close", bad_close)
     else:
         io.fail(op, code, after=op == "close")
     out = io.store(K1, opts)
@@ -414,7 +414,7 @@ def test_short_reads_complete(io: IOPath) -> None:
 
 @pytest.mark.parametrize("op", ["link", "rename"])
 def test_publication_error_after_it_happened(io: IOPath, monkeypatch: pytest.MonkeyPatch, op: str) -> None:
-    monkeypatch.setattr(posix, "_tmpfile_refused", op == "rename")
+    monkeypatch.setattr(capabilities, "_tmpfile_refused", op == "rename")
     if io.name == "native":
         native.configure(tmpfile=op != "rename")
     io.fail(op, errno.EIO, after=True)

@@ -5,10 +5,11 @@ number of threads, block size and block count, alternating round by round so
 that drift of the device hits both equally. The fstier side is the real
 path FsTier runs: the native extension (:mod:`fstier.io.native`, batches of
 :data:`BATCH` blocks per GIL-free call) when it is built and not disabled
-(``FSTIER_NATIVE=0``), else the Python path, :func:`fstier.io.posix.store_block`
-(header, checksum, temp file, rename, O_DIRECT when the probe allows) and
-:func:`~fstier.io.posix.load_block` (size, header, key, namespace and xxh3
-checks); the result names the path and why (``io_path``). The raw side is the floor
+(``FSTIER_NATIVE=0``), else the Python path,
+:func:`fstier.io.blockstore.store_block` (header, checksum, temp file,
+rename, O_DIRECT when the probe allows) and
+:func:`~fstier.io.blockstore.load_block` (size, header, key, namespace and
+xxh3 checks); the result names the path and why (``io_path``). The raw side is the floor
 we compare against: ``open(O_CREAT|O_DIRECT)``, one ``pwrite`` of the padded
 length, ``close``; and ``open(O_DIRECT)``, one ``preadv``, ``close``.
 
@@ -50,15 +51,9 @@ from fstier.cli._common import (
 )
 from fstier.io import native
 from fstier.io.blockfile import HEADER_SIZE, BlockHeader, header_for_payload, padded_len
-from fstier.io.posix import (
-    IOOptions,
-    LoadRequest,
-    StoreRequest,
-    aligned_buffer,
-    load_block,
-    probe_o_direct,
-    store_block,
-)
+from fstier.io.blockstore import IOOptions, LoadRequest, StoreRequest, load_block, store_block
+from fstier.io.capabilities import probe_o_direct
+from fstier.io.fsops import aligned_buffer
 from fstier.keys import BlockKey
 
 __all__ = ["BenchRow", "run_bench"]

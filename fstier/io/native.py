@@ -7,9 +7,9 @@ released: no Python object is touched per block, so pool threads do not
 hand the GIL to each other per file (the Python path costs ~150 us of user
 CPU and ~95 futex calls per 64 KiB file; docs/performance.md has the
 measured figures of both paths). The protocol is the Python path's
-(:mod:`fstier.io.posix`), step for step, and so are the outcomes: this
+(:mod:`fstier.io.blockstore`), step for step, and so are the outcomes: this
 module turns the extension's per-block tuples into
-:class:`~fstier.io.posix.StoreOutcome` / :class:`~fstier.io.posix.LoadOutcome`
+:class:`~fstier.io.blockstore.StoreOutcome` / :class:`~fstier.io.blockstore.LoadOutcome`
 with the same statuses, causes (errno names) and reasons, so every caller
 handles both paths with one code path.
 
@@ -24,7 +24,7 @@ Invariants
       every path is resolved by the kernel below the base directory's fd with
       no symlink in any component (``openat2`` RESOLVE_BENEATH |
       RESOLVE_NO_SYMLINKS; a walk of ``O_NOFOLLOW`` opens where the kernel
-      lacks it). A corrupt file is removed by :func:`posix._remove_if_same`
+      lacks it). A corrupt file is removed by :func:`fstier.io.fsops.unlink_if_same`
       (the name must still hold the inode that was read).
     - Only LOADED means the buffer holds verified bytes.
     - The extension keeps references to the caller's buffers only for the
@@ -35,7 +35,7 @@ Fault injection: :func:`fault` arms the extension's test-only rule table
 (fail the Nth ``open``/``write``/``read``/``link``/... with an errno, delay
 it, shorten it, or fail after it happened); :func:`clear_faults` disarms it.
 The reliability suite runs its fault matrix through it on this path, as it
-runs it through ``posix.FS`` on the Python path.
+runs it through ``fstier.io.fsops.FS`` on the Python path.
 """
 
 from __future__ import annotations
@@ -48,17 +48,17 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from fstier._atomic import _HOST
 from fstier.errors import ConfigError
-from fstier.io import posix
+from fstier.io import blockstore
 from fstier.io.blockfile import FORMAT_VERSION
-from fstier.io.posix import (
+from fstier.io.blockstore import (
     IOOptions,
     LoadOutcome,
     LoadStatus,
     StoreOutcome,
     StoreStatus,
 )
+from fstier.io.fsops import _HOST, unlink_if_same
 from fstier.keys import BlockKey
 
 __all__ = [
@@ -292,13 +292,13 @@ def load_batch(
         if status_ is LoadStatus.MISSING:
             out.append(LoadOutcome(LoadStatus.MISSING, "ENOENT"))
         elif why == "symlink":
-            removed = posix._remove_planted_link(path)
+            removed = blockstore._remove_planted_link(path)
             out.append(LoadOutcome(
                 LoadStatus.CORRUPT, "symlink", f"{name}: a symlink on its path", removed=removed
             ))
         elif status_ is LoadStatus.CORRUPT:
             detail = _corrupt_detail(why, nbytes, path)
-            removed = bool(ino) and posix._remove_if_same(path, _Stat(dev, ino))  # type: ignore[arg-type]
+            removed = bool(ino) and unlink_if_same(path, _Stat(dev, ino))  # type: ignore[arg-type]
             out.append(LoadOutcome(LoadStatus.CORRUPT, why, detail, removed=removed))
         elif why == "not_regular":
             out.append(LoadOutcome(LoadStatus.ERROR, "not_regular", f"{name} is not a regular file"))

@@ -1,11 +1,11 @@
 """Row 27 of the fault matrix: the rows FsTier's tests inject through
-``posix.FS`` (10-14, 16, 23), injected through the native path's own seam
+``fsops.FS`` (10-14, 16, 23), injected through the native path's own seam
 (``fstier.io.native.fault``) with the same expectations: failed jobs with a
 clear cause and log line, no leaked fd or temp file, old blocks intact,
 recovery; a hung native batch is a timed-out job whose slots stay fenced
 until the late call returns, so its bytes never reach a reallocated slot.
 
-(A tier whose ``posix.FS`` is patched takes the Python path, so the tests
+(A tier whose ``fsops.FS`` is patched takes the Python path, so the tests
 beside this file cover that path; ``make test`` also runs the whole suite
 with ``FSTIER_NATIVE=0``.)
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from fstier.host_pool import HostBlockPool
-from fstier.io import native, posix
+from fstier.io import blockstore, native
 from fstier.manager import FsTier
 
 from ._support import block_files, fd_count, key_for, payload_for, temp_files
@@ -86,7 +86,7 @@ def test_store_faults_in_a_batch_publish_nothing(tmp_path: Path, op: str, code: 
         native.clear_faults()
         assert not t.mapper.path_for(keys[1]).exists() and temp_files(t.mapper.root) == []
         for k in (keys[0], keys[2], keys[3]):
-            assert posix.verify_file(t.mapper.path_for(k)).ok
+            assert blockstore.verify_file(t.mapper.path_for(k)).ok
         assert _run(t, "store", keys)[0].success
         r, got = _run(t, "load", keys)
         assert r.success and got == [payload_for(k, t.payload_bytes(k)) for k in keys]
@@ -166,7 +166,7 @@ def test_hung_native_store_times_out_fences_and_recovers(tmp_path: Path, caplog:
         r4, _ = _run(t, "store", [key_for(4)])
         assert r4.success and t.breaker_state == "closed"
         for f in block_files(t.mapper.root):
-            assert posix.verify_file(f).ok
+            assert blockstore.verify_file(f).ok
     finally:
         t.close()
 
