@@ -37,7 +37,15 @@ from fstier.keys import BlockKey
 
 __all__ = ["BLOCK_NAME_RE", "MANIFEST_NAME", "NAMESPACE_VERSION", "FileMapper", "is_parallel_agnostic", "safe_model_name"]
 
-NAMESPACE_VERSION = 1
+#: Version of the namespace layout (manifest and directory fan-out). 2: one
+#: fan-out level of 4096 directories, ``<hex[:3]>/<hex>-g<group>.bin`` (format
+#: v2; v1 had ``<hex[:3]>/<hex[3:5]>/``, one new leaf directory per store at
+#: cache sizes below ~10^7 files). It is digested, so a v1 namespace is
+#: another directory: foreign to this version (``fstier inspect`` names it,
+#: ``fstier gc --remove-foreign`` removes it).
+NAMESPACE_VERSION = 2
+#: Hex characters of the key hash that name its fan-out directory (16^3 = 4096).
+FANOUT_HEX = 3
 BLOCK_SUFFIX = ".bin"
 #: The namespace manifest's file name, in the namespace directory.
 MANIFEST_NAME = "config.json"
@@ -264,14 +272,16 @@ class FileMapper:
         return self._payload_bytes[group_idx]
 
     def path_for(self, key: BlockKey) -> Path:
-        """The final path of ``key``'s block file (two-level hex fan-out)."""
+        """The final path of ``key``'s block file: ``<blocks_dir>/<hex[:3]>/
+        <hex>-g<group>.bin`` (one fan-out level of 4096 directories, made
+        lazily by the first store into each; docs/format.md section 1)."""
         if key.group_idx >= self.num_groups:
             raise PathSafetyError(
                 f"key group {key.group_idx} does not exist; the model has "
                 f"{self.num_groups} group(s)"
             )
         h = key.hex
-        return self.blocks_dir / h[:3] / h[3:5] / f"{h}-g{key.group_idx}{BLOCK_SUFFIX}"
+        return self.blocks_dir / h[:FANOUT_HEX] / f"{h}-g{key.group_idx}{BLOCK_SUFFIX}"
 
     def ensure_parent(self, path: str | Path) -> None:
         """Create ``path``'s directories under the namespace, one ``mkdirat``
@@ -304,7 +314,7 @@ class FileMapper:
         ns = os.fspath(self.namespace_dir)
         if key != ns and not key.startswith(ns + "/"):
             raise ValueError(f"{path!r} is not under the namespace directory {ns}")
-        # Strings, not pathlib: with 4096 x 256 fan-out directories most new
+        # Strings, not pathlib: with 4096 fan-out directories the first ones
         # keys create one, and Path parsing cost more than the mkdirs
         # (issue 14). The walk starts at the deepest directory already made
         # (opened again with no symlink on its path, as the namespace is).

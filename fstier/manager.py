@@ -353,7 +353,7 @@ class FsTier:
         # Same layout as FileMapper.path_for (tests pin the equality) without
         # building Path objects: lookups run on the scheduler's hot path.
         h = key.block_hash.hex()
-        return f"{self._blocks_prefix}/{h[:3]}/{h[3:5]}/{h}-g{key.group_idx}{BLOCK_SUFFIX}"
+        return f"{self._blocks_prefix}/{h[:3]}/{h}-g{key.group_idx}{BLOCK_SUFFIX}"
 
     def _probe_chunk(self, keys: Sequence[BlockKey]) -> int:
         """Leading keys of ``keys`` present: cache first, then stat; stops at

@@ -25,7 +25,7 @@ def _block(root: Path, i: int, size: int = 1000, age_s: float = 0.0) -> Path:
     """A block-named file where fstier puts blocks, in a valid namespace
     (gc and the capacity thread consider nothing else)."""
     h = f"{i:032x}"
-    p = valid_namespace(root) / h[:3] / h[3:5] / f"{h}-g0.bin"
+    p = valid_namespace(root) / h[:3] / f"{h}-g0.bin"
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_bytes(b"x" * size)
     t = time.time() - age_s

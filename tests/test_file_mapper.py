@@ -136,7 +136,7 @@ def test_golden_namespace_and_path(tmp_path: Path) -> None:
     m = FileMapper(cfg)
     assert m.digest == GOLDEN_DIGEST
     rel = m.path_for(BlockKey(bytes(range(16)), 0)).relative_to(tmp_path)
-    assert str(rel) == f"acme_llama-tiny-{GOLDEN_DIGEST}/000/10/000102030405060708090a0b0c0d0e0f-g0.bin"
+    assert str(rel) == f"acme_llama-tiny-{GOLDEN_DIGEST}/000/000102030405060708090a0b0c0d0e0f-g0.bin"
 
 
 HOSTILE = [
@@ -196,7 +196,7 @@ def test_symlinked_subdirectory_is_refused(tmp_path: Path) -> None:
     m = FileMapper(make_config(tmp_path / "root"))
     m.ensure_manifest()
     path = m.path_for(KEY)
-    (m.namespace_dir / path.parent.parent.name).symlink_to(outside)
+    path.parent.symlink_to(outside)  # the fan-out directory
     with pytest.raises(PathSafetyError, match="symlink"):
         m.ensure_parent(path)
     assert list(outside.iterdir()) == []
@@ -217,7 +217,7 @@ def test_expected_payload_scales_for_rank_private_groups(tmp_path: Path) -> None
     assert mla4.expected_payload_bytes(0) == 2 * mla2.expected_payload_bytes(0)
 
 
-GOLDEN_DIGEST = "19a8a98142a42b47"
+GOLDEN_DIGEST = "0f8e396dc6b76ea2"  # namespace version 2 (format v2)
 
 
 def test_unwritable_root_is_a_storage_error_naming_it(tmp_path: Path) -> None:
@@ -242,12 +242,12 @@ def test_ensure_parent_recreates_removed_fanout_levels(tmp_path: Path) -> None:
     mapper = FileMapper(make_config(tmp_path / "root"))
     mapper.ensure_manifest()
     a = mapper.path_for(BlockKey(bytes.fromhex("abcdef") + bytes(29), 0))
-    b = mapper.path_for(BlockKey(bytes.fromhex("abcd01") + bytes(29), 0))
+    b = mapper.path_for(BlockKey(bytes.fromhex("abc001") + bytes(29), 0))
     mapper.ensure_parent(a)
-    assert a.parent.is_dir()
-    shutil.rmtree(a.parent.parent)  # both fan-out levels gone
+    assert a.parent.is_dir() and a.parent == b.parent
+    shutil.rmtree(a.parent)  # the fan-out directory gone
     mapper.forget_parent(a)
-    mapper.ensure_parent(b)  # a sibling leaf under the removed first level
+    mapper.ensure_parent(b)  # another key of the removed directory
     assert b.parent.is_dir()
     mapper.ensure_parent(mapper.namespace_dir / "x")  # the namespace itself: nothing to make
     with pytest.raises(ValueError, match="not under the namespace"):

@@ -81,7 +81,7 @@ def _key(i: int) -> BlockKey:
 
 def _fstier_path(base: Path, key: BlockKey) -> Path:
     h = key.hex
-    return base / h[:3] / h[3:5] / f"{h}-g0.bin"
+    return base / h[:3] / f"{h}-g0.bin"
 
 
 class _Buffers:
@@ -125,7 +125,7 @@ BATCH = 4
 
 def _n_store(paths: list[Path], keys: list[BlockKey], nbytes: int, opts: IOOptions,
              bufs: list[memoryview]) -> bool:
-    base = os.fspath(paths[0].parents[2])
+    base = os.fspath(paths[0].parents[1])
     outs = native.store_batch(base, [os.fspath(p) for p in paths], keys,
                               [b[:nbytes] for b in bufs[: len(keys)]], _DIGEST, 1, opts)
     return all(o.ok for o in outs)
@@ -133,7 +133,7 @@ def _n_store(paths: list[Path], keys: list[BlockKey], nbytes: int, opts: IOOptio
 
 def _n_load(paths: list[Path], keys: list[BlockKey], nbytes: int, opts: IOOptions,
             bufs: list[memoryview]) -> bool:
-    base = os.fspath(paths[0].parents[2])
+    base = os.fspath(paths[0].parents[1])
     outs = native.load_batch(base, [os.fspath(p) for p in paths], keys,
                              [b[:nbytes] for b in bufs[: len(keys)]], _DIGEST, opts)
     return all(o.ok for o in outs)
