@@ -630,6 +630,20 @@ class FsTier:
         if job.kind == "store" and reserved:
             self._budget.release(reserved, written)
 
+    def _ops_ended(self, job: _Job, lo: int, written: Sequence[int]) -> None:
+        """:meth:`_op_ended` for keys ``lo..lo+len(written)-1`` of a native
+        batch: one lock and one budget release for the batch."""
+        reserved = counted = 0
+        with self._lock:
+            job.last_end = time.perf_counter()
+            for j, w in enumerate(written):
+                if job.op_open[lo + j]:
+                    reserved += _file_bytes(job.op_bytes[lo + j])
+                    counted += w
+                    job.op_open[lo + j] = False
+        if job.kind == "store" and reserved:
+            self._budget.release(reserved, counted)
+
     def _namespace_back(self) -> bool:
         """Re-create the namespace directory and its manifest if they were
         removed under a running tier (an operator's ``rm -rf`` of the cache);
@@ -694,8 +708,7 @@ class FsTier:
                 written[j] = out.nbytes
             return outs
         finally:
-            for j in range(hi - lo):
-                self._op_ended(job, lo + j, written[j])
+            self._ops_ended(job, lo, written)
 
     def _load_batch(self, job: _Job, lo: int, hi: int) -> list[blockstore.LoadOutcome]:
         """Load keys ``lo..hi-1`` of ``job`` in one native call (GIL released
@@ -713,8 +726,7 @@ class FsTier:
                     self._note_recent(path)
             return outs
         finally:
-            for i in range(lo, hi):
-                self._op_ended(job, i, 0)
+            self._ops_ended(job, lo, [0] * (hi - lo))
 
     def _store_one(self, job: _Job, i: int) -> blockstore.StoreOutcome:
         """One key's store on the Python path (the caller ends the op)."""

@@ -99,11 +99,11 @@ def test_symlink_at_subdirectory_refused(tmp_path: Path, outside: Path) -> None:
     before = _snapshot(outside)
     key = key_for(0)
     path = tier.path(key)
-    fanout = path.parent.parent  # <blocks>/abc
+    fanout = path.parent  # <blocks>/abc (format v2: one fan-out level)
     fanout.symlink_to(outside, target_is_directory=True)
     with pytest.raises(PathSafetyError, match="symlink"):
         tier.mapper.ensure_parent(path)
-    assert _snapshot(outside) == before and not (outside / path.parent.name).exists()
+    assert _snapshot(outside) == before and not (outside / path.name).exists()
 
 
 def test_symlink_namespace_dir_refused(tmp_path: Path, outside: Path) -> None:
