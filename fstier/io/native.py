@@ -155,7 +155,9 @@ def log_selection_once(mode: str = "auto") -> NativeStatus:
             _logged = True
             if st.backend == "native":
                 log.info("fstier: block I/O path: native (%s; checksum %s)", st.reason, st.checksum)
-            else:
+            elif _ext is not None:  # chosen (FSTIER_NATIVE=0, native_io: off): no alarm
+                log.info("fstier: block I/O path: python (%s)", st.reason)
+            else:  # wanted but not built: say so where operators look
                 log.warning("fstier: block I/O path: python (%s)", st.reason)
     return st
 
