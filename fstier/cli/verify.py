@@ -55,8 +55,8 @@ from fstier.cli.scan import (
     iter_namespace_files,
     read_manifest,
 )
+from fstier.file_mapper import decode
 from fstier.io.fsops import unlink_if
-from fstier.tier.gc import key_from_block_name
 
 __all__ = ["BadFile", "NamespaceVerify", "VerifyReport", "run_verify"]
 
@@ -189,7 +189,7 @@ def _check_one(path: str, full: bool, expect: _Expect) -> tuple[str, int, os.sta
         return "gone", 0, None
     except OSError as exc:
         return f"unreadable: {exc.strerror or exc}", 0, None
-    key = key_from_block_name(os.path.basename(path))
+    key = decode(os.path.basename(path))
     if key is None:
         return "bad_name", before.st_size, before
     try:

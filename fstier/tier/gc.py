@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from fstier.file_mapper import BLOCK_NAME_RE
+from fstier.file_mapper import decode
 from fstier.io.fsops import unlink_if
 from fstier.io.tree import FileKind, TreeFile, iter_root
 from fstier.keys import BlockKey
@@ -58,26 +58,17 @@ __all__ = [
 #: Upper bound on eviction candidates held in memory by one pass (~100 B each).
 DEFAULT_MAX_CANDIDATES = 200_000
 
-_BLOCK_NAME = BLOCK_NAME_RE
 
 
 def is_block_name(name: str) -> bool:
     """True for final block file names written by fstier (``<hex>-g<group>.bin``)."""
-    return _BLOCK_NAME.match(name) is not None
+    return decode(name) is not None
 
 
 def key_from_block_name(name: str) -> BlockKey | None:
-    """The key named by a block file name, or None for any other name."""
-    m = _BLOCK_NAME.match(name)
-    if m is None or len(m.group(1)) % 2:
-        return None
-    group = int(m.group(2))
-    if group > 65535:
-        return None
-    try:
-        return BlockKey(bytes.fromhex(m.group(1)), group)
-    except ValueError:
-        return None
+    """The key named by a block file name, or None for any other name
+    (:func:`fstier.file_mapper.decode`)."""
+    return decode(name)
 
 
 @dataclass(frozen=True, slots=True)
