@@ -20,7 +20,6 @@ goes on with the rest; the report then says its counts are partial.
 from __future__ import annotations
 
 import os
-import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -56,7 +55,7 @@ from fstier.cli.scan import (
     read_manifest,
 )
 from fstier.file_mapper import decode
-from fstier.io.fsops import unlink_if
+from fstier.io.fsops import unlink_if_same
 
 __all__ = ["BadFile", "NamespaceVerify", "VerifyReport", "run_verify"]
 
@@ -215,14 +214,7 @@ def _check_one(path: str, full: bool, expect: _Expect) -> tuple[str, int, os.sta
 def _remove_if_same(path: str, before: os.stat_result) -> bool:
     """Unlink ``path`` if it is still the file that was judged (same inode
     and mtime), through a directory fd resolved without symlinks."""
-    result = unlink_if(
-        path,
-        lambda now: (
-            not stat.S_ISREG(now.st_mode)
-            or now.st_ino != before.st_ino
-            or now.st_mtime_ns != before.st_mtime_ns
-        ),
-    )
+    result = unlink_if_same(path, ino=before.st_ino, dev=before.st_dev, mtime_ns=before.st_mtime_ns)
     return result in ("removed", "gone")  # gone: nothing bad remains
 
 

@@ -522,6 +522,10 @@ def _read_file(fd: int, bufs: list[memoryview], want: int) -> int:
         bufs = advance(bufs, got)
 
 
+def _removal_failed(exc: OSError) -> None:
+    log.warning("could not remove corrupt block %s: %s", exc.filename, exc.strerror or exc)
+
+
 def _name(path: str) -> str:
     return path.rpartition("/")[2]
 
@@ -602,7 +606,9 @@ def _load_once(req: LoadRequest, buf: memoryview, direct: bool, opts: IOOptions)
                 st = fsops.FS.fstat(fd)
             except OSError:
                 return LoadOutcome(LoadStatus.CORRUPT, exc.reason, exc.detail)
-            removed = unlink_if_same(path, st)
+            removed = (
+                unlink_if_same(path, ino=st.st_ino, dev=st.st_dev, on_error=_removal_failed) == "removed"
+            )
             return LoadOutcome(LoadStatus.CORRUPT, exc.reason, exc.detail, removed=removed)
         except OSError as exc:
             return LoadOutcome(LoadStatus.ERROR, errno_name(exc), f"read {_name(path)}: {exc.strerror}")
