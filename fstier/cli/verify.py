@@ -179,6 +179,7 @@ def _namespaces(root: Path, only: str | None) -> Iterator[Path]:
 
 def _check_one(path: str, full: bool, expect: _Expect) -> tuple[str, int, os.stat_result | None]:
     """``(reason or '', size, stat)``; reason ``gone`` when the file vanished."""
+    from fstier.io.blockfile import Expected
     from fstier.io.blockstore import verify_file
     from fstier.io.fsops import FS
 
@@ -191,24 +192,19 @@ def _check_one(path: str, full: bool, expect: _Expect) -> tuple[str, int, os.sta
     key = decode(os.path.basename(path))
     if key is None:
         return "bad_name", before.st_size, before
+    expected = Expected(
+        key=key,
+        namespace_digest=expect.digest,
+        group_page_bytes=expect.file_page_bytes,
+        max_pages=expect.blocks_per_file,
+    )
     try:
-        check = verify_file(path, full, key=key, namespace_digest=expect.digest)
+        check = verify_file(path, full, expect=expected)
     except FileNotFoundError:
         return "gone", 0, None
     except OSError as exc:
         return f"unreadable: {exc.strerror or exc}", before.st_size, None
-    if not check.ok:
-        return check.reason, check.size, before
-    h = check.header
-    if h is not None:
-        want_page = expect.file_page_bytes.get(key.group_idx)
-        if expect.file_page_bytes and want_page is None:
-            return "unknown_group", check.size, before
-        if want_page is not None and (h.page_bytes != want_page or h.payload_len != h.page_count * want_page):
-            return "wrong_length", check.size, before
-        if expect.blocks_per_file is not None and not 1 <= h.page_count <= expect.blocks_per_file:
-            return "wrong_page_count", check.size, before
-    return "", check.size, before
+    return check.reason, check.size, before
 
 
 def _remove_if_same(path: str, before: os.stat_result) -> bool:
