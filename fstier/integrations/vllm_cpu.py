@@ -37,6 +37,10 @@ Invariants and costs
       group's first block may start inside a chunk (``block_indices``), as in
       vLLM's own worker; each group copies only its own layers' tensors and
       each layer's un-padded page bytes.
+    * **Files per tensor-parallel layout.** vLLM's parallelism-agnostic
+      verdict (tp left out of a tier's namespace) does not hold for the CPU
+      backend's rows, so on CPU the spec withdraws it before any tier sees
+      the config: tp=2 and tp=1 never share files (they would load wrong KV).
     * **Failures are job failures.** A copy that raises fails its job
       (``success=False``); the engine never receives the exception. A layout
       this worker cannot copy (vLLM's ``canonical_layout``, page sizes that
@@ -363,16 +367,42 @@ else:
             if region is not None:
                 region.cleanup()
 
+    def _on_device() -> bool:
+        """CUDA-alike or XPU: vLLM's own worker runs, nothing changes."""
+        return bool(current_platform.is_cuda_alike() or current_platform.is_xpu())
+
+    def _per_topology(config: Any) -> Any:
+        """``config`` with vLLM's parallelism-agnostic verdict withdrawn.
+
+        vLLM calls a single full-attention group with head-sharded pages
+        parallelism-agnostic, so its fs tier and FstierTier drop tp from the
+        namespace and share files across tp sizes. On the CPU backend the
+        rows are not interchangeable: a row holds each rank's pages back to
+        back, layer by layer, so tp=2 rows are not tp=1 rows (measured: tp=2
+        files loaded at tp=1 are a full hit that generates different tokens).
+        On CPU every tier therefore keeps files per tensor-parallel layout."""
+        import dataclasses
+
+        log.warning(
+            "fstier: vLLM calls this deployment parallelism-agnostic, but on vLLM's CPU "
+            "backend a KV row depends on the tensor-parallel size; offloaded files are kept "
+            "per topology (tp=%d)", config.parallel.tp_size,
+        )
+        parallel = dataclasses.replace(config.parallel, is_parallelism_agnostic=False)
+        return dataclasses.replace(config, parallel=parallel)
+
     class FstierCpuOffloadingSpec(TieringOffloadingSpec):  # type: ignore[no-redef]
         """vLLM's ``TieringOffloadingSpec`` whose worker side also runs on
         vLLM's CPU backend (see the module docstring)."""
 
         def __init__(self, config: Any) -> None:
             check_vllm_cpu()
+            if not _on_device() and config.parallel.is_parallelism_agnostic:
+                config = _per_topology(config)
             super().__init__(config)
 
         def get_worker(self, kv_caches: Any) -> Any:
-            if current_platform.is_cuda_alike() or current_platform.is_xpu():
+            if _on_device():
                 return super().get_worker(kv_caches)
             worker: CpuKVWorker | None = getattr(self, "_fstier_cpu_worker", None)
             if worker is None:

@@ -33,10 +33,12 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ENGINE_TIMEOUT_S = float(os.environ.get("FSTIER_E2E_ENGINE_TIMEOUT", "480"))
 _ENGINE_ID = re.compile(r"engine_id[:=]\s*'?([0-9A-Za-z_.-]+)")
+_DIST_ID = re.compile(r"vllm_dist_([0-9a-f]{32})")
 
 
-def child_env() -> dict[str, str]:
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    env.update(extra or {})
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.setdefault("OMP_NUM_THREADS", "2")
     env["PYTHONHASHSEED"] = "0"
@@ -45,23 +47,33 @@ def child_env() -> dict[str, str]:
 
 
 def shm_files_of(log_text: str) -> list[Path]:
-    ids = set(_ENGINE_ID.findall(log_text))
+    """The files a child left that its log names: the offloading region
+    (per engine id) and, with tensor parallelism, the CPU communicator's
+    shared memory and init file (per distributed-init id)."""
     out: list[Path] = []
-    for eid in ids:
+    for eid in set(_ENGINE_ID.findall(log_text)):
         out.extend(Path("/dev/shm").glob(f"vllm_offload_{eid}*"))
+    for did in set(_DIST_ID.findall(log_text)):
+        out.extend(Path("/dev/shm").glob(f"vllm_dist_{did}*"))
+        out.extend(Path("/tmp").glob(f"vllm_dist_{did}*"))
     return out
 
 
 def _stop_group(proc: subprocess.Popen[Any]) -> None:
-    if proc.poll() is None:
+    # SIGTERM to the main process first, so vLLM shuts its children down and
+    # their resource trackers clean up; then the whole group, then SIGKILL.
+    for sig, target, wait_s in (
+        (signal.SIGTERM, "main", 60.0), (signal.SIGTERM, "group", 15.0), (signal.SIGKILL, "group", 30.0)
+    ):
+        if proc.poll() is not None:
+            break
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+            if target == "main":
+                proc.send_signal(sig)
+            else:
+                os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=wait_s)
     # Workers of a finished engine may linger in its group: never leave them.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -95,7 +107,7 @@ class Engine:
                 [sys.executable, str(HERE / "engine_run.py"), str(self.spec_path), str(self.out_path)],
                 stdout=logf,
                 stderr=subprocess.STDOUT,
-                env=child_env(),
+                env=child_env(spec.get("env")),
                 start_new_session=True,
             )
         self.started = time.monotonic()
@@ -160,10 +172,11 @@ def serve(args: list[str], workdir: Path, name: str) -> Iterator[str]:
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = workdir / f"{name}.log"
-    vllm_bin = Path(sys.executable).with_name("vllm")
     with log.open("wb") as logf:
         proc = subprocess.Popen(
-            [str(vllm_bin), "serve", *args, "--host", "127.0.0.1", "--port", str(port)],
+            # vLLM's CLI, through a shim for vllm-cpu 0.32's console script
+            [sys.executable, str(HERE / "vllm_cli.py"), "serve", *args,
+             "--host", "127.0.0.1", "--port", str(port)],
             stdout=logf,
             stderr=subprocess.STDOUT,
             env=child_env(),

@@ -4,7 +4,8 @@ Usage: python tests/e2e/engine_run.py SPEC_JSON OUT_JSON
 
 SPEC_JSON: {"model": dir, "prompts": [[token ids], ...], "max_tokens": n,
 "logprobs": k, "tier": "none" | "fstier" | "fs", "root": dir,
-"tp": 1, "cpu_bytes": n, "wait_files": n, "hold_file": path, "ready_file": path}.
+"tp": 1, "env": {name: value}, "cpu_bytes": n, "max_model_len": n,
+"warmup": bool, "wait_files": n, "hold_file": path, "ready_file": path}.
 With "wait_files", the engine keeps stepping (one-token requests on an
 unrelated prompt) until n block files exist under "root" (at most 120 s,
 else it fails): a tier stores in the background, after the request.
@@ -88,6 +89,8 @@ def main() -> None:
         temperature=0.0, max_tokens=int(spec["max_tokens"]), logprobs=spec.get("logprobs"),
         ignore_eos=True,
     )
+    if spec.get("warmup"):  # a first request outside the measurements
+        llm.generate([TokensPrompt(prompt_token_ids=[9, 8, 7, 6])], params, use_tqdm=False)
     results = []
     for ids in spec["prompts"]:
         t1 = time.perf_counter()
