@@ -646,8 +646,9 @@ else:
                 if geo is None or self._ready() is None:
                     return [False] * n
                 if kind == "store" and not self.is_writer:
-                    # MLA: one writer per page; other ranks read its files.
-                    return self._present_pages(keys)
+                    # MLA: one writer per page; other ranks read its files
+                    # and never store (SGLang skips their backups).
+                    return [False] * n
                 rows = geo.rows_of(host_indices)
                 if rows is None or len(rows) != n:
                     log.error(
@@ -675,10 +676,6 @@ else:
                 pre = "prefetch" if kind == "load" else "backup"
                 self._stats[f"{pre}_pgs"].append(pages)
                 self._stats[f"{pre}_bandwidth"].append(gbps)
-
-        def _present_pages(self, keys: Sequence[Any]) -> list[bool]:
-            n = self.batch_exists(list(keys))
-            return [i < n for i in range(len(keys))]
 
         # -- v1 (zero-copy) ----------------------------------------------------
         def batch_set_v1(
@@ -829,7 +826,7 @@ else:
                 if len(vals) != n:
                     return False
                 if not self.is_writer:
-                    return all(self._present_pages(keys))
+                    return False
                 return self._legacy("store", keys, vals) == n
             except Exception:
                 log.exception("fstier: SGLang batch_set of %d page(s) failed", n)
