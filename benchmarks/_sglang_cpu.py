@@ -101,7 +101,19 @@ def import_sglang() -> types.SimpleNamespace:
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
-    return types.SimpleNamespace(**{k: v for k, v in locals().items() if k[0].isupper()})
+    return types.SimpleNamespace(
+        HiCacheFile=HiCacheFile,
+        HiCacheStorage=HiCacheStorage,
+        HiCacheStorageConfig=HiCacheStorageConfig,
+        HiCacheStorageExtraInfo=HiCacheStorageExtraInfo,
+        KVBufferLayout=KVBufferLayout,
+        KVBuffers=KVBuffers,
+        MHABufferInfo=MHABufferInfo,
+        MLABufferInfo=MLABufferInfo,
+        MHATokenToKVPoolHost=MHATokenToKVPoolHost,
+        MLATokenToKVPoolHost=MLATokenToKVPoolHost,
+        StorageBackendFactory=StorageBackendFactory,
+    )
 
 
 def mha_pool(

@@ -242,7 +242,7 @@ class _PoolRows:
 
     def slot_view(self, i: int) -> memoryview:
         rows, j = self._route(i)
-        return rows.slot_view(j)  # type: ignore[no-any-return]
+        return rows.slot_view(j)  # type: ignore[no-any-return,unused-ignore]
 
     def check_slots(self, slots: Sequence[int]) -> None:
         for s in slots:
@@ -452,11 +452,11 @@ else:
             cfg = self.storage_config
             mapper = self._make_mapper(mem_pool_host, geo)
             flat = geo.buffer.view(-1).view(dtype=_uint8()).numpy()
-            host_rows = RowSlots(memoryview(flat), geo.fragments * geo.page_num, geo.fragment_bytes)
+            host_rows = RowSlots(flat.data, geo.fragments * geo.page_num, geo.fragment_bytes)
             # Scratch for the legacy calls: untouched until first used.
             scratch_n = _SCRATCH_PAGES * geo.fragments
             scratch = RowSlots(
-                memoryview(np.empty(scratch_n * geo.fragment_bytes, dtype=np.uint8)),
+                np.empty(scratch_n * geo.fragment_bytes, dtype=np.uint8).data,
                 scratch_n, geo.fragment_bytes,
             )
             rows = _PoolRows(host_rows, scratch)
@@ -892,7 +892,7 @@ else:
                 backup_bandwidth=list(taken["backup_bandwidth"]),
             )
             tier = self._ready()
-            m.fstier = tier.metrics.snapshot() if tier is not None else {}  # type: ignore[attr-defined]
+            m.fstier = tier.metrics.snapshot() if tier is not None else {}  # type: ignore[attr-defined,unused-ignore]
             return m
 
         def clear(self) -> bool:
