@@ -418,3 +418,34 @@ def test_fstier_cli_reads_an_sglang_root(tmp_path: Path, closing: Any) -> None:
     victim.write_bytes(bytes(data))
     out = subprocess.run([*run, "verify", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
+
+
+def test_capacity_keeps_the_root_under_max_bytes_and_never_serves_half_a_page(
+    tmp_path: Path, closing: Any
+) -> None:
+    pool = sgl.mha_pool("page_first", head_dim=64, page_size=16, device_pages=8)
+    file_bytes = 4096 + pool.layer_num * 16 * 2 * 64 * 2  # header + one K (or V) fragment
+    cap = 10 * file_bytes  # room for 5 of the 12 pages
+    b = closing(sgl.fstier_backend(tmp_path, pool, options={"max_bytes": cap, **NOCACHE}))
+    idx = _alloc(pool, 12)
+    sgl.fill_pages(pool, idx, seed=60)
+    want = sgl.page_bytes(pool, idx)
+    keys = sgl.page_keys(12, "cap")
+    for i in range(12):  # one batch per page, as requests arrive
+        ok = b.batch_set_v1([keys[i]], idx[i * pool.page_size : (i + 1) * pool.page_size])
+        # Below the cap every store lands; above it a store may be dropped
+        # (cause "capacity") until eviction catches up: a future miss.
+        assert ok == [True] or i >= 4
+    b.fstier.run_capacity_pass()
+    assert sum(p.stat().st_size for p in _files(tmp_path)) <= cap
+    pool.kv_buffer.view(-1).view(torch.uint8).zero_()
+    whole_pages = 0
+    for i, key in enumerate(keys):
+        page = idx[i * pool.page_size : (i + 1) * pool.page_size]
+        whole = all(f.exists() for f in _page_files(b, key))
+        whole_pages += whole
+        assert b.batch_exists([key]) == int(whole)
+        assert b.batch_get_v1([key], page) == [whole]
+        if whole:
+            assert sgl.page_bytes(pool, page) == [want[i]]
+    assert 1 <= whole_pages <= 5
