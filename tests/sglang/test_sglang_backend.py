@@ -24,7 +24,8 @@ else:
         reason="SGLang not installed (make test-sglang builds .venv-sglang with it)",
     )
 
-import _sglang_cpu as sgl  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import _sglang_cpu as sgl  # noqa: E402  (CPU seam helpers, shared with bench_sglang.py)
 import torch  # noqa: E402
 
 from fstier.errors import ConfigError  # noqa: E402
