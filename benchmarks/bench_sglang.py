@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang_cpu as sgl  # noqa: E402
 from _raw import drop_caches  # noqa: E402
 
-from fstier._units import parse_size  # noqa: E402
+from fstier.units import parse_size  # noqa: E402
 
 BATCH = 128
 LAYERS, HEADS, HEAD_DIM = 4, 8, 128  # bf16: 16 KiB of K+V per token

@@ -445,8 +445,8 @@ else:
                 )
             import numpy as np
 
-            from fstier.integrations.vllm import RowSlots
             from fstier.manager import FsTier
+            from fstier.slots import RowSlots
 
             geo = _Geometry(mem_pool_host)
             cfg = self.storage_config
@@ -906,8 +906,8 @@ else:
             if not self.is_writer:
                 return True
             try:
-                from fstier._resolve import unlink_if
-                from fstier._tree import FileKind, iter_namespace_files
+                from fstier.io.fsops import unlink_if
+                from fstier.io.tree import FileKind, iter_namespace_files
 
                 tier.drain()
                 removed = 0

@@ -54,18 +54,17 @@ import importlib.metadata
 import logging
 import re
 import threading
-from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-
-from fstier.config import TierConfig, _format_validation_error, yaml_document
+from fstier.config import TierConfig
 from fstier.errors import ConfigError, FstierError, KeyFormatError
 from fstier.file_mapper import FileMapper
+from fstier.integrations._options import tier_config_from_engine_options
 from fstier.io.blockfile import FORMAT_VERSION
 from fstier.keys import BlockKey
+from fstier.slots.rows import RowSlots
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.manager import FsTier
@@ -94,8 +93,6 @@ _MAX_VERSION_EXCL = (0, 34, 0)
 _VLLM_KEYS = frozenset({"locality", "enable_kv_events"})
 #: vLLM fs-tier spellings accepted for the same fstier field.
 _ALIASES = {"n_read_threads": "read_threads", "n_write_threads": "write_threads"}
-#: Top-level YAML sections fstier knows; only ``tier`` applies here.
-_YAML_SECTIONS = frozenset({"tier", "model", "parallel"})
 
 
 class VllmUnavailableError(FstierError, ImportError):
@@ -147,175 +144,20 @@ def check_vllm() -> str:
     return installed
 
 
-# ------------------------------------------------------------------ row slots
-class RowSlots:
-    """A :class:`~fstier.slots.SlotProvider` over fixed-stride rows of an
-    engine's buffer, in place: slot ``i`` is ``row_bytes`` bytes at
-    ``offset + i * stride``. Rows need not be 4096-aligned nor a multiple of
-    4096 long (FsTier then moves exactly the payload's bytes and the I/O layer
-    pads from its own buffer), and nothing outside a row is ever touched.
-
-    The engine owns the rows: :meth:`check_slots` checks indices and fences
-    only, and :meth:`fence` marks rows a timed-out I/O call may still write
-    (the vLLM adapter holds such a job's result back, so vLLM keeps the rows
-    pinned, until :meth:`unfence`)."""
-
-    def __init__(
-        self,
-        buffer: memoryview,
-        num_rows: int,
-        stride: int,
-        row_bytes: int | None = None,
-        offset: int = 0,
-    ) -> None:
-        flat = buffer if buffer.format == "B" and buffer.ndim == 1 else buffer.cast("B")
-        row_bytes = stride if row_bytes is None else row_bytes
-        if num_rows < 0 or stride <= 0 or not 0 < row_bytes <= stride or offset < 0:
-            raise ValueError(
-                f"RowSlots: need num_rows >= 0, stride > 0, 0 < row_bytes <= stride and "
-                f"offset >= 0, got num_rows={num_rows}, stride={stride}, "
-                f"row_bytes={row_bytes}, offset={offset}"
-            )
-        end = offset + (num_rows - 1) * stride + row_bytes if num_rows else offset
-        if end > len(flat):
-            raise ValueError(
-                f"RowSlots: {num_rows} rows of stride {stride} from offset {offset} need "
-                f"{end} bytes, but the buffer holds {len(flat)}"
-            )
-        if flat.readonly:
-            raise ValueError("RowSlots: the buffer must be writable (loads fill rows)")
-        self._flat = flat
-        self._num_rows = num_rows
-        self._stride = stride
-        self._row_bytes = row_bytes
-        self._offset = offset
-        self._fenced: set[int] = set()
-        self._lock = threading.Lock()
-
-    @classmethod
-    def from_primary_view(cls, view: memoryview) -> RowSlots:
-        """Rows of vLLM's ``primary_kv_view`` (2-D, chunks x row stride)."""
-        if view.ndim != 2 or view.strides is None or view.shape is None:
-            raise ValueError(
-                f"primary_kv_view must be 2-D (chunks x row bytes), got ndim={view.ndim}"
-            )
-        return cls(view, view.shape[0], view.strides[0])
-
-    @property
-    def num_slots(self) -> int:
-        return self._num_rows
-
-    @property
-    def slot_bytes(self) -> int:
-        return self._row_bytes
-
-    @property
-    def stride(self) -> int:
-        return self._stride
-
-    def slot_view(self, i: int) -> memoryview:
-        start = self._offset + i * self._stride
-        return self._flat[start : start + self._row_bytes]
-
-    def check_slots(self, slots: Sequence[int]) -> None:
-        with self._lock:
-            for s in slots:
-                if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < self._num_rows:
-                    raise ValueError(
-                        f"slot {s!r} is not a row index in 0..{self._num_rows - 1}"
-                    )
-                if s in self._fenced:
-                    raise ValueError(
-                        f"slot {s} is fenced: a timed-out I/O call may still write it"
-                    )
-
-    def fence(self, i: int) -> None:
-        with self._lock:
-            self._fenced.add(i)
-
-    def unfence(self, i: int) -> None:
-        with self._lock:
-            self._fenced.discard(i)
-
-    @property
-    def fenced(self) -> frozenset[int]:
-        with self._lock:
-            return frozenset(self._fenced)
-
-    def release(self) -> None:
-        """Drop this provider's export of the engine's buffer (after the last
-        I/O), so the engine can unmap it; slot views are invalid after."""
-        self._flat.release()
-
-
 # ------------------------------------------------------------------ options
-class _TierOnly(BaseModel):
-    """Validation wrapper so errors read ``tier.<field>``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    tier: TierConfig
-
-
-def _yaml_tier_section(path: object) -> dict[str, Any]:
-    if not isinstance(path, str | Path):
-        raise ConfigError(
-            f"FstierTier option 'config': expected a path to an fstier YAML file, got {path!r}"
-        )
-    p = Path(path).expanduser()
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"FstierTier option 'config': {str(p)!r} not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"FstierTier option 'config': cannot read {str(p)!r}: {exc}") from None
-    data = yaml_document(text, p)
-    if not isinstance(data, dict) or not isinstance(data.get("tier"), dict):
-        raise ConfigError(
-            f"{p}: FstierTier reads the file's 'tier:' mapping (vLLM supplies the model and "
-            "parallel layout), but it has none; write 'tier:' with fields such as max_bytes"
-        )
-    unknown = sorted(str(k) for k in data if k not in _YAML_SECTIONS)
-    if unknown:
-        raise ConfigError(
-            f"{p}: {unknown[0]}: unknown section; expected tier (model and parallel are "
-            "ignored under vLLM)"
-        )
-    ignored = sorted(k for k in data if k != "tier")
-    if ignored:
-        log.info("fstier: %s: ignoring section(s) %s; vLLM supplies them", p, ", ".join(ignored))
-    return dict(data["tier"])
-
-
 def tier_config_from_options(options: Mapping[str, Any]) -> TierConfig:
     """The :class:`TierConfig` of FstierTier's constructor options (the vLLM
     keys already removed): ``config``'s ``tier:`` section, then inline tier
     fields (``tier.<field>`` or ``<field>``, and vLLM's thread-count names)
     over it. Raises :class:`ConfigError` naming the first bad option."""
-    opts = dict(options)
-    base = _yaml_tier_section(opts.pop("config")) if opts.get("config") is not None else {}
-    opts.pop("config", None)
-    fields = TierConfig.model_fields
-    inline: dict[str, Any] = {}
-    for raw_key, value in opts.items():
-        key = str(raw_key).removeprefix("tier.")
-        key = _ALIASES.get(key, key)
-        if key not in fields:
-            raise ConfigError(
-                f"FstierTier option {raw_key!r}: unknown; expected root_dir, config, a tier "
-                f"field ({', '.join(sorted(f for f in fields if f != 'root_dir'))}) or one of "
-                f"vLLM's keys ({', '.join(sorted(_VLLM_KEYS | set(_ALIASES)))}); see docs/vllm.md"
-            )
-        inline[key] = value
-    merged = {**base, **inline}
-    if merged.get("root_dir") is None:
-        raise ConfigError(
-            "FstierTier option 'root_dir': required; give the directory for block files "
-            'inline ("root_dir": "/mnt/kv") or in the config YAML\'s tier: section'
-        )
-    try:
-        return _TierOnly.model_validate({"tier": merged}).tier
-    except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, "FstierTier options")) from None
+    return tier_config_from_engine_options(
+        options,
+        who="FstierTier",
+        engine="vLLM",
+        engine_keys=_VLLM_KEYS,
+        aliases=_ALIASES,
+        doc="docs/vllm.md",
+    )
 
 
 # ---------------------------------------------------------------- namespace
