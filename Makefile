@@ -49,6 +49,7 @@ demo: $(STAMP)
 test: $(DEV_STAMP) $(VLLM_STAMP)
 	FSTIER_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -m "not slow"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+	$(MAKE) test-sglang
 
 reliability: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -m slow tests/reliability
