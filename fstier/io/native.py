@@ -259,11 +259,6 @@ def _now_ns() -> int:
 
 
 # ---------------------------------------------------------------------- load
-class _Stat(NamedTuple):
-    st_dev: int
-    st_ino: int
-
-
 def load_batch(
     base: str,
     paths: Sequence[str],
@@ -300,7 +295,9 @@ def load_batch(
             ))
         elif status_ is LoadStatus.CORRUPT:
             detail = _corrupt_detail(why, nbytes, path)
-            removed = bool(ino) and unlink_if_same(path, _Stat(dev, ino))  # type: ignore[arg-type]
+            removed = bool(ino) and unlink_if_same(
+                path, ino=ino, dev=dev, on_error=blockstore._removal_failed
+            ) == "removed"
             out.append(LoadOutcome(LoadStatus.CORRUPT, why, detail, removed=removed))
         elif why == "not_regular":
             out.append(LoadOutcome(LoadStatus.ERROR, "not_regular", f"{name} is not a regular file"))
