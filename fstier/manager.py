@@ -68,8 +68,9 @@ from typing import TYPE_CHECKING, Literal
 from fstier.config import FstierConfig, TierConfig, load_config
 from fstier.errors import ConfigError, FstierError, PoolError, TierClosedError
 from fstier.file_mapper import FileMapper, decode, encode
-from fstier.io import blockstore, capabilities, fsops
+from fstier.io import blockstore, fsops
 from fstier.io.blockfile import HEADER_SIZE, BlockHeader, ChecksumKind, padded_len, payload_checksum
+from fstier.io.capabilities import RootCapabilities
 from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
@@ -234,8 +235,10 @@ class FsTier:
         self.mapper.ensure_manifest()
         # mkdirat inside directory fds: never through a swapped namespace dir.
         self.mapper.ensure_parent(self.mapper.blocks_dir / "_")
-        support = capabilities.probe_o_direct(self.mapper.namespace_dir, tier.o_direct)
-        self.io_options = blockstore.IOOptions.from_tier(tier, support)
+        # Probed for this root, held by this tier: another root in the
+        # process (an NFS mount) never changes how this one is written.
+        caps = RootCapabilities.probe(self.mapper.namespace_dir, tier.o_direct)
+        self.io_options = blockstore.IOOptions.from_tier(tier, caps)
         self.metrics = TierMetrics()
         self._cache = LookupCache(tier.lookup_cache_ttl_s)
         self._breaker = Breaker(tier.breaker_failures, tier.breaker_cooldown_s, self.metrics)

@@ -73,7 +73,7 @@ from typing import TYPE_CHECKING
 import xxhash
 
 from fstier.errors import BlockCorruptError
-from fstier.io import capabilities, fsops
+from fstier.io import fsops
 from fstier.io.blockfile import (
     ALIGNMENT,
     HEADER_SIZE,
@@ -87,6 +87,7 @@ from fstier.io.blockfile import (
     padded_len,
     payload_checksum,
 )
+from fstier.io.capabilities import RootCapabilities
 from fstier.io.fsops import (
     O_CLOEXEC,
     O_DIR_FLAGS,
@@ -145,6 +146,9 @@ class IOOptions:
     fsync: str = "none"
     file_mode: int = 0o644
     checksum: bool = True
+    #: the root's capabilities (O_TMPFILE refusal is remembered there);
+    #: None: every store tries O_TMPFILE and falls back for itself only
+    capabilities: RootCapabilities | None = None
 
     def __post_init__(self) -> None:
         if self.fsync not in ("none", "file", "file+dir"):
@@ -155,14 +159,18 @@ class IOOptions:
             raise ValueError(f"IOOptions.alignment must divide {ALIGNMENT}, got {self.alignment}")
 
     @classmethod
-    def from_tier(cls, tier: TierConfig, support: DirectIOSupport) -> IOOptions:
-        """Options for a tier config and its directory's probe result."""
+    def from_tier(cls, tier: TierConfig, support: DirectIOSupport | RootCapabilities) -> IOOptions:
+        """Options for a tier config and its root's capabilities (or just
+        its directory's O_DIRECT probe result)."""
+        caps = support if isinstance(support, RootCapabilities) else None
+        dio = support.o_direct if isinstance(support, RootCapabilities) else support
         return cls(
-            o_direct=support.enabled,
-            alignment=support.alignment,
+            o_direct=dio.enabled,
+            alignment=dio.alignment,
             fsync=tier.fsync,
             file_mode=tier.file_mode,
             checksum=tier.checksum != "none",
+            capabilities=caps,
         )
 
 
@@ -249,7 +257,8 @@ def _create_temp(dir_fd: int, name: str, direct: bool, opts: IOOptions) -> tuple
     """An fd to write the new file into, and its temp name (``None`` for an
     anonymous O_TMPFILE inode, which a crash leaves nowhere at all)."""
     flags = os.O_WRONLY | O_CLOEXEC | (O_DIRECT if direct else 0)
-    if capabilities.tmpfile_usable():
+    caps = opts.capabilities
+    if caps is None or caps.tmpfile:
         try:
             return fsops.FS.openat(dir_fd, ".", flags | O_TMPFILE, opts.file_mode), None
         except OSError as exc:
@@ -258,7 +267,8 @@ def _create_temp(dir_fd: int, name: str, direct: bool, opts: IOOptions) -> tuple
             # (ENOSPC, EACCES, EINVAL from O_DIRECT) is the store's failure.
             if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR):
                 raise
-            capabilities.refuse_tmpfile(exc)
+            if caps is not None:
+                caps.refuse_tmpfile(exc)
     tmp = temp_path_for(Path(name)).name
     try:
         return fsops.FS.openat(dir_fd, tmp, flags | os.O_CREAT | os.O_EXCL, opts.file_mode), tmp
