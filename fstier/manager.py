@@ -51,7 +51,6 @@ All job bookkeeping lives in one :class:`_Job` record per in-flight job under
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import math
@@ -66,11 +65,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from fstier.config import FstierConfig, TierConfig, load_config
-from fstier.errors import ConfigError, FstierError, PoolError, TierClosedError
-from fstier.file_mapper import FileMapper, decode, encode
-from fstier.io import blockstore, fsops
-from fstier.io.blockfile import HEADER_SIZE, BlockHeader, ChecksumKind, padded_len, payload_checksum
+from fstier.errors import ConfigError, PoolError, TierClosedError
+from fstier.file_mapper import FileMapper, decode
+from fstier.io import blockstore
+from fstier.io.blockfile import HEADER_SIZE, padded_len
 from fstier.io.capabilities import RootCapabilities
+from fstier.io.manifest import ensure_manifest
 from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
@@ -232,19 +232,20 @@ class FsTier:
                 f"payload is {need} bytes; provide slots with slot_bytes >= {need} "
                 f"({padded_len(need)} lets I/O run on the slot in place)"
             )
-        self.mapper.ensure_manifest()
         # mkdirat inside directory fds: never through a swapped namespace dir.
-        self.mapper.ensure_parent(self.mapper.blocks_dir / "_")
+        ensure_manifest(self.mapper)
+        blockstore.NamespaceDirs(self.mapper).ensure(self.mapper.blocks_dir / "_")
         # Probed for this root, held by this tier: another root in the
         # process (an NFS mount) never changes how this one is written.
         caps = RootCapabilities.probe(self.mapper.namespace_dir, tier.o_direct)
         self.io_options = blockstore.IOOptions.from_tier(tier, caps)
+        #: key -> file end to end (directories, recovery, headers, I/O)
+        self.blocks = blockstore.BlockStore(self.mapper, self.io_options, blocks_per_file=tier.blocks_per_file)
         self.metrics = TierMetrics()
         self._cache = LookupCache(tier.lookup_cache_ttl_s)
         self._breaker = Breaker(tier.breaker_failures, tier.breaker_cooldown_s, self.metrics)
         self._budget = WriteBudget(tier.max_write_queue_seconds, self.metrics)
         self._blocks_prefix = os.fspath(self.mapper.blocks_dir)
-        self._bpf = tier.blocks_per_file
 
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -320,11 +321,6 @@ class FsTier:
         self.close()
 
     # ------------------------------------------------------------------ lookup
-    def _path_str(self, key: BlockKey) -> str:
-        # Same layout as FileMapper.path_for (tests pin the equality) without
-        # building Path objects: lookups run on the scheduler's hot path.
-        return f"{self._blocks_prefix}/{encode(key)}"
-
     def _probe_chunk(self, keys: Sequence[BlockKey]) -> int:
         """Leading keys of ``keys`` present: cache first, then stat; stops at
         the first miss and caches what it learned."""
@@ -343,7 +339,7 @@ class FsTier:
                     missed = True
                     break
                 if state is None:
-                    if k.group_idx >= ngroups or not exists(self._path_str(k)):
+                    if k.group_idx >= ngroups or not exists(self.blocks.path(k)):
                         if k.group_idx < ngroups:
                             self._cache.put_many([k], False, now)
                         missed = True
@@ -401,7 +397,7 @@ class FsTier:
         todo = [i for i, s in enumerate(states) if s is None and keys[i].group_idx < ngroups]
         if not todo:
             return out
-        paths = [self._path_str(keys[i]) for i in todo]
+        paths = [self.blocks.path(keys[i]) for i in todo]
         if len(todo) < _PARALLEL_LOOKUP_MIN:
             found = exist_many(paths)
         else:
@@ -593,80 +589,16 @@ class FsTier:
         if job.kind == "store" and reserved:
             self._budget.release(reserved, written)
 
-    def _namespace_back(self) -> bool:
-        """Re-create the namespace directory and its manifest if they were
-        removed under a running tier (an operator's ``rm -rf`` of the cache);
-        True when it did. Without this every later store failed ENOENT until
-        a restart, since the fan-out walk starts at the namespace."""
-        if os.path.lexists(self.mapper.namespace_dir):
-            return False
-        try:
-            self.mapper.ensure_manifest()
-        except FstierError:  # root gone or unwritable: the store fails as it would
-            return False
-        log.warning(
-            "fstier: namespace directory %s was removed under a running tier; re-created it",
-            self.mapper.namespace_dir,
-        )
-        return True
-
     def _store_op(self, job: _Job, i: int) -> blockstore.StoreOutcome:
         written = 0
         try:
-            key, slot = job.keys[i], job.slots[i]
-            n = job.op_bytes[i]
-            view = self._pool.slot_view(slot)
+            key = job.keys[i]
             # Exactly the payload: the I/O layer writes the file's zero padding
             # from its own bounce page, so no byte past it is touched.
-            io_view = view[:n]
-            checksum = self.io_options.checksum
-            header = BlockHeader(
-                key=key,
-                namespace_digest=self.mapper.digest_bytes,
-                payload_len=n,
-                page_count=self._bpf,
-                page_bytes=n // self._bpf,
-                checksum_kind=ChecksumKind.XXH3_64 if checksum else ChecksumKind.NONE,
-                payload_checksum=payload_checksum(view[:n]) if checksum else 0,
-            )
-            # A string path: pathlib costs ~40 µs per op at 64 KiB (issue 14).
-            path = self._path_str(key)
-            try:
-                opened = self.mapper.make_parent(path)
-            except FileNotFoundError:
-                if not self._namespace_back():
-                    raise
-                opened = self.mapper.make_parent(path)
-            if self._cache.is_bad(key):
-                # Its last load failed without proof of corruption (EIO,
-                # timeout): replace the file rather than skip onto it.
-                with contextlib.suppress(FileNotFoundError):
-                    fsops.FS.unlink(path)
-            request = blockstore.StoreRequest(path, header, io_view)
-            if opened is None:
-                outcome = blockstore.store_block(request, self.io_options)
-            else:
-                # The directory was just made (or checked): store through the
-                # fd that walk opened, with no second resolution (issue 14).
-                dir_fd, fresh = opened
-                try:
-                    outcome = blockstore.store_block_at(
-                        dir_fd, path.rpartition("/")[2], header, io_view, self.io_options,
-                        fresh=fresh,
-                    )
-                finally:
-                    fsops.FS.close(dir_fd)
-            if outcome.status is blockstore.StoreStatus.FAILED and outcome.cause == "ENOENT":
-                # The fan-out directory was removed under us (an operator's
-                # rm -rf, another host, gc of empty dirs): re-create it once
-                # instead of failing every later store into it (the whole
-                # namespace directory too, manifest included).
-                self._namespace_back()
-                self.mapper.forget_parent(path)
-                self.mapper.ensure_parent(path)
-                outcome = blockstore.store_block(request, self.io_options)
+            payload = self._pool.slot_view(job.slots[i])[: job.op_bytes[i]]
+            outcome = self.blocks.store(key, payload, replace=self._cache.is_bad(key))
             if outcome.status is blockstore.StoreStatus.SKIPPED:
-                self._note_recent(path)
+                self._note_recent(self.blocks.path(key))
             written = outcome.nbytes
             return outcome
         finally:
@@ -674,21 +606,12 @@ class FsTier:
 
     def _load_op(self, job: _Job, i: int) -> blockstore.LoadOutcome:
         try:
-            key, slot = job.keys[i], job.slots[i]
-            n = job.op_bytes[i]
-            view = self._pool.slot_view(slot)
+            key = job.keys[i]
             # Exactly n bytes are written; the I/O layer reads the file's zero
             # padding into its own bounce page.
-            io_view = view[:n]
-            path = self._path_str(key)
-            outcome = blockstore.load_block(
-                blockstore.LoadRequest(
-                    path, io_view, key, self.mapper.digest_bytes, n, self.mapper.root
-                ),
-                self.io_options,
-            )
+            outcome = self.blocks.load(key, self._pool.slot_view(job.slots[i])[: job.op_bytes[i]])
             if outcome.status is blockstore.LoadStatus.LOADED:
-                self._note_recent(path)
+                self._note_recent(self.blocks.path(key))
             return outcome
         finally:
             self._op_ended(job, i, 0)
@@ -701,7 +624,7 @@ class FsTier:
         ngroups = len(self._payload_len)
         for k in keys:
             if k.group_idx < ngroups:
-                self._note_recent(self._path_str(k))
+                self._note_recent(self.blocks.path(k))
 
     def _note_recent(self, path: Path | str) -> None:
         self._recency.note(path)
@@ -876,7 +799,7 @@ class FsTier:
                 c = f"bad_file:{r.cause}"
                 log.warning(
                     "fstier: %r: the block path holds no block file (%s); a miss. Remove "
-                    "whatever was placed at %s", key, r.detail or r.cause, self._path_str(key),
+                    "whatever was placed at %s", key, r.detail or r.cause, self.blocks.path(key),
                 )
             elif isinstance(r, blockstore.LoadOutcome):
                 c = r.cause or "load_error"
