@@ -74,7 +74,7 @@ from fstier.io.manifest import ensure_manifest
 from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
-from fstier.tier.admission import BAD_FILE_CAUSES, DEVICE_CAUSES, Breaker, WriteBudget
+from fstier.tier.admission import BAD_FILE_CAUSES, Breaker, Failure, WriteBudget
 from fstier.tier.capacity import Capacity
 from fstier.tier.gc import GcReport
 from fstier.tier.lookup import LookupCache, exist_many, is_block_file
@@ -698,6 +698,44 @@ class FsTier:
             end = job.last_end or time.perf_counter()
         return max(0.0, end - job.submitted)
 
+    def _judge(self, kind: str, job: _Job, i: int, r: object) -> Failure:
+        """What a failed op ``r`` (op ``i`` of ``job``) was: one family of
+        the policy table (``tier/admission.py``)."""
+        if r is OP_CANCELLED:
+            return Failure("cancelled", "cancelled", "")
+        if r is OP_TIMED_OUT:
+            self._timed_out(job, i)
+            return Failure("timeout", "timeout", "")
+        if isinstance(r, blockstore.LoadOutcome):
+            if r.status is blockstore.LoadStatus.MISSING:
+                return Failure("miss", "miss", "")
+            if r.status is blockstore.LoadStatus.CORRUPT:
+                return Failure("corrupt", f"corrupt:{r.cause}", r.detail)
+            if r.cause in BAD_FILE_CAUSES:
+                return Failure("bad_file", f"bad_file:{r.cause}", r.detail or r.cause)
+            return Failure("error", r.cause or "load_error", r.detail)
+        if isinstance(r, blockstore.StoreOutcome):
+            return Failure("error", r.cause or f"{kind}_failed", r.detail)
+        return Failure("error", _cause_of(r), str(r))
+
+    def _failed(self, kind: str, key: BlockKey, f: Failure) -> None:
+        """Everything that follows from one failed op, as the table says."""
+        self.metrics.failures.inc(f.label)
+        if f.counts_for_breaker:
+            self._breaker.failure(f.cause)
+        level = f.policy.log_level
+        if level is None:
+            return
+        if f.family == "corrupt":
+            log.log(level, "fstier: corrupt block %r removed: %s %s", key, f.cause, f.detail)
+        elif f.policy.bad_file:
+            log.log(
+                level, "fstier: %r: the block path holds no block file (%s); a miss. Remove "
+                "whatever was placed at %s", key, f.detail, self.blocks.path(key),
+            )
+        else:
+            log.log(level, "fstier: %s of %r failed: %s (%s)", kind, key, f.cause, f.detail)
+
     def _finish_store(self, job: _Job, results: list[object]) -> JobResult:
         now = time.monotonic()
         stored: list[BlockKey] = []
@@ -711,35 +749,21 @@ class FsTier:
             key = job.keys[i]
             if failed == 0:
                 prefix = i
-            if r is OP_CANCELLED:
-                failed += 1
-                cause = cause or "cancelled"
-                self.metrics.failures.inc("cancelled")
-                continue
-            if r is OP_TIMED_OUT:
-                self._timed_out(job, i)
-                c = "timeout"
-            elif isinstance(r, blockstore.StoreOutcome) and r.status is blockstore.StoreStatus.STORED:
+            if isinstance(r, blockstore.StoreOutcome) and r.status is blockstore.StoreStatus.STORED:
                 stored.append(key)
                 nbytes += job.op_bytes[i]
                 file_bytes += _file_bytes(job.op_bytes[i])
                 self._breaker.success()
                 continue
-            elif isinstance(r, blockstore.StoreOutcome) and r.status is blockstore.StoreStatus.SKIPPED:
+            if isinstance(r, blockstore.StoreOutcome) and r.status is blockstore.StoreStatus.SKIPPED:
                 skipped += 1
                 present.append(key)
                 self._breaker.success()
                 continue
-            elif isinstance(r, blockstore.StoreOutcome):
-                c = r.cause or "store_failed"
-                log.warning("fstier: store of %r failed: %s (%s)", key, c, r.detail)
-            else:
-                c = _cause_of(r)
-                log.warning("fstier: store of %r failed: %s", key, r)
+            f = self._judge("store", job, i, r)
             failed += 1
-            cause = cause or c
-            self.metrics.failures.inc(c)
-            self._breaker_failure(c)
+            cause = cause or f.cause
+            self._failed("store", key, f)
         if failed == 0:
             prefix = len(results)
         self._cache.stored(stored + present, now)
@@ -758,12 +782,6 @@ class FsTier:
             seconds, cause, skipped,
         )
 
-    def _breaker_failure(self, cause: str) -> None:
-        """Count ``cause`` toward the breaker only if it says the device or
-        mount is failing (see ``DEVICE_CAUSES``)."""
-        if cause in DEVICE_CAUSES:
-            self._breaker.failure(cause)
-
     def _finish_load(self, job: _Job, results: list[object]) -> JobResult:
         prefix = 0
         nbytes = 0
@@ -781,37 +799,14 @@ class FsTier:
                 continue
             in_prefix = False
             bad.append(key)
-            if r is OP_TIMED_OUT:
-                self._timed_out(job, i)
-                c = "timeout"
-                self._breaker_failure(c)
-            elif r is OP_CANCELLED:
-                c = "cancelled"
-            elif isinstance(r, blockstore.LoadOutcome) and r.status is blockstore.LoadStatus.MISSING:
-                c = "miss"
-            elif isinstance(r, blockstore.LoadOutcome) and r.status is blockstore.LoadStatus.CORRUPT:
-                c = f"corrupt:{r.cause}"
+            f = self._judge("load", job, i, r)
+            if f.family == "corrupt":
                 self.metrics.corrupt.inc()
-                log.warning("fstier: corrupt block %r removed: %s %s", key, r.cause, r.detail)
-                if r.removed:
+                if isinstance(r, blockstore.LoadOutcome) and r.removed:
                     removed.append(key)
-            elif isinstance(r, blockstore.LoadOutcome) and r.cause in BAD_FILE_CAUSES:
-                c = f"bad_file:{r.cause}"
-                log.warning(
-                    "fstier: %r: the block path holds no block file (%s); a miss. Remove "
-                    "whatever was placed at %s", key, r.detail or r.cause, self.blocks.path(key),
-                )
-            elif isinstance(r, blockstore.LoadOutcome):
-                c = r.cause or "load_error"
-                log.warning("fstier: load of %r failed: %s (%s)", key, c, r.detail)
-                self._breaker_failure(c)
-            else:
-                c = _cause_of(r)
-                log.warning("fstier: load of %r failed: %s", key, r)
-                self._breaker_failure(c)
             if cause is None:
-                cause = c
-            self.metrics.failures.inc(c.split(":")[0])
+                cause = f.cause
+            self._failed("load", key, f)
         if bad:
             self._cache.mark_bad(bad)
         if removed:
