@@ -58,7 +58,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -77,7 +76,7 @@ from fstier.slots.provider import SlotProvider
 from fstier.tier.admission import BAD_FILE_CAUSES, Breaker, Failure, WriteBudget
 from fstier.tier.capacity import Capacity
 from fstier.tier.gc import GcReport
-from fstier.tier.lookup import LookupCache, exist_many, is_block_file
+from fstier.tier.lookup import Lookup, LookupCache
 from fstier.tier.metrics import TierMetrics
 from fstier.tier.recency import Recency
 
@@ -88,9 +87,6 @@ __all__ = ["BlockRemoved", "BlockStored", "FsTier", "JobResult", "TierEvent"]
 
 log = logging.getLogger("fstier.manager")
 
-#: Lookup batches at least this long (uncached) are stat-ed in parallel chunks.
-_PARALLEL_LOOKUP_MIN = 512
-_LOOKUP_CHUNK = 256
 #: Default private pool budget when ``from_config`` creates the pool itself.
 _DEFAULT_POOL_BYTES = 256 << 20
 
@@ -262,8 +258,9 @@ class FsTier:
 
         self._io = IOPool(tier.read_threads, tier.write_threads, tier.io_timeout_s)
         self._io.on_late(self._on_late)
-        self._lookup_pool: ThreadPoolExecutor | None = None
-        self._lookup_workers = max(2, min(tier.read_threads, 16))
+        self._lookup = Lookup(
+            self._cache, self.blocks.path, self.mapper.num_groups, max(2, min(tier.read_threads, 16))
+        )
 
         self._recency = Recency(self._io)
         # Capacity: root-wide usage shared with every instance on this root
@@ -321,36 +318,6 @@ class FsTier:
         self.close()
 
     # ------------------------------------------------------------------ lookup
-    def _probe_chunk(self, keys: Sequence[BlockKey]) -> int:
-        """Leading keys of ``keys`` present: cache first, then stat; stops at
-        the first miss and caches what it learned."""
-        now = time.monotonic()
-        found: list[BlockKey] = []
-        count = 0
-        exists = is_block_file
-        ngroups = len(self._payload_len)
-        missed = False
-        # Cache answers are fetched 32 at a time so a miss near the front
-        # does not pay for a whole chunk of cache probes.
-        for j in range(0, len(keys), 32):
-            sub = keys[j : j + 32]
-            for k, state in zip(sub, self._cache.get_many(sub, now), strict=True):
-                if state is False:
-                    missed = True
-                    break
-                if state is None:
-                    if k.group_idx >= ngroups or not exists(self.blocks.path(k)):
-                        if k.group_idx < ngroups:
-                            self._cache.put_many([k], False, now)
-                        missed = True
-                        break
-                    found.append(k)
-                count += 1
-            if missed:
-                break
-        self._cache.put_many(found, True, now)
-        return count
-
     def lookup(self, keys: Sequence[BlockKey]) -> int:
         """Number of leading ``keys`` whose blocks are present (0 while degraded)."""
         self._check_open()
@@ -363,12 +330,7 @@ class FsTier:
             self.metrics.lookup_keys.inc(n)
             self.metrics.misses.inc()
             return 0
-        first = min(n, _LOOKUP_CHUNK)
-        hits = self._probe_chunk(keys[:first])
-        if hits == first and n - first >= _PARALLEL_LOOKUP_MIN:
-            hits += self._parallel_probe(keys, first)
-        elif hits == first and first < n:
-            hits += self._probe_chunk(keys[first:])
+        hits = self._lookup.prefix(keys)
         self.metrics.lookup_keys.inc(n)
         self.metrics.hits.inc(hits)
         if hits < n:
@@ -390,70 +352,12 @@ class FsTier:
         self._check_keys(keys, "present")
         if not self._breaker.allow():
             return [False] * n
-        now = time.monotonic()
-        states = self._cache.get_many(keys, now)
-        out = [bool(s) for s in states]
-        ngroups = len(self._payload_len)
-        todo = [i for i, s in enumerate(states) if s is None and keys[i].group_idx < ngroups]
-        if not todo:
+        out, probed = self._lookup.present(keys)
+        if not probed:
             return out
-        paths = [self.blocks.path(keys[i]) for i in todo]
-        if len(todo) < _PARALLEL_LOOKUP_MIN:
-            found = exist_many(paths)
-        else:
-            executor = self._lookup_executor()
-            futures = [
-                executor.submit(exist_many, paths[j : j + _LOOKUP_CHUNK])
-                for j in range(0, len(paths), _LOOKUP_CHUNK)
-            ]
-            found = [hit for fut in futures for hit in fut.result()]
-        hits: list[BlockKey] = []
-        misses: list[BlockKey] = []
-        for i, hit in zip(todo, found, strict=True):
-            out[i] = hit
-            (hits if hit else misses).append(keys[i])
-        self._cache.put_many(hits, True, now)
-        self._cache.put_many(misses, False, now)
         self.metrics.lookup_keys.inc(n)
         self.metrics.hits.inc(sum(out))
         return out
-
-    def _lookup_executor(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._lookup_pool is None:
-                self._lookup_pool = ThreadPoolExecutor(
-                    self._lookup_workers, thread_name_prefix="fstier-lookup"
-                )
-            return self._lookup_pool
-
-    def _parallel_probe(self, keys: Sequence[BlockKey], start: int) -> int:
-        """Probe ``keys[start:]`` in chunks on the lookup threads, in waves of
-        one chunk per thread so an early miss wastes at most one wave."""
-        executor = self._lookup_executor()
-        n = len(keys)
-        total = 0
-        pos = start
-        wave = self._lookup_workers
-        while pos < n:
-            futures: list[tuple[int, Future[int]]] = []
-            for _ in range(wave):
-                if pos >= n:
-                    break
-                end = min(n, pos + _LOOKUP_CHUNK)
-                futures.append((end - pos, executor.submit(self._probe_chunk, keys[pos:end])))
-                pos = end
-            stopped = False
-            for size, fut in futures:
-                if stopped:
-                    fut.cancel()
-                    continue
-                got = fut.result()
-                total += got
-                if got < size:
-                    stopped = True
-            if stopped:
-                break
-        return total
 
     # -------------------------------------------------------------------- jobs
     def _check_open(self) -> None:
@@ -921,10 +825,7 @@ class FsTier:
             self.capacity.stop()
             self._io.shutdown()
             self._flush_recency()
-            with self._lock:
-                executor, self._lookup_pool = self._lookup_pool, None
-            if executor is not None:
-                executor.shutdown(wait=True)
+            self._lookup.close()
             if self._own_pool is not None:
                 self._own_pool.close()
             self.capacity.close()
