@@ -49,6 +49,7 @@ demo: $(STAMP)
 test: $(DEV_STAMP) $(VLLM_STAMP)
 	FSTIER_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -m "not slow"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+	$(MAKE) test-sglang
 
 reliability: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -m slow tests/reliability
@@ -90,3 +91,41 @@ e2e: e2e-env
 
 bench-vllm-ttft: e2e-env
 	$(E2E_VENV)/bin/python benchmarks/bench_vllm_ttft.py
+
+# ---- issue 24: SGLang HiCache storage backend --------------------------------
+# `make test-sglang` builds .venv-sglang, separate from .venv (SGLang 0.5.23 and
+# vLLM 0.33 pin different transformers, tvm-ffi and torch): torch==2.13.0
+# first, then requirements-sglang.txt (SGLang and what its storage and
+# host-pool modules import, triton included, every version pinned) with
+# --no-deps under a torch==2.13.0 constraint, then fstier (editable, no
+# deps); then it runs tests/sglang with FSTIER_REQUIRE_SGLANG=1, so a broken
+# SGLang install fails instead of skipping. `make bench-sglang` runs
+# benchmarks/bench_sglang.py in it.
+SGL_VENV ?= .venv-sglang
+SGL_BIN := $(SGL_VENV)/bin
+SGL_STAMP := $(SGL_VENV)/.sglang-installed
+SGL_PIP = PIP_CONSTRAINT=$(abspath $(SGL_VENV))/constraints.txt $(SGL_BIN)/python -m pip install --quiet
+
+.PHONY: install-sglang test-sglang bench-sglang clean-sglang
+
+$(SGL_STAMP): requirements-sglang.txt pyproject.toml
+	test -x $(SGL_BIN)/python || $(PY) -m venv $(SGL_VENV)
+	$(SGL_BIN)/python -m pip install --quiet --upgrade pip
+	$(SGL_BIN)/python -m pip install --quiet torch==2.13.0
+	echo "torch==2.13.0" > $(SGL_VENV)/constraints.txt
+	$(SGL_PIP) --no-deps -r requirements-sglang.txt
+	$(SGL_PIP) --no-deps -e .
+	$(SGL_BIN)/python -c "import sglang.srt.mem_cache.storage.backend_factory, fstier"
+	touch $(SGL_STAMP)
+
+install-sglang: $(SGL_STAMP)
+
+test-sglang: $(SGL_STAMP)
+	FSTIER_REQUIRE_SGLANG=1 $(SGL_BIN)/python -m pytest -q -p no:cacheprovider tests/sglang; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+
+bench-sglang: $(SGL_STAMP)
+	$(SGL_BIN)/python benchmarks/bench_sglang.py
+
+clean-sglang:
+	rm -rf $(SGL_VENV)

@@ -54,14 +54,12 @@ import logging
 import threading
 from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-
-from fstier.config import TierConfig, _format_validation_error, yaml_document
+from fstier.config import TierConfig
 from fstier.errors import ConfigError, FstierError, KeyFormatError
 from fstier.file_mapper import FileMapper
+from fstier.integrations._options import tier_config_from_engine_options
 from fstier.integrations._vllm_compat import (
     SUPPORTED_TEXT,
     VllmUnavailableError,
@@ -101,8 +99,6 @@ SUPPORTED_VLLM = SUPPORTED_TEXT
 _VLLM_KEYS = frozenset({"locality", "enable_kv_events"})
 #: vLLM fs-tier spellings accepted for the same fstier field.
 _ALIASES = {"n_read_threads": "read_threads", "n_write_threads": "write_threads"}
-#: Top-level YAML sections fstier knows; only ``tier`` applies here.
-_YAML_SECTIONS = frozenset({"tier", "model", "parallel"})
 
 
 def vllm_version() -> str | None:
@@ -123,73 +119,19 @@ def check_vllm() -> str:
 
 
 # ------------------------------------------------------------------ options
-class _TierOnly(BaseModel):
-    """Validation wrapper so errors read ``tier.<field>``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    tier: TierConfig
-
-
-def _yaml_tier_section(path: object) -> dict[str, Any]:
-    if not isinstance(path, str | Path):
-        raise ConfigError(
-            f"FstierTier option 'config': expected a path to an fstier YAML file, got {path!r}"
-        )
-    p = Path(path).expanduser()
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"FstierTier option 'config': {str(p)!r} not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"FstierTier option 'config': cannot read {str(p)!r}: {exc}") from None
-    data = yaml_document(text, p)
-    if not isinstance(data, dict) or not isinstance(data.get("tier"), dict):
-        raise ConfigError(
-            f"{p}: FstierTier reads the file's 'tier:' mapping (vLLM supplies the model and "
-            "parallel layout), but it has none; write 'tier:' with fields such as max_bytes"
-        )
-    unknown = sorted(str(k) for k in data if k not in _YAML_SECTIONS)
-    if unknown:
-        raise ConfigError(
-            f"{p}: {unknown[0]}: unknown section; expected tier (model and parallel are "
-            "ignored under vLLM)"
-        )
-    ignored = sorted(k for k in data if k != "tier")
-    if ignored:
-        log.info("fstier: %s: ignoring section(s) %s; vLLM supplies them", p, ", ".join(ignored))
-    return dict(data["tier"])
-
-
 def tier_config_from_options(options: Mapping[str, Any]) -> TierConfig:
     """The :class:`TierConfig` of FstierTier's constructor options (the vLLM
     keys already removed): ``config``'s ``tier:`` section, then inline tier
     fields (``tier.<field>`` or ``<field>``, and vLLM's thread-count names)
     over it. Raises :class:`ConfigError` naming the first bad option."""
-    opts = dict(options)
-    base = _yaml_tier_section(opts.pop("config")) if opts.get("config") is not None else {}
-    opts.pop("config", None)
-    fields = TierConfig.model_fields
-    inline: dict[str, Any] = {}
-    for raw_key, value in opts.items():
-        key = str(raw_key).removeprefix("tier.")
-        key = _ALIASES.get(key, key)
-        if key not in fields:
-            raise ConfigError(
-                f"FstierTier option {raw_key!r}: unknown; expected root_dir, config, a tier "
-                f"field ({', '.join(sorted(f for f in fields if f != 'root_dir'))}) or one of "
-                f"vLLM's keys ({', '.join(sorted(_VLLM_KEYS | set(_ALIASES)))}); see docs/vllm.md"
-            )
-        inline[key] = value
-    merged = {**base, **inline}
-    if merged.get("root_dir") is None:
-        raise ConfigError(
-            "FstierTier option 'root_dir': required; give the directory for block files "
-            'inline ("root_dir": "/mnt/kv") or in the config YAML\'s tier: section'
-        )
-    try:
-        return _TierOnly.model_validate({"tier": merged}).tier
-    except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, "FstierTier options")) from None
+    return tier_config_from_engine_options(
+        options,
+        who="FstierTier",
+        engine="vLLM",
+        engine_keys=_VLLM_KEYS,
+        aliases=_ALIASES,
+        doc="docs/vllm.md",
+    )
 
 
 # ---------------------------------------------------------------- namespace
