@@ -198,7 +198,7 @@ def test_symlinked_subdirectory_is_refused(tmp_path: Path) -> None:
     m = FileMapper(make_config(tmp_path / "root"))
     m.ensure_manifest()
     path = m.path_for(KEY)
-    path.parent.symlink_to(outside)  # the fan-out directory
+    path.parent.symlink_to(outside)  # the fan-out directory (format v2: one level)
     with pytest.raises(PathSafetyError, match="symlink"):
         m.ensure_parent(path)
     assert list(outside.iterdir()) == []
@@ -235,25 +235,40 @@ def test_unwritable_root_is_a_storage_error_naming_it(tmp_path: Path) -> None:
     assert isinstance(info.value, OSError)
 
 
-def test_ensure_parent_recreates_removed_fanout_levels(tmp_path: Path) -> None:
-    """ensure_parent starts at the deepest directory it already made; when
-    that one was removed too (gc of empty directories, rm -rf), it walks from
-    the namespace again instead of failing the store with ENOENT."""
+def test_namespace_dirs_recreate_removed_fanout_levels(tmp_path: Path) -> None:
+    """The block store's directory walk starts at the deepest directory it
+    already made; when that one was removed too (gc of empty directories,
+    rm -rf), it walks from the namespace again instead of failing the store
+    with ENOENT."""
     import shutil
+
+    from fstier.io.blockstore import NamespaceDirs
 
     mapper = FileMapper(make_config(tmp_path / "root"))
     mapper.ensure_manifest()
+    dirs = NamespaceDirs(mapper)
     a = mapper.path_for(BlockKey(bytes.fromhex("abcdef") + bytes(29), 0))
     b = mapper.path_for(BlockKey(bytes.fromhex("abc001") + bytes(29), 0))
-    mapper.ensure_parent(a)
+    dirs.ensure(a)
     assert a.parent.is_dir() and a.parent == b.parent
-    shutil.rmtree(a.parent)  # the fan-out directory gone
-    mapper.forget_parent(a)
-    mapper.ensure_parent(b)  # another key of the removed directory
+    shutil.rmtree(a.parent)  # the fan-out directory gone (format v2: one level)
+    dirs.forget(a)
+    dirs.ensure(b)  # another key of the removed directory
     assert b.parent.is_dir()
-    mapper.ensure_parent(mapper.namespace_dir / "x")  # the namespace itself: nothing to make
+    dirs.ensure(mapper.namespace_dir / "x")  # the namespace itself: nothing to make
     with pytest.raises(ValueError, match="not under the namespace"):
-        mapper.ensure_parent(tmp_path / "elsewhere" / "x")
+        dirs.ensure(tmp_path / "elsewhere" / "x")
+    mapper.ensure_parent(a)  # the mapper's old entry point still makes them
+    assert a.parent.is_dir()
+
+
+def test_file_mapper_is_pure_naming(tmp_path: Path) -> None:
+    """Naming a block creates nothing and holds no file descriptor."""
+    fds = len(os.listdir("/proc/self/fd"))
+    m = FileMapper(make_config(tmp_path / "root"))
+    m.path_for(KEY)
+    m.manifest()
+    assert not (tmp_path / "root").exists() and len(os.listdir("/proc/self/fd")) == fds
 
 
 # -- the path codec: one place says key -> file and file -> key -------------

@@ -23,7 +23,7 @@ import pytest
 import xxhash
 
 from fstier.errors import ConfigError
-from fstier.io import blockstore, capabilities, fsops, native
+from fstier.io import blockstore, fsops, native
 from fstier.io.blockfile import (
     HEADER_SIZE,
     BlockHeader,
@@ -41,7 +41,7 @@ from fstier.io.blockstore import (
     StoreRequest,
     StoreStatus,
 )
-from fstier.io.capabilities import probe_o_direct, reset_probe_cache
+from fstier.io.capabilities import RootCapabilities, probe_o_direct
 from fstier.io.fsops import aligned_buffer, is_temp_name
 from fstier.keys import BlockKey
 
@@ -213,7 +213,6 @@ PATHS = ["python", pytest.param("native", marks=needs_native)]
 def io(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[IOPath]:
     root = tmp_path / "root"
     (root / "sub").mkdir(parents=True)
-    reset_probe_cache()
     yield IOPath(request.param, root, monkeypatch)
     native.clear_faults()
     if native._ext is not None:
@@ -225,7 +224,6 @@ def temps(root: Path) -> list[str]:
 
 
 def _direct(root: Path) -> bool:
-    reset_probe_cache()
     return probe_o_direct(root, "auto").enabled
 
 
@@ -344,11 +342,9 @@ def test_symlinks_are_never_followed(io: IOPath, tmp_path: Path, walk: bool) -> 
     assert secret.read_bytes() == b"do not touch"
 
 
-def test_named_temp_publication(io: IOPath, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(capabilities, "_tmpfile_refused", True)
-    if io.name == "native":
-        native.configure(tmpfile=False)
-    assert io.store(K1, IOOptions(fsync="file+dir")).ok
+def test_named_temp_publication(io: IOPath) -> None:
+    caps = RootCapabilities(tmpfile=False, root=io.root)
+    assert io.store(K1, IOOptions(fsync="file+dir", capabilities=caps)).ok
     assert io.load(K1, IOOptions())[0].ok and temps(io.root) == []
 
 
@@ -362,14 +358,11 @@ def test_named_temp_publication(io: IOPath, monkeypatch: pytest.MonkeyPatch) -> 
 def test_store_faults_publish_nothing_and_recover(
     io: IOPath, monkeypatch: pytest.MonkeyPatch, op: str, code: int
 ) -> None:
-    opts = IOOptions(fsync="file+dir")
+    named = op == "rename"  # the named-temp publication (no O_TMPFILE)
+    opts = IOOptions(fsync="file+dir", capabilities=RootCapabilities(tmpfile=not named, root=io.root))
     io.store(K2, opts)
     old = io.path(K2).read_bytes()
     fds = len(os.listdir("/proc/self/fd"))
-    named = op == "rename"  # the named-temp publication (no O_TMPFILE)
-    monkeypatch.setattr(capabilities, "_tmpfile_refused", named)
-    if io.name == "native":
-        native.configure(tmpfile=not named)
     if op == "close" and io.name == "python":
         real = fsops.FS.close
 
@@ -414,11 +407,9 @@ def test_short_reads_complete(io: IOPath) -> None:
 
 @pytest.mark.parametrize("op", ["link", "rename"])
 def test_publication_error_after_it_happened(io: IOPath, monkeypatch: pytest.MonkeyPatch, op: str) -> None:
-    monkeypatch.setattr(capabilities, "_tmpfile_refused", op == "rename")
-    if io.name == "native":
-        native.configure(tmpfile=op != "rename")
+    opts = IOOptions(capabilities=RootCapabilities(tmpfile=op != "rename", root=io.root))
     io.fail(op, errno.EIO, after=True)
-    out = io.store(K1, IOOptions())
+    out = io.store(K1, opts)
     assert out.status is StoreStatus.FAILED and temps(io.root) == []
     native.clear_faults()
     monkeypatch.undo()

@@ -80,6 +80,7 @@
 #define F_FSYNC_FILE 4
 #define F_FSYNC_DIR 8
 #define F_MKDIR 16
+#define F_NO_TMPFILE 32 /* the root's capabilities say: named temps */
 
 /* store status / stage codes (fstier/io/native.py has the same tables) */
 enum { ST_STORED = 0, ST_SKIPPED = 1, ST_FAILED = 2 };
@@ -582,10 +583,10 @@ static int make_dirs(int base_fd, const char *dir, int *fresh, int *stage) {
 }
 
 static int create_temp(int dfd, const char *name, int direct, mode_t mode, char *tmp,
-                       size_t tmpcap) {
+                       size_t tmpcap, int no_tmpfile) {
     int flags = O_WRONLY | (direct ? O_DIRECT : 0);
     tmp[0] = 0;
-    if (O_TMPFILE && !atomic_load(&tmpfile_refused)) {
+    if (O_TMPFILE && !no_tmpfile && !atomic_load(&tmpfile_refused)) {
         int fd = x_openat(dfd, ".", flags | O_TMPFILE, mode);
         if (fd >= 0) return fd;
         /* EISDIR: a kernel without O_TMPFILE read it as O_DIRECTORY;
@@ -615,7 +616,7 @@ static int link_anonymous(int fd, int dfd, const char *name) {
 static void store_once(fx_item *it, int dfd, const char *name, struct iovec *iov0, int cnt0,
                        int direct, int flags, mode_t mode) {
     char tmp[MAX_NAME + 160];
-    int fd = create_temp(dfd, name, direct, mode, tmp, sizeof tmp);
+    int fd = create_temp(dfd, name, direct, mode, tmp, sizeof tmp, flags & F_NO_TMPFILE);
     if (fd < 0) {
         it->status = ST_FAILED;
         it->err = errno;
@@ -1336,5 +1337,6 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "F_FSYNC_FILE", F_FSYNC_FILE);
     PyModule_AddIntConstant(m, "F_FSYNC_DIR", F_FSYNC_DIR);
     PyModule_AddIntConstant(m, "F_MKDIR", F_MKDIR);
+    PyModule_AddIntConstant(m, "F_NO_TMPFILE", F_NO_TMPFILE);
     return m;
 }

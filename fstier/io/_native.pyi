@@ -8,6 +8,7 @@ F_DIRECT: int
 F_FSYNC_FILE: int
 F_FSYNC_DIR: int
 F_MKDIR: int
+F_NO_TMPFILE: int
 
 def store_batch(
     base: str,

@@ -49,7 +49,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 from fstier.errors import ConfigError
-from fstier.io import blockstore
+from fstier.io import blockio
 from fstier.io.blockfile import FORMAT_VERSION
 from fstier.io.blockstore import (
     IOOptions,
@@ -204,6 +204,9 @@ def _flags(opts: IOOptions, *, mkdir: bool = False) -> int:
         f |= ext.F_FSYNC_DIR
     if mkdir:
         f |= ext.F_MKDIR
+    caps = opts.capabilities
+    if caps is not None and not caps.tmpfile:
+        f |= ext.F_NO_TMPFILE
     return f
 
 
@@ -289,14 +292,14 @@ def load_batch(
         if status_ is LoadStatus.MISSING:
             out.append(LoadOutcome(LoadStatus.MISSING, "ENOENT"))
         elif why == "symlink":
-            removed = blockstore._remove_planted_link(path)
+            removed = blockio._remove_planted_link(path)
             out.append(LoadOutcome(
                 LoadStatus.CORRUPT, "symlink", f"{name}: a symlink on its path", removed=removed
             ))
         elif status_ is LoadStatus.CORRUPT:
             detail = _corrupt_detail(why, nbytes, path)
             removed = bool(ino) and unlink_if_same(
-                path, ino=ino, dev=dev, on_error=blockstore._removal_failed
+                path, ino=ino, dev=dev, on_error=blockio._removal_failed
             ) == "removed"
             out.append(LoadOutcome(LoadStatus.CORRUPT, why, detail, removed=removed))
         elif why == "not_regular":
