@@ -75,7 +75,7 @@ from fstier.errors import ConfigError, FstierError, IOPoolClosedError, PoolError
 from fstier.file_mapper import BLOCK_SUFFIX, FileMapper
 from fstier.io import posix
 from fstier.io.blockfile import HEADER_SIZE, BlockHeader, ChecksumKind, padded_len, payload_checksum
-from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool
+from fstier.io.pool import OP_CANCELLED, OP_EXPIRED, OP_TIMED_OUT, IOPool
 from fstier.keys import BlockKey
 from fstier.slots import SlotProvider
 
@@ -1087,6 +1087,9 @@ class FsTier:
             if r is OP_TIMED_OUT:
                 self._timed_out(job, i)
                 c = "timeout"
+            elif r is OP_EXPIRED:  # queued past the deadline behind hung calls; never ran
+                self._op_ended(job, i, 0)
+                c = "timeout"
             elif isinstance(r, posix.StoreOutcome) and r.status is posix.StoreStatus.STORED:
                 stored.append(key)
                 nbytes += job.op_bytes[i]
@@ -1151,6 +1154,9 @@ class FsTier:
             bad.append(key)
             if r is OP_TIMED_OUT:
                 self._timed_out(job, i)
+                c = "timeout"
+                self._breaker_failure(c)
+            elif r is OP_EXPIRED:  # queued past the deadline behind hung calls; never ran
                 c = "timeout"
                 self._breaker_failure(c)
             elif r is OP_CANCELLED:

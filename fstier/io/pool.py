@@ -11,7 +11,12 @@ the operations of one job are spread across threads and run in parallel.
 - One :class:`_Job` record per job, and every piece of shared state, lives
   under one lock. ``submit`` and ``get_finished`` never block on I/O.
 - Deadlines: a watchdog marks an operation that has run longer than
-  ``io_timeout_s`` as :data:`OP_TIMED_OUT`; its job completes without it. The
+  ``io_timeout_s`` as :data:`OP_TIMED_OUT`; its job completes without it.
+  An operation still *queued* ``io_timeout_s`` after its job was submitted
+  (every thread is stuck on a hung mount, and each replacement thread gets
+  stuck too) is taken off the queue unrun as :data:`OP_EXPIRED`, so a job
+  ends within ``io_timeout_s`` of its submission plus the watchdog's
+  wake-up, however many operations queue behind hung ones. The
   thread stuck in the call (a hung NFS syscall cannot be interrupted) is
   counted in :attr:`IOPool.stuck_threads` and a replacement thread is started.
   When the stuck call finally returns, its result is dropped and the
@@ -31,7 +36,7 @@ from typing import Any
 
 from fstier.errors import IOPoolClosedError
 
-__all__ = ["OP_CANCELLED", "OP_TIMED_OUT", "IOPool", "LateCallback", "PoolJob"]
+__all__ = ["OP_CANCELLED", "OP_EXPIRED", "OP_TIMED_OUT", "IOPool", "LateCallback", "PoolJob"]
 
 log = logging.getLogger("fstier.io")
 
@@ -57,6 +62,9 @@ class _Marker:
 OP_TIMED_OUT = _Marker("OP_TIMED_OUT")
 #: The operation was still queued when the pool shut down.
 OP_CANCELLED = _Marker("OP_CANCELLED")
+#: The operation was still queued ``io_timeout_s`` after its job's
+#: submission; it never ran (no buffer is touched by it, now or later).
+OP_EXPIRED = _Marker("OP_EXPIRED")
 _PENDING = _Marker("_PENDING")
 
 _KINDS = ("read", "write")
@@ -368,6 +376,31 @@ class IOPool:
         except Exception:
             log.exception("on_done callback failed for job %r", done.job_id)
 
+    def _expire_queued(
+        self, now: float, timeout: float, callbacks: list[tuple[Callable[[PoolJob], None], PoolJob]]
+    ) -> float | None:
+        """Take operations queued past their job's deadline off the queues as
+        :data:`OP_EXPIRED` (lock held). Queues are FIFO by submission, so
+        only heads are looked at. Returns the next head's deadline."""
+        earliest: float | None = None
+        for queue in self._queues.values():
+            while queue:
+                job, i = queue[0]
+                deadline = job.started + timeout
+                if deadline > now:
+                    if earliest is None or deadline < earliest:
+                        earliest = deadline
+                    break
+                queue.popleft()
+                self._timeouts += 1
+                job.results[i] = OP_EXPIRED
+                job.remaining -= 1
+                if job.remaining == 0:
+                    done = self._complete(job)
+                    if job.on_done is not None:
+                        callbacks.append((job.on_done, done))
+        return earliest
+
     def _watch(self) -> None:
         timeout = self.io_timeout_s
         if timeout is None:
@@ -407,6 +440,9 @@ class IOPool:
                             self._spawn(w.priority)
                     elif earliest is None or run.deadline < earliest:
                         earliest = run.deadline
+                head = self._expire_queued(now, timeout, callbacks)
+                if head is not None and (earliest is None or head < earliest):
+                    earliest = head
                 wait = timeout if earliest is None else max(0.001, earliest - now)
                 if not callbacks:
                     self._tick.wait(wait)
