@@ -168,6 +168,9 @@ class RowSlots:
         row_bytes: int | None = None,
         offset: int = 0,
     ) -> None:
+        if num_rows == 0 or len(buffer) == 0:
+            # memoryview.cast refuses a shape with a zero in it (TypeError).
+            raise ValueError("RowSlots: the buffer has no rows (0 bytes or 0 rows)")
         flat = buffer if buffer.format == "B" and buffer.ndim == 1 else buffer.cast("B")
         row_bytes = stride if row_bytes is None else row_bytes
         if num_rows < 0 or stride <= 0 or not 0 < row_bytes <= stride or offset < 0:
@@ -198,6 +201,11 @@ class RowSlots:
         if view.ndim != 2 or view.strides is None or view.shape is None:
             raise ValueError(
                 f"primary_kv_view must be 2-D (chunks x row bytes), got ndim={view.ndim}"
+            )
+        if view.shape[0] == 0 or view.shape[1] == 0:
+            raise ValueError(
+                f"primary_kv_view has no rows (shape {tuple(view.shape)}): vLLM's CPU tier got "
+                "no chunks; raise cpu_bytes_to_use (kv_connector_extra_config)"
             )
         return cls(view, view.shape[0], view.strides[0])
 
@@ -244,8 +252,20 @@ class RowSlots:
 
     def release(self) -> None:
         """Drop this provider's export of the engine's buffer (after the last
-        I/O), so the engine can unmap it; slot views are invalid after."""
-        self._flat.release()
+        I/O), so the engine can unmap it; slot views are invalid after.
+        Never raises: slot views still referenced (by a caller, or by a
+        not yet collected reference cycle) are collected first; one that
+        survives that is logged and the buffer stays exported."""
+        try:
+            self._flat.release()
+        except BufferError:
+            import gc
+
+            gc.collect()
+            try:
+                self._flat.release()
+            except BufferError as exc:
+                log.warning("fstier: rows of the engine's buffer are still in use (%s)", exc)
 
 
 # ------------------------------------------------------------------ options
@@ -486,14 +506,34 @@ else:
                     f"FstierTier option 'locality': expected LOCAL or REMOTE, got {locality!r}"
                 ) from None
             enable_events = options.pop("enable_kv_events", None)
+            if enable_events is not None and not isinstance(enable_events, bool):
+                # 0, "no", "false" all read as "on" below; a boolean is a boolean.
+                raise ConfigError(
+                    f"FstierTier option 'enable_kv_events': expected true or false, got "
+                    f"{enable_events!r}"
+                )
             tier_cfg = tier_config_from_options(options)
-            self.rows = RowSlots.from_primary_view(primary_kv_view)
-            # One row is one file's payload: the whole stride, as vLLM's own fs
-            # tier persists it (vLLM rounds it to 4096; any pad bytes are zero).
-            self.mapper = engine_mapper(offloading_spec, self.rows.slot_bytes, tier_cfg)
-            from fstier.manager import FsTier
+            try:
+                self.rows = RowSlots.from_primary_view(primary_kv_view)
+            except ValueError as exc:
+                raise ConfigError(f"FstierTier: {exc}") from None
+            try:
+                if self.rows.slot_bytes % tier_cfg.blocks_per_file:
+                    # Every store would fail (pages must tile the row), in the log only.
+                    raise ConfigError(
+                        f"FstierTier option 'blocks_per_file': {tier_cfg.blocks_per_file} does "
+                        f"not divide vLLM's row of {self.rows.slot_bytes} bytes; use a divisor "
+                        "of it (1 stores each row as one file)"
+                    )
+                # One row is one file's payload: the whole stride, as vLLM's own fs
+                # tier persists it (vLLM rounds it to 4096; any pad bytes are zero).
+                self.mapper = engine_mapper(offloading_spec, self.rows.slot_bytes, tier_cfg)
+                from fstier.manager import FsTier
 
-            self.fstier: FsTier = FsTier(tier_cfg, self.rows, self.mapper)
+                self.fstier: FsTier = FsTier(tier_cfg, self.rows, self.mapper)
+            except BaseException:
+                self.rows.release()  # or vLLM cannot unmap its region
+                raise
             globally = bool(offloading_spec.kv_events_config.enable_kv_cache_events)
             if enable_events and not globally:
                 log.warning(
@@ -513,7 +553,10 @@ else:
             try:
                 self._lookup = _PresenceLookup(self)
             except BaseException:
-                self.fstier.close()
+                try:
+                    self.fstier.close()
+                finally:
+                    self.rows.release()
                 raise
             log.info(
                 "fstier: vLLM tier %r at %s (namespace %s, %s, row %d bytes, %d rows)",
@@ -563,11 +606,14 @@ else:
                     self.fstier.submit_load(job.job_id, bkeys, slots[:n])
                 else:
                     self.fstier.submit_store(job.job_id, bkeys, slots[:n])
-            except (ValueError, FstierError) as exc:
+            except Exception as exc:
                 # A job FsTier refuses (a row out of range or fenced, a closed
-                # tier) fails as a job: an exception here would take down
-                # vLLM's scheduler.
-                log.error("fstier: vLLM job %d refused: %s", job.job_id, exc)
+                # tier), or any other failure, fails as a job: an exception
+                # here would take down vLLM's scheduler.
+                if isinstance(exc, ValueError | FstierError):
+                    log.error("fstier: vLLM job %d refused: %s", job.job_id, exc)
+                else:
+                    log.exception("fstier: vLLM job %d failed at submission", job.job_id)
                 with self._lock:
                     self._jobs.pop(job.job_id, None)
                     self._refused.append(rec)
@@ -605,8 +651,12 @@ else:
 
         def get_finished_jobs(self) -> Iterable[VllmJobResult]:
             out: list[VllmJobResult] = []
-            fresh = self.fstier.get_finished()
-            fenced = self.fstier.fenced_slots
+            try:
+                fresh = self.fstier.get_finished()
+                fenced = self.fstier.fenced_slots
+            except Exception:  # never into vLLM's scheduler; results stay queued
+                log.exception("fstier: collecting finished jobs failed; retrying next step")
+                return out
             with self._lock:
                 ready: list[tuple[_Job, FsJobResult]] = []
                 held: list[tuple[_Job, FsJobResult]] = []
@@ -624,7 +674,10 @@ else:
                 if rec.is_load:
                     self._lookup.mark_miss(rec.keys)
                 out.append(VllmJobResult(job_id=rec.job_id, success=False))
-            self._collect_events()
+            try:
+                self._collect_events()
+            except Exception:
+                log.exception("fstier: collecting KV events failed")
             return out
 
         def has_pending_work(self) -> bool:

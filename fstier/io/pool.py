@@ -10,13 +10,15 @@ the operations of one job are spread across threads and run in parallel.
   are never stuck behind a burst of stores, and stores never starve.
 - One :class:`_Job` record per job, and every piece of shared state, lives
   under one lock. ``submit`` and ``get_finished`` never block on I/O.
-- Deadlines: a watchdog marks an operation that has run longer than
-  ``io_timeout_s`` as :data:`OP_TIMED_OUT`; its job completes without it.
-  An operation still *queued* ``io_timeout_s`` after its job was submitted
-  (every thread is stuck on a hung mount, and each replacement thread gets
-  stuck too) is taken off the queue unrun as :data:`OP_EXPIRED`, so a job
-  ends within ``io_timeout_s`` of its submission plus the watchdog's
-  wake-up, however many operations queue behind hung ones. The
+- Deadlines: a job's deadline is its submission + ``io_timeout_s``. A
+  watchdog marks an operation still running at its job's deadline as
+  :data:`OP_TIMED_OUT`; its job completes without it. An operation still
+  *queued* then (every thread stuck on a hung mount, and each replacement
+  thread stuck too) is taken off the queue unrun as :data:`OP_EXPIRED`. So
+  every job ends within ``io_timeout_s`` of its submission plus the
+  watchdog's wake-up, however many operations queue behind hung ones
+  (measured from each op's own start, a job queued behind hung calls took
+  up to twice the timeout, or one timeout per queued op). The
   thread stuck in the call (a hung NFS syscall cannot be interrupted) is
   counted in :attr:`IOPool.stuck_threads` and a replacement thread is started.
   When the stuck call finally returns, its result is dropped and the
@@ -41,6 +43,21 @@ __all__ = ["OP_CANCELLED", "OP_EXPIRED", "OP_TIMED_OUT", "IOPool", "LateCallback
 log = logging.getLogger("fstier.io")
 
 LateCallback = Callable[[Hashable, int], None]
+
+
+def _without_traceback(exc: BaseException) -> BaseException:
+    """``exc`` with no traceback on it or on its causes. A kept traceback
+    holds the op's frames, and with them every buffer view they held (an
+    engine's rows): the engine could not unmap its memory at shutdown
+    ("buffers are still exported") until a garbage collection, because
+    the traceback also reaches the frame that stored ``exc`` (a cycle)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        e.__traceback__ = None
+        e = e.__cause__ or e.__context__
+    return exc
 
 
 class _Marker:
@@ -327,8 +344,11 @@ class IOPool:
                     self._workers.remove(worker)
                     return
                 job, index = item
+                # The job's deadline, not this op's: an op that waited in the
+                # queue gets what is left, so every job ends by
+                # submission + io_timeout_s (plus the watchdog's wake-up).
                 deadline = (
-                    time.monotonic() + self.io_timeout_s if self.io_timeout_s is not None else 0.0
+                    job.started + self.io_timeout_s if self.io_timeout_s is not None else 0.0
                 )
                 run = _Running(job, index, deadline, worker)
                 was_idle = not any(w.running and not w.running.timed_out for w in self._workers)
@@ -338,7 +358,8 @@ class IOPool:
             try:
                 result: Any = job.ops[index]()
             except Exception as exc:  # the op's failure is its result
-                result = exc
+                log.debug("I/O op %d of job %r raised", index, job.job_id, exc_info=exc)
+                result = _without_traceback(exc)
             late: list[LateCallback] = []
             done: PoolJob | None = None
             with self._lock:
