@@ -28,7 +28,7 @@ def _load(path: str) -> Any:
 
 def resolved_config(cfg: Any) -> dict[str, Any]:
     """The config with every default filled in, plus what it maps to on disk."""
-    from fstier._format import canonical_format_id, canonical_page_bytes, is_certified
+    from fstier.canonical import canonical_format_id, canonical_page_bytes, is_certified
     from fstier.file_mapper import FileMapper
 
     mapper = FileMapper(cfg)
