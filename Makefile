@@ -65,3 +65,11 @@ lint: $(DEV_STAMP) $(VLLM_STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# ---- issue 25: real shared filesystems (GlusterFS and MooseFS, two client
+# hosts in network namespaces). Needs root, /dev/fuse and apt; installs the
+# Debian packages, stands everything up, runs tests/sharedfs and always tears
+# it all down (also on failure, Ctrl-C and its 600 s test limit).
+.PHONY: test-sharedfs
+test-sharedfs: $(DEV_STAMP)
+	tests/sharedfs/run.sh $(BIN)/python

@@ -984,14 +984,22 @@ class FsTier:
             else:
                 self._events.append(BlockRemoved((key,), "evicted"))
 
-    def run_capacity_pass(self, max_bytes: int | None = None) -> GcReport:
+    def run_capacity_pass(
+        self, max_bytes: int | None = None, timeout: float | None = 60.0
+    ) -> GcReport:
         """One synchronous capacity pass over the root: sweep stale temp and
         ``.nfs*`` files and, above the high watermark of ``max_bytes``
         (default: ``tier.max_bytes``), evict LRU files down to the low
-        watermark. Waits for a pass another instance on the root is running.
-        Resynchronises the shared usage count."""
+        watermark. Resynchronises the shared usage count.
+
+        Waits for a pass another instance on the root is running, at most
+        ``timeout`` seconds (None: no limit), then raises
+        :class:`TimeoutError`; a pass still walking at the deadline stops
+        there and reports ``complete=False``. An instance that died or hangs
+        holding the root's eviction lease loses it within 30 s."""
         self._check_open()
-        return self.capacity.run_pass(max_bytes)
+        timeout = _wait_timeout("run_capacity_pass", timeout)
+        return self.capacity.run_pass(max_bytes, timeout)
 
     # ------------------------------------------------------------------ close
     def close(self) -> None:

@@ -245,3 +245,25 @@ def test_wait_timeouts_accept_inf_and_refuse_nan(tmp_path: Path, monkeypatch) ->
             tier.drain(float("nan"))
         with pytest.raises(ValueError, match="wait_fences_released"):
             tier.wait_fences_released(-1)
+
+
+@pytest.mark.parametrize("code", ["ENOENT", "ESTALE"])
+def test_a_block_that_vanishes_between_open_and_read_is_a_miss(tmp_path: Path, monkeypatch, code: str) -> None:
+    """Another host evicting a block this host just opened: GlusterFS fails
+    the read ENOENT (it logged a warning and counted a device error), kernel
+    NFS ESTALE (which counted toward the breaker). Both are a miss."""
+    with open_tier(tmp_path / "root", breaker_failures=1) as tier:
+        ks = keys(0, 2)
+        store(tier, "s", ks)
+        err = getattr(errno, code)
+
+        def vanished(*_a, **_k):
+            raise OSError(err, os.strerror(err))
+
+        monkeypatch.setattr(posix.FS, "preadv", vanished)
+        res = load(tier, "l", ks)
+        assert (res.success, res.keys_completed, res.cause) == (False, 0, "miss")
+        assert tier.breaker_state == "closed"
+        assert "fstier_failures_total" not in tier.metrics.snapshot() or not any(
+            k.startswith(code) for k in tier.metrics.snapshot()["fstier_failures_total"]
+        )

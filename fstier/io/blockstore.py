@@ -46,8 +46,10 @@ Load path (:func:`load_block`), 3 system calls
     still holds the inode we read) and returns CORRUPT; a missing file is
     MISSING; a symlink on the path is CORRUPT (a link at the final name is
     removed, never its target); a FIFO, socket, directory or device is
-    ERROR ``not_regular``/``ENXIO``/``ENOTDIR``; transient errors (EMFILE,
-    EIO, ESTALE, EINTR, EACCES) are ERROR and leave the file. Bytes of a
+    ERROR ``not_regular``/``ENXIO``/``ENOTDIR``; a file that vanished between
+    open and read (``ENOENT``, ``ESTALE`` at ``read``: another host evicted
+    it) is MISSING; transient errors (EMFILE, EIO, ESTALE at open, EINTR,
+    EACCES) are ERROR and leave the file. Bytes of a
     block that is not LOADED must be treated as garbage.
 
 O_DIRECT and O_TMPFILE are decided per root by :mod:`fstier.io.capabilities`.
@@ -556,6 +558,13 @@ def _load_once(req: LoadRequest, buf: memoryview, direct: bool, opts: IOOptions)
         try:
             got = _read_file(fd, bufs, want)
         except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ESTALE):
+                # Removed between open and read, by another host's eviction
+                # (GlusterFS fails the read ENOENT, kernel NFS ESTALE): a
+                # miss, not a device error.
+                return LoadOutcome(
+                    LoadStatus.MISSING, errno_name(exc), f"{_name(path)} vanished while being read"
+                )
             if exc.errno in (errno.EISDIR, errno.ESPIPE, errno.EINVAL, errno.ENXIO):
                 # Not a regular file (a directory, FIFO, device): a bad file.
                 with contextlib.suppress(OSError):
