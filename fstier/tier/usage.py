@@ -9,19 +9,22 @@ Design: one count file per instance, written only by its owner, summed by
 readers. No lock anywhere.
 
 - ``<root>/.fstier-usage.d/<instance>.count`` holds one line,
-  ``fstier-usage 1 <net>``: the net bytes (stores minus removals) this
-  instance has added since it started. Only its owner writes it, and only
+  ``fstier-usage 2 <stored> <removed>``: the bytes this instance has stored
+  and removed since it started (both only grow). Only its owner writes it, and only
   by writing a new temp file and renaming it over the name, so no write
   ever goes through a hard link or a symlink planted there (the rename
   replaces the name, never the inode it named), and a reader on another
   host opens a new inode (GlusterFS keeps serving a rewritten file's old
   bytes to a long-lived fd for over a minute; an ``flock``-guarded
   read-modify-write lost half of two hosts' updates there).
-- A reader's view is ``base + sum(net_i - net_i at base)``: ``base`` is the
-  bytes its last full scan found, and the nets at base are the instances'
-  counts read just before that scan. Between scans only deltas matter, so
-  an instance that died keeps contributing nothing new, and a new instance
-  counts from when it is first seen.
+- A reader's view is ``base + sum(stored_i - stored_i at base) -
+  sum(removed_i - removed_i at base)``: ``base`` is the bytes its last full
+  scan found; stores count from just *before* that scan and removals from
+  just *after* it, so a store or removal racing the walk can only make the
+  view too high (it evicts a little early), never too low (which would let
+  the root overshoot); a scan that raced is repeated about 2 s later. Between
+  scans only deltas matter, so an instance that died keeps contributing
+  nothing new, and a new instance counts from when it is first seen.
 - The hot path does no I/O: :meth:`SharedUsage.add` and
   :meth:`SharedUsage.read` touch memory under a thread lock held for a few
   instructions. A background thread (``fstier-usage``) publishes this
@@ -29,7 +32,8 @@ readers. No lock anywhere.
   ``HEARTBEAT_S`` regardless) and reads the others' files every
   ``REFRESH_S``; a hung mount stalls that thread only.
 - Content is never trusted: a file that is not a regular file, is larger
-  than 256 bytes, does not parse, or holds a value beyond +-2^60 is ignored
+  than 256 bytes, does not parse, holds a value outside 0..2^60 or one that
+  went down is ignored
   (the instance keeps its last good value) and asks for a rescan
   (:attr:`SharedUsage.rescan_wanted`); a count file that vanished keeps its
   last value; the sum is clamped to ``[0, 2^62]``. Nothing here raises to a
@@ -127,10 +131,11 @@ def _safe_host() -> str:
 
 @dataclass(frozen=True, slots=True)
 class ScanToken:
-    """What :meth:`SharedUsage.begin_scan` saw just before a full scan."""
+    """What :meth:`SharedUsage.begin_scan` saw just before a full scan:
+    (stored, removed) of this instance and of every other one."""
 
-    own: int
-    others: dict[str, int]
+    own: tuple[int, int]
+    others: dict[str, tuple[int, int]]
 
 
 class SharedUsage:
@@ -151,14 +156,15 @@ class SharedUsage:
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()  # one publisher/reader at a time
         self._dir_fd: int | None = None
-        #: this instance's net bytes since it started
-        self._net = 0
-        self._published: int | None = None
+        #: bytes this instance stored and removed since it started
+        self._stored = 0
+        self._removed = 0
+        self._published: tuple[int, int] | None = None
         self._published_at = 0.0
-        #: other instances' last good nets, and their nets at this instance's base
-        self._others: dict[str, int] = {}
-        self._others_base: dict[str, int] = {}
-        self._own_base = 0
+        #: other instances' last good (stored, removed), and at this instance's base
+        self._others: dict[str, tuple[int, int]] = {}
+        self._others_base: dict[str, tuple[int, int]] = {}
+        self._own_base = (0, 0)
         self._base = 0
         self.rescan_wanted = False
         #: the last scan saw stores made during it (its count may be high)
@@ -207,16 +213,20 @@ class SharedUsage:
             return self._sum_locked()
 
     def _sum_locked(self) -> int:
-        total = self._base + self._net - self._own_base
-        for name, net in self._others.items():
-            total += net - self._others_base.get(name, 0)
+        total = self._base + (self._stored - self._own_base[0]) - (self._removed - self._own_base[1])
+        for name, (stored, removed) in self._others.items():
+            b_stored, b_removed = self._others_base.get(name, (0, 0))
+            total += (stored - b_stored) - (removed - b_removed)
         return max(0, min(_MAX_SUM, total))
 
     def add(self, delta: int) -> int:
         """Add ``delta`` bytes (negative for removals); returns the new view.
         Memory only: the background thread publishes it."""
         with self._lock:
-            self._net = max(-_MAX_ABS, min(_MAX_ABS, self._net + delta))
+            if delta > 0:
+                self._stored = min(_MAX_ABS, self._stored + delta)
+            else:
+                self._removed = min(_MAX_ABS, self._removed - delta)
             return self._sum_locked()
 
     # ---------------------------------------------------------------- scans
@@ -225,24 +235,28 @@ class SharedUsage:
         the calling thread, the capacity thread) and returns what they were."""
         self.refresh()
         with self._lock:
-            return ScanToken(self._net, dict(self._others))
+            return ScanToken((self._stored, self._removed), dict(self._others))
 
     def end_scan(self, token: ScanToken, scanned: int, removed_by_scan: int) -> int:
-        """A full scan that began at ``token`` left ``scanned`` bytes on disk,
-        after removing ``removed_by_scan`` bytes it subtracted with
-        :meth:`add`. Stores anyone made during the walk count on top (if the
-        walk also saw them they count twice until the next scan: safe, it
-        only evicts a little early; :attr:`scan_raced` then says so, and the
-        capacity thread scans again soon). Returns the new view."""
+        """A full scan that began at ``token`` left ``scanned`` bytes on disk
+        (after removing ``removed_by_scan`` bytes, which it also added to
+        this instance's removals). Stores made since the token count on top
+        (twice if the walk saw them); removals count from now on (none
+        during the walk: those it saw are in ``scanned`` too high). Both
+        errors make the view high, never low; :attr:`scan_raced` says the
+        scan raced any, and the capacity thread scans again soon. Returns
+        the new view."""
         self.refresh()
         with self._lock:
-            self.scan_raced = self._net != token.own - removed_by_scan or any(
-                net != token.others.get(name, 0) for name, net in self._others.items()
+            self.scan_raced = (self._stored, self._removed - removed_by_scan) != token.own or any(
+                v != token.others.get(name, (0, 0)) for name, v in self._others.items()
             )
             self._base = max(0, scanned)
-            # Own removals by this scan are already out of ``scanned``.
-            self._own_base = token.own - removed_by_scan
-            self._others_base = dict(token.others)
+            self._own_base = (token.own[0], self._removed)
+            self._others_base = {
+                name: (token.others.get(name, (0, 0))[0], removed)
+                for name, (_stored, removed) in self._others.items()
+            }
             self.rescan_wanted = False
             return self._sum_locked()
 
@@ -277,14 +291,14 @@ class SharedUsage:
 
     def _publish(self, dfd: int, force: bool = False) -> None:
         with self._lock:
-            net = self._net
+            value = (self._stored, self._removed)
         now = time.monotonic()
-        if not force and net == self._published and now - self._published_at < HEARTBEAT_S:
+        if not force and value == self._published and now - self._published_at < HEARTBEAT_S:
             return
-        if not force and net != self._published and now - self._published_at < PUBLISH_S:
+        if not force and value != self._published and now - self._published_at < PUBLISH_S:
             return
-        if self._write_file(dfd, self._name, f"fstier-usage 1 {net}\n"):
-            self._published = net
+        if self._write_file(dfd, self._name, f"fstier-usage 2 {value[0]} {value[1]}\n"):
+            self._published = value
             self._published_at = now
 
     def _write_file(self, dfd: int, name: str, text: str) -> bool:
@@ -334,7 +348,7 @@ class SharedUsage:
         except OSError:
             return
         now = time.time()
-        seen: dict[str, int] = {}
+        seen: dict[str, tuple[int, int]] = {}
         for name in names:
             if name == self._name or not _COUNT_NAME.match(name):
                 continue
@@ -344,7 +358,8 @@ class SharedUsage:
                     self._want_rescan(f"{USAGE_DIR_NAME}/{name} is not a regular count file")
                 continue
             value = _parse_count(text)
-            if value is None:
+            last = self._others.get(name)
+            if value is None or (last is not None and (value[0] < last[0] or value[1] < last[1])):
                 self._want_rescan(f"{USAGE_DIR_NAME}/{name} holds no valid count")
                 continue
             if now - mtime > STALE_S:
@@ -438,14 +453,14 @@ class SharedUsage:
                 os.close(dfd)
 
 
-def _parse_count(text: str) -> int | None:
+def _parse_count(text: str) -> tuple[int, int] | None:
     parts = text.split()
-    if len(parts) != 3 or parts[:2] != ["fstier-usage", "1"]:
+    if len(parts) != 4 or parts[:2] != ["fstier-usage", "2"]:
         return None
     try:
-        value = int(parts[2])
+        stored, removed = int(parts[2]), int(parts[3])
     except ValueError:
         return None
-    if not -_MAX_ABS <= value <= _MAX_ABS:
+    if not (0 <= stored <= _MAX_ABS and 0 <= removed <= _MAX_ABS):
         return None
-    return value
+    return stored, removed
