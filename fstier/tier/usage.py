@@ -308,9 +308,14 @@ class SharedUsage:
         try:
             fd = os.open(tmp, _CREATE_FLAGS, self._mode, dir_fd=dfd)
             try:
-                os.write(fd, text.encode())
-            finally:
-                os.close(fd)
+                data = text.encode()
+                if os.write(fd, data) != len(data):
+                    raise OSError(errno.EIO, "short write")
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                raise
+            os.close(fd)  # a deferred write error surfaces here: nothing is renamed then
             os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
             return True
         except OSError as exc:
@@ -340,7 +345,10 @@ class SharedUsage:
         except OSError:
             return None, 0.0
         finally:
-            os.close(fd)
+            # GlusterFS fails the close (ESTALE, ENOENT) of a file its owner
+            # replaced meanwhile; what was read is still what was read.
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _read_others(self, dfd: int) -> None:
         try:
@@ -352,7 +360,7 @@ class SharedUsage:
         for name in names:
             if name == self._name or not _COUNT_NAME.match(name):
                 continue
-            text, mtime = self._read_file(dfd, name)
+            text, mtime = self._read_file(dfd, name)  # never raises
             if text is None:
                 if mtime:  # present but not a count file fstier could have written
                     self._want_rescan(f"{USAGE_DIR_NAME}/{name} is not a regular count file")
