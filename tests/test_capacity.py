@@ -297,6 +297,11 @@ def test_instances_on_one_root_see_each_others_stores(tmp_path: Path, monkeypatc
     # Passes run only when this test asks: the background threads would race
     # the assertions below.
     monkeypatch.setattr(Capacity, "_loop", lambda self: None)
+    # Counts are exchanged synchronously here (_exchange): no publication lag
+    # to wait out before another instance's removals count.
+    import fstier.tier.usage
+
+    monkeypatch.setattr(fstier.tier.usage, "SETTLE_S", 0.0)
     root = tmp_path / "root"
     with open_tier(root, max_bytes=20 * FILE_BYTES, write_threads=1) as a, open_tier(
         root, max_bytes=20 * FILE_BYTES, write_threads=1

@@ -248,7 +248,7 @@ class Capacity:
                 # Stores during the walk may be counted twice: scan again
                 # once things are quieter, so the count ends exact.
                 self._recheck_at = (
-                    self._resynced + max(_RECHECK_MIN_S, 2 * report.seconds)
+                    self._resynced + max(_RECHECK_MIN_S, 10 * report.seconds)
                     if shared.scan_raced else None
                 )
                 self.metrics.usage_bytes.set(usage)

@@ -116,6 +116,9 @@ STALE_S = 3600.0
 LEASE_S = 30.0
 #: A holder renews its lease this often while a pass runs.
 RENEW_S = 5.0
+#: How late another instance's count may reach a reader (publish + refresh
+#: + a FUSE mount's 1 s caches), with margin.
+SETTLE_S = 2.0
 #: Wait at most this long for a rescan after a bad count file asked for one.
 _RESCAN_MIN_INTERVAL_S = 10.0
 
@@ -136,6 +139,8 @@ class ScanToken:
 
     own: tuple[int, int]
     others: dict[str, tuple[int, int]]
+    #: time.monotonic() when it was taken
+    at: float
 
 
 class SharedUsage:
@@ -167,8 +172,10 @@ class SharedUsage:
         self._own_base = (0, 0)
         self._base = 0
         self.rescan_wanted = False
-        #: the last scan saw stores made during it (its count may be high)
+        #: the last scan raced stores or removals (its count may be high)
         self.scan_raced = False
+        self._last_activity = 0.0  # monotonic time another instance's count last moved
+        self._freeze_until = 0.0
         self._rescan_asked = 0.0
         self._warned: set[str] = set()
         self._lease_until = 0.0  # monotonic time our lease runs out (0: not held)
@@ -235,7 +242,7 @@ class SharedUsage:
         the calling thread, the capacity thread) and returns what they were."""
         self.refresh()
         with self._lock:
-            return ScanToken((self._stored, self._removed), dict(self._others))
+            return ScanToken((self._stored, self._removed), dict(self._others), time.monotonic())
 
     def end_scan(self, token: ScanToken, scanned: int, removed_by_scan: int) -> int:
         """A full scan that began at ``token`` left ``scanned`` bytes on disk
@@ -248,9 +255,16 @@ class SharedUsage:
         the new view."""
         self.refresh()
         with self._lock:
-            self.scan_raced = (self._stored, self._removed - removed_by_scan) != token.own or any(
-                v != token.others.get(name, (0, 0)) for name, v in self._others.items()
+            # Others' counts reach us late (publish + refresh + the mount's
+            # cache): any activity seen near the walk may have raced it.
+            self.scan_raced = (
+                (self._stored, self._removed - removed_by_scan) != token.own
+                or self._last_activity >= token.at - SETTLE_S
             )
+            # Others' removals published during the next SETTLE_S may be of
+            # files this walk already missed: they are not subtracted (the
+            # view stays high, never low) until then.
+            self._freeze_until = time.monotonic() + SETTLE_S
             self._base = max(0, scanned)
             self._own_base = (token.own[0], self._removed)
             self._others_base = {
@@ -377,7 +391,14 @@ class SharedUsage:
                     os.unlink(name, dir_fd=dfd)
             seen[name] = value
         with self._lock:
+            now_m = time.monotonic()
+            if any(self._others.get(name) != v for name, v in seen.items()):
+                self._last_activity = now_m
             self._others.update(seen)
+            if now_m < self._freeze_until:
+                for name, (_stored, removed) in seen.items():
+                    b_stored = self._others_base.get(name, (0, 0))[0]
+                    self._others_base[name] = (b_stored, removed)
 
     # ---------------------------------------------------------------- lease
     def _lease_text(self, until_ns: int) -> str:
