@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from fstier.tier.gc import scan_usage
@@ -52,8 +53,6 @@ def test_two_hosts_share_max_bytes(sfs: SharedFs) -> None:
             assert line == "drained", line
         stop.set()
         sampler.join(60)
-        on_disk = scan_usage(sfs.a).block_bytes
-        peak = max(peak, on_disk)
         views = []
         for h in hosts:
             assert h.stdin is not None and h.stdout is not None
@@ -63,6 +62,11 @@ def test_two_hosts_share_max_bytes(sfs: SharedFs) -> None:
             views.append(json.loads(h.stdout.readline()))
         for h in hosts:
             assert h.wait(120) == 0
+        # Both tiers closed: nothing changes any more. Wait out the mount's
+        # own caches (1 s attribute/entry timeouts) before the last walk.
+        time.sleep(2.0)
+        on_disk = scan_usage(sfs.a).block_bytes
+        peak = max(peak, on_disk)
     finally:
         stop.set()
         for h in hosts:

@@ -90,7 +90,7 @@ def _fault_run(sfs: SharedFs, inject: Callable[[], None], restore: Callable[[], 
                 _collect(tier, run, free, held, base, None)
                 time.sleep(0.05)
             assert not run.submitted, f"jobs never ended: {run.submitted}"
-            breaker_closed = _wait_breaker_closed(tier)
+            breaker_closed = _wait_breaker_closed(tier, free)
         finally:
             if not restored:
                 restore()
@@ -154,15 +154,25 @@ def _collect(
             free.append(s)
 
 
-def _wait_breaker_closed(tier: FsTier) -> bool:
+def _wait_breaker_closed(tier: FsTier, free: list[int]) -> bool:
+    """Store one block at a time until the breaker closes (a half-open
+    breaker closes on a successful op; a lookup is no op)."""
     end = time.monotonic() + 30
+    i = 0
+    pending = False
     while time.monotonic() < end:
         if tier.breaker_state == "closed":
             return True
-        # A probe: the half-open breaker closes on a successful op.
-        tier.lookup(keys(10_000, 1))
+        if not pending and free:
+            k = keys(90_000 + i, 1)
+            i += 1
+            fill(tier, k, [free[-1]])
+            tier.submit_store(("probe", i), k, [free[-1]])
+            pending = True
+        if tier.get_finished():
+            pending = False
         time.sleep(0.2)
-    return False
+    return tier.breaker_state == "closed"
 
 
 def _check(sfs: SharedFs, what: str, run: Run) -> None:
