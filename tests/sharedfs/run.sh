@@ -49,6 +49,7 @@ trap 'exit 143' TERM
 trap 'exit 129' HUP
 
 "$here/sharedfs.sh" up "$dir" || { echo "test-sharedfs: setup failed" >&2; exit 1; }
+echo "test-sharedfs: set up after $((SECONDS - t0)) s" >&2
 
 cd "$repo" || exit 1
 # setsid: the tests (and every process they start) form one process group
@@ -58,6 +59,7 @@ FSTIER_SHAREDFS_ENV="$dir/env.json" FSTIER_REQUIRE_SHAREDFS=1 \
 tests_pid=$!
 wait "$tests_pid"
 rc=$?
+echo "test-sharedfs: tests ended after $((SECONDS - t0)) s" >&2
 if ((rc == 124)); then echo "test-sharedfs: tests exceeded ${limit}s" >&2; fi
 if ((rc == 5)); then echo "test-sharedfs: pytest collected no tests: failing" >&2; rc=1; fi
 exit "$rc"
