@@ -338,7 +338,7 @@ def _exchange(*tiers) -> None:  # type: ignore[no-untyped-def]
         t.capacity._shared._publish(t.capacity._shared._dir_fd, force=True)
     for t in tiers:
         t.capacity._shared._read_others(t.capacity._shared._dir_fd)
-    assert usage.PUBLISH_S > 0
+    assert usage.MIN_ROUND_S > 0
 
 
 def test_planted_usage_file_turns_sharing_off_not_the_tier(tmp_path: Path, caplog) -> None:

@@ -27,10 +27,11 @@ readers. No lock anywhere.
   nothing new, and a new instance counts from when it is first seen.
 - The hot path does no I/O: :meth:`SharedUsage.add` and
   :meth:`SharedUsage.read` touch memory under a thread lock held for a few
-  instructions. A background thread (``fstier-usage``) publishes this
-  instance's count when it changed (at most every ``PUBLISH_S``, and every
-  ``HEARTBEAT_S`` regardless) and reads the others' files every
-  ``REFRESH_S``; a hung mount stalls that thread only.
+  instructions, and :meth:`SharedUsage.add` wakes a background thread
+  (``fstier-usage``), which publishes this instance's count (one write at a
+  time: changes made meanwhile are coalesced into the next; every
+  ``HEARTBEAT_S`` regardless) and then reads the others' files (also every
+  ``REFRESH_S`` when idle); a hung mount stalls that thread only.
 - Content is never trusted: a file that is not a regular file, is larger
   than 256 bytes, does not parse, holds a value outside 0..2^60 or one that
   went down is ignored
@@ -54,12 +55,16 @@ readers. No lock anywhere.
   counts its own stores until its next scan (the behaviour before sharing
   existed).
 
-Accuracy: another instance's store is seen after at most ``PUBLISH_S`` +
-``REFRESH_S`` plus the filesystem's own metadata cache (about 1 s on a
-default GlusterFS mount); a full scan (the capacity pass) is the truth and
-resets the base. Costs per instance: one small file written every
-``PUBLISH_S`` while storing, one directory listing and N small reads every
-``REFRESH_S`` (N = instances on the root), nothing per store.
+Accuracy: while instances store, each sees the others' stores as soon as
+its own thread's next round reads them (about a millisecond on a local
+disk, one round trip per file on a network mount; at most ``REFRESH_S``
+for an instance that does not store) plus the filesystem's own metadata
+cache (about 1 s on a default GlusterFS mount); a full scan (the capacity
+pass) is the truth and resets the base. Costs per instance: one small file
+written and renamed per round while it stores (rounds run back to back, so
+a slow mount means fewer, larger rounds), one directory listing and N small
+reads per round (N = instances on the root), nothing on the caller's
+thread.
 """
 
 from __future__ import annotations
@@ -104,8 +109,8 @@ _MAX_FILE = 256
 _MAX_ABS = 1 << 60
 _MAX_SUM = 1 << 62
 
-#: Publish this instance's count at most this often while it changes.
-PUBLISH_S = 0.2
+#: Rounds of the background thread are at least this far apart.
+MIN_ROUND_S = 0.001
 #: Read the other instances' counts this often.
 REFRESH_S = 0.2
 #: Rewrite the count file this often even when unchanged (others judge staleness by it).
@@ -234,7 +239,9 @@ class SharedUsage:
                 self._stored = min(_MAX_ABS, self._stored + delta)
             else:
                 self._removed = min(_MAX_ABS, self._removed - delta)
-            return self._sum_locked()
+            view = self._sum_locked()
+        self._wake.set()  # publish now (the thread coalesces a burst)
+        return view
 
     # ---------------------------------------------------------------- scans
     def begin_scan(self) -> ScanToken:
@@ -292,6 +299,7 @@ class SharedUsage:
                 log.exception("fstier: refreshing the shared usage count failed")
             self._wake.wait(REFRESH_S)
             self._wake.clear()
+            self._stop.wait(MIN_ROUND_S)
 
     def refresh(self) -> None:
         """Publish this instance's count if it changed (or for a heartbeat)
@@ -308,8 +316,6 @@ class SharedUsage:
             value = (self._stored, self._removed)
         now = time.monotonic()
         if not force and value == self._published and now - self._published_at < HEARTBEAT_S:
-            return
-        if not force and value != self._published and now - self._published_at < PUBLISH_S:
             return
         if self._write_file(dfd, self._name, f"fstier-usage 2 {value[0]} {value[1]}\n"):
             self._published = value
