@@ -597,7 +597,7 @@ def test_shutdown_releases_the_rows_after_an_op_raised(tmp_path: Path, monkeypat
     are still exported to native users")."""
     import logging
 
-    import fstier.manager
+    import fstier.io.blockstore
 
     seen: list[str] = []
 
@@ -615,7 +615,7 @@ def test_shutdown_releases_the_rows_after_an_op_raised(tmp_path: Path, monkeypat
             def boom(*_a: object, **_k: object) -> int:
                 raise RuntimeError("injected bug in a store op")
 
-            monkeypatch.setattr(fstier.manager, "payload_checksum", boom)
+            monkeypatch.setattr(fstier.io.blockstore, "payload_checksum", boom)
             store_request(m, "s", keys_for(3, 4))
             assert tier.fstier.metrics.stored_blocks.value == 0
             monkeypatch.undo()
