@@ -148,3 +148,11 @@ bench-sglang: $(SGL_STAMP)
 
 clean-sglang:
 	rm -rf $(SGL_VENV)
+
+# ---- issue 25: real shared filesystems (GlusterFS and MooseFS, two client
+# hosts in network namespaces). Needs root, /dev/fuse and apt; installs the
+# Debian packages, stands everything up, runs tests/sharedfs and always tears
+# it all down (also on failure, Ctrl-C and its 600 s test limit).
+.PHONY: test-sharedfs
+test-sharedfs: $(DEV_STAMP)
+	tests/sharedfs/run.sh $(BIN)/python

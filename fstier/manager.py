@@ -71,7 +71,7 @@ from fstier.io import blockstore, fsops, native
 from fstier.io.blockfile import HEADER_SIZE, padded_len
 from fstier.io.capabilities import RootCapabilities
 from fstier.io.manifest import ensure_manifest
-from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool
+from fstier.io.pool import OP_CANCELLED, OP_EXPIRED, OP_TIMED_OUT, IOPool
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
 from fstier.tier.admission import BAD_FILE_CAUSES, Breaker, Failure, WriteBudget
@@ -742,6 +742,9 @@ class FsTier:
         if r is OP_TIMED_OUT:
             self._timed_out(job, i)
             return Failure("timeout", "timeout", "")
+        if r is OP_EXPIRED:  # queued past the job's deadline behind hung calls; never ran
+            self._op_ended(job, i, 0)
+            return Failure("timeout", "timeout", "")
         if isinstance(r, blockstore.LoadOutcome):
             if r.status is blockstore.LoadStatus.MISSING:
                 return Failure("miss", "miss", "")
@@ -934,14 +937,22 @@ class FsTier:
             else:
                 self._events.append(BlockRemoved((key,), "evicted"))
 
-    def run_capacity_pass(self, max_bytes: int | None = None) -> GcReport:
+    def run_capacity_pass(
+        self, max_bytes: int | None = None, timeout: float | None = 60.0
+    ) -> GcReport:
         """One synchronous capacity pass over the root: sweep stale temp and
         ``.nfs*`` files and, above the high watermark of ``max_bytes``
         (default: ``tier.max_bytes``), evict LRU files down to the low
-        watermark. Waits for a pass another instance on the root is running.
-        Resynchronises the shared usage count."""
+        watermark. Resynchronises the shared usage count.
+
+        Waits for a pass another instance on the root is running, at most
+        ``timeout`` seconds (None: no limit), then raises
+        :class:`TimeoutError`; a pass still walking at the deadline stops
+        there and reports ``complete=False``. An instance that died or hangs
+        holding the root's eviction lease loses it within 30 s."""
         self._check_open()
-        return self.capacity.run_pass(max_bytes)
+        timeout = _wait_timeout("run_capacity_pass", timeout)
+        return self.capacity.run_pass(max_bytes, timeout)
 
     # ------------------------------------------------------------------ close
     def close(self) -> None:

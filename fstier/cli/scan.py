@@ -244,9 +244,11 @@ def scan_root(root: Path, on_file: Callable[[], None] | None = None) -> ScanRepo
     unreadable = Unreadable()
     stray = 0
     for path, is_ns in iter_namespace_dirs(root):
+        if path.name in ROOT_FILES:  # the shared usage count is fstier's own
+            continue
         if is_ns:
             namespaces.append(scan_namespace(path, unreadable, on_file))
-        elif path.name not in ROOT_FILES:  # the shared usage count is fstier's own
+        else:
             stray += 1
     namespaces.sort(key=lambda s: s.namespace)
     return ScanReport(root=str(root), namespaces=namespaces, stray_entries=stray, unreadable=unreadable)

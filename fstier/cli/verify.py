@@ -56,6 +56,7 @@ from fstier.cli.scan import (
 )
 from fstier.file_mapper import decode
 from fstier.io.fsops import unlink_if_same
+from fstier.tier.usage import ROOT_FILES
 
 __all__ = ["BadFile", "NamespaceVerify", "VerifyReport", "run_verify"]
 
@@ -173,7 +174,7 @@ def _namespaces(root: Path, only: str | None) -> Iterator[Path]:
     if only is not None:
         yield root / only
         return
-    dirs = sorted(p for p, is_ns in iter_namespace_dirs(root) if is_ns)
+    dirs = sorted(p for p, is_ns in iter_namespace_dirs(root) if is_ns and p.name not in ROOT_FILES)
     yield from dirs
 
 

@@ -302,14 +302,34 @@ else:
                     f"FstierTier option 'locality': expected LOCAL or REMOTE, got {locality!r}"
                 ) from None
             enable_events = options.pop("enable_kv_events", None)
+            if enable_events is not None and not isinstance(enable_events, bool):
+                # 0, "no", "false" all read as "on" below; a boolean is a boolean.
+                raise ConfigError(
+                    f"FstierTier option 'enable_kv_events': expected true or false, got "
+                    f"{enable_events!r}"
+                )
             tier_cfg = tier_config_from_options(options)
-            self.rows = RowSlots.from_primary_view(primary_kv_view)
-            # One row is one file's payload: the whole stride, as vLLM's own fs
-            # tier persists it (vLLM rounds it to 4096; any pad bytes are zero).
-            self.mapper = engine_mapper(offloading_spec, self.rows.slot_bytes, tier_cfg)
-            from fstier.manager import FsTier
+            try:
+                self.rows = RowSlots.from_primary_view(primary_kv_view)
+            except ValueError as exc:
+                raise ConfigError(f"FstierTier: {exc}") from None
+            try:
+                if self.rows.slot_bytes % tier_cfg.blocks_per_file:
+                    # Every store would fail (pages must tile the row), in the log only.
+                    raise ConfigError(
+                        f"FstierTier option 'blocks_per_file': {tier_cfg.blocks_per_file} does "
+                        f"not divide vLLM's row of {self.rows.slot_bytes} bytes; use a divisor "
+                        "of it (1 stores each row as one file)"
+                    )
+                # One row is one file's payload: the whole stride, as vLLM's own fs
+                # tier persists it (vLLM rounds it to 4096; any pad bytes are zero).
+                self.mapper = engine_mapper(offloading_spec, self.rows.slot_bytes, tier_cfg)
+                from fstier.manager import FsTier
 
-            self.fstier: FsTier = FsTier(tier_cfg, self.rows, self.mapper)
+                self.fstier: FsTier = FsTier(tier_cfg, self.rows, self.mapper)
+            except BaseException:
+                self.rows.release()  # or vLLM cannot unmap its region
+                raise
             globally = bool(offloading_spec.kv_events_config.enable_kv_cache_events)
             if enable_events and not globally:
                 log.warning(
@@ -329,7 +349,10 @@ else:
             try:
                 self._lookup = _PresenceLookup(self)
             except BaseException:
-                self.fstier.close()
+                try:
+                    self.fstier.close()
+                finally:
+                    self.rows.release()
                 raise
             log.info(
                 "fstier: vLLM tier %r at %s (namespace %s, %s, row %d bytes, %d rows)",
@@ -379,11 +402,14 @@ else:
                     self.fstier.submit_load(job.job_id, bkeys, slots[:n])
                 else:
                     self.fstier.submit_store(job.job_id, bkeys, slots[:n])
-            except (ValueError, FstierError) as exc:
+            except Exception as exc:
                 # A job FsTier refuses (a row out of range or fenced, a closed
-                # tier) fails as a job: an exception here would take down
-                # vLLM's scheduler.
-                log.error("fstier: vLLM job %d refused: %s", job.job_id, exc)
+                # tier), or any other failure, fails as a job: an exception
+                # here would take down vLLM's scheduler.
+                if isinstance(exc, ValueError | FstierError):
+                    log.error("fstier: vLLM job %d refused: %s", job.job_id, exc)
+                else:
+                    log.exception("fstier: vLLM job %d failed at submission", job.job_id)
                 with self._lock:
                     self._jobs.pop(job.job_id, None)
                     self._refused.append(rec)
@@ -421,8 +447,12 @@ else:
 
         def get_finished_jobs(self) -> Iterable[VllmJobResult]:
             out: list[VllmJobResult] = []
-            fresh = self.fstier.get_finished()
-            fenced = self.fstier.fenced_slots
+            try:
+                fresh = self.fstier.get_finished()
+                fenced = self.fstier.fenced_slots
+            except Exception:  # never into vLLM's scheduler; results stay queued
+                log.exception("fstier: collecting finished jobs failed; retrying next step")
+                return out
             with self._lock:
                 ready: list[tuple[_Job, FsJobResult]] = []
                 held: list[tuple[_Job, FsJobResult]] = []
@@ -440,7 +470,10 @@ else:
                 if rec.is_load:
                     self._lookup.mark_miss(rec.keys)
                 out.append(VllmJobResult(job_id=rec.job_id, success=False))
-            self._collect_events()
+            try:
+                self._collect_events()
+            except Exception:
+                log.exception("fstier: collecting KV events failed")
             return out
 
         def has_pending_work(self) -> bool:
