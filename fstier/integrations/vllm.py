@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from fstier._units import parse_size
 from fstier.config import TierConfig, _format_validation_error, yaml_document
 from fstier.errors import ConfigError, FstierError, KeyFormatError
 from fstier.file_mapper import FileMapper
@@ -305,6 +306,13 @@ def tier_config_from_options(options: Mapping[str, Any]) -> TierConfig:
                 f"field ({', '.join(sorted(f for f in fields if f != 'root_dir'))}) or one of "
                 f"vLLM's keys ({', '.join(sorted(_VLLM_KEYS | set(_ALIASES)))}); see docs/vllm.md"
             )
+        if key == "max_bytes" and isinstance(value, str):
+            # Inside vLLM's JSON a bare letter means what vLLM means: "2T" is
+            # 2 TiB (vLLM's human_readable_int), "2t" 2 TB.
+            try:
+                value = parse_size(value, vllm_letters=True)
+            except ValueError as exc:
+                raise ConfigError(f"FstierTier options: tier.max_bytes: {exc}") from None
         inline[key] = value
     merged = {**base, **inline}
     if merged.get("root_dir") is None:
