@@ -49,6 +49,7 @@ from fstier.cli._common import (
     _cell,
     _console,
     _emit_report,
+    _Fail,
     _fmt_size,
     _handle_errors,
     _json_option,
@@ -695,6 +696,15 @@ def demo_cmd(root: str | None, config_file: str | None, per_layer: bool, as_json
     every outcome matches what is expected."""
     # The config first: a bad file is exit 2 before anything heavy is imported.
     cfg = load_config(config_file) if config_file else None
+    try:
+        import torch  # noqa: F401  (the demo's ranks need it; the tier does not)
+    except ImportError:
+        # torch is an extra: the tier and the other commands never need it.
+        raise _Fail(
+            EXIT_FAILURE,
+            "fstier demo needs torch (its ranks stage KV tensors) and it is not installed; "
+            "pip install 'fstier[torch]' (on a CPU-only machine: pip install torch==2.13.0 first)",
+        ) from None
 
     show_progress = not as_json and sys.stderr.isatty()
     opts = DemoOptions(

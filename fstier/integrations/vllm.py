@@ -129,8 +129,9 @@ def check_vllm() -> str:
     installed = vllm_version()
     fix = (
         "install a supported vLLM (on a CPU-only machine: pip install torch==2.13.0, then "
-        "pip install --no-deps vllm==0.33.0 xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2, then "
-        "pip install -r requirements-vllm.txt; `make install-vllm` does all three; see docs/vllm.md)"
+        "pip install -r requirements-vllm.txt, then "
+        "pip install --no-deps vllm==0.33.0 xgrammar==0.2.8 apache-tvm-ffi==0.1.11; "
+        "`make install-vllm` does all three; see docs/vllm.md)"
     )
     if installed is None:
         raise VllmUnavailableError(
