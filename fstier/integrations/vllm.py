@@ -79,6 +79,8 @@ __all__ = [
     "VllmUnavailableError",
     "check_vllm",
     "engine_mapper",
+    "hash_seed_problem",
+    "join_vllm_logging",
     "tier_config_from_options",
     "vllm_version",
 ]
@@ -404,6 +406,63 @@ class _Job:
     submitted: int
 
 
+def join_vllm_logging() -> bool:
+    """Send fstier's log lines (loggers ``fstier.*``) through vLLM's handlers,
+    so they print in vLLM's format at vLLM's level (``VLLM_LOGGING_LEVEL``).
+
+    vLLM configures only its own ``vllm`` logger (``propagate: False``) and
+    leaves the root logger bare, so without this fstier's INFO lines (the
+    start line naming root, namespace and row size) never print and its
+    warnings reach stderr unformatted. Nothing changes when the operator
+    configured logging: a ``fstier`` logger with handlers (e.g. from
+    ``VLLM_LOGGING_CONFIG_PATH``) or a root logger with handlers is left
+    alone, and so is a vLLM run with ``VLLM_CONFIGURE_LOGGING=0``. Returns
+    True when it attached vLLM's handlers."""
+    fst = logging.getLogger("fstier")
+    if fst.handlers or logging.getLogger().handlers:
+        return False
+    vl = logging.getLogger("vllm")
+    if not vl.handlers:
+        return False
+    for handler in vl.handlers:
+        fst.addHandler(handler)
+    if fst.level == logging.NOTSET:
+        fst.setLevel(vl.getEffectiveLevel())
+    # vLLM's handlers print these lines; a root handler added later must not
+    # print them a second time.
+    fst.propagate = False
+    return True
+
+
+def hash_seed_problem() -> str | None:
+    """Why vLLM's block hashes in this process cannot match another
+    process's, or None. vLLM seeds its prefix hashes (``NONE_HASH``) from
+    ``PYTHONHASHSEED``, else from a fixed default for sha256 but from random
+    bytes for a non-cryptographic algorithm (``xxhash``): then every restart
+    and every other instance computes other keys and never hits a stored file.
+    None too while vLLM has not seeded yet (its engine core does it after the
+    scheduler, and so this tier, is built)."""
+    import os
+
+    if os.environ.get("PYTHONHASHSEED") is not None:
+        return None
+    try:
+        from vllm.v1.core import kv_cache_utils
+    except Exception:
+        return None
+    seed = getattr(kv_cache_utils, "_NONE_HASH_SEED", None)
+    default = getattr(kv_cache_utils, "DEFAULT_NONE_HASH_SEED", None)
+    if seed is None or default is None or seed == default:
+        return None
+    return (
+        "vLLM's prefix-cache hash seed is random in this process (a non-cryptographic "
+        "--prefix-caching-hash-algo such as xxhash, and PYTHONHASHSEED is not set): block "
+        "hashes differ in every process, so nothing this tier stores is hit after a restart or "
+        "by another instance; set PYTHONHASHSEED to the same value for every vLLM instance "
+        "sharing the root, or use --prefix-caching-hash-algo sha256"
+    )
+
+
 # ------------------------------------------------------------------ the tier
 try:
     from vllm.v1.kv_offload.base import (
@@ -486,6 +545,7 @@ else:
             **options: Any,
         ) -> None:
             check_vllm()
+            join_vllm_logging()
             super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
             locality = options.pop("locality", None)
             try:
@@ -519,11 +579,14 @@ else:
             self._refused: list[_Job] = []
             self._reported: dict[str, float] = {}
             self._closed = False
+            #: the hash-seed check ran on seeded hashes (see _check_hash_seed)
+            self._seed_checked = False
             try:
                 self._lookup = _PresenceLookup(self)
             except BaseException:
                 self.fstier.close()
                 raise
+            self._check_hash_seed()
             log.info(
                 "fstier: vLLM tier %r at %s (namespace %s, %s, row %d bytes, %d rows)",
                 tier_type, self.mapper.root, self.mapper.namespace,
@@ -531,8 +594,27 @@ else:
                 self.rows.slot_bytes, self.rows.num_slots,
             )
 
+        def _check_hash_seed(self) -> None:
+            """Warn once when vLLM's block hashes are random per process.
+            vLLM seeds them after building this tier, so the check runs at
+            the first request too (one attribute read until it has run)."""
+            if self._seed_checked:
+                return
+            try:
+                from vllm.v1.core import kv_cache_utils
+
+                seeded = getattr(kv_cache_utils, "_NONE_HASH_SEED", None) is not None
+                problem = hash_seed_problem()
+            except Exception:  # never let a diagnostic reach vLLM's scheduler
+                seeded, problem = True, None
+            if seeded:
+                self._seed_checked = True
+            if problem is not None:
+                log.warning("fstier: tier %r at %s: %s", self.tier_type, self.mapper.root, problem)
+
         # -- requests and lookups (scheduler thread, under vLLM's manager lock)
         def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+            self._check_hash_seed()
             return RequestOffloadingContext()
 
         def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:

@@ -1,0 +1,103 @@
+"""FstierTier as an operator sees it under vLLM (issue 22, points 4 and 6):
+the warning when vLLM's block hashes are random per process, and fstier's
+log lines printed through vLLM's logging configuration. Real vLLM classes
+(tests/_vllm_helpers.py), real processes for logging (its configuration is
+process-global)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _vllm_helpers import (
+    FSTIER_TIER,
+    ReqContext,
+    fstier_tier,
+    offloading_config,
+    tiering_manager,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _new_request(manager: object, req_id: str) -> None:
+    with manager.lock:  # type: ignore[attr-defined]
+        manager.on_new_request(ReqContext(req_id=req_id))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("algo", "seed_env", "warns"),
+    [("xxhash", None, True), ("sha256", None, False), ("xxhash", "0", False)],
+)
+def test_random_hash_seed_warns_once_with_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    algo: str, seed_env: str | None, warns: bool,
+) -> None:
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core import kv_cache_utils
+
+    if seed_env is None:
+        monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONHASHSEED", seed_env)
+    # vLLM's engine core seeds its block hashes after building the scheduler
+    # (and so the tier): unseeded while the tier starts.
+    monkeypatch.setattr(kv_cache_utils, "_NONE_HASH_SEED", None)
+    monkeypatch.setattr(kv_cache_utils, "NONE_HASH", getattr(kv_cache_utils, "NONE_HASH", None), raising=False)
+    caplog.set_level(logging.WARNING, logger="fstier")
+    with tiering_manager(offloading_config([{**FSTIER_TIER, "root_dir": str(tmp_path / "kv")}])) as m:
+        assert not [r for r in caplog.records if "hash seed" in r.getMessage()]
+        kv_cache_utils.init_none_hash(get_hash_fn_by_name(algo))  # what EngineCore does next
+        _new_request(m, "a")
+        _new_request(m, "b")
+        assert fstier_tier(m)._seed_checked
+    found = [r.getMessage() for r in caplog.records if r.name.startswith("fstier") and "hash seed" in r.getMessage()]
+    if not warns:
+        assert found == []
+        return
+    assert len(found) == 1, found  # once, not per request
+    assert "PYTHONHASHSEED" in found[0] and "sha256" in found[0] and str(tmp_path / "kv") in found[0]
+
+
+_LOGGING_RUN = r"""
+import logging, sys, tempfile
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+mode = sys.argv[1]
+if mode == "root":
+    logging.basicConfig(level=logging.INFO, format="ROOT %(name)s %(levelname)s %(message)s")
+from vllm.config.logging import LoggingConfig
+from vllm.logger import configure_logging
+configure_logging(LoggingConfig())  # as vLLM's engine core does before building the scheduler
+from _vllm_helpers import FSTIER_TIER, offloading_config, tiering_manager
+root = Path(tempfile.mkdtemp())
+with tiering_manager(offloading_config([{{**FSTIER_TIER, "root_dir": str(root / "kv")}}])) as m:
+    pass
+print("handlers:", len(logging.getLogger("fstier").handlers))
+"""
+
+
+@pytest.mark.parametrize("mode", ["vllm", "root"])
+def test_fstier_log_lines_print_through_vllm_logging(tmp_path: Path, mode: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_LOGGING_LEVEL": "INFO", "TMPDIR": str(tmp_path)}
+    env.pop("VLLM_CONFIGURE_LOGGING", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOGGING_RUN.format(tests=str(REPO / "tests")), mode],
+        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    start = [ln for ln in (proc.stderr + proc.stdout).splitlines() if "fstier: vLLM tier" in ln]
+    assert len(start) == 1, proc.stderr[-3000:]
+    assert "row 65536 bytes" in start[0] and "namespace acme_llama-tiny-" in start[0]
+    if mode == "vllm":
+        # vLLM's format: "(process pid=N) INFO date [file:line] message"
+        assert " INFO " in start[0] and "pid=" in start[0] and "[vllm.py:" in start[0], start[0]
+        assert "handlers: 1" in proc.stdout
+    else:
+        # The operator configured logging: fstier's lines follow it, vLLM's handlers are not borrowed.
+        assert start[0].startswith("ROOT fstier.vllm INFO"), start[0]
+        assert "handlers: 0" in proc.stdout
