@@ -120,7 +120,7 @@ def base_reqs(dist):
     for text in md.requires(dist) or []:
         r = Requirement(text)
         # The base requirements and the metrics extra (what a vLLM image
-        # installs: pip install 'fstier[metrics]').
+        # installs with the metrics extra).
         if r.marker is not None and not any(r.marker.evaluate({"extra": e}) for e in ("", "metrics")):
             continue
         out[canonicalize_name(r.name)] = r

@@ -92,4 +92,4 @@ def test_demo_without_torch_says_what_to_install(tmp_path: Path) -> None:
     res = _run(tmp_path, *FSTIER, "demo")
     assert res.returncode == 1
     lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and "needs torch" in lines[0] and "fstier[torch]" in lines[0], res.stderr
+    assert len(lines) == 1 and "needs torch" in lines[0] and "torch extra" in lines[0], res.stderr

@@ -703,7 +703,7 @@ def demo_cmd(root: str | None, config_file: str | None, per_layer: bool, as_json
         raise _Fail(
             EXIT_FAILURE,
             "fstier demo needs torch (its ranks stage KV tensors) and it is not installed; "
-            "pip install 'fstier[torch]' (on a CPU-only machine: pip install torch==2.13.0 first)",
+            "install torch (fstier's torch extra; on a CPU-only machine pip install torch==2.13.0)",
         ) from None
 
     show_progress = not as_json and sys.stderr.isatty()
