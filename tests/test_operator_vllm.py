@@ -101,3 +101,36 @@ def test_fstier_log_lines_print_through_vllm_logging(tmp_path: Path, mode: str) 
         # The operator configured logging: fstier's lines follow it, vLLM's handlers are not borrowed.
         assert start[0].startswith("ROOT fstier.vllm INFO"), start[0]
         assert "handlers: 0" in proc.stdout
+
+
+def test_integration_doc_entry_starts_vllms_tiering(tmp_path: Path) -> None:
+    """docs/integration.md's --kv-transfer-config, root pointed at a temporary
+    directory and the CPU tier shrunk for a test, builds vLLM's real tiering
+    manager with FstierTier in it."""
+    import json
+    import re
+
+    from fstier.integrations.vllm import FstierTier
+
+    text = (REPO / "docs" / "integration.md").read_text()
+    doc = json.loads(re.search(r"```json\n(.*?)```", text, re.S).group(1))  # type: ignore[union-attr]
+    extra = dict(doc["kv_connector_extra_config"])
+    tiers = [{**t, "root_dir": str(tmp_path / "kv")} for t in extra.pop("secondary_tiers")]
+    assert extra.pop("cpu_bytes_to_use") > 0  # the helper sizes the CPU tier for the test
+    with tiering_manager(offloading_config(tiers, extra=extra)) as m:
+        assert isinstance(fstier_tier(m), FstierTier)
+
+
+@pytest.mark.parametrize(("tp", "worker", "replicated"), [(2, 65536 + 100, False), (4, 3 * 4096, False), (4, 8192, True)])
+def test_row_formula_matches_vllms_allocation(tmp_path: Path, tp: int, worker: int, replicated: bool) -> None:
+    """docs/vllm.md "Sizing": row = blocks_per_chunk x tp x worker bytes per
+    block (x 1 with replicated_layout), rounded up to 4096 -- as vLLM
+    allocates it and FstierTier stores it."""
+    cfg = offloading_config([{**FSTIER_TIER, "root_dir": str(tmp_path / "kv")}], tp=tp, worker_kv_bytes=worker,
+                            replicated=replicated, agnostic=not replicated)
+    with tiering_manager(cfg) as m:
+        tier = fstier_tier(m)
+        row = (1 if replicated else tp) * worker
+        assert tier.rows.slot_bytes == -(-row // 4096) * 4096
+        manifest = (tier.mapper.namespace_dir / "config.json").read_text()
+        assert f'"row_bytes": {tier.rows.slot_bytes}' in manifest
