@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from _vllm_helpers import (
     FSTIER_TIER,
+    LookupResult,
     ReqContext,
     fstier_tier,
     offloading_config,
@@ -134,3 +135,96 @@ def test_row_formula_matches_vllms_allocation(tmp_path: Path, tp: int, worker: i
         assert tier.rows.slot_bytes == -(-row // 4096) * 4096
         manifest = (tier.mapper.namespace_dir / "config.json").read_text()
         assert f'"row_bytes": {tier.rows.slot_bytes}' in manifest
+
+
+def _scrape(extra_config: dict, stats_list: list) -> str:
+    """Feed FstierTier's stats through vLLM's own Prometheus recorder
+    (OffloadPromMetrics, what `vllm serve` runs) into a private registry and
+    return the exposition text, as a Prometheus scrape sees it."""
+    import functools
+    from types import SimpleNamespace
+
+    import prometheus_client
+    from prometheus_client import Counter, Gauge, Histogram
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadPromMetrics
+
+    reg = prometheus_client.CollectorRegistry()
+    types = {cls: functools.partial(cls, registry=reg) for cls in (Counter, Gauge, Histogram)}
+    vllm_config = SimpleNamespace(kv_transfer_config=SimpleNamespace(kv_connector_extra_config=extra_config))
+    prom = OffloadPromMetrics(vllm_config, types, ["model_name", "engine"], {0: ["acme/llama-tiny", "0"]})  # type: ignore[arg-type]
+    for stats in stats_list:
+        prom.observe(stats.data, 0)
+    return prometheus_client.generate_latest(reg).decode()
+
+
+def test_metrics_reach_prometheus_under_the_documented_names(tmp_path: Path) -> None:
+    """Drops by reason, failures by cause, breaker state, lookups, bytes and
+    latency histograms reach Prometheus through vLLM, under exactly the names
+    docs/vllm.md lists (with _total on counters)."""
+    import re
+
+    from _vllm_helpers import keys_for, lookup_all, promote, row_pattern, steps
+
+    import fstier.integrations.vllm as fv
+
+    root = tmp_path / "kv"
+    keys = keys_for(31, 24)
+    stats: list = []
+    opts = {**FSTIER_TIER, "root_dir": str(root), "max_write_queue_seconds": 1e-9}
+    cfg = offloading_config([opts], num_chunks=32)
+    with tiering_manager(cfg) as m:
+        tier = fstier_tier(m)
+        view = m.primary_tier.get_kv_memoryview()
+        flat, stride = view.cast("B"), view.strides[0]
+        for i in range(3):  # a flood: fstier's write budget drops some jobs (backpressure)
+            ctx = ReqContext(req_id=f"r{i}")
+            with m.lock:
+                m.on_new_request(ctx)
+                out = m.prepare_store(keys[i * 8 : (i + 1) * 8], ctx)
+                for k, c in zip(out.keys_to_store, out.store_spec.chunk_ids, strict=True):
+                    flat[int(c) * stride : (int(c) + 1) * stride] = row_pattern(k, stride)
+                m.complete_store(keys[i * 8 : (i + 1) * 8], ctx)
+                m.on_request_finished(ctx)
+        flat.release()
+        steps(m)
+        stats.append(tier.get_stats())
+        assert tier.fstier.metrics.drops.values().get("backpressure", 0) >= 8
+    with tiering_manager(offloading_config([{**FSTIER_TIER, "root_dir": str(root)}])) as m:
+        tier = fstier_tier(m)
+        present = [k for k in keys if Path(tier.mapper.path_for(fv._block_key(k))).exists()][:3]
+        assert len(present) == 3
+        ctx = ReqContext(req_id="q")
+        with m.lock:
+            m.on_new_request(ctx)
+        assert lookup_all(m, ctx, present) == [LookupResult.RETRY] * 3
+        steps(m, until=lambda: tier._lookup.lookup(present[2], ctx) is not None)
+        bad = Path(tier.mapper.path_for(fv._block_key(present[2])))
+        with open(bad, "r+b") as f:  # one flipped payload byte: a corrupt load
+            f.seek(8192)
+            b = f.read(1)
+            f.seek(8192)
+            f.write(bytes([b[0] ^ 0x40]))
+        promote(m, ctx, present)
+        with m.lock:
+            m.on_request_finished(ctx)
+        stats.append(tier.get_stats())
+        stats.append(tier.get_stats())  # nothing new: counters send no increment
+    text = _scrape(dict(cfg.extra_config), stats)
+    for name in fv.scraped_metric_names():
+        assert re.search(rf"^{re.escape(name)}\{{", text, re.M), f"{name} not scraped"
+    p = re.escape(fv.METRIC_PREFIX)
+    assert re.search(rf'^{p}store_dropped_blocks_total\{{[^}}]*reason="backpressure"[^}}]*\}} ([0-9.e+]+)', text, re.M)
+    assert re.search(rf'^{p}failures_total\{{[^}}]*cause="corrupt"[^}}]*\}} 1\.0', text, re.M), text
+    assert re.search(rf'^{p}corrupt_blocks_total\{{[^}}]*\}} 1\.0', text, re.M)
+    assert re.search(rf'^{p}breaker_state\{{[^}}]*state="closed"[^}}]*\}} 1\.0', text, re.M)
+    assert re.search(rf'^{p}lookup_keys_total\{{[^}}]*\}} [1-9]', text, re.M)
+    loads = re.search(rf'^{p}load_job_seconds_count\{{[^}}]*\}} ([0-9.]+)', text, re.M)
+    assert loads is not None and float(loads.group(1)) >= 1
+    # docs/vllm.md lists exactly these names, as scraped.
+    doc = (REPO / "docs" / "vllm.md").read_text()
+    section = doc[doc.index("## Metrics") :]
+    section = section[: section.find("\n## ", 5)]
+    documented = set(re.findall(r"`(vllm:kv_offload_fstier_[a-z_]+)`", section))
+    histos = {f"{fv.METRIC_PREFIX}{n}" for n in fv.VLLM_HISTOGRAMS}
+    expected = {n for n in fv.scraped_metric_names() if not n.endswith(("_bucket", "_sum", "_count"))} | histos
+    assert documented == expected, documented ^ expected
