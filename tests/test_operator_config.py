@@ -208,3 +208,58 @@ def test_check_root_with_o_direct_on_fails_where_the_tier_would(tmp_path: Path) 
     finally:
         if base != tmp_path:
             shutil.rmtree(base, ignore_errors=True)
+
+
+# -- shell completion (docs/cli.md) -----------------------------------------------
+def test_shell_completion_works_as_documented(tmp_path: Path) -> None:
+    import re
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    text = (repo / "docs" / "cli.md").read_text()
+    for shell in ("bash", "zsh", "fish"):
+        assert f"_FSTIER_COMPLETE={shell}_source fstier" in text
+    fstier = Path(sys.executable).with_name("fstier")
+    env = {**os.environ, "_FSTIER_COMPLETE": "bash_source"}
+    script = subprocess.run([str(fstier)], capture_output=True, text=True, env=env, timeout=60)
+    assert script.returncode == 0 and "_fstier_completion" in script.stdout
+    for words, cword, want in (("fstier in", 1, "inspect"), ("fstier config va", 2, "validate"),
+                               ("fstier gc /tmp --ma", 3, "--max-bytes")):
+        env = {**os.environ, "_FSTIER_COMPLETE": "bash_complete", "COMP_WORDS": words, "COMP_CWORD": str(cword)}
+        out = subprocess.run([str(fstier)], capture_output=True, text=True, env=env, timeout=60)
+        assert re.search(rf"^plain,{re.escape(want)}$", out.stdout, re.M), (words, out.stdout, out.stderr)
+
+
+# -- bench progress -----------------------------------------------------------------
+def test_bench_reports_progress_for_every_file_operation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fstier bench` writes GBs: on a terminal a bar counts every file
+    operation, to exactly the total it announced."""
+    import fstier.cli.bench as bench_mod
+
+    bars: list[Any] = []
+    real = bench_mod._progress
+
+    class Spy:
+        def __init__(self, bar: Any, total: int | None) -> None:
+            self.bar, self.total, self.done = bar, total, 0
+
+        def advance(self, n: int = 1) -> None:
+            self.done += n
+            self.bar.advance(n)
+
+    import contextlib
+
+    @contextlib.contextmanager
+    def spy(label: str, enabled: bool, total: int | None = None) -> Any:
+        assert enabled
+        with real(label, enabled, total) as bar:
+            bars.append(Spy(bar, total))
+            yield bars[-1]
+
+    monkeypatch.setattr(bench_mod, "_show_progress", lambda as_json: True)
+    monkeypatch.setattr(bench_mod, "_progress", spy)
+    res = run("bench", "--blocks", "3", "--block-size", "16KiB", "--threads", "1")
+    assert res.exit_code == 0, res.output
+    (bar,) = bars
+    assert bar.total == bench_mod.bench_files(3) == 4 * 3 * 4 and bar.done == bar.total

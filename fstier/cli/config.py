@@ -345,7 +345,7 @@ def config_show(file: str, as_json: bool) -> None:
         markup=False,
     )
     if info["not_agnostic_because"]:
-        console.print(f"not parallel-agnostic: {info['not_agnostic_because']}", markup=False)
+        console.print(f"not parallel-agnostic: {info['not_agnostic_because']}", markup=False, soft_wrap=True)
     table = Table(title="groups")
     for col in ("group", "kind", "page bytes", "file payload", "format", "shared across ranks"):
         table.add_column(col)
