@@ -45,7 +45,6 @@ import aiofiles.os  # noqa: E402
 import xxhash  # noqa: E402
 from _raw import RawBaseline, aligned  # noqa: E402
 
-from fstier._atomic import temp_path_for  # noqa: E402
 from fstier.io.aio import AsyncBlockIO  # noqa: E402
 from fstier.io.blockfile import (  # noqa: E402
     HEADER_SIZE,
@@ -56,6 +55,7 @@ from fstier.io.blockfile import (  # noqa: E402
     padded_len,
     payload_checksum,
 )
+from fstier.io.fsops import temp_path_for  # noqa: E402
 from fstier.io.pool import IOPool  # noqa: E402
 from fstier.io.posix import (  # noqa: E402
     IOOptions,

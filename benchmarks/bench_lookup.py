@@ -31,9 +31,9 @@ from pathlib import Path
 from _raw import drop_caches  # the benchmarks dir is sys.path[0] for a script
 
 from fstier.config import parse_config
-from fstier.host_pool import HostBlockPool
 from fstier.keys import BlockKey
 from fstier.manager import FsTier
+from fstier.slots.host_pool import HostBlockPool
 
 
 def _config(root: Path):

@@ -1,7 +1,7 @@
 """Memory bound: store and load ``--total`` (10 GiB) through a ``--pool`` (1 GiB) host pool.
 
 The scheduler-side loop of an engine, without the GPU: a bounded
-:class:`~fstier.host_pool.HostBlockPool` (prefaulted, so it is resident from
+:class:`~fstier.slots.host_pool.HostBlockPool` (prefaulted, so it is resident from
 the start), jobs of ``--chunk`` slots submitted to :class:`~fstier.manager.FsTier`
 whenever enough slots are free, slots freed as jobs finish. Each slot gets a
 stamp (its file index) in its first and last 8 bytes before the store, and
@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import xxhash  # noqa: E402
 
-from fstier._units import parse_size  # noqa: E402
 from fstier.config import parse_config  # noqa: E402
 from fstier.gpu_copy import HostBlockPool  # noqa: E402
 from fstier.keys import BlockKey  # noqa: E402
 from fstier.manager import FsTier  # noqa: E402
+from fstier.units import parse_size  # noqa: E402
 
 MIB = 1 << 20
 

@@ -56,9 +56,9 @@ def _config(root: Path, max_files: int) -> Any:
 
 
 def _worker(args: argparse.Namespace) -> None:
-    from fstier.host_pool import HostBlockPool
     from fstier.keys import BlockKey
     from fstier.manager import FsTier
+    from fstier.slots.host_pool import HostBlockPool
 
     cfg = _config(Path(args.root), args.max_files)
     pool = HostBlockPool(args.job, FILE_BYTES)

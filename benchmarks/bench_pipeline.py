@@ -9,7 +9,7 @@ is parallel-agnostic (both FsTiers resolve to the same namespace). Every
 rank has its own cross-layer KV cache (``allocate_cross_layer_kv_caches``,
 CPU tensors here: this VM has no GPU) and its own
 :class:`~fstier.gpu_copy.RankStager`; all ranks share one
-:class:`~fstier.host_pool.HostBlockPool` that is *smaller* than the workload
+:class:`~fstier.slots.host_pool.HostBlockPool` that is *smaller* than the workload
 (``--pool``), so slots are recycled exactly as an engine would.
 
 Store phase (timed from the first stage_out to the last file on disk): a
@@ -55,7 +55,6 @@ import torch  # noqa: E402
 import xxhash  # noqa: E402
 from _raw import RawBaseline, drop_caches  # noqa: E402
 
-from fstier._units import parse_size  # noqa: E402
 from fstier.config import FstierConfig, ParallelSpec, parse_config  # noqa: E402
 from fstier.gpu_copy import HostBlockPool, RankStager  # noqa: E402
 from fstier.io.blockfile import padded_len  # noqa: E402
@@ -67,6 +66,7 @@ from fstier.layout import (  # noqa: E402
     rank_page_mapping,
 )
 from fstier.manager import FsTier, JobResult  # noqa: E402
+from fstier.units import parse_size  # noqa: E402
 
 HEADS = 8
 HEAD_SIZE = 128

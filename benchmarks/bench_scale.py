@@ -170,7 +170,7 @@ import json, sys, time
 sys.path.insert(0, {bench_dir!r})
 from bench_scale import scale_config, scale_key, LOOKUP_KEYS
 from pathlib import Path
-from fstier.host_pool import HostBlockPool
+from fstier.slots.host_pool import HostBlockPool
 from fstier.manager import FsTier
 keys = [scale_key(i) for i in range({start}, {start} + LOOKUP_KEYS)]
 pool = HostBlockPool(4, 8192)

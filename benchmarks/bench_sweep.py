@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_pipeline import PipelineParams, run_pipeline  # noqa: E402
 
-from fstier._units import parse_size  # noqa: E402
+from fstier.units import parse_size  # noqa: E402
 
 KIB = 1024
 MIB = 1024 * KIB

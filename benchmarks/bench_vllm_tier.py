@@ -58,7 +58,7 @@ import xxhash
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _raw import drop_caches  # noqa: E402
 
-from fstier._units import parse_size  # noqa: E402
+from fstier.units import parse_size  # noqa: E402
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 TIERS = ("vllm", "fstier")

@@ -60,16 +60,16 @@ _LAZY = {
     "StateSpec": "fstier.layout",
     "CopyStats": "fstier.gpu_copy",
     "TierEvent": "fstier.manager",
-    "TierMetrics": "fstier._metrics",
-    "GcReport": "fstier._capacity",
-    "SlotProvider": "fstier.slots",
+    "TierMetrics": "fstier.tier.metrics",
+    "GcReport": "fstier.tier.gc",
+    "SlotProvider": "fstier.slots.provider",
     "PageRun": "fstier.layout",
     "PageMapping": "fstier.layout",
     "rank_page_mapping": "fstier.layout",
     "CanonicalKVCaches": "fstier.layout",
     "LoadStoreSpec": "fstier.layout",
     "allocate_cross_layer_kv_caches": "fstier.layout",
-    "HostBlockPool": "fstier.host_pool",
+    "HostBlockPool": "fstier.slots.host_pool",
     "RankStager": "fstier.gpu_copy",
     "FsTier": "fstier.manager",
     "JobResult": "fstier.manager",
@@ -140,10 +140,7 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fstier._capacity import GcReport
-    from fstier._metrics import TierMetrics
     from fstier.gpu_copy import CopyStats, RankStager
-    from fstier.host_pool import HostBlockPool
     from fstier.layout import (
         CanonicalKVCaches,
         CrossLayerKVCaches,
@@ -158,4 +155,7 @@ if TYPE_CHECKING:  # pragma: no cover
         rank_page_mapping,
     )
     from fstier.manager import BlockRemoved, BlockStored, FsTier, JobResult, TierEvent
-    from fstier.slots import SlotProvider
+    from fstier.slots.host_pool import HostBlockPool
+    from fstier.slots.provider import SlotProvider
+    from fstier.tier.gc import GcReport
+    from fstier.tier.metrics import TierMetrics

@@ -28,8 +28,8 @@ from pydantic import (
     model_validator,
 )
 
-from fstier._units import parse_size
 from fstier.errors import ConfigError
+from fstier.units import parse_size
 
 __all__ = [
     "DTYPE_SIZES",

@@ -30,9 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from fstier._atomic import atomic_write
-from fstier._format import canonical_format_id, canonical_page_bytes, is_certified
-from fstier._tree import BLOCK_NAME_RE, MANIFEST_NAME, canonical_json, read_manifest
+from fstier.canonical import canonical_format_id, canonical_page_bytes, is_certified
 from fstier.config import FstierConfig, ModelSpec, ParallelSpec
 from fstier.errors import FstierError, NamespaceMismatchError, PathSafetyError, StorageError
 from fstier.keys import BlockKey
@@ -41,6 +39,11 @@ __all__ = ["BLOCK_NAME_RE", "MANIFEST_NAME", "NAMESPACE_VERSION", "FileMapper", 
 
 NAMESPACE_VERSION = 1
 BLOCK_SUFFIX = ".bin"
+#: The namespace manifest's file name, in the namespace directory.
+MANIFEST_NAME = "config.json"
+#: A block file's name, as :meth:`FileMapper.path_for` writes it: the key's
+#: hash in hex (8..64 bytes) and its group.
+BLOCK_NAME_RE = re.compile(r"^([0-9a-f]{16,128})-g([0-9]{1,5})\.bin$")
 _MAX_NAME = 64
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -71,6 +74,11 @@ def safe_model_name(name: str) -> str:
     if safe.startswith("."):
         safe = "_" + safe[1:]
     return safe or "model"
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Sorted keys, no spaces, ASCII: what the namespace digest is taken over."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 _canonical_json = canonical_json
@@ -138,7 +146,7 @@ class FileMapper:
     ) -> None:
         # The real path: block paths are then free of symlinks by
         # construction, and every later resolution refuses any symlink it
-        # meets (fstier/_resolve.py), planted below the root or not.
+        # meets (fstier/io/fsops.py), planted below the root or not.
         self.root = Path(os.path.realpath(root))
         self.agnostic = agnostic
         self.fields = fields
@@ -228,13 +236,18 @@ class FileMapper:
         )
 
     def _ensure_manifest(self) -> None:
+        # Here, not at module level: naming a block (and `fstier config
+        # validate`) imports no part of the I/O layer.
+        from fstier.io.fsops import atomic_write
+        from fstier.io.manifest import read_manifest
+
         self._check_root()
         self.namespace_dir.mkdir(mode=0o755, exist_ok=True)
         self._check_not_symlink(self.namespace_dir)
         path = self.namespace_dir / MANIFEST_NAME
         want = self.manifest()
         # A symlink, FIFO, oversized, malformed or mistyped manifest is
-        # refused with NamespaceMismatchError naming it (fstier/_tree.py).
+        # refused with NamespaceMismatchError naming it (fstier/io/manifest.py).
         existing = read_manifest(self.namespace_dir)
         if existing is None:
             atomic_write(path, json.dumps(want, indent=2, sort_keys=True).encode(), fsync="file+dir")
@@ -279,7 +292,7 @@ class FileMapper:
         (opened with no symlink on its path; the caller closes it) and
         whether this call created it. A store into a new fan-out directory
         then needs no second resolution and no existence check. The walk
-        goes through the I/O layer's system-call seam (``posix.FS``), as
+        goes through the I/O layer's system-call seam (``fsops.FS``), as
         the store itself does."""
         # The cache check runs on strings: it is every store's first step,
         # and building Path objects costs more than the rest of it.
@@ -287,7 +300,7 @@ class FileMapper:
         if key in self._verified_dirs:
             return None
         # Here, not at module level: `fstier --help` must not import numpy.
-        from fstier.io import posix
+        from fstier.io import fsops
         ns = os.fspath(self.namespace_dir)
         if key != ns and not key.startswith(ns + "/"):
             raise ValueError(f"{path!r} is not under the namespace directory {ns}")
@@ -303,7 +316,7 @@ class FileMapper:
                 start, base = i, ancestor
                 break
         try:
-            fd = posix.FS.open(base, _DIR_FLAGS)
+            fd = fsops.FS.open(base, _DIR_FLAGS)
         except FileNotFoundError:
             if base == ns:
                 raise
@@ -313,7 +326,7 @@ class FileMapper:
                 self._verified_dirs.discard(base)
             start, base = 0, ns
             try:
-                fd = posix.FS.open(base, _DIR_FLAGS)
+                fd = fsops.FS.open(base, _DIR_FLAGS)
             except OSError as exc:
                 raise self._unsafe(Path(base), exc) from None
         except OSError as exc:
@@ -325,20 +338,20 @@ class FileMapper:
             for part in parts[start:]:
                 current = f"{current}/{part}"
                 try:
-                    posix.FS.mkdir_at(fd, part, 0o755)
+                    fsops.FS.mkdir_at(fd, part, 0o755)
                     fresh = True
                 except FileExistsError:
                     fresh = False
                 try:
-                    nfd = posix.FS.openat(fd, part, _DIR_FLAGS)
+                    nfd = fsops.FS.openat(fd, part, _DIR_FLAGS)
                 except OSError as exc:
                     raise self._unsafe(Path(current), exc) from None
-                posix.FS.close(fd)
+                fsops.FS.close(fd)
                 fd = nfd
                 made.append(current)
         except BaseException:
             with contextlib.suppress(OSError):
-                posix.FS.close(fd)
+                fsops.FS.close(fd)
             raise
         with self._lock:
             self._verified_dirs.update(made)

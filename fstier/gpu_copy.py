@@ -1,6 +1,6 @@
 """Staging between device KV caches and canonical pages in shared host memory.
 
-The host side is a :class:`~fstier.host_pool.HostBlockPool` (shared, aligned,
+The host side is a :class:`~fstier.slots.host_pool.HostBlockPool` (shared, aligned,
 pinned when CUDA is there; re-exported here for older imports).
 
 :class:`RankStager` moves one rank's bytes: ``stage_out(spec, slots)`` gathers
@@ -56,7 +56,6 @@ import numpy as np
 import torch
 
 from fstier.errors import LayoutError
-from fstier.host_pool import HostBlockPool
 from fstier.layout import (
     CanonicalKVCaches,
     LoadStoreSpec,
@@ -66,6 +65,7 @@ from fstier.layout import (
     _expand,
     _Frags,
 )
+from fstier.slots.host_pool import HostBlockPool
 
 __all__ = ["CopyStats", "CudaCopy", "HostBlockPool", "RankStager"]
 

@@ -21,7 +21,7 @@ that load runs cover each local page exactly once, mapping the same bytes.
 Everything that cannot be certified (MLA, mamba, uneven heads or tokens) is
 *rank-private*: the canonical page is ``world_size x slice`` and rank ``r`` owns
 slice ``r``; the file length then depends on the world size, so a load at
-another size fails the size check (fail closed). ``fstier._format`` holds the
+another size fails the size check (fail closed). ``fstier.canonical`` holds the
 torch-free sizes and ids; this module agrees with it by construction.
 
 :class:`CanonicalKVCaches` registers engine tensors as unique int8
@@ -40,7 +40,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 import torch
 
-from fstier import _format
+from fstier import canonical
 from fstier.config import DTYPE_SIZES, KVGroupSpec, ParallelSpec
 from fstier.errors import LayoutError
 
@@ -291,9 +291,9 @@ def _attention_fragments(group: KVGroupSpec, par: ParallelSpec, kv_packing: str)
     es = group.element_size
     de = group.head_size * es
     big_h, b = group.num_kv_heads, group.block_size
-    l0, l1 = _format.pp_layer_range(group.num_layers, par.pp_size, par.pp_rank)
+    l0, l1 = canonical.pp_layer_range(group.num_layers, par.pp_size, par.pp_rank)
     nl = l1 - l0
-    hr = _format.head_ranks(par)
+    hr = canonical.head_ranks(par)
     head_rank = par.tp_rank // par.dcp_size
     if big_h % hr == 0:
         hl = big_h // hr
@@ -301,7 +301,7 @@ def _attention_fragments(group: KVGroupSpec, par: ParallelSpec, kv_packing: str)
     else:  # replicated: hr % H == 0 (certified), hr/H ranks hold each head
         per = hr // big_h
         hl, h0, contributor = 1, head_rank // per, head_rank % per == 0
-    cp, cr, inter = _format.cp_world(par), _format.cp_rank(par), par.cp_kv_cache_interleave_size
+    cp, cr, inter = canonical.cp_world(par), canonical.cp_rank(par), par.cp_kv_cache_interleave_size
     tl_n = b // cp
     li, kv, tl, hl_i = np.meshgrid(
         np.arange(nl), np.arange(2), np.arange(tl_n), np.arange(hl), indexing="ij"
@@ -331,18 +331,18 @@ def _attention_fragments(group: KVGroupSpec, par: ParallelSpec, kv_packing: str)
 def _build_mapping(group: KVGroupSpec, parallel: ParallelSpec, kv_packing: str) -> PageMapping:
     if kv_packing not in _KV_PACKINGS:
         raise LayoutError(f"kv_packing must be one of {_KV_PACKINGS}, got {kv_packing!r}")
-    fmt = _format.canonical_format_id(group)
-    cpb = _format.canonical_page_bytes(group, parallel)
-    if _format.is_certified(group, parallel):
+    fmt = canonical.canonical_format_id(group)
+    cpb = canonical.canonical_page_bytes(group, parallel)
+    if canonical.is_certified(group, parallel):
         frags, store, lpb = _attention_fragments(group, parallel, kv_packing)
-        if lpb != _format.local_page_bytes(group, parallel):
-            raise LayoutError(f"group {fmt}: local page size disagrees with fstier._format")
+        if lpb != canonical.local_page_bytes(group, parallel):
+            raise LayoutError(f"group {fmt}: local page size disagrees with fstier.canonical")
         load_runs = tuple(_coalesce(frags))
         st = _Frags(frags.lo[store], frags.co[store], frags.size)
         store_runs = tuple(_coalesce(st))
         return PageMapping(group, parallel, kv_packing, fmt, cpb, lpb, store_runs, load_runs, False)
-    lpb = _format.local_page_bytes(group, parallel)
-    slice_bytes = _format.rank_private_slice_bytes(group, parallel)
+    lpb = canonical.local_page_bytes(group, parallel)
+    slice_bytes = canonical.rank_private_slice_bytes(group, parallel)
     runs = (PageRun(0, parallel.rank * slice_bytes, lpb, 1, lpb, lpb),) if lpb else ()
     return PageMapping(group, parallel, kv_packing, fmt, cpb, lpb, runs, runs, True)
 

@@ -39,11 +39,11 @@ engine's scheduler owns one :class:`FsTier`; it never blocks in it:
 - **Capacity.** With ``max_bytes``, usage is scanned once at start (streaming,
   on the capacity thread) and then tracked incrementally; above the high
   watermark the capacity thread removes least-recently-used files down to the
-  low watermark (:func:`fstier._capacity.collect_garbage`: unlink only, safe
+  low watermark (:func:`fstier.tier.gc.collect_garbage`: unlink only, safe
   with concurrent readers and other processes). Recency is the file mtime,
   bumped by fstier on every load and every store of an already present key.
 - **Events and metrics.** ``take_events()`` returns :class:`BlockStored` /
-  :class:`BlockRemoved`; ``metrics`` is a :class:`~fstier._metrics.TierMetrics`.
+  :class:`BlockRemoved`; ``metrics`` is a :class:`~fstier.tier.metrics.TierMetrics`.
 
 All job bookkeeping lives in one :class:`_Job` record per in-flight job under
 ``FsTier._lock``.
@@ -56,10 +56,8 @@ import errno
 import logging
 import math
 import os
-import stat
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -67,49 +65,31 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from fstier._capacity import GcReport, collect_garbage, key_from_block_name
-from fstier._metrics import TierMetrics
-from fstier._usage import SharedUsage
 from fstier.config import FstierConfig, TierConfig, load_config
-from fstier.errors import ConfigError, FstierError, IOPoolClosedError, PoolError, TierClosedError
+from fstier.errors import ConfigError, FstierError, PoolError, TierClosedError
 from fstier.file_mapper import BLOCK_SUFFIX, FileMapper
-from fstier.io import posix
+from fstier.io import blockstore, capabilities, fsops
 from fstier.io.blockfile import HEADER_SIZE, BlockHeader, ChecksumKind, padded_len, payload_checksum
 from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool
 from fstier.keys import BlockKey
-from fstier.slots import SlotProvider
+from fstier.slots.provider import SlotProvider
+from fstier.tier.admission import BAD_FILE_CAUSES, DEVICE_CAUSES, Breaker, WriteBudget
+from fstier.tier.capacity import Capacity
+from fstier.tier.gc import GcReport, key_from_block_name
+from fstier.tier.lookup import LookupCache, exist_many, is_block_file
+from fstier.tier.metrics import TierMetrics
+from fstier.tier.recency import Recency
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fstier.host_pool import HostBlockPool
+    from fstier.slots.host_pool import HostBlockPool
 
 __all__ = ["BlockRemoved", "BlockStored", "FsTier", "JobResult", "TierEvent"]
 
 log = logging.getLogger("fstier.manager")
 
-#: Prior write speed before the first measurement (bytes/s). Conservative for
-#: NVMe (docs/architecture.md, "Facts of the machines": ~1.6 GB/s for new
-#: files) so an initial flood is
-#: bounded before any store has completed.
-_PRIOR_WRITE_BPS = 512e6
-_EMA_ALPHA = 0.2
-#: A busy period shorter than this is folded into the next sample (timer noise).
-_MIN_SAMPLE_S = 0.005
 #: Lookup batches at least this long (uncached) are stat-ed in parallel chunks.
 _PARALLEL_LOOKUP_MIN = 512
 _LOOKUP_CHUNK = 256
-_CACHE_MAX_ENTRIES = 1 << 20
-_BAD_MAX_ENTRIES = 1 << 18
-#: The capacity thread rescans this often even without a trigger: the shared
-#: usage count (fstier._usage) drifts only through writers killed mid-store,
-#: hand-run ``fstier gc`` and instances without ``max_bytes``.
-_RESYNC_INTERVAL_S = 300.0
-#: While usage is above the high watermark and another instance holds the
-#: eviction lock (or just finished a pass that others outran), look again
-#: this soon.
-_BUSY_RETRY_S = 0.05
-#: Evictions are subtracted from the shared count in batches of this many
-#: files, so that a long pass lowers it as it goes (admission sees the room).
-_REMOVED_BATCH = 64
 #: Default private pool budget when ``from_config`` creates the pool itself.
 _DEFAULT_POOL_BYTES = 256 << 20
 
@@ -178,243 +158,9 @@ class _Job:
     last_end: float = 0.0
 
 
-class _LookupCache:
-    """Short-lived present/absent answers plus the *bad* set (keys whose load
-    failed; never a hit until stored again). One lock; batch methods take it
-    once per batch."""
-
-    def __init__(self, ttl_s: float) -> None:
-        self.ttl = ttl_s
-        self._entries: dict[BlockKey, tuple[bool, float]] = {}
-        self._bad: OrderedDict[BlockKey, None] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get_many(self, keys: Sequence[BlockKey], now: float) -> list[bool | None]:
-        out: list[bool | None] = []
-        with self._lock:
-            entries, bad = self._entries, self._bad
-            for k in keys:
-                if k in bad:
-                    out.append(False)
-                    continue
-                e = entries.get(k)
-                out.append(e[0] if e is not None and e[1] > now else None)
-        return out
-
-    def put_many(self, keys: Sequence[BlockKey], present: bool, now: float) -> None:
-        if self.ttl <= 0 or not keys:
-            return
-        expiry = now + self.ttl
-        with self._lock:
-            if len(self._entries) + len(keys) > _CACHE_MAX_ENTRIES:
-                self._entries = {k: v for k, v in self._entries.items() if v[1] > now}
-                if len(self._entries) + len(keys) > _CACHE_MAX_ENTRIES:
-                    self._entries.clear()
-            for k in keys:
-                self._entries[k] = (present, expiry)
-
-    def stored(self, keys: Sequence[BlockKey], now: float) -> None:
-        """Keys now present on disk (stored, or found present by a store)."""
-        with self._lock:
-            for k in keys:
-                self._bad.pop(k, None)
-        self.put_many(keys, True, now)
-
-    def mark_bad(self, keys: Sequence[BlockKey]) -> None:
-        with self._lock:
-            for k in keys:
-                self._entries.pop(k, None)
-                self._bad[k] = None
-                self._bad.move_to_end(k)
-            while len(self._bad) > _BAD_MAX_ENTRIES:
-                self._bad.popitem(last=False)
-
-    def is_bad(self, key: BlockKey) -> bool:
-        with self._lock:
-            return key in self._bad
-
-    def forget(self, keys: Sequence[BlockKey]) -> None:
-        """Keys whose files were removed: drop any cached answer."""
-        with self._lock:
-            for k in keys:
-                self._entries.pop(k, None)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-
-class _Breaker:
-    """Consecutive-failure circuit breaker: closed -> open (cool-down) ->
-    half-open -> closed on a success, open again on a failure."""
-
-    CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
-
-    def __init__(self, threshold: int, cooldown_s: float, metrics: TierMetrics) -> None:
-        self.threshold = threshold
-        self.cooldown_s = cooldown_s
-        self._metrics = metrics
-        self._state = self.CLOSED
-        self._failures = 0
-        self._open_until = 0.0
-        self._lock = threading.Lock()
-
-    @property
-    def state(self) -> str:
-        with self._lock:
-            self._tick(time.monotonic())
-            return self._state
-
-    def _tick(self, now: float) -> None:
-        if self._state == self.OPEN and now >= self._open_until:
-            self._state = self.HALF_OPEN
-            log.warning("fstier: circuit breaker half-open; probing the tier again")
-
-    def allow(self) -> bool:
-        """False while open (degraded)."""
-        with self._lock:
-            self._tick(time.monotonic())
-            return self._state != self.OPEN
-
-    def success(self) -> None:
-        with self._lock:
-            self._failures = 0
-            if self._state != self.CLOSED:
-                self._state = self.CLOSED
-                self._metrics.degraded.set(0)
-                log.warning("fstier: circuit breaker closed; the tier recovered")
-
-    def failure(self, cause: str) -> None:
-        with self._lock:
-            now = time.monotonic()
-            self._tick(now)
-            self._failures += 1
-            if self._state == self.HALF_OPEN or (
-                self._state == self.CLOSED and self._failures >= self.threshold
-            ):
-                self._state = self.OPEN
-                self._open_until = now + self.cooldown_s
-                self._metrics.breaker_trips.inc()
-                self._metrics.degraded.set(1)
-                log.error(
-                    "fstier: circuit breaker open after %d consecutive I/O failure(s) (last: %s); "
-                    "tier degraded for %.1fs (lookups miss, stores drop, loads fail fast)",
-                    self._failures, cause, self.cooldown_s,
-                )
-
-
-class _WriteBudget:
-    """Backpressure: queued store bytes versus an EMA of the write speed.
-
-    The speed sample is bytes completed over the wall time during which the
-    write queue was non-empty, so it measures the pool's aggregate throughput
-    whatever the number of writer threads and jobs in flight."""
-
-    def __init__(self, max_queue_s: float, metrics: TierMetrics) -> None:
-        self.max_queue_s = max_queue_s
-        self._metrics = metrics
-        self.speed = _PRIOR_WRITE_BPS
-        self._measured = False
-        self.queued = 0
-        self._busy_since = 0.0
-        self._busy_bytes = 0
-        self._lock = threading.Lock()
-        metrics.write_speed.set(self.speed)
-
-    def admit(self, nbytes: int) -> bool:
-        """Reserve ``nbytes`` if they fit; an idle queue always admits (a job
-        bigger than the budget must still be storable)."""
-        with self._lock:
-            if self.queued > 0 and self.queued + nbytes > self.max_queue_s * self.speed:
-                return False
-            if self.queued == 0:
-                self._busy_since = time.perf_counter()
-                self._busy_bytes = 0
-            self.queued += nbytes
-            self._metrics.queued_store_bytes.set(self.queued)
-            return True
-
-    def release(self, reserved: int, written: int) -> None:
-        """An op ended: ``reserved`` bytes leave the queue, ``written`` count
-        toward the speed sample."""
-        with self._lock:
-            self.queued = max(0, self.queued - reserved)
-            self._busy_bytes += written
-            now = time.perf_counter()
-            elapsed = now - self._busy_since
-            if self._busy_bytes > 0 and elapsed >= _MIN_SAMPLE_S and (
-                self.queued == 0 or elapsed >= 0.25
-            ):
-                sample = self._busy_bytes / elapsed
-                # The first measurement replaces the prior outright: a slow
-                # mount must not hide behind an optimistic guess for long.
-                if self._measured:
-                    self.speed = (1 - _EMA_ALPHA) * self.speed + _EMA_ALPHA * sample
-                else:
-                    self.speed = sample
-                    self._measured = True
-                self._metrics.write_speed.set(self.speed)
-                self._busy_since = now
-                self._busy_bytes = 0
-            elif self.queued == 0 and self._busy_bytes == 0:
-                self._busy_since = now
-            self._metrics.queued_store_bytes.set(self.queued)
-
-
-#: Hits are recorded in memory and written to the files' mtimes (their LRU
-#: recency, read by every process's eviction and by ``fstier gc``) at most this
-#: often, and before every capacity pass: a hot block costs one metadata
-#: write per interval, not one per hit (a SETATTR round trip on NFS).
-_RECENCY_FLUSH_S = 5.0
-#: ... or as soon as this many distinct files are pending.
-_RECENCY_MAX_PENDING = 4096
-
-
-def _bump_mtimes(paths: Sequence[str]) -> None:
-    for p in paths:
-        # Evicted or replaced meanwhile is fine; never through a symlink.
-        posix.touch_file(p)
-
-
-def _ignore_pool_job(_job: object) -> None:
-    """``on_done`` of recency jobs: nothing to report to the engine."""
-
-
-def _is_block_file(path: str) -> bool:
-    """True when ``path`` is a regular file (not followed if a symlink). A
-    FIFO, socket or directory planted at a block path is a miss here, not a
-    hit whose load then fails; lstat costs what ``os.path.exists`` does."""
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except (OSError, ValueError):
-        return False
-
-
-def _exist_many(paths: Sequence[str]) -> list[bool]:
-    return [_is_block_file(p) for p in paths]
-
-
 def _file_bytes(payload_len: int) -> int:
     """Bytes a block file of ``payload_len`` occupies (header + padded payload)."""
     return HEADER_SIZE + padded_len(payload_len)
-
-
-#: Causes that say the device or mount is failing: only these count toward
-#: the circuit breaker. Anything about one file (a FIFO, socket or directory
-#: planted at a block path, a permission, a name) is that file's problem: the
-#: key is a miss, and the tier keeps serving every other key (issue 15 item 7:
-#: eight planted FIFOs used to degrade the whole tier). A full disk (ENOSPC,
-#: EDQUOT) is not failing either: loads still work and eviction frees space.
-_DEVICE_CAUSES = frozenset({
-    "timeout", "EIO", "EROFS", "ESTALE", "ENOTCONN", "ENODEV", "ENOMEDIUM", "ESHUTDOWN",
-    "ETIMEDOUT", "EHOSTDOWN", "EHOSTUNREACH", "ENETDOWN", "ENETUNREACH", "ENETRESET",
-    "ECONNREFUSED", "ECONNRESET", "ECONNABORTED", "ENOLINK", "EREMOTEIO", "EUCLEAN",
-})
-#: Load errors that mean "what is at the block path is not a block file":
-#: ``not_regular`` (a FIFO or directory: fstat says so), ENXIO (a socket
-#: refuses open), EISDIR, ENOTDIR (a file planted where a fan-out directory
-#: belongs). They are bad files: a miss with cause ``bad_file:<why>``.
-_BAD_FILE_CAUSES = frozenset({"not_regular", "ENXIO", "EISDIR", "ENOTDIR"})
 
 
 def _wait_timeout(what: str, timeout: float | None) -> float | None:
@@ -438,7 +184,7 @@ class FsTier:
     """The filesystem tier for one (model, parallel layout, root) config.
 
     ``pool`` is the :class:`~fstier.slots.SlotProvider` whose slots jobs name
-    (a :class:`~fstier.host_pool.HostBlockPool`, or an engine's own rows);
+    (a :class:`~fstier.slots.host_pool.HostBlockPool`, or an engine's own rows);
     each slot must hold the largest file payload. A slot at least the payload
     padded to 4096 is used as the I/O buffer whole (its tail is zeroed on
     store); a shorter or unaligned one is moved with exactly the payload's
@@ -488,12 +234,12 @@ class FsTier:
         self.mapper.ensure_manifest()
         # mkdirat inside directory fds: never through a swapped namespace dir.
         self.mapper.ensure_parent(self.mapper.blocks_dir / "_")
-        support = posix.probe_o_direct(self.mapper.namespace_dir, tier.o_direct)
-        self.io_options = posix.IOOptions.from_tier(tier, support)
+        support = capabilities.probe_o_direct(self.mapper.namespace_dir, tier.o_direct)
+        self.io_options = blockstore.IOOptions.from_tier(tier, support)
         self.metrics = TierMetrics()
-        self._cache = _LookupCache(tier.lookup_cache_ttl_s)
-        self._breaker = _Breaker(tier.breaker_failures, tier.breaker_cooldown_s, self.metrics)
-        self._budget = _WriteBudget(tier.max_write_queue_seconds, self.metrics)
+        self._cache = LookupCache(tier.lookup_cache_ttl_s)
+        self._breaker = Breaker(tier.breaker_failures, tier.breaker_cooldown_s, self.metrics)
+        self._budget = WriteBudget(tier.max_write_queue_seconds, self.metrics)
         self._blocks_prefix = os.fspath(self.mapper.blocks_dir)
         self._bpf = tier.blocks_per_file
 
@@ -515,30 +261,16 @@ class FsTier:
         self._lookup_pool: ThreadPoolExecutor | None = None
         self._lookup_workers = max(2, min(tier.read_threads, 16))
 
+        self._recency = Recency(self._io)
         # Capacity: root-wide usage shared with every instance on this root
-        # (fstier._usage); reported as None until this instance's first scan.
-        self._max_bytes = tier.max_bytes
-        self._shared: SharedUsage | None = (
-            SharedUsage(self.mapper.root, tier.file_mode) if self._max_bytes is not None else None
+        # and the capacity thread (fstier.tier.capacity).
+        self.capacity = Capacity(
+            self.mapper.root,
+            tier,
+            self.metrics,
+            on_evicted=self._on_evicted,
+            before_pass=self._flush_recency,
         )
-        self._usage_known = False
-        self._resynced = time.monotonic()
-        self._usage_lock = threading.Lock()
-        self._removed_pending = 0  # evicted bytes not yet subtracted from the count
-        self._removed_in_pass = 0
-        self._cap_lock = threading.Lock()  # one capacity pass at a time
-        self._recency_lock = threading.Lock()
-        self._recent: dict[str, None] = {}  # files hit since the last flush, in order
-        self._recency_flushed = time.monotonic()
-        self._recency_seq = 0
-        self._cap_wake = threading.Event()
-        self._cap_stop = threading.Event()
-        self._cap_thread: threading.Thread | None = None
-        if self._max_bytes is not None:
-            self._cap_thread = threading.Thread(
-                target=self._capacity_loop, name="fstier-capacity", daemon=True
-            )
-            self._cap_thread.start()
 
     # ---------------------------------------------------------------- creation
     @classmethod
@@ -552,7 +284,7 @@ class FsTier:
         cfg = config if isinstance(config, FstierConfig) else load_config(config)
         if pool is not None:
             return cls(cfg, pool)
-        from fstier.host_pool import HostBlockPool
+        from fstier.slots.host_pool import HostBlockPool
 
         mapper = FileMapper(cfg)
         slot_bytes = max(
@@ -597,7 +329,7 @@ class FsTier:
         now = time.monotonic()
         found: list[BlockKey] = []
         count = 0
-        exists = _is_block_file
+        exists = is_block_file
         ngroups = len(self._payload_len)
         missed = False
         # Cache answers are fetched 32 at a time so a miss near the front
@@ -669,11 +401,11 @@ class FsTier:
             return out
         paths = [self._path_str(keys[i]) for i in todo]
         if len(todo) < _PARALLEL_LOOKUP_MIN:
-            found = _exist_many(paths)
+            found = exist_many(paths)
         else:
             executor = self._lookup_executor()
             futures = [
-                executor.submit(_exist_many, paths[j : j + _LOOKUP_CHUNK])
+                executor.submit(exist_many, paths[j : j + _LOOKUP_CHUNK])
                 for j in range(0, len(paths), _LOOKUP_CHUNK)
             ]
             found = [hit for fut in futures for hit in fut.result()]
@@ -823,13 +555,13 @@ class FsTier:
                 self.metrics.failures.inc("slot_busy", n)
                 self._finish_now_locked(job_id, kind, n, "slot_busy")
                 return
-            if kind == "store" and self._root_full():
+            if kind == "store" and self.capacity.root_full():
                 # The root is over max_bytes (counted across every instance on
                 # it) and eviction has not caught up: drop, as backpressure
                 # does. A future miss, never data loss, never a blocked caller.
                 self.metrics.drops.inc("capacity", n)
                 self._finish_now_locked(job_id, kind, n, "capacity")
-                self._cap_wake.set()
+                self.capacity.wake()
                 return
             if kind == "store" and not self._budget.admit(sum(map(_file_bytes, op_bytes))):
                 self.metrics.drops.inc("backpressure", n)
@@ -876,7 +608,7 @@ class FsTier:
         )
         return True
 
-    def _store_op(self, job: _Job, i: int) -> posix.StoreOutcome:
+    def _store_op(self, job: _Job, i: int) -> blockstore.StoreOutcome:
         written = 0
         try:
             key, slot = job.keys[i], job.slots[i]
@@ -907,22 +639,22 @@ class FsTier:
                 # Its last load failed without proof of corruption (EIO,
                 # timeout): replace the file rather than skip onto it.
                 with contextlib.suppress(FileNotFoundError):
-                    posix.FS.unlink(path)
-            request = posix.StoreRequest(path, header, io_view)
+                    fsops.FS.unlink(path)
+            request = blockstore.StoreRequest(path, header, io_view)
             if opened is None:
-                outcome = posix.store_block(request, self.io_options)
+                outcome = blockstore.store_block(request, self.io_options)
             else:
                 # The directory was just made (or checked): store through the
                 # fd that walk opened, with no second resolution (issue 14).
                 dir_fd, fresh = opened
                 try:
-                    outcome = posix.store_block_at(
+                    outcome = blockstore.store_block_at(
                         dir_fd, path.rpartition("/")[2], header, io_view, self.io_options,
                         fresh=fresh,
                     )
                 finally:
-                    posix.FS.close(dir_fd)
-            if outcome.status is posix.StoreStatus.FAILED and outcome.cause == "ENOENT":
+                    fsops.FS.close(dir_fd)
+            if outcome.status is blockstore.StoreStatus.FAILED and outcome.cause == "ENOENT":
                 # The fan-out directory was removed under us (an operator's
                 # rm -rf, another host, gc of empty dirs): re-create it once
                 # instead of failing every later store into it (the whole
@@ -930,15 +662,15 @@ class FsTier:
                 self._namespace_back()
                 self.mapper.forget_parent(path)
                 self.mapper.ensure_parent(path)
-                outcome = posix.store_block(request, self.io_options)
-            if outcome.status is posix.StoreStatus.SKIPPED:
+                outcome = blockstore.store_block(request, self.io_options)
+            if outcome.status is blockstore.StoreStatus.SKIPPED:
                 self._note_recent(path)
             written = outcome.nbytes
             return outcome
         finally:
             self._op_ended(job, i, written)
 
-    def _load_op(self, job: _Job, i: int) -> posix.LoadOutcome:
+    def _load_op(self, job: _Job, i: int) -> blockstore.LoadOutcome:
         try:
             key, slot = job.keys[i], job.slots[i]
             n = job.op_bytes[i]
@@ -947,13 +679,13 @@ class FsTier:
             # padding into its own bounce page.
             io_view = view[:n]
             path = self._path_str(key)
-            outcome = posix.load_block(
-                posix.LoadRequest(
+            outcome = blockstore.load_block(
+                blockstore.LoadRequest(
                     path, io_view, key, self.mapper.digest_bytes, n, self.mapper.root
                 ),
                 self.io_options,
             )
-            if outcome.status is posix.LoadStatus.LOADED:
+            if outcome.status is blockstore.LoadStatus.LOADED:
                 self._note_recent(path)
             return outcome
         finally:
@@ -970,29 +702,7 @@ class FsTier:
                 self._note_recent(self._path_str(k))
 
     def _note_recent(self, path: Path | str) -> None:
-        """Record a hit. Recency lives in the file's mtime because atime is
-        unreliable (relatime/noatime); the writes are batched per file and run
-        as their own write-queue job, so no load waits for them."""
-        with self._recency_lock:
-            self._recent[os.fspath(path)] = None
-            due = (
-                len(self._recent) >= _RECENCY_MAX_PENDING
-                or time.monotonic() - self._recency_flushed >= _RECENCY_FLUSH_S
-            )
-            paths = self._take_recent_locked() if due else []
-            self._recency_seq += 1
-            job_id = ("recency", self._recency_seq)
-        if paths:
-            try:
-                self._io.submit(job_id, "write", [partial(_bump_mtimes, paths)], on_done=_ignore_pool_job)
-            except IOPoolClosedError:  # the tier is closing: do it here
-                _bump_mtimes(paths)
-
-    def _take_recent_locked(self) -> list[str]:
-        paths = list(self._recent)
-        self._recent = {}
-        self._recency_flushed = time.monotonic()
-        return paths
+        self._recency.note(path)
 
     def flush_recency(self) -> None:
         """Write pending hit recency to the files' mtimes now (it is otherwise
@@ -1002,10 +712,7 @@ class FsTier:
         self._flush_recency()
 
     def _flush_recency(self) -> None:
-        """Bump the mtime of every file hit since the last flush, once each."""
-        with self._recency_lock:
-            paths = self._take_recent_locked()
-        _bump_mtimes(paths)
+        self._recency.flush()
 
     def _on_late(self, pool_id: Hashable, op_index: int) -> None:
         """The pool says a timed-out op finally returned: unfence its slot."""
@@ -1087,18 +794,18 @@ class FsTier:
             if r is OP_TIMED_OUT:
                 self._timed_out(job, i)
                 c = "timeout"
-            elif isinstance(r, posix.StoreOutcome) and r.status is posix.StoreStatus.STORED:
+            elif isinstance(r, blockstore.StoreOutcome) and r.status is blockstore.StoreStatus.STORED:
                 stored.append(key)
                 nbytes += job.op_bytes[i]
                 file_bytes += _file_bytes(job.op_bytes[i])
                 self._breaker.success()
                 continue
-            elif isinstance(r, posix.StoreOutcome) and r.status is posix.StoreStatus.SKIPPED:
+            elif isinstance(r, blockstore.StoreOutcome) and r.status is blockstore.StoreStatus.SKIPPED:
                 skipped += 1
                 present.append(key)
                 self._breaker.success()
                 continue
-            elif isinstance(r, posix.StoreOutcome):
+            elif isinstance(r, blockstore.StoreOutcome):
                 c = r.cause or "store_failed"
                 log.warning("fstier: store of %r failed: %s (%s)", key, c, r.detail)
             else:
@@ -1120,7 +827,7 @@ class FsTier:
         if stored:
             with self._lock:
                 self._events.append(BlockStored(tuple(stored)))
-            self._add_usage(file_bytes)
+            self.capacity.add(file_bytes)
         return JobResult(
             job.job_id, "store", failed == 0, prefix, len(results) - prefix, nbytes,
             seconds, cause, skipped,
@@ -1128,8 +835,8 @@ class FsTier:
 
     def _breaker_failure(self, cause: str) -> None:
         """Count ``cause`` toward the breaker only if it says the device or
-        mount is failing (see ``_DEVICE_CAUSES``)."""
-        if cause in _DEVICE_CAUSES:
+        mount is failing (see ``DEVICE_CAUSES``)."""
+        if cause in DEVICE_CAUSES:
             self._breaker.failure(cause)
 
     def _finish_load(self, job: _Job, results: list[object]) -> JobResult:
@@ -1141,7 +848,7 @@ class FsTier:
         in_prefix = True
         for i, r in enumerate(results):
             key = job.keys[i]
-            if isinstance(r, posix.LoadOutcome) and r.status is posix.LoadStatus.LOADED:
+            if isinstance(r, blockstore.LoadOutcome) and r.status is blockstore.LoadStatus.LOADED:
                 self._breaker.success()
                 if in_prefix:
                     prefix += 1
@@ -1155,21 +862,21 @@ class FsTier:
                 self._breaker_failure(c)
             elif r is OP_CANCELLED:
                 c = "cancelled"
-            elif isinstance(r, posix.LoadOutcome) and r.status is posix.LoadStatus.MISSING:
+            elif isinstance(r, blockstore.LoadOutcome) and r.status is blockstore.LoadStatus.MISSING:
                 c = "miss"
-            elif isinstance(r, posix.LoadOutcome) and r.status is posix.LoadStatus.CORRUPT:
+            elif isinstance(r, blockstore.LoadOutcome) and r.status is blockstore.LoadStatus.CORRUPT:
                 c = f"corrupt:{r.cause}"
                 self.metrics.corrupt.inc()
                 log.warning("fstier: corrupt block %r removed: %s %s", key, r.cause, r.detail)
                 if r.removed:
                     removed.append(key)
-            elif isinstance(r, posix.LoadOutcome) and r.cause in _BAD_FILE_CAUSES:
+            elif isinstance(r, blockstore.LoadOutcome) and r.cause in BAD_FILE_CAUSES:
                 c = f"bad_file:{r.cause}"
                 log.warning(
                     "fstier: %r: the block path holds no block file (%s); a miss. Remove "
                     "whatever was placed at %s", key, r.detail or r.cause, self._path_str(key),
                 )
-            elif isinstance(r, posix.LoadOutcome):
+            elif isinstance(r, blockstore.LoadOutcome):
                 c = r.cause or "load_error"
                 log.warning("fstier: load of %r failed: %s (%s)", key, c, r.detail)
                 self._breaker_failure(c)
@@ -1185,7 +892,7 @@ class FsTier:
         if removed:
             with self._lock:
                 self._events.append(BlockRemoved(tuple(removed), "corrupt"))
-            self._add_usage(-sum(_file_bytes(self._payload_len[k.group_idx]) for k in removed))
+            self.capacity.add(-sum(_file_bytes(self._payload_len[k.group_idx]) for k in removed))
         m = self.metrics
         m.loaded_blocks.inc(prefix)
         m.loaded_bytes.inc(nbytes)
@@ -1254,47 +961,9 @@ class FsTier:
         """Bytes of block files under the root, counted by every instance
         storing into it (None before this instance's first scan or without
         ``max_bytes``)."""
-        if self._shared is None or not self._usage_known:
-            return None
-        return self._shared.read()
+        return self.capacity.usage_bytes
 
-    def _root_full(self) -> bool:
-        return (
-            self._shared is not None
-            and self._max_bytes is not None
-            and self._shared.read() > self._max_bytes
-        )
-
-    def _over_high(self) -> bool:
-        return (
-            self._shared is not None
-            and self._max_bytes is not None
-            and self._shared.read() > self._max_bytes * self.tier_config.high_watermark
-        )
-
-    def _add_usage(self, delta: int) -> None:
-        if self._shared is None or self._max_bytes is None or delta == 0:
-            return
-        usage = self._shared.add(delta)
-        self.metrics.usage_bytes.set(usage)
-        if usage > self._max_bytes * self.tier_config.high_watermark:
-            self._cap_wake.set()
-
-    def _flush_removed(self) -> None:
-        with self._usage_lock:
-            pending, self._removed_pending = self._removed_pending, 0
-            self._removed_in_pass += pending
-        if pending:
-            self._add_usage(-pending)
-
-    def _on_removed(self, path: str, size: int) -> None:
-        self.metrics.evicted_blocks.inc()
-        self.metrics.evicted_bytes.inc(size)
-        with self._usage_lock:
-            self._removed_pending += size
-            batch = self._removed_pending >= _REMOVED_BATCH * size
-        if batch:
-            self._flush_removed()
+    def _on_evicted(self, path: str) -> None:
         if not path.startswith(self._blocks_prefix + os.sep):
             return  # another namespace sharing the root
         key = key_from_block_name(os.path.basename(path))
@@ -1316,97 +985,7 @@ class FsTier:
         watermark. Waits for a pass another instance on the root is running.
         Resynchronises the shared usage count."""
         self._check_open()
-        report = None
-        while report is None:
-            report = self._capacity_pass(
-                max_bytes if max_bytes is not None else self._max_bytes, wait=True, resync=True
-            )
-        return report
-
-    def _capacity_pass(
-        self, max_bytes: int | None, wait: bool = False, resync: bool = False
-    ) -> GcReport | None:
-        """Run a pass if this instance gets the root's eviction lock; None when
-        another instance holds it (``wait``: after a short sleep, so the
-        caller can retry).
-
-        The shared count follows evictions as they happen (``_on_removed``).
-        It is *reset* from the walk only when ``resync`` is asked, on this
-        instance's first pass, or when the pass removed nothing (the walk then
-        is the truth, and a count above it would drop stores for nothing):
-        a reset counts the stores other instances made during the walk twice
-        when the walk saw them, which is safe but, after every evicting pass,
-        would keep the count high and drop stores the root has room for."""
-        tier = self.tier_config
-        self._flush_recency()  # eviction must see this process's latest hits
-        shared = self._shared
-        with self._cap_lock, contextlib.ExitStack() as stack:
-            if shared is not None and not stack.enter_context(shared.evicting()):
-                if wait:
-                    time.sleep(_BUSY_RETRY_S)
-                return None
-            before = shared.read() if shared is not None else 0
-            with self._usage_lock:
-                self._removed_pending = self._removed_in_pass = 0
-            report = collect_garbage(
-                self.mapper.root,
-                max_bytes,
-                tier.low_watermark,
-                tier.temp_max_age_s,
-                high_watermark=tier.high_watermark,
-                on_removed=self._on_removed,
-                should_stop=self._cap_stop.is_set,
-            )
-            self._flush_removed()
-            if (
-                shared is not None
-                and report.complete
-                and (resync or not self._usage_known or report.removed_files == 0)
-            ):
-                with self._usage_lock:
-                    mine = self._removed_in_pass
-                # Others' net stores during the walk are the change of
-                # the count that this pass's own subtractions (mine) do
-                # not explain: resync adds count - (before - mine).
-                usage = shared.resync(report.final_bytes, before - mine)
-                self._usage_known = True
-                self._resynced = time.monotonic()
-                self.metrics.usage_bytes.set(usage)
-        self.metrics.temp_swept.inc(report.temp_removed)
-        if report.removed_files:
-            log.info(
-                "fstier: evicted %d file(s), %d bytes; usage now %d bytes",
-                report.removed_files, report.removed_bytes, report.final_bytes,
-            )
-        return report
-
-    def _capacity_loop(self) -> None:
-        while not self._cap_stop.is_set():
-            report: GcReport | None = None
-            soon = False
-            rest = 0.0
-            try:
-                periodic = time.monotonic() - self._resynced >= _RESYNC_INTERVAL_S
-                report = self._capacity_pass(self._max_bytes, resync=periodic)
-                # Look again soon when another instance held the lock (its
-                # pass may not cover what we stored), when no scan has run
-                # yet, or when stores outran a pass that did evict.
-                soon = (
-                    not self._usage_known
-                    or (report is None and self._over_high())
-                    or (report is not None and report.removed_files > 0 and self._over_high())
-                )
-                if report is not None and report.removed_files == 0:
-                    # Nothing to evict (the count was reset from the walk):
-                    # do not walk again at once, however many stores wake us,
-                    # so a huge root is not rescanned back to back.
-                    rest = 2 * report.seconds
-            except Exception:  # a capacity bug must not kill the tier
-                log.exception("fstier: capacity pass failed; retrying later")
-            if rest and self._cap_stop.wait(rest):
-                return
-            self._cap_wake.wait(_BUSY_RETRY_S if soon else _RESYNC_INTERVAL_S)
-            self._cap_wake.clear()
+        return self.capacity.run_pass(max_bytes)
 
     # ------------------------------------------------------------------ close
     def close(self) -> None:
@@ -1419,10 +998,7 @@ class FsTier:
         try:
             self.drain(timeout=self.tier_config.io_timeout_s + 5.0)
         finally:
-            self._cap_stop.set()
-            self._cap_wake.set()
-            if self._cap_thread is not None:
-                self._cap_thread.join()
+            self.capacity.stop()
             self._io.shutdown()
             self._flush_recency()
             with self._lock:
@@ -1431,8 +1007,7 @@ class FsTier:
                 executor.shutdown(wait=True)
             if self._own_pool is not None:
                 self._own_pool.close()
-            if self._shared is not None:
-                self._shared.close()
+            self.capacity.close()
 
     def __del__(self) -> None:
         # Threads are daemons; this only avoids leaking a private pool when

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fstier import _format
+from fstier import canonical
 from fstier.config import KVGroupSpec, ModelSpec, ParallelSpec
 
 
@@ -25,7 +25,7 @@ def canonical_array(group: KVGroupSpec, page: np.ndarray) -> np.ndarray:
 
 
 def rank_tokens(group: KVGroupSpec, par: ParallelSpec) -> np.ndarray:
-    cp, cr = _format.cp_world(par), _format.cp_rank(par)
+    cp, cr = canonical.cp_world(par), canonical.cp_rank(par)
     t = np.arange(group.block_size)
     return t[(t // par.cp_kv_cache_interleave_size) % cp == cr]
 
@@ -43,7 +43,7 @@ def rank_heads(group: KVGroupSpec, par: ParallelSpec) -> np.ndarray:
 def local_page(group: KVGroupSpec, par: ParallelSpec, page: np.ndarray, kv_packing: str) -> np.ndarray:
     """The bytes rank ``par.rank`` holds for canonical ``page``, built by slicing."""
     arr = canonical_array(group, page)  # (L, 2, B, H, de)
-    l0, l1 = _format.pp_layer_range(group.num_layers, par.pp_size, par.pp_rank)
+    l0, l1 = canonical.pp_layer_range(group.num_layers, par.pp_size, par.pp_rank)
     sub = arr[l0:l1][:, :, rank_tokens(group, par)][:, :, :, rank_heads(group, par)]
     if group.kv_layout == "HND":
         sub = sub.transpose(0, 1, 3, 2, 4)  # (l, kv, h, t, de)

@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import contextlib
 
-from fstier._atomic import temp_path_for  # noqa: E402
 from fstier.io.blockfile import encode_header, header_for_payload, padded_len  # noqa: E402
+from fstier.io.fsops import temp_path_for  # noqa: E402
 from fstier.io.posix import IOOptions, StoreRequest, aligned_buffer, store_block  # noqa: E402
 from fstier.keys import BlockKey  # noqa: E402
 

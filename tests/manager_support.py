@@ -12,9 +12,9 @@ from typing import Any
 from conftest import make_config
 
 from fstier.config import FstierConfig
-from fstier.host_pool import HostBlockPool
 from fstier.keys import BlockKey
 from fstier.manager import FsTier
+from fstier.slots.host_pool import HostBlockPool
 
 # One group, 1 layer x 1 head x 4 tokens x 8 fp16 x (K,V) = 128-byte pages:
 # files are 8 KiB (header + one padded page), so tests stay fast.
@@ -105,7 +105,7 @@ def valid_namespace(root: Path, model: str = "m") -> Path:
     import hashlib
     import json
 
-    from fstier._tree import canonical_json
+    from fstier.file_mapper import canonical_json
 
     fields = {"model": model, "namespace_version": 1}
     digest = hashlib.sha256(canonical_json(fields)).hexdigest()[:16]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fstier._atomic import atomic_write, is_temp_name, temp_path_for
+from fstier.io.fsops import atomic_write, is_temp_name, temp_path_for
 
 
 def test_atomic_write_replaces_and_leaves_no_temp(tmp_path: Path) -> None:
@@ -58,7 +58,7 @@ def test_atomic_write_refuses_symlinked_temp(tmp_path: Path, monkeypatch: pytest
     target.write_bytes(b"keep")
     planted = tmp_path / ".planted.tmp.x"
     planted.symlink_to(target)
-    import fstier._atomic as atomic
+    import fstier.io.fsops as atomic
 
     monkeypatch.setattr(atomic, "temp_path_for", lambda final: planted)
     with pytest.raises(FileExistsError):

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from manager_support import FILE_BYTES, fill, key, keys, open_tier, store, valid_namespace
 
-from fstier._capacity import collect_garbage, key_from_block_name, scan_usage
-from fstier.manager import BlockRemoved, FsTier
+from fstier.manager import BlockRemoved
+from fstier.tier.capacity import Capacity
+from fstier.tier.gc import collect_garbage, key_from_block_name, scan_usage
 
 NS = 1_000_000_000
 
@@ -85,7 +86,7 @@ def test_recently_touched_file_survives_a_race(tmp_path: Path) -> None:
 
     # Simulate a reader bumping recency between scan and unlink: the candidate's
     # recorded mtime no longer matches, so it is kept.
-    import fstier._capacity as cap
+    import fstier.tier.gc as cap
 
     real = cap._unlink_if_unchanged
 
@@ -261,7 +262,7 @@ def test_collect_garbage_refuses_non_finite_temp_age(tmp_path: Path, age: float)
 
 # -- usage shared by every instance on a root (issue 15 item 6) ----------------
 def _add_many(root: str, n: int) -> None:
-    from fstier._usage import SharedUsage
+    from fstier.tier.usage import SharedUsage
 
     u = SharedUsage(root)
     for _ in range(n):
@@ -280,7 +281,7 @@ def test_shared_usage_loses_no_concurrent_update(tmp_path: Path) -> None:
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    from fstier._usage import SharedUsage
+    from fstier.tier.usage import SharedUsage
 
     assert SharedUsage(tmp_path).read() == 4 * 500 * 8192
 
@@ -290,7 +291,7 @@ def test_instances_on_one_root_see_each_others_stores(tmp_path: Path, monkeypatc
     300 s, so N instances could fill N x max_bytes."""
     # Passes run only when this test asks: the background threads would race
     # the assertions below.
-    monkeypatch.setattr(FsTier, "_capacity_loop", lambda self: None)
+    monkeypatch.setattr(Capacity, "_loop", lambda self: None)
     root = tmp_path / "root"
     with open_tier(root, max_bytes=20 * FILE_BYTES, write_threads=1) as a, open_tier(
         root, max_bytes=20 * FILE_BYTES, write_threads=1
@@ -318,14 +319,14 @@ def test_instances_on_one_root_see_each_others_stores(tmp_path: Path, monkeypatc
 def test_planted_usage_file_turns_sharing_off_not_the_tier(tmp_path: Path, caplog) -> None:
     import logging
 
-    from fstier._usage import USAGE_FILE_NAME
+    from fstier.tier.usage import USAGE_FILE_NAME
 
     root = tmp_path / "root"
     root.mkdir()
     os.mkfifo(root / USAGE_FILE_NAME)
     caplog.set_level(logging.WARNING, logger="fstier.manager")
     with open_tier(root, max_bytes=20 * FILE_BYTES) as tier:
-        assert not tier._shared.shared
+        assert not tier.capacity.shared
         assert store(tier, "s", keys(0, 3)).success
         tier.run_capacity_pass()
         assert tier.usage_bytes == 3 * FILE_BYTES

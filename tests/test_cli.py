@@ -68,7 +68,7 @@ SMALL_GROUP = [{"kind": "full_attention", "block_size": 16, "num_layers": 1, "nu
 # -- import cost ---------------------------------------------------------------
 #: What no help text and no config check may import: torch, numpy, the I/O
 #: layer, the staging modules, and the demo (its engine imports torch).
-HEAVY = ("torch", "numpy", "fstier.io", "fstier.manager", "fstier.gpu_copy", "fstier.layout", "fstier.host_pool", "fstier.cli.demo")
+HEAVY = ("torch", "numpy", "fstier.io", "fstier.manager", "fstier.gpu_copy", "fstier.layout", "fstier.host_pool", "fstier.slots.host_pool", "fstier.cli.demo", "fstier.demo")
 
 
 @pytest.mark.parametrize(

@@ -26,11 +26,11 @@ from click.testing import CliRunner
 from conftest import make_config
 from test_cli import SMALL_GROUP, run_bin, store_blocks, write_yaml
 
-from fstier._units import format_size
 from fstier.cli import main
 from fstier.config import load_config, parse_config
 from fstier.errors import ConfigError
 from fstier.file_mapper import FileMapper
+from fstier.units import format_size
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def one_line(text: str) -> str:
 
 def deny(monkeypatch: pytest.MonkeyPatch, func: str, victim: Path) -> None:
     """Make ``os.<func>`` raise EACCES for ``victim`` (and below it) only.
-    A directory fd (the tree walk scans fds, fstier/_tree.py) is matched by
+    A directory fd (the tree walk scans fds, fstier/io/tree.py) is matched by
     the path it was opened at."""
     real = getattr(os, func)
     prefix = os.fspath(victim)
@@ -287,7 +287,7 @@ def test_gc_names_what_it_could_not_read(root_with_locked_dir: tuple[Path, Path,
 
 
 def test_verify_fix_on_unreadable_file_does_not_suggest_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import fstier.io.posix as posix
+    import fstier.io.blockstore as posix
 
     root = tmp_path / "root"
     paths = store_blocks(make_config(root, groups=SMALL_GROUP), 3)
@@ -443,7 +443,7 @@ def test_config_error_example_in_docs_is_what_the_cli_prints(tmp_path: Path) -> 
 def test_demo_says_its_root_was_temporary(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The demo's zero-argument root is deleted before the report is printed:
     the report must say so instead of showing a path that no longer exists."""
-    import fstier.cli.demo as demo_mod
+    import fstier.demo.scenario as demo_mod
 
     roots: list[Path] = []
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from fstier._units import parse_size
 from fstier.config import load_config, parse_config
 from fstier.errors import ConfigError
+from fstier.units import parse_size
 
 GOOD_YAML = """
 tier:

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 import fstier.cli.demo as demo_mod
 from fstier.cli import main
-from fstier.cli.demo_engine import expected_blocks, layer_state_shape, model_seed
 from fstier.config import ModelSpec, ParallelSpec
+from fstier.demo.ranks import expected_blocks, layer_state_shape, model_seed
 
 REPO = Path(__file__).resolve().parents[1]
 FSTIER_BIN = Path(sys.executable).parent / "fstier"

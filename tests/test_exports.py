@@ -50,7 +50,7 @@ def _names() -> dict[str, object]:
     import importlib
 
     ns: dict[str, object] = {}
-    for mod in ("fstier._metrics", "fstier.slots", "fstier.host_pool", "fstier.layout", "fstier.gpu_copy", "fstier.manager", "fstier.file_mapper", "fstier.config", "fstier.keys"):
+    for mod in ("fstier.tier.metrics", "fstier.slots", "fstier.slots.host_pool", "fstier.layout", "fstier.gpu_copy", "fstier.manager", "fstier.file_mapper", "fstier.config", "fstier.keys"):
         ns.update(vars(importlib.import_module(mod)))
     return ns
 

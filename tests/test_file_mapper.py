@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from conftest import make_config
 
-from fstier._atomic import is_temp_name
 from fstier.config import ModelSpec, ParallelSpec
 from fstier.errors import NamespaceMismatchError, PathSafetyError
 from fstier.file_mapper import FileMapper, is_parallel_agnostic, safe_model_name
+from fstier.io.fsops import is_temp_name
 from fstier.keys import BlockKey
 
 FULL = {"kind": "full_attention", "block_size": 16, "num_layers": 2, "num_kv_heads": 8, "head_size": 64}
@@ -118,7 +118,7 @@ def test_each_byte_changing_field_changes_the_namespace(
 
 
 def test_canonical_format_version_changes_the_namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import fstier._format as fmt
+    import fstier.canonical as fmt
 
     before = _digest(tmp_path)
     monkeypatch.setattr(fmt, "CANONICAL_LAYOUT_VERSION", fmt.CANONICAL_LAYOUT_VERSION + 1)

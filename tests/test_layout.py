@@ -11,7 +11,7 @@ from _layout_helpers import apply_load, apply_store, attn_group, local_page
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fstier import _format
+from fstier import canonical
 from fstier.config import ModelSpec, ParallelSpec
 from fstier.errors import LayoutError
 from fstier.layout import (
@@ -53,8 +53,8 @@ def test_tiling_and_coverage_or_rank_private(heads, tp, head_size, block_size, d
     group = attn_group(num_kv_heads=heads, head_size=head_size, block_size=block_size, dtype=dtype, kv_layout=kv, num_layers=layers)
     par = ParallelSpec(tp_size=tp)
     m = rank_page_mapping(group, par, kv_packing)
-    assert m.canonical_page_bytes == _format.canonical_page_bytes(group, par)
-    assert m.local_page_bytes == _format.local_page_bytes(group, par)
+    assert m.canonical_page_bytes == canonical.canonical_page_bytes(group, par)
+    assert m.local_page_bytes == canonical.local_page_bytes(group, par)
     certified = heads % tp == 0 or tp % heads == 0
     assert m.rank_private is not certified
     m.verify()
@@ -145,7 +145,7 @@ def test_mla_is_rank_private_and_fails_closed_across_world_sizes():
     m4 = rank_page_mapping(g, ParallelSpec(tp_size=4, rank=1))
     local = 3 * 16 * 576 * 2
     assert m2.rank_private and m2.local_page_bytes == local
-    assert m2.canonical_page_bytes == 2 * local == _format.canonical_page_bytes(g, m2.parallel)
+    assert m2.canonical_page_bytes == 2 * local == canonical.canonical_page_bytes(g, m2.parallel)
     assert m4.canonical_page_bytes == 4 * local
     assert m2.store_runs == (PageRun(0, local, local, 1, local, local),)
     # The file size differs, so the load size check turns tp=2 bytes into a miss at tp=4.
@@ -167,12 +167,12 @@ def test_mla_is_rank_private_and_fails_closed_across_world_sizes():
 def test_uncertified_layouts_are_rank_private_and_agree_with_format(group_kw, par_kw):
     group = attn_group(**group_kw)
     par = ParallelSpec(**par_kw)
-    assert not _format.is_certified(group, par)
-    slice_bytes = _format.rank_private_slice_bytes(group, par)
+    assert not canonical.is_certified(group, par)
+    slice_bytes = canonical.rank_private_slice_bytes(group, par)
     for r in range(par.world_size):
         m = rank_page_mapping(group, par.with_rank(r))
         assert m.rank_private
-        assert m.canonical_page_bytes == par.world_size * slice_bytes == _format.canonical_page_bytes(group, par)
+        assert m.canonical_page_bytes == par.world_size * slice_bytes == canonical.canonical_page_bytes(group, par)
         assert m.local_page_bytes <= slice_bytes
     verify_layout(group, par)
 
@@ -184,9 +184,9 @@ def test_mapping_agrees_with_format_for_every_parallel_layout():
         par = ParallelSpec(**kw)
         for r in range(par.world_size):
             m = rank_page_mapping(group, par.with_rank(r))
-            assert m.canonical_page_bytes == _format.canonical_page_bytes(group, par)
-            assert m.format_id == _format.canonical_format_id(group)
-            assert m.local_page_bytes == _format.local_page_bytes(group, par.with_rank(r))
+            assert m.canonical_page_bytes == canonical.canonical_page_bytes(group, par)
+            assert m.format_id == canonical.canonical_format_id(group)
+            assert m.local_page_bytes == canonical.local_page_bytes(group, par.with_rank(r))
 
 
 def test_verify_detects_a_broken_mapping():

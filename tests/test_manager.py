@@ -24,9 +24,9 @@ from manager_support import (
 )
 
 from fstier.errors import MetricsUnavailableError, PoolError, TierClosedError
-from fstier.host_pool import HostBlockPool
-from fstier.io import posix
+from fstier.io import blockstore, capabilities, posix
 from fstier.manager import BlockRemoved, BlockStored, FsTier, JobResult
+from fstier.slots.host_pool import HostBlockPool
 
 
 def test_round_trip_bytes_and_paths(tmp_path: Path) -> None:
@@ -286,7 +286,7 @@ def test_store_keys_completed_is_a_prefix_of_keys_on_disk(tmp_path: Path, monkey
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             return real_link(fd, dir_fd, name)
 
-        monkeypatch.setattr(posix, "_tmpfile_refused", False)
+        monkeypatch.setattr(capabilities, "_tmpfile_refused", False)
         monkeypatch.setattr(posix.FS, "link_at", link_at)
         res = store(tier, "s", ks)
         monkeypatch.undo()
@@ -312,7 +312,7 @@ def test_hits_bump_recency_once_per_file_per_flush(tmp_path: Path, monkeypatch) 
             os.utime(p, ns=(old, old))
         calls: list[str] = []
         real_touch = posix.touch_file
-        monkeypatch.setattr(posix, "touch_file", lambda p: (calls.append(p), real_touch(p))[1])
+        monkeypatch.setattr(blockstore, "touch_file", lambda p: (calls.append(p), real_touch(p))[1])
         for j in range(20):
             assert load(tier, f"l{j}", ks).success
         tier.run_capacity_pass()  # flushes pending recency first
@@ -323,9 +323,9 @@ def test_hits_bump_recency_once_per_file_per_flush(tmp_path: Path, monkeypatch) 
 def test_recency_flush_runs_as_background_write_job(tmp_path: Path, monkeypatch) -> None:
     """When a flush is due, the mtime writes go to the write queue as their own
     job: no load waits for them and the engine never sees that job."""
-    import fstier.manager as manager_mod
+    import fstier.tier.recency as recency_mod
 
-    monkeypatch.setattr(manager_mod, "_RECENCY_FLUSH_S", 0.0)
+    monkeypatch.setattr(recency_mod, "FLUSH_S", 0.0)
     with open_tier(tmp_path / "root") as tier:
         ks = keys(0, 3)
         store(tier, "s", ks)

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from manager_support import FILE_BYTES, fill, key, payload_for, slot_bytes, temp_files, tiny_config
 
-from fstier.host_pool import HostBlockPool
 from fstier.keys import BlockKey
 from fstier.manager import BlockRemoved, BlockStored, FsTier
+from fstier.slots.host_pool import HostBlockPool
 
 KEYS = [key(i) for i in range(10)]
 key_lists = st.lists(st.sampled_from(KEYS), min_size=1, max_size=5, unique=True)

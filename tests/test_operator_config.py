@@ -15,10 +15,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from fstier._units import parse_size
 from fstier.cli import main
 from fstier.config import parse_config
 from fstier.errors import ConfigError
+from fstier.units import parse_size
 
 GROUP = [{"kind": "full_attention", "block_size": 16, "num_layers": 2, "num_kv_heads": 8, "head_size": 64}]
 ENTRY = {"type": "FstierTier", "module_path": "fstier.integrations.vllm"}

@@ -16,8 +16,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from fstier._units import parse_size
 from fstier.cli import main
+from fstier.units import parse_size
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_MD = (REPO / "docs" / "vllm.md").read_text()

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from manager_support import keys, load, open_tier, store
 
-from fstier._capacity import collect_garbage
 from fstier.io import posix
 from fstier.io.blockfile import padded_len
 from fstier.keys import BlockKey
+from fstier.tier.gc import collect_garbage
 
 
 def _snapshot(d: Path) -> dict[str, tuple[bytes, int]]:
@@ -33,7 +33,7 @@ def _snapshot(d: Path) -> dict[str, tuple[bytes, int]]:
 def resolution(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both ways a path is resolved: openat2, and the per-component walk
     used where the kernel has no openat2."""
-    import fstier._resolve as resolve
+    import fstier.io.fsops as resolve
 
     if request.param == "walk":
         monkeypatch.setattr(resolve, "HAVE_OPENAT2", False)
@@ -115,7 +115,7 @@ def test_gc_eviction_never_unlinks_through_a_dir_swapped_after_the_scan(
 ) -> None:
     """The victim list is made by the scan; the directory is swapped before
     the unlink. The file outside has the same name and mtime."""
-    import fstier._capacity as cap
+    import fstier.tier.gc as cap
 
     with open_tier(tmp_path / "root") as tier:
         assert store(tier, "s", keys(0, 4)).success
@@ -205,8 +205,8 @@ def test_fifo_manifest_does_not_hang_fstier_or_the_cli(tmp_path: Path) -> None:
 
     from fstier.cli import main
     from fstier.errors import NamespaceMismatchError
-    from fstier.host_pool import HostBlockPool
     from fstier.manager import FsTier
+    from fstier.slots.host_pool import HostBlockPool
 
     root = tmp_path / "root"
     ns = _namespace_of(root)
@@ -372,7 +372,7 @@ def test_capacity_is_described_identically_in_example_configuration_and_cli_docs
 def test_atomic_write_never_writes_through_a_symlinked_directory(tmp_path: Path, outside: Path) -> None:
     """The manifest writer (a sibling of item 2): its directory swapped for a
     link after the namespace check must not receive the file."""
-    from fstier._atomic import atomic_write
+    from fstier.io.fsops import atomic_write
 
     ns = tmp_path / "root" / "ns"
     ns.parent.mkdir()

@@ -19,7 +19,7 @@ import pytest
 CHILD = textwrap.dedent(
     """
     import os, sys
-    from fstier import host_pool as gpu_copy
+    from fstier.slots import host_pool as gpu_copy
     from fstier.errors import PoolError
     gpu_copy._SHM_DIR = sys.argv[1]
     try:

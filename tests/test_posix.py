@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from fstier._atomic import is_temp_name
 from fstier.errors import DirectIOUnsupportedError
-from fstier.io import posix
+from fstier.io import capabilities, posix
 from fstier.io.blockfile import HEADER_SIZE, header_for_payload, padded_len
+from fstier.io.fsops import is_temp_name
 from fstier.io.posix import (
     FS,
     IOOptions,
@@ -422,7 +422,7 @@ def test_store_faults_publish_nothing_and_recover(
     fds_before = len(os.listdir("/proc/self/fd"))
     real_close = FS.close
     # replace_at is the named-temp publication (filesystems without O_TMPFILE).
-    monkeypatch.setattr(posix, "_tmpfile_refused", method == "replace_at")
+    monkeypatch.setattr(capabilities, "_tmpfile_refused", method == "replace_at")
     if method == "close":
 
         def bad_close(fd: int) -> None:
@@ -493,7 +493,7 @@ def test_rename_error_after_rename_happened(
         real(*args)
         raise OSError(errno.EIO, "NFS reply lost")
 
-    monkeypatch.setattr(posix, "_tmpfile_refused", method == "replace_at")
+    monkeypatch.setattr(capabilities, "_tmpfile_refused", method == "replace_at")
     monkeypatch.setattr(FS, method, publish_then_fail)
     out = store(tmp_path, K1, IOOptions())
     assert out.status is StoreStatus.FAILED and temps(tmp_path) == []

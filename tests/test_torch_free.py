@@ -33,7 +33,7 @@ STORE_AND_LOAD = r'''
 import sys
 from pathlib import Path
 from fstier import FsTier, load_config
-from fstier.integrations.vllm import RowSlots
+from fstier.slots import RowSlots
 from fstier.keys import BlockKey
 
 cfg = load_config(sys.argv[1])

@@ -1,8 +1,8 @@
 """The ``fstier`` command: a thin shell over the library.
 
 Commands, one module each: ``demo`` (the end-to-end tour: tp=2 stores, tp=4
-loads, every fail-closed case; its synthetic rank processes live in
-``demo_engine``), ``inspect`` (one row per namespace, from the streaming walk
+loads, every fail-closed case; the scenario and its rank processes live in
+:mod:`fstier.demo`), ``inspect`` (one row per namespace, from the streaming walk
 in ``scan``), ``verify`` (check every block, ``--fix`` removes bad ones),
 ``gc`` (LRU eviction and temp sweep with FsTier's own capacity code),
 ``bench`` (fstier vs raw O_DIRECT), and ``config validate|show``. Shared

@@ -308,13 +308,13 @@ def _fmt_time(ts: float | None) -> str:
 
 
 def _fmt_size(n: float) -> str:
-    from fstier._units import format_size
+    from fstier.units import format_size
 
     return format_size(n)
 
 
 def _parse_size_option(value: str, option: str) -> int:
-    from fstier._units import parse_size
+    from fstier.units import parse_size
 
     try:
         return parse_size(value)

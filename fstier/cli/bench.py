@@ -3,8 +3,8 @@
 Both sides run in the same process, on the same directory, with the same
 number of threads, block size and block count, alternating round by round so
 that drift of the device hits both equally. The fstier side is the real
-path: :func:`fstier.io.posix.store_block` (header, checksum, temp file,
-rename, O_DIRECT when the probe allows) and :func:`~fstier.io.posix.load_block`
+path: :func:`fstier.io.blockstore.store_block` (header, checksum, temp file,
+rename, O_DIRECT when the probe allows) and :func:`~fstier.io.blockstore.load_block`
 (size, header, key, namespace and xxh3 checks). The raw side is the floor
 we compare against: ``open(O_CREAT|O_DIRECT)``, one ``pwrite`` of the padded
 length, ``close``; and ``open(O_DIRECT)``, one ``preadv``, ``close``.
@@ -48,15 +48,9 @@ from fstier.cli._common import (
     _show_progress,
 )
 from fstier.io.blockfile import HEADER_SIZE, BlockHeader, header_for_payload, padded_len
-from fstier.io.posix import (
-    IOOptions,
-    LoadRequest,
-    StoreRequest,
-    aligned_buffer,
-    load_block,
-    probe_o_direct,
-    store_block,
-)
+from fstier.io.blockstore import IOOptions, LoadRequest, StoreRequest, load_block, store_block
+from fstier.io.capabilities import probe_o_direct
+from fstier.io.fsops import aligned_buffer
 from fstier.keys import BlockKey
 
 __all__ = ["BenchRow", "bench_files", "run_bench"]

@@ -171,7 +171,7 @@ def vllm_tiers(data: Any, source: str) -> list[tuple[str, Any]]:
 
 
 def _summary(tier: Any) -> str:
-    from fstier._units import format_size
+    from fstier.units import format_size
 
     size = "unset (no eviction)" if tier.max_bytes is None else format_size(tier.max_bytes)
     return f"root_dir {tier.root_dir}, max_bytes {size}"
@@ -239,7 +239,7 @@ def agnostic_reason(cfg: Any) -> str | None:
     """Why a config's namespace keeps the parallel layout (None when it is
     parallel-agnostic): the first rule of :func:`fstier.is_parallel_agnostic`
     it breaks, in words an operator can act on."""
-    from fstier._format import cp_world, head_ranks, is_certified
+    from fstier.canonical import cp_world, head_ranks, is_certified
     from fstier.file_mapper import is_parallel_agnostic
 
     model, par = cfg.model, cfg.parallel
@@ -269,7 +269,7 @@ def agnostic_reason(cfg: Any) -> str | None:
 
 def resolved_config(cfg: Any) -> dict[str, Any]:
     """The config with every default filled in, plus what it maps to on disk."""
-    from fstier._format import canonical_format_id, canonical_page_bytes, is_certified
+    from fstier.canonical import canonical_format_id, canonical_page_bytes, is_certified
     from fstier.file_mapper import FileMapper
 
     mapper = FileMapper(cfg)

@@ -1,6 +1,6 @@
 """``fstier gc``: LRU eviction down to a size and a stale temp-file sweep.
 
-A thin wrapper over :func:`fstier._capacity.collect_garbage`, the very code
+A thin wrapper over :func:`fstier.tier.gc.collect_garbage`, the very code
 FsTier's background capacity manager runs, applied to a whole root (every
 namespace in it) with both watermarks at 1.0: the operator asked for
 ``--max-bytes`` and gets at most that, no hysteresis.
@@ -41,8 +41,8 @@ def run_gc(
     root: Path, max_bytes: int, *, dry_run: bool, temp_max_age_s: float, progress: bool = False
 ) -> dict[str, Any]:
     """Run one gc over ``root``; returns the JSON-ready result."""
-    from fstier._capacity import collect_garbage
     from fstier.cli.scan import Unreadable
+    from fstier.tier.gc import collect_garbage
 
     failed = Unreadable()
     with _progress("gc", progress) as bar:

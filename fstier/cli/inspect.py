@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import click
 
@@ -26,8 +27,10 @@ from fstier.cli._common import (
     _progress,
     _show_progress,
 )
-from fstier.cli.scan import NamespaceStats
 from fstier.cli.tables import Column, terminal_width
+
+if TYPE_CHECKING:  # scan imports the I/O layer (numpy): not for `inspect --help`
+    from fstier.cli.scan import NamespaceStats
 
 #: inspect's columns: namespace, files and bytes always; the rest by
 #: priority as the terminal's width allows (--wide: all).

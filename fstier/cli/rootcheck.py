@@ -50,7 +50,7 @@ class RootCheck:
 
 
 def _size(n: float) -> str:
-    from fstier._units import format_size
+    from fstier.units import format_size
 
     return format_size(n)
 

@@ -9,7 +9,7 @@ iterators, yielding one file at a time. The stack holds at most the pending
 siblings along one path (a few thousand names at the fan-out fstier uses),
 and per-namespace statistics are counters, never file lists.
 
-What counts is decided in one place, :mod:`fstier._tree`, shared with
+What counts is decided in one place, :mod:`fstier.io.tree`, shared with
 ``fstier verify``, ``fstier gc`` and FsTier's capacity thread: block files
 are counted only where fstier puts them and only in namespaces whose
 manifest is valid; a namespace with a bad or missing manifest is listed with
@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fstier import _tree
-from fstier._tree import FileKind, Manifest, check_namespace, iter_namespace_dirs
-from fstier._usage import ROOT_FILES
+from fstier.io import tree as _tree
+from fstier.io.manifest import Manifest
+from fstier.io.tree import FileKind, check_namespace, iter_namespace_dirs
+from fstier.tier.usage import ROOT_FILES
 
 __all__ = [
     "FileEntry",
@@ -213,7 +214,7 @@ class ScanReport:
 def read_manifest(namespace_dir: Path) -> tuple[Manifest | None, str | None]:
     """The checked manifest of a namespace, or ``(None, reason)``: missing,
     not a regular file, a symlink, too big, not JSON, wrong types, or not
-    this directory's (:func:`fstier._tree.read_manifest`)."""
+    this directory's (:func:`fstier.io.manifest.read_manifest`)."""
     ns = check_namespace(namespace_dir)
     return ns.manifest, ns.error
 
@@ -242,7 +243,7 @@ def iter_namespace_files(
     namespace_dir: Path, on_error: Callable[[OSError], None] | None = None
 ) -> Iterator[FileEntry]:
     """Every file below ``namespace_dir`` except the manifest, one at a time,
-    classified by the shared rule (:func:`fstier._tree.classify`).
+    classified by the shared rule (:func:`fstier.io.tree.classify`).
 
     Directories vanishing mid-walk (gc or another host) are skipped; symlinks
     and other non-regular entries are yielded as ``other`` without following.

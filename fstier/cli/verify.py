@@ -1,7 +1,7 @@
 """``fstier verify``: check every block file under a root, optionally removing bad ones.
 
 Each block file is checked the way a load would check it, without a caller
-buffer (:func:`fstier.io.posix.verify_file`): header magic/version/checksum,
+buffer (:func:`fstier.io.blockstore.verify_file`): header magic/version/checksum,
 file size against the header's payload length, the key embedded in the
 header against the key its file name claims (a valid file copied under
 another key's name is bad), the namespace digest against the directory's
@@ -30,8 +30,6 @@ from typing import Any
 
 import click
 
-from fstier._capacity import key_from_block_name
-from fstier._resolve import unlink_if
 from fstier.cli._common import (
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -57,6 +55,8 @@ from fstier.cli.scan import (
     iter_namespace_files,
     read_manifest,
 )
+from fstier.io.fsops import unlink_if
+from fstier.tier.gc import key_from_block_name
 
 __all__ = ["BadFile", "NamespaceVerify", "VerifyReport", "run_verify"]
 
@@ -181,7 +181,8 @@ def _namespaces(root: Path, only: str | None) -> Iterator[Path]:
 
 def _check_one(path: str, full: bool, expect: _Expect) -> tuple[str, int, os.stat_result | None]:
     """``(reason or '', size, stat)``; reason ``gone`` when the file vanished."""
-    from fstier.io.posix import FS, verify_file
+    from fstier.io.blockstore import verify_file
+    from fstier.io.fsops import FS
 
     try:
         before = FS.lstat(path)  # no symlink followed anywhere on the path

@@ -4,8 +4,12 @@ dual-queue thread pool and its asyncio facade.
 This is the storage side of fstier: it moves the bytes of host slots to and
 from block files and knows nothing of GPUs, ranks or layouts (those are
 ``layout`` and ``gpu_copy``, the engine side). ``blockfile`` is the format,
-``posix`` the store and load path, ``pool`` the threads that run them,
-``aio`` the same for asyncio callers; ``FsTier`` (``manager``) drives them.
+``blockstore`` the store and load path, ``capabilities`` what a root's
+filesystem can do (O_DIRECT, O_TMPFILE), ``fsops`` the syscall seam every
+file operation goes through, ``tree`` and ``manifest`` what in a root is
+fstier's, ``pool`` the threads that run the block store, ``aio`` the same
+for asyncio callers; ``FsTier`` (``manager``) drives them. ``posix`` is the
+old import path of the block store, kept for one release.
 
 ``fstier.io`` is torch-free: importing it never imports torch.
 """
@@ -24,11 +28,8 @@ from fstier.io.blockfile import (
     padded_len,
     payload_checksum,
 )
-from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool, PoolJob
-from fstier.io.posix import (
-    FS,
+from fstier.io.blockstore import (
     BatchLoadResult,
-    DirectIOSupport,
     FileCheck,
     IOOptions,
     LoadOutcome,
@@ -37,15 +38,16 @@ from fstier.io.posix import (
     StoreOutcome,
     StoreRequest,
     StoreStatus,
-    aligned_buffer,
     load_block,
     load_blocks,
-    probe_o_direct,
     read_header,
     store_block,
     store_blocks,
     verify_file,
 )
+from fstier.io.capabilities import DirectIOSupport, probe_o_direct
+from fstier.io.fsops import FS, aligned_buffer
+from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool, PoolJob
 
 __all__ = [
     "FORMAT_VERSION",

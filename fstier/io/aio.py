@@ -7,7 +7,7 @@ completion is handed back to the event loop with
 operations of one call run in parallel across the pool's threads.
 
 The namespace manifest is read with ``asyncio.to_thread`` through the one
-hardened manifest reader (:mod:`fstier._tree`: no symlinks, no blocking on
+hardened manifest reader (:mod:`fstier.io.manifest`: no symlinks, no blocking on
 a FIFO, size-capped); aiofiles, which opens by path and follows symlinks,
 is not used for it. Nor for blocks: ``benchmarks/bench_io.py`` compares an
 aiofiles-only block path with this pool path; the pool path stores faster
@@ -25,9 +25,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool, PoolJob
-from fstier.io.posix import (
-    FS,
+from fstier.io import fsops
+from fstier.io.blockstore import (
     BatchLoadResult,
     IOOptions,
     LoadOutcome,
@@ -39,6 +38,7 @@ from fstier.io.posix import (
     load_block,
     store_block,
 )
+from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool, PoolJob
 
 __all__ = ["AsyncBlockIO"]
 
@@ -125,7 +125,7 @@ class AsyncBlockIO:
 
         def probe(p: str | Path) -> bool:
             try:
-                return FS.lstat(p).st_mode & 0o170000 == 0o100000
+                return fsops.FS.lstat(p).st_mode & 0o170000 == 0o100000
             except OSError:
                 return False
 
@@ -135,11 +135,12 @@ class AsyncBlockIO:
     async def read_manifest(self, namespace_dir: str | Path) -> dict[str, Any] | None:
         """The namespace's ``config.json`` as a dict, or None when absent.
 
-        Read off the loop like every manifest read (:mod:`fstier._tree`):
+        Read off the loop like every manifest read (:mod:`fstier.io.manifest`):
         no symlink followed, non-blocking (a FIFO cannot hang it), regular
         files only, size-capped, depth-checked JSON; anything else raises
         :class:`~fstier.errors.NamespaceMismatchError` naming the path."""
-        from fstier._tree import MANIFEST_NAME, parse_json_object, read_manifest_bytes
+        from fstier.file_mapper import MANIFEST_NAME
+        from fstier.io.manifest import parse_json_object, read_manifest_bytes
 
         path = Path(namespace_dir) / MANIFEST_NAME
         raw = await asyncio.to_thread(read_manifest_bytes, path)

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from fstier._atomic import is_temp_name
 from fstier.config import FstierConfig, parse_config
 from fstier.file_mapper import FileMapper
-from fstier.io import posix
+from fstier.io import fsops, posix
 from fstier.io.blockfile import HEADER_SIZE, header_for_payload, padded_len
+from fstier.io.fsops import is_temp_name
 from fstier.io.posix import (
     IOOptions,
     LoadOutcome,
@@ -156,7 +156,7 @@ def oserror(code: int) -> OSError:
 
 
 @dataclass
-class FaultyOps(posix._OsOps):
+class FaultyOps(fsops.OsOps):
     """A drop-in ``posix.FS`` whose methods can be wrapped per test.
 
     ``hooks[name]`` is called as ``hook(real, *args)`` instead of the real

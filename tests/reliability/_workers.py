@@ -14,8 +14,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from fstier._atomic import atomic_write
-from fstier._capacity import collect_garbage
+from fstier.io.fsops import atomic_write
+from fstier.tier.gc import collect_garbage
 
 from ._support import Tier, key_for, payload_for
 

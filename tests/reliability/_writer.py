@@ -1,7 +1,7 @@
 """Writer subprocess of the crash tests (run as a script, never imported by pytest).
 
 ``_writer.py point ROOT KILL_POINT INDEX``
-    Store ``key_for(INDEX)`` under ROOT through a wrapped ``posix.FS`` that
+    Store ``key_for(INDEX)`` under ROOT through a wrapped ``fsops.FS`` that
     SIGKILLs this very process at KILL_POINT: ``after_write`` (the data is in
     the temp file), ``before_rename`` (fsync done, the link or rename that
     publishes it not yet issued) or ``after_rename`` (published, not yet
@@ -28,7 +28,7 @@ from typing import Any
 
 import _support  # the script's directory is on sys.path
 
-from fstier.io import posix
+from fstier.io import capabilities, fsops
 
 
 def _kill_self() -> None:
@@ -56,8 +56,8 @@ def run_point(root: str, point: str, index: int) -> None:
 
     ops.hooks.update(pwritev=pwritev, link_at=publish, replace_at=publish)
     if os.environ.get("FSTIER_TEST_NAMED_TEMPS") == "1":
-        posix._tmpfile_refused = True
-    posix.FS = ops
+        capabilities._tmpfile_refused = True
+    fsops.FS = ops
     out = tier.store(_support.key_for(index))
     # Reaching this line means the kill point was never hit: the parent fails.
     print(f"NOT KILLED: {out}", flush=True)

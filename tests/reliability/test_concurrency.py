@@ -28,7 +28,7 @@ FIGURES: dict[str, int] = {}
 #: out on purpose: see test_io_buffers_private_after_fork (a known bug).
 PRELOAD = [
     "numpy", "xxhash", "pydantic", "asyncio", "aiofiles", "concurrent.futures", "logging",
-    "fstier.config", "fstier.file_mapper", "fstier._capacity",
+    "fstier.config", "fstier.file_mapper", "fstier.tier.gc",
 ]
 
 
@@ -100,13 +100,13 @@ FORK_BUG = (
 
 
 def test_io_buffers_private_after_fork() -> None:
-    from fstier.io import posix
+    from fstier.io import blockstore
 
-    header = posix._BUFS.header
+    header = blockstore._BUFS.header
     header[:4] = b"AAAA"
     pid = os.fork()
     if pid == 0:  # the child scribbles on its own (should be private) buffer
-        posix._BUFS.header[:4] = b"BBBB"
+        blockstore._BUFS.header[:4] = b"BBBB"
         os._exit(0)
     os.waitpid(pid, 0)
     assert bytes(header[:4]) == b"AAAA", "a forked child wrote into the parent's io buffer"

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from fstier._capacity import collect_garbage
 from fstier.cli import main as cli_main
 from fstier.io.posix import verify_file
+from fstier.tier.gc import collect_garbage
 
 from ._support import Tier, block_files, key_for, payload_for, temp_files
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from fstier.errors import DirectIOUnsupportedError
-from fstier.io import posix
+from fstier.io import capabilities, fsops, posix
 from fstier.io.posix import IOOptions, verify_file
 
 from ._support import (
@@ -42,7 +42,7 @@ FAULTS_INJECTED = {"count": 0}
 @pytest.fixture
 def ops(monkeypatch: pytest.MonkeyPatch) -> FaultyOps:
     faulty = FaultyOps()
-    monkeypatch.setattr(posix, "FS", faulty)
+    monkeypatch.setattr(fsops, "FS", faulty)
     return faulty
 
 
@@ -173,7 +173,7 @@ def test_rename_error_publishes_nothing(
     tier: Tier, ops: FaultyOps, code: int, named: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Publication is linkat (O_TMPFILE) or renameat (named temps): fail both.
-    monkeypatch.setattr(posix, "_tmpfile_refused", named)
+    monkeypatch.setattr(capabilities, "_tmpfile_refused", named)
     fds = fd_count()
     ops.hooks["link_at"] = ops.hooks["replace_at"] = raise_errno(code)
     _assert_clean_failure(tier, key_for(0), tier.store(key_for(0)), errno.errorcode[code], fds)
@@ -209,7 +209,7 @@ def test_rename_reports_error_but_happened(
         real(*args)
         raise oserror(errno.EIO)
 
-    monkeypatch.setattr(posix, "_tmpfile_refused", named)
+    monkeypatch.setattr(capabilities, "_tmpfile_refused", named)
     ops.hooks["link_at"] = ops.hooks["replace_at"] = publish
     fds = fd_count()
     key = key_for(0)

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from fstier._capacity import collect_garbage
 from fstier.cli import main as cli_main
 from fstier.config import load_config
 from fstier.errors import ConfigError, PathSafetyError
 from fstier.file_mapper import FileMapper
-from fstier.io import posix
+from fstier.io import capabilities, fsops
 from fstier.io.posix import verify_file
+from fstier.tier.gc import collect_garbage
 
 from ._support import Tier, block_files, iter_files, key_for, payload_for, temp_files, tiny_config
 
@@ -85,9 +85,9 @@ def test_symlink_planted_at_temp_path(tmp_path: Path, outside: Path, monkeypatch
         return real(dir_fd, name, flags, mode)
 
     # Named temps are what can be raced (an O_TMPFILE inode has no name).
-    monkeypatch.setattr(posix, "_tmpfile_refused", True)
+    monkeypatch.setattr(capabilities, "_tmpfile_refused", True)
     ops.hooks["openat"] = openat
-    monkeypatch.setattr(posix, "FS", ops)
+    monkeypatch.setattr(fsops, "FS", ops)
     out = tier.store(key_for(0))
     assert out.status == "FAILED" and out.cause == "EEXIST"
     assert not tier.path(key_for(0)).exists()

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from fstier.host_pool import HostBlockPool
-from fstier.io import posix
+from fstier.io import fsops, posix
 from fstier.manager import FsTier, JobResult
+from fstier.slots.host_pool import HostBlockPool
 
 from ._support import (
     FaultyOps,
@@ -45,7 +45,7 @@ def _tier(root: Path, **tier: Any) -> FsTier:
 @pytest.fixture
 def ops(monkeypatch: pytest.MonkeyPatch) -> FaultyOps:
     faulty = FaultyOps()
-    monkeypatch.setattr(posix, "FS", faulty)
+    monkeypatch.setattr(fsops, "FS", faulty)
     return faulty
 
 

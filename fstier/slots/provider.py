@@ -4,7 +4,7 @@ bytes between and files.
 A *slot* is one region of host memory that holds one file's payload. FsTier
 never allocates or frees slots itself; a *provider* owns them:
 
-- :class:`~fstier.host_pool.HostBlockPool`, fstier's own shared, aligned
+- :class:`~fstier.slots.host_pool.HostBlockPool`, fstier's own shared, aligned
   memory (slots are 4096-aligned and a multiple of 4096 long);
 - an engine's own rows, e.g. the rows of vLLM's primary CPU tier
   (:mod:`fstier.integrations.vllm`), which may be neither.

@@ -10,7 +10,7 @@ local shard of any block must hold, without talking to anyone: that is how
 the demo proves a tp=4 rank loaded what two tp=2 ranks stored.
 
 Rank processes. :func:`rank_main` is the entry point of one spawned process.
-It attaches to the parent's :class:`~fstier.host_pool.HostBlockPool` by name
+It attaches to the parent's :class:`~fstier.slots.host_pool.HostBlockPool` by name
 and, per *deployment* (a model at a tp size, this process playing one rank),
 allocates a KV cache (the cross-layer layout by default, one tensor per layer
 with ``per_layer``), registers it, builds its :class:`~fstier.gpu_copy.RankStager`

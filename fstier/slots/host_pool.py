@@ -1,0 +1,365 @@
+"""Shared, aligned host memory: the slots that files and device copies meet in.
+
+:class:`HostBlockPool` is ``num_slots`` 4096-aligned slots in one named POSIX
+shared-memory segment (``/dev/shm/fstier-<pid>-<token>``), prefaulted at
+creation because first touch is slow on these machines, and pinned with
+``cudaHostRegister`` when CUDA is available so device copies run
+asynchronously (registered portable and mapped:
+:meth:`HostBlockPool.device_tensor` lets kernels read and write slots in
+place). The creating process (the scheduler side, which owns ``FsTier``)
+allocates and frees slots; rank processes :meth:`HostBlockPool.attach`
+by name and only read and write slot bytes. A 4096-byte header in front of the
+slots records the geometry so attach needs nothing but the name.
+
+:class:`~fstier.manager.FsTier` moves bytes between files and slots;
+:class:`~fstier.gpu_copy.RankStager` moves bytes between device KV caches and
+slots. Both import the pool from here.
+
+Crash reclamation: a segment whose creator died keeps its ``/dev/shm`` entry;
+:meth:`HostBlockPool.reclaim_stale` unlinks every ``fstier-<pid>-*`` segment
+whose ``pid`` no longer exists (run at start-up; also ``rm /dev/shm/fstier-*``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import secrets
+import struct
+import threading
+import weakref
+from collections.abc import Sequence
+
+import torch
+
+from fstier.errors import PoolError, PoolExhaustedError
+
+__all__ = ["ALIGN", "HostBlockPool"]
+
+ALIGN = 4096
+_SHM_DIR = "/dev/shm"
+_PREFIX = "fstier-"
+_MAGIC = b"FSTIERPOOL1\0"
+_HEADER = struct.Struct("<12sQQQ")  # magic, num_slots, slot_bytes, creator pid
+#: cudaHostRegisterPortable | cudaHostRegisterMapped
+_REGISTER_PORTABLE_MAPPED = 0x1 | 0x2
+
+
+def _round_up(n: int, a: int = ALIGN) -> int:
+    return -(-n // a) * a
+
+
+def _shm_free_bytes() -> int:
+    try:
+        st = os.statvfs(_SHM_DIR)
+    except OSError:
+        return -1
+    return st.f_bavail * st.f_frsize
+
+
+def _unlink_quiet(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+class HostBlockPool:
+    """Shared, aligned, prefaulted host slots. See the module docstring."""
+
+    def __init__(self, num_slots: int, slot_bytes: int, name: str | None = None) -> None:
+        if num_slots < 1:
+            raise PoolError(f"HostBlockPool: num_slots must be >= 1, got {num_slots}")
+        if slot_bytes < 1:
+            raise PoolError(f"HostBlockPool: slot_bytes must be >= 1, got {slot_bytes}")
+        slot_bytes = _round_up(slot_bytes)
+        name = name or f"{_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
+        _check_name(name)
+        path = os.path.join(_SHM_DIR, name)
+        size = ALIGN + num_slots * slot_bytes
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        except FileExistsError:
+            raise PoolError(f"HostBlockPool: shared memory {name!r} already exists; pick another name") from None
+        try:
+            os.ftruncate(fd, size)
+            # Reserve the pages now: ftruncate alone makes a sparse tmpfs file,
+            # and prefaulting it on a too-small /dev/shm (Docker's default is
+            # 64 MiB) would kill the process with SIGBUS instead of an error.
+            os.posix_fallocate(fd, 0, size)
+            mm = mmap.mmap(fd, size)
+        except OSError as exc:
+            os.close(fd)
+            _unlink_quiet(path)
+            free = _shm_free_bytes()
+            raise PoolError(
+                f"HostBlockPool: cannot create {size} bytes of shared memory {name!r} in "
+                f"{_SHM_DIR} ({exc.strerror or exc}; {free} bytes free there); raise the "
+                f"shared-memory size (e.g. docker --shm-size) or use fewer/smaller slots"
+            ) from exc
+        os.close(fd)
+        mm[: _HEADER.size] = _HEADER.pack(_MAGIC, num_slots, slot_bytes, os.getpid())
+        self._setup(name, mm, num_slots, slot_bytes, owner=True)
+        # Prefault: writing every page now keeps first-touch faults off the hot path.
+        self._u8.zero_()
+        self._free = list(range(num_slots - 1, -1, -1))
+        self._allocated: set[int] = set()
+        #: slots a timed-out I/O call may still write; kept off the free list
+        self._fenced: set[int] = set()
+        #: fenced slots the engine already freed: they return on unfence()
+        self._freed_fenced: set[int] = set()
+        self._finalizer: weakref.finalize[[str], HostBlockPool] | None = weakref.finalize(self, _unlink_quiet, path)
+
+    @classmethod
+    def attach(cls, name: str) -> HostBlockPool:
+        """Attach to a pool created by another process (no allocation rights)."""
+        _check_name(name)
+        path = os.path.join(_SHM_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            raise PoolError(f"HostBlockPool.attach: no shared memory named {name!r} (was the pool closed?)") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size < ALIGN:
+                raise PoolError(f"HostBlockPool.attach: {name!r} is not an fstier pool ({size} bytes)")
+            mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        magic, num_slots, slot_bytes, _pid = _HEADER.unpack(mm[: _HEADER.size])
+        if magic != _MAGIC or ALIGN + num_slots * slot_bytes != size:
+            mm.close()
+            raise PoolError(f"HostBlockPool.attach: {name!r} is not an fstier pool (bad header)")
+        self = cls.__new__(cls)
+        self._setup(name, mm, int(num_slots), int(slot_bytes), owner=False)
+        # Map the pages into this process now (reads only, the data stays).
+        self._u8[:, ::ALIGN].sum()
+        self._free = []
+        self._allocated = set()
+        self._fenced = set()
+        self._freed_fenced = set()
+        self._finalizer = None
+        return self
+
+    def _setup(self, name: str, mm: mmap.mmap, num_slots: int, slot_bytes: int, owner: bool) -> None:
+        self.name = name
+        self.num_slots = num_slots
+        self.slot_bytes = slot_bytes
+        self.owner = owner
+        self._mm: mmap.mmap | None = mm
+        self._lock = threading.Lock()
+        flat = torch.frombuffer(mm, dtype=torch.uint8, offset=ALIGN, count=num_slots * slot_bytes)
+        self._u8: torch.Tensor = flat.view(num_slots, slot_bytes)
+        self._pinned = False
+        self._device_views: dict[int, torch.Tensor] = {}
+        # A child forked after its parent initialised CUDA cannot use CUDA at
+        # all (torch raises on first use); it attaches unpinned, as CPU-only.
+        if torch.cuda.is_available() and not torch.cuda._is_in_bad_fork():
+            # Portable: pinned for every context of this process; mapped: kernels
+            # may read and write the slots in place (RankStager's "kernel" copy).
+            rc = torch.cuda.cudart().cudaHostRegister(flat.data_ptr(), flat.numel(), _REGISTER_PORTABLE_MAPPED)
+            self._pinned = int(rc) == 0
+
+    # -- slots ------------------------------------------------------------
+    def alloc(self, n: int = 1) -> list[int]:
+        """Take ``n`` free slots (all or none)."""
+        self._check_owner("alloc")
+        with self._lock:
+            if n > len(self._free):
+                raise PoolExhaustedError(
+                    f"HostBlockPool {self.name!r}: asked for {n} slot(s), {len(self._free)} of "
+                    f"{self.num_slots} free; free finished jobs' slots or create a larger pool"
+                )
+            slots = [self._free.pop() for _ in range(n)]
+            self._allocated.update(slots)
+            return slots
+
+    def free(self, slots: Sequence[int]) -> None:
+        """Return slots; double free and unknown slots are errors (nothing is freed then)."""
+        self._check_owner("free")
+        with self._lock:
+            seen: set[int] = set()
+            for s in slots:
+                if not 0 <= s < self.num_slots:
+                    raise PoolError(f"HostBlockPool {self.name!r}: unknown slot {s} (pool has {self.num_slots})")
+                if s not in self._allocated or s in seen:
+                    raise PoolError(f"HostBlockPool {self.name!r}: double free of slot {s}")
+                seen.add(s)
+            self._allocated.difference_update(seen)
+            held = seen & self._fenced
+            self._freed_fenced.update(held)
+            self._free.extend(seen - held)
+
+    # -- the SlotProvider contract (fstier.slots) ---------------------------
+    def check_slots(self, slots: Sequence[int]) -> None:
+        """Raise ``ValueError`` naming the first slot a job must not use: out
+        of range, or (in the creating process) not currently allocated."""
+        with self._lock:
+            for s in slots:
+                if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < self.num_slots:
+                    raise ValueError(
+                        f"HostBlockPool {self.name!r}: slot {s!r} is not a slot index in "
+                        f"0..{self.num_slots - 1}"
+                    )
+                if self.owner and s not in self._allocated:
+                    raise ValueError(
+                        f"HostBlockPool {self.name!r}: slot {s} is not allocated; take slots "
+                        "with alloc() and pass only slots you hold"
+                    )
+
+    def fence(self, i: int) -> None:
+        """Keep slot ``i`` from being handed out again until :meth:`unfence`
+        (a timed-out I/O call may still write it)."""
+        self._check_slot(i)
+        with self._lock:
+            self._fenced.add(i)
+
+    def unfence(self, i: int) -> None:
+        """The late call on slot ``i`` returned; a freed slot becomes free again."""
+        self._check_slot(i)
+        with self._lock:
+            self._fenced.discard(i)
+            if i in self._freed_fenced:
+                self._freed_fenced.discard(i)
+                self._free.append(i)
+
+    @property
+    def fenced(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self._fenced)
+
+    @property
+    def num_free(self) -> int:
+        with self._lock:
+            return len(self._free)
+
+    def slot_view(self, i: int) -> memoryview:
+        """Writable, 4096-aligned ``slot_bytes`` view of slot ``i``."""
+        self._check_slot(i)
+        mm = self._live()
+        start = ALIGN + i * self.slot_bytes
+        return memoryview(mm)[start : start + self.slot_bytes]
+
+    def slot_tensor(self, i: int) -> torch.Tensor:
+        """Slot ``i`` as a uint8 tensor sharing the memory."""
+        self._check_slot(i)
+        self._live()
+        return self._u8[i]
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """All slots as one uint8 ``(num_slots, slot_bytes)`` tensor."""
+        self._live()
+        return self._u8
+
+    @property
+    def pinned(self) -> bool:
+        return self._pinned
+
+    def device_tensor(self, device: torch.device | str | int | None = None) -> torch.Tensor:
+        """All slots as one CUDA uint8 ``(num_slots * slot_bytes,)`` tensor of the
+        mapped pinned memory itself: kernels on ``device`` read and write the
+        slots over the bus, without a copy. Needs a pinned pool."""
+        self._live()
+        if not self._pinned:
+            raise PoolError(
+                f"HostBlockPool {self.name!r}: the slots are not registered with CUDA (no CUDA, or "
+                "cudaHostRegister failed); device_tensor needs a pinned pool"
+            )
+        dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        idx = int(dev.index or 0)
+        view = self._device_views.get(idx)
+        if view is None:
+            from fstier._cudart import cudart
+
+            flat = self._u8.view(-1)
+            ptr = cudart().host_device_pointer(flat.data_ptr(), idx)
+            with torch.cuda.device(idx):
+                view = torch.as_tensor(_MappedSlots(ptr, flat.numel(), self), device=dev)
+            self._device_views[idx] = view
+        return view
+
+    def close(self) -> None:
+        """Release this process's mapping; the creator also unlinks the segment. Idempotent."""
+        mm, self._mm = self._mm, None
+        if mm is None:
+            return
+        self._device_views = {}
+        if self._pinned:
+            torch.cuda.cudart().cudaHostUnregister(self._u8.data_ptr())
+            self._pinned = False
+        if self.owner and self._finalizer is not None:
+            self._finalizer()  # unlink now; the name is gone for new attachers
+        del self._u8
+        self._u8 = torch.empty((0, self.slot_bytes), dtype=torch.uint8)
+        # Views handed out (slot_view, slot_tensor) keep the mapping alive until
+        # they are dropped; mmap refuses to close under them, which is safe.
+        with contextlib.suppress(BufferError):
+            mm.close()
+
+    def __enter__(self) -> HostBlockPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def reclaim_stale() -> list[str]:
+        """Unlink fstier segments whose creating process no longer exists."""
+        removed: list[str] = []
+        try:
+            names = os.listdir(_SHM_DIR)
+        except OSError:
+            return removed
+        for n in names:
+            if not n.startswith(_PREFIX):
+                continue
+            try:
+                pid = int(n[len(_PREFIX) :].split("-", 1)[0])
+            except ValueError:
+                continue
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                _unlink_quiet(os.path.join(_SHM_DIR, n))
+                removed.append(n)
+            except PermissionError:
+                continue  # alive, another user's
+        return removed
+
+    def _check_owner(self, what: str) -> None:
+        self._live()
+        if not self.owner:
+            raise PoolError(
+                f"HostBlockPool {self.name!r}: {what} is reserved to the creating process; "
+                "attached processes only read and write the slots they are given"
+            )
+
+    def _check_slot(self, i: int) -> None:
+        if not 0 <= i < self.num_slots:
+            raise PoolError(f"HostBlockPool {self.name!r}: unknown slot {i} (pool has {self.num_slots})")
+
+    def _live(self) -> mmap.mmap:
+        if self._mm is None:
+            raise PoolError(f"HostBlockPool {self.name!r} is closed")
+        return self._mm
+
+
+class _MappedSlots:
+    """``__cuda_array_interface__`` of the pool's mapped memory (keeps the pool alive)."""
+
+    def __init__(self, ptr: int, size: int, owner: HostBlockPool) -> None:
+        self.owner = owner
+        self.__cuda_array_interface__ = {
+            "shape": (size,),
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "strides": None,
+            "version": 3,
+        }
+
+
+def _check_name(name: str) -> None:
+    if not name or "/" in name or "\x00" in name or name in (".", "..") or len(name) > 200:
+        raise PoolError(f"HostBlockPool: invalid shared memory name {name!r}; use letters, digits, '-', '_'")

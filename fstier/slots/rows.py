@@ -1,0 +1,115 @@
+"""RowSlots: a slot provider over fixed-stride rows of an engine's own buffer.
+
+An engine that keeps its KV blocks in host rows (vLLM's primary CPU tier)
+lends them to FsTier in place, with no copy: slot ``i`` is ``row_bytes``
+bytes at ``offset + i * stride``. Rows need not be 4096-aligned nor a
+multiple of 4096 long; the I/O layer moves exactly a payload's bytes.
+Checking a job's slots costs one set lookup per slot under one lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+__all__ = ["RowSlots"]
+
+
+class RowSlots:
+    """A :class:`~fstier.slots.SlotProvider` over fixed-stride rows of an
+    engine's buffer, in place: slot ``i`` is ``row_bytes`` bytes at
+    ``offset + i * stride``. Rows need not be 4096-aligned nor a multiple of
+    4096 long (FsTier then moves exactly the payload's bytes and the I/O layer
+    pads from its own buffer), and nothing outside a row is ever touched.
+
+    The engine owns the rows: :meth:`check_slots` checks indices and fences
+    only, and :meth:`fence` marks rows a timed-out I/O call may still write
+    (the vLLM adapter holds such a job's result back, so vLLM keeps the rows
+    pinned, until :meth:`unfence`)."""
+
+    def __init__(
+        self,
+        buffer: memoryview,
+        num_rows: int,
+        stride: int,
+        row_bytes: int | None = None,
+        offset: int = 0,
+    ) -> None:
+        flat = buffer if buffer.format == "B" and buffer.ndim == 1 else buffer.cast("B")
+        row_bytes = stride if row_bytes is None else row_bytes
+        if num_rows < 0 or stride <= 0 or not 0 < row_bytes <= stride or offset < 0:
+            raise ValueError(
+                f"RowSlots: need num_rows >= 0, stride > 0, 0 < row_bytes <= stride and "
+                f"offset >= 0, got num_rows={num_rows}, stride={stride}, "
+                f"row_bytes={row_bytes}, offset={offset}"
+            )
+        end = offset + (num_rows - 1) * stride + row_bytes if num_rows else offset
+        if end > len(flat):
+            raise ValueError(
+                f"RowSlots: {num_rows} rows of stride {stride} from offset {offset} need "
+                f"{end} bytes, but the buffer holds {len(flat)}"
+            )
+        if flat.readonly:
+            raise ValueError("RowSlots: the buffer must be writable (loads fill rows)")
+        self._flat = flat
+        self._num_rows = num_rows
+        self._stride = stride
+        self._row_bytes = row_bytes
+        self._offset = offset
+        self._fenced: set[int] = set()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_primary_view(cls, view: memoryview) -> RowSlots:
+        """Rows of vLLM's ``primary_kv_view`` (2-D, chunks x row stride)."""
+        if view.ndim != 2 or view.strides is None or view.shape is None:
+            raise ValueError(
+                f"primary_kv_view must be 2-D (chunks x row bytes), got ndim={view.ndim}"
+            )
+        return cls(view, view.shape[0], view.strides[0])
+
+    @property
+    def num_slots(self) -> int:
+        return self._num_rows
+
+    @property
+    def slot_bytes(self) -> int:
+        return self._row_bytes
+
+    @property
+    def stride(self) -> int:
+        return self._stride
+
+    def slot_view(self, i: int) -> memoryview:
+        start = self._offset + i * self._stride
+        return self._flat[start : start + self._row_bytes]
+
+    def check_slots(self, slots: Sequence[int]) -> None:
+        with self._lock:
+            for s in slots:
+                if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < self._num_rows:
+                    raise ValueError(
+                        f"slot {s!r} is not a row index in 0..{self._num_rows - 1}"
+                    )
+                if s in self._fenced:
+                    raise ValueError(
+                        f"slot {s} is fenced: a timed-out I/O call may still write it"
+                    )
+
+    def fence(self, i: int) -> None:
+        with self._lock:
+            self._fenced.add(i)
+
+    def unfence(self, i: int) -> None:
+        with self._lock:
+            self._fenced.discard(i)
+
+    @property
+    def fenced(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self._fenced)
+
+    def release(self) -> None:
+        """Drop this provider's export of the engine's buffer (after the last
+        I/O), so the engine can unmap it; slot views are invalid after."""
+        self._flat.release()

@@ -1,0 +1,171 @@
+"""Admission: whether the tier takes a job now, and what a failure means.
+
+- :class:`Breaker`: ``breaker_failures`` consecutive failures that say the
+  device or mount is failing (:data:`DEVICE_CAUSES`) open it for
+  ``breaker_cooldown_s`` (lookups miss, stores drop, loads fail fast); then
+  half-open: a success closes it, a failure reopens it. Each transition is
+  logged once.
+- :class:`WriteBudget`: backpressure. Queued store bytes are bounded by
+  ``max_write_queue_seconds`` of work at an EMA of the measured write speed;
+  beyond it, stores drop (a future miss, never a blocked caller).
+- :data:`BAD_FILE_CAUSES`: what at a block path is not a block file (a miss
+  with cause ``bad_file:<why>``, never a breaker failure).
+
+Every call takes one lock and does O(1) work.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from fstier.tier.metrics import TierMetrics
+
+__all__ = ["BAD_FILE_CAUSES", "DEVICE_CAUSES", "Breaker", "WriteBudget"]
+
+log = logging.getLogger("fstier.manager")
+
+#: Prior write speed before the first measurement (bytes/s). Conservative for
+#: NVMe (docs/architecture.md, "Facts of the machines": ~1.6 GB/s for new
+#: files) so an initial flood is
+#: bounded before any store has completed.
+_PRIOR_WRITE_BPS = 512e6
+_EMA_ALPHA = 0.2
+#: A busy period shorter than this is folded into the next sample (timer noise).
+_MIN_SAMPLE_S = 0.005
+
+
+class Breaker:
+    """Consecutive-failure circuit breaker: closed -> open (cool-down) ->
+    half-open -> closed on a success, open again on a failure."""
+
+    CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+
+    def __init__(self, threshold: int, cooldown_s: float, metrics: TierMetrics) -> None:
+        self.threshold = threshold
+        self.cooldown_s = cooldown_s
+        self._metrics = metrics
+        self._state = self.CLOSED
+        self._failures = 0
+        self._open_until = 0.0
+        self._lock = threading.Lock()
+
+    @property
+    def state(self) -> str:
+        with self._lock:
+            self._tick(time.monotonic())
+            return self._state
+
+    def _tick(self, now: float) -> None:
+        if self._state == self.OPEN and now >= self._open_until:
+            self._state = self.HALF_OPEN
+            log.warning("fstier: circuit breaker half-open; probing the tier again")
+
+    def allow(self) -> bool:
+        """False while open (degraded)."""
+        with self._lock:
+            self._tick(time.monotonic())
+            return self._state != self.OPEN
+
+    def success(self) -> None:
+        with self._lock:
+            self._failures = 0
+            if self._state != self.CLOSED:
+                self._state = self.CLOSED
+                self._metrics.degraded.set(0)
+                log.warning("fstier: circuit breaker closed; the tier recovered")
+
+    def failure(self, cause: str) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self._tick(now)
+            self._failures += 1
+            if self._state == self.HALF_OPEN or (
+                self._state == self.CLOSED and self._failures >= self.threshold
+            ):
+                self._state = self.OPEN
+                self._open_until = now + self.cooldown_s
+                self._metrics.breaker_trips.inc()
+                self._metrics.degraded.set(1)
+                log.error(
+                    "fstier: circuit breaker open after %d consecutive I/O failure(s) (last: %s); "
+                    "tier degraded for %.1fs (lookups miss, stores drop, loads fail fast)",
+                    self._failures, cause, self.cooldown_s,
+                )
+
+
+class WriteBudget:
+    """Backpressure: queued store bytes versus an EMA of the write speed.
+
+    The speed sample is bytes completed over the wall time during which the
+    write queue was non-empty, so it measures the pool's aggregate throughput
+    whatever the number of writer threads and jobs in flight."""
+
+    def __init__(self, max_queue_s: float, metrics: TierMetrics) -> None:
+        self.max_queue_s = max_queue_s
+        self._metrics = metrics
+        self.speed = _PRIOR_WRITE_BPS
+        self._measured = False
+        self.queued = 0
+        self._busy_since = 0.0
+        self._busy_bytes = 0
+        self._lock = threading.Lock()
+        metrics.write_speed.set(self.speed)
+
+    def admit(self, nbytes: int) -> bool:
+        """Reserve ``nbytes`` if they fit; an idle queue always admits (a job
+        bigger than the budget must still be storable)."""
+        with self._lock:
+            if self.queued > 0 and self.queued + nbytes > self.max_queue_s * self.speed:
+                return False
+            if self.queued == 0:
+                self._busy_since = time.perf_counter()
+                self._busy_bytes = 0
+            self.queued += nbytes
+            self._metrics.queued_store_bytes.set(self.queued)
+            return True
+
+    def release(self, reserved: int, written: int) -> None:
+        """An op ended: ``reserved`` bytes leave the queue, ``written`` count
+        toward the speed sample."""
+        with self._lock:
+            self.queued = max(0, self.queued - reserved)
+            self._busy_bytes += written
+            now = time.perf_counter()
+            elapsed = now - self._busy_since
+            if self._busy_bytes > 0 and elapsed >= _MIN_SAMPLE_S and (
+                self.queued == 0 or elapsed >= 0.25
+            ):
+                sample = self._busy_bytes / elapsed
+                # The first measurement replaces the prior outright: a slow
+                # mount must not hide behind an optimistic guess for long.
+                if self._measured:
+                    self.speed = (1 - _EMA_ALPHA) * self.speed + _EMA_ALPHA * sample
+                else:
+                    self.speed = sample
+                    self._measured = True
+                self._metrics.write_speed.set(self.speed)
+                self._busy_since = now
+                self._busy_bytes = 0
+            elif self.queued == 0 and self._busy_bytes == 0:
+                self._busy_since = now
+            self._metrics.queued_store_bytes.set(self.queued)
+
+
+#: Causes that say the device or mount is failing: only these count toward
+#: the circuit breaker. Anything about one file (a FIFO, socket or directory
+#: planted at a block path, a permission, a name) is that file's problem: the
+#: key is a miss, and the tier keeps serving every other key (issue 15 item 7:
+#: eight planted FIFOs used to degrade the whole tier). A full disk (ENOSPC,
+#: EDQUOT) is not failing either: loads still work and eviction frees space.
+DEVICE_CAUSES = frozenset({
+    "timeout", "EIO", "EROFS", "ESTALE", "ENOTCONN", "ENODEV", "ENOMEDIUM", "ESHUTDOWN",
+    "ETIMEDOUT", "EHOSTDOWN", "EHOSTUNREACH", "ENETDOWN", "ENETUNREACH", "ENETRESET",
+    "ECONNREFUSED", "ECONNRESET", "ECONNABORTED", "ENOLINK", "EREMOTEIO", "EUCLEAN",
+})
+#: Load errors that mean "what is at the block path is not a block file":
+#: ``not_regular`` (a FIFO or directory: fstat says so), ENXIO (a socket
+#: refuses open), EISDIR, ENOTDIR (a file planted where a fan-out directory
+#: belongs). They are bad files: a miss with cause ``bad_file:<why>``.
+BAD_FILE_CAUSES = frozenset({"not_regular", "ENXIO", "EISDIR", "ENOTDIR"})

@@ -1,0 +1,263 @@
+"""Capacity: keeping a root under ``max_bytes`` while FsTier runs.
+
+One :class:`Capacity` per :class:`~fstier.manager.FsTier` with ``max_bytes``:
+
+- **Shared usage.** The root's byte count lives in the root itself
+  (:class:`~fstier.tier.usage.SharedUsage`: a ``flock``-guarded count every
+  instance on the root adds its stores to and subtracts its evictions from),
+  so N instances on one root never fill N x ``max_bytes``. It is reported as
+  ``None`` until this instance's first scan.
+- **Admission.** :meth:`Capacity.root_full` says a store must be dropped
+  (cause ``capacity``); crossing the high watermark wakes the thread.
+- **The thread.** ``fstier-capacity`` runs a pass (:func:`fstier.tier.gc.collect_garbage`)
+  on start, when woken above the high watermark, and every 300 s to resync
+  the count; one evicting instance per root at a time (the root's eviction
+  lock). A pass first flushes pending recency (``before_pass``), so eviction
+  sees this process's latest hits. A capacity bug is logged, never raised
+  into the tier.
+
+Costs: a store or an eviction batch costs one ``flock`` + ``pread``/``pwrite``
+of the shared count; a pass walks the whole root (streaming, bounded memory).
+Without ``max_bytes`` there is no thread and every call is a no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from fstier.config import TierConfig
+from fstier.tier.gc import GcReport, collect_garbage
+from fstier.tier.metrics import TierMetrics
+from fstier.tier.usage import SharedUsage
+
+__all__ = ["Capacity"]
+
+log = logging.getLogger("fstier.manager")
+
+#: The capacity thread rescans this often even without a trigger: the shared
+#: usage count (fstier.tier.usage) drifts only through writers killed mid-store,
+#: hand-run ``fstier gc`` and instances without ``max_bytes``.
+_RESYNC_INTERVAL_S = 300.0
+#: While usage is above the high watermark and another instance holds the
+#: eviction lock (or just finished a pass that others outran), look again
+#: this soon.
+_BUSY_RETRY_S = 0.05
+#: Evictions are subtracted from the shared count in batches of this many
+#: files, so that a long pass lowers it as it goes (admission sees the room).
+_REMOVED_BATCH = 64
+
+
+class Capacity:
+    """The root-wide usage count and the capacity thread of one tier.
+
+    ``on_evicted(path)`` is called for every block file a pass removes (the
+    tier forgets the key and publishes an event); ``before_pass()`` runs
+    before each pass (the tier flushes its pending recency)."""
+
+    def __init__(
+        self,
+        root: Path,
+        tier: TierConfig,
+        metrics: TierMetrics,
+        *,
+        on_evicted: Callable[[str], None],
+        before_pass: Callable[[], None],
+        background: bool = True,
+    ) -> None:
+        self._tier = tier
+        self.max_bytes = tier.max_bytes
+        self.metrics = metrics
+        self._on_evicted = on_evicted
+        self._before_pass = before_pass
+        self._shared: SharedUsage | None = (
+            SharedUsage(root, tier.file_mode) if self.max_bytes is not None else None
+        )
+        self._root = root
+        self._usage_known = False
+        self._resynced = time.monotonic()
+        self._usage_lock = threading.Lock()
+        self._removed_pending = 0  # evicted bytes not yet subtracted from the count
+        self._removed_in_pass = 0
+        self._cap_lock = threading.Lock()  # one capacity pass at a time
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if self.max_bytes is not None and background:
+            self._thread = threading.Thread(target=self._loop, name="fstier-capacity", daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------- the count
+    @property
+    def usage_bytes(self) -> int | None:
+        """Bytes of block files under the root, counted by every instance
+        storing into it (None before this instance's first scan or without
+        ``max_bytes``)."""
+        if self._shared is None or not self._usage_known:
+            return None
+        return self._shared.read()
+
+    @property
+    def shared(self) -> bool:
+        """Whether the count is shared with other instances on the root
+        (False without ``max_bytes`` or when the root's usage file is not
+        one fstier can use)."""
+        return self._shared is not None and self._shared.shared
+
+    def root_full(self) -> bool:
+        """The root is over ``max_bytes`` (a store must be dropped)."""
+        return (
+            self._shared is not None
+            and self.max_bytes is not None
+            and self._shared.read() > self.max_bytes
+        )
+
+    def _over_high(self) -> bool:
+        return (
+            self._shared is not None
+            and self.max_bytes is not None
+            and self._shared.read() > self.max_bytes * self._tier.high_watermark
+        )
+
+    def add(self, delta: int) -> None:
+        """Add ``delta`` bytes (stores: positive; removals: negative) to the
+        shared count; crossing the high watermark wakes the thread."""
+        if self._shared is None or self.max_bytes is None or delta == 0:
+            return
+        usage = self._shared.add(delta)
+        self.metrics.usage_bytes.set(usage)
+        if usage > self.max_bytes * self._tier.high_watermark:
+            self._wake.set()
+
+    def wake(self) -> None:
+        """Ask the thread for a pass now."""
+        self._wake.set()
+
+    def _flush_removed(self) -> None:
+        with self._usage_lock:
+            pending, self._removed_pending = self._removed_pending, 0
+            self._removed_in_pass += pending
+        if pending:
+            self.add(-pending)
+
+    def _on_removed(self, path: str, size: int) -> None:
+        self.metrics.evicted_blocks.inc()
+        self.metrics.evicted_bytes.inc(size)
+        with self._usage_lock:
+            self._removed_pending += size
+            batch = self._removed_pending >= _REMOVED_BATCH * size
+        if batch:
+            self._flush_removed()
+        self._on_evicted(path)
+
+    # ---------------------------------------------------------------- passes
+    def run_pass(self, max_bytes: int | None = None) -> GcReport:
+        """One synchronous pass (see :meth:`fstier.manager.FsTier.run_capacity_pass`)."""
+        report = None
+        while report is None:
+            report = self._pass(
+                max_bytes if max_bytes is not None else self.max_bytes, wait=True, resync=True
+            )
+        return report
+
+    def _pass(
+        self, max_bytes: int | None, wait: bool = False, resync: bool = False
+    ) -> GcReport | None:
+        """Run a pass if this instance gets the root's eviction lock; None when
+        another instance holds it (``wait``: after a short sleep, so the
+        caller can retry).
+
+        The shared count follows evictions as they happen (``_on_removed``).
+        It is *reset* from the walk only when ``resync`` is asked, on this
+        instance's first pass, or when the pass removed nothing (the walk then
+        is the truth, and a count above it would drop stores for nothing):
+        a reset counts the stores other instances made during the walk twice
+        when the walk saw them, which is safe but, after every evicting pass,
+        would keep the count high and drop stores the root has room for."""
+        tier = self._tier
+        self._before_pass()  # eviction must see this process's latest hits
+        shared = self._shared
+        with self._cap_lock, contextlib.ExitStack() as stack:
+            if shared is not None and not stack.enter_context(shared.evicting()):
+                if wait:
+                    time.sleep(_BUSY_RETRY_S)
+                return None
+            before = shared.read() if shared is not None else 0
+            with self._usage_lock:
+                self._removed_pending = self._removed_in_pass = 0
+            report = collect_garbage(
+                self._root,
+                max_bytes,
+                tier.low_watermark,
+                tier.temp_max_age_s,
+                high_watermark=tier.high_watermark,
+                on_removed=self._on_removed,
+                should_stop=self._stop.is_set,
+            )
+            self._flush_removed()
+            if (
+                shared is not None
+                and report.complete
+                and (resync or not self._usage_known or report.removed_files == 0)
+            ):
+                with self._usage_lock:
+                    mine = self._removed_in_pass
+                # Others' net stores during the walk are the change of
+                # the count that this pass's own subtractions (mine) do
+                # not explain: resync adds count - (before - mine).
+                usage = shared.resync(report.final_bytes, before - mine)
+                self._usage_known = True
+                self._resynced = time.monotonic()
+                self.metrics.usage_bytes.set(usage)
+        self.metrics.temp_swept.inc(report.temp_removed)
+        if report.removed_files:
+            log.info(
+                "fstier: evicted %d file(s), %d bytes; usage now %d bytes",
+                report.removed_files, report.removed_bytes, report.final_bytes,
+            )
+        return report
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            report: GcReport | None = None
+            soon = False
+            rest = 0.0
+            try:
+                periodic = time.monotonic() - self._resynced >= _RESYNC_INTERVAL_S
+                report = self._pass(self.max_bytes, resync=periodic)
+                # Look again soon when another instance held the lock (its
+                # pass may not cover what we stored), when no scan has run
+                # yet, or when stores outran a pass that did evict.
+                soon = (
+                    not self._usage_known
+                    or (report is None and self._over_high())
+                    or (report is not None and report.removed_files > 0 and self._over_high())
+                )
+                if report is not None and report.removed_files == 0:
+                    # Nothing to evict (the count was reset from the walk):
+                    # do not walk again at once, however many stores wake us,
+                    # so a huge root is not rescanned back to back.
+                    rest = 2 * report.seconds
+            except Exception:  # a capacity bug must not kill the tier
+                log.exception("fstier: capacity pass failed; retrying later")
+            if rest and self._stop.wait(rest):
+                return
+            self._wake.wait(_BUSY_RETRY_S if soon else _RESYNC_INTERVAL_S)
+            self._wake.clear()
+
+    # ------------------------------------------------------------- lifecycle
+    def stop(self) -> None:
+        """Stop the thread (a running pass stops at its next file) and wait for it."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def close(self) -> None:
+        """Release the shared count (after :meth:`stop` and the last store)."""
+        if self._shared is not None:
+            self._shared.close()

@@ -1,0 +1,246 @@
+"""Plain in-process metrics for FsTier, with an optional Prometheus bridge.
+
+Counters, gauges and fixed-bucket histograms are small lock-protected objects
+with no dependency; :meth:`TierMetrics.snapshot` returns a plain dict (what
+tests, logs and ``--json`` read). ``prometheus_client`` is imported only when
+:meth:`TierMetrics.start_prometheus_exporter` or
+:meth:`TierMetrics.prometheus_collector` is called; without the ``metrics``
+extra installed those raise :class:`~fstier.errors.MetricsUnavailableError`
+saying what to install.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fstier.errors import MetricsUnavailableError
+
+__all__ = ["Counter", "Gauge", "Histogram", "HistogramSnapshot", "LabeledCounter", "TierMetrics"]
+
+#: Seconds buckets for per-job latency (0.1 ms .. 60 s).
+SECONDS_BUCKETS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)
+
+
+class Counter:
+    """A monotonically increasing number."""
+
+    def __init__(self, name: str, doc: str) -> None:
+        self.name = name
+        self.doc = doc
+        self._value = 0.0
+        self._lock = threading.Lock()
+
+    def inc(self, amount: float = 1.0) -> None:
+        if amount < 0:
+            raise ValueError(f"counter {self.name}: increment must be >= 0, got {amount}")
+        with self._lock:
+            self._value += amount
+
+    @property
+    def value(self) -> float:
+        with self._lock:
+            return self._value
+
+
+class Gauge:
+    """A number that goes up and down (e.g. usage bytes)."""
+
+    def __init__(self, name: str, doc: str) -> None:
+        self.name = name
+        self.doc = doc
+        self._value = 0.0
+        self._lock = threading.Lock()
+
+    def set(self, value: float) -> None:
+        with self._lock:
+            self._value = value
+
+    def add(self, amount: float) -> None:
+        with self._lock:
+            self._value += amount
+
+    @property
+    def value(self) -> float:
+        with self._lock:
+            return self._value
+
+
+class LabeledCounter:
+    """Counters keyed by one label (e.g. failures by cause)."""
+
+    def __init__(self, name: str, doc: str, label: str) -> None:
+        self.name = name
+        self.doc = doc
+        self.label = label
+        self._values: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def inc(self, label_value: str, amount: float = 1.0) -> None:
+        with self._lock:
+            self._values[label_value] = self._values.get(label_value, 0.0) + amount
+
+    def values(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self._values)
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramSnapshot:
+    """Cumulative bucket counts (Prometheus convention), sum and count."""
+
+    buckets: tuple[float, ...]
+    cumulative: tuple[int, ...]
+    total: float
+    count: int
+
+
+class Histogram:
+    """A fixed-bucket histogram of observations."""
+
+    def __init__(self, name: str, doc: str, buckets: Sequence[float] = SECONDS_BUCKETS) -> None:
+        self.name = name
+        self.doc = doc
+        self.buckets = tuple(sorted(buckets))
+        self._counts = [0] * (len(self.buckets) + 1)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, value: float) -> None:
+        i = bisect.bisect_left(self.buckets, value)
+        with self._lock:
+            self._counts[i] += 1
+            self._sum += value
+
+    def snapshot(self) -> HistogramSnapshot:
+        with self._lock:
+            counts = list(self._counts)
+            total = self._sum
+        cumulative: list[int] = []
+        running = 0
+        for c in counts[:-1]:
+            running += c
+            cumulative.append(running)
+        return HistogramSnapshot(self.buckets, tuple(cumulative), total, running + counts[-1])
+
+
+class TierMetrics:
+    """Every metric one FsTier keeps. Names follow Prometheus conventions."""
+
+    def __init__(self) -> None:
+        c = Counter
+        self.stored_bytes = c("fstier_stored_bytes_total", "payload bytes written to new block files")
+        self.stored_blocks = c("fstier_stored_blocks_total", "block files written")
+        self.skipped_blocks = c("fstier_store_skipped_blocks_total", "stores skipped: key already present")
+        self.loaded_bytes = c("fstier_loaded_bytes_total", "payload bytes loaded and verified")
+        self.loaded_blocks = c("fstier_loaded_blocks_total", "block files loaded and verified")
+        self.lookup_keys = c("fstier_lookup_keys_total", "keys asked by lookup()")
+        self.hits = c("fstier_lookup_hits_total", "keys reported present by lookup()")
+        self.misses = c("fstier_lookup_misses_total", "lookups that stopped at a missing key")
+        self.load_misses = c("fstier_load_missed_blocks_total", "blocks a load reported as misses to recompute")
+        self.drops = LabeledCounter("fstier_store_dropped_blocks_total", "stores dropped, by reason", "reason")
+        self.failures = LabeledCounter("fstier_failures_total", "failed block operations, by cause", "cause")
+        self.corrupt = c("fstier_corrupt_blocks_total", "block files proven bad and removed")
+        self.evicted_blocks = c("fstier_evicted_blocks_total", "block files removed by LRU eviction")
+        self.evicted_bytes = c("fstier_evicted_bytes_total", "bytes removed by LRU eviction")
+        self.temp_swept = c("fstier_temp_swept_total", "stale temp/.nfs files removed")
+        self.breaker_trips = c("fstier_breaker_trips_total", "times the circuit breaker opened")
+        self.usage_bytes = Gauge("fstier_usage_bytes", "bytes of block files under the root (tracked)")
+        self.write_speed = Gauge("fstier_write_bytes_per_second", "EMA of measured write speed")
+        self.queued_store_bytes = Gauge("fstier_queued_store_bytes", "bytes of stores queued or running")
+        self.degraded = Gauge("fstier_degraded", "1 while the circuit breaker is open")
+        self.store_seconds = Histogram("fstier_store_job_seconds", "store job latency")
+        self.load_seconds = Histogram("fstier_load_job_seconds", "load job latency")
+        self.lookup_seconds = Histogram("fstier_lookup_seconds", "lookup() latency")
+
+    def _all(self) -> Iterator[Counter | Gauge | LabeledCounter | Histogram]:
+        for value in vars(self).values():
+            if isinstance(value, Counter | Gauge | LabeledCounter | Histogram):
+                yield value
+
+    def snapshot(self) -> dict[str, Any]:
+        """A plain dict: counters and gauges as numbers, labeled counters as
+        ``{label: n}``, histograms as ``{"count", "sum", "buckets"}``."""
+        out: dict[str, Any] = {}
+        for m in self._all():
+            if isinstance(m, Counter | Gauge):
+                out[m.name] = m.value
+            elif isinstance(m, LabeledCounter):
+                out[m.name] = m.values()
+            else:
+                s = m.snapshot()
+                out[m.name] = {
+                    "count": s.count,
+                    "sum": s.total,
+                    "buckets": dict(zip(s.buckets, s.cumulative, strict=True)),
+                }
+        return out
+
+    # -- Prometheus ---------------------------------------------------------
+    def prometheus_collector(self) -> Any:
+        """A ``prometheus_client`` collector reading these metrics at scrape
+        time. Register it with ``registry.register(...)``."""
+        core = _import_prometheus()
+        metrics = self
+
+        class _Collector:
+            def collect(self) -> Iterator[Any]:
+                for m in metrics._all():
+                    if isinstance(m, Counter):
+                        fam = core.CounterMetricFamily(m.name.removesuffix("_total"), m.doc)
+                        fam.add_metric([], m.value)
+                    elif isinstance(m, Gauge):
+                        fam = core.GaugeMetricFamily(m.name, m.doc)
+                        fam.add_metric([], m.value)
+                    elif isinstance(m, LabeledCounter):
+                        fam = core.CounterMetricFamily(
+                            m.name.removesuffix("_total"), m.doc, labels=[m.label]
+                        )
+                        for label, v in sorted(m.values().items()):
+                            fam.add_metric([label], v)
+                    else:
+                        s = m.snapshot()
+                        fam = core.HistogramMetricFamily(m.name, m.doc)
+                        buckets = [(repr(b), float(c)) for b, c in zip(s.buckets, s.cumulative, strict=True)]
+                        buckets.append(("+Inf", float(s.count)))
+                        fam.add_metric([], buckets, s.total)
+                    yield fam
+
+            def describe(self) -> list[Any]:
+                return []
+
+        return _Collector()
+
+    def start_prometheus_exporter(self, port: int, addr: str = "0.0.0.0") -> Any:
+        """Serve these metrics over HTTP on ``port`` from a daemon thread, in a
+        private registry (so several FsTier instances never collide). Returns
+        the registry."""
+        client = _import_prometheus_client()
+        registry = client.CollectorRegistry()
+        registry.register(self.prometheus_collector())
+        client.start_http_server(port, addr=addr, registry=registry)
+        return registry
+
+
+def _import_prometheus_client() -> Any:
+    try:
+        import prometheus_client
+    except ImportError:
+        raise MetricsUnavailableError(
+            "Prometheus export needs prometheus-client; install it with "
+            "`pip install 'fstier[metrics]'`"
+        ) from None
+    return prometheus_client
+
+
+def _import_prometheus() -> Any:
+    _import_prometheus_client()
+    import prometheus_client.core as core
+
+    return core

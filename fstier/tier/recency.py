@@ -1,0 +1,85 @@
+"""Recency: LRU order lives in block files' mtimes, written in batches.
+
+atime is unreliable (``relatime``/``noatime``), so a hit (a load, or a store
+of a present key) is recorded in memory and written to the file's mtime at
+most every :data:`FLUSH_S` seconds, or once :data:`MAX_PENDING` distinct
+files are pending, and before every capacity pass: a hot block costs one
+metadata write per interval, not one per hit (a SETATTR round trip on NFS).
+The writes run as their own job on the I/O pool's write queue, so no load
+waits for them; every process's eviction and ``fstier gc`` read them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+
+from fstier.errors import IOPoolClosedError
+from fstier.io import blockstore
+from fstier.io.pool import IOPool
+
+__all__ = ["FLUSH_S", "MAX_PENDING", "Recency"]
+
+#: Hits are recorded in memory and written to the files' mtimes (their LRU
+#: recency, read by every process's eviction and by ``fstier gc``) at most this
+#: often, and before every capacity pass: a hot block costs one metadata
+#: write per interval, not one per hit (a SETATTR round trip on NFS).
+FLUSH_S = 5.0
+#: ... or as soon as this many distinct files are pending.
+MAX_PENDING = 4096
+
+
+def _bump_mtimes(paths: Sequence[str]) -> None:
+    for p in paths:
+        # Evicted or replaced meanwhile is fine; never through a symlink.
+        blockstore.touch_file(p)
+
+
+def _ignore_pool_job(_job: object) -> None:
+    """``on_done`` of recency jobs: nothing to report to the engine."""
+
+
+class Recency:
+    """Pending hits of one tier, flushed to mtimes through ``io``'s write queue."""
+
+    def __init__(self, io: IOPool) -> None:
+        self._io = io
+        self._lock = threading.Lock()
+        self._recent: dict[str, None] = {}  # files hit since the last flush, in order
+        self._flushed = time.monotonic()
+        self._seq = 0
+
+    def note(self, path: Path | str) -> None:
+        """Record a hit. Recency lives in the file's mtime because atime is
+        unreliable (relatime/noatime); the writes are batched per file and run
+        as their own write-queue job, so no load waits for them."""
+        with self._lock:
+            self._recent[os.fspath(path)] = None
+            due = (
+                len(self._recent) >= MAX_PENDING
+                or time.monotonic() - self._flushed >= FLUSH_S
+            )
+            paths = self._take_locked() if due else []
+            self._seq += 1
+            job_id = ("recency", self._seq)
+        if paths:
+            try:
+                self._io.submit(job_id, "write", [partial(_bump_mtimes, paths)], on_done=_ignore_pool_job)
+            except IOPoolClosedError:  # the tier is closing: do it here
+                _bump_mtimes(paths)
+
+    def _take_locked(self) -> list[str]:
+        paths = list(self._recent)
+        self._recent = {}
+        self._flushed = time.monotonic()
+        return paths
+
+    def flush(self) -> None:
+        """Bump the mtime of every file hit since the last flush, once each."""
+        with self._lock:
+            paths = self._take_locked()
+        _bump_mtimes(paths)
