@@ -807,10 +807,10 @@ class FsTier:
                 continue
             elif isinstance(r, blockstore.StoreOutcome):
                 c = r.cause or "store_failed"
-                log.warning("fstier: store of %r failed: %s (%s)", key, c, r.detail)
+                log.warning("fstier: store of %s failed: %s (%s)", self._path_str(key), c, r.detail)
             else:
                 c = _cause_of(r)
-                log.warning("fstier: store of %r failed: %s", key, r)
+                log.warning("fstier: store of %s failed: %s", self._path_str(key), r)
             failed += 1
             cause = cause or c
             self.metrics.failures.inc(c)
@@ -867,22 +867,25 @@ class FsTier:
             elif isinstance(r, blockstore.LoadOutcome) and r.status is blockstore.LoadStatus.CORRUPT:
                 c = f"corrupt:{r.cause}"
                 self.metrics.corrupt.inc()
-                log.warning("fstier: corrupt block %r removed: %s %s", key, r.cause, r.detail)
+                log.warning(
+                    "fstier: corrupt block file %s %s: %s %s", self._path_str(key),
+                    "removed" if r.removed else "kept (could not remove it)", r.cause, r.detail,
+                )
                 if r.removed:
                     removed.append(key)
             elif isinstance(r, blockstore.LoadOutcome) and r.cause in BAD_FILE_CAUSES:
                 c = f"bad_file:{r.cause}"
                 log.warning(
-                    "fstier: %r: the block path holds no block file (%s); a miss. Remove "
-                    "whatever was placed at %s", key, r.detail or r.cause, self._path_str(key),
+                    "fstier: %s holds no block file (%s); a miss. Remove whatever was placed there",
+                    self._path_str(key), r.detail or r.cause,
                 )
             elif isinstance(r, blockstore.LoadOutcome):
                 c = r.cause or "load_error"
-                log.warning("fstier: load of %r failed: %s (%s)", key, c, r.detail)
+                log.warning("fstier: load of %s failed: %s (%s)", self._path_str(key), c, r.detail)
                 self._breaker_failure(c)
             else:
                 c = _cause_of(r)
-                log.warning("fstier: load of %r failed: %s", key, r)
+                log.warning("fstier: load of %s failed: %s", self._path_str(key), r)
                 self._breaker_failure(c)
             if cause is None:
                 cause = c

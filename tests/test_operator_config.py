@@ -263,3 +263,40 @@ def test_bench_reports_progress_for_every_file_operation(monkeypatch: pytest.Mon
     assert res.exit_code == 0, res.output
     (bar,) = bars
     assert bar.total == bench_mod.bench_files(3) == 4 * 3 * 4 and bar.done == bar.total
+
+
+# -- warnings name the file (issue 22 point 6) ------------------------------------
+def test_warnings_name_the_block_file_path(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An operator reading a warning can go to the file: a corrupt load and a
+    failed store name the path, not a shortened key."""
+    import logging
+
+    from manager_support import keys, load, open_tier, store
+
+    caplog.set_level(logging.WARNING, logger="fstier")
+    root = tmp_path / "root"
+    with open_tier(root) as tier:
+        ks = keys(0, 2)
+        assert store(tier, "s", ks).success
+        bad = tier.mapper.path_for(ks[1])
+        with open(bad, "r+b") as f:  # one payload byte flipped
+            f.seek(4096)
+            b = f.read(1)
+            f.seek(4096)
+            f.write(bytes([b[0] ^ 1]))
+        assert load(tier, "l", ks).keys_completed == 1
+        corrupt = [r.getMessage() for r in caplog.records if "corrupt block file" in r.getMessage()]
+        assert len(corrupt) == 1 and str(bad) in corrupt[0] and "removed" in corrupt[0], corrupt
+        assert "…" not in corrupt[0]
+        # A store whose fan-out directory cannot be made: the path is named.
+        caplog.clear()
+        from fstier.keys import BlockKey
+
+        k = BlockKey(b"\xab" * 16, 0)  # its own fan-out directory
+        parent = Path(tier.mapper.path_for(k)).parent
+        parent.parent.mkdir(parents=True, exist_ok=True)
+        parent.write_text("a file where a directory belongs")
+        res = store(tier, "s2", [k])
+        assert not res.success
+        failed = [r.getMessage() for r in caplog.records if "store of" in r.getMessage()]
+        assert failed and str(tier.mapper.path_for(k)) in failed[0], [r.getMessage() for r in caplog.records]
