@@ -110,3 +110,17 @@ def test_inspect_and_verify_agree_on_what_a_namespace_is(root: Path) -> None:
         assert f"{broken.name}: not counted:" in text
     finally:
         broken.rmdir()
+
+
+def test_demo_reads_at_80_columns(tmp_path: Path) -> None:
+    """`fstier demo` at 80 columns: one line per case with its verdict, the
+    details under the table, nothing wider than the terminal (it used to wrap
+    into ~70 lines)."""
+    res = fstier("demo", "--root", str(tmp_path / "root"), columns=80)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert all(len(ln) <= 80 for ln in lines), [ln for ln in lines if len(ln) > 80]
+    assert len(lines) <= 30, len(lines)
+    cases = [ln for ln in lines if ln.rstrip().split()[-2:-1] == ["ok"] or " ok " in ln]
+    assert len(cases) >= 6, res.stdout
+    assert any(ln.startswith("- corruption") for ln in lines)  # the detail column, below the table

@@ -228,3 +228,24 @@ def test_metrics_reach_prometheus_under_the_documented_names(tmp_path: Path) -> 
     histos = {f"{fv.METRIC_PREFIX}{n}" for n in fv.VLLM_HISTOGRAMS}
     expected = {n for n in fv.scraped_metric_names() if not n.endswith(("_bucket", "_sum", "_count"))} | histos
     assert documented == expected, documented ^ expected
+
+
+def test_inspect_shows_a_vllm_namespace_with_row_size_and_blocks_per_chunk(tmp_path: Path) -> None:
+    import json
+
+    from _vllm_helpers import keys_for, store_request
+
+    root = tmp_path / "kv"
+    with tiering_manager(offloading_config([{**FSTIER_TIER, "root_dir": str(root)}], tp=2)) as m:
+        store_request(m, "s", keys_for(41, 3))
+        namespace = fstier_tier(m).mapper.namespace
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "80"}
+    doc = json.loads(subprocess.run([sys.executable, "-m", "fstier.cli", "inspect", str(root), "--json"],
+                                    capture_output=True, text=True, env=env, timeout=120).stdout)
+    (ns,) = doc["namespaces"]
+    assert ns["namespace"] == namespace and ns["engine"] == "vllm"
+    assert ns["row_bytes"] == 2 * 65536 and ns["blocks_per_chunk"] == 1 and ns["files"] == 3
+    text = subprocess.run([sys.executable, "-m", "fstier.cli", "inspect", str(root)],
+                          capture_output=True, text=True, env=env, timeout=120).stdout
+    (line,) = [ln for ln in text.splitlines() if namespace in ln.split()]
+    assert "vllm" in line.split() and "128.0 KiB" in line and len(line) <= 80, line

@@ -126,7 +126,10 @@ def print_table(
     console = Console(file=buf, width=max(width, needed), soft_wrap=False, highlight=False, color_system=None)
     console.print(table)
     if title:
-        stream.write(title + "\n")
+        import textwrap
+
+        # Wrapped at spaces only: a path in a title is never broken.
+        stream.write(textwrap.fill(title, width=max(width, 40), break_long_words=False, break_on_hyphens=False) + "\n")
     out = []
     for line in buf.getvalue().splitlines():
         line = line.rstrip()
