@@ -74,7 +74,9 @@ _VLLM_SHAPES = ("type", "secondary_tiers", "kv_connector_extra_config", "kv_conn
 
 def document_kind(data: Any) -> str:
     """``full``, ``tier`` or ``vllm`` (see the module docstring)."""
-    if isinstance(data, list) or (isinstance(data, dict) and any(k in data for k in _VLLM_SHAPES)):
+    if isinstance(data, list) and data and all(isinstance(e, dict) for e in data):
+        return "vllm"  # a secondary_tiers list (anything else is not a config at all)
+    if isinstance(data, dict) and any(k in data for k in _VLLM_SHAPES):
         return "vllm"
     if isinstance(data, dict) and "tier" in data and "model" not in data:
         return "tier"
