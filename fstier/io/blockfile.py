@@ -22,7 +22,9 @@ be written and read with O_DIRECT::
        136     8  header_checksum (xxh3-64 of the header with this field zeroed)
        144  3952  reserved, zero
 
-:func:`decode_header` is the only parser. It never allocates based on a length
+:func:`decode_header` is the only parser and :func:`check_block` the only
+validator (the load path, ``verify_file`` and ``fstier verify`` all call it,
+each with what it expects). It never allocates based on a length
 read from the file, rejects unknown versions before trusting any other field,
 and raises :class:`~fstier.errors.BlockCorruptError` with a short ``reason``
 for every header it does not accept.
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -48,6 +51,9 @@ __all__ = [
     "MAX_PAYLOAD_BYTES",
     "BlockHeader",
     "ChecksumKind",
+    "Expected",
+    "check_block",
+    "check_payload",
     "decode_header",
     "encode_header",
     "encode_header_into",
@@ -253,3 +259,61 @@ def decode_header(buf: bytes | bytearray | memoryview) -> BlockHeader:
         payload_checksum=checksum,
         created_ns=created_ns,
     )
+
+
+# ------------------------------------------------------------- the validator
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """What a reader expects of a block file; a field left ``None`` is not
+    checked. The load knows the key, namespace and exact payload length;
+    ``fstier verify`` knows the key (from the name), the namespace and, from
+    the manifest, each group's page size and ``blocks_per_file``."""
+
+    key: BlockKey | None = None
+    namespace_digest: bytes | None = None
+    #: the exact payload length (the load's slot)
+    payload_len: int | None = None
+    #: group index -> bytes of one page in a file of that group (the manifest's)
+    group_page_bytes: Mapping[int, int] | None = None
+    #: pages a file may hold at most (``blocks_per_file``)
+    max_pages: int | None = None
+
+
+def check_block(h: BlockHeader, expect: Expected, *, file_size: int | None = None) -> None:
+    """THE block validator: raise :class:`BlockCorruptError` at the first
+    field of a decoded header that is not what the reader expects, with
+    ``reason`` one of ``bad_size`` (the file's size is not header + padded
+    payload), ``wrong_key``, ``wrong_namespace``, ``wrong_length``,
+    ``unknown_group``, ``wrong_page_count``. Magic, version and the header
+    checksum were checked by :func:`decode_header`; the payload checksum is
+    :func:`check_payload`. O(1), no I/O."""
+    if file_size is not None and file_size != HEADER_SIZE + padded_len(h.payload_len):
+        raise BlockCorruptError(
+            "bad_size", f"file is {file_size} bytes, expected {HEADER_SIZE + padded_len(h.payload_len)}"
+        )
+    if expect.key is not None and h.key != expect.key:
+        raise BlockCorruptError("wrong_key", f"file holds {h.key!r}, expected {expect.key!r}")
+    if expect.namespace_digest is not None and h.namespace_digest != expect.namespace_digest:
+        raise BlockCorruptError(
+            "wrong_namespace",
+            f"file digest {h.namespace_digest.hex()}, expected {expect.namespace_digest.hex()}",
+        )
+    if expect.payload_len is not None and h.payload_len != expect.payload_len:
+        raise BlockCorruptError("wrong_length", f"payload_len {h.payload_len}, expected {expect.payload_len}")
+    if expect.group_page_bytes:
+        want_page = expect.group_page_bytes.get(h.key.group_idx)
+        if want_page is None:
+            raise BlockCorruptError("unknown_group", f"group {h.key.group_idx} is not in the manifest")
+        if h.page_bytes != want_page:
+            raise BlockCorruptError("wrong_length", f"page_bytes {h.page_bytes}, expected {want_page}")
+    if expect.max_pages is not None and not 1 <= h.page_count <= expect.max_pages:
+        raise BlockCorruptError(
+            "wrong_page_count", f"page_count {h.page_count}, expected 1..{expect.max_pages}"
+        )
+
+
+def check_payload(h: BlockHeader, checksum: int) -> None:
+    """Raise :class:`BlockCorruptError` (``payload_checksum``) when the
+    header records an xxh3-64 payload checksum other than ``checksum``."""
+    if h.checksum_kind == ChecksumKind.XXH3_64 and checksum != h.payload_checksum:
+        raise BlockCorruptError("payload_checksum", "payload bytes do not match checksum")

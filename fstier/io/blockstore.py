@@ -79,6 +79,9 @@ from fstier.io.blockfile import (
     HEADER_SIZE,
     BlockHeader,
     ChecksumKind,
+    Expected,
+    check_block,
+    check_payload,
     decode_header,
     encode_header_into,
     padded_len,
@@ -522,6 +525,10 @@ def _read_file(fd: int, bufs: list[memoryview], want: int) -> int:
         bufs = advance(bufs, got)
 
 
+def _removal_failed(exc: OSError) -> None:
+    log.warning("could not remove corrupt block %s: %s", exc.filename, exc.strerror or exc)
+
+
 def _name(path: str) -> str:
     return path.rpartition("/")[2]
 
@@ -575,34 +582,21 @@ def _load_once(req: LoadRequest, buf: memoryview, direct: bool, opts: IOOptions)
                 if st.st_size != want:
                     raise BlockCorruptError("bad_size", f"file is {st.st_size} bytes, expected {want}")
                 raise BlockCorruptError("short_read", f"read {got} of {want} bytes")
-            header = _BUFS.header
-            h = decode_header(header)
-            if h.key != req.key:
-                raise BlockCorruptError("wrong_key", f"file holds {h.key!r}, expected {req.key!r}")
-            if h.namespace_digest != req.namespace_digest:
-                raise BlockCorruptError(
-                    "wrong_namespace",
-                    f"file digest {h.namespace_digest.hex()}, expected {req.namespace_digest.hex()}",
-                )
-            if h.payload_len != n:
-                raise BlockCorruptError(
-                    "wrong_length", f"payload_len {h.payload_len}, expected {n}"
-                )
+            h = decode_header(_BUFS.header)
+            check_block(h, Expected(req.key, req.namespace_digest, n))
             whole = n - n % ALIGNMENT
             if n > whole:
                 buf[whole:n] = _BUFS.tail[: n - whole]
-            if (
-                opts.checksum
-                and h.checksum_kind == ChecksumKind.XXH3_64
-                and payload_checksum(buf[:n]) != h.payload_checksum
-            ):
-                raise BlockCorruptError("payload_checksum", "payload bytes do not match checksum")
+            if opts.checksum and h.checksum_kind == ChecksumKind.XXH3_64:
+                check_payload(h, payload_checksum(buf[:n]))
         except BlockCorruptError as exc:
             try:
                 st = fsops.FS.fstat(fd)
             except OSError:
                 return LoadOutcome(LoadStatus.CORRUPT, exc.reason, exc.detail)
-            removed = unlink_if_same(path, st)
+            removed = (
+                unlink_if_same(path, ino=st.st_ino, dev=st.st_dev, on_error=_removal_failed) == "removed"
+            )
             return LoadOutcome(LoadStatus.CORRUPT, exc.reason, exc.detail, removed=removed)
         except OSError as exc:
             return LoadOutcome(LoadStatus.ERROR, errno_name(exc), f"read {_name(path)}: {exc.strerror}")
@@ -694,10 +688,15 @@ def verify_file(
     *,
     key: BlockKey | None = None,
     namespace_digest: bytes | None = None,
+    expect: Expected | None = None,
 ) -> FileCheck:
-    """Check a block file without a caller buffer: header, size and, with
+    """Check a block file without a caller buffer: header, size, what the
+    caller expects (``expect``, or just ``key`` and ``namespace_digest``;
+    :func:`fstier.io.blockfile.check_block`, the load's validator) and, with
     ``full``, the payload checksum (streamed in 1 MiB chunks, so a hostile
     length never causes a large allocation). Raises ``OSError`` for I/O."""
+    if expect is None:
+        expect = Expected(key=key, namespace_digest=namespace_digest)
     fd = fsops.FS.open(path, os.O_RDONLY | O_NOFOLLOW | O_CLOEXEC | os.O_NONBLOCK)
     try:
         st = fsops.FS.fstat(fd)
@@ -711,27 +710,24 @@ def verify_file(
             h = decode_header(buf)
         except BlockCorruptError as exc:
             return FileCheck(False, exc.reason, None, size)
-        if size != HEADER_SIZE + padded_len(h.payload_len):
-            return FileCheck(False, "bad_size", h, size)
-        if key is not None and h.key != key:
-            return FileCheck(False, "wrong_key", h, size)
-        if namespace_digest is not None and h.namespace_digest != namespace_digest:
-            return FileCheck(False, "wrong_namespace", h, size)
-        if full and h.checksum_kind == ChecksumKind.XXH3_64:
-            hasher = xxhash.xxh3_64()
-            chunk = bytearray(1 << 20)
-            view = memoryview(chunk)
-            left, off = h.payload_len, HEADER_SIZE
-            while left:
-                want = min(left, len(chunk))
-                got = fsops.FS.preadv(fd, [view[:want]], off)
-                if got <= 0:
-                    return FileCheck(False, "short_read", h, size)
-                hasher.update(view[:got])
-                left -= got
-                off += got
-            if hasher.intdigest() != h.payload_checksum:
-                return FileCheck(False, "payload_checksum", h, size)
+        try:
+            check_block(h, expect, file_size=size)
+            if full and h.checksum_kind == ChecksumKind.XXH3_64:
+                hasher = xxhash.xxh3_64()
+                chunk = bytearray(1 << 20)
+                view = memoryview(chunk)
+                left, off = h.payload_len, HEADER_SIZE
+                while left:
+                    want = min(left, len(chunk))
+                    got = fsops.FS.preadv(fd, [view[:want]], off)
+                    if got <= 0:
+                        raise BlockCorruptError("short_read", f"payload ends {left} bytes early")
+                    hasher.update(view[:got])
+                    left -= got
+                    off += got
+                check_payload(h, hasher.intdigest())
+        except BlockCorruptError as exc:
+            return FileCheck(False, exc.reason, h, size)
         return FileCheck(True, "", h, size)
     finally:
         fsops.FS.close(fd)

@@ -46,6 +46,7 @@ import mmap
 import os
 import secrets
 import socket
+import stat
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -217,7 +218,7 @@ def unlink_if(
     directory once, without symlinks, and acting on that directory fd (a
     swap between the check and the unlink cannot redirect it). Returns
     ``removed``, ``kept``, ``gone`` or ``error`` (the error, naming
-    ``path``, also goes to ``on_error``)."""
+    ``path``, also goes to ``on_error``). Every call goes through :data:`FS`."""
 
     def error(exc: OSError) -> str:
         if on_error is not None:
@@ -227,26 +228,53 @@ def unlink_if(
 
     parent, name = split_parent(path)
     try:
-        dfd = open_nofollow(parent, os.O_RDONLY | _O_DIRECTORY)
+        dfd = FS.open(parent, os.O_RDONLY | _O_DIRECTORY)
     except FileNotFoundError:
         return "gone"
     except OSError as exc:
         return error(exc)  # ELOOP/ENOTDIR: a symlink on the path; nothing is touched
     try:
         try:
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            st = FS.stat_at(dfd, name)
         except FileNotFoundError:
             return "gone"
         if keep(st):
             return "kept"
-        os.unlink(name, dir_fd=dfd)
+        FS.unlink_at(dfd, name)
         return "removed"
     except FileNotFoundError:
         return "gone"
     except OSError as exc:
         return error(exc)
     finally:
-        os.close(dfd)
+        close_quietly(dfd)
+
+
+def unlink_if_same(
+    path: str | os.PathLike[str],
+    *,
+    ino: int,
+    dev: int | None = None,
+    mtime_ns: int | None = None,
+    on_error: Callable[[OSError], None] | None = None,
+) -> str:
+    """THE "remove it only if it is still the file that was judged" rule:
+    unlink ``path`` only while it names a regular file with inode ``ino``
+    (and device ``dev``, and mtime ``mtime_ns``, where given), so a file a
+    concurrent writer has just published, or a block loaded (its mtime
+    bumped) since it was judged, is never removed. Used by the load path
+    (a corrupt file), eviction (a victim) and ``fstier verify --fix``.
+    Returns what :func:`unlink_if` returns."""
+
+    def changed(now: os.stat_result) -> bool:
+        return (
+            not stat.S_ISREG(now.st_mode)
+            or now.st_ino != ino
+            or (dev is not None and now.st_dev != dev)
+            or (mtime_ns is not None and now.st_mtime_ns != mtime_ns)
+        )
+
+    return unlink_if(path, changed, on_error)
 
 
 # ------------------------------------------------------- atomic writes, temp names
@@ -481,29 +509,3 @@ def preadv_all(fd: int, bufs: list[memoryview], offset: int) -> int:
         total += n
         bufs = advance(bufs, n)
     return total
-
-
-
-def unlink_if_same(path: str | Path, st: os.stat_result) -> bool:
-    """Unlink ``path`` only if it still names the inode we read, so a file a
-    concurrent writer has just renamed into place is never removed. The name
-    is resolved with no symlink in any component: nothing outside the root
-    is ever removed (a swapped directory fails the resolution)."""
-    parent, name = split_parent(path)
-    try:
-        dir_fd = FS.open(parent, O_DIR_FLAGS)
-    except OSError as exc:
-        log.warning("not removing corrupt block %s: %s", path, exc.strerror)
-        return False
-    try:
-        now = FS.stat_at(dir_fd, name)
-        if (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev):
-            return False
-        FS.unlink_at(dir_fd, name)
-        return True
-    except OSError as exc:
-        if exc.errno != errno.ENOENT:
-            log.warning("could not remove corrupt block %s: %s", path, exc)
-        return False
-    finally:
-        close_quietly(dir_fd)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fstier.errors import NamespaceMismatchError
-from fstier.file_mapper import BLOCK_NAME_RE, MANIFEST_NAME
+from fstier.file_mapper import MANIFEST_NAME, decode
 from fstier.io.fsops import is_temp_name, open_nofollow
 from fstier.io.manifest import Manifest, read_manifest
 
@@ -84,14 +84,12 @@ def classify(rel_dirs: tuple[str, ...], name: str, is_regular: bool) -> tuple[st
         return FileKind.TEMP, None, None
     if name.startswith(".nfs"):
         return FileKind.NFS, None, None
-    m = BLOCK_NAME_RE.match(name)
-    if m is None:
-        return FileKind.OTHER, None, None
     dirs = rel_dirs[1:] if rel_dirs and _RANK_DIR.match(rel_dirs[0]) else rel_dirs
-    h = m.group(1)
-    if dirs != (h[:3], h[3:5]):
+    # Exactly where FileMapper puts a block (the one codec decides).
+    key = decode("/".join((*dirs, name))) if dirs else None
+    if key is None:
         return FileKind.OTHER, None, None
-    return FileKind.BLOCK, h, int(m.group(2))
+    return FileKind.BLOCK, key.hex, key.group_idx
 
 
 def iter_namespace_files(

@@ -24,7 +24,7 @@ capacity thread) runs.
   already opened it (this or another process, or another host) keeps reading
   valid bytes; a reader that opens it afterwards sees a miss. Just before
   unlinking, the file is stat-ed again through its directory fd (resolved
-  without symlinks, :func:`fstier.io.fsops.unlink_if`): if its mtime or inode
+  without symlinks, :func:`fstier.io.fsops.unlink_if_same`): if its mtime or inode
   moved (someone loaded or replaced it since the scan) it is kept.
 """
 
@@ -32,15 +32,14 @@ from __future__ import annotations
 
 import heapq
 import os
-import stat
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from fstier.file_mapper import BLOCK_NAME_RE
-from fstier.io.fsops import unlink_if
+from fstier.file_mapper import decode
+from fstier.io.fsops import unlink_if_same
 from fstier.io.tree import FileKind, TreeFile, iter_root
 from fstier.keys import BlockKey
 
@@ -58,26 +57,17 @@ __all__ = [
 #: Upper bound on eviction candidates held in memory by one pass (~100 B each).
 DEFAULT_MAX_CANDIDATES = 200_000
 
-_BLOCK_NAME = BLOCK_NAME_RE
 
 
 def is_block_name(name: str) -> bool:
     """True for final block file names written by fstier (``<hex>-g<group>.bin``)."""
-    return _BLOCK_NAME.match(name) is not None
+    return decode(name) is not None
 
 
 def key_from_block_name(name: str) -> BlockKey | None:
-    """The key named by a block file name, or None for any other name."""
-    m = _BLOCK_NAME.match(name)
-    if m is None or len(m.group(1)) % 2:
-        return None
-    group = int(m.group(2))
-    if group > 65535:
-        return None
-    try:
-        return BlockKey(bytes.fromhex(m.group(1)), group)
-    except ValueError:
-        return None
+    """The key named by a block file name, or None for any other name
+    (:func:`fstier.file_mapper.decode`)."""
+    return decode(name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,14 +130,10 @@ def _unlink_if_unchanged(
     path: str, mtime_ns: int, ino: int, on_error: Callable[[OSError], None] | None = None
 ) -> str:
     """Unlink ``path`` unless its mtime or inode moved since the scan, never
-    through a symlink (:func:`fstier.io.fsops.unlink_if`). Returns
+    through a symlink (:func:`fstier.io.fsops.unlink_if_same`). Returns
     ``removed``, ``kept`` (recently used or replaced), ``gone`` or ``error``
     (the error also goes to ``on_error``)."""
-    return unlink_if(
-        path,
-        lambda st: st.st_mtime_ns != mtime_ns or st.st_ino != ino or not stat.S_ISREG(st.st_mode),
-        on_error,
-    )
+    return unlink_if_same(path, ino=ino, mtime_ns=mtime_ns, on_error=on_error)
 
 
 #: Threads unlinking eviction victims at once. Unlinking a file whose blocks

