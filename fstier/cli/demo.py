@@ -91,6 +91,8 @@ def _print_demo(report: Any) -> None:
                 click.echo(textwrap.fill(f"{c.name}: {c.detail}", width=width, initial_indent="- ",
                                          subsequent_indent="  "))
     verdict = "[green]all outcomes as expected[/green]" if report.ok else "[red]some outcomes differ[/red]"
+    # Wrapped at the terminal's width like the table above it.
+    console.width = max(terminal_width(), 40)
     console.print(
         f"store {report.store_gbps:.2f} GB/s, load {report.load_gbps:.2f} GB/s "
         f"(o_direct={report.o_direct}); {verdict}; {report.seconds:.1f} s"
