@@ -29,7 +29,7 @@ same run.
 
     python benchmarks/bench_sglang.py [--dir /var/tmp/x] [--total 256MiB]
         [--sizes 64KiB,256KiB,1MiB,2MiB] [--layout page_first] [--reps 2]
-        [--json out.json]
+        [--json out.json] [--fstier-options '{"o_direct": "off"}']
 """
 
 from __future__ import annotations
@@ -66,7 +66,9 @@ def _fmt(n: int) -> str:
 class Bench:
     """One page size: one host pool, both backends attached to it."""
 
-    def __init__(self, base: Path, page_bytes: int, total: int, layout: str) -> None:
+    def __init__(
+        self, base: Path, page_bytes: int, total: int, layout: str, options: dict[str, Any]
+    ) -> None:
         import torch
 
         per_token = 2 * LAYERS * HEADS * HEAD_DIM * 2
@@ -86,6 +88,7 @@ class Bench:
             raise SystemExit("host pool too small for the batch")
         self.page_bytes = page_bytes
         self.base = base
+        self.options = options
         self.seq = 0
 
     def _batches(self) -> list[tuple[int, Any]]:
@@ -123,7 +126,7 @@ class Bench:
                 backend.close()
 
     def run_fstier(self, keys: list[str], root: Path) -> tuple[float, float]:
-        backend = sgl.fstier_backend(root, self.pool)
+        backend = sgl.fstier_backend(root, self.pool, options=self.options)
         ps = self.page_tokens
         try:
             t0 = time.perf_counter()
@@ -182,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layout", default="page_first", choices=["layer_first", "page_first", "page_first_direct", "page_head"])
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--fstier-options", default="{}",
+        help='extra fstier options as JSON, e.g. \'{"o_direct": "off"}\' (default: shipped defaults)',
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     sgl.import_sglang()
@@ -192,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     cold = drop_caches()
     try:
         for size in sizes:
-            bench = Bench(top, size, total, args.layout)
+            bench = Bench(top, size, total, args.layout, json.loads(args.fstier_options))
             res: dict[str, dict[str, list[float]]] = {
                 "file": {"store": [], "load": []}, "fstier": {"store": [], "load": []}
             }
@@ -233,7 +240,13 @@ def main(argv: list[str] | None = None) -> int:
         print("note: page cache NOT dropped (not root); loads were warm", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"layout": args.layout, "batch": BATCH, "cold": cold, "rows": rows}, indent=2)
+            json.dumps(
+                {
+                    "layout": args.layout, "batch": BATCH, "cold": cold,
+                    "fstier_options": json.loads(args.fstier_options), "rows": rows,
+                },
+                indent=2,
+            )
         )
     return 0
 

@@ -450,3 +450,44 @@ def test_capacity_keeps_the_root_under_max_bytes_and_never_serves_half_a_page(
         if whole:
             assert sgl.page_bytes(pool, page) == [want[i]]
     assert 1 <= whole_pages <= 5
+
+
+def test_concurrent_prefetch_and_backup_threads_get_their_own_results(
+    tmp_path: Path, closing: Any
+) -> None:
+    """SGLang's prefetch and backup threads call the backend at the same
+    time; each call must get its own job's outcome."""
+    import threading
+
+    pool = sgl.mha_pool("page_first", device_pages=16)
+    b = closing(sgl.fstier_backend(tmp_path, pool))
+    ps = pool.page_size
+    idx = _alloc(pool, 32)
+    sgl.fill_pages(pool, idx, seed=70)
+    want = sgl.page_bytes(pool, idx)
+    keys = sgl.page_keys(32, "threads")
+    assert b.batch_set_v1(keys[:16], idx[: 16 * ps]) == [True] * 16
+    absent = sgl.page_keys(4, "never-stored")
+    errors: list[str] = []
+
+    def backup() -> None:
+        for i in range(16, 32, 2):
+            if b.batch_set_v1(keys[i : i + 2], idx[i * ps : (i + 2) * ps]) != [True, True]:
+                errors.append(f"store {i}")
+
+    def prefetch() -> None:
+        for r in range(8):
+            lo = (r % 4) * 4
+            got = b.batch_get_v1([*keys[lo : lo + 2], absent[r % 4]], idx[lo * ps : (lo + 3) * ps])
+            if got != [True, True, False]:
+                errors.append(f"load {r}: {got}")
+
+    threads = [threading.Thread(target=backup), threading.Thread(target=prefetch)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == []
+    pool.kv_buffer.view(-1).view(torch.uint8).zero_()
+    assert b.batch_get_v1(keys, idx) == [True] * 32
+    assert sgl.page_bytes(pool, idx) == want
