@@ -1,4 +1,7 @@
-"""Block keys to file paths, under a namespace that digests every byte-changing field.
+"""Naming: block keys to file paths, under a namespace that digests every
+byte-changing field. Pure naming: nothing here opens a file descriptor or
+does block I/O (directories, manifests and blocks are written by
+:mod:`fstier.io`); ``path_for`` costs one string format.
 
 Layout on disk (see docs/format.md)::
 
@@ -19,20 +22,16 @@ and follows the engine's parallel-agnostic verdict, with the same layout.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
 import json
 import os
 import re
-import stat
-import threading
 from pathlib import Path
 from typing import Any
 
 from fstier.canonical import canonical_format_id, canonical_page_bytes, is_certified
 from fstier.config import FstierConfig, ModelSpec, ParallelSpec
-from fstier.errors import FstierError, NamespaceMismatchError, PathSafetyError, StorageError
+from fstier.errors import FstierError, PathSafetyError
 from fstier.keys import BlockKey
 
 __all__ = [
@@ -56,7 +55,6 @@ MANIFEST_NAME = "config.json"
 #: hash in hex (8..64 bytes) and its group.
 BLOCK_NAME_RE = re.compile(r"^([0-9a-f]{16,128})-g([0-9]{1,5})\.bin$")
 _MAX_NAME = 64
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -195,8 +193,6 @@ class FileMapper:
         self.namespace = f"{safe_model_name(model_name)}-{self.digest}"
         self.namespace_dir = self.root / self.namespace
         self.blocks_dir = self.namespace_dir if self.agnostic else self.namespace_dir / f"r{rank}"
-        self._verified_dirs: set[str] = set()
-        self._lock = threading.Lock()
 
     @property
     def num_groups(self) -> int:
@@ -256,46 +252,12 @@ class FileMapper:
         }
 
     def ensure_manifest(self) -> None:
-        """Create the namespace directory and write ``config.json`` once,
-        atomically. An existing manifest with other fields is refused; a root
-        that cannot be created or written is a :class:`StorageError` naming it."""
-        try:
-            self._ensure_manifest()
-        except FstierError:
-            raise
-        except OSError as exc:
-            raise self._storage_error(exc) from None
+        """Create the namespace directory and write ``config.json`` once
+        (:func:`fstier.io.manifest.ensure_manifest`; kept here for one
+        release: FileMapper itself only names things)."""
+        from fstier.io.manifest import ensure_manifest
 
-    def _storage_error(self, exc: OSError) -> StorageError:
-        where = exc.filename or self.namespace_dir
-        return StorageError(
-            f"tier.root_dir {str(self.root)!r}: cannot create or write {str(where)!r} "
-            f"({exc.strerror or exc}); fix its permissions or mount, or choose another root_dir",
-            exc.errno,
-        )
-
-    def _ensure_manifest(self) -> None:
-        # Here, not at module level: naming a block (and `fstier config
-        # validate`) imports no part of the I/O layer.
-        from fstier.io.fsops import atomic_write
-        from fstier.io.manifest import read_manifest
-
-        self._check_root()
-        self.namespace_dir.mkdir(mode=0o755, exist_ok=True)
-        self._check_not_symlink(self.namespace_dir)
-        path = self.namespace_dir / MANIFEST_NAME
-        want = self.manifest()
-        # A symlink, FIFO, oversized, malformed or mistyped manifest is
-        # refused with NamespaceMismatchError naming it (fstier/io/manifest.py).
-        existing = read_manifest(self.namespace_dir)
-        if existing is None:
-            atomic_write(path, json.dumps(want, indent=2, sort_keys=True).encode(), fsync="file+dir")
-            return
-        if existing.fields != want["fields"]:
-            raise NamespaceMismatchError(
-                f"{path}: manifest fields differ from this config although the digest "
-                f"{self.digest} matches; the directory was altered by hand. Move it aside."
-            )
+        ensure_manifest(self)
 
     # -- paths ------------------------------------------------------------
     def expected_payload_bytes(self, group_idx: int) -> int:
@@ -312,116 +274,14 @@ class FileMapper:
         return self.blocks_dir / encode(key)
 
     def ensure_parent(self, path: str | Path) -> None:
-        """Create ``path``'s directories under the namespace, one ``mkdirat``
-        per level inside directory fds opened with no symlink on their path,
-        so nothing lands outside root even if a directory is swapped for a
-        symlink meanwhile (that is refused with :class:`PathSafetyError`).
+        """Create ``path``'s directories under the namespace without following
+        a symlink (:class:`fstier.io.blockstore.NamespaceDirs`; kept here for
+        one release: FileMapper itself opens no file descriptor)."""
+        from fstier.io.blockstore import NamespaceDirs
 
-        Directories already made are remembered only to skip the ``mkdir``
-        calls: the cache grants nothing, since every store resolves its
-        directory again without following symlinks."""
-        made = self.make_parent(path)
-        if made is not None:
-            os.close(made[0])
-
-    def make_parent(self, path: str | Path) -> tuple[int, bool] | None:
-        """:meth:`ensure_parent`, keeping what the walk opened: ``None`` when
-        the directory was already known, else an fd of ``path``'s directory
-        (opened with no symlink on its path; the caller closes it) and
-        whether this call created it. A store into a new fan-out directory
-        then needs no second resolution and no existence check. The walk
-        goes through the I/O layer's system-call seam (``fsops.FS``), as
-        the store itself does."""
-        # The cache check runs on strings: it is every store's first step,
-        # and building Path objects costs more than the rest of it.
-        key = os.fspath(path).rpartition("/")[0]
-        if key in self._verified_dirs:
-            return None
-        # Here, not at module level: `fstier --help` must not import numpy.
-        from fstier.io import fsops
-        ns = os.fspath(self.namespace_dir)
-        if key != ns and not key.startswith(ns + "/"):
-            raise ValueError(f"{path!r} is not under the namespace directory {ns}")
-        # Strings, not pathlib: with 4096 x 256 fan-out directories most new
-        # keys create one, and Path parsing cost more than the mkdirs
-        # (issue 14). The walk starts at the deepest directory already made
-        # (opened again with no symlink on its path, as the namespace is).
-        parts = key[len(ns) + 1 :].split("/") if key != ns else []
-        start, base = 0, ns
-        for i in range(len(parts) - 1, 0, -1):
-            ancestor = f"{ns}/{'/'.join(parts[:i])}"
-            if ancestor in self._verified_dirs:
-                start, base = i, ancestor
-                break
-        try:
-            fd = fsops.FS.open(base, _DIR_FLAGS)
-        except FileNotFoundError:
-            if base == ns:
-                raise
-            # That ancestor was removed too (gc of empty directories, an
-            # operator's rm -rf): forget it and walk from the namespace.
-            with self._lock:
-                self._verified_dirs.discard(base)
-            start, base = 0, ns
-            try:
-                fd = fsops.FS.open(base, _DIR_FLAGS)
-            except OSError as exc:
-                raise self._unsafe(Path(base), exc) from None
-        except OSError as exc:
-            raise self._unsafe(Path(base), exc) from None
-        made: list[str] = []
-        fresh = False
-        try:
-            current = base
-            for part in parts[start:]:
-                current = f"{current}/{part}"
-                try:
-                    fsops.FS.mkdir_at(fd, part, 0o755)
-                    fresh = True
-                except FileExistsError:
-                    fresh = False
-                try:
-                    nfd = fsops.FS.openat(fd, part, _DIR_FLAGS)
-                except OSError as exc:
-                    raise self._unsafe(Path(current), exc) from None
-                fsops.FS.close(fd)
-                fd = nfd
-                made.append(current)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                fsops.FS.close(fd)
-            raise
-        with self._lock:
-            self._verified_dirs.update(made)
-        return fd, fresh
-
-    @staticmethod
-    def _unsafe(path: Path, exc: OSError) -> Exception:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            return PathSafetyError(
-                f"{path} (or a directory above it, below the root) is a symlink or not a "
-                "directory; fstier refuses to follow it. Remove it."
-            )
-        return exc
-
-    def forget_parent(self, path: str | Path) -> None:
-        """Drop ``path``'s directory from the verified cache, so the next
-        :meth:`ensure_parent` re-creates and re-checks it (it was removed)."""
-        with self._lock:
-            self._verified_dirs.discard(os.fspath(path).rpartition("/")[0])
-
-    def _check_root(self) -> None:
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except FileExistsError:
-            raise PathSafetyError(f"tier.root_dir {str(self.root)!r} exists and is not a directory") from None
-        if not self.root.is_dir():
-            raise PathSafetyError(f"tier.root_dir {str(self.root)!r} is not a directory")
-
-    @staticmethod
-    def _check_not_symlink(path: Path) -> None:
-        st = os.lstat(path)
-        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-            raise PathSafetyError(
-                f"{path} is a symlink or not a directory; fstier refuses to follow it. Remove it."
-            )
+        # One walker per mapper, so callers of this old entry point keep its
+        # memory of directories already made (strings only, no fd).
+        dirs = self.__dict__.get("_dirs")
+        if dirs is None:
+            dirs = self.__dict__.setdefault("_dirs", NamespaceDirs(self))
+        dirs.ensure(path)

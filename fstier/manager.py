@@ -51,7 +51,6 @@ All job bookkeeping lives in one :class:`_Job` record per in-flight job under
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import math
@@ -59,24 +58,25 @@ import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from fstier.config import FstierConfig, TierConfig, load_config
-from fstier.errors import ConfigError, FstierError, PoolError, TierClosedError
-from fstier.file_mapper import FileMapper, decode, encode
-from fstier.io import blockstore, capabilities, fsops
-from fstier.io.blockfile import HEADER_SIZE, BlockHeader, ChecksumKind, padded_len, payload_checksum
+from fstier.errors import ConfigError, PoolError, TierClosedError
+from fstier.file_mapper import FileMapper, decode
+from fstier.io import blockstore
+from fstier.io.blockfile import HEADER_SIZE, padded_len
+from fstier.io.capabilities import RootCapabilities
+from fstier.io.manifest import ensure_manifest
 from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
-from fstier.tier.admission import BAD_FILE_CAUSES, DEVICE_CAUSES, Breaker, WriteBudget
+from fstier.tier.admission import BAD_FILE_CAUSES, Breaker, Failure, WriteBudget
 from fstier.tier.capacity import Capacity
 from fstier.tier.gc import GcReport
-from fstier.tier.lookup import LookupCache, exist_many, is_block_file
+from fstier.tier.lookup import Lookup, LookupCache
 from fstier.tier.metrics import TierMetrics
 from fstier.tier.recency import Recency
 
@@ -87,9 +87,6 @@ __all__ = ["BlockRemoved", "BlockStored", "FsTier", "JobResult", "TierEvent"]
 
 log = logging.getLogger("fstier.manager")
 
-#: Lookup batches at least this long (uncached) are stat-ed in parallel chunks.
-_PARALLEL_LOOKUP_MIN = 512
-_LOOKUP_CHUNK = 256
 #: Default private pool budget when ``from_config`` creates the pool itself.
 _DEFAULT_POOL_BYTES = 256 << 20
 
@@ -231,17 +228,20 @@ class FsTier:
                 f"payload is {need} bytes; provide slots with slot_bytes >= {need} "
                 f"({padded_len(need)} lets I/O run on the slot in place)"
             )
-        self.mapper.ensure_manifest()
         # mkdirat inside directory fds: never through a swapped namespace dir.
-        self.mapper.ensure_parent(self.mapper.blocks_dir / "_")
-        support = capabilities.probe_o_direct(self.mapper.namespace_dir, tier.o_direct)
-        self.io_options = blockstore.IOOptions.from_tier(tier, support)
+        ensure_manifest(self.mapper)
+        blockstore.NamespaceDirs(self.mapper).ensure(self.mapper.blocks_dir / "_")
+        # Probed for this root, held by this tier: another root in the
+        # process (an NFS mount) never changes how this one is written.
+        caps = RootCapabilities.probe(self.mapper.namespace_dir, tier.o_direct)
+        self.io_options = blockstore.IOOptions.from_tier(tier, caps)
+        #: key -> file end to end (directories, recovery, headers, I/O)
+        self.blocks = blockstore.BlockStore(self.mapper, self.io_options, blocks_per_file=tier.blocks_per_file)
         self.metrics = TierMetrics()
         self._cache = LookupCache(tier.lookup_cache_ttl_s)
         self._breaker = Breaker(tier.breaker_failures, tier.breaker_cooldown_s, self.metrics)
         self._budget = WriteBudget(tier.max_write_queue_seconds, self.metrics)
         self._blocks_prefix = os.fspath(self.mapper.blocks_dir)
-        self._bpf = tier.blocks_per_file
 
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -258,8 +258,9 @@ class FsTier:
 
         self._io = IOPool(tier.read_threads, tier.write_threads, tier.io_timeout_s)
         self._io.on_late(self._on_late)
-        self._lookup_pool: ThreadPoolExecutor | None = None
-        self._lookup_workers = max(2, min(tier.read_threads, 16))
+        self._lookup = Lookup(
+            self._cache, self.blocks.path, self.mapper.num_groups, max(2, min(tier.read_threads, 16))
+        )
 
         self._recency = Recency(self._io)
         # Capacity: root-wide usage shared with every instance on this root
@@ -317,41 +318,6 @@ class FsTier:
         self.close()
 
     # ------------------------------------------------------------------ lookup
-    def _path_str(self, key: BlockKey) -> str:
-        # Same layout as FileMapper.path_for (tests pin the equality) without
-        # building Path objects: lookups run on the scheduler's hot path.
-        return f"{self._blocks_prefix}/{encode(key)}"
-
-    def _probe_chunk(self, keys: Sequence[BlockKey]) -> int:
-        """Leading keys of ``keys`` present: cache first, then stat; stops at
-        the first miss and caches what it learned."""
-        now = time.monotonic()
-        found: list[BlockKey] = []
-        count = 0
-        exists = is_block_file
-        ngroups = len(self._payload_len)
-        missed = False
-        # Cache answers are fetched 32 at a time so a miss near the front
-        # does not pay for a whole chunk of cache probes.
-        for j in range(0, len(keys), 32):
-            sub = keys[j : j + 32]
-            for k, state in zip(sub, self._cache.get_many(sub, now), strict=True):
-                if state is False:
-                    missed = True
-                    break
-                if state is None:
-                    if k.group_idx >= ngroups or not exists(self._path_str(k)):
-                        if k.group_idx < ngroups:
-                            self._cache.put_many([k], False, now)
-                        missed = True
-                        break
-                    found.append(k)
-                count += 1
-            if missed:
-                break
-        self._cache.put_many(found, True, now)
-        return count
-
     def lookup(self, keys: Sequence[BlockKey]) -> int:
         """Number of leading ``keys`` whose blocks are present (0 while degraded)."""
         self._check_open()
@@ -364,12 +330,7 @@ class FsTier:
             self.metrics.lookup_keys.inc(n)
             self.metrics.misses.inc()
             return 0
-        first = min(n, _LOOKUP_CHUNK)
-        hits = self._probe_chunk(keys[:first])
-        if hits == first and n - first >= _PARALLEL_LOOKUP_MIN:
-            hits += self._parallel_probe(keys, first)
-        elif hits == first and first < n:
-            hits += self._probe_chunk(keys[first:])
+        hits = self._lookup.prefix(keys)
         self.metrics.lookup_keys.inc(n)
         self.metrics.hits.inc(hits)
         if hits < n:
@@ -391,70 +352,12 @@ class FsTier:
         self._check_keys(keys, "present")
         if not self._breaker.allow():
             return [False] * n
-        now = time.monotonic()
-        states = self._cache.get_many(keys, now)
-        out = [bool(s) for s in states]
-        ngroups = len(self._payload_len)
-        todo = [i for i, s in enumerate(states) if s is None and keys[i].group_idx < ngroups]
-        if not todo:
+        out, probed = self._lookup.present(keys)
+        if not probed:
             return out
-        paths = [self._path_str(keys[i]) for i in todo]
-        if len(todo) < _PARALLEL_LOOKUP_MIN:
-            found = exist_many(paths)
-        else:
-            executor = self._lookup_executor()
-            futures = [
-                executor.submit(exist_many, paths[j : j + _LOOKUP_CHUNK])
-                for j in range(0, len(paths), _LOOKUP_CHUNK)
-            ]
-            found = [hit for fut in futures for hit in fut.result()]
-        hits: list[BlockKey] = []
-        misses: list[BlockKey] = []
-        for i, hit in zip(todo, found, strict=True):
-            out[i] = hit
-            (hits if hit else misses).append(keys[i])
-        self._cache.put_many(hits, True, now)
-        self._cache.put_many(misses, False, now)
         self.metrics.lookup_keys.inc(n)
         self.metrics.hits.inc(sum(out))
         return out
-
-    def _lookup_executor(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._lookup_pool is None:
-                self._lookup_pool = ThreadPoolExecutor(
-                    self._lookup_workers, thread_name_prefix="fstier-lookup"
-                )
-            return self._lookup_pool
-
-    def _parallel_probe(self, keys: Sequence[BlockKey], start: int) -> int:
-        """Probe ``keys[start:]`` in chunks on the lookup threads, in waves of
-        one chunk per thread so an early miss wastes at most one wave."""
-        executor = self._lookup_executor()
-        n = len(keys)
-        total = 0
-        pos = start
-        wave = self._lookup_workers
-        while pos < n:
-            futures: list[tuple[int, Future[int]]] = []
-            for _ in range(wave):
-                if pos >= n:
-                    break
-                end = min(n, pos + _LOOKUP_CHUNK)
-                futures.append((end - pos, executor.submit(self._probe_chunk, keys[pos:end])))
-                pos = end
-            stopped = False
-            for size, fut in futures:
-                if stopped:
-                    fut.cancel()
-                    continue
-                got = fut.result()
-                total += got
-                if got < size:
-                    stopped = True
-            if stopped:
-                break
-        return total
 
     # -------------------------------------------------------------------- jobs
     def _check_open(self) -> None:
@@ -590,80 +493,16 @@ class FsTier:
         if job.kind == "store" and reserved:
             self._budget.release(reserved, written)
 
-    def _namespace_back(self) -> bool:
-        """Re-create the namespace directory and its manifest if they were
-        removed under a running tier (an operator's ``rm -rf`` of the cache);
-        True when it did. Without this every later store failed ENOENT until
-        a restart, since the fan-out walk starts at the namespace."""
-        if os.path.lexists(self.mapper.namespace_dir):
-            return False
-        try:
-            self.mapper.ensure_manifest()
-        except FstierError:  # root gone or unwritable: the store fails as it would
-            return False
-        log.warning(
-            "fstier: namespace directory %s was removed under a running tier; re-created it",
-            self.mapper.namespace_dir,
-        )
-        return True
-
     def _store_op(self, job: _Job, i: int) -> blockstore.StoreOutcome:
         written = 0
         try:
-            key, slot = job.keys[i], job.slots[i]
-            n = job.op_bytes[i]
-            view = self._pool.slot_view(slot)
+            key = job.keys[i]
             # Exactly the payload: the I/O layer writes the file's zero padding
             # from its own bounce page, so no byte past it is touched.
-            io_view = view[:n]
-            checksum = self.io_options.checksum
-            header = BlockHeader(
-                key=key,
-                namespace_digest=self.mapper.digest_bytes,
-                payload_len=n,
-                page_count=self._bpf,
-                page_bytes=n // self._bpf,
-                checksum_kind=ChecksumKind.XXH3_64 if checksum else ChecksumKind.NONE,
-                payload_checksum=payload_checksum(view[:n]) if checksum else 0,
-            )
-            # A string path: pathlib costs ~40 µs per op at 64 KiB (issue 14).
-            path = self._path_str(key)
-            try:
-                opened = self.mapper.make_parent(path)
-            except FileNotFoundError:
-                if not self._namespace_back():
-                    raise
-                opened = self.mapper.make_parent(path)
-            if self._cache.is_bad(key):
-                # Its last load failed without proof of corruption (EIO,
-                # timeout): replace the file rather than skip onto it.
-                with contextlib.suppress(FileNotFoundError):
-                    fsops.FS.unlink(path)
-            request = blockstore.StoreRequest(path, header, io_view)
-            if opened is None:
-                outcome = blockstore.store_block(request, self.io_options)
-            else:
-                # The directory was just made (or checked): store through the
-                # fd that walk opened, with no second resolution (issue 14).
-                dir_fd, fresh = opened
-                try:
-                    outcome = blockstore.store_block_at(
-                        dir_fd, path.rpartition("/")[2], header, io_view, self.io_options,
-                        fresh=fresh,
-                    )
-                finally:
-                    fsops.FS.close(dir_fd)
-            if outcome.status is blockstore.StoreStatus.FAILED and outcome.cause == "ENOENT":
-                # The fan-out directory was removed under us (an operator's
-                # rm -rf, another host, gc of empty dirs): re-create it once
-                # instead of failing every later store into it (the whole
-                # namespace directory too, manifest included).
-                self._namespace_back()
-                self.mapper.forget_parent(path)
-                self.mapper.ensure_parent(path)
-                outcome = blockstore.store_block(request, self.io_options)
+            payload = self._pool.slot_view(job.slots[i])[: job.op_bytes[i]]
+            outcome = self.blocks.store(key, payload, replace=self._cache.is_bad(key))
             if outcome.status is blockstore.StoreStatus.SKIPPED:
-                self._note_recent(path)
+                self._note_recent(self.blocks.path(key))
             written = outcome.nbytes
             return outcome
         finally:
@@ -671,21 +510,12 @@ class FsTier:
 
     def _load_op(self, job: _Job, i: int) -> blockstore.LoadOutcome:
         try:
-            key, slot = job.keys[i], job.slots[i]
-            n = job.op_bytes[i]
-            view = self._pool.slot_view(slot)
+            key = job.keys[i]
             # Exactly n bytes are written; the I/O layer reads the file's zero
             # padding into its own bounce page.
-            io_view = view[:n]
-            path = self._path_str(key)
-            outcome = blockstore.load_block(
-                blockstore.LoadRequest(
-                    path, io_view, key, self.mapper.digest_bytes, n, self.mapper.root
-                ),
-                self.io_options,
-            )
+            outcome = self.blocks.load(key, self._pool.slot_view(job.slots[i])[: job.op_bytes[i]])
             if outcome.status is blockstore.LoadStatus.LOADED:
-                self._note_recent(path)
+                self._note_recent(self.blocks.path(key))
             return outcome
         finally:
             self._op_ended(job, i, 0)
@@ -698,7 +528,7 @@ class FsTier:
         ngroups = len(self._payload_len)
         for k in keys:
             if k.group_idx < ngroups:
-                self._note_recent(self._path_str(k))
+                self._note_recent(self.blocks.path(k))
 
     def _note_recent(self, path: Path | str) -> None:
         self._recency.note(path)
@@ -772,6 +602,45 @@ class FsTier:
             end = job.last_end or time.perf_counter()
         return max(0.0, end - job.submitted)
 
+    def _judge(self, kind: str, job: _Job, i: int, r: object) -> Failure:
+        """What a failed op ``r`` (op ``i`` of ``job``) was: one family of
+        the policy table (``tier/admission.py``)."""
+        if r is OP_CANCELLED:
+            return Failure("cancelled", "cancelled", "")
+        if r is OP_TIMED_OUT:
+            self._timed_out(job, i)
+            return Failure("timeout", "timeout", "")
+        if isinstance(r, blockstore.LoadOutcome):
+            if r.status is blockstore.LoadStatus.MISSING:
+                return Failure("miss", "miss", "")
+            if r.status is blockstore.LoadStatus.CORRUPT:
+                return Failure("corrupt", f"corrupt:{r.cause}", r.detail)
+            if r.cause in BAD_FILE_CAUSES:
+                return Failure("bad_file", f"bad_file:{r.cause}", r.detail or r.cause)
+            return Failure("error", r.cause or "load_error", r.detail)
+        if isinstance(r, blockstore.StoreOutcome):
+            return Failure("error", r.cause or f"{kind}_failed", r.detail)
+        return Failure("error", _cause_of(r), str(r))
+
+    def _failed(self, kind: str, key: BlockKey, f: Failure) -> None:
+        """Everything that follows from one failed op, as the table says."""
+        self.metrics.failures.inc(f.label)
+        if f.counts_for_breaker:
+            self._breaker.failure(f.cause)
+        level = f.policy.log_level
+        if level is None:
+            return
+        if f.family == "corrupt":
+            # Warnings name the file, so an operator can go and look at it.
+            log.log(level, "fstier: corrupt block file %s removed: %s %s", self.blocks.path(key), f.cause, f.detail)
+        elif f.policy.bad_file:
+            log.log(
+                level, "fstier: %s holds no block file (%s); a miss. Remove whatever was placed there",
+                self.blocks.path(key), f.detail,
+            )
+        else:
+            log.log(level, "fstier: %s of %s failed: %s (%s)", kind, self.blocks.path(key), f.cause, f.detail)
+
     def _finish_store(self, job: _Job, results: list[object]) -> JobResult:
         now = time.monotonic()
         stored: list[BlockKey] = []
@@ -785,35 +654,21 @@ class FsTier:
             key = job.keys[i]
             if failed == 0:
                 prefix = i
-            if r is OP_CANCELLED:
-                failed += 1
-                cause = cause or "cancelled"
-                self.metrics.failures.inc("cancelled")
-                continue
-            if r is OP_TIMED_OUT:
-                self._timed_out(job, i)
-                c = "timeout"
-            elif isinstance(r, blockstore.StoreOutcome) and r.status is blockstore.StoreStatus.STORED:
+            if isinstance(r, blockstore.StoreOutcome) and r.status is blockstore.StoreStatus.STORED:
                 stored.append(key)
                 nbytes += job.op_bytes[i]
                 file_bytes += _file_bytes(job.op_bytes[i])
                 self._breaker.success()
                 continue
-            elif isinstance(r, blockstore.StoreOutcome) and r.status is blockstore.StoreStatus.SKIPPED:
+            if isinstance(r, blockstore.StoreOutcome) and r.status is blockstore.StoreStatus.SKIPPED:
                 skipped += 1
                 present.append(key)
                 self._breaker.success()
                 continue
-            elif isinstance(r, blockstore.StoreOutcome):
-                c = r.cause or "store_failed"
-                log.warning("fstier: store of %s failed: %s (%s)", self._path_str(key), c, r.detail)
-            else:
-                c = _cause_of(r)
-                log.warning("fstier: store of %s failed: %s", self._path_str(key), r)
+            f = self._judge("store", job, i, r)
             failed += 1
-            cause = cause or c
-            self.metrics.failures.inc(c)
-            self._breaker_failure(c)
+            cause = cause or f.cause
+            self._failed("store", key, f)
         if failed == 0:
             prefix = len(results)
         self._cache.stored(stored + present, now)
@@ -832,12 +687,6 @@ class FsTier:
             seconds, cause, skipped,
         )
 
-    def _breaker_failure(self, cause: str) -> None:
-        """Count ``cause`` toward the breaker only if it says the device or
-        mount is failing (see ``DEVICE_CAUSES``)."""
-        if cause in DEVICE_CAUSES:
-            self._breaker.failure(cause)
-
     def _finish_load(self, job: _Job, results: list[object]) -> JobResult:
         prefix = 0
         nbytes = 0
@@ -855,40 +704,14 @@ class FsTier:
                 continue
             in_prefix = False
             bad.append(key)
-            if r is OP_TIMED_OUT:
-                self._timed_out(job, i)
-                c = "timeout"
-                self._breaker_failure(c)
-            elif r is OP_CANCELLED:
-                c = "cancelled"
-            elif isinstance(r, blockstore.LoadOutcome) and r.status is blockstore.LoadStatus.MISSING:
-                c = "miss"
-            elif isinstance(r, blockstore.LoadOutcome) and r.status is blockstore.LoadStatus.CORRUPT:
-                c = f"corrupt:{r.cause}"
+            f = self._judge("load", job, i, r)
+            if f.family == "corrupt":
                 self.metrics.corrupt.inc()
-                log.warning(
-                    "fstier: corrupt block file %s %s: %s %s", self._path_str(key),
-                    "removed" if r.removed else "kept (could not remove it)", r.cause, r.detail,
-                )
-                if r.removed:
+                if isinstance(r, blockstore.LoadOutcome) and r.removed:
                     removed.append(key)
-            elif isinstance(r, blockstore.LoadOutcome) and r.cause in BAD_FILE_CAUSES:
-                c = f"bad_file:{r.cause}"
-                log.warning(
-                    "fstier: %s holds no block file (%s); a miss. Remove whatever was placed there",
-                    self._path_str(key), r.detail or r.cause,
-                )
-            elif isinstance(r, blockstore.LoadOutcome):
-                c = r.cause or "load_error"
-                log.warning("fstier: load of %s failed: %s (%s)", self._path_str(key), c, r.detail)
-                self._breaker_failure(c)
-            else:
-                c = _cause_of(r)
-                log.warning("fstier: load of %s failed: %s", self._path_str(key), r)
-                self._breaker_failure(c)
             if cause is None:
-                cause = c
-            self.metrics.failures.inc(c.split(":")[0])
+                cause = f.cause
+            self._failed("load", key, f)
         if bad:
             self._cache.mark_bad(bad)
         if removed:
@@ -1003,10 +826,7 @@ class FsTier:
             self.capacity.stop()
             self._io.shutdown()
             self._flush_recency()
-            with self._lock:
-                executor, self._lookup_pool = self._lookup_pool, None
-            if executor is not None:
-                executor.shutdown(wait=True)
+            self._lookup.close()
             if self._own_pool is not None:
                 self._own_pool.close()
             self.capacity.close()

@@ -235,25 +235,40 @@ def test_unwritable_root_is_a_storage_error_naming_it(tmp_path: Path) -> None:
     assert isinstance(info.value, OSError)
 
 
-def test_ensure_parent_recreates_removed_fanout_levels(tmp_path: Path) -> None:
-    """ensure_parent starts at the deepest directory it already made; when
-    that one was removed too (gc of empty directories, rm -rf), it walks from
-    the namespace again instead of failing the store with ENOENT."""
+def test_namespace_dirs_recreate_removed_fanout_levels(tmp_path: Path) -> None:
+    """The block store's directory walk starts at the deepest directory it
+    already made; when that one was removed too (gc of empty directories,
+    rm -rf), it walks from the namespace again instead of failing the store
+    with ENOENT."""
     import shutil
+
+    from fstier.io.blockstore import NamespaceDirs
 
     mapper = FileMapper(make_config(tmp_path / "root"))
     mapper.ensure_manifest()
+    dirs = NamespaceDirs(mapper)
     a = mapper.path_for(BlockKey(bytes.fromhex("abcdef") + bytes(29), 0))
     b = mapper.path_for(BlockKey(bytes.fromhex("abcd01") + bytes(29), 0))
-    mapper.ensure_parent(a)
+    dirs.ensure(a)
     assert a.parent.is_dir()
     shutil.rmtree(a.parent.parent)  # both fan-out levels gone
-    mapper.forget_parent(a)
-    mapper.ensure_parent(b)  # a sibling leaf under the removed first level
+    dirs.forget(a)
+    dirs.ensure(b)  # a sibling leaf under the removed first level
     assert b.parent.is_dir()
-    mapper.ensure_parent(mapper.namespace_dir / "x")  # the namespace itself: nothing to make
+    dirs.ensure(mapper.namespace_dir / "x")  # the namespace itself: nothing to make
     with pytest.raises(ValueError, match="not under the namespace"):
-        mapper.ensure_parent(tmp_path / "elsewhere" / "x")
+        dirs.ensure(tmp_path / "elsewhere" / "x")
+    mapper.ensure_parent(a)  # the mapper's old entry point still makes them
+    assert a.parent.is_dir()
+
+
+def test_file_mapper_is_pure_naming(tmp_path: Path) -> None:
+    """Naming a block creates nothing and holds no file descriptor."""
+    fds = len(os.listdir("/proc/self/fd"))
+    m = FileMapper(make_config(tmp_path / "root"))
+    m.path_for(KEY)
+    m.manifest()
+    assert not (tmp_path / "root").exists() and len(os.listdir("/proc/self/fd")) == fds
 
 
 # -- the path codec: one place says key -> file and file -> key -------------

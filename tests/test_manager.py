@@ -24,7 +24,7 @@ from manager_support import (
 )
 
 from fstier.errors import MetricsUnavailableError, PoolError, TierClosedError
-from fstier.io import blockstore, capabilities, posix
+from fstier.io import blockstore, posix
 from fstier.manager import BlockRemoved, BlockStored, FsTier, JobResult
 from fstier.slots.host_pool import HostBlockPool
 
@@ -286,7 +286,6 @@ def test_store_keys_completed_is_a_prefix_of_keys_on_disk(tmp_path: Path, monkey
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             return real_link(fd, dir_fd, name)
 
-        monkeypatch.setattr(capabilities, "_tmpfile_refused", False)
         monkeypatch.setattr(posix.FS, "link_at", link_at)
         res = store(tier, "s", ks)
         monkeypatch.undo()

@@ -217,3 +217,20 @@ def test_wait_timeouts_accept_inf_and_refuse_nan(tmp_path: Path, monkeypatch) ->
             tier.drain(float("nan"))
         with pytest.raises(ValueError, match="wait_fences_released"):
             tier.wait_fences_released(-1)
+
+
+def test_one_policy_table_decides_what_a_failure_means() -> None:
+    """Every failure family has one row: breaker?, bad file?, metric label,
+    log level; only device or mount causes reach the breaker."""
+    from fstier.tier.admission import POLICY, Failure
+
+    assert set(POLICY) == {"cancelled", "timeout", "miss", "corrupt", "bad_file", "error"}
+    assert Failure("timeout", "timeout", "").counts_for_breaker
+    assert Failure("error", "EIO", "").counts_for_breaker
+    assert not Failure("error", "ENOSPC", "").counts_for_breaker  # a full disk is not a failing device
+    assert not Failure("corrupt", "corrupt:payload_checksum", "").counts_for_breaker
+    assert not Failure("bad_file", "bad_file:ENXIO", "").counts_for_breaker
+    assert not Failure("miss", "miss", "").counts_for_breaker
+    assert Failure("error", "ENOSPC", "").label == "ENOSPC"
+    assert Failure("corrupt", "corrupt:short_read", "").label == "corrupt"
+    assert POLICY["bad_file"].bad_file and not POLICY["error"].bad_file

@@ -10,15 +10,16 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fstier.errors import DirectIOUnsupportedError
-from fstier.io import capabilities, posix
+from fstier.io import posix
 from fstier.io.blockfile import HEADER_SIZE, header_for_payload, padded_len
+from fstier.io.capabilities import RootCapabilities
 from fstier.io.fsops import is_temp_name
 from fstier.io.posix import (
     FS,
@@ -40,6 +41,7 @@ from fstier.keys import BlockKey
 
 sys.path.insert(0, str(Path(__file__).parent))
 import io_worker  # noqa: E402
+from conftest import make_config  # noqa: E402
 
 WORKER = Path(io_worker.__file__)
 DIGEST = io_worker.DIGEST
@@ -47,7 +49,6 @@ N = io_worker.PAYLOAD  # deliberately not a multiple of 4096
 
 
 def _direct_ok(path: Path) -> bool:
-    posix.reset_probe_cache()
     return probe_o_direct(path, "auto").enabled
 
 
@@ -58,13 +59,6 @@ def opts(request: pytest.FixtureRequest, tmp_path: Path) -> IOOptions:
             pytest.skip("tmp_path refuses O_DIRECT")
         return IOOptions(o_direct=True, fsync="file+dir")
     return IOOptions(o_direct=False, fsync="none")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_probe_cache() -> Iterator[None]:
-    posix.reset_probe_cache()
-    yield
-    posix.reset_probe_cache()
 
 
 def temps(root: Path) -> list[str]:
@@ -165,7 +159,8 @@ def test_bad_requests_raise_value_error(tmp_path: Path) -> None:
 def test_probe_real_directory(tmp_path: Path) -> None:
     sup = probe_o_direct(tmp_path, "auto")
     assert sup.alignment in (512, 1024, 2048, 4096)
-    assert probe_o_direct(tmp_path, "auto") is sup  # cached
+    caps = RootCapabilities.probe(tmp_path, "auto")  # kept with the root, not the process
+    assert caps.o_direct == sup and caps.tmpfile
     assert probe_o_direct(tmp_path, "off").enabled is False
     assert os.listdir(tmp_path) == []  # the probe file is gone
     with pytest.raises(ValueError, match="o_direct mode"):
@@ -192,7 +187,7 @@ def _refuse_direct_write(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("refuse", [_refuse_direct_open, _refuse_direct_write])
-def test_probe_refusal_auto_warns_once_and_on_raises(
+def test_probe_refusal_auto_warns_once_per_root_and_on_raises(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -200,9 +195,10 @@ def test_probe_refusal_auto_warns_once_and_on_raises(
 ) -> None:
     refuse(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="fstier.io"):
-        first = probe_o_direct(tmp_path, "auto")
-        second = probe_o_direct(tmp_path, "auto")
-    assert not first.enabled and not second.enabled
+        caps = RootCapabilities.probe(tmp_path, "auto")  # a root is probed once
+        first = caps.o_direct
+        assert IOOptions.from_tier(make_config(tmp_path).tier, caps).o_direct is False
+    assert not first.enabled
     assert "EINVAL" in first.reason
     assert len([r for r in caplog.records if "O_DIRECT unavailable" in r.getMessage()]) == 1
     with pytest.raises(DirectIOUnsupportedError, match="o_direct: on, but .* refuses O_DIRECT"):
@@ -416,13 +412,13 @@ def _raise(code: int) -> Callable[..., Any]:
 def test_store_faults_publish_nothing_and_recover(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str, code: int
 ) -> None:
-    opts = IOOptions(fsync="file+dir")
+    # replace_at is the named-temp publication (filesystems without O_TMPFILE).
+    caps = RootCapabilities(tmpfile=method != "replace_at", root=tmp_path)
+    opts = IOOptions(fsync="file+dir", capabilities=caps)
     store(tmp_path, K2, opts)
     old = io_worker.path_of(tmp_path, K2).read_bytes()
     fds_before = len(os.listdir("/proc/self/fd"))
     real_close = FS.close
-    # replace_at is the named-temp publication (filesystems without O_TMPFILE).
-    monkeypatch.setattr(capabilities, "_tmpfile_refused", method == "replace_at")
     if method == "close":
 
         def bad_close(fd: int) -> None:
@@ -493,9 +489,9 @@ def test_rename_error_after_rename_happened(
         real(*args)
         raise OSError(errno.EIO, "NFS reply lost")
 
-    monkeypatch.setattr(capabilities, "_tmpfile_refused", method == "replace_at")
+    caps = RootCapabilities(tmpfile=method != "replace_at", root=tmp_path)
     monkeypatch.setattr(FS, method, publish_then_fail)
-    out = store(tmp_path, K1, IOOptions())
+    out = store(tmp_path, K1, IOOptions(capabilities=caps))
     assert out.status is StoreStatus.FAILED and temps(tmp_path) == []
     monkeypatch.undo()
     assert load(tmp_path, K1, IOOptions())[0].ok  # complete file, never torn
@@ -627,3 +623,36 @@ def test_store_block_at_a_directory_fd(tmp_path: Path, opts: IOOptions) -> None:
     res, buf = load(tmp_path, K1, opts)
     assert res.ok and bytes(buf[:N]) == data
     assert temps(tmp_path) == []
+
+
+def test_o_tmpfile_refusal_is_per_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """An NFS-like root that refuses O_TMPFILE switches itself to named temps
+    and nothing else: a local root in the same process keeps O_TMPFILE (it
+    used to be one process-wide switch)."""
+    nfs, local = tmp_path / "nfs", tmp_path / "local"
+    nfs.mkdir()
+    local.mkdir()
+    caps_nfs, caps_local = RootCapabilities(root=nfs), RootCapabilities(root=local)
+    if not caps_local.tmpfile:
+        pytest.skip("this platform has no O_TMPFILE")
+    real_openat = FS.openat
+    anonymous: list[str] = []
+
+    def openat(dir_fd: int, name: str, flags: int, mode: int = 0o600) -> int:
+        where = os.readlink(f"/proc/self/fd/{dir_fd}")
+        if flags & os.O_TMPFILE == os.O_TMPFILE:
+            if where.startswith(str(nfs)):
+                raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+            anonymous.append(where)
+        return real_openat(dir_fd, name, flags, mode)
+
+    monkeypatch.setattr(FS, "openat", openat)
+    with caplog.at_level(logging.INFO, logger="fstier.io"):
+        for i in range(2):
+            k = BlockKey(bytes([i]) * 16, 0)
+            assert store(nfs, k, IOOptions(capabilities=caps_nfs)).status is StoreStatus.STORED
+            assert store(local, k, IOOptions(capabilities=caps_local)).status is StoreStatus.STORED
+    assert not caps_nfs.tmpfile and caps_local.tmpfile
+    assert len(anonymous) == 2 and all(w.startswith(str(local)) for w in anonymous)
+    assert len([r for r in caplog.records if "O_TMPFILE unavailable" in r.getMessage()]) == 1
+    assert temps(nfs) == [] and temps(local) == []

@@ -45,7 +45,7 @@ from fstier.io.blockstore import (
     store_blocks,
     verify_file,
 )
-from fstier.io.capabilities import DirectIOSupport, probe_o_direct
+from fstier.io.capabilities import DirectIOSupport, RootCapabilities, probe_o_direct
 from fstier.io.fsops import FS, aligned_buffer
 from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool, PoolJob
 
@@ -67,6 +67,7 @@ __all__ = [
     "LoadRequest",
     "LoadStatus",
     "PoolJob",
+    "RootCapabilities",
     "StoreOutcome",
     "StoreRequest",
     "StoreStatus",

@@ -1,59 +1,36 @@
-"""The block store: one block in a file, stored atomically, loaded and checked.
+"""The block store: one namespace's block files, key -> file end to end.
 
-No path is ever resolved through a symlink: every path goes through
-:func:`fstier.io.fsops.open_nofollow` (``openat2`` with
-``RESOLVE_NO_SYMLINKS``), and every name is acted on inside a directory fd
-opened that way, so a directory swapped for a symlink at any moment is
-refused (``ELOOP``), never followed out of the root.
+:class:`BlockStore` is the one object that turns a key into a file and back
+(naming comes from :func:`fstier.file_mapper.encode`; callers never build a
+path): it makes the namespace (:func:`fstier.io.manifest.ensure_manifest`),
+creates fan-out directories without following a symlink
+(:class:`NamespaceDirs`), recovers when they were removed under it (an
+operator's ``rm -rf``, gc of empty directories), builds each block's header,
+and stores, loads, checks and removes blocks through the per-file path of
+:mod:`fstier.io.blockio`.
 
-Payloads are **exact-length**: a store reads, and a load writes, exactly
-``payload_len`` bytes of the caller's buffer, at any address and any length.
-The file holds the payload zero-padded to 4096; the payload's whole pages go
-straight between the buffer and the file, its last partial page through a
-4 KiB per-thread bounce page, so a buffer that starts 4096-aligned stays on
-O_DIRECT whatever its length (docs/architecture.md has the measurement).
+API shape (the seam for other backends)
+    Per key: :meth:`BlockStore.store`, :meth:`~BlockStore.load`,
+    :meth:`~BlockStore.remove`, :meth:`~BlockStore.exists`; per batch:
+    :meth:`~BlockStore.store_many` and :meth:`~BlockStore.load_many`, which
+    take a whole job's keys and buffers and return one outcome per key in
+    order. The Python backend runs a batch key by key; a backend that runs a
+    whole job per call (native code with the GIL released) replaces the
+    batch methods and keeps their contract: the same outcomes, the same
+    files, the same promises (exact-length buffers, no symlink followed,
+    atomic publication, the one validator).
 
-Store path (:func:`store_block`), 7 system calls
-    1. Open the final path's directory (``openat2``, no symlinks).
-    2. ``fstatat`` the name: a regular file there means SKIPPED
-       (content-addressed: the same key always means the same bytes).
-    3. Encode the header into a 4096-aligned per-thread buffer; open an
-       anonymous inode in the directory (``O_TMPFILE``, explicit mode,
-       ``O_DIRECT`` when enabled and the buffer is aligned); where the
-       filesystem has no ``O_TMPFILE`` (NFS), a unique temp name instead
-       (``O_CREAT|O_EXCL|O_NOFOLLOW``).
-    4. ``pwritev([header, whole pages, bounce page])`` in a loop that
-       survives short writes; fsync per policy (a failed fsync is never
-       retried).
-    5. Publish: ``linkat`` the anonymous inode to the final name (if the
-       name exists, link a temp name and ``renameat`` it over, so the last
-       writer wins), or ``renameat`` the named temp; close; fsync the
-       directory fd for ``file+dir``.
-    Any error removes the temp name and publishes nothing; the outcome is
-    FAILED with the errno name as cause. A crash before the link leaves
-    nothing at all (the anonymous inode dies with the process). Nothing
-    here raises ``OSError``.
+Costs
+    A store into a directory already made: the per-file store path (7 system
+    calls). Into a new fan-out directory: the walk's ``mkdirat``/``openat``
+    calls, then the store through the fd the walk opened (no second
+    resolution, no existence check). A load: 3 system calls. Directories
+    known to exist are remembered only to skip ``mkdir`` calls: the memory
+    grants nothing, since every store resolves its directory again without
+    following a symlink.
 
-Load path (:func:`load_block`), 3 system calls
-    ``openat2`` the final path (``O_RDONLY|O_NOFOLLOW|O_NONBLOCK``, no
-    symlinks, ``O_DIRECT`` when enabled), then ONE ``preadv`` into
-    [aligned header buffer, the caller's whole pages, bounce page, overflow
-    page], close. A file of the expected size ends inside the overflow page;
-    any other size shows as a short or long read, and only then is the fd
-    ``fstat``-ed (never a path stat: NFS close-to-open). Then, in order:
-    magic/version -> header checksum -> key and namespace -> payload length
-    -> payload checksum. Proven corruption unlinks the file (only if the name
-    still holds the inode we read) and returns CORRUPT; a missing file is
-    MISSING; a symlink on the path is CORRUPT (a link at the final name is
-    removed, never its target); a FIFO, socket, directory or device is
-    ERROR ``not_regular``/``ENXIO``/``ENOTDIR``; transient errors (EMFILE,
-    EIO, ESTALE, EINTR, EACCES) are ERROR and leave the file. Bytes of a
-    block that is not LOADED must be treated as garbage.
-
-O_DIRECT and O_TMPFILE are decided per root by :mod:`fstier.io.capabilities`.
-
-Every system call goes through :data:`fstier.io.fsops.FS`, so tests and the
-reliability suite can inject faults by swapping its methods.
+The per-file API (``IOOptions``, ``store_block``, ``load_block``, ...) is
+re-exported here from :mod:`fstier.io.blockio`.
 """
 
 from __future__ import annotations
@@ -65,60 +42,43 @@ import os
 import stat
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import xxhash
-
-from fstier.errors import BlockCorruptError
-from fstier.io import capabilities, fsops
-from fstier.io.blockfile import (
-    ALIGNMENT,
-    HEADER_SIZE,
-    BlockHeader,
-    ChecksumKind,
-    Expected,
-    check_block,
-    check_payload,
-    decode_header,
-    encode_header_into,
-    padded_len,
-    payload_checksum,
+from fstier.errors import FstierError, PathSafetyError
+from fstier.file_mapper import FileMapper, encode
+from fstier.io import fsops
+from fstier.io.blockfile import BlockHeader, ChecksumKind, payload_checksum
+from fstier.io.blockio import (
+    BatchLoadResult,
+    FileCheck,
+    IOOptions,
+    LoadOutcome,
+    LoadRequest,
+    LoadStatus,
+    StoreOutcome,
+    StoreRequest,
+    StoreStatus,
+    load_block,
+    load_blocks,
+    read_header,
+    store_block,
+    store_block_at,
+    store_blocks,
+    touch_file,
+    verify_file,
 )
-from fstier.io.fsops import (
-    O_CLOEXEC,
-    O_DIR_FLAGS,
-    O_DIRECT,
-    O_NOFOLLOW,
-    O_TMPFILE,
-    advance,
-    aligned_buffer,
-    byte_view,
-    close_quietly,
-    discard_at,
-    errno_name,
-    is_aligned,
-    preadv_all,
-    pwritev_all,
-    split_parent,
-    temp_path_for,
-    unlink_if_same,
-)
+from fstier.io.manifest import ensure_manifest
 from fstier.keys import BlockKey
-
-if TYPE_CHECKING:  # pragma: no cover
-    from fstier.config import TierConfig
-    from fstier.io.capabilities import DirectIOSupport
 
 __all__ = [
     "BatchLoadResult",
+    "BlockStore",
     "FileCheck",
     "IOOptions",
     "LoadOutcome",
     "LoadRequest",
     "LoadStatus",
+    "NamespaceDirs",
     "StoreOutcome",
     "StoreRequest",
     "StoreStatus",
@@ -132,603 +92,241 @@ __all__ = [
     "verify_file",
 ]
 
-log = logging.getLogger("fstier.io")
+log = logging.getLogger("fstier.manager")
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-# ------------------------------------------------------------------- options
-@dataclass(frozen=True, slots=True)
-class IOOptions:
-    """How one store or load is performed."""
+class NamespaceDirs:
+    """Fan-out directories of one namespace, made one ``mkdirat`` per level
+    inside directory fds opened with no symlink on their path, so nothing
+    lands outside the root even if a directory is swapped for a symlink
+    meanwhile (that is refused with :class:`PathSafetyError`)."""
 
-    o_direct: bool = False
-    alignment: int = ALIGNMENT
-    fsync: str = "none"
-    file_mode: int = 0o644
-    checksum: bool = True
+    def __init__(self, mapper: FileMapper) -> None:
+        self._ns = os.fspath(mapper.namespace_dir)
+        self._made: set[str] = set()
+        self._lock = threading.Lock()
 
-    def __post_init__(self) -> None:
-        if self.fsync not in ("none", "file", "file+dir"):
-            raise ValueError(
-                f"IOOptions.fsync must be 'none', 'file' or 'file+dir', got {self.fsync!r}"
-            )
-        if self.alignment < 1 or ALIGNMENT % self.alignment:
-            raise ValueError(f"IOOptions.alignment must divide {ALIGNMENT}, got {self.alignment}")
+    def ensure(self, path: str | Path) -> None:
+        """Create ``path``'s directory (and the levels above it, under the
+        namespace)."""
+        made = self.open_parent(path)
+        if made is not None:
+            fsops.close_quietly(made[0])
 
-    @classmethod
-    def from_tier(cls, tier: TierConfig, support: DirectIOSupport) -> IOOptions:
-        """Options for a tier config and its directory's probe result."""
-        return cls(
-            o_direct=support.enabled,
-            alignment=support.alignment,
-            fsync=tier.fsync,
-            file_mode=tier.file_mode,
-            checksum=tier.checksum != "none",
-        )
+    def forget(self, path: str | Path) -> None:
+        """``path``'s directory was removed: make it again next time."""
+        with self._lock:
+            self._made.discard(os.fspath(path).rpartition("/")[0])
 
-
-# ------------------------------------------------- per-thread pages
-class _ThreadBuffers(threading.local):
-    """Per-thread aligned header, bounce and overflow pages, reused for every op."""
-
-    def __init__(self) -> None:
-        self.header = aligned_buffer(HEADER_SIZE)
-        #: bounce page for a payload's last partial page (store and load)
-        self.tail = aligned_buffer(ALIGNMENT)
-        #: overflow page: a too-long file shows up in the load's one preadv
-        self.over = aligned_buffer(ALIGNMENT)
-
-
-_BUFS = _ThreadBuffers()
-_ZEROS = bytes(ALIGNMENT)
-
-
-
-
-# --------------------------------------------------------------------- store
-class StoreStatus(str, Enum):
-    """Result of one store. The values equal the names, so ``== "STORED"`` works."""
-
-    STORED = "STORED"
-    SKIPPED = "SKIPPED"
-    FAILED = "FAILED"
-
-
-@dataclass(frozen=True, slots=True)
-class StoreRequest:
-    """Write ``header`` then ``payload`` to ``path``. ``payload`` holds at least
-    ``header.payload_len`` bytes; when it holds the padded length and is
-    writable (a pool slot), the padding tail is zeroed in place and the slot is
-    written directly (O_DIRECT capable)."""
-
-    path: str | Path
-    header: BlockHeader
-    payload: memoryview
-
-
-@dataclass(frozen=True, slots=True)
-class StoreOutcome:
-    """What happened to one store: ``cause`` is an errno name (``ENOSPC``) or a
-    short reason, ``detail`` says at which step, ``nbytes`` is bytes written."""
-
-    status: StoreStatus
-    cause: str = ""
-    detail: str = ""
-    nbytes: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.status is not StoreStatus.FAILED
-
-
-def _store_iov(
-    payload: memoryview, n: int, header: memoryview, alignment: int
-) -> tuple[list[memoryview], bool]:
-    """The write vector for exactly ``payload[:n]`` (never a byte beyond it)
-    and whether it is O_DIRECT-aligned.
-
-    The file holds the payload zero-padded to 4096. The whole 4096-byte pages
-    of the payload are written from the caller's buffer; the last partial
-    page, if any, goes through the thread's bounce page (a copy of at most
-    4095 bytes plus zeros), so an aligned buffer of any length stays on
-    O_DIRECT and nothing outside ``payload[:n]`` is read or written."""
-    whole = n - n % ALIGNMENT
-    rest = n - whole
-    bufs = [header]
-    if whole:
-        bufs.append(payload[:whole])
-    if rest:
-        bounce = _BUFS.tail
-        bounce[:rest] = payload[whole:n]
-        bounce[rest:] = _ZEROS[: ALIGNMENT - rest]
-        bufs.append(bounce)
-    # The header and bounce pages are page-aligned by construction.
-    return bufs, is_aligned(payload[:whole], alignment)
-
-
-def _create_temp(dir_fd: int, name: str, direct: bool, opts: IOOptions) -> tuple[int, str | None]:
-    """An fd to write the new file into, and its temp name (``None`` for an
-    anonymous O_TMPFILE inode, which a crash leaves nowhere at all)."""
-    flags = os.O_WRONLY | O_CLOEXEC | (O_DIRECT if direct else 0)
-    if capabilities.tmpfile_usable():
+    def open_parent(self, path: str | Path) -> tuple[int, bool] | None:
+        """:meth:`ensure`, keeping what the walk opened: ``None`` when the
+        directory was already known, else an fd of ``path``'s directory
+        (opened with no symlink on its path; the caller closes it) and
+        whether this call created it. The walk starts at the deepest
+        directory already made and goes through the syscall seam."""
+        # Strings, not pathlib: with 4096 x 256 fan-out directories most new
+        # keys create one, and Path parsing cost more than the mkdirs
+        # (issue 14).
+        key = os.fspath(path).rpartition("/")[0]
+        if key in self._made:
+            return None
+        ns = self._ns
+        if key != ns and not key.startswith(ns + "/"):
+            raise ValueError(f"{path!r} is not under the namespace directory {ns}")
+        parts = key[len(ns) + 1 :].split("/") if key != ns else []
+        start, base = 0, ns
+        for i in range(len(parts) - 1, 0, -1):
+            ancestor = f"{ns}/{'/'.join(parts[:i])}"
+            if ancestor in self._made:
+                start, base = i, ancestor
+                break
         try:
-            return fsops.FS.openat(dir_fd, ".", flags | O_TMPFILE, opts.file_mode), None
-        except OSError as exc:
-            # EISDIR: a kernel without O_TMPFILE read it as O_DIRECTORY.
-            # EOPNOTSUPP: the filesystem has none (NFS, FUSE). Anything else
-            # (ENOSPC, EACCES, EINVAL from O_DIRECT) is the store's failure.
-            if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR):
-                raise
-            capabilities.refuse_tmpfile(exc)
-    tmp = temp_path_for(Path(name)).name
-    try:
-        return fsops.FS.openat(dir_fd, tmp, flags | os.O_CREAT | os.O_EXCL, opts.file_mode), tmp
-    except OSError as exc:
-        if exc.errno != errno.EEXIST:
-            # Some filesystems (ramfs) create the file for O_CREAT|O_EXCL|O_DIRECT
-            # and then fail the open; the name is unique to this thread.
-            with contextlib.suppress(OSError):
-                fsops.FS.unlink_at(dir_fd, tmp)
-        raise
-
-
-def _link_anonymous(fd: int, dir_fd: int, name: str) -> None:
-    """Publish an O_TMPFILE inode as ``name``. linkat never replaces, so when
-    the name exists (a concurrent writer, a planted link) the inode is linked
-    under a temp name and renamed over it: the last writer wins, as with
-    named temps."""
-    try:
-        fsops.FS.link_at(fd, dir_fd, name)
-        return
-    except FileExistsError:
-        pass
-    tmp = temp_path_for(Path(name)).name
-    fsops.FS.link_at(fd, dir_fd, tmp)
-    try:
-        fsops.FS.replace_at(dir_fd, tmp, name)
-    except BaseException:
-        discard_at(dir_fd, tmp)
-        raise
-
-
-def _store_once(
-    dir_fd: int, name: str, bufs: list[memoryview], direct: bool, opts: IOOptions
-) -> StoreOutcome:
-    try:
-        fd, tmp = _create_temp(dir_fd, name, direct, opts)
-    except OSError as exc:
-        return StoreOutcome(StoreStatus.FAILED, errno_name(exc), f"create temp for {name}: {exc.strerror}")
-    stage = "write"
-    linked = False
-    try:
-        try:
-            written = pwritev_all(fd, bufs, 0)
-            if opts.fsync != "none":
-                # Never retried: after a failed fsync the kernel may have
-                # dropped the dirty pages, so a retry could "succeed" on garbage.
-                stage = "fsync"
-                fsops.FS.fsync(fd)
-            if tmp is None:
-                # An anonymous inode is published through its open fd.
-                stage = "link"
-                _link_anonymous(fd, dir_fd, name)
-                linked = True
-        except OSError:
-            close_quietly(fd)
-            raise
-        stage = "close"
-        fsops.FS.close(fd)  # NFS reports deferred write errors here
-        if tmp is not None:
-            stage = "rename"
-            fsops.FS.replace_at(dir_fd, tmp, name)
-    except OSError as exc:
-        if tmp is not None:
-            discard_at(dir_fd, tmp)
-        elif linked:
-            # close failed after the link: withdraw the name rather than
-            # acknowledge a file whose writes may be lost (at worst this
-            # removes a concurrent writer's identical copy: a future miss).
-            discard_at(dir_fd, name)
-        return StoreOutcome(StoreStatus.FAILED, errno_name(exc), f"{stage} {name}: {exc.strerror}")
-    if opts.fsync == "file+dir":
-        try:
-            fsops.FS.fsync(dir_fd)
-        except OSError as exc:
-            # The complete file is visible but not durable: never acknowledge it.
-            return StoreOutcome(
-                StoreStatus.FAILED, errno_name(exc), f"directory fsync after publishing {name}"
-            )
-    return StoreOutcome(StoreStatus.STORED, nbytes=written)
-
-
-def store_block(req: StoreRequest, opts: IOOptions) -> StoreOutcome:
-    """Store one block atomically. Never raises ``OSError``; raises
-    ``ValueError`` only for a malformed request (a programming error).
-
-    Exactly ``req.header.payload_len`` bytes of ``req.payload`` are read, at
-    any alignment; the caller's buffer is never written."""
-    n = req.header.payload_len
-    payload = byte_view(req.payload)
-    if len(payload) < n:
-        raise ValueError(
-            f"StoreRequest.payload holds {len(payload)} bytes but header.payload_len is {n}"
-        )
-    parent, name = split_parent(req.path)
-    try:
-        dir_fd = fsops.FS.open(parent, O_DIR_FLAGS)
-    except OSError as exc:
-        # ENOENT: the fan-out directory is missing (the caller creates it);
-        # ELOOP/ENOTDIR: a component is a symlink or a file: refused, since
-        # following it could place the block outside the root.
-        return StoreOutcome(StoreStatus.FAILED, errno_name(exc), f"open directory of {name}: {exc.strerror}")
-    try:
-        return _store_in(dir_fd, name, req.header, payload, opts, fresh=False)
-    finally:
-        close_quietly(dir_fd)
-
-
-def store_block_at(
-    dir_fd: int,
-    name: str,
-    header: BlockHeader,
-    payload: memoryview,
-    opts: IOOptions,
-    *,
-    fresh: bool = False,
-) -> StoreOutcome:
-    """:func:`store_block` into ``name`` inside ``dir_fd``, a directory the
-    caller opened with no symlink on its path (and closes). ``fresh``: the
-    caller has just created that directory, so the existence check is
-    skipped (one system call less per store into a new fan-out directory; a
-    racing writer's identical copy is still handled by the publication)."""
-    n = header.payload_len
-    view = byte_view(payload)
-    if len(view) < n:
-        raise ValueError(f"store_block_at: payload holds {len(view)} bytes but payload_len is {n}")
-    return _store_in(dir_fd, name, header, view, opts, fresh=fresh)
-
-
-def _store_in(
-    dir_fd: int, name: str, h: BlockHeader, payload: memoryview, opts: IOOptions, *, fresh: bool
-) -> StoreOutcome:
-    n = h.payload_len
-    if not fresh:
-        try:
-            st = fsops.FS.stat_at(dir_fd, name)
+            fd = fsops.FS.open(base, _DIR_FLAGS)
         except FileNotFoundError:
-            pass
-        except OSError as exc:
-            return StoreOutcome(StoreStatus.FAILED, errno_name(exc), f"stat {name}: {exc.strerror}")
-        else:
-            if stat.S_ISREG(st.st_mode):
-                return StoreOutcome(StoreStatus.SKIPPED)
-            # Anything else (a planted symlink) is replaced: rename swaps the
-            # link itself and never writes through it.
-    header = _BUFS.header
-    encode_header_into(h, header)
-    bufs, aligned = _store_iov(payload, n, header, opts.alignment)
-    direct = opts.o_direct and aligned
-    out = _store_once(dir_fd, name, bufs, direct, opts)
-    if direct and out.status is StoreStatus.FAILED and out.cause == "EINVAL":
-        # A filesystem that passed the probe but refuses this write: one
-        # buffered retry (a new temp file) rather than a lost block.
-        out = _store_once(dir_fd, name, bufs, False, opts)
-    return out
-
-
-def store_blocks(reqs: Sequence[StoreRequest], opts: IOOptions) -> list[StoreOutcome]:
-    """Store every request (a failure does not stop the batch)."""
-    return [store_block(r, opts) for r in reqs]
-
-
-# ---------------------------------------------------------------------- load
-class LoadStatus(str, Enum):
-    """Result of one load. The values equal the names, so ``== "LOADED"`` works."""
-
-    LOADED = "LOADED"
-    MISSING = "MISSING"
-    CORRUPT = "CORRUPT"
-    ERROR = "ERROR"
-
-
-@dataclass(frozen=True, slots=True)
-class LoadRequest:
-    """Load the file at ``path`` into ``buffer[:payload_len]`` (any alignment;
-    O_DIRECT when enabled and the buffer starts 4096-aligned) and check that it holds ``key`` of namespace
-    ``namespace_digest`` with exactly ``payload_len`` payload bytes."""
-
-    path: str | Path
-    buffer: memoryview
-    key: BlockKey
-    namespace_digest: bytes
-    payload_len: int
-    #: Unused, kept for callers that pass it: no path is ever resolved
-    #: through a symlink, so nothing outside the root can be removed.
-    root: Path | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class LoadOutcome:
-    """What happened to one load. ``removed`` is true when a corrupt file was
-    unlinked. Only LOADED means the buffer holds verified bytes."""
-
-    status: LoadStatus
-    cause: str = ""
-    detail: str = ""
-    nbytes: int = 0
-    removed: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.status is LoadStatus.LOADED
-
-
-@dataclass(frozen=True, slots=True)
-class BatchLoadResult:
-    """A batched load: the first ``num_loaded`` blocks verified; ``outcomes``
-    has one entry per attempted block (the last one is the failure, if any)."""
-
-    num_loaded: int
-    outcomes: list[LoadOutcome]
-
-    @property
-    def complete(self) -> bool:
-        return self.num_loaded == len(self.outcomes) and all(o.ok for o in self.outcomes)
-
-
-def _remove_planted_link(path: str | Path) -> bool:
-    """Remove a symlink found at a block's final name (fstier never writes
-    one). Only the link itself, and only when its directory resolves without
-    a symlink: an ELOOP from a symlinked *directory* removes nothing."""
-    parent, name = split_parent(path)
-    try:
-        dir_fd = fsops.FS.open(parent, O_DIR_FLAGS)
-    except OSError:
-        return False
-    try:
-        if not stat.S_ISLNK(fsops.FS.stat_at(dir_fd, name).st_mode):
-            return False
-        fsops.FS.unlink_at(dir_fd, name)
-        return True
-    except OSError:
-        return False
-    finally:
-        close_quietly(dir_fd)
-
-
-def _read_vector(buf: memoryview, n: int) -> list[memoryview]:
-    """[header, whole pages of ``buf[:n]``, bounce page, overflow page]
-    (O_DIRECT-aligned when ``buf`` starts aligned). The bounce page takes the payload's last
-    partial page and the padding, so nothing beyond ``buf[:n]`` is written;
-    the overflow page makes a file longer than expected show up in the same
-    ``preadv`` (no ``fstat`` on the hot path)."""
-    whole = n - n % ALIGNMENT
-    bufs = [_BUFS.header]
-    if whole:
-        bufs.append(buf[:whole])
-    if n > whole:
-        bufs.append(_BUFS.tail)
-    bufs.append(_BUFS.over)
-    return bufs
-
-
-def _read_file(fd: int, bufs: list[memoryview], want: int) -> int:
-    """Read until ``want`` bytes or EOF. One ``preadv`` for a file of the
-    expected size: its EOF lands inside the overflow page."""
-    total = 0
-    while True:
-        got = fsops.FS.preadv(fd, bufs, total)
-        if got <= 0:
-            return total  # EOF: the file is short (or shrank under us)
-        total += got
-        if total >= want:
-            return total  # == want: exact; > want: the file is too long
-        bufs = advance(bufs, got)
-
-
-def _removal_failed(exc: OSError) -> None:
-    log.warning("could not remove corrupt block %s: %s", exc.filename, exc.strerror or exc)
-
-
-def _name(path: str) -> str:
-    return path.rpartition("/")[2]
-
-
-def _load_once(req: LoadRequest, buf: memoryview, direct: bool, opts: IOOptions) -> LoadOutcome:
-    path = os.fspath(req.path)  # a str: Path objects cost ~8 us per op here
-    n = req.payload_len
-    padded = padded_len(n)
-    # O_NONBLOCK: a FIFO planted at a block path would block open() forever;
-    # with it the open returns and the read fails (ESPIPE). It has no effect
-    # on regular files. No symlink is followed in any component.
-    flags = os.O_RDONLY | O_NOFOLLOW | O_CLOEXEC | os.O_NONBLOCK
-    if direct:
-        flags |= O_DIRECT
-    try:
-        fd = fsops.FS.open(path, flags)
-    except FileNotFoundError:
-        return LoadOutcome(LoadStatus.MISSING, "ENOENT")
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            # A symlink where a block or one of its directories belongs was
-            # planted, never written by fstier: remove a link at the final
-            # name (never its target, never through a symlinked directory).
-            removed = _remove_planted_link(path)
-            return LoadOutcome(
-                LoadStatus.CORRUPT, "symlink", f"{_name(path)}: a symlink on its path", removed=removed
-            )
-        return LoadOutcome(LoadStatus.ERROR, errno_name(exc), f"open {_name(path)}: {exc.strerror}")
-    want = HEADER_SIZE + padded
-    try:
-        bufs = _read_vector(buf, n)
-        try:
-            got = _read_file(fd, bufs, want)
-        except OSError as exc:
-            if exc.errno in (errno.EISDIR, errno.ESPIPE, errno.EINVAL, errno.ENXIO):
-                # Not a regular file (a directory, FIFO, device): a bad file.
-                with contextlib.suppress(OSError):
-                    if not stat.S_ISREG(fsops.FS.fstat(fd).st_mode):
-                        return LoadOutcome(
-                            LoadStatus.ERROR, "not_regular", f"{_name(path)} is not a regular file"
-                        )
-            return LoadOutcome(LoadStatus.ERROR, errno_name(exc), f"read {_name(path)}: {exc.strerror}")
-        try:
-            if got != want:
-                # Only the slow path pays for an fstat: was it ever a block?
-                st = fsops.FS.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    return LoadOutcome(
-                        LoadStatus.ERROR, "not_regular", f"{_name(path)} is not a regular file"
-                    )
-                if st.st_size != want:
-                    raise BlockCorruptError("bad_size", f"file is {st.st_size} bytes, expected {want}")
-                raise BlockCorruptError("short_read", f"read {got} of {want} bytes")
-            h = decode_header(_BUFS.header)
-            check_block(h, Expected(req.key, req.namespace_digest, n))
-            whole = n - n % ALIGNMENT
-            if n > whole:
-                buf[whole:n] = _BUFS.tail[: n - whole]
-            if opts.checksum and h.checksum_kind == ChecksumKind.XXH3_64:
-                check_payload(h, payload_checksum(buf[:n]))
-        except BlockCorruptError as exc:
+            if base == ns:
+                raise
+            # That ancestor was removed too (gc of empty directories, an
+            # operator's rm -rf): forget it and walk from the namespace.
+            with self._lock:
+                self._made.discard(base)
+            start, base = 0, ns
             try:
-                st = fsops.FS.fstat(fd)
-            except OSError:
-                return LoadOutcome(LoadStatus.CORRUPT, exc.reason, exc.detail)
-            removed = (
-                unlink_if_same(path, ino=st.st_ino, dev=st.st_dev, on_error=_removal_failed) == "removed"
-            )
-            return LoadOutcome(LoadStatus.CORRUPT, exc.reason, exc.detail, removed=removed)
+                fd = fsops.FS.open(base, _DIR_FLAGS)
+            except OSError as exc:
+                raise _unsafe(Path(base), exc) from None
         except OSError as exc:
-            return LoadOutcome(LoadStatus.ERROR, errno_name(exc), f"read {_name(path)}: {exc.strerror}")
-    finally:
-        close_quietly(fd)
-    return LoadOutcome(LoadStatus.LOADED, nbytes=n)
+            raise _unsafe(Path(base), exc) from None
+        made: list[str] = []
+        fresh = False
+        try:
+            current = base
+            for part in parts[start:]:
+                current = f"{current}/{part}"
+                try:
+                    fsops.FS.mkdir_at(fd, part, 0o755)
+                    fresh = True
+                except FileExistsError:
+                    fresh = False
+                try:
+                    nfd = fsops.FS.openat(fd, part, _DIR_FLAGS)
+                except OSError as exc:
+                    raise _unsafe(Path(current), exc) from None
+                # Linux releases an fd even when close reports an error: a
+                # failing close of the parent must not leak the child.
+                parent, fd = fd, nfd
+                fsops.close_quietly(parent)
+                made.append(current)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                fsops.FS.close(fd)
+            raise
+        with self._lock:
+            self._made.update(made)
+        return fd, fresh
 
 
-def load_block(req: LoadRequest, opts: IOOptions) -> LoadOutcome:
-    """Load and verify one block. Never raises ``OSError``; raises
-    ``ValueError`` only for a malformed request.
-
-    Exactly ``req.payload_len`` bytes of ``req.buffer`` are written, at any
-    alignment (the last partial page goes through a bounce page). O_DIRECT is
-    used when the buffer's start is aligned; its bytes are garbage unless the
-    outcome is LOADED."""
-    buf = byte_view(req.buffer)
-    n = req.payload_len
-    if n < 0 or len(buf) < n:
-        raise ValueError(f"LoadRequest.buffer holds {len(buf)} bytes but payload_len is {n}")
-    if buf.readonly:
-        raise ValueError("LoadRequest.buffer must be writable")
-    whole = n - n % ALIGNMENT
-    direct = opts.o_direct and is_aligned(buf[:whole], opts.alignment)
-    out = _load_once(req, buf, direct, opts)
-    if direct and out.status is LoadStatus.ERROR and out.cause == "EINVAL":
-        out = _load_once(req, buf, False, opts)
-    return out
+def _unsafe(path: Path, exc: OSError) -> Exception:
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        return PathSafetyError(
+            f"{path} (or a directory above it, below the root) is a symlink or not a "
+            "directory; fstier refuses to follow it. Remove it."
+        )
+    return exc
 
 
-def load_blocks(reqs: Sequence[LoadRequest], opts: IOOptions) -> BatchLoadResult:
-    """Load blocks in order, stopping at the first one that is not LOADED."""
-    outcomes: list[LoadOutcome] = []
-    for r in reqs:
-        out = load_block(r, opts)
-        outcomes.append(out)
-        if not out.ok:
-            return BatchLoadResult(len(outcomes) - 1, outcomes)
-    return BatchLoadResult(len(outcomes), outcomes)
+class BlockStore:
+    """The block files of ``mapper``'s namespace, stored with ``options``.
 
+    ``blocks_per_file`` is what each header records as its page count (a
+    file's payload holds that many pages)."""
 
-# ---------------------------------------------------------------- recency
-def touch_file(path: str | Path) -> bool:
-    """Set a block file's mtime to now (its LRU recency) without following a
-    symlink anywhere on its path. False when it is gone or refused."""
-    parent, name = split_parent(path)
-    try:
-        dir_fd = fsops.FS.open(parent, O_DIR_FLAGS)
-    except OSError:
-        return False
-    try:
-        os.utime(name, dir_fd=dir_fd, follow_symlinks=False)
+    def __init__(self, mapper: FileMapper, options: IOOptions, *, blocks_per_file: int = 1) -> None:
+        self.mapper = mapper
+        self.options = options
+        self._bpf = blocks_per_file
+        self._prefix = os.fspath(mapper.blocks_dir)
+        self.dirs = NamespaceDirs(mapper)
+
+    # ------------------------------------------------------------- naming
+    def path(self, key: BlockKey) -> str:
+        """``key``'s file (a string: this is on every lookup's path)."""
+        return f"{self._prefix}/{encode(key)}"
+
+    # ----------------------------------------------------------- namespace
+    def ensure_namespace(self) -> None:
+        """Make the namespace directory, its manifest and the blocks directory."""
+        ensure_manifest(self.mapper)
+        self.dirs.ensure(f"{self._prefix}/_")
+
+    def _namespace_back(self) -> bool:
+        """Re-create the namespace directory and its manifest if they were
+        removed under a running tier (an operator's ``rm -rf`` of the cache);
+        True when it did. Without this every later store failed ENOENT until
+        a restart, since the fan-out walk starts at the namespace."""
+        if os.path.lexists(self.mapper.namespace_dir):
+            return False
+        try:
+            ensure_manifest(self.mapper)
+        except FstierError:  # root gone or unwritable: the store fails as it would
+            return False
+        log.warning(
+            "fstier: namespace directory %s was removed under a running tier; re-created it",
+            self.mapper.namespace_dir,
+        )
         return True
-    except OSError:
-        return False
-    finally:
-        close_quietly(dir_fd)
 
+    # ------------------------------------------------------------ per key
+    def header(self, key: BlockKey, payload: memoryview) -> BlockHeader:
+        """The header of ``key``'s file holding ``payload`` (checksummed per options)."""
+        n = len(payload)
+        checksum = self.options.checksum
+        return BlockHeader(
+            key=key,
+            namespace_digest=self.mapper.digest_bytes,
+            payload_len=n,
+            page_count=self._bpf,
+            page_bytes=n // self._bpf,
+            checksum_kind=ChecksumKind.XXH3_64 if checksum else ChecksumKind.NONE,
+            payload_checksum=payload_checksum(payload) if checksum else 0,
+        )
 
-# ------------------------------------------------------------- CLI helpers
-@dataclass(frozen=True, slots=True)
-class FileCheck:
-    """The verdict on one block file: ``ok``, the ``reason`` when not, the
-    decoded header when it parsed, and the file size."""
-
-    ok: bool
-    reason: str
-    header: BlockHeader | None
-    size: int
-
-
-def read_header(path: str | Path) -> BlockHeader:
-    """Decode a block file's header (no payload read). Raises
-    :class:`BlockCorruptError` for a bad header and ``OSError`` for I/O."""
-    fd = fsops.FS.open(path, os.O_RDONLY | O_NOFOLLOW | O_CLOEXEC | os.O_NONBLOCK)
-    try:
-        buf = bytearray(HEADER_SIZE)
-        got = preadv_all(fd, [memoryview(buf)], 0)
-        if got < HEADER_SIZE:
-            raise BlockCorruptError("short_header", f"{got} < {HEADER_SIZE} bytes")
-        return decode_header(buf)
-    finally:
-        fsops.FS.close(fd)
-
-
-def verify_file(
-    path: str | Path,
-    full: bool = True,
-    *,
-    key: BlockKey | None = None,
-    namespace_digest: bytes | None = None,
-    expect: Expected | None = None,
-) -> FileCheck:
-    """Check a block file without a caller buffer: header, size, what the
-    caller expects (``expect``, or just ``key`` and ``namespace_digest``;
-    :func:`fstier.io.blockfile.check_block`, the load's validator) and, with
-    ``full``, the payload checksum (streamed in 1 MiB chunks, so a hostile
-    length never causes a large allocation). Raises ``OSError`` for I/O."""
-    if expect is None:
-        expect = Expected(key=key, namespace_digest=namespace_digest)
-    fd = fsops.FS.open(path, os.O_RDONLY | O_NOFOLLOW | O_CLOEXEC | os.O_NONBLOCK)
-    try:
-        st = fsops.FS.fstat(fd)
-        size = st.st_size
-        if not stat.S_ISREG(st.st_mode):
-            return FileCheck(False, "not_regular", None, size)
-        buf = bytearray(HEADER_SIZE)
-        if preadv_all(fd, [memoryview(buf)], 0) < HEADER_SIZE:
-            return FileCheck(False, "short_header", None, size)
+    def store(self, key: BlockKey, payload: memoryview, *, replace: bool = False) -> StoreOutcome:
+        """Store exactly ``payload`` as ``key``'s file. SKIPPED when a file is
+        already there, unless ``replace`` (its last load failed without proof
+        of corruption: replace the file rather than skip onto it). Never
+        raises ``OSError`` for the store itself; a path refused as unsafe is
+        :class:`PathSafetyError`."""
+        header = self.header(key, payload)
+        path = self.path(key)
         try:
-            h = decode_header(buf)
-        except BlockCorruptError as exc:
-            return FileCheck(False, exc.reason, None, size)
-        try:
-            check_block(h, expect, file_size=size)
-            if full and h.checksum_kind == ChecksumKind.XXH3_64:
-                hasher = xxhash.xxh3_64()
-                chunk = bytearray(1 << 20)
-                view = memoryview(chunk)
-                left, off = h.payload_len, HEADER_SIZE
-                while left:
-                    want = min(left, len(chunk))
-                    got = fsops.FS.preadv(fd, [view[:want]], off)
-                    if got <= 0:
-                        raise BlockCorruptError("short_read", f"payload ends {left} bytes early")
-                    hasher.update(view[:got])
-                    left -= got
-                    off += got
-                check_payload(h, hasher.intdigest())
-        except BlockCorruptError as exc:
-            return FileCheck(False, exc.reason, h, size)
-        return FileCheck(True, "", h, size)
-    finally:
-        fsops.FS.close(fd)
+            opened = self.dirs.open_parent(path)
+        except FileNotFoundError:
+            if not self._namespace_back():
+                raise
+            opened = self.dirs.open_parent(path)
+        if replace:
+            with contextlib.suppress(FileNotFoundError):
+                fsops.FS.unlink(path)
+        request = StoreRequest(path, header, payload)
+        if opened is None:
+            outcome = store_block(request, self.options)
+        else:
+            # The directory was just made (or checked): store through the
+            # fd that walk opened, with no second resolution (issue 14).
+            dir_fd, fresh = opened
+            try:
+                outcome = store_block_at(
+                    dir_fd, path.rpartition("/")[2], header, payload, self.options, fresh=fresh
+                )
+            finally:
+                fsops.FS.close(dir_fd)
+        if outcome.status is StoreStatus.FAILED and outcome.cause == "ENOENT":
+            # The fan-out directory was removed under us (an operator's
+            # rm -rf, another host, gc of empty dirs): re-create it once
+            # instead of failing every later store into it (the whole
+            # namespace directory too, manifest included).
+            self._namespace_back()
+            self.dirs.forget(path)
+            self.dirs.ensure(path)
+            outcome = store_block(request, self.options)
+        return outcome
 
+    def load(self, key: BlockKey, buffer: memoryview) -> LoadOutcome:
+        """Load ``key``'s file into exactly ``buffer`` (its length is the
+        payload length the caller expects) and check it with the one
+        validator; a proven-corrupt file is removed."""
+        return load_block(
+            LoadRequest(self.path(key), buffer, key, self.mapper.digest_bytes, len(buffer)),
+            self.options,
+        )
+
+    def remove(self, key: BlockKey) -> bool:
+        """Remove ``key``'s file; False when there was none."""
+        try:
+            fsops.FS.unlink(self.path(key))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def exists(self, key: BlockKey) -> bool:
+        """``key``'s file is a regular file (a FIFO, socket or directory
+        planted at its path is not; no symlink is followed)."""
+        try:
+            return stat.S_ISREG(os.lstat(self.path(key)).st_mode)
+        except (OSError, ValueError):
+            return False
+
+    # ------------------------------------------------------------ batches
+    def store_many(
+        self, items: Sequence[tuple[BlockKey, memoryview]], *, replace: Sequence[bool] | None = None
+    ) -> list[StoreOutcome]:
+        """Store every ``(key, payload)``; one outcome per item, in order (a
+        failure does not stop the batch)."""
+        flags = replace if replace is not None else [False] * len(items)
+        return [self.store(k, p, replace=r) for (k, p), r in zip(items, flags, strict=True)]
+
+    def load_many(self, items: Sequence[tuple[BlockKey, memoryview]]) -> list[LoadOutcome]:
+        """Load every ``(key, buffer)``; one outcome per item, in order."""
+        return [self.load(k, b) for k, b in items]

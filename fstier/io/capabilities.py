@@ -1,16 +1,26 @@
 """What a root's filesystem can do, probed rather than assumed.
 
+Capabilities are an attribute of the root they were found under, never of
+the process: :class:`RootCapabilities` is probed for one root
+(:meth:`RootCapabilities.probe`) and held by that root's block store (FsTier
+passes it in ``IOOptions.capabilities``), so an NFS or FUSE root that refuses
+``O_TMPFILE`` or O_DIRECT changes nothing for a local NVMe root in the same
+process.
+
 O_DIRECT (:func:`probe_o_direct`)
-    Probed once per directory: statx ``DIOALIGN`` where the kernel reports it,
+    Probed per call (one probe file written and read; FsTier probes once per
+    tier): statx ``DIOALIGN`` where the kernel reports it,
     then an aligned write and read of a probe temp file (some filesystems accept
     the open and refuse the write). ``auto`` falls back to buffered I/O with one
     warning; ``on`` raises :class:`~fstier.errors.DirectIOUnsupportedError`.
     A single operation whose buffer does not start aligned uses buffered I/O.
 
-O_TMPFILE (:func:`tmpfile_usable`, :func:`refuse_tmpfile`)
+O_TMPFILE (:attr:`RootCapabilities.tmpfile`)
     Stores publish an anonymous ``O_TMPFILE`` inode with ``linkat``; the
-    first refusal (NFS, FUSE: ``EOPNOTSUPP``; a kernel without it: ``EISDIR``)
-    switches to named temps + ``renameat``.
+    first refusal under a root (NFS, FUSE: ``EOPNOTSUPP``; a kernel without
+    it: ``EISDIR``) switches that root to named temps + ``renameat``, with one
+    log line. A store without capabilities (a bare ``store_block`` call)
+    tries ``O_TMPFILE`` every time and falls back for that store only.
 
 Every probe goes through the syscall seam (:data:`fstier.io.fsops.FS`).
 """
@@ -40,7 +50,7 @@ from fstier.io.fsops import (
     temp_path_for,
 )
 
-__all__ = ["DirectIOSupport", "probe_o_direct", "refuse_tmpfile", "reset_probe_cache", "tmpfile_usable"]
+__all__ = ["DirectIOSupport", "RootCapabilities", "probe_o_direct"]
 
 log = logging.getLogger("fstier.io")
 
@@ -55,16 +65,6 @@ class DirectIOSupport:
     enabled: bool
     alignment: int
     reason: str
-
-
-_probe_lock = threading.Lock()
-_probe_cache: dict[str, DirectIOSupport] = {}
-
-
-def reset_probe_cache() -> None:
-    """Forget every probe result (tests; a remounted filesystem)."""
-    with _probe_lock:
-        _probe_cache.clear()
 
 
 def _statx_dioalign(fd: int) -> tuple[int, int] | None:
@@ -154,7 +154,8 @@ def _probe(directory: Path) -> tuple[DirectIOSupport, bool]:
 
 
 def probe_o_direct(directory: str | Path, mode: str = "auto") -> DirectIOSupport:
-    """Decide O_DIRECT for files under ``directory`` (probed once, cached).
+    """Decide O_DIRECT for files under ``directory`` (one probe per call;
+    keep the result with the root, as :class:`RootCapabilities` does).
 
     ``off``: never. ``auto``: use it where it works, otherwise buffered I/O
     and one warning. ``on``: refusal raises :class:`DirectIOUnsupportedError`.
@@ -164,14 +165,7 @@ def probe_o_direct(directory: str | Path, mode: str = "auto") -> DirectIOSupport
     if mode == "off":
         return DirectIOSupport(False, ALIGNMENT, "o_direct: off")
     directory = Path(directory)
-    key = os.path.realpath(directory)
-    with _probe_lock:
-        found = _probe_cache.get(key)
-        fresh = found is None
-        if found is None:
-            found, definitive = _probe(directory)
-            if definitive:
-                _probe_cache[key] = found
+    found, _definitive = _probe(directory)
     if found.enabled:
         return found
     if mode == "on":
@@ -180,27 +174,43 @@ def probe_o_direct(directory: str | Path, mode: str = "auto") -> DirectIOSupport
             f"o_direct: on, but {directory} refuses O_DIRECT ({found.reason}); "
             "set tier.o_direct to 'auto' or 'off', or use a filesystem that supports it",
         )
-    if fresh:
-        log.warning(
-            "O_DIRECT unavailable under %s (%s); using buffered I/O", directory, found.reason
-        )
+    log.warning("O_DIRECT unavailable under %s (%s); using buffered I/O", directory, found.reason)
     return found
 
 
+# ------------------------------------------------------------ per root
+class RootCapabilities:
+    """What one root's filesystem can do: O_DIRECT (probed once, at
+    creation) and ``O_TMPFILE`` (assumed until the first refusal under this
+    root). Thread-safe; one per root, held by whoever stores into it."""
 
-# ----------------------------------------------------------------- O_TMPFILE
-#: Set once O_TMPFILE was refused (NFS, old kernels): named temps from then on.
-_tmpfile_refused = not O_TMPFILE
+    def __init__(
+        self, o_direct: DirectIOSupport | None = None, *, tmpfile: bool = True, root: str | Path = ""
+    ) -> None:
+        self.o_direct = o_direct if o_direct is not None else DirectIOSupport(False, ALIGNMENT, "not probed")
+        self.root = str(root)
+        self._tmpfile = tmpfile and bool(O_TMPFILE)
+        self._lock = threading.Lock()
 
+    @classmethod
+    def probe(cls, directory: str | Path, o_direct: str = "auto") -> RootCapabilities:
+        """Probe ``directory`` (the root, or its namespace directory) once."""
+        return cls(probe_o_direct(directory, o_direct), root=directory)
 
-def tmpfile_usable() -> bool:
-    """Whether stores still try ``O_TMPFILE`` (no refusal seen yet)."""
-    return not _tmpfile_refused
+    @property
+    def tmpfile(self) -> bool:
+        """Whether stores under this root still try ``O_TMPFILE``."""
+        return self._tmpfile
 
+    def refuse_tmpfile(self, exc: OSError | None = None) -> None:
+        """Record that this root refused ``O_TMPFILE``: named temps from now
+        on under this root only (one log line)."""
+        with self._lock:
+            if not self._tmpfile:
+                return
+            self._tmpfile = False
+        why = errno_name(exc) if exc is not None else "asked"
+        log.info("O_TMPFILE unavailable under %s (%s); publishing through named temp files", self.root or "this root", why)
 
-def refuse_tmpfile(exc: OSError) -> None:
-    """Record that ``O_TMPFILE`` was refused: named temps from now on."""
-    global _tmpfile_refused
-    if not _tmpfile_refused:
-        _tmpfile_refused = True
-        log.info("O_TMPFILE unavailable (%s); publishing through named temp files", errno_name(exc))
+    def __repr__(self) -> str:
+        return f"RootCapabilities(root={self.root!r}, o_direct={self.o_direct.enabled}, tmpfile={self._tmpfile})"

@@ -52,8 +52,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from fstier.io.blockfile import ALIGNMENT, padded_len
 
 __all__ = [
@@ -443,9 +441,42 @@ def buffer_address(view: memoryview) -> int:
     if len(view) == 0:
         return 0
     if not view.readonly:
-        # ~10x cheaper than going through numpy; it runs on every op.
+        # ~10x cheaper than a buffer request; it runs on every op.
         return ctypes.addressof(ctypes.c_char.from_buffer(view))
-    return int(np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0])
+    # A read-only buffer (bytes): ask CPython for it (the storage layer
+    # imports no numpy).
+    pybuf = _PyBuffer()
+    _get_buffer(ctypes.py_object(view), ctypes.byref(pybuf), 0)
+    try:
+        return int(pybuf.buf or 0)
+    finally:
+        _release_buffer(ctypes.byref(pybuf))
+
+
+class _PyBuffer(ctypes.Structure):
+    """CPython's ``Py_buffer`` (only ``buf`` is read)."""
+
+    _fields_ = [
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p),
+        ("internal", ctypes.c_void_p),
+    ]
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_get_buffer.restype = ctypes.c_int
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
+_release_buffer.restype = None
 
 
 def byte_view(buf: Any) -> memoryview:

@@ -23,12 +23,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from fstier.errors import NamespaceMismatchError
-from fstier.file_mapper import MANIFEST_NAME, canonical_json
-from fstier.io.fsops import open_nofollow
+from fstier.errors import FstierError, NamespaceMismatchError, PathSafetyError, StorageError
+from fstier.file_mapper import MANIFEST_NAME, FileMapper, canonical_json
+from fstier.io.fsops import atomic_write, open_nofollow
 
 __all__ = [
     "MANIFEST_MAX_BYTES",
+    "ensure_manifest",
     "MANIFEST_NAME",
     "Manifest",
     "ManifestFields",
@@ -195,3 +196,51 @@ def read_manifest(namespace_dir: Path) -> Manifest | None:
     if manifest.namespace != namespace_dir.name or not namespace_dir.name.endswith("-" + digest):
         raise _refuse(path, f"it names namespace {manifest.namespace!r}, not this directory")
     return manifest
+
+
+# ------------------------------------------------------------------- writing
+def ensure_manifest(mapper: FileMapper) -> None:
+    """Create ``mapper``'s namespace directory and write its ``config.json``
+    once, atomically. An existing manifest with other fields is refused; a
+    root that cannot be created or written is a :class:`StorageError`
+    naming it. Costs a few system calls; FsTier calls it at start and when
+    the namespace directory was removed under it."""
+    try:
+        _ensure_manifest(mapper)
+    except FstierError:
+        raise
+    except OSError as exc:
+        where = exc.filename or mapper.namespace_dir
+        raise StorageError(
+            f"tier.root_dir {str(mapper.root)!r}: cannot create or write {str(where)!r} "
+            f"({exc.strerror or exc}); fix its permissions or mount, or choose another root_dir",
+            exc.errno,
+        ) from None
+
+
+def _ensure_manifest(mapper: FileMapper) -> None:
+    root = mapper.root
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise PathSafetyError(f"tier.root_dir {str(root)!r} exists and is not a directory") from None
+    if not root.is_dir():
+        raise PathSafetyError(f"tier.root_dir {str(root)!r} is not a directory")
+    ns = mapper.namespace_dir
+    ns.mkdir(mode=0o755, exist_ok=True)
+    st = os.lstat(ns)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise PathSafetyError(f"{ns} is a symlink or not a directory; fstier refuses to follow it. Remove it.")
+    path = ns / MANIFEST_NAME
+    want = mapper.manifest()
+    # A symlink, FIFO, oversized, malformed or mistyped manifest is refused
+    # with NamespaceMismatchError naming it (read_manifest).
+    existing = read_manifest(ns)
+    if existing is None:
+        atomic_write(path, json.dumps(want, indent=2, sort_keys=True).encode(), fsync="file+dir")
+        return
+    if existing.fields != want["fields"]:
+        raise NamespaceMismatchError(
+            f"{path}: manifest fields differ from this config although the digest "
+            f"{mapper.digest} matches; the directory was altered by hand. Move it aside."
+        )

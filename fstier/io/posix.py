@@ -27,7 +27,7 @@ from fstier.io.blockstore import (
     touch_file,
     verify_file,
 )
-from fstier.io.capabilities import DirectIOSupport, probe_o_direct, reset_probe_cache
+from fstier.io.capabilities import DirectIOSupport, probe_o_direct
 from fstier.io.fsops import FS, O_DIRECT, aligned_buffer, buffer_address
 
 __all__ = [
@@ -49,7 +49,6 @@ __all__ = [
     "load_blocks",
     "probe_o_direct",
     "read_header",
-    "reset_probe_cache",
     "store_block",
     "store_block_at",
     "store_blocks",

@@ -10,6 +10,9 @@
   beyond it, stores drop (a future miss, never a blocked caller).
 - :data:`BAD_FILE_CAUSES`: what at a block path is not a block file (a miss
   with cause ``bad_file:<why>``, never a breaker failure).
+- :data:`POLICY`: the one table from a failure's family to what follows
+  (breaker? bad file? metric label, log level); FsTier judges every failed
+  op through it (:class:`Failure`).
 
 Every call takes one lock and does O(1) work.
 """
@@ -19,10 +22,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 from fstier.tier.metrics import TierMetrics
 
-__all__ = ["BAD_FILE_CAUSES", "DEVICE_CAUSES", "Breaker", "WriteBudget"]
+__all__ = ["BAD_FILE_CAUSES", "DEVICE_CAUSES", "POLICY", "Breaker", "Failure", "Policy", "WriteBudget"]
 
 log = logging.getLogger("fstier.manager")
 
@@ -169,3 +173,54 @@ DEVICE_CAUSES = frozenset({
 #: refuses open), EISDIR, ENOTDIR (a file planted where a fan-out directory
 #: belongs). They are bad files: a miss with cause ``bad_file:<why>``.
 BAD_FILE_CAUSES = frozenset({"not_regular", "ENXIO", "EISDIR", "ENOTDIR"})
+
+
+# ------------------------------------------------------- what a failure means
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """What follows from one family of failed ops: whether its raw cause
+    may count toward the breaker (only causes in :data:`DEVICE_CAUSES` do),
+    whether what is at the block path is not a block file, the metric label
+    and the log level (``None``: not logged per op)."""
+
+    breaker: bool
+    bad_file: bool
+    label: str
+    log_level: int | None
+
+
+#: THE table, failure family -> what follows. A job result's cause is the
+#: family (``timeout``, ``miss``, ``cancelled``) or ``family:why`` (``corrupt:
+#: payload_checksum``, ``bad_file:ENXIO``) or, for ``error``, the errno name.
+POLICY: dict[str, Policy] = {
+    "cancelled": Policy(breaker=False, bad_file=False, label="cancelled", log_level=None),
+    "timeout": Policy(breaker=True, bad_file=False, label="timeout", log_level=None),
+    "miss": Policy(breaker=False, bad_file=False, label="miss", log_level=None),
+    "corrupt": Policy(breaker=False, bad_file=False, label="corrupt", log_level=logging.WARNING),
+    "bad_file": Policy(breaker=False, bad_file=True, label="bad_file", log_level=logging.WARNING),
+    "error": Policy(breaker=True, bad_file=False, label="", log_level=logging.WARNING),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One failed op, judged: its family's :class:`Policy`, the cause a job
+    result reports, whether the breaker counts it, and a detail for the log."""
+
+    family: str
+    cause: str
+    detail: str
+
+    @property
+    def policy(self) -> Policy:
+        return POLICY[self.family]
+
+    @property
+    def label(self) -> str:
+        """The failures metric's label."""
+        return self.policy.label or self.cause
+
+    @property
+    def counts_for_breaker(self) -> bool:
+        raw = self.cause.rpartition(":")[2]
+        return self.policy.breaker and raw in DEVICE_CAUSES

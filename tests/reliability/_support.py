@@ -22,6 +22,7 @@ from fstier.config import FstierConfig, parse_config
 from fstier.file_mapper import FileMapper
 from fstier.io import fsops, posix
 from fstier.io.blockfile import HEADER_SIZE, header_for_payload, padded_len
+from fstier.io.capabilities import RootCapabilities
 from fstier.io.fsops import is_temp_name
 from fstier.io.posix import (
     IOOptions,
@@ -72,7 +73,10 @@ class Tier:
         cfg = tiny_config(root, **kw)
         mapper = FileMapper(cfg)
         mapper.ensure_manifest()
-        return cls(mapper, IOOptions(o_direct=o_direct, fsync=fsync))
+        # Capabilities are the root's: a test switches this root to named
+        # temps with ``tier.opts.capabilities.refuse_tmpfile()``.
+        caps = RootCapabilities(root=mapper.root)
+        return cls(mapper, IOOptions(o_direct=o_direct, fsync=fsync, capabilities=caps))
 
     @property
     def payload_len(self) -> int:

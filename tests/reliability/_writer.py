@@ -28,7 +28,7 @@ from typing import Any
 
 import _support  # the script's directory is on sys.path
 
-from fstier.io import capabilities, fsops
+from fstier.io import fsops
 
 
 def _kill_self() -> None:
@@ -56,7 +56,7 @@ def run_point(root: str, point: str, index: int) -> None:
 
     ops.hooks.update(pwritev=pwritev, link_at=publish, replace_at=publish)
     if os.environ.get("FSTIER_TEST_NAMED_TEMPS") == "1":
-        capabilities._tmpfile_refused = True
+        tier.opts.capabilities.refuse_tmpfile()  # type: ignore[union-attr]
     fsops.FS = ops
     out = tier.store(_support.key_for(index))
     # Reaching this line means the kill point was never hit: the parent fails.

@@ -100,13 +100,13 @@ FORK_BUG = (
 
 
 def test_io_buffers_private_after_fork() -> None:
-    from fstier.io import blockstore
+    from fstier.io import blockio
 
-    header = blockstore._BUFS.header
+    header = blockio._BUFS.header
     header[:4] = b"AAAA"
     pid = os.fork()
     if pid == 0:  # the child scribbles on its own (should be private) buffer
-        blockstore._BUFS.header[:4] = b"BBBB"
+        blockio._BUFS.header[:4] = b"BBBB"
         os._exit(0)
     os.waitpid(pid, 0)
     assert bytes(header[:4]) == b"AAAA", "a forked child wrote into the parent's io buffer"

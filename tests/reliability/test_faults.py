@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from fstier.errors import DirectIOUnsupportedError
-from fstier.io import capabilities, fsops, posix
+from fstier.io import fsops, posix
+from fstier.io.capabilities import RootCapabilities
 from fstier.io.posix import IOOptions, verify_file
 
 from ._support import (
@@ -173,7 +174,8 @@ def test_rename_error_publishes_nothing(
     tier: Tier, ops: FaultyOps, code: int, named: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Publication is linkat (O_TMPFILE) or renameat (named temps): fail both.
-    monkeypatch.setattr(capabilities, "_tmpfile_refused", named)
+    if named:
+        tier.opts.capabilities.refuse_tmpfile()
     fds = fd_count()
     ops.hooks["link_at"] = ops.hooks["replace_at"] = raise_errno(code)
     _assert_clean_failure(tier, key_for(0), tier.store(key_for(0)), errno.errorcode[code], fds)
@@ -209,7 +211,8 @@ def test_rename_reports_error_but_happened(
         real(*args)
         raise oserror(errno.EIO)
 
-    monkeypatch.setattr(capabilities, "_tmpfile_refused", named)
+    if named:
+        tier.opts.capabilities.refuse_tmpfile()
     ops.hooks["link_at"] = ops.hooks["replace_at"] = publish
     fds = fd_count()
     key = key_for(0)
@@ -292,7 +295,6 @@ def test_o_direct_refused_by_real_ramfs(tmp_path: Path, caplog: pytest.LogCaptur
     with _mounted("ramfs", tmp_path / "ram") as mnt:
         root = mnt / "root"
         root.mkdir()
-        posix.reset_probe_cache()
         try:
             probe = os.open(root / "p", os.O_CREAT | os.O_RDWR | posix.O_DIRECT, 0o600)
         except OSError as exc:
@@ -301,9 +303,9 @@ def test_o_direct_refused_by_real_ramfs(tmp_path: Path, caplog: pytest.LogCaptur
             os.close(probe)
             pytest.skip("this kernel's ramfs accepts O_DIRECT; no refusing filesystem to test")
         with caplog.at_level(logging.WARNING, logger="fstier.io"):
-            first = posix.probe_o_direct(root, "auto")
-            second = posix.probe_o_direct(root, "auto")
-        assert not first.enabled and not second.enabled
+            caps = RootCapabilities.probe(root, "auto")  # once per root
+            first = caps.o_direct
+        assert not first.enabled
         assert "refused" in first.reason
         warnings = [r for r in caplog.records if "O_DIRECT unavailable" in r.getMessage()]
         assert len(warnings) == 1, "the fallback must warn exactly once"
@@ -319,29 +321,23 @@ def test_o_direct_refused_by_real_ramfs(tmp_path: Path, caplog: pytest.LogCaptur
         forced = Tier(tier.mapper, IOOptions(o_direct=True))
         assert forced.store(key_for(9)).status == "STORED"
         assert forced.load(key_for(9))[0].status == "LOADED"
-        posix.reset_probe_cache()
 
 
 def test_o_direct_refusal_leaves_no_temp_file(tmp_path: Path) -> None:
     with _mounted("ramfs", tmp_path / "ram") as mnt:
         root = mnt / "root"
         root.mkdir()
-        posix.reset_probe_cache()
-        try:
-            assert not posix.probe_o_direct(root, "auto").enabled
-            tier = Tier.open(root)
-            forced = Tier(tier.mapper, IOOptions(o_direct=True))
-            assert forced.store(key_for(9)).status == "STORED"
-            assert temp_files(root) == []
-        finally:
-            posix.reset_probe_cache()
+        assert not posix.probe_o_direct(root, "auto").enabled
+        tier = Tier.open(root)
+        forced = Tier(tier.mapper, IOOptions(o_direct=True))
+        assert forced.store(key_for(9)).status == "STORED"
+        assert temp_files(root) == []
 
 
 def test_tmpfs_o_direct_probe_agrees_with_kernel(tmp_path: Path) -> None:
     """/dev/shm-like tmpfs accepts O_DIRECT on kernels >= 6.6 and refuses it
     before; the probe must agree with what the kernel does either way."""
     with _mounted("tmpfs", tmp_path / "tmpfs", "size=4m") as mnt:
-        posix.reset_probe_cache()
         try:
             fd = os.open(mnt / "p", os.O_CREAT | os.O_RDWR | posix.O_DIRECT, 0o600)
             os.close(fd)
@@ -349,7 +345,6 @@ def test_tmpfs_o_direct_probe_agrees_with_kernel(tmp_path: Path) -> None:
         except OSError:
             accepts = False
         assert posix.probe_o_direct(mnt, "auto").enabled == accepts
-        posix.reset_probe_cache()
 
 
 def test_o_direct_write_refused_after_open_falls_back(tier: Tier, ops: FaultyOps) -> None:

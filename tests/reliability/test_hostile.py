@@ -20,7 +20,7 @@ from fstier.cli import main as cli_main
 from fstier.config import load_config
 from fstier.errors import ConfigError, PathSafetyError
 from fstier.file_mapper import FileMapper
-from fstier.io import capabilities, fsops
+from fstier.io import fsops
 from fstier.io.posix import verify_file
 from fstier.tier.gc import collect_garbage
 
@@ -85,7 +85,7 @@ def test_symlink_planted_at_temp_path(tmp_path: Path, outside: Path, monkeypatch
         return real(dir_fd, name, flags, mode)
 
     # Named temps are what can be raced (an O_TMPFILE inode has no name).
-    monkeypatch.setattr(capabilities, "_tmpfile_refused", True)
+    tier.opts.capabilities.refuse_tmpfile()
     ops.hooks["openat"] = openat
     monkeypatch.setattr(fsops, "FS", ops)
     out = tier.store(key_for(0))

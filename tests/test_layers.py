@@ -1,0 +1,117 @@
+"""The import rules that make the folders layers (docs/architecture.md,
+"Import rules"): checked on every import statement of every module, and on
+what importing the storage layer really loads."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PKG = REPO / "fstier"
+
+
+def _imports(path: Path, *, top_level_only: bool = False) -> list[str]:
+    """Every module ``path`` imports (``from x import y`` counts as ``x``
+    and ``x.y``), skipping ``if TYPE_CHECKING:`` blocks (no runtime import)."""
+    tree = ast.parse(path.read_text())
+    out: list[str] = []
+
+    def visit(node: ast.AST, depth: int) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.Import) and not (top_level_only and depth):
+                out.extend(a.name for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and not (top_level_only and depth):
+                out.append(child.module)
+                out.extend(f"{child.module}.{a.name}" for a in child.names)
+            nested = isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            visit(child, depth + (1 if nested else 0))
+
+    visit(tree, 0)
+    return out
+
+
+def _modules(*parts: str) -> list[Path]:
+    base = PKG.joinpath(*parts)
+    return sorted(base.rglob("*.py")) if base.is_dir() else [base]
+
+
+def _violations(files: list[Path], forbidden: tuple[str, ...], *, top_level_only: bool = False) -> list[str]:
+    bad = []
+    for f in files:
+        for mod in _imports(f, top_level_only=top_level_only):
+            if any(mod == p or mod.startswith(p + ".") for p in forbidden):
+                bad.append(f"{f.relative_to(REPO)} imports {mod}")
+    return bad
+
+
+def test_io_imports_neither_torch_numpy_nor_the_tier() -> None:
+    forbidden = (
+        "torch", "numpy", "fstier.manager", "fstier.tier", "fstier.integrations", "fstier.cli",
+        "fstier.demo", "fstier.layout", "fstier.gpu_copy", "fstier.slots",
+    )
+    assert _violations(_modules("io"), forbidden) == []
+
+
+def test_the_tier_imports_no_engine_and_no_cli() -> None:
+    forbidden = ("vllm", "sglang", "fstier.integrations", "fstier.cli", "fstier.demo", "fstier.gpu_copy", "fstier.layout")
+    assert _violations(_modules("manager.py") + _modules("tier"), forbidden) == []
+
+
+def test_file_mapper_does_no_block_io() -> None:
+    path = PKG / "file_mapper.py"
+    # Nothing of the storage layer at import time, and never the block path.
+    assert _violations([path], ("fstier.io",), top_level_only=True) == []
+    block_io = ("fstier.io.blockio", "fstier.io.blockfile", "fstier.io.pool", "fstier.io.aio", "fstier.io.fsops", "os.open")
+    assert _violations([path], block_io) == []
+
+
+def test_integrations_translate_only() -> None:
+    """An engine module adapts the engine to FsTier; it never reaches the
+    storage layer itself (only the format version, for its namespace)."""
+    files = _modules("integrations")
+    bad = [
+        v for v in _violations(files, ("fstier.io",))
+        if not v.endswith(("imports fstier.io.blockfile", "imports fstier.io.blockfile.FORMAT_VERSION"))
+    ]
+    # Known debt, listed so that it cannot grow: SGLang's ``clear`` walks the
+    # namespace and unlinks itself; it should call a tier-level clear.
+    known = {
+        "fstier/integrations/sglang.py imports fstier.io.fsops",
+        "fstier/integrations/sglang.py imports fstier.io.fsops.unlink_if",
+        "fstier/integrations/sglang.py imports fstier.io.tree",
+        "fstier/integrations/sglang.py imports fstier.io.tree.FileKind",
+        "fstier/integrations/sglang.py imports fstier.io.tree.iter_namespace_files",
+    }
+    assert sorted(set(bad) - known) == []
+
+
+def test_only_the_engine_side_imports_torch() -> None:
+    allowed = {"layout.py", "gpu_copy.py", "_cudart.py", "host_pool.py"}
+    files = [
+        f for f in sorted(PKG.rglob("*.py"))
+        if f.name not in allowed and "integrations" not in f.parts and "demo" not in f.parts
+    ]
+    assert _violations(files, ("torch",), top_level_only=True) == []
+
+
+@pytest.mark.parametrize("modules", [
+    "fstier.io, fstier.io.blockstore, fstier.io.aio, fstier.io.tree, fstier.io.manifest",
+    "fstier.manager, fstier.tier.capacity, fstier.tier.gc, fstier.tier.metrics",
+    "fstier.slots",
+])
+def test_importing_the_core_loads_neither_torch_nor_an_engine(modules: str) -> None:
+    code = (
+        f"import sys, {modules}\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm', 'sglang'))\n"
+        "print(heavy)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout
