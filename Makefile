@@ -6,16 +6,17 @@
 # click). `make test`, `make reliability` and `make lint` add the extras
 # dev, metrics and examples (pytest, hypothesis, ruff, mypy,
 # prometheus-client, transformers).
-# `make test` also installs vLLM's CPU-importable offloading modules (vLLM
-# itself with --no-deps, then requirements-vllm.txt; never triton or nvidia-*)
-# so the FstierTier tests run against vLLM's real classes; `make demo` does not.
+# `make test` also installs vLLM's CPU-importable offloading modules (their
+# pure-Python imports from requirements-vllm.txt, then vLLM itself with
+# --no-deps; never triton or nvidia-*) so the FstierTier tests run against
+# vLLM's real classes; `make demo` does not.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fstier-installed
 DEV_STAMP := $(VENV)/.fstier-dev-installed
 VLLM_STAMP := $(VENV)/.vllm-installed
-VLLM_NODEPS := vllm==0.33.0 xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2
+VLLM_NODEPS := vllm==0.33.0 xgrammar==0.2.8 apache-tvm-ffi==0.1.11
 
 .PHONY: demo test reliability bench bench-vllm lint install install-vllm clean
 
@@ -34,9 +35,11 @@ install: $(DEV_STAMP)
 
 install-vllm: $(DEV_STAMP) $(VLLM_STAMP)
 
+# vLLM's imports first, then vLLM itself with --no-deps: its metadata pins a
+# CUDA torch and GPU packages that this install leaves out on purpose.
 $(VLLM_STAMP): requirements-vllm.txt $(STAMP)
-	$(BIN)/python -m pip install --quiet --no-deps $(VLLM_NODEPS)
 	$(BIN)/python -m pip install --quiet -r requirements-vllm.txt
+	$(BIN)/python -m pip install --quiet --no-deps $(VLLM_NODEPS)
 	$(BIN)/python -c "import vllm.v1.kv_offload.tiering.manager"
 	touch $(VLLM_STAMP)
 

@@ -766,14 +766,15 @@ class FsTier:
         if level is None:
             return
         if f.family == "corrupt":
-            log.log(level, "fstier: corrupt block %r removed: %s %s", key, f.cause, f.detail)
+            # Warnings name the file, so an operator can go and look at it.
+            log.log(level, "fstier: corrupt block file %s removed: %s %s", self.blocks.path(key), f.cause, f.detail)
         elif f.policy.bad_file:
             log.log(
-                level, "fstier: %r: the block path holds no block file (%s); a miss. Remove "
-                "whatever was placed at %s", key, f.detail, self.blocks.path(key),
+                level, "fstier: %s holds no block file (%s); a miss. Remove whatever was placed there",
+                self.blocks.path(key), f.detail,
             )
         else:
-            log.log(level, "fstier: %s of %r failed: %s (%s)", kind, key, f.cause, f.detail)
+            log.log(level, "fstier: %s of %s failed: %s (%s)", kind, self.blocks.path(key), f.cause, f.detail)
 
     def _finish_store(self, job: _Job, results: list[object]) -> JobResult:
         now = time.monotonic()

@@ -166,7 +166,10 @@ def test_config_show_round_trips_and_names_namespace(tmp_path: Path) -> None:
         ({"tier": {"root_dir": "/tmp/x", "max_bytes": "-5GB"}, "model": {"name": "m", "groups": SMALL_GROUP}}, "tier.max_bytes"),
         ({"tier": {"root_dir": "/tmp/x", "thredas": 3}, "model": {"name": "m", "groups": SMALL_GROUP}}, "tier.thredas"),
         ({"tier": {"root_dir": "/tmp/x"}, "model": {"name": "m", "groups": [{"kind": "sliding_window", "head_size": 8}]}}, "model.groups.0"),
-        ({"tier": {"root_dir": "/tmp/x"}}, "model"),
+        # A model without a tier section (a tier-only file is valid: test_operator.py).
+        ({"model": {"name": "m", "groups": SMALL_GROUP}}, "tier"),
+        ({"tier": {"root_dir": "/tmp/x"}, "model": {"name": "m", "groups": [{"num_kv_heads": 8}]}}, "head_size is required"),
+        ({"tier": {"root_dir": "/tmp/x", "max_bytes": 0}, "model": {"name": "m", "groups": SMALL_GROUP}}, "tier.max_bytes: must be > 0"),
     ],
 )
 def test_malformed_config_exits_2_naming_the_field(tmp_path: Path, data: dict[str, Any], field: str) -> None:

@@ -217,11 +217,10 @@ def _check_root_shape(p: Path, root: str) -> None:
             if entry.name in _ROOT_FURNITURE or entry.name.startswith("."):
                 continue  # what filesystems and tools put in any root
             entries += 1
-            with contextlib.suppress(OSError):
-                if not entry.is_dir(follow_symlinks=False):
-                    continue
-                if _NAMESPACE_NAME.match(entry.name) or os.path.lexists(os.path.join(entry.path, _MANIFEST)):
-                    return
+            from fstier.cli.scan import is_namespace_dir
+
+            if is_namespace_dir(Path(entry.path)):  # the rule inspect and verify use
+                return
     if entries:
         raise _Fail(
             EXIT_USAGE,

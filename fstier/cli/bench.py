@@ -48,6 +48,8 @@ from fstier.cli._common import (
     _handle_errors,
     _json_option,
     _parse_size_option,
+    _progress,
+    _show_progress,
 )
 from fstier.file_mapper import encode
 from fstier.io import native
@@ -57,7 +59,7 @@ from fstier.io.capabilities import probe_o_direct
 from fstier.io.fsops import aligned_buffer
 from fstier.keys import BlockKey
 
-__all__ = ["BenchRow", "run_bench"]
+__all__ = ["BenchRow", "bench_files", "run_bench"]
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _DIGEST = bytes.fromhex("00fe5b0e0c0ffee0")
@@ -175,11 +177,20 @@ def _raw_read(path: Path, buf: memoryview, *, direct: bool) -> bool:
         os.close(fd)
 
 
+def bench_files(num_blocks: int, rounds: int = 3) -> int:
+    """File operations one :func:`run_bench` performs (for a progress bar):
+    four passes (raw and fstier, store and load) per round, plus the warm-up."""
+    return 4 * min(num_blocks, 1 << 16) * (rounds + 1)
+
+
 def run_bench(
-    root: Path | None, *, block_bytes: int = 2 << 20, num_blocks: int = 256, threads: int = 8, rounds: int = 3
+    root: Path | None, *, block_bytes: int = 2 << 20, num_blocks: int = 256, threads: int = 8, rounds: int = 3,
+    on_files: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark under ``root`` (a fresh temp dir when None; files
-    it writes are removed afterwards). Returns the JSON-ready result."""
+    it writes are removed afterwards). Returns the JSON-ready result.
+    ``on_files(n)`` is called after each pass of ``n`` file operations
+    (:func:`bench_files` in all)."""
     own = root is None
     base = Path(tempfile.mkdtemp(prefix="fstier-bench-")) if root is None else Path(root)
     base.mkdir(parents=True, exist_ok=True)
@@ -210,25 +221,30 @@ def run_bench(
                     p.parent.mkdir(parents=True, exist_ok=True)
                 raw_paths = [rdir / f"{i:06d}.raw" for i in range(n)]
 
-                raw_store = _parallel(ex, [partial(raw_pool.run, partial(_raw_write, p, direct=direct)) for p in raw_paths])
+                def done(seconds: float) -> float:
+                    if on_files is not None:
+                        on_files(n)
+                    return seconds
+
+                raw_store = done(_parallel(ex, [partial(raw_pool.run, partial(_raw_write, p, direct=direct)) for p in raw_paths]))
                 if batch_pool is not None:
                     spans = [(a, min(n, a + BATCH)) for a in range(0, n, BATCH)]
-                    f_store = _parallel(ex, [
+                    f_store = done(_parallel(ex, [
                         partial(batch_pool.run, partial(_n_store, paths[a:b], [_key(i) for i in range(a, b)],
-                                                        block_bytes, opts)) for a, b in spans])
+                                                        block_bytes, opts)) for a, b in spans]))
                 else:
-                    f_store = _parallel(
+                    f_store = done(_parallel(
                         ex, [partial(pool.run, partial(_f_store, p, h, opts)) for p, h in zip(paths, headers, strict=True)]
-                    )
-                raw_load = _parallel(ex, [partial(raw_pool.run, partial(_raw_read, p, direct=direct)) for p in raw_paths])
+                    ))
+                raw_load = done(_parallel(ex, [partial(raw_pool.run, partial(_raw_read, p, direct=direct)) for p in raw_paths]))
                 if batch_pool is not None:
-                    f_load = _parallel(ex, [
+                    f_load = done(_parallel(ex, [
                         partial(batch_pool.run, partial(_n_load, paths[a:b], [_key(i) for i in range(a, b)],
-                                                        block_bytes, opts)) for a, b in spans])
+                                                        block_bytes, opts)) for a, b in spans]))
                 else:
-                    f_load = _parallel(
+                    f_load = done(_parallel(
                         ex, [partial(pool.run, partial(_f_load, p, _key(i), block_bytes, opts)) for i, p in enumerate(paths)]
-                    )
+                    ))
                 if rnd:
                     total = n * block_bytes
                     samples["store"].append((total / f_store / 1e9, total / raw_store / 1e9))
@@ -290,7 +306,13 @@ def bench_cmd(root: str | None, block_size: str, num_blocks: int, threads: int, 
         raise _Fail(EXIT_USAGE, f"--blocks: must be >= 1, got {num_blocks}")
     if threads < 1:
         raise _Fail(EXIT_USAGE, f"--threads: must be >= 1, got {threads}")
-    result = run_bench(Path(root) if root else None, block_bytes=size, num_blocks=num_blocks, threads=threads)
+    # Progress on stderr (a terminal only, never with --json): the default
+    # run writes and reads 8 GiB.
+    with _progress("bench", _show_progress(as_json), total=bench_files(num_blocks)) as bar:
+        result = run_bench(
+            Path(root) if root else None, block_bytes=size, num_blocks=num_blocks, threads=threads,
+            on_files=bar.advance,
+        )
     if as_json:
         _emit_report(result)
         return

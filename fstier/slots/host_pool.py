@@ -167,12 +167,22 @@ class HostBlockPool:
                 f"{_SHM_DIR} ({exc.strerror or exc}; {free} bytes free there); raise the "
                 f"shared-memory size (e.g. docker --shm-size) or use fewer/smaller slots"
             ) from exc
+        except BaseException:  # Ctrl-C during the reservation: no segment may outlive us
+            os.close(fd)
+            _unlink_quiet(path)
+            raise
         #: held open (with its shared flock) until close(): the "creator alive" mark
         self._lock_fd: int | None = fd
-        mm[: _HEADER.size] = _HEADER.pack(_MAGIC, num_slots, slot_bytes, os.getpid())
-        self._setup(name, mm, num_slots, slot_bytes, owner=True)
-        # Prefault: writing every page now keeps first-touch faults off the hot path.
-        self._u8.zero_()
+        try:
+            mm[: _HEADER.size] = _HEADER.pack(_MAGIC, num_slots, slot_bytes, os.getpid())
+            self._setup(name, mm, num_slots, slot_bytes, owner=True)
+            # Prefault: writing every page now keeps first-touch faults off the hot path.
+            self._u8.zero_()
+        except BaseException:  # a Ctrl-C during the (slow) prefault included
+            self._lock_fd = None
+            os.close(fd)
+            _unlink_quiet(path)
+            raise
         self._free = list(range(num_slots - 1, -1, -1))
         self._allocated: set[int] = set()
         #: slots a timed-out I/O call may still write; kept off the free list

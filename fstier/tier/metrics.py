@@ -234,8 +234,8 @@ def _import_prometheus_client() -> Any:
         import prometheus_client
     except ImportError:
         raise MetricsUnavailableError(
-            "Prometheus export needs prometheus-client; install it with "
-            "`pip install 'fstier[metrics]'`"
+            "Prometheus export needs prometheus-client (fstier's metrics extra); install it "
+            "with `pip install prometheus-client`"
         ) from None
     return prometheus_client
 
