@@ -420,7 +420,9 @@ def test_publication_error_after_it_happened(io: IOPath, monkeypatch: pytest.Mon
     "op, code, status",
     [("open", errno.EMFILE, LoadStatus.ERROR), ("open", errno.EACCES, LoadStatus.ERROR),
      ("open", errno.ESTALE, LoadStatus.ERROR), ("open", errno.ENOENT, LoadStatus.MISSING),
-     ("read", errno.EIO, LoadStatus.ERROR), ("read", errno.ESTALE, LoadStatus.ERROR)],
+     ("read", errno.EIO, LoadStatus.ERROR),
+     # a block removed between open and read (another host's eviction) is a miss
+     ("read", errno.ESTALE, LoadStatus.MISSING), ("read", errno.ENOENT, LoadStatus.MISSING)],
 )
 def test_transient_load_errors_leave_the_file(
     io: IOPath, opts: IOOptions, op: str, code: int, status: LoadStatus

@@ -605,6 +605,9 @@ def test_shutdown_releases_the_rows_after_an_op_raised(tmp_path: Path, monkeypat
         def emit(self, record: logging.LogRecord) -> None:
             seen.append(record.getMessage())
 
+    # The bug is injected into the Python I/O path's store op (the native
+    # path runs no Python per block), so this tier runs that path.
+    monkeypatch.setenv("FSTIER_NATIVE", "0")
     region_log = logging.getLogger("vllm.v1.kv_offload.cpu.shared_offload_region")
     handler = Catch()
     region_log.addHandler(handler)

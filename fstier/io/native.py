@@ -304,6 +304,13 @@ def load_batch(
             out.append(LoadOutcome(LoadStatus.CORRUPT, why, detail, removed=removed))
         elif why == "not_regular":
             out.append(LoadOutcome(LoadStatus.ERROR, "not_regular", f"{name} is not a regular file"))
+        elif why == "read" and err in (errno.ENOENT, errno.ESTALE):
+            # Removed between open and read by another host's eviction
+            # (GlusterFS: ENOENT, kernel NFS: ESTALE): a miss, as on the
+            # Python path, not a device error.
+            out.append(LoadOutcome(
+                LoadStatus.MISSING, _errname(err), f"{name} vanished while being read"
+            ))
         else:
             verb = "open" if why == "open" else "read"
             out.append(LoadOutcome(
