@@ -449,7 +449,7 @@ def test_capacity_keeps_the_root_under_max_bytes_and_never_serves_half_a_page(
         assert b.batch_get_v1([key], page) == [whole]
         if whole:
             assert sgl.page_bytes(pool, page) == [want[i]]
-    assert 1 <= whole_pages <= 5
+    assert 0 < whole_pages <= 5
 
 
 def test_concurrent_prefetch_and_backup_threads_get_their_own_results(
