@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from fstier.config import TierConfig
 from fstier.errors import ConfigError, FstierError, KeyFormatError
-from fstier.file_mapper import FileMapper
+from fstier.file_mapper import FileMapper, parallel_identity
 from fstier.integrations._options import tier_config_from_engine_options
 from fstier.integrations._vllm_compat import (
     SUPPORTED_TEXT,
@@ -173,10 +173,15 @@ def engine_mapper(offloading_spec: Any, row_bytes: int, tier: TierConfig) -> Fil
         "kv_cache_layout": cfg.kv_cache_layout,
         "canonical_format": canonical_format,
         "parallel_agnostic": agnostic,
-        "tp_size": 1 if agnostic else par.tp_size,
-        "pp_size": 1 if agnostic else par.pp_size,
-        "pcp_size": 1 if agnostic else par.pcp_size,
-        "dcp_size": 1 if agnostic else par.dcp_size,
+        **parallel_identity(
+            agnostic,
+            {
+                "tp_size": par.tp_size,
+                "pp_size": par.pp_size,
+                "pcp_size": par.pcp_size,
+                "dcp_size": par.dcp_size,
+            },
+        ),
         "format_version": FORMAT_VERSION,
         "namespace_salt": tier.namespace_salt,
     }
@@ -185,7 +190,7 @@ def engine_mapper(offloading_spec: Any, row_bytes: int, tier: TierConfig) -> Fil
         cfg.model.name,
         fields,
         agnostic=agnostic,
-        rank=0 if agnostic else par.rank,
+        rank=par.rank,
         payload_bytes=[row_bytes] * max(1, len(cfg.groups)),
     )
 
