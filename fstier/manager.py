@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from fstier.config import FstierConfig, TierConfig, load_config
-from fstier.errors import ConfigError, PoolError, TierClosedError
+from fstier.errors import ConfigError, PoolError, StorageError, TierClosedError
 from fstier.file_mapper import FileMapper, decode
 from fstier.io import blockstore
 from fstier.io.blockfile import HEADER_SIZE, padded_len
@@ -129,7 +129,8 @@ class BlockStored:
 
 @dataclass(frozen=True, slots=True)
 class BlockRemoved:
-    """Keys whose files were removed: ``reason`` is ``evicted`` or ``corrupt``."""
+    """Keys whose files were removed: ``reason`` is ``evicted``, ``corrupt``
+    or ``cleared`` (:meth:`FsTier.clear`)."""
 
     keys: tuple[BlockKey, ...]
     reason: str = "evicted"
@@ -810,6 +811,33 @@ class FsTier:
         Resynchronises the shared usage count."""
         self._check_open()
         return self.capacity.run_pass(max_bytes)
+
+    def clear(self) -> int:
+        """Remove every block file of this tier's namespace (this rank's
+        subtree, or the whole parallel-agnostic namespace; other ranks' and
+        other namespaces' files stay), after waiting for in-flight jobs.
+        Forgets cached lookup answers, takes the bytes off the shared usage
+        count and publishes one ``BlockRemoved(keys, "cleared")`` event.
+        Returns how many files it removed; a file it could not remove raises
+        :class:`~fstier.errors.StorageError` naming it (after the others were
+        removed)."""
+        self._check_open()
+        self.drain()
+        errors: list[OSError] = []
+        removed = self.blocks.clear(errors.append)
+        self._cache.clear()
+        self.capacity.add(-sum(size for _, size in removed))
+        if removed:
+            with self._lock:
+                self._events.append(BlockRemoved(tuple(k for k, _ in removed), "cleared"))
+        log.info("fstier: cleared %d block file(s) under %s", len(removed), self.mapper.blocks_dir)
+        if errors:
+            raise StorageError(
+                f"clear: {len(errors)} file(s) under {self.mapper.blocks_dir} not removed, "
+                f"first: {errors[0]}",
+                errors[0].errno,
+            )
+        return len(removed)
 
     # ------------------------------------------------------------------ close
     def close(self) -> None:
