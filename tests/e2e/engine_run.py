@@ -3,12 +3,14 @@
 Usage: python tests/e2e/engine_run.py SPEC_JSON OUT_JSON
 
 SPEC_JSON: {"model": dir, "prompts": [[token ids], ...], "max_tokens": n,
-"logprobs": k, "tier": "none" | "fstier" | "fs", "root": dir,
+"logprobs": k, "tier": "none" | "fstier" | "fs" | "both", "root": dir,
+"roots": {"fs": dir, "fstier": dir} (for "both"),
 "tp": 1, "env": {name: value}, "cpu_bytes": n, "max_model_len": n,
 "warmup": bool, "wait_files": n, "hold_file": path, "ready_file": path}.
 With "wait_files", the engine keeps stepping (one-token requests on an
-unrelated prompt) until n block files exist under "root" (at most 120 s,
-else it fails): a tier stores in the background, after the request.
+unrelated prompt) until n block files exist under "root" (or each of
+"roots"; at most "wait_files_s", default 120 s, else it fails): a tier
+stores in the background, one scheduler step at a time, after the request.
 With "hold_file", the engine writes "ready_file" after that and waits until
 "hold_file" exists before it exits (two engines alive at once).
 
@@ -31,13 +33,16 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 def transfer_config(spec: dict) -> dict | None:
     tier = spec["tier"]
+    fstier = {"type": "FstierTier", "module_path": "fstier.integrations.vllm"}
     if tier == "none":
         return None
     if tier == "fstier":
-        secondary = {"type": "FstierTier", "module_path": "fstier.integrations.vllm",
-                     "root_dir": spec["root"]}
+        secondary = [{**fstier, "root_dir": spec["root"]}]
     elif tier == "fs":
-        secondary = {"type": "fs", "root_dir": spec["root"]}
+        secondary = [{"type": "fs", "root_dir": spec["root"]}]
+    elif tier == "both":  # roots: {"fs": dir, "fstier": dir}
+        secondary = [{"type": "fs", "root_dir": spec["roots"]["fs"]},
+                     {**fstier, "root_dir": spec["roots"]["fstier"]}]
     else:
         raise SystemExit(f"engine_run: unknown tier {tier!r}")
     return {
@@ -47,7 +52,7 @@ def transfer_config(spec: dict) -> dict | None:
             "spec_name": "FstierCpuOffloadingSpec",
             "spec_module_path": "fstier.integrations.vllm_cpu",
             "cpu_bytes_to_use": int(spec.get("cpu_bytes", 64 << 20)),
-            "secondary_tiers": [secondary],
+            "secondary_tiers": secondary,
         },
     }
 
@@ -107,14 +112,13 @@ def main() -> None:
         })
     want = int(spec.get("wait_files", 0))
     if want:
+        roots = list(spec["roots"].values()) if spec.get("roots") else [spec["root"]]
         poke = SamplingParams(temperature=0.0, max_tokens=1)
-        deadline = time.monotonic() + 120
-        while len(block_files(spec["root"])) < want:
+        deadline = time.monotonic() + float(spec.get("wait_files_s", 120))
+        while min(len(block_files(r)) for r in roots) < want:
             if time.monotonic() > deadline:
-                raise SystemExit(
-                    f"engine_run: {len(block_files(spec['root']))} block files under "
-                    f"{spec['root']} after 120 s, expected {want}"
-                )
+                counts = {r: len(block_files(r)) for r in roots}
+                raise SystemExit(f"engine_run: block files {counts} after the deadline, expected {want}")
             llm.generate([TokensPrompt(prompt_token_ids=[5, 6, 7])], poke, use_tqdm=False)
             time.sleep(0.2)
     record = {
