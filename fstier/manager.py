@@ -33,6 +33,10 @@ engine's scheduler owns one :class:`FsTier`; it never blocks in it:
   the slot provider (:mod:`fstier.slots`) is told to ``fence`` it, so a slot
   the engine frees is not handed out again before the late call is over.
   No byte written by an op after its job was reported reaches a later job.
+  A provider that cannot stop the engine from reusing a slot it freed (an
+  engine's own rows) asks for ``hold_fenced_results=True``: the result of a
+  job holding a fenced slot is then held back by :meth:`get_finished` until
+  the slot is released, so the engine cannot reuse it too early.
 - **Slots** must be currently handed out by the provider
   (``check_slots``): a job naming a slot the caller does not hold is a
   ``ValueError``, as are malformed keys in any call, ``lookup`` included.
@@ -200,6 +204,8 @@ class FsTier:
         config: FstierConfig | TierConfig,
         pool: SlotProvider,
         mapper: FileMapper | None = None,
+        *,
+        hold_fenced_results: bool = False,
     ) -> None:
         if isinstance(config, FstierConfig) and mapper is None:
             self.config: FstierConfig | None = config
@@ -250,6 +256,9 @@ class FsTier:
         self._user_ids: set[Hashable] = set()
         self._next_pool_id = 0
         self._finished: list[JobResult] = []
+        self._hold_fenced = hold_fenced_results
+        #: results held back while a slot of their job is fenced (hold_fenced_results)
+        self._held: list[tuple[JobResult, tuple[int, ...]]] = []
         self._events: list[TierEvent] = []
         #: slot -> (pool job id, op index) of the timed-out op holding it
         self._fenced: dict[int, tuple[Hashable, int]] = {}
@@ -572,7 +581,10 @@ class FsTier:
                 result = self._finish_load(job, list(pj.results))
             with self._idle:
                 self._user_ids.discard(job.job_id)
-                self._finished.append(result)
+                if self._hold_fenced and not self._fenced.keys().isdisjoint(job.slots):
+                    self._held.append((result, job.slots))
+                else:
+                    self._finished.append(result)
                 self._idle.notify_all()
 
     def _timed_out(self, job: _Job, i: int) -> None:
@@ -728,10 +740,17 @@ class FsTier:
         return JobResult(job.job_id, "load", prefix == n, prefix, n - prefix, nbytes, seconds, cause)
 
     def get_finished(self) -> list[JobResult]:
-        """Results of jobs finished since the last call (never blocks)."""
+        """Results of jobs finished since the last call (never blocks); with
+        ``hold_fenced_results``, a job's result comes once none of its slots
+        is fenced (held results first, in the order they finished)."""
         self._reap()
         with self._lock:
             out, self._finished = self._finished, []
+            if self._held:
+                fenced = self._fenced.keys()
+                ready = [r for r, slots in self._held if fenced.isdisjoint(slots)]
+                self._held = [(r, slots) for r, slots in self._held if not fenced.isdisjoint(slots)]
+                out = ready + out
         return out
 
     def take_events(self) -> list[TierEvent]:

@@ -314,7 +314,10 @@ else:
             self.mapper = engine_mapper(offloading_spec, self.rows.slot_bytes, tier_cfg)
             from fstier.manager import FsTier
 
-            self.fstier: FsTier = FsTier(tier_cfg, self.rows, self.mapper)
+            # vLLM reuses a row as soon as its job is reported: FsTier holds
+            # back the result of a job whose row a timed-out call may still
+            # write, until that call returned.
+            self.fstier: FsTier = FsTier(tier_cfg, self.rows, self.mapper, hold_fenced_results=True)
             globally = bool(offloading_spec.kv_events_config.enable_kv_cache_events)
             if enable_events and not globally:
                 log.warning(
@@ -324,9 +327,8 @@ else:
             self.events_enabled = globally and enable_events is not False
             self._events: list[OffloadingEvent] = []
             self._lock = threading.Lock()
+            #: submitted jobs (vLLM's keys and rows), until FsTier reports them
             self._jobs: dict[Hashable, _Job] = {}
-            #: finished FsTier results whose rows a late I/O call may still write
-            self._held: list[tuple[_Job, FsJobResult]] = []
             #: jobs FsTier refused at submission: reported failed next poll
             self._refused: list[_Job] = []
             self._reported: dict[str, float] = {}
@@ -426,20 +428,15 @@ else:
 
         def get_finished_jobs(self) -> Iterable[VllmJobResult]:
             out: list[VllmJobResult] = []
+            # FsTier holds back a job whose rows are fenced (hold_fenced_results).
             fresh = self.fstier.get_finished()
-            fenced = self.fstier.fenced_slots
             with self._lock:
-                ready: list[tuple[_Job, FsJobResult]] = []
-                held: list[tuple[_Job, FsJobResult]] = []
                 done = [(self._jobs.pop(r.job_id, None), r) for r in fresh]
-                for rec, r in [*self._held, *done]:
-                    if rec is None:  # not a job of ours (cannot happen; never crash vLLM)
-                        log.error("fstier: result for unknown job %r dropped", r.job_id)
-                        continue
-                    (held if fenced.intersection(rec.slots) else ready).append((rec, r))
-                self._held = held
                 refused, self._refused = self._refused, []
-            for rec, r in ready:
+            for rec, r in done:
+                if rec is None:  # not a job of ours (cannot happen; never crash vLLM)
+                    log.error("fstier: result for unknown job %r dropped", r.job_id)
+                    continue
                 out.append(self._to_vllm(rec, r))
             for rec in refused:
                 if rec.is_load:
@@ -450,7 +447,7 @@ else:
 
         def has_pending_work(self) -> bool:
             with self._lock:
-                return bool(self._jobs or self._held or self._refused)
+                return bool(self._jobs or self._refused)
 
         def drain_jobs(self) -> None:
             """Wait until every submitted job finished and no late I/O call
