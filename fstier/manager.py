@@ -79,6 +79,7 @@ from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
 from fstier.tier.admission import BAD_FILE_CAUSES, Breaker, Failure, WriteBudget
 from fstier.tier.capacity import Capacity
+from fstier.tier.checks import check_job, check_keys
 from fstier.tier.gc import GcReport
 from fstier.tier.lookup import Lookup, LookupCache
 from fstier.tier.metrics import TierMetrics
@@ -335,7 +336,7 @@ class FsTier:
         n = len(keys)
         if n == 0:
             return 0
-        self._check_keys(keys, "lookup")
+        check_keys(keys, len(self._payload_len), "lookup")
         if not self._breaker.allow():
             self.metrics.lookup_keys.inc(n)
             self.metrics.misses.inc()
@@ -359,7 +360,7 @@ class FsTier:
         n = len(keys)
         if n == 0:
             return []
-        self._check_keys(keys, "present")
+        check_keys(keys, len(self._payload_len), "present")
         if not self._breaker.allow():
             return [False] * n
         out, probed = self._lookup.present(keys)
@@ -373,44 +374,6 @@ class FsTier:
     def _check_open(self) -> None:
         if self._closed:
             raise TierClosedError("FsTier is closed; create a new one with FsTier.from_config(...)")
-
-    def _validate(self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]) -> None:
-        if len(keys) != len(slots):
-            raise ValueError(
-                f"job {job_id!r}: {len(keys)} keys but {len(slots)} slots; one slot per key"
-            )
-        self._check_keys(keys, f"job {job_id!r}")
-        num_slots = self._pool.num_slots
-        for s in slots:
-            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < num_slots:
-                raise ValueError(
-                    f"job {job_id!r}: slot {s!r} is not a slot index in 0..{num_slots - 1}"
-                )
-        if len(set(slots)) != len(slots):
-            raise ValueError(f"job {job_id!r}: a slot appears twice; one slot per key")
-        # The provider knows which slots the caller holds now: a slot that was
-        # never allocated, or was freed, may be handed to someone else at any
-        # time, so moving bytes through it is refused (issue 15 item 10).
-        try:
-            self._pool.check_slots(slots)
-        except ValueError as exc:
-            raise ValueError(f"job {job_id!r}: {exc}") from None
-
-    def _check_keys(self, keys: Sequence[BlockKey], what: str) -> None:
-        """Every element a :class:`BlockKey` of a group this model has, or a
-        ``ValueError`` naming the first that is not."""
-        ngroups = len(self._payload_len)
-        for i, k in enumerate(keys):
-            if not isinstance(k, BlockKey):
-                raise ValueError(
-                    f"{what}: keys[{i}] is {k!r} ({type(k).__name__}); keys must be BlockKey, "
-                    "e.g. from fstier.chain_hashes"
-                )
-            if k.group_idx >= ngroups:
-                raise ValueError(
-                    f"{what}: keys[{i}]: group {k.group_idx} does not exist "
-                    f"(the model has {ngroups} group(s))"
-                )
 
     def _finish_now_locked(
         self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str
@@ -441,7 +404,7 @@ class FsTier:
         slots: Sequence[int],
     ) -> None:
         self._check_open()
-        self._validate(job_id, keys, slots)
+        check_job(job_id, keys, slots, self._pool, len(self._payload_len))
         self._reap()
         n = len(keys)
         keys_t, slots_t = tuple(keys), tuple(slots)
