@@ -25,6 +25,7 @@ checked, and the table reports medians over the prompts and ratios
     .venv-e2e/bin/python benchmarks/bench_vllm_ttft.py [--lengths 2048,8192,32768]
         [--layers 4] [--hidden 512] [--reps 3] [--dir /var/tmp/x]
         [--json out.json] [--plot docs/img/vllm_ttft.png]
+    python benchmarks/bench_vllm_ttft.py --from-json out.json --plot docs/img/vllm_ttft.png
 """
 
 from __future__ import annotations
@@ -92,7 +93,18 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="work directory on the disk to test")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None)
+    ap.add_argument("--from-json", type=Path, default=None,
+                    help="print the table (and --plot) from an earlier run's --json, run nothing")
     a = ap.parse_args()
+    if a.from_json is not None:
+        d = json.loads(a.from_json.read_text())
+        a.layers, a.hidden, a.json = d["layers"], d["hidden"], None
+        lengths = [int(n) for n in d["lengths"]]
+        secs = {c: {int(n): v for n, v in d["seconds"][c].items()} for c in CONFIGS}
+        hit = {c: {int(n): v for n, v in d["hits"][c].items()} for c in CONFIGS}
+        a.reps = len(secs["recompute"][lengths[0]])
+        report(lengths, secs, hit, a)
+        return
     lengths = [int(x) for x in a.lengths.split(",")]
     work = Path(tempfile.mkdtemp(prefix="fstier-ttft-", dir=a.dir))
     try:
