@@ -120,7 +120,7 @@ class FstierRun:
         self.paths = []
         for k in self.keys:
             h = k.hex
-            d = root / h[:3] / h[3:5]
+            d = root / h[:3]
             d.mkdir(parents=True, exist_ok=True)  # the manager's ensure_parent, cached
             self.paths.append(d / f"{h}-g0.bin")
 

@@ -1,11 +1,25 @@
 """vLLM's built-in fs tier vs FstierTier, on vLLM's own primary memory.
 
-Both tiers are built by vLLM's ``SecondaryTierFactory`` over the SAME
+Four contenders, built by vLLM's ``SecondaryTierFactory`` over the SAME
 prefaulted primary memoryview (vLLM's ``SharedOffloadRegion`` of a
-``TieringOffloadingSpec``), with the same keys, in two sibling directories of
+``TieringOffloadingSpec``), with the same keys, in sibling directories of
 one ``--dir``, each with its shipped defaults (vLLM fs: 16 read + 16 write
 threads, O_DIRECT, no checksum; fstier: 8 read + 4 write threads, O_DIRECT,
-xxh3 checksums ON, header and key checked on every load). They are driven
+xxh3 checksums ON, header and key checked on every load):
+
+- ``vllm``: vLLM's fs tier on its native path (``vllm.fs_io_C``, what every
+  GPU host runs; on a CPU-only machine this script builds three empty stub
+  libraries for the CUDA libraries it names but never calls, re-executes
+  itself with them on ``LD_LIBRARY_PATH``, and checks ``_HAS_FSIO_C``);
+- ``vllm-py``: the same tier on its pure-Python path (``_HAS_FSIO_C``
+  switched off around its phases only);
+- ``fstier``: FstierTier on fstier's native path (``fstier.io._native``);
+- ``fstier-py``: FstierTier on its pure-Python path (``native_io: off``);
+
+plus the **C ceiling** (``benchmarks/ceiling_loop.c``, built with ``cc``):
+the same files (4096 + row bytes, O_DIRECT) published with O_TMPFILE +
+linkat into existing directories and read back cold, no checksum, no
+Python, 8 store / 16 load threads. They are driven
 through the tier API the tiering manager uses: ``submit_store`` /
 ``submit_load`` of ``TransferJob``s (``--job-rows`` rows each, all submitted
 at once, like many requests' cascades) and ``get_finished_jobs`` polled
@@ -17,14 +31,18 @@ bytes of rows:
 - **store** GB/s to completion (new files; new keys every pass);
 - **cold load** GB/s: page cache dropped (``drop_caches``, as root), rows
   zeroed, every row loaded back and compared with what was stored;
-- **CPU per file**: process CPU time (all threads) over the files moved.
+- **CPU per file**: user and system CPU time of the process (all threads)
+  over the files moved: ``os.times``' quantities, read with
+  ``resource.getrusage`` (microseconds; ``os.times`` counts 10 ms ticks,
+  too coarse for a few thousand files).
 
 Lookup: 4,096 keys whose files exist (the 64 KiB rows), asked through
 ``lookup``/``on_schedule_end`` as the manager does until every key resolved;
 **cold** after ``drop_caches``, **warm** right after for a new request.
 
-Passes alternate which tier runs first (``--reps``, default 2); the table
-reports the mean per tier and the ratio fstier / vLLM from the same run.
+Passes rotate which contender runs first (``--reps``, default 3); the table
+reports the median per contender and ratios against vLLM native and the C
+ceiling from the same run.
 ``--syscalls`` also counts system calls per file on both sides with
 ``strace -c`` attached to a child doing only the timed I/O phase.
 
@@ -41,6 +59,7 @@ import glob
 import json
 import logging
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -61,7 +80,12 @@ from _raw import drop_caches  # noqa: E402
 from fstier.units import parse_size  # noqa: E402
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-TIERS = ("vllm", "fstier")
+TIERS = ("vllm", "vllm-py", "fstier", "fstier-py")
+#: the contender every ratio is taken against
+BASE = "vllm"
+CEILING_SRC = Path(__file__).resolve().parent / "ceiling_loop.c"
+STUB_DIR = Path("/tmp/fstier-vllm-stubs")
+_STUB_LIBS = ("libc10_cuda.so", "libtorch_cuda.so", "libnvrtc.so.13")
 LOOKUP_KEYS = 4096
 
 
@@ -110,8 +134,12 @@ class Bench:
         self.dirs = {t: root / t for t in TIERS}
         configs = {
             "vllm": {"type": "fs", "root_dir": str(self.dirs["vllm"])},
+            "vllm-py": {"type": "fs", "root_dir": str(self.dirs["vllm-py"])},
             "fstier": {"type": "FstierTier", "module_path": "fstier.integrations.vllm",
                        "root_dir": str(self.dirs["fstier"]), **fstier_options},
+            "fstier-py": {"type": "FstierTier", "module_path": "fstier.integrations.vllm",
+                          "root_dir": str(self.dirs["fstier-py"]), **fstier_options,
+                          "native_io": "off"},
         }
         self.tiers = {
             t: SecondaryTierFactory.create_secondary_tier(c, self.view, self.spec)
@@ -142,8 +170,13 @@ class Bench:
             self.arr[i : i + n] = rng.integers(0, 256, size=(n, self.row), dtype=np.uint8)
         return [xxhash.xxh3_64_intdigest(self.arr[i]) for i in range(self.rows)]
 
-    def _run_jobs(self, tier_name: str, keys: list[bytes], promotion: bool) -> tuple[float, float, int]:
-        """Submit every job, poll to completion. Returns (seconds, cpu_s, failed jobs)."""
+    def _run_jobs(self, tier_name: str, keys: list[bytes], promotion: bool) -> tuple[float, tuple[float, float], int]:
+        """Submit every job, poll to completion. Returns (seconds, (user_s,
+        sys_s), failed jobs)."""
+        with _vllm_path(native=tier_name != "vllm-py"):
+            return self._run_jobs_now(tier_name, keys, promotion)
+
+    def _run_jobs_now(self, tier_name: str, keys: list[bytes], promotion: bool) -> tuple[float, tuple[float, float], int]:
         from vllm.v1.kv_offload.base import ReqContext
         from vllm.v1.kv_offload.tiering.base import TransferJob
 
@@ -157,7 +190,7 @@ class Bench:
                                     chunk_ids=ids, is_promotion=promotion, req_context=ctx))
         pending = {j.job_id for j in jobs}
         failed = 0
-        c0, t0 = time.process_time(), time.perf_counter()
+        c0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         for j in jobs:
             (tier.submit_load if promotion else tier.submit_store)(j)
         while pending:
@@ -166,12 +199,13 @@ class Bench:
                 failed += not r.success
             if pending:
                 time.sleep(0.0005)
-        return time.perf_counter() - t0, time.process_time() - c0, failed
+        secs, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+        return secs, (c1.ru_utime - c0.ru_utime, c1.ru_stime - c0.ru_stime), failed
 
-    def store(self, tier: str, keys: list[bytes]) -> tuple[float, float, int]:
+    def store(self, tier: str, keys: list[bytes]) -> tuple[float, tuple[float, float], int]:
         return self._run_jobs(tier, keys, promotion=False)
 
-    def load(self, tier: str, keys: list[bytes], sums: list[int]) -> tuple[float, float, int]:
+    def load(self, tier: str, keys: list[bytes], sums: list[int]) -> tuple[float, tuple[float, float], int]:
         dropped = drop_caches()
         self.arr[:] = 0
         secs, cpu, failed = self._run_jobs(tier, keys, promotion=True)
@@ -182,6 +216,10 @@ class Bench:
 
     def lookup(self, tier_name: str, keys: list[bytes], tag: str) -> tuple[float, float]:
         """Seconds until every key resolved, and scheduler-thread seconds spent in lookup()."""
+        with _vllm_path(native=tier_name != "vllm-py"):
+            return self._lookup_now(tier_name, keys, tag)
+
+    def _lookup_now(self, tier_name: str, keys: list[bytes], tag: str) -> tuple[float, float]:
         from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext
 
         tier = self.tiers[tier_name]
@@ -205,32 +243,102 @@ class Bench:
         return total, sync
 
 
+@contextlib.contextmanager
+def _vllm_path(*, native: bool) -> Any:
+    """vLLM's fs tier reads ``_HAS_FSIO_C`` / ``_HAS_BATCH_LOOKUP_C`` at call
+    time: switch them off for the ``vllm-py`` contender's phases only."""
+    from vllm.v1.kv_offload.tiering.fs import io as vio
+    from vllm.v1.kv_offload.tiering.fs import manager as vman
+
+    saved = (vio._HAS_FSIO_C, vman._HAS_BATCH_LOOKUP_C)
+    if not native:
+        vio._HAS_FSIO_C = False
+        vman._HAS_BATCH_LOOKUP_C = False
+    try:
+        yield
+    finally:
+        vio._HAS_FSIO_C, vman._HAS_BATCH_LOOKUP_C = saved
+
+
+def _ensure_vllm_native(allow_python: bool) -> None:
+    """Make ``vllm.fs_io_C`` importable on a CPU-only machine: it names three
+    CUDA libraries (DT_NEEDED) whose symbols it never uses. Build empty
+    stubs for them and re-execute this script with them on
+    LD_LIBRARY_PATH (the loader reads it only at process start)."""
+    from vllm.v1.kv_offload.tiering.fs import io as vio
+
+    if vio._HAS_FSIO_C or allow_python:
+        return
+    if os.environ.get("FSTIER_BENCH_STUBS") == "1":
+        raise SystemExit("vllm.fs_io_C still does not import with the stub libraries on "
+                         "LD_LIBRARY_PATH; pass --allow-vllm-python to compare with its Python path only")
+    STUB_DIR.mkdir(parents=True, exist_ok=True)
+    src = STUB_DIR / "stub.c"
+    src.write_text("void fstier_stub(void){}\n")
+    for so in _STUB_LIBS:
+        if not (STUB_DIR / so).exists():
+            subprocess.run(["cc", "-shared", "-fPIC", f"-Wl,-soname,{so}", "-o", str(STUB_DIR / so), str(src)],
+                           check=True)
+    env = dict(os.environ, FSTIER_BENCH_STUBS="1",
+               LD_LIBRARY_PATH=f"{STUB_DIR}:{os.environ.get('LD_LIBRARY_PATH', '')}".rstrip(":"))
+    os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], env)
+
+
+def _build_ceiling() -> Path:
+    out = Path(tempfile.gettempdir()) / f"fstier-ceiling-loop-{os.getuid()}"
+    if not out.exists() or out.stat().st_mtime < CEILING_SRC.stat().st_mtime:
+        subprocess.run(["cc", "-O2", "-pthread", "-o", str(out), str(CEILING_SRC)], check=True)
+    return out
+
+
+def ceiling(binary: Path, root: Path, size: int, rows: int) -> dict[str, float]:
+    """The C loop's store then cold load of ``rows`` files of ``size`` bytes."""
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        def one(mode: str, threads: int) -> dict[str, float]:
+            p = subprocess.run([str(binary), mode, str(root), str(rows), str(size), str(threads),
+                                "existing", "1"], check=True, capture_output=True, text=True)
+            return dict(json.loads(p.stdout))
+
+        st = one("store", 8)
+        drop_caches()
+        ld = one("load", 16)
+        return {"store": st["gb_per_s"], "load": ld["gb_per_s"],
+                "store_user_us": st["user_us_per_file"], "store_sys_us": st["sys_us_per_file"],
+                "load_user_us": ld["user_us_per_file"], "load_sys_us": ld["sys_us_per_file"]}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     logging.getLogger("vllm").setLevel(logging.WARNING)
     results: dict[str, Any] = {"sizes": [], "lookup": None, "cold": None}
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-vllm-tier-", dir="/var/tmp"))
     base.mkdir(parents=True, exist_ok=True)
+    binary = None if args.no_ceiling else _build_ceiling()
+    tiers = args.tiers
     for size in args.sizes:
         rows = max(args.min_rows, args.total // size)
         b = Bench(base / f"row{size}", size, rows, args.job_rows, args.fstier_options)
         try:
             sums = b.fill(size)
-            per: dict[str, dict[str, list[float]]] = {t: {"store": [], "load": [], "store_cpu": [], "load_cpu": []} for t in TIERS}
+            metrics = ("store", "load", "store_user", "store_sys", "load_user", "load_sys")
+            per: dict[str, dict[str, list[float]]] = {t: {m: [] for m in metrics} for t in tiers}
+            ceil: list[dict[str, float]] = []
             cold = True
             for rep in range(args.reps):
-                order = TIERS if rep % 2 == 0 else TIERS[::-1]
+                order = tiers[rep % len(tiers):] + tiers[:rep % len(tiers)]
                 for t in order:
                     keys = b.keys(f"{size}/{rep}/{t}")
-                    s, scpu, failed = b.store(t, keys)
+                    s, (su, ss), failed = b.store(t, keys)
                     if failed:
                         raise SystemExit(f"{t}: {failed} failed store jobs at {size} B rows")
-                    ld, lcpu, dropped = b.load(t, keys, sums)
+                    ld, (lu, ls), dropped = b.load(t, keys, sums)
                     cold = cold and bool(dropped)
                     nbytes = rows * size
-                    per[t]["store"].append(nbytes / s / 1e9)
-                    per[t]["load"].append(nbytes / ld / 1e9)
-                    per[t]["store_cpu"].append(scpu / rows * 1e6)
-                    per[t]["load_cpu"].append(lcpu / rows * 1e6)
+                    for m, v in zip(metrics, (nbytes / s / 1e9, nbytes / ld / 1e9, su / rows * 1e6,
+                                              ss / rows * 1e6, lu / rows * 1e6, ls / rows * 1e6), strict=True):
+                        per[t][m].append(v)
                     if size == min(args.sizes) and rep == 0 and rows >= LOOKUP_KEYS and not args.no_lookup:
                         lk = keys[:LOOKUP_KEYS]
                         drop_caches()
@@ -241,16 +349,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             "warm_s": w_total, "warm_sync_s": w_sync,
                         }
                     if not args.quiet:
-                        print(f"  {size >> 10:>5} KiB rows x {rows}: {t:<6} store {nbytes / s / 1e9:5.2f} GB/s"
-                              f"  load {nbytes / ld / 1e9:5.2f} GB/s", file=sys.stderr, flush=True)
+                        print(f"  {size >> 10:>5} KiB rows x {rows}: {t:<9} store {nbytes / s / 1e9:5.2f} GB/s"
+                              f"  load {nbytes / ld / 1e9:5.2f} GB/s  user us/file {su / rows * 1e6:5.0f}",
+                              file=sys.stderr, flush=True)
+                if binary is not None:
+                    c = ceiling(binary, base / f"row{size}" / "ceiling", size, rows)
+                    ceil.append(c)
+                    if not args.quiet:
+                        print(f"  {size >> 10:>5} KiB rows x {rows}: C ceiling store {c['store']:5.2f} GB/s"
+                              f"  load {c['load']:5.2f} GB/s", file=sys.stderr, flush=True)
             results["cold"] = cold if results["cold"] is None else (results["cold"] and cold)
             entry: dict[str, Any] = {"row_bytes": size, "rows": rows}
-            for t in TIERS:
+            for t in tiers:
                 for k, v in per[t].items():
-                    entry[f"{t}_{k}"] = statistics.mean(v)
+                    entry[f"{t}_{k}"] = statistics.median(v)
                     entry[f"{t}_{k}_all"] = v
-            entry["store_ratio"] = entry["fstier_store"] / entry["vllm_store"]
-            entry["load_ratio"] = entry["fstier_load"] / entry["vllm_load"]
+            if ceil:
+                for k in ceil[0]:
+                    entry[f"ceiling_{k}"] = statistics.median(c[k] for c in ceil)
+                    entry[f"ceiling_{k}_all"] = [c[k] for c in ceil]
+            for t in tiers:
+                if BASE in tiers:
+                    entry[f"{t}_store_ratio"] = entry[f"{t}_store"] / entry[f"{BASE}_store"]
+                    entry[f"{t}_load_ratio"] = entry[f"{t}_load"] / entry[f"{BASE}_load"]
+                if ceil:
+                    entry[f"{t}_store_of_ceiling"] = entry[f"{t}_store"] / entry["ceiling_store"]
+                    entry[f"{t}_load_of_ceiling"] = entry[f"{t}_load"] / entry["ceiling_load"]
             results["sizes"].append(entry)
         finally:
             b.close()
@@ -341,29 +465,39 @@ def syscalls(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ output
+def _label(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+
+
 def table(res: dict[str, Any]) -> str:
-    lines = [
-        "| row | vLLM fs store | fstier store | ratio | vLLM fs cold load | fstier cold load | ratio | CPU µs/file store (vLLM / fstier) | load (vLLM / fstier) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    tiers = res["tiers"]
+    has_ceiling = any("ceiling_store" in e for e in res["sizes"])
+    cols = [*tiers, *(["ceiling"] if has_ceiling else [])]
+    lines = []
+    for kind, title in (("store", "store GB/s"), ("load", "cold load GB/s")):
+        head = f"| row | {' | '.join(cols)} | fstier / vLLM native | fstier / C ceiling |"
+        lines += [f"**{title}** (median of {res['reps']} passes)", "", head,
+                  "|---" * (len(cols) + 3) + "|"]
+        for e in res["sizes"]:
+            vals = " | ".join(f"{e[f'{c}_{kind}']:.2f}" for c in cols)
+            r = e.get(f"fstier_{kind}_ratio")
+            oc = e.get(f"fstier_{kind}_of_ceiling")
+            lines.append(f"| {_label(e['row_bytes'])} | {vals} | {'-' if r is None else f'{r:.2f}x'} "
+                         f"| {'-' if oc is None else f'{oc:.2f}x'} |")
+        lines.append("")
+    lines += ["**CPU us per file, user / system** (store; cold load)", "",
+              f"| row | {' | '.join(tiers)} |", "|---" * (len(tiers) + 1) + "|"]
     for e in res["sizes"]:
-        size = e["row_bytes"]
-        label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
-        lines.append(
-            f"| {label} | {e['vllm_store']:.2f} GB/s | {e['fstier_store']:.2f} GB/s | {e['store_ratio']:.2f}x "
-            f"| {e['vllm_load']:.2f} GB/s | {e['fstier_load']:.2f} GB/s | {e['load_ratio']:.2f}x "
-            f"| {e['vllm_store_cpu']:.0f} / {e['fstier_store_cpu']:.0f} | {e['vllm_load_cpu']:.0f} / {e['fstier_load_cpu']:.0f} |"
-        )
+        cells = [f"{e[f'{t}_store_user']:.0f} / {e[f'{t}_store_sys']:.0f}; "
+                 f"{e[f'{t}_load_user']:.0f} / {e[f'{t}_load_sys']:.0f}" for t in tiers]
+        lines.append(f"| {_label(e['row_bytes'])} | {' | '.join(cells)} |")
     lk = res.get("lookup_by_tier")
     if lk:
-        lines.append("")
-        lines.append("| lookup of 4,096 keys | vLLM fs | fstier | ratio (vLLM / fstier time) |")
-        lines.append("|---|---|---|---|")
+        lines += ["", "| lookup of 4,096 keys (until all resolved; scheduler-thread time) | "
+                  + " | ".join(lk) + " |", "|---" * (len(lk) + 1) + "|"]
         for phase in ("cold", "warm"):
-            v, f = lk["vllm"][f"{phase}_s"], lk["fstier"][f"{phase}_s"]
-            vs, fs = lk["vllm"][f"{phase}_sync_s"], lk["fstier"][f"{phase}_sync_s"]
-            lines.append(f"| {phase} (until all resolved; scheduler-thread time) | {v * 1e3:.1f} ms ({vs * 1e3:.1f} ms) "
-                         f"| {f * 1e3:.1f} ms ({fs * 1e3:.1f} ms) | {v / f:.2f}x |")
+            cells = [f"{v[f'{phase}_s'] * 1e3:.1f} ms ({v[f'{phase}_sync_s'] * 1e3:.1f} ms)" for v in lk.values()]
+            lines.append(f"| {phase} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
@@ -376,14 +510,18 @@ def plot(res: dict[str, Any], path: Path) -> None:
     sizes = [e["row_bytes"] for e in res["sizes"]]
     labels = [f"{s >> 20} MiB" if s >= 1 << 20 else f"{s >> 10} KiB" for s in sizes]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=False)
+    names = {"vllm": "vLLM fs (native)", "vllm-py": "vLLM fs (Python)",
+             "fstier": "FstierTier (native, checksums on)", "fstier-py": "FstierTier (Python, checksums on)",
+             "ceiling": "C ceiling (no checksum)"}
+    cols = [*res["tiers"], *(["ceiling"] if "ceiling_store" in res["sizes"][0] else [])]
     for ax, kind in zip(axes, ("store", "load"), strict=True):
-        ax.plot(labels, [e[f"vllm_{kind}"] for e in res["sizes"]], "o-", label="vLLM fs tier")
-        ax.plot(labels, [e[f"fstier_{kind}"] for e in res["sizes"]], "s-", label="FstierTier (checksums on)")
+        for c, mark in zip(cols, "osD^x", strict=False):
+            ax.plot(labels, [e[f"{c}_{kind}"] for e in res["sizes"]], f"{mark}-", label=names[c])
         ax.set_title("store (to completion)" if kind == "store" else "cold load (page cache dropped)")
         ax.set_xlabel("row (chunk) size")
         ax.set_ylabel("GB/s")
         ax.grid(True, alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -396,7 +534,11 @@ def main() -> None:
     ap.add_argument("--total", default="256MiB", help="bytes of rows per size and pass")
     ap.add_argument("--min-rows", type=int, default=32)
     ap.add_argument("--job-rows", type=int, default=16, help="rows per TransferJob")
-    ap.add_argument("--reps", type=int, default=2, help="passes per size, alternating which tier goes first")
+    ap.add_argument("--reps", type=int, default=3, help="passes per size, rotating which contender goes first")
+    ap.add_argument("--tiers", default=",".join(TIERS), help="contenders, from " + ",".join(TIERS))
+    ap.add_argument("--no-ceiling", action="store_true", help="skip the C ceiling loop")
+    ap.add_argument("--allow-vllm-python", action="store_true",
+                    help="do not insist on vLLM's native path (vllm.fs_io_C)")
     ap.add_argument("--no-lookup", action="store_true")
     ap.add_argument("--syscalls", action="store_true", help="also count syscalls per file with strace")
     ap.add_argument("--syscall-total", default="64MiB")
@@ -415,6 +557,9 @@ def main() -> None:
     args.total = parse_size(args.total)
     args.syscall_total = parse_size(args.syscall_total)
     args.fstier_options = json.loads(args.fstier)
+    args.tiers = [t for t in args.tiers.split(",") if t]
+    if set(args.tiers) - set(TIERS):
+        ap.error(f"--tiers: unknown contender(s) {sorted(set(args.tiers) - set(TIERS))}")
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
     if args.vllm_python:
@@ -424,20 +569,28 @@ def main() -> None:
     if args.child:
         _child(args)
         return
+    if not args.vllm_python:
+        _ensure_vllm_native(args.allow_vllm_python)
     t0 = time.perf_counter()
     res = run(args)
     if args.syscalls:
         res["syscalls"] = syscalls(args)
     res["seconds"] = round(time.perf_counter() - t0, 1)
+    res["command"] = " ".join(["python", "benchmarks/bench_vllm_tier.py", *sys.argv[1:]])
     from vllm.v1.kv_offload.tiering.fs import io as vllm_fs_io
 
     res["vllm_io_path"] = "C extension (vllm.fs_io_C)" if vllm_fs_io._HAS_FSIO_C else "pure Python"
+    res["tiers"], res["reps"] = args.tiers, args.reps
+    from fstier.io import native as fstier_native
+
+    res["fstier_native"] = fstier_native.status()._asdict()
     res["fstier_options"] = args.fstier_options
     res["page_cache_dropped"] = res.pop("cold")
     print(table(res))
     if "syscalls" in res:
         print(json.dumps(res["syscalls"], indent=1))
-    print(f"(vLLM fs tier I/O: {res['vllm_io_path']}; page cache dropped before loads: "
+    print(f"(vLLM fs tier I/O ('vllm'): {res['vllm_io_path']}; fstier: {res['fstier_native']['reason']}; "
+          f"page cache dropped before loads: "
           f"{res['page_cache_dropped']}; {res['seconds']} s)")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))

@@ -52,7 +52,7 @@ try:
     from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise SystemExit(
-        f"this example needs transformers >= 4.56 ({exc}); install the extra: pip install 'fstier[examples]'"
+        f"this example needs transformers >= 4.56 ({exc}); install the extra: pip install -e '.[examples]' in a checkout of fstier"
     ) from None
 
 from fstier import (

@@ -138,9 +138,13 @@ def run(root: Path, chunks: int, tp: int) -> int:
         with m.lock:
             m.on_request_finished(ctx)
         events = [e for e in m.take_events() if e.medium.name == "STORAGE"]
-        files = sorted(tier.mapper.namespace_dir.rglob("*.bin"))
-        print(f"   FstierTier wrote {len(files)} files under {tier.mapper.namespace} "
-              f"({tier.fstier.metrics.stored_bytes.value / 1e6:.1f} MB), "
+        # What this run wrote, from the tier's own counters: a root used
+        # before may already hold some of these files (those are skipped).
+        metrics = tier.fstier.metrics
+        wrote, present = int(metrics.stored_blocks.value), int(metrics.skipped_blocks.value)
+        already = f", {present} already on disk (skipped)" if present else ""
+        print(f"   FstierTier wrote {wrote} files under {tier.mapper.namespace} "
+              f"({metrics.stored_bytes.value / 1e6:.1f} MB){already}, "
               f"{sum(len(e.keys) for e in events)} keys in STORAGE events")
 
     print("2. restart: a new vLLM manager, empty CPU tier, same root_dir")

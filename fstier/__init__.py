@@ -38,12 +38,14 @@ from fstier.errors import (
     FstierError,
     KeyFormatError,
     LayoutError,
+    MetricsUnavailableError,
     NamespaceMismatchError,
     PartialLoadError,
     PathSafetyError,
     PoolError,
     PoolExhaustedError,
     StorageError,
+    TierClosedError,
 )
 from fstier.file_mapper import FileMapper, is_parallel_agnostic
 from fstier.keys import BlockKey, chain_hashes, prefix_keys
@@ -99,6 +101,7 @@ __all__ = [
     "LayerKVSpec",
     "LayoutError",
     "LoadStoreSpec",
+    "MetricsUnavailableError",
     "ModelSpec",
     "NamespaceMismatchError",
     "PageMapping",
@@ -112,6 +115,7 @@ __all__ = [
     "SlotProvider",
     "StateSpec",
     "StorageError",
+    "TierClosedError",
     "TierConfig",
     "TierEvent",
     "TierMetrics",

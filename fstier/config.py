@@ -5,7 +5,8 @@ reads YAML with ``yaml.safe_load``. Every problem becomes one
 :class:`~fstier.errors.ConfigError` whose one-line message names the field
 path, the bad value and what is expected, e.g.
 ``tier.read_threads: must be >= 1, got 0``. Sizes accept units ("512MiB",
-"2TB"). This module must not import torch: the CLI imports it.
+"2TB", "870Gi"; see :mod:`fstier._units`). This module must not import
+torch: the CLI imports it.
 """
 
 from __future__ import annotations
@@ -125,6 +126,11 @@ class KVGroupSpec(BaseModel):
     @model_validator(mode="after")
     def _check_kind(self) -> KVGroupSpec:
         if self.kind in ("full_attention", "sliding_window", "mla") and self.head_size < 1:
+            if "head_size" not in self.model_fields_set:
+                raise ValueError(
+                    f"head_size is required for kind {self.kind!r}: elements per KV head "
+                    "(the model's head_dim, e.g. 128; the latent size for 'mla')"
+                )
             raise ValueError(f"head_size must be >= 1 for kind {self.kind!r}, got {self.head_size}")
         if self.kind == "sliding_window" and self.sliding_window is None:
             raise ValueError("sliding_window (tokens) is required for kind 'sliding_window'")
@@ -242,6 +248,10 @@ class TierConfig(BaseModel):
     read_threads: int = Field(8, ge=1, le=256)
     write_threads: int = Field(4, ge=1, le=256)
     o_direct: Literal["auto", "on", "off"] = "auto"
+    #: the per-file I/O path: the native extension (``auto``: when it is
+    #: built; ``on``: required), or ``off``: the pure-Python path.
+    #: ``FSTIER_NATIVE=0`` in the environment forces ``off``.
+    native_io: Literal["auto", "on", "off"] = "auto"
     checksum: Literal["xxh3", "none"] = "xxh3"
     fsync: Literal["none", "file", "file+dir"] = "none"
     file_mode: Annotated[int, BeforeValidator(_file_mode), Field(ge=0, le=0o777)] = 0o644
@@ -292,6 +302,17 @@ class TierConfig(BaseModel):
             ) from None
         if not stat.S_ISDIR(st.st_mode):
             raise ValueError(f"must be a directory, but {str(value)!r} is a file")
+        return value
+
+    @field_validator("max_bytes", mode="after")
+    @classmethod
+    def _max_bytes(cls, value: int | None) -> int | None:
+        if value == 0:
+            # 0 would make every store "succeed" and be evicted at once.
+            raise ValueError(
+                "must be > 0: a root of 0 bytes evicts every block as soon as it is stored; "
+                "leave max_bytes unset (null) for no limit"
+            )
         return value
 
     @model_validator(mode="after")

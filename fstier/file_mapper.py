@@ -49,7 +49,15 @@ __all__ = [
     "safe_model_name",
 ]
 
-NAMESPACE_VERSION = 1
+#: Version of the namespace layout (manifest and directory fan-out). 2: one
+#: fan-out level of 4096 directories, ``<hex[:3]>/<hex>-g<group>.bin`` (format
+#: v2; v1 had ``<hex[:3]>/<hex[3:5]>/``, one new leaf directory per store at
+#: cache sizes below ~10^7 files). It is digested, so a v1 namespace is
+#: another directory: foreign to this version (``fstier inspect`` names it,
+#: ``fstier gc --remove-foreign`` removes it).
+NAMESPACE_VERSION = 2
+#: Hex characters of the key hash that name its fan-out directory (16^3 = 4096).
+FANOUT_HEX = 3
 BLOCK_SUFFIX = ".bin"
 #: The namespace manifest's file name, in the namespace directory.
 MANIFEST_NAME = "config.json"
@@ -100,11 +108,12 @@ def safe_model_name(name: str) -> str:
 # ------------------------------------------------------------- the path codec
 def encode(key: BlockKey) -> str:
     """THE path codec, key -> file: ``key``'s block file relative to the
-    namespace's blocks directory, ``<hex[:3]>/<hex[3:5]>/<hex>-g<group>.bin``
-    (two-level hex fan-out, the group in the name). A string: it is on every
-    store's and lookup's path, where ``pathlib`` costs more than the rest."""
+    namespace's blocks directory, ``<hex[:3]>/<hex>-g<group>.bin`` (format
+    v2: one fan-out level of 4096 directories, the group in the name;
+    docs/format.md section 1). A string: it is on every store's and
+    lookup's path, where ``pathlib`` costs more than the rest."""
     h = key.block_hash.hex()
-    return f"{h[:3]}/{h[3:5]}/{h}-g{key.group_idx}{BLOCK_SUFFIX}"
+    return f"{h[:FANOUT_HEX]}/{h}-g{key.group_idx}{BLOCK_SUFFIX}"
 
 
 def decode(name: str) -> BlockKey | None:

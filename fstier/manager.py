@@ -55,6 +55,7 @@ All job bookkeeping lives in one :class:`_Job` record per in-flight job under
 
 from __future__ import annotations
 
+import bisect
 import errno
 import logging
 import math
@@ -70,11 +71,11 @@ from typing import TYPE_CHECKING, Literal
 from fstier.config import FstierConfig, TierConfig, load_config
 from fstier.errors import ConfigError, PoolError, StorageError, TierClosedError
 from fstier.file_mapper import FileMapper, decode
-from fstier.io import blockstore
+from fstier.io import blockstore, fsops, native
 from fstier.io.blockfile import HEADER_SIZE, padded_len
 from fstier.io.capabilities import RootCapabilities
 from fstier.io.manifest import ensure_manifest
-from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool
+from fstier.io.pool import OP_CANCELLED, OP_EXPIRED, OP_TIMED_OUT, IOPool
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
 from fstier.tier.admission import BAD_FILE_CAUSES, Breaker, Failure, WriteBudget
@@ -159,6 +160,33 @@ class _Job:
     #: store ops whose bytes still count as queued (cleared when the op ends or times out)
     op_open: list[bool] = field(default_factory=list)
     last_end: float = 0.0
+    #: native path: pool op j moves keys[bounds[j]:bounds[j + 1]] in one call
+    #: (None: one pool op per key, the Python path)
+    bounds: tuple[int, ...] | None = None
+
+    def op_of(self, i: int) -> int:
+        """The pool op that moves key ``i``."""
+        if self.bounds is None:
+            return i
+        return bisect.bisect_right(self.bounds, i) - 1
+
+    def keys_of_op(self, op: int) -> range:
+        """The key indices pool op ``op`` moves."""
+        if self.bounds is None:
+            return range(op, op + 1)
+        return range(self.bounds[op], self.bounds[op + 1])
+
+
+#: Keys per native call at least (a job is split across the I/O threads, but
+#: not into calls smaller than this: each call costs ~20 us of Python).
+_NATIVE_MIN_BATCH = 4
+
+
+def _split_bounds(n: int, threads: int) -> tuple[int, ...]:
+    """Boundaries that split ``n`` keys into at most ``threads`` near-equal
+    batches of at least :data:`_NATIVE_MIN_BATCH` keys."""
+    parts = max(1, min(threads, n // _NATIVE_MIN_BATCH))
+    return tuple(n * j // parts for j in range(parts + 1))
 
 
 def _file_bytes(payload_len: int) -> int:
@@ -245,7 +273,12 @@ class FsTier:
         self.io_options = blockstore.IOOptions.from_tier(tier, caps)
         #: key -> file end to end (directories, recovery, headers, I/O)
         self.blocks = blockstore.BlockStore(self.mapper, self.io_options, blocks_per_file=tier.blocks_per_file)
+        #: which per-file path runs (fstier.io.native): "native" or "python"
+        self.io_path = native.log_selection_once(tier.native_io)
+        self._native = self.io_path.backend == "native"
+        self._bpf = tier.blocks_per_file
         self.metrics = TierMetrics()
+        self.metrics.native_io.set(1 if self._native else 0)
         self._cache = LookupCache(tier.lookup_cache_ttl_s)
         self._breaker = Breaker(tier.breaker_failures, tier.breaker_cooldown_s, self.metrics)
         self._budget = WriteBudget(tier.max_write_queue_seconds, self.metrics)
@@ -452,10 +485,16 @@ class FsTier:
             self._user_ids.add(job_id)
         if kind == "store":
             ops: list[Callable[[], object]] = [partial(self._store_op, job, i) for i in range(n)]
-            self._io.submit(pool_id, "write", ops)
         else:
             ops = [partial(self._load_op, job, i) for i in range(n)]
-            self._io.submit(pool_id, "read", ops)
+        if self._native and self._python_seam_untouched():
+            # A whole batch per native call with the GIL released; the job
+            # is split across the I/O threads in batches (job.bounds).
+            threads = self.tier_config.write_threads if kind == "store" else self.tier_config.read_threads
+            job.bounds = _split_bounds(n, threads)
+            run = self._store_batch if kind == "store" else self._load_batch
+            ops = [partial(run, job, a, b) for a, b in zip(job.bounds[:-1], job.bounds[1:], strict=True)]
+        self._io.submit(pool_id, "write" if kind == "store" else "read", ops)
 
     # -- ops (run on I/O threads) ----------------------------------------------
     def _op_ended(self, job: _Job, i: int, written: int) -> None:
@@ -465,6 +504,76 @@ class FsTier:
             job.op_open[i] = False
         if job.kind == "store" and reserved:
             self._budget.release(reserved, written)
+
+    def _ops_ended(self, job: _Job, lo: int, written: Sequence[int]) -> None:
+        """:meth:`_op_ended` for keys ``lo..lo+len(written)-1`` of a native
+        batch: one lock and one budget release for the batch."""
+        reserved = counted = 0
+        with self._lock:
+            job.last_end = time.perf_counter()
+            for j, w in enumerate(written):
+                if job.op_open[lo + j]:
+                    reserved += _file_bytes(job.op_bytes[lo + j])
+                    counted += w
+                    job.op_open[lo + j] = False
+        if job.kind == "store" and reserved:
+            self._budget.release(reserved, counted)
+
+    @staticmethod
+    def _python_seam_untouched() -> bool:
+        """False while ``fsops.FS`` (the Python path's system-call seam) is
+        replaced or patched, e.g. by a test injecting faults there: that
+        tier's jobs then take the Python path, whose calls the seam sees.
+        The native path has its own seam (``fstier.io.native.fault``)."""
+        fs = fsops.FS
+        return type(fs) is fsops.OsOps and not vars(fs)
+
+    def _store_batch(self, job: _Job, lo: int, hi: int) -> list[blockstore.StoreOutcome]:
+        """Store keys ``lo..hi-1`` of ``job`` in one native call (GIL
+        released for the whole batch). Keys whose directory is missing
+        (ENOENT: the namespace or a fan-out directory was removed under the
+        tier) and keys to replace are stored one by one on the Python path,
+        which re-creates directories and removes the old file."""
+        written = [0] * (hi - lo)
+        try:
+            keys = job.keys[lo:hi]
+            views = [self._pool.slot_view(job.slots[i])[: job.op_bytes[i]] for i in range(lo, hi)]
+            paths = [self.blocks.path(k) for k in keys]
+            outs = native.store_batch(
+                self._blocks_prefix, paths, keys, views, self.mapper.digest_bytes, self._bpf,
+                self.io_options,
+            )
+            for j, out in enumerate(outs):
+                k = keys[j]
+                bad = self._cache.is_bad(k)
+                if (out.status is blockstore.StoreStatus.FAILED and out.cause == "ENOENT") or (
+                    bad and out.status is blockstore.StoreStatus.SKIPPED
+                ):
+                    outs[j] = out = self.blocks.store(k, views[j], replace=bad)
+                if out.status is blockstore.StoreStatus.SKIPPED:
+                    self._note_recent(paths[j])
+                written[j] = out.nbytes
+            return outs
+        finally:
+            self._ops_ended(job, lo, written)
+
+    def _load_batch(self, job: _Job, lo: int, hi: int) -> list[blockstore.LoadOutcome]:
+        """Load keys ``lo..hi-1`` of ``job`` in one native call (GIL released
+        for the whole batch); every key is attempted, as the per-key ops of
+        the Python path are."""
+        try:
+            keys = job.keys[lo:hi]
+            views = [self._pool.slot_view(job.slots[i])[: job.op_bytes[i]] for i in range(lo, hi)]
+            paths = [self.blocks.path(k) for k in keys]
+            outs = native.load_batch(
+                self._blocks_prefix, paths, keys, views, self.mapper.digest_bytes, self.io_options
+            )
+            for path, out in zip(paths, outs, strict=True):
+                if out.status is blockstore.LoadStatus.LOADED:
+                    self._note_recent(path)
+            return outs
+        finally:
+            self._ops_ended(job, lo, [0] * (hi - lo))
 
     def _store_op(self, job: _Job, i: int) -> blockstore.StoreOutcome:
         written = 0
@@ -517,8 +626,11 @@ class FsTier:
         self._recency.flush()
 
     def _on_late(self, pool_id: Hashable, op_index: int) -> None:
-        """The pool says a timed-out op finally returned: unfence its slot."""
+        """The pool says a timed-out op finally returned: unfence its slots
+        (one on the Python path; every slot of the batch on the native path,
+        whose late call held them all)."""
         with self._lock:
+            released = False
             for slot, owner in list(self._fenced.items()):
                 if owner == (pool_id, op_index):
                     del self._fenced[slot]
@@ -526,9 +638,11 @@ class FsTier:
                     # late call can no longer write it.
                     self._pool.unfence(slot)
                     log.info("fstier: slot %d released; its timed-out I/O returned", slot)
-                    self._idle.notify_all()
-                    return
-            self._late.add((pool_id, op_index))
+                    released = True
+            if released:
+                self._idle.notify_all()
+            else:
+                self._late.add((pool_id, op_index))
 
     # -- completion --------------------------------------------------------------
     def _reap(self) -> None:
@@ -538,11 +652,15 @@ class FsTier:
                 job = self._jobs.pop(pj.job_id, None)
             if job is None:
                 continue
+            results = list(pj.results) if job.bounds is None else self._per_key(job, pj.results)
             if job.kind == "store":
-                result = self._finish_store(job, list(pj.results))
+                result = self._finish_store(job, results)
             else:
-                result = self._finish_load(job, list(pj.results))
+                result = self._finish_load(job, results)
             with self._idle:
+                if job.bounds is not None:
+                    # the late marks of this job's batches served all their keys
+                    self._late.difference_update((job.pool_id, j) for j in range(len(job.bounds) - 1))
                 self._user_ids.discard(job.job_id)
                 if self._hold_fenced and not self._fenced.keys().isdisjoint(job.slots):
                     self._held.append((result, job.slots))
@@ -550,13 +668,27 @@ class FsTier:
                     self._finished.append(result)
                 self._idle.notify_all()
 
+    @staticmethod
+    def _per_key(job: _Job, results: Sequence[object]) -> list[object]:
+        """Native batches' results as one result per key: a batch that timed
+        out, was cancelled or raised stands for each of its keys."""
+        out: list[object] = []
+        for j, r in enumerate(results):
+            keys = job.keys_of_op(j)
+            if isinstance(r, list) and len(r) == len(keys):
+                out.extend(r)
+            else:
+                out.extend([r] * len(keys))
+        return out
+
     def _timed_out(self, job: _Job, i: int) -> None:
         with self._lock:
             reserved = _file_bytes(job.op_bytes[i]) if job.op_open[i] else 0
             job.op_open[i] = False
-            owner = (job.pool_id, i)
+            owner = (job.pool_id, job.op_of(i))
             if owner in self._late:
-                self._late.discard(owner)
+                if job.bounds is None:
+                    self._late.discard(owner)
             else:
                 slot = job.slots[i]
                 self._fenced[slot] = owner
@@ -586,6 +718,9 @@ class FsTier:
         if r is OP_TIMED_OUT:
             self._timed_out(job, i)
             return Failure("timeout", "timeout", "")
+        if r is OP_EXPIRED:  # queued past the job's deadline behind hung calls; never ran
+            self._op_ended(job, i, 0)
+            return Failure("timeout", "timeout", "")
         if isinstance(r, blockstore.LoadOutcome):
             if r.status is blockstore.LoadStatus.MISSING:
                 return Failure("miss", "miss", "")
@@ -607,14 +742,15 @@ class FsTier:
         if level is None:
             return
         if f.family == "corrupt":
-            log.log(level, "fstier: corrupt block %r removed: %s %s", key, f.cause, f.detail)
+            # Warnings name the file, so an operator can go and look at it.
+            log.log(level, "fstier: corrupt block file %s removed: %s %s", self.blocks.path(key), f.cause, f.detail)
         elif f.policy.bad_file:
             log.log(
-                level, "fstier: %r: the block path holds no block file (%s); a miss. Remove "
-                "whatever was placed at %s", key, f.detail, self.blocks.path(key),
+                level, "fstier: %s holds no block file (%s); a miss. Remove whatever was placed there",
+                self.blocks.path(key), f.detail,
             )
         else:
-            log.log(level, "fstier: %s of %r failed: %s (%s)", kind, key, f.cause, f.detail)
+            log.log(level, "fstier: %s of %s failed: %s (%s)", kind, self.blocks.path(key), f.cause, f.detail)
 
     def _finish_store(self, job: _Job, results: list[object]) -> JobResult:
         now = time.monotonic()
@@ -785,14 +921,22 @@ class FsTier:
             else:
                 self._events.append(BlockRemoved((key,), "evicted"))
 
-    def run_capacity_pass(self, max_bytes: int | None = None) -> GcReport:
+    def run_capacity_pass(
+        self, max_bytes: int | None = None, timeout: float | None = 60.0
+    ) -> GcReport:
         """One synchronous capacity pass over the root: sweep stale temp and
         ``.nfs*`` files and, above the high watermark of ``max_bytes``
         (default: ``tier.max_bytes``), evict LRU files down to the low
-        watermark. Waits for a pass another instance on the root is running.
-        Resynchronises the shared usage count."""
+        watermark. Resynchronises the shared usage count.
+
+        Waits for a pass another instance on the root is running, at most
+        ``timeout`` seconds (None: no limit), then raises
+        :class:`TimeoutError`; a pass still walking at the deadline stops
+        there and reports ``complete=False``. An instance that died or hangs
+        holding the root's eviction lease loses it within 30 s."""
         self._check_open()
-        return self.capacity.run_pass(max_bytes)
+        timeout = _wait_timeout("run_capacity_pass", timeout)
+        return self.capacity.run_pass(max_bytes, timeout)
 
     def clear(self) -> int:
         """Remove every block file of this tier's namespace (this rank's

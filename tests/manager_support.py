@@ -105,15 +105,15 @@ def valid_namespace(root: Path, model: str = "m") -> Path:
     import hashlib
     import json
 
-    from fstier.file_mapper import canonical_json
+    from fstier.file_mapper import NAMESPACE_VERSION, canonical_json
 
-    fields = {"model": model, "namespace_version": 1}
+    fields = {"model": model, "namespace_version": NAMESPACE_VERSION}
     digest = hashlib.sha256(canonical_json(fields)).hexdigest()[:16]
     d = root / f"{model}-{digest}"
     if not (d / "config.json").exists():
         d.mkdir(parents=True, exist_ok=True)
         manifest = {
-            "fstier_manifest": 1,
+            "fstier_manifest": NAMESPACE_VERSION,
             "namespace": d.name,
             "digest": digest,
             "parallel_agnostic": True,

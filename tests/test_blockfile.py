@@ -1,4 +1,4 @@
-"""The v1 block header: golden bytes, round trips, rejections, hostile-input fuzz."""
+"""The block header (format v2; the header layout is v1's): golden bytes, round trips, rejections, hostile-input fuzz."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ GOLDEN = BlockHeader(
 # The first 144 bytes of GOLDEN's encoding, field by field (docs/format.md).
 GOLDEN_HEX = (
     "4653544b56424c4b"  # 0   magic "FSTKVBLK"
-    "0100"  # 8   format_version 1
+    "0200"  # 8   format_version 2
     "0010"  # 10  header_size 4096
     "0100"  # 12  checksum_kind xxh3-64
     "1000"  # 14  hash_len 16
@@ -53,7 +53,7 @@ GOLDEN_HEX = (
     "15cd853dfe9c9717"  # 64  created_ns
     "0102030405060708090a0b0c0d0e0f10"
     + "00" * 48  # 72 block hash, zero-filled to 64
-    + "2591d72804443697"  # 136 header checksum
+    + "92ce7e3c1a7e531f"  # 136 header checksum
 )
 
 
@@ -139,7 +139,8 @@ def _mutated(offset: int, fmt: str, value: int, *, fix_checksum: bool = True) ->
         (encode_header(GOLDEN)[:4095], "short_header"),
         (bytes(HEADER_SIZE), "bad_magic"),
         (b"NOTMAGIC" + encode_header(GOLDEN)[8:], "bad_magic"),
-        (_mutated(8, "<H", 2), "unsupported_version"),
+        (_mutated(8, "<H", 1), "unsupported_version"),  # a format v1 file
+        (_mutated(8, "<H", 3), "unsupported_version"),
         (_mutated(8, "<H", 0xFFFF, fix_checksum=False), "unsupported_version"),
         (_mutated(32, "<Q", 1 << 63, fix_checksum=False), "header_checksum"),
         (_mutated(32, "<Q", 1 << 63), "bad_length"),

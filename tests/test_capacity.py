@@ -24,7 +24,7 @@ def _block(root: Path, i: int, size: int = 1000, age_s: float = 0.0) -> Path:
     """A block-named file where fstier puts blocks, in a valid namespace
     (gc and the capacity thread consider nothing else)."""
     h = f"{i:032x}"
-    p = valid_namespace(root) / h[:3] / h[3:5] / f"{h}-g0.bin"
+    p = valid_namespace(root) / h[:3] / f"{h}-g0.bin"
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_bytes(b"x" * size)
     t = time.time() - age_s
@@ -269,7 +269,9 @@ def _add_many(root: str, n: int) -> None:
 
 
 def test_shared_usage_loses_no_concurrent_update(tmp_path: Path) -> None:
-    """Four processes adding at once: the flock makes every add count."""
+    """Four processes adding at once: each owns its count file, so no add is
+    lost (an flock-guarded shared file lost half of two hosts' updates on
+    GlusterFS)."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork")
@@ -281,12 +283,20 @@ def test_shared_usage_loses_no_concurrent_update(tmp_path: Path) -> None:
         assert p.exitcode == 0
     from fstier.tier.usage import SharedUsage
 
-    assert SharedUsage(tmp_path).read() == 4 * 500 * 8192
+    reader = SharedUsage(tmp_path, background=False)
+    reader.refresh()
+    assert reader.read() == 4 * 500 * 8192
+    reader.close()
 
 
-def test_instances_on_one_root_see_each_others_stores(tmp_path: Path) -> None:
+def test_instances_on_one_root_see_each_others_stores(tmp_path: Path, monkeypatch) -> None:
     """Each instance used to count only its own stores until a rescan every
     300 s, so N instances could fill N x max_bytes."""
+    # Counts are exchanged synchronously here (_exchange): no publication lag
+    # to wait out before another instance's removals count.
+    import fstier.tier.usage
+
+    monkeypatch.setattr(fstier.tier.usage, "SETTLE_S", 0.0)
     root = tmp_path / "root"
     with open_tier(root, max_bytes=20 * FILE_BYTES, write_threads=1) as a, open_tier(
         root, max_bytes=20 * FILE_BYTES, write_threads=1
@@ -298,11 +308,14 @@ def test_instances_on_one_root_see_each_others_stores(tmp_path: Path) -> None:
         a.run_capacity_pass()
         b.run_capacity_pass()
         assert store(a, "a", keys(0, 10)).success
+        _exchange(a, b)  # what the fstier-usage threads do every 0.2 s
         assert b.usage_bytes == 10 * FILE_BYTES  # a's stores, counted for b
         assert store(b, "b", keys(100, 9)).success
+        _exchange(a, b)
         assert a.usage_bytes == 19 * FILE_BYTES
         # The root is at max_bytes until a capacity pass runs: stores drop.
         assert store(b, "b2", keys(300, 2), [30, 31]).success
+        _exchange(a, b)
         assert a.usage_bytes == 21 * FILE_BYTES  # over max_bytes: the next store drops
         fill(a, keys(200, 1), [40])
         a.submit_store("full", keys(200, 1), [40])
@@ -311,14 +324,26 @@ def test_instances_on_one_root_see_each_others_stores(tmp_path: Path) -> None:
         assert a.metrics.snapshot()["fstier_store_dropped_blocks_total"] == {"capacity": 1}
         report = b.run_capacity_pass()
         assert report.removed_files > 0
+        _exchange(a, b)
         on_disk = sum(p.stat().st_size for p in root.rglob("*.bin"))
         assert a.usage_bytes == b.usage_bytes == on_disk <= 20 * FILE_BYTES * 0.8
+
+
+def _exchange(*tiers) -> None:  # type: ignore[no-untyped-def]
+    """Publish every instance's count, then let every instance read them."""
+    import fstier.tier.usage as usage
+
+    for t in tiers:
+        t.capacity._shared._publish(t.capacity._shared._dir_fd, force=True)
+    for t in tiers:
+        t.capacity._shared._read_others(t.capacity._shared._dir_fd)
+    assert usage.MIN_ROUND_S > 0
 
 
 def test_planted_usage_file_turns_sharing_off_not_the_tier(tmp_path: Path, caplog) -> None:
     import logging
 
-    from fstier.tier.usage import USAGE_FILE_NAME
+    from fstier.tier.usage import USAGE_DIR_NAME as USAGE_FILE_NAME
 
     root = tmp_path / "root"
     root.mkdir()
@@ -339,5 +364,158 @@ def test_inspect_does_not_count_the_usage_files_as_strays(tmp_path: Path) -> Non
     root = tmp_path / "root"
     with open_tier(root, max_bytes="1MiB") as tier:
         store(tier, "s", keys(0, 2))
-    assert (root / ".fstier-usage").is_file()
+    assert (root / ".fstier-usage.d").is_dir()
     assert scan_root(root).stray_entries == 0
+
+
+# -- the shared count attacked (issue 25) ----------------------------------------
+def _in_thread(fn, timeout: float = 15.0):  # type: ignore[no-untyped-def]
+    """Run ``fn`` on a thread; fail (instead of hanging) when it blocks."""
+    import threading
+
+    out: list[object] = []
+    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"{fn} blocked for {timeout} s"
+    return out[0]
+
+
+def test_hostile_count_files_never_raise_into_jobs(tmp_path: Path, caplog) -> None:
+    """A count near the int64 limit made get_finished() raise (the job was
+    never reported); garbage, huge, negative or non-regular count files are
+    now ignored and ask for a rescan."""
+    import struct
+
+    from fstier.tier.usage import USAGE_DIR_NAME, USAGE_FILE_NAME
+
+    root = tmp_path / "root"
+    (root / USAGE_DIR_NAME).mkdir(parents=True)
+    (root / USAGE_FILE_NAME).write_bytes(struct.pack("<q", 2**63 - 1))
+    d = root / USAGE_DIR_NAME
+    (d / "huge.count").write_text(f"fstier-usage 1 {2**63 - 1}\n")
+    (d / "neg.count").write_text(f"fstier-usage 1 -{2**62}\n")
+    (d / "junk.count").write_bytes(os.urandom(100))
+    (d / "big.count").write_bytes(b"fstier-usage 1 5\n" + b" " * 5000)
+    os.mkfifo(d / "fifo.count")
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="fstier.manager")
+    with open_tier(root, max_bytes=1 << 30) as tier:
+        tier.run_capacity_pass()
+        tier.capacity._shared.refresh()
+        res = _in_thread(lambda: store(tier, "s", keys(0, 4)))
+        assert res.success, res
+        tier.run_capacity_pass()
+        assert tier.usage_bytes == 4 * FILE_BYTES
+    said = " ".join(r.getMessage() for r in caplog.records)
+    for name in ("huge", "neg", "junk"):
+        assert f"{name}.count holds no valid count" in said
+    for name in ("fifo", "big"):
+        assert f"{name}.count is not a regular count file" in said
+
+
+def test_a_lock_held_forever_blocks_no_caller(tmp_path: Path) -> None:
+    """Another process holding the usage file's lock froze get_finished(),
+    submit_store() and drain() for as long as it held it (a SIGSTOPped
+    sibling, a stuck NFS lock). No lock is taken any more."""
+    import fcntl
+    import subprocess
+    import sys
+
+    root = tmp_path / "root"
+    with open_tier(root, max_bytes=1 << 30) as tier:
+        tier.run_capacity_pass()
+        code = (
+            "import fcntl, os, sys, time\n"
+            "fds = []\n"
+            "for dirpath, dirs, files in os.walk(sys.argv[1]):\n"
+            "    for n in files:\n"
+            "        fd = os.open(os.path.join(dirpath, n), os.O_RDWR)\n"
+            "        fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "        fds.append(fd)\n"
+            "    break\n"
+            "print('locked', flush=True)\n"
+            "time.sleep(600)\n"
+        )
+        holder = subprocess.Popen([sys.executable, "-c", code, str(root)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+            res = _in_thread(lambda: store(tier, "s", keys(0, 4)))
+            assert res.success
+            assert _in_thread(lambda: tier.drain(5))
+        finally:
+            holder.kill()
+            holder.wait(30)
+    assert fcntl.LOCK_EX  # the module the holder uses
+
+
+def test_no_write_through_a_planted_hard_link(tmp_path: Path) -> None:
+    """A hard link at the count file's name made fstier overwrite bytes of a
+    file outside the root; the lease name is fixed, so it is the one planted
+    now (count files have per-instance names)."""
+    from fstier.tier.usage import USAGE_DIR_NAME, USAGE_FILE_NAME
+
+    root = tmp_path / "root"
+    (root / USAGE_DIR_NAME).mkdir(parents=True)
+    outside = tmp_path / "precious"
+    outside.write_bytes(b"precious bytes" * 10)
+    before = outside.read_bytes()
+    os.link(outside, root / USAGE_FILE_NAME)
+    os.link(outside, root / USAGE_DIR_NAME / "evict.lease")
+    with open_tier(root, max_bytes=4 * FILE_BYTES) as tier:
+        for j in range(3):
+            store(tier, f"s{j}", keys(10 * j, 4))
+            tier.run_capacity_pass()
+    assert outside.read_bytes() == before
+    assert outside.stat().st_nlink >= 2 or outside.stat().st_nlink == 1
+
+
+def test_deleted_or_truncated_count_files_do_not_let_the_root_grow(tmp_path: Path) -> None:
+    """Truncating or deleting the count let the root grow to 1.4-1.75x
+    max_bytes until the next rescan; another instance's count file that
+    vanishes keeps its last value, and a truncated one asks for a rescan."""
+    from fstier.tier.usage import USAGE_DIR_NAME
+
+    root = tmp_path / "root"
+    with open_tier(root, max_bytes=20 * FILE_BYTES) as a, open_tier(root, max_bytes=20 * FILE_BYTES) as b:
+        a.capacity.stop()  # passes run only when this test asks
+        b.capacity.stop()
+        a.run_capacity_pass()
+        b.run_capacity_pass()
+        assert store(a, "a", keys(0, 10)).success
+        _exchange(a, b)
+        assert b.usage_bytes == 10 * FILE_BYTES
+        for f in (root / USAGE_DIR_NAME).glob("*.count"):
+            f.unlink()
+        b.capacity._shared.refresh()
+        assert b.usage_bytes == 10 * FILE_BYTES  # still counted
+        a.capacity._shared._publish(a.capacity._shared._dir_fd, force=True)
+        for f in (root / USAGE_DIR_NAME).glob("*.count"):
+            f.write_bytes(b"fstier-us")  # truncated
+        b.capacity._shared.refresh()
+        assert b.usage_bytes == 10 * FILE_BYTES
+        assert b.capacity._shared.rescan_wanted
+
+
+def test_run_capacity_pass_takes_a_timeout_and_a_dead_holders_lease_expires(tmp_path: Path) -> None:
+    """run_capacity_pass() never returned while another process held the
+    evict lock, and while that holder was stuck nobody evicted."""
+    import time
+
+    import fstier.tier.usage as usage
+
+    root = tmp_path / "root"
+    with open_tier(root, max_bytes=4 * FILE_BYTES) as tier:
+        tier.capacity.stop()  # passes run only when this test asks
+        store(tier, "s", keys(0, 8))
+        lease = root / usage.USAGE_DIR_NAME / usage.LEASE_NAME
+        until = time.time_ns() + 2_000_000_000
+        lease.write_text(f"fstier-lease 1 ghost-1-dead {until}\n")
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="eviction lease"):
+            tier.run_capacity_pass(timeout=0.5)
+        assert time.monotonic() - t0 < 5
+        time.sleep(max(0.0, (until - time.time_ns()) / 1e9) + 0.1)
+        report = tier.run_capacity_pass(timeout=10)  # the ghost's lease expired
+        assert report.removed_files > 0

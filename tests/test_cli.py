@@ -166,7 +166,10 @@ def test_config_show_round_trips_and_names_namespace(tmp_path: Path) -> None:
         ({"tier": {"root_dir": "/tmp/x", "max_bytes": "-5GB"}, "model": {"name": "m", "groups": SMALL_GROUP}}, "tier.max_bytes"),
         ({"tier": {"root_dir": "/tmp/x", "thredas": 3}, "model": {"name": "m", "groups": SMALL_GROUP}}, "tier.thredas"),
         ({"tier": {"root_dir": "/tmp/x"}, "model": {"name": "m", "groups": [{"kind": "sliding_window", "head_size": 8}]}}, "model.groups.0"),
-        ({"tier": {"root_dir": "/tmp/x"}}, "model"),
+        # A model without a tier section (a tier-only file is valid: test_operator.py).
+        ({"model": {"name": "m", "groups": SMALL_GROUP}}, "tier"),
+        ({"tier": {"root_dir": "/tmp/x"}, "model": {"name": "m", "groups": [{"num_kv_heads": 8}]}}, "head_size is required"),
+        ({"tier": {"root_dir": "/tmp/x", "max_bytes": 0}, "model": {"name": "m", "groups": SMALL_GROUP}}, "tier.max_bytes: must be > 0"),
     ],
 )
 def test_malformed_config_exits_2_naming_the_field(tmp_path: Path, data: dict[str, Any], field: str) -> None:
@@ -440,3 +443,23 @@ def test_gc_temp_max_age_must_be_finite_and_in_range(tmp_path: Path, value: str)
     assert res.exit_code == 2, res.output
     assert "--temp-max-age: must be a finite number of seconds in (0, 31536000]" in res.output
     assert "Traceback" not in res.output
+
+
+def test_root_reached_through_a_symlink_is_the_directory_it_names(tmp_path: Path) -> None:
+    """``/mnt/kv -> /data/kv`` is a common root. The tier resolves it; the CLI
+    saw nothing there and exited 0 for verify, inspect and gc (every symlink
+    refused, the root's own included). A symlink below the root is still
+    refused (test_inspect_unreadable_manifest_and_symlink)."""
+    real = tmp_path / "data" / "kv"
+    cfg = make_config(real, groups=SMALL_GROUP)
+    paths = store_blocks(cfg, 4)
+    link = tmp_path / "kv"
+    link.symlink_to(real)
+    verify = json.loads(run_cli("verify", str(link), "--json").output)
+    assert verify["ok"] and verify["checked"] == 4, verify
+    (ns,) = json.loads(run_cli("inspect", str(link), "--json").output)["namespaces"]
+    assert ns["files"] == 4 and ns["manifest_error"] is None, ns
+    size = paths[0].stat().st_size
+    gc = json.loads(run_cli("gc", str(link), "--max-bytes", str(2 * size), "--json").output)
+    assert gc["files_before"] == 4 and gc["evicted_files"] == 2, gc
+    assert sum(p.exists() for p in paths) == 2

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip(
     "transformers",
     minversion="4.56",
-    reason="the real-model example needs transformers (pip install 'fstier[examples]')",
+    reason="the real-model example needs transformers (pip install -e '.[examples]')",
 )
 import torch  # noqa: E402  (after the skip: only meaningful with transformers)
 

@@ -81,3 +81,17 @@ def test_kv_layout_means_one_thing() -> None:
     assert "kv_packing" in params and "kv_layout" not in params
     assert "kv_layout" in fstier.KVGroupSpec.model_fields
     assert typing.get_args(fstier.KVPacking) == ("packed", "split", "interleaved")
+
+
+def test_errors_an_engine_catches_are_exported() -> None:
+    """A closed tier's calls raise TierClosedError and the Prometheus export
+    without prometheus-client raises MetricsUnavailableError: both are
+    importable from ``fstier`` (they were not)."""
+    from fstier import errors
+
+    assert fstier.TierClosedError is errors.TierClosedError
+    assert fstier.MetricsUnavailableError is errors.MetricsUnavailableError
+    public = {n for n in fstier.__all__ if n.endswith("Error")}
+    defined = {n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, Exception)
+               and v.__module__ == "fstier.errors" and not n.startswith("_") and n != "IOPoolClosedError"}
+    assert defined <= public, defined - public

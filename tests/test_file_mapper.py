@@ -162,7 +162,7 @@ def test_golden_namespace_and_path(tmp_path: Path) -> None:
     m = FileMapper(cfg)
     assert m.digest == GOLDEN_DIGEST
     rel = m.path_for(BlockKey(bytes(range(16)), 0)).relative_to(tmp_path)
-    assert str(rel) == f"acme_llama-tiny-{GOLDEN_DIGEST}/000/10/000102030405060708090a0b0c0d0e0f-g0.bin"
+    assert str(rel) == f"acme_llama-tiny-{GOLDEN_DIGEST}/000/000102030405060708090a0b0c0d0e0f-g0.bin"
 
 
 HOSTILE = [
@@ -222,7 +222,7 @@ def test_symlinked_subdirectory_is_refused(tmp_path: Path) -> None:
     m = FileMapper(make_config(tmp_path / "root"))
     m.ensure_manifest()
     path = m.path_for(KEY)
-    (m.namespace_dir / path.parent.parent.name).symlink_to(outside)
+    path.parent.symlink_to(outside)  # the fan-out directory (format v2: one level)
     with pytest.raises(PathSafetyError, match="symlink"):
         m.ensure_parent(path)
     assert list(outside.iterdir()) == []
@@ -243,7 +243,7 @@ def test_expected_payload_scales_for_rank_private_groups(tmp_path: Path) -> None
     assert mla4.expected_payload_bytes(0) == 2 * mla2.expected_payload_bytes(0)
 
 
-GOLDEN_DIGEST = "19a8a98142a42b47"
+GOLDEN_DIGEST = "0f8e396dc6b76ea2"  # namespace version 2 (format v2)
 
 
 def test_unwritable_root_is_a_storage_error_naming_it(tmp_path: Path) -> None:
@@ -272,12 +272,12 @@ def test_namespace_dirs_recreate_removed_fanout_levels(tmp_path: Path) -> None:
     mapper.ensure_manifest()
     dirs = NamespaceDirs(mapper)
     a = mapper.path_for(BlockKey(bytes.fromhex("abcdef") + bytes(29), 0))
-    b = mapper.path_for(BlockKey(bytes.fromhex("abcd01") + bytes(29), 0))
+    b = mapper.path_for(BlockKey(bytes.fromhex("abc001") + bytes(29), 0))
     dirs.ensure(a)
-    assert a.parent.is_dir()
-    shutil.rmtree(a.parent.parent)  # both fan-out levels gone
+    assert a.parent.is_dir() and a.parent == b.parent
+    shutil.rmtree(a.parent)  # the fan-out directory gone (format v2: one level)
     dirs.forget(a)
-    dirs.ensure(b)  # a sibling leaf under the removed first level
+    dirs.ensure(b)  # another key of the removed directory
     assert b.parent.is_dir()
     dirs.ensure(mapper.namespace_dir / "x")  # the namespace itself: nothing to make
     with pytest.raises(ValueError, match="not under the namespace"):
@@ -302,7 +302,7 @@ def test_codec_round_trips_every_key(h: bytes, group: int) -> None:
     rel = encode(key)
     assert decode(rel) == key  # the relative path, placement checked
     assert decode(rel.rpartition("/")[2]) == key  # the bare file name
-    assert rel == f"{h.hex()[:3]}/{h.hex()[3:5]}/{h.hex()}-g{group}.bin"
+    assert rel == f"{h.hex()[:3]}/{h.hex()}-g{group}.bin"  # format v2: one fan-out level
 
 
 @pytest.mark.parametrize(
@@ -316,7 +316,8 @@ def test_codec_round_trips_every_key(h: bytes, group: int) -> None:
         f"{KEY.hex[:14]}-g0.bin",  # a hash shorter than a BlockKey allows
         f"{KEY.hex.upper()}-g0.bin",
         f"abc/de/{KEY.hex}-g0.bin",  # misplaced: not under its own fan-out
-        f"{KEY.hex[:3]}/{KEY.hex}-g0.bin",  # one level short
+        f"{KEY.hex[:3]}/{KEY.hex[3:5]}/{KEY.hex}-g0.bin",  # format v1's placement
+        f"{KEY.hex[:2]}/{KEY.hex}-g0.bin",  # a fan-out directory of the wrong width
     ],
 )
 def test_codec_decodes_only_what_it_encodes(name: str) -> None:

@@ -405,9 +405,9 @@ def test_reclaim_stale_segments_of_dead_creators():
     p.start()
     p.join()
     stale = f"fstier-{p.pid}-deadbeef"
-    with open(f"/dev/shm/{stale}", "wb") as f:
-        f.write(b"x")
     with HostBlockPool(1, 4096) as live:
+        with open(f"/dev/shm/{stale}", "wb") as f:
+            f.write(b"x")
         removed = HostBlockPool.reclaim_stale()
         assert stale in removed and live.name in _shm_names()
     assert stale not in _shm_names()
@@ -452,3 +452,36 @@ def test_auto_takes_the_copy_engine_for_big_dense_copies_and_kernels_for_thin_ro
         host.wait(host.stage_out(spec, ref_slots))
         for s, r in zip(slots, ref_slots, strict=True):
             assert torch.equal(pool.slot_tensor(s), ref.slot_tensor(r))
+
+
+def test_segment_of_a_sigkilled_creator_is_swept_by_the_next_pool():
+    """A pool's creator killed with SIGKILL (OOM killer, pod eviction) left its
+    /dev/shm segment for good: no later pool swept it, so a crash-looping
+    engine filled /dev/shm. The next pool created anywhere on the node now
+    removes it; a live creator's segment (another process) is kept."""
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, time\n"
+        "from fstier.host_pool import HostBlockPool\n"
+        "p = HostBlockPool(4, 1 << 20)\n"
+        "print(p.name, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        killed, live = (p.stdout.readline().strip() for p in procs)
+        assert {killed, live} <= _shm_names()
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait(30)
+        assert killed in _shm_names()  # the kernel does not remove it
+        with HostBlockPool(1, 4096) as pool:
+            names = _shm_names()
+            assert killed not in names, "the killed creator's segment outlived it"
+            assert live in names and pool.name in names
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(30)

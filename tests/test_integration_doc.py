@@ -49,14 +49,27 @@ def test_staging_path_names_every_piece_in_order() -> None:
         assert name in TEXT
 
 
-def test_vllm_entry_is_valid_and_linked() -> None:
+def test_vllm_entry_is_valid_and_linked(tmp_path: Path) -> None:
     block = re.search(r"```json\n(.*?)```", TEXT, re.S)
     assert block is not None
-    extra = json.loads(block.group(1))
-    assert extra["spec_name"] == "TieringOffloadingSpec"
+    doc = json.loads(block.group(1))
+    # vLLM refuses to start without these (the snippet once lacked them).
+    assert doc["kv_connector"] == "OffloadingConnector" and doc["kv_role"] == "kv_both"
+    extra = doc["kv_connector_extra_config"]
+    assert extra["spec_name"] == "TieringOffloadingSpec" and extra["cpu_bytes_to_use"] > 0
     tier = extra["secondary_tiers"][0]
     assert tier["type"] == "FstierTier" and tier["module_path"] == "fstier.integrations.vllm" and tier["root_dir"]
     assert "(vllm.md)" in TEXT
+    # fstier's own check of the whole --kv-transfer-config, on a real root.
+    tier["root_dir"] = str(tmp_path / "kv")
+    (tmp_path / "kv.json").write_text(json.dumps(doc))
+    out = subprocess.run(
+        [sys.executable, "-m", "fstier.cli", "config", "validate", str(tmp_path / "kv.json"), "--check-root"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "fstier config validate kv.json --check-root" in TEXT
 
 
 def test_readme_and_architecture_link_the_guide() -> None:

@@ -265,7 +265,7 @@ def test_metrics_snapshot_and_prometheus_collector(tmp_path: Path) -> None:
 def test_prometheus_missing_extra_is_a_clear_error(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     with open_tier(tmp_path / "root") as tier, pytest.raises(
-        MetricsUnavailableError, match=r"pip install 'fstier\[metrics\]'"
+        MetricsUnavailableError, match=r"metrics extra.*pip install prometheus-client"
     ):
         tier.metrics.start_prometheus_exporter(0)
 

@@ -211,6 +211,34 @@ def test_timeout_fences_slot_until_late_return_and_trips_breaker(tmp_path: Path,
         assert tier.fenced_slots == frozenset()
 
 
+def test_a_job_behind_hung_calls_fails_within_the_deadline_without_fencing_unrun_slots(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """With every I/O thread stuck, the rest of a job waited in the queue and
+    ended only when the mount came back (12 s for a 10 s partition with
+    io_timeout_s=3). Ops that never ran now fail as timeouts at the deadline
+    and their slots are not fenced (nothing can write them later)."""
+    release = threading.Event()
+    with open_tier(
+        tmp_path / "root", io_timeout_s=0.5, read_threads=1, write_threads=1,
+        breaker_failures=100,
+    ) as tier:
+        monkeypatch.setattr(tier, "close", _releasing(tier.close, release))
+        ks = keys(0, 8)
+        store(tier, "s", ks)
+        monkeypatch.setattr(posix.FS, "preadv", lambda *a: release.wait(30) and 0)
+        t0 = time.monotonic()
+        tier.submit_load("hang", ks, list(range(10, 18)))
+        assert tier.drain(timeout=20)
+        elapsed = time.monotonic() - t0
+        (res,) = tier.get_finished()
+        assert (res.success, res.keys_completed, res.cause) == (False, 0, "timeout")
+        assert elapsed < 3.0, elapsed  # was 8 x 0.5 s
+        assert 1 <= len(tier.fenced_slots) <= 2  # only the ops that started
+        release.set()
+        assert tier.wait_fences_released(timeout=10)
+
+
 def test_failed_store_reports_errno_and_leaves_no_temp(tmp_path: Path, monkeypatch) -> None:
     root = tmp_path / "root"
     with open_tier(root) as tier:
@@ -281,3 +309,25 @@ def test_one_policy_table_decides_what_a_failure_means() -> None:
     assert Failure("error", "ENOSPC", "").label == "ENOSPC"
     assert Failure("corrupt", "corrupt:short_read", "").label == "corrupt"
     assert POLICY["bad_file"].bad_file and not POLICY["error"].bad_file
+
+
+@pytest.mark.parametrize("code", ["ENOENT", "ESTALE"])
+def test_a_block_that_vanishes_between_open_and_read_is_a_miss(tmp_path: Path, monkeypatch, code: str) -> None:
+    """Another host evicting a block this host just opened: GlusterFS fails
+    the read ENOENT (it logged a warning and counted a device error), kernel
+    NFS ESTALE (which counted toward the breaker). Both are a miss."""
+    with open_tier(tmp_path / "root", breaker_failures=1) as tier:
+        ks = keys(0, 2)
+        store(tier, "s", ks)
+        err = getattr(errno, code)
+
+        def vanished(*_a, **_k):
+            raise OSError(err, os.strerror(err))
+
+        monkeypatch.setattr(posix.FS, "preadv", vanished)
+        res = load(tier, "l", ks)
+        assert (res.success, res.keys_completed, res.cause) == (False, 0, "miss")
+        assert tier.breaker_state == "closed"
+        assert "fstier_failures_total" not in tier.metrics.snapshot() or not any(
+            k.startswith(code) for k in tier.metrics.snapshot()["fstier_failures_total"]
+        )

@@ -407,3 +407,24 @@ def test_fstier_jobs_touch_only_the_payload_bytes_of_a_slot(tmp_path: Path) -> N
         assert tier.get_finished()[0].success
         assert bytes(view[:n]) == payload_for(k, n)
         assert bytes(view[n:]) == b"\xcd" * (len(view) - n)
+
+
+def test_recency_never_touches_an_inode_another_path_outside_names(tmp_path: Path) -> None:
+    """A load's recency update rewrote the mtime of a block file that a
+    ``cp -al`` backup outside the root also names (one inode, two paths):
+    fstier changed metadata outside its root. A block with a second link is
+    now left alone (its recency is then its store time)."""
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    with open_tier(tmp_path / "root") as tier:
+        ks = keys(0, 2)
+        assert store(tier, "s", ks).success
+        linked = backup / "copy.bin"
+        os.link(tier.mapper.path_for(ks[0]), linked)
+        old = 1_000_000_000
+        os.utime(linked, ns=(old, old))
+        assert load(tier, "l", ks).success  # hits pending a recency write
+        tier.run_capacity_pass()  # flushes recency first
+        other = tier.mapper.path_for(ks[1]).stat().st_mtime_ns
+    assert linked.stat().st_mtime_ns == old
+    assert other > old  # the block with one name is still touched

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from fstier.errors import IOPoolClosedError
-from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool, PoolJob
+from fstier.io.pool import OP_CANCELLED, OP_EXPIRED, OP_TIMED_OUT, IOPool, PoolJob
 
 
 def _collect(pool: IOPool, n: int, timeout: float = 10.0) -> dict[Any, PoolJob]:
@@ -233,3 +233,29 @@ def test_io_timeout_must_be_finite(timeout: float) -> None:
     every later deadline silently stopped firing (issue 15 item 5)."""
     with pytest.raises(ValueError, match=r"io_timeout_s must be > 0 and finite \(or None"):
         IOPool(1, 1, io_timeout_s=timeout)
+
+
+def test_ops_queued_behind_hung_calls_expire_at_the_jobs_deadline() -> None:
+    """Every thread stuck on a hung mount, and each replacement thread stuck
+    on the next queued op: a job of 8 ops took 8 x io_timeout_s to end (seen
+    on GlusterFS and MooseFS with the client's link down). Queued ops now
+    expire unrun at io_timeout_s after submission; only the ops that started
+    hold a stuck thread."""
+    release = threading.Event()
+    pool = IOPool(1, 1, io_timeout_s=1.0)
+    try:
+        t0 = time.monotonic()
+        pool.submit("hung", "read", [release.wait] * 8)
+        jobs = _collect(pool, 1, timeout=30)
+        elapsed = time.monotonic() - t0
+        results = jobs["hung"].results
+        assert OP_TIMED_OUT in results and OP_EXPIRED in results, results
+        assert set(results) <= {OP_TIMED_OUT, OP_EXPIRED}
+        # The two threads took one op each; nothing else ever started.
+        assert results.count(OP_TIMED_OUT) <= 2 and pool.stuck_threads <= 2
+        assert elapsed < 4.0, elapsed  # was ~8 s: one io_timeout_s per queued op
+        pool.submit("next", "read", [lambda: "ok"])  # replacements serve
+        assert _collect(pool, 1)["next"].results == ["ok"]
+    finally:
+        release.set()
+        pool.shutdown()

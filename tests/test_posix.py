@@ -506,7 +506,7 @@ def test_rename_error_after_rename_happened(
         ("open", errno.ENOENT, LoadStatus.MISSING),
         ("preadv", errno.EIO, LoadStatus.ERROR),
         ("preadv", errno.EINTR, LoadStatus.ERROR),
-        ("preadv", errno.ESTALE, LoadStatus.ERROR),
+        ("preadv", errno.ESTALE, LoadStatus.MISSING),  # replaced/evicted after open: a miss
     ],
 )
 def test_transient_load_errors_leave_the_file(

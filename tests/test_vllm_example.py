@@ -29,3 +29,15 @@ def test_vllm_example_prints_store_restart_promotion_hit(tmp_path: Path) -> None
     assert "4. hit: 6 of 6 chunks HIT; rows match the stored bytes" in out
     assert len(list(root.rglob("*.bin"))) == 6
     assert "Keeping /dev/shm" not in proc.stderr  # the example releases its views
+
+
+def test_vllm_example_counts_only_what_this_run_wrote(tmp_path: Path) -> None:
+    """A second run on the same root writes nothing new and says so."""
+    root = tmp_path / "kv"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, str(REPO / "examples" / "vllm_tier.py"), "--root", str(root), "--chunks", "4"]
+    first = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert first.returncode == 0 and "FstierTier wrote 4 files" in first.stdout, first.stdout + first.stderr
+    again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "FstierTier wrote 0 files" in again.stdout and "4 already on disk (skipped)" in again.stdout

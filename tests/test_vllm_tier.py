@@ -563,3 +563,87 @@ def test_fstier_write_budget_drops_a_flood_as_failed_stores(tmp_path: Path) -> N
         drops = tier.fstier.metrics.drops.values().get("backpressure", 0)
         assert drops >= 8  # at least one whole job dropped, reported as a failed cascade
         assert 8 <= len(block_files(root)) <= 24 - drops
+
+
+# ------------------------------------------------------------------ issue 25
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"blocks_per_file": 3}, "'blocks_per_file': 3 does not divide vLLM's row of 65536 bytes"),
+        ({"enable_kv_events": 0}, "'enable_kv_events': expected true or false, got 0"),
+        ({"enable_kv_events": "no"}, "'enable_kv_events': expected true or false, got 'no'"),
+    ],
+)
+def test_options_that_cannot_work_are_config_errors_at_start(
+    tmp_path: Path, options: dict[str, object], words: str
+) -> None:
+    """blocks_per_file=3 on a 64 KiB row was accepted, then every store
+    failed in the log only; enable_kv_events: 0 left events on."""
+    cfg = offloading_config([tier_cfg(tmp_path / "kv", **options)])
+    with pytest.raises(ConfigError, match=re.escape(words)), tiering_manager(cfg):
+        pass
+
+
+def test_a_zero_row_primary_view_is_a_clear_error_not_a_type_error() -> None:
+    view = memoryview(np.empty((0, 4096), dtype=np.uint8))
+    with pytest.raises(ValueError, match="no rows"):
+        fv.RowSlots.from_primary_view(view)
+
+
+def test_shutdown_releases_the_rows_after_an_op_raised(tmp_path: Path, monkeypatch) -> None:
+    """An I/O op that raised kept its traceback, whose frames held views of
+    vLLM's rows (in a cycle through the pool frame that stored it): at
+    shutdown vLLM could not unmap its region ("Keeping ... mapped: buffers
+    are still exported to native users")."""
+    import logging
+
+    import fstier.io.blockstore
+
+    seen: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    # The bug is injected into the Python I/O path's store op (the native
+    # path runs no Python per block), so this tier runs that path.
+    monkeypatch.setenv("FSTIER_NATIVE", "0")
+    region_log = logging.getLogger("vllm.v1.kv_offload.cpu.shared_offload_region")
+    handler = Catch()
+    region_log.addHandler(handler)
+    try:
+        with tiering_manager(offloading_config([tier_cfg(tmp_path / "kv")])) as m:
+            tier = fstier_tier(m)
+
+            def boom(*_a: object, **_k: object) -> int:
+                raise RuntimeError("injected bug in a store op")
+
+            monkeypatch.setattr(fstier.io.blockstore, "payload_checksum", boom)
+            store_request(m, "s", keys_for(3, 4))
+            assert tier.fstier.metrics.stored_blocks.value == 0
+            monkeypatch.undo()
+    finally:
+        region_log.removeHandler(handler)
+    assert not [msg for msg in seen if "still exported" in msg], seen
+
+
+def test_no_exception_from_fstier_reaches_vllms_scheduler(tmp_path: Path, monkeypatch) -> None:
+    """Whatever FsTier raises at submission or collection, vLLM gets a
+    failed job (or the results next step), never an exception."""
+    with tiering_manager(offloading_config([tier_cfg(tmp_path / "kv")])) as m:
+        tier = fstier_tier(m)
+
+        def boom(*_a: object, **_k: object) -> None:
+            raise RuntimeError("injected")
+
+        monkeypatch.setattr(tier.fstier, "submit_store", boom)
+        job = TransferJob(
+            job_id=7, keys=keys_for(4, 1), chunk_ids=[0], is_promotion=False,
+            req_context=ReqContext(req_id="r"),
+        )
+        tier.submit_store(job)  # no exception: a failed job
+        monkeypatch.setattr(tier.fstier, "get_finished", boom)
+        assert list(tier.get_finished_jobs()) == []  # no exception, nothing lost
+        monkeypatch.undo()
+        (res,) = tier.get_finished_jobs()
+        assert (res.job_id, res.success) == (7, False)

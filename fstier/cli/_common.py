@@ -150,7 +150,12 @@ def _json_option(func: F) -> F:
 
 def _existing_root(root: str) -> Path:
     """``root`` as a directory this user can list, or a one-line usage error
-    that says which of those it is not."""
+    that says which of those it is not.
+
+    Returns the real path (``realpath``), as the tier resolves its
+    ``root_dir``: a root reached through a symlink (``/mnt/kv -> /data/kv``)
+    is the directory it names, while every symlink *below* it is still
+    refused by the walks (they resolve with no symlink in any component)."""
     p = Path(root)
     shown = _display(repr(root))
     try:
@@ -167,7 +172,7 @@ def _existing_root(root: str) -> Path:
         raise _Fail(EXIT_USAGE, f"ROOT {shown}: is a file, not a directory; give the tier's root_dir")
     if not os.access(p, os.R_OK | os.X_OK):
         raise _Fail(EXIT_USAGE, f"ROOT {shown}: permission denied (cannot list it); run as a user who can read it")
-    return p
+    return Path(os.path.realpath(p))
 
 
 #: ``<safe model name>-<16 hex digits>``: how FileMapper names a namespace.
@@ -212,11 +217,10 @@ def _check_root_shape(p: Path, root: str) -> None:
             if entry.name in _ROOT_FURNITURE or entry.name.startswith("."):
                 continue  # what filesystems and tools put in any root
             entries += 1
-            with contextlib.suppress(OSError):
-                if not entry.is_dir(follow_symlinks=False):
-                    continue
-                if _NAMESPACE_NAME.match(entry.name) or os.path.lexists(os.path.join(entry.path, _MANIFEST)):
-                    return
+            from fstier.cli.scan import is_namespace_dir
+
+            if is_namespace_dir(Path(entry.path)):  # the rule inspect and verify use
+                return
     if entries:
         raise _Fail(
             EXIT_USAGE,

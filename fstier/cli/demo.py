@@ -11,9 +11,10 @@ import click
 
 from fstier.cli._common import (
     EXIT_FAILURE,
-    _cell,
     _console,
+    _display,
     _emit_report,
+    _Fail,
     _fmt_size,
     _handle_errors,
     _json_option,
@@ -37,6 +38,15 @@ def demo_cmd(root: str | None, config_file: str | None, per_layer: bool, as_json
     every outcome matches what is expected."""
     # The config first: a bad file is exit 2 before anything heavy is imported.
     cfg = load_config(config_file) if config_file else None
+    try:
+        import torch  # noqa: F401  (the demo's ranks need it; the tier does not)
+    except ImportError:
+        # torch is an extra: the tier and the other commands never need it.
+        raise _Fail(
+            EXIT_FAILURE,
+            "fstier demo needs torch (its ranks stage KV tensors) and it is not installed; "
+            "install torch (fstier's torch extra; on a CPU-only machine pip install torch==2.13.0)",
+        ) from None
 
     show_progress = not as_json and sys.stderr.isatty()
     opts = DemoOptions(
@@ -55,30 +65,34 @@ def demo_cmd(root: str | None, config_file: str | None, per_layer: bool, as_json
 
 
 def _print_demo(report: Any) -> None:
-    from rich.table import Table
+    import textwrap
+
+    from fstier.cli.tables import Column, print_table, terminal_width
 
     console = _console()
     where = f"{report.root} (temporary, now deleted)" if report.root_temporary else report.root
-    table = Table(title=_cell(f"fstier demo ({report.layout} KV cache) root={where}"))
-    for col in ("case", "expected", "outcome", "", "stored", "loaded", "bytes", "GB/s", "detail"):
-        table.add_column(col, overflow="fold")
-    for case in report.cases:
-        mark = "[green]ok[/green]" if case.ok else "[red]MISMATCH[/red]"
-        # Only the mark is markup; every other cell is data (a --config
-        # model name may hold brackets) and is printed literally.
-        table.add_row(
-            _cell(case.name),
-            _cell(case.expected),
-            _cell(case.outcome),
-            mark,
-            str(case.stored_blocks),
-            str(case.loaded_blocks),
-            _fmt_size(case.bytes),
-            f"{case.gbps:.2f}" if case.gbps else "-",
-            _cell(case.detail),
-        )
-    console.print(table)
+    # At 80 columns: case, expected, outcome, the verdict and what was loaded;
+    # the rest as the width allows, and the details under the table if their
+    # column did not fit (--wide is not needed to read them).
+    columns = (Column("case", 0), Column("expected", 1), Column("outcome", 0), Column("", 0),
+               Column("stored", 3, "right"), Column("loaded", 2, "right"), Column("bytes", 4, "right"),
+               Column("GB/s", 5, "right"), Column("detail", 6))
+    rows = [
+        [_display(c.name), _display(c.expected), _display(c.outcome), "ok" if c.ok else "MISMATCH",
+         str(c.stored_blocks), str(c.loaded_blocks), _fmt_size(c.bytes), f"{c.gbps:.2f}" if c.gbps else "-",
+         _display(c.detail)]
+        for c in report.cases
+    ]
+    dropped = print_table(columns, rows, title=_display(f"fstier demo ({report.layout} KV cache) root={where}"))
+    if "detail" in dropped:
+        width = max(terminal_width(), 40)
+        for c in report.cases:
+            if c.detail:
+                click.echo(textwrap.fill(f"{c.name}: {c.detail}", width=width, initial_indent="- ",
+                                         subsequent_indent="  "))
     verdict = "[green]all outcomes as expected[/green]" if report.ok else "[red]some outcomes differ[/red]"
+    # Wrapped at the terminal's width like the table above it.
+    console.width = max(terminal_width(), 40)
     console.print(
         f"store {report.store_gbps:.2f} GB/s, load {report.load_gbps:.2f} GB/s "
         f"(o_direct={report.o_direct}); {verdict}; {report.seconds:.1f} s"

@@ -38,13 +38,19 @@ __all__ = ["run_gc"]
 
 
 def run_gc(
-    root: Path, max_bytes: int, *, dry_run: bool, temp_max_age_s: float, progress: bool = False
+    root: Path, max_bytes: int, *, dry_run: bool, temp_max_age_s: float, progress: bool = False,
+    remove_foreign: bool = False,
 ) -> dict[str, Any]:
-    """Run one gc over ``root``; returns the JSON-ready result."""
+    """Run one gc over ``root``; returns the JSON-ready result. With
+    ``remove_foreign``, namespaces of another fstier format version (v1
+    after the upgrade to v2) are removed first, whole."""
     from fstier.cli.scan import Unreadable
-    from fstier.tier.gc import collect_garbage
+    from fstier.tier.gc import collect_garbage, remove_foreign_namespaces
 
     failed = Unreadable()
+    foreign = (
+        remove_foreign_namespaces(root, dry_run=dry_run, on_error=failed.add) if remove_foreign else []
+    )
     with _progress("gc", progress) as bar:
         rep = collect_garbage(
             root,
@@ -73,6 +79,11 @@ def run_gc(
         "failed": failed.to_json(),
         "passes": rep.passes,
         "seconds": round(rep.seconds, 3),
+        "foreign_namespaces": [
+            {"path": f.path, "format_version": f.version, "files": f.files, "bytes": f.bytes,
+             "removed": f.removed}
+            for f in foreign
+        ],
     }
 
 
@@ -89,9 +100,16 @@ def run_gc(
     show_default=True,
     help="Seconds after which an orphan temp file is swept.",
 )
+@click.option(
+    "--remove-foreign",
+    is_flag=True,
+    help="Also remove whole namespaces of another fstier format version (e.g. v1 after an upgrade).",
+)
 @_json_option
 @_handle_errors
-def gc_cmd(root: str, max_bytes: str, dry_run: bool, temp_max_age: float, as_json: bool) -> None:
+def gc_cmd(
+    root: str, max_bytes: str, dry_run: bool, temp_max_age: float, remove_foreign: bool, as_json: bool
+) -> None:
     """Evict least-recently-used blocks under ROOT down to --max-bytes and sweep
     stale temp files, with the same code as FsTier's capacity manager."""
     limit = _parse_size_option(max_bytes, "--max-bytes")
@@ -104,7 +122,8 @@ def gc_cmd(root: str, max_bytes: str, dry_run: bool, temp_max_age: float, as_jso
             f"got {temp_max_age}",
         )
     result = run_gc(
-        _fstier_root(root), limit, dry_run=dry_run, temp_max_age_s=temp_max_age, progress=_show_progress(as_json)
+        _fstier_root(root), limit, dry_run=dry_run, temp_max_age_s=temp_max_age,
+        progress=_show_progress(as_json), remove_foreign=remove_foreign,
     )
     ok = result["errors"] == 0
     verdict = (
@@ -119,6 +138,11 @@ def gc_cmd(root: str, max_bytes: str, dry_run: bool, temp_max_age: float, as_jso
             sys.exit(EXIT_FAILURE)
         return
     verb = "would remove" if dry_run else "removed"
+    for f in result["foreign_namespaces"]:
+        click.echo(
+            f"{verb} foreign namespace {_display(f['path'])} (format v{f['format_version']}, "
+            f"{f['files']:,} file(s), {_fmt_size(f['bytes'])})"
+        )
     click.echo(
         f"{_display(root)}: {_fmt_size(result['bytes_before'])} in {result['files_before']:,} block file(s); "
         f"target {_fmt_size(limit)}"

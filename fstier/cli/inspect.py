@@ -8,13 +8,15 @@ the totals say they are partial, and the exit status is 1.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import click
 
 from fstier.cli._common import (
     EXIT_FAILURE,
-    _cell,
     _console,
+    _display,
     _emit_report,
     _fmt_size,
     _fmt_time,
@@ -25,16 +27,66 @@ from fstier.cli._common import (
     _progress,
     _show_progress,
 )
+from fstier.cli.tables import Column, terminal_width
+
+if TYPE_CHECKING:  # scan imports the I/O layer (numpy): not for `inspect --help`
+    from fstier.cli.scan import NamespaceStats
+
+#: inspect's columns: namespace, files and bytes always; the rest by
+#: priority as the terminal's width allows (--wide: all).
+INSPECT_COLUMNS = (
+    Column("namespace", 0, name=True),
+    Column("engine", 1),
+    Column("row", 2, "right"),
+    Column("blocks/chunk", 5, "right"),
+    Column("model", 6),
+    Column("revision", 10),
+    Column("parallel", 4),
+    Column("groups", 8, "right"),
+    Column("files", 0, "right"),
+    Column("bytes", 0, "right"),
+    Column("oldest", 9),
+    Column("newest", 3),
+    Column("temp", 7, "right"),
+)
+
+
+def inspect_rows(namespaces: Sequence[NamespaceStats]) -> tuple[tuple[Column, ...], list[list[str]]]:
+    """The table of ``fstier inspect``: one row of strings per namespace.
+    ``row`` is a vLLM namespace's row size (one file's payload; a file is
+    that plus a 4 KiB header) and ``blocks/chunk`` vLLM's GPU blocks per
+    chunk; ``-`` for fstier's own namespaces."""
+    rows = []
+    for ns in namespaces:
+        rows.append([
+            _display(ns.namespace),
+            ns.engine or "?",
+            _fmt_size(ns.row_bytes) if ns.row_bytes is not None else "-",
+            str(ns.blocks_per_chunk) if ns.blocks_per_chunk is not None else "-",
+            _display(ns.model) if ns.model is not None else "?",
+            _display(ns.revision or "-"),
+            ns.parallel,
+            "-" if ns.num_groups is None else str(ns.num_groups),
+            f"{ns.files:,}",
+            _fmt_size(ns.bytes),
+            _fmt_time(ns.oldest),
+            _fmt_time(ns.newest),
+            str(ns.temp_files),
+        ])
+    return INSPECT_COLUMNS, rows
 
 
 @click.command("inspect")
 @click.argument("root", type=click.Path(file_okay=False))
+@click.option("--wide", is_flag=True, help="Show every column, however wide (default: what fits the terminal).")
 @_json_option
 @_handle_errors
-def inspect_cmd(root: str, as_json: bool) -> None:
+def inspect_cmd(root: str, wide: bool, as_json: bool) -> None:
     """One row per namespace under ROOT: model, parallel layout, files, bytes, ages.
 
-    Exit 1 when part of ROOT could not be read (the totals are then partial).
+    Namespace, files and bytes are always shown, whole; other columns as the
+    terminal's width (COLUMNS) allows, all with --wide. Exit 1 when part of
+    ROOT could not be read (the totals are then partial).
     """
     from fstier.cli.scan import scan_root
 
@@ -67,40 +119,22 @@ def inspect_cmd(root: str, as_json: bool) -> None:
         if partial:
             sys.exit(EXIT_FAILURE)
         return
-    from rich.table import Table
+    from fstier.cli.tables import print_table
 
-    table = Table(title=_cell(f"fstier root {report.root}"))
-    for col in ("namespace", "model", "revision", "parallel", "groups", "files", "bytes", "oldest", "newest", "temp"):
-        # Names are what people copy into --namespace: never fold them.
-        table.add_column(col, no_wrap=col in ("namespace", "parallel"), min_width=24 if col == "model" else None, overflow="fold")
-    for ns in report.namespaces:
-        groups = "-" if ns.num_groups is None else str(ns.num_groups)
-        model = ns.model if ns.model is not None else f"? ({ns.manifest_error})"
-        table.add_row(
-            *(
-                _cell(v)
-                for v in (
-                    ns.namespace,
-                    model,
-                    ns.revision or "-",
-                    ns.parallel,
-                    groups,
-                    f"{ns.files:,}",
-                    _fmt_size(ns.bytes),
-                    _fmt_time(ns.oldest),
-                    _fmt_time(ns.newest),
-                    str(ns.temp_files),
-                )
-            )
-        )
+    columns, rows = inspect_rows(report.namespaces)
+    print_table(columns, rows, title=_display(f"fstier root {report.root}"), wide=wide)
     console = _console()
-    console.print(table)
+    for ns in report.namespaces:
+        if ns.manifest_error is not None:
+            console.print(f"{_display(ns.namespace)}: not counted: {_display(ns.manifest_error)}", markup=False)
     _print_unreadable(console, report.unreadable)
-    console.print(
+    import textwrap
+
+    summary = (
         f"{len(report.namespaces)} namespace(s), {total_files:,} block file(s), "
-        f"{_fmt_size(total_bytes)}; {report.stray_entries} other top-level entries",
-        markup=False,
+        f"{_fmt_size(total_bytes)}; {report.stray_entries} other top-level entries"
     )
+    click.echo(textwrap.fill(summary, width=max(terminal_width(), 40)))
     if verdict is not None:
         click.echo(verdict, err=True)
         sys.exit(EXIT_FAILURE)

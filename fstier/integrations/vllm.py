@@ -52,6 +52,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -72,6 +74,7 @@ from fstier.integrations._vllm_compat import (
 from fstier.io.blockfile import FORMAT_VERSION
 from fstier.keys import BlockKey
 from fstier.slots.rows import RowSlots
+from fstier.units import parse_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.manager import FsTier
@@ -84,6 +87,8 @@ __all__ = [
     "VllmUnavailableError",
     "check_vllm",
     "engine_mapper",
+    "hash_seed_problem",
+    "join_vllm_logging",
     "tier_config_from_options",
     "vllm_version",
 ]
@@ -124,8 +129,18 @@ def tier_config_from_options(options: Mapping[str, Any]) -> TierConfig:
     keys already removed): ``config``'s ``tier:`` section, then inline tier
     fields (``tier.<field>`` or ``<field>``, and vLLM's thread-count names)
     over it. Raises :class:`ConfigError` naming the first bad option."""
+    opts: dict[str, Any] = dict(options)
+    for key in ("max_bytes", "tier.max_bytes"):
+        value = opts.get(key)
+        if isinstance(value, str):
+            # Inside vLLM's JSON a bare letter means what vLLM means: "2T" is
+            # 2 TiB (vLLM's human_readable_int), "2t" 2 TB.
+            try:
+                opts[key] = parse_size(value, vllm_letters=True)
+            except ValueError as exc:
+                raise ConfigError(f"FstierTier options: tier.max_bytes: {exc}") from None
     return tier_config_from_engine_options(
-        options,
+        opts,
         who="FstierTier",
         engine="vLLM",
         engine_keys=_VLLM_KEYS,
@@ -216,6 +231,128 @@ class _Job:
     submitted: int
 
 
+# ------------------------------------------------------------------ metrics
+#: Every fstier metric vLLM exports has this prefix; prometheus_client adds
+#: ``_total`` to counters and ``_bucket``/``_sum``/``_count`` to histograms
+#: when they are scraped (docs/vllm.md lists the names as scraped).
+METRIC_PREFIX = "vllm:kv_offload_fstier_"
+#: name under vLLM -> (FsTier metrics snapshot key, help)
+VLLM_COUNTERS: dict[str, tuple[str, str]] = {
+    "stored_blocks": ("fstier_stored_blocks_total", "Block files written."),
+    "stored_bytes": ("fstier_stored_bytes_total", "Payload bytes written to new block files."),
+    "store_skipped_blocks": ("fstier_store_skipped_blocks_total", "Stores skipped: the block was already on disk."),
+    "loaded_blocks": ("fstier_loaded_blocks_total", "Block files loaded and verified."),
+    "loaded_bytes": ("fstier_loaded_bytes_total", "Payload bytes loaded and verified."),
+    "load_missed_blocks": ("fstier_load_missed_blocks_total", "Blocks a load reported as misses; vLLM recomputes them."),
+    "lookup_keys": ("fstier_lookup_keys_total", "Keys whose presence vLLM asked for (background lookups)."),
+    "lookup_hits": ("fstier_lookup_hits_total", "Keys found present by lookups."),
+    "corrupt_blocks": ("fstier_corrupt_blocks_total", "Block files proven bad and removed."),
+    "evicted_blocks": ("fstier_evicted_blocks_total", "Block files removed by LRU eviction."),
+    "evicted_bytes": ("fstier_evicted_bytes_total", "Bytes removed by LRU eviction."),
+    "temp_swept": ("fstier_temp_swept_total", "Stale temp and .nfs files removed."),
+    "breaker_trips": ("fstier_breaker_trips_total", "Times the circuit breaker opened."),
+}
+#: name under vLLM -> (snapshot key, label name, help)
+VLLM_LABELED_COUNTERS: dict[str, tuple[str, str, str]] = {
+    "store_dropped_blocks": (
+        "fstier_store_dropped_blocks_total", "reason",
+        "Stores dropped before any I/O, a future miss: backpressure (write queue over "
+        "max_write_queue_seconds), capacity (root over max_bytes), degraded (breaker open).",
+    ),
+    "failures": ("fstier_failures_total", "cause", "Failed block operations by cause (errno name, timeout, corrupt, ...)."),
+}
+VLLM_GAUGES: dict[str, tuple[str, str]] = {
+    "usage_bytes": ("fstier_usage_bytes", "Bytes of block files under root_dir (tracked with max_bytes)."),
+    "degraded": ("fstier_degraded", "1 while fstier's circuit breaker is open (no I/O is issued)."),
+    "write_bytes_per_second": ("fstier_write_bytes_per_second", "Measured write speed (EMA) that backpressure uses."),
+    "queued_store_bytes": ("fstier_queued_store_bytes", "Bytes of stores queued or running."),
+}
+#: Label values sent at 0 from the start (causes appear when they happen).
+_KNOWN_LABELS = {"store_dropped_blocks": ("backpressure", "capacity", "degraded")}
+#: The breaker state as a labeled gauge: 1 for the current state, 0 for the others.
+BREAKER_STATES = ("closed", "open", "half_open")
+SECONDS_BUCKETS_VLLM: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)
+BYTES_BUCKETS_VLLM: tuple[float, ...] = tuple(float(4096 * 4**i) for i in range(11))  # 4 KiB .. 4 GiB
+#: name under vLLM -> (buckets, help); observed per job (and per lookup batch)
+VLLM_HISTOGRAMS: dict[str, tuple[tuple[float, ...], str]] = {
+    "store_job_seconds": (SECONDS_BUCKETS_VLLM, "Seconds per store job, submission to result."),
+    "load_job_seconds": (SECONDS_BUCKETS_VLLM, "Seconds per load job, submission to result."),
+    "lookup_seconds": (SECONDS_BUCKETS_VLLM, "Seconds per background lookup batch (cache, then stat)."),
+    "store_job_bytes": (BYTES_BUCKETS_VLLM, "Payload bytes written per store job."),
+    "load_job_bytes": (BYTES_BUCKETS_VLLM, "Payload bytes loaded per load job."),
+}
+#: Observations kept per histogram between two get_stats calls (vLLM calls
+#: it every step when stats are on); beyond it the oldest are dropped.
+MAX_OBSERVATIONS = 4096
+
+
+def scraped_metric_names() -> list[str]:
+    """Every fstier metric name as Prometheus scrapes it from vLLM."""
+    names = [f"{METRIC_PREFIX}{n}_total" for n in (*VLLM_COUNTERS, *VLLM_LABELED_COUNTERS)]
+    names += [f"{METRIC_PREFIX}{n}" for n in (*VLLM_GAUGES, "breaker_state")]
+    names += [f"{METRIC_PREFIX}{n}_{s}" for n in VLLM_HISTOGRAMS for s in ("bucket", "sum", "count")]
+    return names
+
+
+def join_vllm_logging() -> bool:
+    """Send fstier's log lines (loggers ``fstier.*``) through vLLM's handlers,
+    so they print in vLLM's format at vLLM's level (``VLLM_LOGGING_LEVEL``).
+
+    vLLM configures only its own ``vllm`` logger (``propagate: False``) and
+    leaves the root logger bare, so without this fstier's INFO lines (the
+    start line naming root, namespace and row size) never print and its
+    warnings reach stderr unformatted. Nothing changes when the operator
+    configured logging: a ``fstier`` logger with handlers (e.g. from
+    ``VLLM_LOGGING_CONFIG_PATH``) or a root logger with handlers is left
+    alone, and so is a vLLM run with ``VLLM_CONFIGURE_LOGGING=0``. Returns
+    True when it attached vLLM's handlers."""
+    fst = logging.getLogger("fstier")
+    if fst.handlers or logging.getLogger().handlers:
+        return False
+    vl = logging.getLogger("vllm")
+    if not vl.handlers:
+        return False
+    for handler in vl.handlers:
+        fst.addHandler(handler)
+    if fst.level == logging.NOTSET:
+        fst.setLevel(vl.getEffectiveLevel())
+    # vLLM's handlers print these lines; a root handler added later must not
+    # print them a second time.
+    fst.propagate = False
+    return True
+
+
+def hash_seed_problem() -> str | None:
+    """Why vLLM's block hashes in this process cannot match another
+    process's, or None. vLLM seeds its prefix hashes (``NONE_HASH``) from
+    ``PYTHONHASHSEED``, else from a fixed default for sha256 but from random
+    bytes for a non-cryptographic algorithm (``xxhash``): then every restart
+    and every other instance computes other keys and never hits a stored file.
+    None too while vLLM has not seeded yet (its engine core does it after the
+    scheduler, and so this tier, is built)."""
+    import os
+
+    if os.environ.get("PYTHONHASHSEED") is not None:
+        return None
+    try:
+        from vllm.v1.core import kv_cache_utils
+    except Exception:
+        return None
+    seed = getattr(kv_cache_utils, "_NONE_HASH_SEED", None)
+    default = getattr(kv_cache_utils, "DEFAULT_NONE_HASH_SEED", None)
+    if seed is None or default is None or seed == default:
+        return None
+    return (
+        "vLLM's prefix-cache hash seed is random in this process (a non-cryptographic "
+        "--prefix-caching-hash-algo such as xxhash, and PYTHONHASHSEED is not set): block "
+        "hashes differ in every process, so nothing this tier stores is hit after a restart or "
+        "by another instance; set PYTHONHASHSEED to the same value for every vLLM instance "
+        "sharing the root, or use --prefix-caching-hash-algo sha256"
+    )
+
+
 # ------------------------------------------------------------------ the tier
 try:
     from vllm.v1.kv_offload.base import (
@@ -225,6 +362,7 @@ try:
         OffloadingCounterMetadata,
         OffloadingEvent,
         OffloadingGaugeMetadata,
+        OffloadingHistogramMetadata,
         OffloadingMetricMetadata,
         OffloadKey,
         ReqContext,
@@ -251,32 +389,21 @@ except Exception as exc:  # vLLM missing or with another layout: fail at constru
             raise VllmUnavailableError(str(_IMPORT_ERROR))  # pragma: no cover
 
 else:
-    _METRIC_PREFIX = "vllm:kv_offload_fstier_"
-    _COUNTERS = {
-        "corrupt_blocks": ("fstier_corrupt_blocks_total", "Block files proven bad and removed."),
-        "evicted_blocks": ("fstier_evicted_blocks_total", "Block files removed by LRU eviction."),
-        "evicted_bytes": ("fstier_evicted_bytes_total", "Bytes removed by LRU eviction."),
-        "store_skipped_blocks": (
-            "fstier_store_skipped_blocks_total", "Stores skipped: the block was already on disk."
-        ),
-    }
-    _GAUGES = {
-        "usage_bytes": ("fstier_usage_bytes", "Bytes of block files under root_dir (with max_bytes)."),
-        "degraded": ("fstier_degraded", "1 while fstier's circuit breaker is open."),
-    }
-
     class _PresenceLookup(AsyncLookupManager):
         """vLLM's async lookup front end, answering from :meth:`FsTier.present`
         on its background thread (one batch per request per step)."""
 
         def __init__(self, tier: Any) -> None:
             self._fs = tier.fstier
+            self._observe = tier._observe
             super().__init__(tier_type=tier.tier_type)
 
         def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
             bkeys = [_block_key(k) for k in keys]
             valid = [k for k in bkeys if k is not None]
+            t0 = time.perf_counter()
             found = iter(self._fs.present(valid))
+            self._observe("lookup_seconds", time.perf_counter() - t0)
             return [False if k is None else next(found) for k in bkeys]
 
     class FstierTier(SecondaryTierManager):  # type: ignore[no-redef]
@@ -298,6 +425,7 @@ else:
             **options: Any,
         ) -> None:
             check_vllm()
+            join_vllm_logging()
             super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
             locality = options.pop("locality", None)
             try:
@@ -307,17 +435,39 @@ else:
                     f"FstierTier option 'locality': expected LOCAL or REMOTE, got {locality!r}"
                 ) from None
             enable_events = options.pop("enable_kv_events", None)
+            if enable_events is not None and not isinstance(enable_events, bool):
+                # 0, "no", "false" all read as "on" below; a boolean is a boolean.
+                raise ConfigError(
+                    f"FstierTier option 'enable_kv_events': expected true or false, got "
+                    f"{enable_events!r}"
+                )
             tier_cfg = tier_config_from_options(options)
-            self.rows = RowSlots.from_primary_view(primary_kv_view)
-            # One row is one file's payload: the whole stride, as vLLM's own fs
-            # tier persists it (vLLM rounds it to 4096; any pad bytes are zero).
-            self.mapper = engine_mapper(offloading_spec, self.rows.slot_bytes, tier_cfg)
-            from fstier.manager import FsTier
+            try:
+                self.rows = RowSlots.from_primary_view(primary_kv_view)
+            except ValueError as exc:
+                raise ConfigError(f"FstierTier: {exc}") from None
+            try:
+                if self.rows.slot_bytes % tier_cfg.blocks_per_file:
+                    # Every store would fail (pages must tile the row), in the log only.
+                    raise ConfigError(
+                        f"FstierTier option 'blocks_per_file': {tier_cfg.blocks_per_file} does "
+                        f"not divide vLLM's row of {self.rows.slot_bytes} bytes; use a divisor "
+                        "of it (1 stores each row as one file)"
+                    )
+                # One row is one file's payload: the whole stride, as vLLM's own fs
+                # tier persists it (vLLM rounds it to 4096; any pad bytes are zero).
+                self.mapper = engine_mapper(offloading_spec, self.rows.slot_bytes, tier_cfg)
+                from fstier.manager import FsTier
 
-            # vLLM reuses a row as soon as its job is reported: FsTier holds
-            # back the result of a job whose row a timed-out call may still
-            # write, until that call returned.
-            self.fstier: FsTier = FsTier(tier_cfg, self.rows, self.mapper, hold_fenced_results=True)
+                # vLLM reuses a row as soon as its job is reported: FsTier holds
+                # back the result of a job whose row a timed-out call may still
+                # write, until that call returned.
+                self.fstier: FsTier = FsTier(
+                    tier_cfg, self.rows, self.mapper, hold_fenced_results=True
+                )
+            except BaseException:
+                self.rows.release()  # or vLLM cannot unmap its region
+                raise
             globally = bool(offloading_spec.kv_events_config.enable_kv_cache_events)
             if enable_events and not globally:
                 log.warning(
@@ -331,13 +481,23 @@ else:
             self._jobs: dict[Hashable, _Job] = {}
             #: jobs FsTier refused at submission: reported failed next poll
             self._refused: list[_Job] = []
-            self._reported: dict[str, float] = {}
+            self._reported: dict[tuple[str, tuple[str, ...]], float] = {}
+            #: histogram observations since the last get_stats (bounded)
+            self._observations: dict[str, deque[float]] = {
+                name: deque(maxlen=MAX_OBSERVATIONS) for name in VLLM_HISTOGRAMS
+            }
             self._closed = False
+            #: the hash-seed check ran on seeded hashes (see _check_hash_seed)
+            self._seed_checked = False
             try:
                 self._lookup = _PresenceLookup(self)
             except BaseException:
-                self.fstier.close()
+                try:
+                    self.fstier.close()
+                finally:
+                    self.rows.release()
                 raise
+            self._check_hash_seed()
             log.info(
                 "fstier: vLLM tier %r at %s (namespace %s, %s, row %d bytes, %d rows)",
                 tier_type, self.mapper.root, self.mapper.namespace,
@@ -345,8 +505,32 @@ else:
                 self.rows.slot_bytes, self.rows.num_slots,
             )
 
+        def _check_hash_seed(self) -> None:
+            """Warn once when vLLM's block hashes are random per process.
+            vLLM seeds them after building this tier, so the check runs at
+            the first request too (one attribute read until it has run)."""
+            if self._seed_checked:
+                return
+            try:
+                from vllm.v1.core import kv_cache_utils
+
+                seeded = getattr(kv_cache_utils, "_NONE_HASH_SEED", None) is not None
+                problem = hash_seed_problem()
+            except Exception:  # never let a diagnostic reach vLLM's scheduler
+                seeded, problem = True, None
+            if seeded:
+                self._seed_checked = True
+            if problem is not None:
+                log.warning("fstier: tier %r at %s: %s", self.tier_type, self.mapper.root, problem)
+
+        def _observe(self, name: str, value: float) -> None:
+            """One histogram observation for the next get_stats (any thread)."""
+            with self._lock:
+                self._observations[name].append(float(value))
+
         # -- requests and lookups (scheduler thread, under vLLM's manager lock)
         def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+            self._check_hash_seed()
             return RequestOffloadingContext()
 
         def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
@@ -386,11 +570,14 @@ else:
                     self.fstier.submit_load(job.job_id, bkeys, slots[:n])
                 else:
                     self.fstier.submit_store(job.job_id, bkeys, slots[:n])
-            except (ValueError, FstierError) as exc:
+            except Exception as exc:
                 # A job FsTier refuses (a row out of range or fenced, a closed
-                # tier) fails as a job: an exception here would take down
-                # vLLM's scheduler.
-                log.error("fstier: vLLM job %d refused: %s", job.job_id, exc)
+                # tier), or any other failure, fails as a job: an exception
+                # here would take down vLLM's scheduler.
+                if isinstance(exc, ValueError | FstierError):
+                    log.error("fstier: vLLM job %d refused: %s", job.job_id, exc)
+                else:
+                    log.exception("fstier: vLLM job %d failed at submission", job.job_id)
                 with self._lock:
                     self._jobs.pop(job.job_id, None)
                     self._refused.append(rec)
@@ -429,7 +616,11 @@ else:
         def get_finished_jobs(self) -> Iterable[VllmJobResult]:
             out: list[VllmJobResult] = []
             # FsTier holds back a job whose rows are fenced (hold_fenced_results).
-            fresh = self.fstier.get_finished()
+            try:
+                fresh = self.fstier.get_finished()
+            except Exception:  # never into vLLM's scheduler; results stay queued
+                log.exception("fstier: collecting finished jobs failed; retrying next step")
+                return out
             with self._lock:
                 done = [(self._jobs.pop(r.job_id, None), r) for r in fresh]
                 refused, self._refused = self._refused, []
@@ -438,11 +629,18 @@ else:
                     log.error("fstier: result for unknown job %r dropped", r.job_id)
                     continue
                 out.append(self._to_vllm(rec, r))
+                kind = "load" if rec.is_load else "store"
+                self._observe(f"{kind}_job_seconds", r.seconds)
+                if r.nbytes:
+                    self._observe(f"{kind}_job_bytes", r.nbytes)
             for rec in refused:
                 if rec.is_load:
                     self._lookup.mark_miss(rec.keys)
                 out.append(VllmJobResult(job_id=rec.job_id, success=False))
-            self._collect_events()
+            try:
+                self._collect_events()
+            except Exception:
+                log.exception("fstier: collecting KV events failed")
             return out
 
         def has_pending_work(self) -> bool:
@@ -487,16 +685,33 @@ else:
         def build_metric_definitions(
             cls, extra_config: dict[str, Any]
         ) -> dict[str, OffloadingMetricMetadata]:
+            """fstier's metrics under vLLM (docs/vllm.md "Metrics" lists them
+            as scraped, with ``_total`` on counters)."""
             defs: dict[str, OffloadingMetricMetadata] = {}
-            for name, (_, doc) in _COUNTERS.items():
-                defs[_METRIC_PREFIX + name] = OffloadingCounterMetadata(documentation=doc)
-            for name, (_, doc) in _GAUGES.items():
-                defs[_METRIC_PREFIX + name] = OffloadingGaugeMetadata(documentation=doc)
+            for name, (_, doc) in VLLM_COUNTERS.items():
+                defs[METRIC_PREFIX + name] = OffloadingCounterMetadata(documentation=doc)
+            for name, (_, label, doc) in VLLM_LABELED_COUNTERS.items():
+                defs[METRIC_PREFIX + name] = OffloadingCounterMetadata(documentation=doc, labelnames=(label,))
+            for name, (_, doc) in VLLM_GAUGES.items():
+                defs[METRIC_PREFIX + name] = OffloadingGaugeMetadata(documentation=doc)
+            defs[METRIC_PREFIX + "breaker_state"] = OffloadingGaugeMetadata(
+                documentation="fstier's circuit breaker: 1 for the current state (closed, open, half_open).",
+                labelnames=("state",),
+            )
+            for name, (buckets, doc) in VLLM_HISTOGRAMS.items():
+                defs[METRIC_PREFIX + name] = OffloadingHistogramMetadata(documentation=doc, buckets=buckets)
             return defs
 
+        def _counter_delta(self, name: str, labels: tuple[str, ...], now: float) -> float:
+            key = (name, labels)
+            delta = now - self._reported.get(key, 0.0)
+            self._reported[key] = now
+            return delta
+
         def get_stats(self) -> Any:
-            """Counter increments since the last call and current gauges, as
-            vLLM's OffloadingConnectorStats (names in build_metric_definitions)."""
+            """Counter increments since the last call, current gauges and the
+            histogram observations since the last call, as vLLM's
+            OffloadingConnectorStats (names in build_metric_definitions)."""
             try:
                 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
                     OffloadingConnectorStats,
@@ -508,21 +723,44 @@ else:
             snap = self.fstier.metrics.snapshot()
             stats = OffloadingConnectorStats()
             types, values = metric_sections(stats)
-            for name, (src, _) in _COUNTERS.items():
-                now = float(snap.get(src, 0.0))
-                delta = now - self._reported.get(name, 0.0)
-                self._reported[name] = now
-                if delta:
-                    types[_METRIC_PREFIX + name] = "counter"
-                    values[_METRIC_PREFIX + name] = {(): delta}
-            for name, (src, _) in _GAUGES.items():
-                types[_METRIC_PREFIX + name] = "gauge"
-                values[_METRIC_PREFIX + name] = {(): float(snap.get(src, 0.0))}
+            # A series is sent the first time even at 0, so every counter is
+            # scraped from the start (a rate over a missing series is empty).
+            for name, (src, _) in VLLM_COUNTERS.items():
+                first = (name, ()) not in self._reported
+                delta = self._counter_delta(name, (), float(snap.get(src, 0.0)))
+                if delta or first:
+                    types[METRIC_PREFIX + name] = "counter"
+                    values[METRIC_PREFIX + name] = {(): delta}
+            for name, (src, _, _) in VLLM_LABELED_COUNTERS.items():
+                series = {}
+                current = {**dict.fromkeys(_KNOWN_LABELS.get(name, ()), 0.0), **dict(snap.get(src) or {})}
+                for label, now in sorted(current.items()):
+                    first = (name, (str(label),)) not in self._reported
+                    delta = self._counter_delta(name, (str(label),), float(now))
+                    if delta or first:
+                        series[(str(label),)] = delta
+                if series:
+                    types[METRIC_PREFIX + name] = "counter"
+                    values[METRIC_PREFIX + name] = series
+            for name, (src, _) in VLLM_GAUGES.items():
+                types[METRIC_PREFIX + name] = "gauge"
+                values[METRIC_PREFIX + name] = {(): float(snap.get(src, 0.0))}
+            state = self.fstier.breaker_state
+            types[METRIC_PREFIX + "breaker_state"] = "gauge"
+            values[METRIC_PREFIX + "breaker_state"] = {(s,): float(s == state) for s in BREAKER_STATES}
+            with self._lock:
+                observed = {n: list(q) for n, q in self._observations.items() if q}
+                for q in self._observations.values():
+                    q.clear()
+            for name, obs in observed.items():
+                types[METRIC_PREFIX + name] = "histogram"
+                values[METRIC_PREFIX + name] = {(): obs}
             return stats
 
         @classmethod
         def config_info_keys(cls, tier_config: dict[str, Any]) -> tuple[str, ...]:
-            return ("fstier_root_dir", "fstier_namespace", "fstier_max_bytes", "fstier_checksum")
+            return ("fstier_root_dir", "fstier_namespace", "fstier_max_bytes", "fstier_checksum",
+                    "fstier_io_path")
 
         def config_info(self) -> Mapping[str, str | int | float | bool]:
             t = self.fstier.tier_config
@@ -531,6 +769,7 @@ else:
                 "fstier_namespace": self.mapper.namespace,
                 "fstier_max_bytes": "None" if t.max_bytes is None else t.max_bytes,
                 "fstier_checksum": t.checksum,
+                "fstier_io_path": self.fstier.io_path.backend,
             }
 
         def shutdown(self) -> None:

@@ -63,7 +63,9 @@ __all__ = [
 ]
 
 MAGIC = b"FSTKVBLK"
-FORMAT_VERSION = 1
+#: 2: format v2 (the fan-out of docs/format.md section 1; the header layout
+#: is v1's). A reader accepts only its own version.
+FORMAT_VERSION = 2
 HEADER_SIZE = 4096
 ALIGNMENT = 4096
 #: Largest payload a v1 reader accepts (64 GiB). A length above it is hostile

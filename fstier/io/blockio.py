@@ -574,6 +574,13 @@ def _load_once(req: LoadRequest, buf: memoryview, direct: bool, opts: IOOptions)
         try:
             got = _read_file(fd, bufs, want)
         except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ESTALE):
+                # Removed between open and read, by another host's eviction
+                # (GlusterFS fails the read ENOENT, kernel NFS ESTALE): a
+                # miss, not a device error.
+                return LoadOutcome(
+                    LoadStatus.MISSING, errno_name(exc), f"{_name(path)} vanished while being read"
+                )
             if exc.errno in (errno.EISDIR, errno.ESPIPE, errno.EINVAL, errno.ENXIO):
                 # Not a regular file (a directory, FIFO, device): a bad file.
                 with contextlib.suppress(OSError):
@@ -652,18 +659,32 @@ def load_blocks(reqs: Sequence[LoadRequest], opts: IOOptions) -> BatchLoadResult
 # ---------------------------------------------------------------- recency
 def touch_file(path: str | Path) -> bool:
     """Set a block file's mtime to now (its LRU recency) without following a
-    symlink anywhere on its path. False when it is gone or refused."""
+    symlink anywhere on its path. False when it is gone or refused.
+
+    Only a regular file with one link is touched: fstier publishes every
+    block with exactly one name, so a second link is someone else's path to
+    the same inode (a ``cp -al`` backup outside the root), whose metadata
+    fstier must not change. The check and the update go through one fd."""
     parent, name = split_parent(path)
     try:
         dir_fd = fsops.FS.open(parent, O_DIR_FLAGS)
     except OSError:
         return False
     try:
-        os.utime(name, dir_fd=dir_fd, follow_symlinks=False)
+        fd = os.open(name, os.O_RDONLY | O_NOFOLLOW | O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        close_quietly(dir_fd)
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            return False
+        os.utime(fd)
         return True
     except OSError:
         return False
     finally:
+        close_quietly(fd)
         close_quietly(dir_fd)
 
 

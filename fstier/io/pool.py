@@ -10,8 +10,15 @@ the operations of one job are spread across threads and run in parallel.
   are never stuck behind a burst of stores, and stores never starve.
 - One :class:`_Job` record per job, and every piece of shared state, lives
   under one lock. ``submit`` and ``get_finished`` never block on I/O.
-- Deadlines: a watchdog marks an operation that has run longer than
-  ``io_timeout_s`` as :data:`OP_TIMED_OUT`; its job completes without it. The
+- Deadlines: a job's deadline is its submission + ``io_timeout_s``. A
+  watchdog marks an operation still running at its job's deadline as
+  :data:`OP_TIMED_OUT`; its job completes without it. An operation still
+  *queued* then (every thread stuck on a hung mount, and each replacement
+  thread stuck too) is taken off the queue unrun as :data:`OP_EXPIRED`. So
+  every job ends within ``io_timeout_s`` of its submission plus the
+  watchdog's wake-up, however many operations queue behind hung ones
+  (measured from each op's own start, a job queued behind hung calls took
+  up to twice the timeout, or one timeout per queued op). The
   thread stuck in the call (a hung NFS syscall cannot be interrupted) is
   counted in :attr:`IOPool.stuck_threads` and a replacement thread is started.
   When the stuck call finally returns, its result is dropped and the
@@ -31,11 +38,26 @@ from typing import Any
 
 from fstier.errors import IOPoolClosedError
 
-__all__ = ["OP_CANCELLED", "OP_TIMED_OUT", "IOPool", "LateCallback", "PoolJob"]
+__all__ = ["OP_CANCELLED", "OP_EXPIRED", "OP_TIMED_OUT", "IOPool", "LateCallback", "PoolJob"]
 
 log = logging.getLogger("fstier.io")
 
 LateCallback = Callable[[Hashable, int], None]
+
+
+def _without_traceback(exc: BaseException) -> BaseException:
+    """``exc`` with no traceback on it or on its causes. A kept traceback
+    holds the op's frames, and with them every buffer view they held (an
+    engine's rows): the engine could not unmap its memory at shutdown
+    ("buffers are still exported") until a garbage collection, because
+    the traceback also reaches the frame that stored ``exc`` (a cycle)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        e.__traceback__ = None
+        e = e.__cause__ or e.__context__
+    return exc
 
 
 class _Marker:
@@ -57,6 +79,9 @@ class _Marker:
 OP_TIMED_OUT = _Marker("OP_TIMED_OUT")
 #: The operation was still queued when the pool shut down.
 OP_CANCELLED = _Marker("OP_CANCELLED")
+#: The operation was still queued ``io_timeout_s`` after its job's
+#: submission; it never ran (no buffer is touched by it, now or later).
+OP_EXPIRED = _Marker("OP_EXPIRED")
 _PENDING = _Marker("_PENDING")
 
 _KINDS = ("read", "write")
@@ -319,8 +344,11 @@ class IOPool:
                     self._workers.remove(worker)
                     return
                 job, index = item
+                # The job's deadline, not this op's: an op that waited in the
+                # queue gets what is left, so every job ends by
+                # submission + io_timeout_s (plus the watchdog's wake-up).
                 deadline = (
-                    time.monotonic() + self.io_timeout_s if self.io_timeout_s is not None else 0.0
+                    job.started + self.io_timeout_s if self.io_timeout_s is not None else 0.0
                 )
                 run = _Running(job, index, deadline, worker)
                 was_idle = not any(w.running and not w.running.timed_out for w in self._workers)
@@ -330,7 +358,8 @@ class IOPool:
             try:
                 result: Any = job.ops[index]()
             except Exception as exc:  # the op's failure is its result
-                result = exc
+                log.debug("I/O op %d of job %r raised", index, job.job_id, exc_info=exc)
+                result = _without_traceback(exc)
             late: list[LateCallback] = []
             done: PoolJob | None = None
             with self._lock:
@@ -367,6 +396,31 @@ class IOPool:
             cb(done)
         except Exception:
             log.exception("on_done callback failed for job %r", done.job_id)
+
+    def _expire_queued(
+        self, now: float, timeout: float, callbacks: list[tuple[Callable[[PoolJob], None], PoolJob]]
+    ) -> float | None:
+        """Take operations queued past their job's deadline off the queues as
+        :data:`OP_EXPIRED` (lock held). Queues are FIFO by submission, so
+        only heads are looked at. Returns the next head's deadline."""
+        earliest: float | None = None
+        for queue in self._queues.values():
+            while queue:
+                job, i = queue[0]
+                deadline = job.started + timeout
+                if deadline > now:
+                    if earliest is None or deadline < earliest:
+                        earliest = deadline
+                    break
+                queue.popleft()
+                self._timeouts += 1
+                job.results[i] = OP_EXPIRED
+                job.remaining -= 1
+                if job.remaining == 0:
+                    done = self._complete(job)
+                    if job.on_done is not None:
+                        callbacks.append((job.on_done, done))
+        return earliest
 
     def _watch(self) -> None:
         timeout = self.io_timeout_s
@@ -407,6 +461,9 @@ class IOPool:
                             self._spawn(w.priority)
                     elif earliest is None or run.deadline < earliest:
                         earliest = run.deadline
+                head = self._expire_queued(now, timeout, callbacks)
+                if head is not None and (earliest is None or head < earliest):
+                    earliest = head
                 wait = timeout if earliest is None else max(0.001, earliest - now)
                 if not callbacks:
                     self._tick.wait(wait)

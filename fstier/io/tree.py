@@ -8,7 +8,7 @@ Only inside a valid namespace does fstier count or remove anything
 (:func:`iter_root`), and only these (:func:`classify`):
 
 - **block**: a regular file named ``<hex>-g<group>.bin`` exactly where
-  ``FileMapper.path_for`` puts it: ``[r<rank>/]<hex[:3]>/<hex[3:5]>/``;
+  ``FileMapper.path_for`` puts it: ``[r<rank>/]<hex[:3]>/``;
 - **temp**: fstier's own temp names (:func:`fstier.io.fsops.is_temp_name`);
 - **nfs**: NFS silly-renamed ``.nfs*`` files (deleted while open).
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fstier.errors import NamespaceMismatchError
-from fstier.file_mapper import MANIFEST_NAME, decode
+from fstier.file_mapper import MANIFEST_NAME, NAMESPACE_VERSION, decode
 from fstier.io.fsops import is_temp_name, open_nofollow
 from fstier.io.manifest import Manifest, read_manifest
 
@@ -173,6 +173,10 @@ class NamespaceDir:
     path: Path
     manifest: Manifest | None
     error: str | None
+    #: the layout version of a namespace another fstier version wrote (its
+    #: manifest verifies, its version is not this one's): foreign, never
+    #: counted or evicted, removed only by ``fstier gc --remove-foreign``
+    foreign_version: int | None = None
 
     @property
     def valid(self) -> bool:
@@ -197,6 +201,14 @@ def check_namespace(path: Path) -> NamespaceDir:
         return NamespaceDir(path, None, f"{path / MANIFEST_NAME}: unreadable ({exc.strerror or exc})")
     if manifest is None:
         return NamespaceDir(path, None, f"{path / MANIFEST_NAME}: missing; not an fstier namespace")
+    if manifest.fstier_manifest != NAMESPACE_VERSION:
+        v = manifest.fstier_manifest
+        return NamespaceDir(
+            path, None,
+            f"foreign: a format v{v} namespace (this fstier reads and writes v{NAMESPACE_VERSION}); "
+            "its blocks are never loaded, counted or evicted; `fstier gc ROOT --remove-foreign` removes it",
+            foreign_version=v,
+        )
     return NamespaceDir(path, manifest, None)
 
 

@@ -15,17 +15,28 @@ slots records the geometry so attach needs nothing but the name.
 :class:`~fstier.gpu_copy.RankStager` moves bytes between device KV caches and
 slots. Both import the pool from here.
 
-Crash reclamation: a segment whose creator died keeps its ``/dev/shm`` entry;
-:meth:`HostBlockPool.reclaim_stale` unlinks every ``fstier-<pid>-*`` segment
-whose ``pid`` no longer exists (run at start-up; also ``rm /dev/shm/fstier-*``).
+Crash reclamation: a segment whose creator was killed (SIGKILL, the OOM
+killer) keeps its ``/dev/shm`` entry, and a crash-looping engine would fill
+``/dev/shm`` and then the node's memory. The creator holds a shared ``flock``
+on its segment for the pool's life (the kernel drops it when the process dies,
+however it dies); every new pool first runs
+:meth:`HostBlockPool.reclaim_stale`, which unlinks each ``fstier-<pid>-*``
+segment whose ``pid`` is not a live process here AND nobody holds that lock
+on (a creator in another pid namespace sharing ``/dev/shm`` is invisible to
+``kill(pid, 0)`` but holds its lock; a live pid keeps its segment, whatever
+wrote it). Cost: one ``listdir`` of ``/dev/shm`` and one open + flock
+per fstier segment, at pool creation only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import mmap
 import os
 import secrets
+import stat
 import struct
 import threading
 import weakref
@@ -63,6 +74,68 @@ def _unlink_quiet(path: str) -> None:
         os.unlink(path)
 
 
+def _release(path: str, fd: int) -> None:
+    """The creator's end of a segment: unlink the name, then drop the lock."""
+    _unlink_quiet(path)
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def _create_locked(path: str, name: str) -> int:
+    """Create the segment and take the creator's shared lock on it. A sweeper
+    in another process may have found the new, not yet locked file and
+    unlinked it (it holds an exclusive lock while it does): then the name no
+    longer names our inode and creation fails loudly rather than handing
+    out a segment no rank could attach to."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        raise PoolError(f"HostBlockPool: shared memory {name!r} already exists; pick another name") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        if os.stat(path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
+            raise FileNotFoundError(errno.ENOENT, "removed while being created", path)
+    except OSError as exc:
+        os.close(fd)
+        raise PoolError(
+            f"HostBlockPool: shared memory {name!r} was removed while being created ({exc}); retry"
+        ) from None
+    return fd
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0  # another user's live process (or a name that is no pid)
+    return True
+
+
+def _reclaim(name: str) -> bool:
+    """Unlink ``/dev/shm/<name>`` if no process holds a lock on it (its
+    creator died). Never follows a symlink, never blocks, never raises."""
+    path = os.path.join(_SHM_DIR, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False  # gone, another user's, or a symlink: not ours to judge
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while the creator lives
+        if os.stat(path, follow_symlinks=False).st_ino != st.st_ino:
+            return False
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 class HostBlockPool:
     """Shared, aligned, prefaulted host slots. See the module docstring."""
 
@@ -72,14 +145,12 @@ class HostBlockPool:
         if slot_bytes < 1:
             raise PoolError(f"HostBlockPool: slot_bytes must be >= 1, got {slot_bytes}")
         slot_bytes = _round_up(slot_bytes)
+        HostBlockPool.reclaim_stale()
         name = name or f"{_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
         _check_name(name)
         path = os.path.join(_SHM_DIR, name)
         size = ALIGN + num_slots * slot_bytes
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        except FileExistsError:
-            raise PoolError(f"HostBlockPool: shared memory {name!r} already exists; pick another name") from None
+        fd = _create_locked(path, name)
         try:
             os.ftruncate(fd, size)
             # Reserve the pages now: ftruncate alone makes a sparse tmpfs file,
@@ -96,18 +167,31 @@ class HostBlockPool:
                 f"{_SHM_DIR} ({exc.strerror or exc}; {free} bytes free there); raise the "
                 f"shared-memory size (e.g. docker --shm-size) or use fewer/smaller slots"
             ) from exc
-        os.close(fd)
-        mm[: _HEADER.size] = _HEADER.pack(_MAGIC, num_slots, slot_bytes, os.getpid())
-        self._setup(name, mm, num_slots, slot_bytes, owner=True)
-        # Prefault: writing every page now keeps first-touch faults off the hot path.
-        self._u8.zero_()
+        except BaseException:  # Ctrl-C during the reservation: no segment may outlive us
+            os.close(fd)
+            _unlink_quiet(path)
+            raise
+        #: held open (with its shared flock) until close(): the "creator alive" mark
+        self._lock_fd: int | None = fd
+        try:
+            mm[: _HEADER.size] = _HEADER.pack(_MAGIC, num_slots, slot_bytes, os.getpid())
+            self._setup(name, mm, num_slots, slot_bytes, owner=True)
+            # Prefault: writing every page now keeps first-touch faults off the hot path.
+            self._u8.zero_()
+        except BaseException:  # a Ctrl-C during the (slow) prefault included
+            self._lock_fd = None
+            os.close(fd)
+            _unlink_quiet(path)
+            raise
         self._free = list(range(num_slots - 1, -1, -1))
         self._allocated: set[int] = set()
         #: slots a timed-out I/O call may still write; kept off the free list
         self._fenced: set[int] = set()
         #: fenced slots the engine already freed: they return on unfence()
         self._freed_fenced: set[int] = set()
-        self._finalizer: weakref.finalize[[str], HostBlockPool] | None = weakref.finalize(self, _unlink_quiet, path)
+        self._finalizer: weakref.finalize[[str, int], HostBlockPool] | None = weakref.finalize(
+            self, _release, path, fd
+        )
 
     @classmethod
     def attach(cls, name: str) -> HostBlockPool:
@@ -138,6 +222,7 @@ class HostBlockPool:
         self._fenced = set()
         self._freed_fenced = set()
         self._finalizer = None
+        self._lock_fd = None
         return self
 
     def _setup(self, name: str, mm: mmap.mmap, num_slots: int, slot_bytes: int, owner: bool) -> None:
@@ -290,7 +375,8 @@ class HostBlockPool:
             torch.cuda.cudart().cudaHostUnregister(self._u8.data_ptr())
             self._pinned = False
         if self.owner and self._finalizer is not None:
-            self._finalizer()  # unlink now; the name is gone for new attachers
+            self._finalizer()  # unlink now (the name is gone for new attachers), drop the lock
+            self._lock_fd = None
         del self._u8
         self._u8 = torch.empty((0, self.slot_bytes), dtype=torch.uint8)
         # Views handed out (slot_view, slot_tensor) keep the mapping alive until
@@ -306,26 +392,18 @@ class HostBlockPool:
 
     @staticmethod
     def reclaim_stale() -> list[str]:
-        """Unlink fstier segments whose creating process no longer exists."""
+        """Unlink fstier segments (``fstier-<pid>-*``) whose creator is gone:
+        nobody holds the creator's shared ``flock`` on them. Runs at every
+        pool creation; never raises. Returns the names removed."""
         removed: list[str] = []
         try:
             names = os.listdir(_SHM_DIR)
         except OSError:
             return removed
         for n in names:
-            if not n.startswith(_PREFIX):
-                continue
-            try:
-                pid = int(n[len(_PREFIX) :].split("-", 1)[0])
-            except ValueError:
-                continue
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                _unlink_quiet(os.path.join(_SHM_DIR, n))
+            pid = n[len(_PREFIX) :].split("-", 1)[0]
+            if n.startswith(_PREFIX) and pid.isdigit() and not _pid_alive(int(pid)) and _reclaim(n):
                 removed.append(n)
-            except PermissionError:
-                continue  # alive, another user's
         return removed
 
     def _check_owner(self, what: str) -> None:

@@ -9,10 +9,13 @@ Checking a job's slots costs one set lookup per slot under one lock.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 
 __all__ = ["RowSlots"]
+
+log = logging.getLogger("fstier.slots")
 
 
 class RowSlots:
@@ -35,6 +38,9 @@ class RowSlots:
         row_bytes: int | None = None,
         offset: int = 0,
     ) -> None:
+        if num_rows == 0 or len(buffer) == 0:
+            # memoryview.cast refuses a shape with a zero in it (TypeError).
+            raise ValueError("RowSlots: the buffer has no rows (0 bytes or 0 rows)")
         flat = buffer if buffer.format == "B" and buffer.ndim == 1 else buffer.cast("B")
         row_bytes = stride if row_bytes is None else row_bytes
         if num_rows < 0 or stride <= 0 or not 0 < row_bytes <= stride or offset < 0:
@@ -65,6 +71,11 @@ class RowSlots:
         if view.ndim != 2 or view.strides is None or view.shape is None:
             raise ValueError(
                 f"primary_kv_view must be 2-D (chunks x row bytes), got ndim={view.ndim}"
+            )
+        if view.shape[0] == 0 or view.shape[1] == 0:
+            raise ValueError(
+                f"primary_kv_view has no rows (shape {tuple(view.shape)}): vLLM's CPU tier got "
+                "no chunks; raise cpu_bytes_to_use (kv_connector_extra_config)"
             )
         return cls(view, view.shape[0], view.strides[0])
 
@@ -111,5 +122,17 @@ class RowSlots:
 
     def release(self) -> None:
         """Drop this provider's export of the engine's buffer (after the last
-        I/O), so the engine can unmap it; slot views are invalid after."""
-        self._flat.release()
+        I/O), so the engine can unmap it; slot views are invalid after.
+        Never raises: slot views still referenced (by a caller, or by a
+        not yet collected reference cycle) are collected first; one that
+        survives that is logged and the buffer stays exported."""
+        try:
+            self._flat.release()
+        except BufferError:
+            import gc
+
+            gc.collect()
+            try:
+                self._flat.release()
+            except BufferError as exc:
+                log.warning("fstier: rows of the engine's buffer are still in use (%s)", exc)

@@ -3,21 +3,23 @@
 One :class:`Capacity` per :class:`~fstier.manager.FsTier` with ``max_bytes``:
 
 - **Shared usage.** The root's byte count lives in the root itself
-  (:class:`~fstier.tier.usage.SharedUsage`: a ``flock``-guarded count every
-  instance on the root adds its stores to and subtracts its evictions from),
-  so N instances on one root never fill N x ``max_bytes``. It is reported as
-  ``None`` until this instance's first scan.
+  (:class:`~fstier.tier.usage.SharedUsage`: one count file per instance,
+  written only by its owner and summed by every reader, no lock), so N
+  instances on one root, on one host or many, never fill N x ``max_bytes``.
+  It is reported as ``None`` until this instance's first scan.
 - **Admission.** :meth:`Capacity.root_full` says a store must be dropped
   (cause ``capacity``); crossing the high watermark wakes the thread.
 - **The thread.** ``fstier-capacity`` runs a pass (:func:`fstier.tier.gc.collect_garbage`)
-  on start, when woken above the high watermark, and every 300 s to resync
-  the count; one evicting instance per root at a time (the root's eviction
-  lock). A pass first flushes pending recency (``before_pass``), so eviction
+  on start, when woken above the high watermark, when a count file was bad,
+  and every 300 s to resync the count; one evicting instance per root at a
+  time (the root's eviction lease, which another instance takes over when
+  its holder dies or hangs; a holder that lost it stops its pass). A pass first flushes pending recency (``before_pass``), so eviction
   sees this process's latest hits. A capacity bug is logged, never raised
   into the tier.
 
-Costs: a store or an eviction batch costs one ``flock`` + ``pread``/``pwrite``
-of the shared count; a pass walks the whole root (streaming, bounded memory).
+Costs: a store or an eviction batch costs a few instructions (the count is
+published by a background thread); a pass walks the whole root (streaming,
+bounded memory). Nothing here waits on a lock another process holds.
 Without ``max_bytes`` there is no thread and every call is a no-op.
 """
 
@@ -33,7 +35,7 @@ from pathlib import Path
 from fstier.config import TierConfig
 from fstier.tier.gc import GcReport, collect_garbage
 from fstier.tier.metrics import TierMetrics
-from fstier.tier.usage import SharedUsage
+from fstier.tier.usage import LEASE_S, SharedUsage
 
 __all__ = ["Capacity"]
 
@@ -50,6 +52,10 @@ _BUSY_RETRY_S = 0.05
 #: Evictions are subtracted from the shared count in batches of this many
 #: files, so that a long pass lowers it as it goes (admission sees the room).
 _REMOVED_BATCH = 64
+#: How often an idle capacity thread looks at the shared view (memory only).
+_WATCH_S = 0.5
+#: A scan that raced stores is repeated after at least this long.
+_RECHECK_MIN_S = 2.0
 
 
 class Capacity:
@@ -80,6 +86,7 @@ class Capacity:
         self._root = root
         self._usage_known = False
         self._resynced = time.monotonic()
+        self._recheck_at: float | None = None
         self._usage_lock = threading.Lock()
         self._removed_pending = 0  # evicted bytes not yet subtracted from the count
         self._removed_in_pass = 0
@@ -155,17 +162,32 @@ class Capacity:
         self._on_evicted(path)
 
     # ---------------------------------------------------------------- passes
-    def run_pass(self, max_bytes: int | None = None) -> GcReport:
-        """One synchronous pass (see :meth:`fstier.manager.FsTier.run_capacity_pass`)."""
+    def run_pass(self, max_bytes: int | None = None, timeout: float | None = 60.0) -> GcReport:
+        """One synchronous pass (see :meth:`fstier.manager.FsTier.run_capacity_pass`).
+        Raises :class:`TimeoutError` when another instance held the root's
+        eviction lease for all of ``timeout`` seconds; a pass still walking
+        at the deadline stops there (``report.complete`` is False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         report = None
         while report is None:
             report = self._pass(
-                max_bytes if max_bytes is not None else self.max_bytes, wait=True, resync=True
+                max_bytes if max_bytes is not None else self.max_bytes,
+                wait=True, resync=True, deadline=deadline,
             )
+            if report is None and deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"run_capacity_pass: another instance held the eviction lease of "
+                    f"{self._root} for {timeout} s; retry later (a holder that died or hangs "
+                    f"loses it within {LEASE_S:.0f} s)"
+                )
         return report
 
     def _pass(
-        self, max_bytes: int | None, wait: bool = False, resync: bool = False
+        self,
+        max_bytes: int | None,
+        wait: bool = False,
+        resync: bool = False,
+        deadline: float | None = None,
     ) -> GcReport | None:
         """Run a pass if this instance gets the root's eviction lock; None when
         another instance holds it (``wait``: after a short sleep, so the
@@ -186,9 +208,17 @@ class Capacity:
                 if wait:
                     time.sleep(_BUSY_RETRY_S)
                 return None
-            before = shared.read() if shared is not None else 0
+            token = shared.begin_scan() if shared is not None else None
             with self._usage_lock:
                 self._removed_pending = self._removed_in_pass = 0
+
+            def should_stop() -> bool:
+                return (
+                    self._stop.is_set()
+                    or (deadline is not None and time.monotonic() >= deadline)
+                    or (shared is not None and shared.lease_lost())
+                )
+
             report = collect_garbage(
                 self._root,
                 max_bytes,
@@ -196,22 +226,31 @@ class Capacity:
                 tier.temp_max_age_s,
                 high_watermark=tier.high_watermark,
                 on_removed=self._on_removed,
-                should_stop=self._stop.is_set,
+                should_stop=should_stop,
             )
             self._flush_removed()
             if (
                 shared is not None
+                and token is not None
                 and report.complete
-                and (resync or not self._usage_known or report.removed_files == 0)
+                and (
+                    resync or not self._usage_known or report.removed_files == 0
+                    or shared.rescan_wanted
+                )
             ):
                 with self._usage_lock:
                     mine = self._removed_in_pass
-                # Others' net stores during the walk are the change of
-                # the count that this pass's own subtractions (mine) do
-                # not explain: resync adds count - (before - mine).
-                usage = shared.resync(report.final_bytes, before - mine)
+                # The walk is the new base; what anyone stored since the
+                # token counts on top, this pass's own removals (mine) once.
+                usage = shared.end_scan(token, report.final_bytes, mine)
                 self._usage_known = True
                 self._resynced = time.monotonic()
+                # Stores during the walk may be counted twice: scan again
+                # once things are quieter, so the count ends exact.
+                self._recheck_at = (
+                    self._resynced + max(_RECHECK_MIN_S, 10 * report.seconds)
+                    if shared.scan_raced else None
+                )
                 self.metrics.usage_bytes.set(usage)
         self.metrics.temp_swept.inc(report.temp_removed)
         if report.removed_files:
@@ -221,13 +260,21 @@ class Capacity:
             )
         return report
 
+    def _rescan_due(self) -> bool:
+        now = time.monotonic()
+        return (
+            now - self._resynced >= _RESYNC_INTERVAL_S
+            or (self._recheck_at is not None and now >= self._recheck_at)
+            or (self._shared is not None and self._shared.rescan_wanted)
+        )
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             report: GcReport | None = None
             soon = False
             rest = 0.0
             try:
-                periodic = time.monotonic() - self._resynced >= _RESYNC_INTERVAL_S
+                periodic = self._rescan_due()
                 report = self._pass(self.max_bytes, resync=periodic)
                 # Look again soon when another instance held the lock (its
                 # pass may not cover what we stored), when no scan has run
@@ -246,7 +293,18 @@ class Capacity:
                 log.exception("fstier: capacity pass failed; retrying later")
             if rest and self._stop.wait(rest):
                 return
-            self._wake.wait(_BUSY_RETRY_S if soon else _RESYNC_INTERVAL_S)
+            if soon:
+                self._wake.wait(_BUSY_RETRY_S)
+            else:
+                # Wake on a store over the high watermark, on others' stores
+                # pushing the shared view over it, on a bad count file, or
+                # for the periodic resync.
+                end = time.monotonic() + _RESYNC_INTERVAL_S
+                while not self._wake.wait(_WATCH_S):
+                    if self._stop.is_set() or time.monotonic() >= end or self._over_high():
+                        break
+                    if self._rescan_due():
+                        break
             self._wake.clear()
 
     # ------------------------------------------------------------- lifecycle

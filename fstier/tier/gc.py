@@ -26,6 +26,9 @@ capacity thread) runs.
   unlinking, the file is stat-ed again through its directory fd (resolved
   without symlinks, :func:`fstier.io.fsops.unlink_if_same`): if its mtime or inode
   moved (someone loaded or replaced it since the scan) it is kept.
+- **Foreign namespaces** (another fstier format version, e.g. v1 after the
+  upgrade to v2) are never part of a pass: :func:`remove_foreign_namespaces`
+  removes them whole, only when asked (``fstier gc --remove-foreign``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from pathlib import Path
 
 from fstier.file_mapper import decode
 from fstier.io.fsops import unlink_if_same
-from fstier.io.tree import FileKind, TreeFile, iter_root
+from fstier.io.tree import FileKind, TreeFile, check_namespace, iter_namespace_dirs, iter_root
 from fstier.keys import BlockKey
 
 __all__ = [
@@ -48,7 +51,9 @@ __all__ = [
     "UNLINK_THREADS",
     "GcReport",
     "UsageScan",
+    "ForeignNamespace",
     "collect_garbage",
+    "remove_foreign_namespaces",
     "is_block_name",
     "key_from_block_name",
     "scan_usage",
@@ -57,6 +62,87 @@ __all__ = [
 #: Upper bound on eviction candidates held in memory by one pass (~100 B each).
 DEFAULT_MAX_CANDIDATES = 200_000
 
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignNamespace:
+    """A namespace directory of another fstier format version."""
+
+    path: str
+    version: int
+    files: int
+    bytes: int
+    removed: bool
+
+
+def _tree_size(path: Path, on_error: Callable[[OSError], None] | None) -> tuple[int, int]:
+    files = size = 0
+    for dirpath, _dirs, names in os.walk(path, onerror=on_error, followlinks=False):
+        for name in names:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError as exc:
+                if on_error is not None:
+                    on_error(exc)
+                continue
+            files += 1
+            size += st.st_size
+    return files, size
+
+
+def remove_foreign_namespaces(
+    root: str | os.PathLike[str],
+    *,
+    dry_run: bool = False,
+    on_error: Callable[[OSError], None] | None = None,
+) -> list[ForeignNamespace]:
+    """Remove every namespace directory under ``root`` whose manifest is a
+    valid fstier manifest of ANOTHER format version (see
+    :func:`fstier.io.tree.check_namespace`). Only those: a directory with a
+    missing, forged or unreadable manifest is not fstier's to remove. The
+    removal never follows a symlink (``shutil.rmtree``'s fd-based walk)."""
+    out: list[ForeignNamespace] = []
+    try:
+        entries = list(iter_namespace_dirs(Path(root)))
+    except OSError as exc:
+        if on_error is not None:
+            on_error(exc)
+        return out
+    for path, is_dir in entries:
+        if not is_dir:
+            continue
+        ns = check_namespace(path)
+        if ns.foreign_version is None:
+            continue
+        files, size = _tree_size(path, on_error)
+        removed = False
+        if not dry_run:
+            errors = _rmtree(path)
+            for err in errors:
+                if on_error is not None:
+                    on_error(err)
+            removed = not errors
+        out.append(ForeignNamespace(str(path), ns.foreign_version, files, size, removed))
+    return out
+
+
+def _rmtree(path: Path) -> list[OSError]:
+    """``shutil.rmtree`` (fd-based: never follows a symlink), errors collected."""
+    import shutil
+    import sys
+
+    errors: list[OSError] = []
+
+    def keep(_func: object, _path: object, exc: object) -> None:
+        err = exc[1] if isinstance(exc, tuple) else exc
+        if isinstance(err, OSError):
+            errors.append(err)
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=keep)
+    else:
+        shutil.rmtree(path, onerror=keep)
+    return errors
 
 
 def is_block_name(name: str) -> bool:

@@ -155,6 +155,7 @@ class TierMetrics:
         self.write_speed = Gauge("fstier_write_bytes_per_second", "EMA of measured write speed")
         self.queued_store_bytes = Gauge("fstier_queued_store_bytes", "bytes of stores queued or running")
         self.degraded = Gauge("fstier_degraded", "1 while the circuit breaker is open")
+        self.native_io = Gauge("fstier_native_io", "1 when the native I/O path runs, 0 for the Python path")
         self.store_seconds = Histogram("fstier_store_job_seconds", "store job latency")
         self.load_seconds = Histogram("fstier_load_job_seconds", "load job latency")
         self.lookup_seconds = Histogram("fstier_lookup_seconds", "lookup() latency")
@@ -233,8 +234,8 @@ def _import_prometheus_client() -> Any:
         import prometheus_client
     except ImportError:
         raise MetricsUnavailableError(
-            "Prometheus export needs prometheus-client; install it with "
-            "`pip install 'fstier[metrics]'`"
+            "Prometheus export needs prometheus-client (fstier's metrics extra); install it "
+            "with `pip install prometheus-client`"
         ) from None
     return prometheus_client
 

@@ -236,7 +236,10 @@ def test_transient_read_errors_leave_the_file(tier: Tier, ops: FaultyOps, code: 
     ops.hooks["preadv"] = raise_errno(code)
     FAULTS_INJECTED["count"] += 1
     out, _ = tier.load(key)
-    assert out.status == "ERROR" and out.cause == errno.errorcode[code]
+    # ESTALE at read: the file another host replaced or evicted after our
+    # open; a miss, not a device error (issue 25). The file is left either way.
+    expected = "MISSING" if code == errno.ESTALE else "ERROR"
+    assert out.status == expected and out.cause == errno.errorcode[code]
     assert tier.path(key).exists() and fd_count() <= fds
     ops.hooks.clear()
     out, got = tier.load(key)

@@ -99,11 +99,11 @@ def test_symlink_at_subdirectory_refused(tmp_path: Path, outside: Path) -> None:
     before = _snapshot(outside)
     key = key_for(0)
     path = tier.path(key)
-    fanout = path.parent.parent  # <blocks>/abc
+    fanout = path.parent  # <blocks>/abc (format v2: one fan-out level)
     fanout.symlink_to(outside, target_is_directory=True)
     with pytest.raises(PathSafetyError, match="symlink"):
         tier.mapper.ensure_parent(path)
-    assert _snapshot(outside) == before and not (outside / path.parent.name).exists()
+    assert _snapshot(outside) == before and not (outside / path.name).exists()
 
 
 def test_symlink_namespace_dir_refused(tmp_path: Path, outside: Path) -> None:
@@ -197,7 +197,12 @@ def test_malformed_config_one_line_naming_the_field(tmp_path: Path, case: str) -
     msg = str(info.value)
     assert "\n" not in msg and field in msg, msg
     result = CliRunner().invoke(cli_main, ["config", "validate", str(cfg)])
-    assert result.exit_code != 0 and field in result.output, result.output
+    if case == "missing_model":
+        # The library needs a model; the CLI also validates tier-only files
+        # (FstierTier's config option under vLLM, which supplies the model).
+        assert result.exit_code == 0 and "tier-only" in result.output, result.output
+    else:
+        assert result.exit_code != 0 and field in result.output, result.output
     assert not (tmp_path / "root").exists(), "a bad config created the root"
 
 

@@ -1,0 +1,1342 @@
+/*
+ * fstier.io._native: the per-file block I/O path in C, a whole batch per
+ * call with the GIL released.
+ *
+ * Python (fstier/io/native.py) converts a job into arrays (names, key hashes,
+ * caller buffers) under the GIL; the loop below then runs every block of the
+ * batch without touching a Python object, and returns one small tuple per
+ * block: (status, errno, bytes, stage/reason, ...). The protocol is the one
+ * of fstier/io/posix.py, step for step (docs/format.md sections 4 and 5):
+ *
+ *   store: resolve the block's directory under the base directory with no
+ *          symlink in any component (openat2 RESOLVE_BENEATH |
+ *          RESOLVE_NO_SYMLINKS, or a walk of O_NOFOLLOW openat calls where
+ *          the kernel has no openat2), create it when asked (mkdirat inside
+ *          directory fds), skip when a regular file is there, encode the
+ *          header (XXH3-64 of the payload and of the header), write an
+ *          O_TMPFILE inode (else a unique named temp, O_CREAT|O_EXCL|
+ *          O_NOFOLLOW), O_DIRECT when enabled and the buffer is aligned
+ *          (EINVAL -> one buffered retry), fsync per policy (never
+ *          retried), publish with linkat (EEXIST -> link a temp name and
+ *          rename it over) or renameat, close, fsync the directory.
+ *   load:  openat2 the file (no symlinks, O_NONBLOCK, O_DIRECT when the
+ *          buffer is aligned), ONE preadv into [header page, the caller's
+ *          whole pages, bounce page, overflow page], then the checks of
+ *          docs/format.md section 5 in order; proven corruption returns the
+ *          file's (dev, ino) so the caller removes it only if the name still
+ *          holds that inode.
+ *
+ * Nothing here allocates per block: three aligned scratch pages per call.
+ *
+ * Fault injection (tests only): a small rule table, armed from Python with
+ * fault_set(); every system call above goes through fx_hook(), which can
+ * fail the Nth call of one operation with an errno, delay it, shorten a
+ * read or write, or report an error after the call succeeded (a rename on
+ * NFS). Unarmed, the hook is one relaxed atomic load.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "_native_xxh3.h"
+
+#ifndef O_TMPFILE
+#define O_TMPFILE 0
+#endif
+#ifndef O_DIRECT
+#define O_DIRECT 0
+#endif
+#ifndef SYS_openat2
+#if defined(__x86_64__) || defined(__aarch64__)
+#define SYS_openat2 437
+#endif
+#endif
+
+#define PAGE 4096
+#define HDR_CHECKSUM_OFF 136
+#define HDR_USED 144
+#define MAX_HASH 64
+#define MIN_HASH 8
+#define MAX_PAYLOAD (1ULL << 36)
+#define MAX_NAME 1024
+
+/* flags of store_batch / load_batch */
+#define F_CHECKSUM 1
+#define F_DIRECT 2
+#define F_FSYNC_FILE 4
+#define F_FSYNC_DIR 8
+#define F_MKDIR 16
+#define F_NO_TMPFILE 32 /* the root's capabilities say: named temps */
+
+/* store status / stage codes (fstier/io/native.py has the same tables) */
+enum { ST_STORED = 0, ST_SKIPPED = 1, ST_FAILED = 2 };
+enum {
+    SG_NONE = 0, SG_OPENDIR, SG_STAT, SG_CREATE, SG_WRITE, SG_FSYNC, SG_LINK, SG_CLOSE,
+    SG_RENAME, SG_FSYNC_DIR, SG_MKDIR, SG_OPENBASE
+};
+/* load status / reason codes */
+enum { LD_LOADED = 0, LD_MISSING = 1, LD_CORRUPT = 2, LD_ERROR = 3 };
+enum {
+    RS_NONE = 0, RS_SYMLINK, RS_NOT_REGULAR, RS_BAD_SIZE, RS_SHORT_READ, RS_BAD_MAGIC,
+    RS_VERSION, RS_HDR_CHECKSUM, RS_BAD_HEADER, RS_BAD_KEY, RS_BAD_KIND, RS_BAD_LENGTH,
+    RS_WRONG_KEY, RS_WRONG_NS, RS_WRONG_LENGTH, RS_PAYLOAD_CHECKSUM, RS_OPEN, RS_READ
+};
+
+static const uint8_t MAGIC[8] = {'F', 'S', 'T', 'K', 'V', 'B', 'L', 'K'};
+static int format_version = 1;
+
+/* ------------------------------------------------------------ fault seam */
+enum {
+    OP_OPENDIR = 0, OP_OPEN, OP_STAT, OP_WRITE, OP_READ, OP_FSYNC, OP_LINK, OP_RENAME,
+    OP_CLOSE, OP_MKDIR, OP_UNLINK, OP_COUNT
+};
+static const char *const op_names[OP_COUNT] = {"opendir", "open",  "stat",  "write",
+                                               "read",    "fsync", "link",  "rename",
+                                               "close",   "mkdir", "unlink"};
+
+typedef struct {
+    int op;
+    long nth;      /* fire from the nth matching call (1 = the next one) */
+    long times;    /* how many calls fire (-1: every call from then on) */
+    int err;       /* errno to report (0: none, e.g. only a delay) */
+    long delay_ns; /* sleep before the call */
+    long short_n;  /* read/write: move at most this many bytes (0: no cap) */
+    int after;     /* perform the call, then report err */
+    long seen;
+} fx_rule;
+
+#define MAX_RULES 16
+static fx_rule rules[MAX_RULES];
+static int nrules = 0;
+static long op_calls[OP_COUNT];
+static atomic_int armed = 0;
+static pthread_mutex_t rules_lock = PTHREAD_MUTEX_INITIALIZER;
+
+typedef struct {
+    int err;
+    int after;
+    long short_n;
+} fx_inject;
+
+static int fx_hook(int op, fx_inject *inj) {
+    inj->err = 0;
+    inj->after = 0;
+    inj->short_n = 0;
+    if (!atomic_load_explicit(&armed, memory_order_relaxed)) return 0;
+    long delay = 0;
+    pthread_mutex_lock(&rules_lock);
+    op_calls[op]++;
+    for (int i = 0; i < nrules; i++) {
+        fx_rule *r = &rules[i];
+        if (r->op != op) continue;
+        r->seen++;
+        if (r->seen < r->nth) continue;
+        if (r->times >= 0 && r->seen >= r->nth + r->times) continue;
+        if (r->delay_ns > delay) delay = r->delay_ns;
+        if (r->err && !inj->err) {
+            inj->err = r->err;
+            inj->after = r->after;
+        }
+        if (r->short_n && !inj->short_n) inj->short_n = r->short_n;
+    }
+    pthread_mutex_unlock(&rules_lock);
+    if (delay) {
+        struct timespec ts = {delay / 1000000000L, delay % 1000000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+    }
+    return inj->err && !inj->after ? inj->err : 0;
+}
+
+#define FAIL_BEFORE(op)                          \
+    fx_inject inj;                               \
+    do {                                         \
+        int e_ = fx_hook((op), &inj);            \
+        if (e_) {                                \
+            errno = e_;                          \
+            return -1;                           \
+        }                                        \
+    } while (0)
+
+#define FAIL_AFTER(rc)                           \
+    do {                                         \
+        if ((rc) >= 0 && inj.err && inj.after) { \
+            errno = inj.err;                     \
+            return -1;                           \
+        }                                        \
+    } while (0)
+
+/* ------------------------------------------------------ path resolution */
+#ifndef RESOLVE_NO_SYMLINKS
+#define RESOLVE_NO_SYMLINKS 0x04
+#endif
+#ifndef RESOLVE_BENEATH
+#define RESOLVE_BENEATH 0x08
+#endif
+struct fx_open_how {
+    uint64_t flags;
+    uint64_t mode;
+    uint64_t resolve;
+};
+
+static atomic_int use_openat2 = 0;
+
+static int fx_openat2_raw(int dfd, const char *path, int flags, mode_t mode, uint64_t resolve) {
+#ifdef SYS_openat2
+    struct fx_open_how how;
+    int creates = (flags & O_CREAT) || (O_TMPFILE && (flags & O_TMPFILE) == O_TMPFILE);
+    how.flags = (uint64_t)(flags | O_CLOEXEC);
+    how.mode = creates ? mode : 0;
+    how.resolve = resolve;
+    return (int)syscall(SYS_openat2, dfd, path, &how, sizeof how);
+#else
+    (void)dfd; (void)path; (void)flags; (void)mode; (void)resolve;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+/* Open `path` relative to `dfd` (AT_FDCWD and an absolute path for the base
+ * directory) with no symlink in any component; `beneath`: no escape from dfd
+ * either ("..", absolute). Walk fallback: one O_NOFOLLOW openat per
+ * component. */
+static int fx_resolve(int dfd, const char *path, int flags, mode_t mode, int beneath) {
+    if (atomic_load_explicit(&use_openat2, memory_order_relaxed)) {
+        uint64_t res = RESOLVE_NO_SYMLINKS | (beneath ? RESOLVE_BENEATH : 0);
+        return fx_openat2_raw(dfd, path, flags, mode, res);
+    }
+    char buf[PATH_MAX];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) {
+        errno = n ? ENAMETOOLONG : ENOENT;
+        return -1;
+    }
+    memcpy(buf, path, n + 1);
+    int cur;
+    char *p = buf;
+    if (buf[0] == '/') {
+        if (beneath) {
+            errno = EXDEV;
+            return -1;
+        }
+        cur = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        while (*p == '/') p++;
+        if (!*p) {
+            int fd = openat(cur, ".", flags | O_CLOEXEC, mode);
+            int e = errno;
+            close(cur);
+            errno = e;
+            return fd;
+        }
+    } else {
+        cur = fcntl(dfd, F_DUPFD_CLOEXEC, 0);
+    }
+    if (cur < 0) return -1;
+    for (;;) {
+        char *slash = strchr(p, '/');
+        if (slash) *slash = 0;
+        if (beneath && strcmp(p, "..") == 0) {
+            close(cur);
+            errno = EXDEV;
+            return -1;
+        }
+        char *next = slash ? slash + 1 : NULL;
+        while (next && *next == '/') next++;
+        int last = !next || !*next;
+        int fd;
+        if (last)
+            fd = openat(cur, p, flags | O_NOFOLLOW | O_CLOEXEC, mode);
+        else
+            fd = openat(cur, p, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int e = errno;
+        if (fd < 0 && e == ENOTDIR) {
+            /* O_DIRECTORY is checked before O_NOFOLLOW: a symlink shows as
+             * ENOTDIR; report it as openat2 does (ELOOP) */
+            struct stat lst;
+            if (fstatat(cur, p, &lst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(lst.st_mode)) e = ELOOP;
+        }
+        close(cur);
+        if (fd < 0) {
+            errno = e;
+            return -1;
+        }
+        if (last) return fd;
+        cur = fd;
+        p = next;
+    }
+}
+
+static int x_opendir(int base_fd, const char *rel) {
+    FAIL_BEFORE(OP_OPENDIR);
+    int fd = rel[0] ? fx_resolve(base_fd, rel, O_RDONLY | O_DIRECTORY, 0, 1)
+                    : fcntl(base_fd, F_DUPFD_CLOEXEC, 0);
+    if (fd >= 0 && inj.err && inj.after) {
+        close(fd);
+        errno = inj.err;
+        return -1;
+    }
+    return fd;
+}
+
+static int x_openfile(int base_fd, const char *rel, int flags) {
+    FAIL_BEFORE(OP_OPEN);
+    int fd = fx_resolve(base_fd, rel, flags, 0, 1);
+    if (fd >= 0 && inj.err && inj.after) {
+        close(fd);
+        errno = inj.err;
+        return -1;
+    }
+    return fd;
+}
+
+static int x_openat(int dfd, const char *name, int flags, mode_t mode) {
+    FAIL_BEFORE(OP_OPEN);
+    int fd = openat(dfd, name, flags | O_CLOEXEC, mode);
+    if (fd >= 0 && inj.err && inj.after) {
+        close(fd);
+        errno = inj.err;
+        return -1;
+    }
+    return fd;
+}
+
+static int x_fstatat(int dfd, const char *name, struct stat *st) {
+    FAIL_BEFORE(OP_STAT);
+    int rc = fstatat(dfd, name, st, AT_SYMLINK_NOFOLLOW);
+    FAIL_AFTER(rc);
+    return rc;
+}
+
+static int x_mkdirat(int dfd, const char *name, mode_t mode) {
+    FAIL_BEFORE(OP_MKDIR);
+    int rc = mkdirat(dfd, name, mode);
+    FAIL_AFTER(rc);
+    return rc;
+}
+
+static int x_fsync(int fd) {
+    FAIL_BEFORE(OP_FSYNC);
+    int rc = fsync(fd);
+    FAIL_AFTER(rc);
+    return rc;
+}
+
+static int x_close(int fd) {
+    fx_inject inj;
+    int e = fx_hook(OP_CLOSE, &inj);
+    int rc = close(fd); /* the fd is gone whatever close reports */
+    if (rc == 0 && (e || (inj.err && inj.after))) {
+        errno = inj.err;
+        return -1;
+    }
+    return rc;
+}
+
+static int x_unlinkat(int dfd, const char *name) {
+    FAIL_BEFORE(OP_UNLINK);
+    int rc = unlinkat(dfd, name, 0);
+    FAIL_AFTER(rc);
+    return rc;
+}
+
+static int x_linkfd(int fd, int dfd, const char *name) {
+    FAIL_BEFORE(OP_LINK);
+    /* /proc/self/fd/N with AT_SYMLINK_FOLLOW needs no privilege, unlike
+     * AT_EMPTY_PATH (CAP_DAC_READ_SEARCH). */
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+    int rc = linkat(AT_FDCWD, proc, dfd, name, AT_SYMLINK_FOLLOW);
+    FAIL_AFTER(rc);
+    return rc;
+}
+
+static int x_renameat(int dfd, const char *src, const char *dst) {
+    FAIL_BEFORE(OP_RENAME);
+    int rc = renameat(dfd, src, dfd, dst);
+    FAIL_AFTER(rc);
+    return rc;
+}
+
+/* Cap an iovec list at `cap` bytes (a short read/write injection). */
+static int cap_iov(struct iovec *iov, int cnt, long cap) {
+    long left = cap;
+    for (int i = 0; i < cnt; i++) {
+        if ((long)iov[i].iov_len >= left) {
+            iov[i].iov_len = (size_t)left;
+            return i + 1;
+        }
+        left -= (long)iov[i].iov_len;
+    }
+    return cnt;
+}
+
+static ssize_t x_pwritev(int fd, struct iovec *iov, int cnt, off_t off) {
+    FAIL_BEFORE(OP_WRITE);
+    struct iovec tmp[8];
+    if (inj.short_n && cnt <= 8) {
+        memcpy(tmp, iov, sizeof(struct iovec) * (size_t)cnt);
+        cnt = cap_iov(tmp, cnt, inj.short_n);
+        iov = tmp;
+    }
+    ssize_t rc;
+    do {
+        rc = pwritev(fd, iov, cnt, off);
+    } while (rc < 0 && errno == EINTR);
+    return rc;
+}
+
+static ssize_t x_preadv(int fd, struct iovec *iov, int cnt, off_t off) {
+    FAIL_BEFORE(OP_READ);
+    struct iovec tmp[8];
+    if (inj.short_n && cnt <= 8) {
+        memcpy(tmp, iov, sizeof(struct iovec) * (size_t)cnt);
+        cnt = cap_iov(tmp, cnt, inj.short_n);
+        iov = tmp;
+    }
+    ssize_t rc;
+    do {
+        rc = preadv(fd, iov, cnt, off);
+    } while (rc < 0 && errno == EINTR);
+    return rc;
+}
+
+/* Drop the first n bytes of an iovec list in place; returns the new count. */
+static int advance_iov(struct iovec **iovp, int cnt, size_t n) {
+    struct iovec *iov = *iovp;
+    while (cnt && n >= iov->iov_len) {
+        n -= iov->iov_len;
+        iov++;
+        cnt--;
+    }
+    if (cnt && n) {
+        iov->iov_base = (char *)iov->iov_base + n;
+        iov->iov_len -= n;
+    }
+    *iovp = iov;
+    return cnt;
+}
+
+/* ------------------------------------------------------------- header */
+static inline void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static inline void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static inline void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+static inline uint16_t get16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+static uint64_t header_checksum(uint8_t *h) {
+    uint8_t saved[8];
+    memcpy(saved, h + HDR_CHECKSUM_OFF, 8);
+    memset(h + HDR_CHECKSUM_OFF, 0, 8);
+    uint64_t c = fx_xxh3_64(h, PAGE);
+    memcpy(h + HDR_CHECKSUM_OFF, saved, 8);
+    return c;
+}
+
+static void encode_header(uint8_t *h, const uint8_t *khash, int hlen, uint32_t group,
+                          const uint8_t *digest, uint64_t plen, uint64_t pages, int kind,
+                          uint64_t pcsum, uint64_t created_ns) {
+    memset(h, 0, PAGE);
+    memcpy(h, MAGIC, 8);
+    put16(h + 8, (uint16_t)format_version);
+    put16(h + 10, PAGE);
+    put16(h + 12, (uint16_t)kind);
+    put16(h + 14, (uint16_t)hlen);
+    put32(h + 16, group);
+    put32(h + 20, 0);
+    memcpy(h + 24, digest, 8);
+    put64(h + 32, plen);
+    put64(h + 40, pages);
+    put64(h + 48, pages ? plen / pages : 0);
+    put64(h + 56, pcsum);
+    put64(h + 64, created_ns);
+    memcpy(h + 72, khash, (size_t)hlen);
+    put64(h + HDR_CHECKSUM_OFF, header_checksum(h));
+}
+
+/* The checks of docs/format.md section 5, steps 2-6, in that order. */
+static int check_header(uint8_t *h, const uint8_t *khash, int hlen, uint32_t group,
+                        const uint8_t *digest, uint64_t plen, int *kind, uint64_t *pcsum) {
+    if (memcmp(h, MAGIC, 8) != 0) return RS_BAD_MAGIC;
+    if (get16(h + 8) != format_version) return RS_VERSION;
+    if (fx_r64(h + HDR_CHECKSUM_OFF) != header_checksum(h)) return RS_HDR_CHECKSUM;
+    if (get16(h + 10) != PAGE || fx_r32(h + 20) != 0) return RS_BAD_HEADER;
+    uint16_t fhlen = get16(h + 14);
+    uint32_t fgroup = fx_r32(h + 16);
+    if (fhlen < MIN_HASH || fhlen > MAX_HASH || fgroup > 65535) return RS_BAD_KEY;
+    uint16_t k = get16(h + 12);
+    if (k > 1) return RS_BAD_KIND;
+    uint64_t fplen = fx_r64(h + 32), pc = fx_r64(h + 40), pb = fx_r64(h + 48);
+    __uint128_t prod = (__uint128_t)pc * pb;
+    if (fplen > MAX_PAYLOAD || prod != fplen) return RS_BAD_LENGTH;
+    if (fhlen != hlen || fgroup != group || memcmp(h + 72, khash, (size_t)hlen) != 0)
+        return RS_WRONG_KEY;
+    if (memcmp(h + 24, digest, 8) != 0) return RS_WRONG_NS;
+    if (fplen != plen) return RS_WRONG_LENGTH;
+    *kind = k;
+    *pcsum = fx_r64(h + 56);
+    return RS_NONE;
+}
+
+/* ------------------------------------------------------------- batches */
+typedef struct {
+    const char *rel; /* "<dir>/<name>" relative to the base directory */
+    Py_ssize_t rel_len;
+    const uint8_t *khash;
+    int hlen;
+    uint32_t group;
+    Py_buffer buf;
+    int have_buf;
+    /* results */
+    int status, err, stage;
+    uint64_t nbytes;
+    uint64_t dev, ino;
+} fx_item;
+
+typedef struct {
+    uint8_t *header; /* three aligned pages: header, tail (bounce), overflow */
+    uint8_t *tail;
+    uint8_t *over;
+} fx_scratch;
+
+static atomic_int tmpfile_refused = 0;
+static char host_name[64] = "host";
+
+static void temp_name(char *out, size_t cap, const char *final) {
+    uint32_t rnd = 0;
+    if (syscall(SYS_getrandom, &rnd, sizeof rnd, 0) != (long)sizeof rnd) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        rnd = (uint32_t)(ts.tv_nsec ^ (ts.tv_sec << 7));
+    }
+    snprintf(out, cap, ".%s.tmp.%s.%d.%ld.%08x", final, host_name, (int)getpid(),
+             (long)syscall(SYS_gettid), rnd);
+}
+
+static void discard_at(int dfd, const char *name) {
+    int e = errno;
+    x_unlinkat(dfd, name);
+    errno = e;
+}
+
+/* Create the directories of `dir` (relative to base_fd) that are missing,
+ * one mkdirat per level inside O_NOFOLLOW directory fds; returns an fd of
+ * `dir`, *fresh = 1 when its last level was created by this call. */
+static int make_dirs(int base_fd, const char *dir, int *fresh, int *stage) {
+    char buf[PATH_MAX];
+    size_t n = strlen(dir);
+    if (n >= sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(buf, dir, n + 1);
+    int cur = fcntl(base_fd, F_DUPFD_CLOEXEC, 0);
+    if (cur < 0) return -1;
+    char *p = buf;
+    *fresh = 0;
+    while (p && *p) {
+        char *slash = strchr(p, '/');
+        if (slash) *slash = 0;
+        if (strcmp(p, "..") == 0 || strcmp(p, ".") == 0) {
+            close(cur);
+            errno = EXDEV;
+            return -1;
+        }
+        *fresh = 0;
+        if (x_mkdirat(cur, p, 0755) == 0)
+            *fresh = 1;
+        else if (errno != EEXIST) {
+            int e = errno;
+            close(cur);
+            *stage = SG_MKDIR;
+            errno = e;
+            return -1;
+        }
+        int fd = x_openat(cur, p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW, 0);
+        int e = errno;
+        close(cur);
+        if (fd < 0) {
+            errno = e;
+            *stage = SG_OPENDIR;
+            return -1;
+        }
+        cur = fd;
+        p = slash ? slash + 1 : NULL;
+    }
+    return cur;
+}
+
+static int create_temp(int dfd, const char *name, int direct, mode_t mode, char *tmp,
+                       size_t tmpcap, int no_tmpfile) {
+    int flags = O_WRONLY | (direct ? O_DIRECT : 0);
+    tmp[0] = 0;
+    if (O_TMPFILE && !no_tmpfile && !atomic_load(&tmpfile_refused)) {
+        int fd = x_openat(dfd, ".", flags | O_TMPFILE, mode);
+        if (fd >= 0) return fd;
+        /* EISDIR: a kernel without O_TMPFILE read it as O_DIRECTORY;
+         * EOPNOTSUPP: the filesystem has none (NFS, FUSE). */
+        if (errno != EOPNOTSUPP && errno != EISDIR) return -1;
+        atomic_store(&tmpfile_refused, 1);
+    }
+    temp_name(tmp, tmpcap, name);
+    int fd = x_openat(dfd, tmp, flags | O_CREAT | O_EXCL | O_NOFOLLOW, mode);
+    if (fd < 0 && errno != EEXIST) discard_at(dfd, tmp); /* ramfs + O_DIRECT */
+    return fd;
+}
+
+static int link_anonymous(int fd, int dfd, const char *name) {
+    if (x_linkfd(fd, dfd, name) == 0) return 0;
+    if (errno != EEXIST) return -1;
+    char tmp[MAX_NAME + 160];
+    temp_name(tmp, sizeof tmp, name);
+    if (x_linkfd(fd, dfd, tmp) != 0) return -1;
+    if (x_renameat(dfd, tmp, name) != 0) {
+        discard_at(dfd, tmp);
+        return -1;
+    }
+    return 0;
+}
+
+static void store_once(fx_item *it, int dfd, const char *name, struct iovec *iov0, int cnt0,
+                       int direct, int flags, mode_t mode) {
+    char tmp[MAX_NAME + 160];
+    int fd = create_temp(dfd, name, direct, mode, tmp, sizeof tmp, flags & F_NO_TMPFILE);
+    if (fd < 0) {
+        it->status = ST_FAILED;
+        it->err = errno;
+        it->stage = SG_CREATE;
+        return;
+    }
+    int named = tmp[0] != 0, linked = 0, stage = SG_WRITE;
+    struct iovec iovs[8];
+    memcpy(iovs, iov0, sizeof(struct iovec) * (size_t)cnt0);
+    struct iovec *iov = iovs;
+    int cnt = cnt0;
+    uint64_t total = 0;
+    while (cnt) {
+        ssize_t w = x_pwritev(fd, iov, cnt, (off_t)total);
+        if (w <= 0) {
+            if (w == 0) errno = EIO;
+            goto fail_open;
+        }
+        total += (uint64_t)w;
+        cnt = advance_iov(&iov, cnt, (size_t)w);
+    }
+    if (flags & (F_FSYNC_FILE | F_FSYNC_DIR)) {
+        stage = SG_FSYNC; /* never retried: the kernel may have dropped the pages */
+        if (x_fsync(fd) != 0) goto fail_open;
+    }
+    if (!named) {
+        stage = SG_LINK;
+        if (link_anonymous(fd, dfd, name) != 0) goto fail_open;
+        linked = 1;
+    }
+    stage = SG_CLOSE;
+    if (x_close(fd) != 0) goto fail_closed; /* NFS reports deferred write errors here */
+    if (named) {
+        stage = SG_RENAME;
+        if (x_renameat(dfd, tmp, name) != 0) goto fail_closed;
+    }
+    if (flags & F_FSYNC_DIR) {
+        if (x_fsync(dfd) != 0) {
+            /* the complete file is visible but not durable: never acknowledged */
+            it->status = ST_FAILED;
+            it->err = errno;
+            it->stage = SG_FSYNC_DIR;
+            return;
+        }
+    }
+    it->status = ST_STORED;
+    it->nbytes = total;
+    return;
+fail_open : {
+    int e = errno;
+    close(fd);
+    errno = e;
+}
+fail_closed : {
+    int e = errno;
+    if (named)
+        discard_at(dfd, tmp);
+    else if (linked)
+        discard_at(dfd, name); /* withdraw a name whose writes may be lost */
+    it->status = ST_FAILED;
+    it->err = e;
+    it->stage = stage;
+}
+}
+
+static void store_one(fx_item *it, int base_fd, int flags, mode_t mode, size_t alignment,
+                      const uint8_t *digest, uint64_t pages, uint64_t created_ns,
+                      fx_scratch *sc) {
+    char dir[PATH_MAX];
+    const char *rel = it->rel;
+    const char *slash = strrchr(rel, '/');
+    const char *name = slash ? slash + 1 : rel;
+    size_t dlen = slash ? (size_t)(slash - rel) : 0;
+    if (dlen >= sizeof dir || strlen(name) > MAX_NAME) {
+        it->status = ST_FAILED;
+        it->err = ENAMETOOLONG;
+        it->stage = SG_OPENDIR;
+        return;
+    }
+    memcpy(dir, rel, dlen);
+    dir[dlen] = 0;
+    int fresh = 0, stage = SG_OPENDIR;
+    int dfd = x_opendir(base_fd, dir);
+    if (dfd < 0 && errno == ENOENT && (flags & F_MKDIR) && dlen)
+        dfd = make_dirs(base_fd, dir, &fresh, &stage);
+    if (dfd < 0) {
+        it->status = ST_FAILED;
+        it->err = errno;
+        it->stage = stage;
+        return;
+    }
+    if (!fresh) {
+        struct stat st;
+        if (x_fstatat(dfd, name, &st) == 0) {
+            if (S_ISREG(st.st_mode)) {
+                it->status = ST_SKIPPED;
+                close(dfd);
+                return;
+            }
+            /* anything else (a planted symlink) is replaced by the rename */
+        } else if (errno != ENOENT) {
+            it->status = ST_FAILED;
+            it->err = errno;
+            it->stage = SG_STAT;
+            close(dfd);
+            return;
+        }
+    }
+    const uint8_t *payload = (const uint8_t *)it->buf.buf;
+    uint64_t n = (uint64_t)it->buf.len;
+    uint64_t csum = (flags & F_CHECKSUM) ? fx_xxh3_64(payload, n) : 0;
+    encode_header(sc->header, it->khash, it->hlen, it->group, digest, n, pages,
+                  (flags & F_CHECKSUM) ? 1 : 0, csum, created_ns);
+    uint64_t whole = n - n % PAGE, rest = n - whole;
+    struct iovec iov[3];
+    int cnt = 0;
+    iov[cnt].iov_base = sc->header;
+    iov[cnt++].iov_len = PAGE;
+    if (whole) {
+        iov[cnt].iov_base = (void *)payload;
+        iov[cnt++].iov_len = whole;
+    }
+    if (rest) {
+        memcpy(sc->tail, payload + whole, rest);
+        memset(sc->tail + rest, 0, PAGE - rest);
+        iov[cnt].iov_base = sc->tail;
+        iov[cnt++].iov_len = PAGE;
+    }
+    int aligned = ((uintptr_t)payload % alignment) == 0;
+    int direct = (flags & F_DIRECT) && aligned;
+    store_once(it, dfd, name, iov, cnt, direct, flags, mode);
+    if (direct && it->status == ST_FAILED && it->err == EINVAL) {
+        /* a filesystem that passed the probe but refuses this write */
+        it->err = 0;
+        it->stage = 0;
+        store_once(it, dfd, name, iov, cnt, 0, flags, mode);
+    }
+    close(dfd);
+}
+
+static void load_once(fx_item *it, int base_fd, int flags, int direct, const uint8_t *digest,
+                      fx_scratch *sc) {
+    uint8_t *buf = (uint8_t *)it->buf.buf;
+    uint64_t n = (uint64_t)it->buf.len;
+    uint64_t whole = n - n % PAGE;
+    uint64_t padded = (n + PAGE - 1) & ~(uint64_t)(PAGE - 1);
+    uint64_t want = PAGE + padded;
+    int oflags = O_RDONLY | O_NOFOLLOW | O_NONBLOCK | (direct ? O_DIRECT : 0);
+    int fd = x_openfile(base_fd, it->rel, oflags);
+    if (fd < 0) {
+        it->err = errno;
+        if (errno == ENOENT) {
+            it->status = LD_MISSING;
+        } else if (errno == ELOOP) {
+            it->status = LD_CORRUPT; /* planted: the caller removes a link at the name */
+            it->stage = RS_SYMLINK;
+        } else {
+            it->status = LD_ERROR;
+            it->stage = RS_OPEN;
+        }
+        return;
+    }
+    struct iovec iovs[4];
+    int cnt = 0;
+    iovs[cnt].iov_base = sc->header;
+    iovs[cnt++].iov_len = PAGE;
+    if (whole) {
+        iovs[cnt].iov_base = buf;
+        iovs[cnt++].iov_len = whole;
+    }
+    if (n > whole) {
+        iovs[cnt].iov_base = sc->tail;
+        iovs[cnt++].iov_len = PAGE;
+    }
+    iovs[cnt].iov_base = sc->over;
+    iovs[cnt++].iov_len = PAGE;
+    struct iovec *iov = iovs;
+    uint64_t got = 0;
+    struct stat st;
+    int reason = RS_NONE;
+    for (;;) {
+        ssize_t r = x_preadv(fd, iov, cnt, (off_t)got);
+        if (r < 0) {
+            int e = errno;
+            it->err = e;
+            it->status = LD_ERROR;
+            it->stage = RS_READ;
+            if ((e == EISDIR || e == ESPIPE || e == EINVAL || e == ENXIO) && fstat(fd, &st) == 0 &&
+                !S_ISREG(st.st_mode))
+                it->stage = RS_NOT_REGULAR;
+            close(fd);
+            return;
+        }
+        if (r == 0) break;
+        got += (uint64_t)r;
+        if (got >= want) break;
+        cnt = advance_iov(&iov, cnt, (size_t)r);
+    }
+    int kind = 0;
+    uint64_t csum = 0;
+    if (got != want) {
+        if (fstat(fd, &st) != 0) {
+            it->err = errno;
+            it->status = LD_ERROR;
+            it->stage = RS_READ;
+            close(fd);
+            return;
+        }
+        if (!S_ISREG(st.st_mode)) {
+            it->status = LD_ERROR;
+            it->stage = RS_NOT_REGULAR;
+            close(fd);
+            return;
+        }
+        reason = (uint64_t)st.st_size != want ? RS_BAD_SIZE : RS_SHORT_READ;
+        it->nbytes = (uint64_t)st.st_size; /* for the detail line */
+    } else {
+        reason = check_header(sc->header, it->khash, it->hlen, it->group, digest, n, &kind, &csum);
+        if (reason == RS_NONE) {
+            if (n > whole) memcpy(buf + whole, sc->tail, n - whole);
+            if ((flags & F_CHECKSUM) && kind == 1 && fx_xxh3_64(buf, n) != csum)
+                reason = RS_PAYLOAD_CHECKSUM;
+        }
+    }
+    if (reason != RS_NONE) {
+        it->status = LD_CORRUPT;
+        it->stage = reason;
+        if (fstat(fd, &st) == 0) {
+            it->dev = (uint64_t)st.st_dev;
+            it->ino = (uint64_t)st.st_ino;
+        }
+        close(fd);
+        return;
+    }
+    close(fd);
+    it->status = LD_LOADED;
+    it->nbytes = n;
+}
+
+static void load_one(fx_item *it, int base_fd, int flags, size_t alignment,
+                     const uint8_t *digest, fx_scratch *sc) {
+    int direct = (flags & F_DIRECT) && ((uintptr_t)it->buf.buf % alignment) == 0;
+    load_once(it, base_fd, flags, direct, digest, sc);
+    if (direct && it->status == LD_ERROR && it->err == EINVAL && it->stage != RS_NOT_REGULAR) {
+        it->status = 0;
+        it->err = 0;
+        it->stage = 0;
+        it->nbytes = 0;
+        load_once(it, base_fd, flags, 0, digest, sc);
+    }
+}
+
+/* ------------------------------------------------------- Python glue */
+static int scratch_alloc(fx_scratch *sc) {
+    void *p = NULL;
+    if (posix_memalign(&p, PAGE, 3 * PAGE) != 0) return -1;
+    sc->header = (uint8_t *)p;
+    sc->tail = sc->header + PAGE;
+    sc->over = sc->header + 2 * PAGE;
+    return 0;
+}
+
+static void items_free(fx_item *items, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (items[i].have_buf) PyBuffer_Release(&items[i].buf);
+    PyMem_Free(items);
+}
+
+/* Fill items from (rels, hashes, groups, buffers); every sequence must be a
+ * list or tuple of the same length. Holds references through the caller's
+ * sequences, which stay alive for the call. */
+static fx_item *items_from(PyObject *rels, PyObject *hashes, PyObject *groups, PyObject *bufs,
+                           int writable, Py_ssize_t *count) {
+    PyObject *seqs[4] = {rels, hashes, groups, bufs};
+    for (int s = 0; s < 4; s++) {
+        /* lists or tuples only: their items stay alive for the whole call */
+        if (seqs[s] && !PyList_Check(seqs[s]) && !PyTuple_Check(seqs[s])) {
+            PyErr_SetString(PyExc_TypeError, "rels, hashes, groups and buffers must be lists or tuples");
+            return NULL;
+        }
+    }
+    Py_ssize_t n = PySequence_Size(rels);
+    if ((hashes && PySequence_Size(hashes) != n) || (groups && PySequence_Size(groups) != n) ||
+        (bufs && PySequence_Size(bufs) != n)) {
+        PyErr_SetString(PyExc_ValueError, "rels, hashes, groups and buffers differ in length");
+        return NULL;
+    }
+    fx_item *items = PyMem_Calloc((size_t)(n ? n : 1), sizeof(fx_item));
+    if (!items) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        fx_item *it = &items[i];
+        PyObject *r = PySequence_GetItem(rels, i);
+        if (!r) goto fail;
+        it->rel = PyUnicode_AsUTF8AndSize(r, &it->rel_len);
+        Py_DECREF(r); /* the str is owned by the caller's sequence */
+        if (!it->rel) goto fail;
+        if ((size_t)it->rel_len != strlen(it->rel) || it->rel_len == 0 || it->rel[0] == '/') {
+            PyErr_Format(PyExc_ValueError, "rels[%zd] must be a relative path without NUL", i);
+            goto fail;
+        }
+        if (hashes) {
+            PyObject *h = PySequence_GetItem(hashes, i);
+            if (!h) goto fail;
+            if (!PyBytes_Check(h) || PyBytes_GET_SIZE(h) < MIN_HASH ||
+                PyBytes_GET_SIZE(h) > MAX_HASH) {
+                Py_DECREF(h);
+                PyErr_Format(PyExc_ValueError, "hashes[%zd] must be 8..64 bytes", i);
+                goto fail;
+            }
+            it->khash = (const uint8_t *)PyBytes_AS_STRING(h);
+            it->hlen = (int)PyBytes_GET_SIZE(h);
+            Py_DECREF(h);
+        }
+        if (groups) {
+            PyObject *g = PySequence_GetItem(groups, i);
+            if (!g) goto fail;
+            long gv = PyLong_AsLong(g);
+            Py_DECREF(g);
+            if (gv < 0 || gv > 65535) {
+                if (!PyErr_Occurred())
+                    PyErr_Format(PyExc_ValueError, "groups[%zd] must be in 0..65535", i);
+                goto fail;
+            }
+            it->group = (uint32_t)gv;
+        }
+        if (bufs) {
+            PyObject *b = PySequence_GetItem(bufs, i);
+            if (!b) goto fail;
+            int rc = PyObject_GetBuffer(b, &it->buf, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE);
+            Py_DECREF(b);
+            if (rc != 0) goto fail;
+            it->have_buf = 1;
+            if ((uint64_t)it->buf.len > MAX_PAYLOAD) {
+                PyErr_Format(PyExc_ValueError, "buffers[%zd] is larger than 2**36 bytes", i);
+                goto fail;
+            }
+        }
+    }
+    *count = n;
+    return items;
+fail:
+    items_free(items, n);
+    return NULL;
+}
+
+static int open_base(const char *base) { return fx_resolve(AT_FDCWD, base, O_RDONLY | O_DIRECTORY, 0, 0); }
+
+static PyObject *py_store_batch(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *base;
+    PyObject *rels, *hashes, *groups, *bufs;
+    Py_buffer digest;
+    unsigned long long pages, created_ns;
+    int flags, mode;
+    Py_ssize_t alignment;
+    if (!PyArg_ParseTuple(args, "sOOOOy*KiiKn", &base, &rels, &hashes, &groups, &bufs, &digest,
+                          &pages, &flags, &mode, &created_ns, &alignment))
+        return NULL;
+    if (digest.len != 8 || alignment < 1 || PAGE % alignment || pages < 1) {
+        PyBuffer_Release(&digest);
+        PyErr_SetString(PyExc_ValueError, "digest must be 8 bytes, alignment divide 4096, pages >= 1");
+        return NULL;
+    }
+    Py_ssize_t n = 0;
+    fx_item *items = items_from(rels, hashes, groups, bufs, 0, &n);
+    if (!items) {
+        PyBuffer_Release(&digest);
+        return NULL;
+    }
+    fx_scratch sc;
+    if (scratch_alloc(&sc) != 0) {
+        items_free(items, n);
+        PyBuffer_Release(&digest);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    int base_fd = open_base(base);
+    int base_err = errno;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (base_fd < 0) {
+            items[i].status = ST_FAILED;
+            items[i].err = base_err;
+            items[i].stage = SG_OPENBASE;
+            continue;
+        }
+        store_one(&items[i], base_fd, flags, (mode_t)mode, (size_t)alignment,
+                  (const uint8_t *)digest.buf, pages, created_ns, &sc);
+    }
+    if (base_fd >= 0) close(base_fd);
+    Py_END_ALLOW_THREADS
+    free(sc.header);
+    PyBuffer_Release(&digest);
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        fx_item *it = &items[i];
+        PyObject *t = Py_BuildValue("(iiKi)", it->status, it->err, (unsigned long long)it->nbytes,
+                                    it->stage);
+        if (!t) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, t);
+    }
+    items_free(items, n);
+    return out;
+}
+
+static PyObject *py_load_batch(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *base;
+    PyObject *rels, *hashes, *groups, *bufs;
+    Py_buffer digest;
+    int flags;
+    Py_ssize_t alignment;
+    if (!PyArg_ParseTuple(args, "sOOOOy*in", &base, &rels, &hashes, &groups, &bufs, &digest,
+                          &flags, &alignment))
+        return NULL;
+    if (digest.len != 8 || alignment < 1 || PAGE % alignment) {
+        PyBuffer_Release(&digest);
+        PyErr_SetString(PyExc_ValueError, "digest must be 8 bytes and alignment divide 4096");
+        return NULL;
+    }
+    Py_ssize_t n = 0;
+    fx_item *items = items_from(rels, hashes, groups, bufs, 1, &n);
+    if (!items) {
+        PyBuffer_Release(&digest);
+        return NULL;
+    }
+    fx_scratch sc;
+    if (scratch_alloc(&sc) != 0) {
+        items_free(items, n);
+        PyBuffer_Release(&digest);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    int base_fd = open_base(base);
+    int base_err = errno;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (base_fd < 0) {
+            items[i].err = base_err;
+            items[i].status = base_err == ENOENT ? LD_MISSING : LD_ERROR;
+            items[i].stage = base_err == ELOOP ? RS_SYMLINK : RS_OPEN;
+            if (base_err == ELOOP) items[i].status = LD_CORRUPT;
+            continue;
+        }
+        load_one(&items[i], base_fd, flags, (size_t)alignment, (const uint8_t *)digest.buf, &sc);
+    }
+    if (base_fd >= 0) close(base_fd);
+    Py_END_ALLOW_THREADS
+    free(sc.header);
+    PyBuffer_Release(&digest);
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        fx_item *it = &items[i];
+        PyObject *t = Py_BuildValue("(iiKiKK)", it->status, it->err, (unsigned long long)it->nbytes,
+                                    it->stage, (unsigned long long)it->dev,
+                                    (unsigned long long)it->ino);
+        if (!t) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, t);
+    }
+    items_free(items, n);
+    return out;
+}
+
+static PyObject *py_lookup_batch(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *base;
+    PyObject *rels;
+    int prefix;
+    if (!PyArg_ParseTuple(args, "sOp", &base, &rels, &prefix)) return NULL;
+    Py_ssize_t n = 0;
+    fx_item *items = items_from(rels, NULL, NULL, NULL, 0, &n);
+    if (!items) return NULL;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n);
+    if (!out) {
+        items_free(items, n);
+        return NULL;
+    }
+    uint8_t *res = (uint8_t *)PyBytes_AS_STRING(out);
+    memset(res, 0, (size_t)n);
+    Py_ssize_t done = n;
+    Py_BEGIN_ALLOW_THREADS
+    int base_fd = open_base(base);
+    for (Py_ssize_t i = 0; base_fd >= 0 && i < n; i++) {
+        struct stat st;
+        fx_inject inj;
+        int ok = fx_hook(OP_STAT, &inj) == 0 &&
+                 fstatat(base_fd, items[i].rel, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                 S_ISREG(st.st_mode);
+        res[i] = (uint8_t)ok;
+        if (!ok && prefix) {
+            done = i + 1;
+            break;
+        }
+    }
+    if (base_fd >= 0) close(base_fd);
+    Py_END_ALLOW_THREADS
+    items_free(items, n);
+    if (done < n && _PyBytes_Resize(&out, done) != 0) return NULL;
+    return out;
+}
+
+static PyObject *py_xxh3_64(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) != 0) return NULL;
+    uint64_t h;
+    if (b.len >= (1 << 20)) {
+        Py_BEGIN_ALLOW_THREADS
+        h = fx_xxh3_64(b.buf, (size_t)b.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        h = fx_xxh3_64(b.buf, (size_t)b.len);
+    }
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+static PyObject *py_xxh3_64_impl(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer b;
+    int impl;
+    if (!PyArg_ParseTuple(args, "y*i", &b, &impl)) return NULL;
+    if (impl < 0 || impl > fx_impl) {
+        PyBuffer_Release(&b);
+        PyErr_Format(PyExc_ValueError, "impl must be in 0..%d on this CPU", fx_impl);
+        return NULL;
+    }
+    uint64_t h = fx_xxh3_64_impl((const uint8_t *)b.buf, (size_t)b.len, impl);
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+static PyObject *py_crc32c(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer b;
+    int hw = 1;
+    if (!PyArg_ParseTuple(args, "y*|p", &b, &hw)) return NULL;
+    uint32_t c;
+#if defined(__x86_64__)
+    if (hw && __builtin_cpu_supports("sse4.2"))
+        c = fx_crc32c_hw((const uint8_t *)b.buf, (size_t)b.len);
+    else
+#endif
+        c = fx_crc32c_table((const uint8_t *)b.buf, (size_t)b.len);
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLong(c);
+}
+
+/* Time `reps` checksums of a buffer without the GIL: (seconds, last value).
+ * kind 0 xxh3 (best impl), 1 crc32c hw, 2 crc32c table. */
+static PyObject *py_checksum_bench(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer b;
+    int kind;
+    Py_ssize_t reps;
+    if (!PyArg_ParseTuple(args, "y*in", &b, &kind, &reps)) return NULL;
+    uint64_t v = 0;
+    struct timespec t0, t1;
+    Py_BEGIN_ALLOW_THREADS
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (Py_ssize_t i = 0; i < reps; i++) {
+        if (kind == 0)
+            v ^= fx_xxh3_64(b.buf, (size_t)b.len);
+#if defined(__x86_64__)
+        else if (kind == 1 && __builtin_cpu_supports("sse4.2"))
+            v ^= fx_crc32c_hw((const uint8_t *)b.buf, (size_t)b.len);
+#endif
+        else
+            v ^= fx_crc32c_table((const uint8_t *)b.buf, (size_t)b.len);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    return Py_BuildValue("(dK)", s, (unsigned long long)v);
+}
+
+static int op_index(const char *name) {
+    for (int i = 0; i < OP_COUNT; i++)
+        if (strcmp(op_names[i], name) == 0) return i;
+    return -1;
+}
+
+static PyObject *py_fault_set(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"op", "err", "nth", "times", "delay_s", "short", "after", NULL};
+    const char *op;
+    int err = 0, after = 0;
+    long nth = 1, times = 1, short_n = 0;
+    double delay = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|illdlp", kwlist, &op, &err, &nth, &times, &delay,
+                                     &short_n, &after))
+        return NULL;
+    int idx = op_index(op);
+    if (idx < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown op %R for fault_set", PyTuple_GET_ITEM(args, 0));
+        return NULL;
+    }
+    if (nth < 1 || delay < 0 || short_n < 0 || err < 0) {
+        PyErr_SetString(PyExc_ValueError, "fault_set: nth >= 1, delay_s >= 0, short >= 0, err >= 0");
+        return NULL;
+    }
+    pthread_mutex_lock(&rules_lock);
+    if (nrules == MAX_RULES) {
+        pthread_mutex_unlock(&rules_lock);
+        PyErr_SetString(PyExc_RuntimeError, "fault_set: rule table full (fault_clear() first)");
+        return NULL;
+    }
+    fx_rule *r = &rules[nrules++];
+    memset(r, 0, sizeof *r);
+    r->op = idx;
+    r->err = err;
+    r->nth = nth;
+    r->times = times;
+    r->delay_ns = (long)(delay * 1e9);
+    r->short_n = short_n;
+    r->after = after;
+    atomic_store(&armed, 1);
+    pthread_mutex_unlock(&rules_lock);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_fault_clear(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    pthread_mutex_lock(&rules_lock);
+    nrules = 0;
+    memset(op_calls, 0, sizeof op_calls);
+    atomic_store(&armed, 0);
+    pthread_mutex_unlock(&rules_lock);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_fault_count(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *op = PyUnicode_AsUTF8(arg);
+    if (!op) return NULL;
+    int idx = op_index(op);
+    if (idx < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown op %R", arg);
+        return NULL;
+    }
+    pthread_mutex_lock(&rules_lock);
+    long c = op_calls[idx];
+    pthread_mutex_unlock(&rules_lock);
+    return PyLong_FromLong(c);
+}
+
+static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"host", "openat2", "tmpfile", "format_version", NULL};
+    const char *host = NULL;
+    int o2 = -1, tmpf = -1, ver = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|ziii", kwlist, &host, &o2, &tmpf, &ver))
+        return NULL;
+    if (host) snprintf(host_name, sizeof host_name, "%s", host);
+    if (o2 == 1) {
+        int fd = fx_openat2_raw(AT_FDCWD, "/", O_RDONLY | O_DIRECTORY, 0, RESOLVE_NO_SYMLINKS);
+        if (fd >= 0) close(fd);
+        atomic_store(&use_openat2, fd >= 0);
+    } else if (o2 == 0) {
+        atomic_store(&use_openat2, 0);
+    }
+    if (tmpf >= 0) atomic_store(&tmpfile_refused, !tmpf || !O_TMPFILE);
+    if (ver > 0) format_version = ver;
+    return Py_BuildValue("{s:s,s:O,s:O,s:i,s:s}", "host", host_name, "openat2",
+                         atomic_load(&use_openat2) ? Py_True : Py_False, "tmpfile",
+                         atomic_load(&tmpfile_refused) ? Py_False : Py_True, "format_version",
+                         format_version, "xxh3_impl",
+                         fx_impl == 2 ? "avx2" : fx_impl == 1 ? "sse2" : "scalar");
+}
+
+static PyMethodDef methods[] = {
+    {"store_batch", py_store_batch, METH_VARARGS,
+     "store_batch(base, rels, hashes, groups, payloads, digest, page_count, flags, mode, "
+     "created_ns, alignment) -> [(status, errno, nbytes, stage)]"},
+    {"load_batch", py_load_batch, METH_VARARGS,
+     "load_batch(base, rels, hashes, groups, buffers, digest, flags, alignment) -> "
+     "[(status, errno, nbytes, reason, dev, ino)]"},
+    {"lookup_batch", py_lookup_batch, METH_VARARGS,
+     "lookup_batch(base, rels, prefix) -> bytes (1: a regular file is there)"},
+    {"xxh3_64", py_xxh3_64, METH_O, "XXH3-64 (seed 0) of a buffer"},
+    {"xxh3_64_impl", py_xxh3_64_impl, METH_VARARGS,
+     "xxh3_64_impl(buf, impl): 0 scalar, 1 sse2, 2 avx2 (tests)"},
+    {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buf, hw=True): CRC32C (measurement only)"},
+    {"checksum_bench", py_checksum_bench, METH_VARARGS,
+     "checksum_bench(buf, kind, reps) -> (seconds, value)"},
+    {"fault_set", (PyCFunction)(void (*)(void))py_fault_set, METH_VARARGS | METH_KEYWORDS,
+     "fault_set(op, err=0, nth=1, times=1, delay_s=0, short=0, after=False) (tests)"},
+    {"fault_clear", py_fault_clear, METH_NOARGS, "disarm every fault rule"},
+    {"fault_count", py_fault_count, METH_O, "calls of op seen while armed"},
+    {"configure", (PyCFunction)(void (*)(void))py_configure, METH_VARARGS | METH_KEYWORDS,
+     "configure(host=None, openat2=-1, tmpfile=-1, format_version=-1) -> settings"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_native",
+                                    "fstier's native block I/O path (see _native.c)", -1,
+                                    methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    fx_pick_impl();
+    fx_crc_init();
+    int fd = fx_openat2_raw(AT_FDCWD, "/", O_RDONLY | O_DIRECTORY, 0, RESOLVE_NO_SYMLINKS);
+    if (fd >= 0) close(fd);
+    atomic_store(&use_openat2, fd >= 0);
+    PyObject *m = PyModule_Create(&moddef);
+    if (!m) return NULL;
+    PyModule_AddIntConstant(m, "F_CHECKSUM", F_CHECKSUM);
+    PyModule_AddIntConstant(m, "F_DIRECT", F_DIRECT);
+    PyModule_AddIntConstant(m, "F_FSYNC_FILE", F_FSYNC_FILE);
+    PyModule_AddIntConstant(m, "F_FSYNC_DIR", F_FSYNC_DIR);
+    PyModule_AddIntConstant(m, "F_MKDIR", F_MKDIR);
+    PyModule_AddIntConstant(m, "F_NO_TMPFILE", F_NO_TMPFILE);
+    return m;
+}

@@ -1,0 +1,56 @@
+"""Type stub of the C extension fstier/io/_native.c (see fstier/io/native.py)."""
+
+from collections.abc import Sequence
+from typing import Any
+
+F_CHECKSUM: int
+F_DIRECT: int
+F_FSYNC_FILE: int
+F_FSYNC_DIR: int
+F_MKDIR: int
+F_NO_TMPFILE: int
+
+def store_batch(
+    base: str,
+    rels: Sequence[str],
+    hashes: Sequence[bytes],
+    groups: Sequence[int],
+    payloads: Sequence[Any],
+    digest: bytes,
+    page_count: int,
+    flags: int,
+    mode: int,
+    created_ns: int,
+    alignment: int,
+    /,
+) -> list[tuple[int, int, int, int]]: ...
+def load_batch(
+    base: str,
+    rels: Sequence[str],
+    hashes: Sequence[bytes],
+    groups: Sequence[int],
+    buffers: Sequence[Any],
+    digest: bytes,
+    flags: int,
+    alignment: int,
+    /,
+) -> list[tuple[int, int, int, int, int, int]]: ...
+def lookup_batch(base: str, rels: Sequence[str], prefix: bool, /) -> bytes: ...
+def xxh3_64(buf: Any, /) -> int: ...
+def xxh3_64_impl(buf: Any, impl: int, /) -> int: ...
+def crc32c(buf: Any, hw: bool = ..., /) -> int: ...
+def checksum_bench(buf: Any, kind: int, reps: int, /) -> tuple[float, int]: ...
+def fault_set(
+    op: str,
+    err: int = ...,
+    nth: int = ...,
+    times: int = ...,
+    delay_s: float = ...,
+    short: int = ...,
+    after: bool = ...,
+) -> None: ...
+def fault_clear() -> None: ...
+def fault_count(op: str, /) -> int: ...
+def configure(
+    host: str | None = ..., openat2: int = ..., tmpfile: int = ..., format_version: int = ...
+) -> dict[str, Any]: ...

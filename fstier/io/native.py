@@ -1,0 +1,375 @@
+"""The native block I/O path and its selection (pure-Python fallback).
+
+``fstier.io._native`` is a C extension (``fstier/io/_native.c``) built by
+``pip install`` wherever a C compiler and Python's headers exist. It runs a
+whole batch of block stores, loads or lookups in ONE call with the GIL
+released: no Python object is touched per block, so pool threads do not
+hand the GIL to each other per file (the Python path costs ~150 us of user
+CPU and ~95 futex calls per 64 KiB file; docs/performance.md has the
+measured figures of both paths). The protocol is the Python path's
+(:mod:`fstier.io.blockstore`), step for step, and so are the outcomes: this
+module turns the extension's per-block tuples into
+:class:`~fstier.io.blockstore.StoreOutcome` / :class:`~fstier.io.blockstore.LoadOutcome`
+with the same statuses, causes (errno names) and reasons, so every caller
+handles both paths with one code path.
+
+Selection (:func:`backend`): the native path when the extension imports
+and ``FSTIER_NATIVE`` is not ``0``; otherwise the Python path, with the
+reason (:func:`status`) logged once per process at tier start and shown by
+``fstier bench``, vLLM's ``config_info`` and the ``fstier_native_io``
+metric. ``FSTIER_NATIVE=1`` makes a missing extension an error instead.
+
+Invariants
+    - Nothing outside the base directory is created, written or removed:
+      every path is resolved by the kernel below the base directory's fd with
+      no symlink in any component (``openat2`` RESOLVE_BENEATH |
+      RESOLVE_NO_SYMLINKS; a walk of ``O_NOFOLLOW`` opens where the kernel
+      lacks it). A corrupt file is removed by :func:`fstier.io.fsops.unlink_if_same`
+      (the name must still hold the inode that was read).
+    - Only LOADED means the buffer holds verified bytes.
+    - The extension keeps references to the caller's buffers only for the
+      duration of the call; a late call (a hung mount) still holds them, which
+      is why the tier fences the slots of a timed-out batch until it returns.
+
+Fault injection: :func:`fault` arms the extension's test-only rule table
+(fail the Nth ``open``/``write``/``read``/``link``/... with an errno, delay
+it, shorten it, or fail after it happened); :func:`clear_faults` disarms it.
+The reliability suite runs its fault matrix through it on this path, as it
+runs it through ``fstier.io.fsops.FS`` on the Python path.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any, NamedTuple
+
+from fstier.errors import ConfigError
+from fstier.io import blockio
+from fstier.io.blockfile import FORMAT_VERSION
+from fstier.io.blockstore import (
+    IOOptions,
+    LoadOutcome,
+    LoadStatus,
+    StoreOutcome,
+    StoreStatus,
+)
+from fstier.io.fsops import _HOST, unlink_if_same
+from fstier.keys import BlockKey
+
+__all__ = [
+    "NativeStatus",
+    "backend",
+    "clear_faults",
+    "fault",
+    "fault_count",
+    "load_batch",
+    "log_selection_once",
+    "lookup_batch",
+    "status",
+    "store_batch",
+    "xxh3_64",
+]
+
+log = logging.getLogger("fstier.io")
+
+_ext: ModuleType | None
+_import_error: str
+try:
+    from fstier.io import _native as _ext_mod
+
+    _ext = _ext_mod
+    _import_error = ""
+    _settings: dict[str, Any] = _ext.configure(host=_HOST, format_version=FORMAT_VERSION)
+except ImportError as _exc:  # not built (no compiler), or built for another Python
+    _ext = None
+    _import_error = str(_exc) or type(_exc).__name__
+    _settings = {}
+
+
+class NativeStatus(NamedTuple):
+    """Which block I/O path runs and why."""
+
+    #: ``"native"`` or ``"python"``
+    backend: str
+    #: one line: why this path (for logs, ``fstier bench``, ``config_info``)
+    reason: str
+    #: the checksum implementation (``xxh3-64 avx2``, ``xxh3-64 (xxhash package)``)
+    checksum: str
+
+
+def status(mode: str = "auto") -> NativeStatus:
+    """The path a tier configured with ``native_io: mode`` uses now (reads
+    ``FSTIER_NATIVE`` each call: ``0`` forces the Python path; ``1`` turns
+    ``auto`` into ``on``, i.e. the extension is required; ``off`` stays off). Raises :class:`~fstier.errors.ConfigError` when the
+    extension is required but does not import."""
+    env = os.environ.get("FSTIER_NATIVE", "").strip()
+    if env == "0":
+        return NativeStatus("python", "FSTIER_NATIVE=0 forces the Python I/O path",
+                            "xxh3-64 (xxhash package)")
+    if mode == "off":
+        return NativeStatus("python", "tier.native_io: off selects the Python I/O path",
+                            "xxh3-64 (xxhash package)")
+    if _ext is None:
+        if env == "1" or mode == "on":
+            why = "FSTIER_NATIVE=1" if env == "1" else "tier.native_io: on"
+            raise ConfigError(
+                f"{why}, but fstier's native extension does not import ({_import_error}); "
+                "reinstall fstier where a C compiler and Python headers exist "
+                "(pip install --force-reinstall --no-binary fstier fstier), or set "
+                "tier.native_io to 'auto'"
+            )
+        return NativeStatus(
+            "python",
+            f"native extension unavailable ({_import_error}); using the Python I/O path",
+            "xxh3-64 (xxhash package)",
+        )
+    how = "openat2" if _settings.get("openat2") else "O_NOFOLLOW walk"
+    return NativeStatus(
+        "native",
+        f"native extension loaded (a batch per call, GIL released, path resolution by {how})",
+        f"xxh3-64 {_settings.get('xxh3_impl', '')}".strip(),
+    )
+
+
+def backend() -> str:
+    """``"native"`` or ``"python"`` (see :func:`status`)."""
+    return status().backend
+
+
+_logged = False
+_log_lock = threading.Lock()
+
+
+def log_selection_once(mode: str = "auto") -> NativeStatus:
+    """The path for ``native_io: mode``, logged once per process (at the
+    first tier start)."""
+    global _logged
+    st = status(mode)
+    with _log_lock:
+        if not _logged:
+            _logged = True
+            if st.backend == "native":
+                log.info("fstier: block I/O path: native (%s; checksum %s)", st.reason, st.checksum)
+            elif _ext is not None:  # chosen (FSTIER_NATIVE=0, native_io: off): no alarm
+                log.info("fstier: block I/O path: python (%s)", st.reason)
+            else:  # wanted but not built: say so where operators look
+                log.warning("fstier: block I/O path: python (%s)", st.reason)
+    return st
+
+
+def _require() -> ModuleType:
+    if _ext is None:
+        raise RuntimeError(f"fstier's native extension is not available: {_import_error}")
+    return _ext
+
+
+def xxh3_64(buf: Any) -> int:
+    """XXH3-64 (seed 0) computed by the extension (the checksum of kind 1)."""
+    return int(_require().xxh3_64(buf))
+
+
+# ------------------------------------------------------------ outcome tables
+_STORE_STATUS = (StoreStatus.STORED, StoreStatus.SKIPPED, StoreStatus.FAILED)
+_STAGES = (
+    "", "open directory of", "stat", "create temp for", "write", "fsync", "link", "close",
+    "rename", "directory fsync after publishing", "mkdir for", "open base directory for",
+)
+_LOAD_STATUS = (LoadStatus.LOADED, LoadStatus.MISSING, LoadStatus.CORRUPT, LoadStatus.ERROR)
+_REASONS = (
+    "", "symlink", "not_regular", "bad_size", "short_read", "bad_magic", "unsupported_version",
+    "header_checksum", "bad_header", "bad_key", "bad_checksum_kind", "bad_length", "wrong_key",
+    "wrong_namespace", "wrong_length", "payload_checksum", "open", "read",
+)
+
+
+def _errname(code: int) -> str:
+    return errno.errorcode.get(code, f"errno{code}")
+
+
+def _flags(opts: IOOptions, *, mkdir: bool = False) -> int:
+    ext = _require()
+    f = 0
+    if opts.checksum:
+        f |= ext.F_CHECKSUM
+    if opts.o_direct:
+        f |= ext.F_DIRECT
+    if opts.fsync in ("file", "file+dir"):
+        f |= ext.F_FSYNC_FILE
+    if opts.fsync == "file+dir":
+        f |= ext.F_FSYNC_DIR
+    if mkdir:
+        f |= ext.F_MKDIR
+    caps = opts.capabilities
+    if caps is not None and not caps.tmpfile:
+        f |= ext.F_NO_TMPFILE
+    return f
+
+
+def _split(base: str, paths: Sequence[str]) -> list[str]:
+    """Paths below ``base`` made relative to it (a path elsewhere is a bug)."""
+    cut = len(base) + 1
+    prefix = base + "/"
+    rels = [p[cut:] for p in paths]
+    for p in paths:
+        if not p.startswith(prefix):
+            raise ValueError(f"{p!r} is not below the base directory {base}")
+    return rels
+
+
+# --------------------------------------------------------------------- store
+def store_batch(
+    base: str,
+    paths: Sequence[str],
+    keys: Sequence[BlockKey],
+    payloads: Sequence[memoryview],
+    namespace_digest: bytes,
+    page_count: int,
+    opts: IOOptions,
+    *,
+    created_ns: int | None = None,
+) -> list[StoreOutcome]:
+    """Store ``payloads[i]`` (exactly its length) as ``keys[i]``'s file at
+    ``paths[i]`` (below ``base``), creating missing directories below
+    ``base``. One GIL-free call; never raises ``OSError``."""
+    ext = _require()
+    rels = _split(base, paths)
+    raw = ext.store_batch(
+        base, rels, [k.block_hash for k in keys], [k.group_idx for k in keys], list(payloads),
+        namespace_digest, page_count, _flags(opts, mkdir=True), opts.file_mode,
+        created_ns if created_ns is not None else _now_ns(), opts.alignment,
+    )
+    out: list[StoreOutcome] = []
+    for (st, err, nbytes, stage), rel in zip(raw, rels, strict=True):
+        if st == 2:
+            name = rel.rpartition("/")[2]
+            out.append(StoreOutcome(
+                StoreStatus.FAILED, _errname(err), f"{_STAGES[stage]} {name}: {os.strerror(err)}"
+            ))
+        else:
+            out.append(StoreOutcome(_STORE_STATUS[st], nbytes=nbytes))
+    return out
+
+
+def _now_ns() -> int:
+    import time
+
+    return time.time_ns()
+
+
+# ---------------------------------------------------------------------- load
+def load_batch(
+    base: str,
+    paths: Sequence[str],
+    keys: Sequence[BlockKey],
+    buffers: Sequence[memoryview],
+    namespace_digest: bytes,
+    opts: IOOptions,
+) -> list[LoadOutcome]:
+    """Load and verify ``keys[i]``'s file into ``buffers[i]`` (exactly its
+    length, the expected payload). Every block is attempted; only LOADED
+    buffers hold verified bytes. Proven-corrupt files are removed here (if
+    the name still holds the inode read), planted symlinks at a block's name
+    too. Never raises ``OSError``."""
+    ext = _require()
+    rels = _split(base, paths)
+    raw = ext.load_batch(
+        base, rels, [k.block_hash for k in keys], [k.group_idx for k in keys], list(buffers),
+        namespace_digest, _flags(opts), opts.alignment,
+    )
+    out: list[LoadOutcome] = []
+    for (st, err, nbytes, reason, dev, ino), path in zip(raw, paths, strict=True):
+        if st == 0:
+            out.append(LoadOutcome(LoadStatus.LOADED, nbytes=nbytes))
+            continue
+        name = path.rpartition("/")[2]
+        status_ = _LOAD_STATUS[st]
+        why = _REASONS[reason]
+        if status_ is LoadStatus.MISSING:
+            out.append(LoadOutcome(LoadStatus.MISSING, "ENOENT"))
+        elif why == "symlink":
+            removed = blockio._remove_planted_link(path)
+            out.append(LoadOutcome(
+                LoadStatus.CORRUPT, "symlink", f"{name}: a symlink on its path", removed=removed
+            ))
+        elif status_ is LoadStatus.CORRUPT:
+            detail = _corrupt_detail(why, nbytes, path)
+            removed = bool(ino) and unlink_if_same(
+                path, ino=ino, dev=dev, on_error=blockio._removal_failed
+            ) == "removed"
+            out.append(LoadOutcome(LoadStatus.CORRUPT, why, detail, removed=removed))
+        elif why == "not_regular":
+            out.append(LoadOutcome(LoadStatus.ERROR, "not_regular", f"{name} is not a regular file"))
+        elif why == "read" and err in (errno.ENOENT, errno.ESTALE):
+            # Removed between open and read by another host's eviction
+            # (GlusterFS: ENOENT, kernel NFS: ESTALE): a miss, as on the
+            # Python path, not a device error.
+            out.append(LoadOutcome(
+                LoadStatus.MISSING, _errname(err), f"{name} vanished while being read"
+            ))
+        else:
+            verb = "open" if why == "open" else "read"
+            out.append(LoadOutcome(
+                LoadStatus.ERROR, _errname(err), f"{verb} {name}: {os.strerror(err)}"
+            ))
+    return out
+
+
+def _corrupt_detail(why: str, size: int, path: str) -> str:
+    if why == "bad_size":
+        return f"file is {size} bytes"
+    return f"{path.rpartition('/')[2]}: {why.replace('_', ' ')}"
+
+
+# -------------------------------------------------------------------- lookup
+def lookup_batch(base: str, paths: Sequence[str], *, prefix: bool = False) -> list[bool]:
+    """Whether a regular file is at each path (a symlink, FIFO or directory
+    is not). With ``prefix`` the answer stops after the first miss."""
+    ext = _require()
+    got = ext.lookup_batch(base, _split(base, paths), prefix)
+    return [b == 1 for b in got]
+
+
+# ------------------------------------------------------------ fault seam
+def fault(
+    op: str,
+    err: int = 0,
+    *,
+    nth: int = 1,
+    times: int = 1,
+    delay_s: float = 0.0,
+    short: int = 0,
+    after: bool = False,
+) -> None:
+    """Arm a fault on the native path (tests): from the ``nth`` call of
+    ``op`` (``opendir open stat write read fsync link rename close mkdir
+    unlink``) on, for ``times`` calls (-1: all), sleep ``delay_s``, move at
+    most ``short`` bytes (read/write), and fail with ``err`` (before the
+    call, or ``after`` it happened). Rules add up until :func:`clear_faults`."""
+    _require().fault_set(op, err, nth, times, delay_s, short, after)
+
+
+def clear_faults() -> None:
+    """Disarm every native fault rule and reset the call counters."""
+    if _ext is not None:
+        _ext.fault_clear()
+
+
+def fault_count(op: str) -> int:
+    """Calls of ``op`` the native path made since the rules were armed."""
+    return int(_require().fault_count(op))
+
+
+def configure(*, openat2: bool | None = None, tmpfile: bool | None = None) -> dict[str, Any]:
+    """Switch the extension's path resolution (``openat2=False``: the
+    ``O_NOFOLLOW`` walk) or publication (``tmpfile=False``: named temps), as
+    a kernel or filesystem without them would (tests). Returns the settings."""
+    ext = _require()
+    return dict(ext.configure(
+        openat2=-1 if openat2 is None else int(openat2),
+        tmpfile=-1 if tmpfile is None else int(tmpfile),
+    ))

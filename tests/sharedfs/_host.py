@@ -1,0 +1,79 @@
+"""One "host" of the two-host capacity test: a tier with ``max_bytes`` on its
+own mount of the shared root, storing new blocks for a while.
+
+    python _host.py ROOT MAX_BYTES SECONDS SEED
+
+Prints ``drained`` when its last store ended, waits for a line on stdin
+(the other host drained too), then prints one JSON line: its view of the
+root's usage, and its counts of stored and dropped blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from conftest import make_config  # noqa: E402
+from manager_support import key  # noqa: E402
+
+from fstier.manager import FsTier  # noqa: E402
+from fstier.slots.host_pool import HostBlockPool  # noqa: E402
+
+#: 32 KiB pages: 36 KiB files
+GROUP = {"kind": "full_attention", "block_size": 16, "num_layers": 4, "num_kv_heads": 2, "head_size": 64}
+JOB_KEYS = 8
+SLOTS = 64
+
+
+def main() -> None:
+    root, max_bytes, seconds, seed = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+    cfg = make_config(
+        Path(root), groups=[dict(GROUP)],
+        tier={"max_bytes": max_bytes, "write_threads": 4, "read_threads": 2, "io_timeout_s": 30},
+    )
+    page = 16 * 4 * 2 * 64 * 2 * 2
+    pool = HostBlockPool(SLOTS, page)
+    free = pool.alloc(SLOTS)
+    tier = FsTier(cfg, pool)
+    stored = dropped = failed = 0
+    inflight: dict[object, list[int]] = {}
+    n = 0
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            if len(free) >= JOB_KEYS:
+                slots = [free.pop() for _ in range(JOB_KEYS)]
+                ks = [key(seed * 10_000_000 + n + i) for i in range(JOB_KEYS)]
+                n += JOB_KEYS
+                for k, s in zip(ks, slots, strict=True):
+                    pool.slot_view(s)[:page] = k.block_hash * (page // len(k.block_hash))
+                tier.submit_store(n, ks, slots)
+                inflight[n] = slots
+            for r in tier.get_finished():
+                free.extend(inflight.pop(r.job_id))
+                stored += r.keys_completed
+                if r.cause == "capacity":
+                    dropped += r.keys_failed
+                elif not r.success:
+                    failed += r.keys_failed
+            time.sleep(0.002)
+        tier.drain(120)
+        for r in tier.get_finished():
+            stored += r.keys_completed
+        print("drained", flush=True)
+        sys.stdin.readline()
+        time.sleep(6.0)  # publish + refresh rounds, the 1 s mount caches, one re-scan
+        print(json.dumps({
+            "usage": tier.usage_bytes, "stored": stored, "dropped": dropped, "failed": failed,
+        }), flush=True)
+    finally:
+        tier.close()
+        pool.close()
+
+
+if __name__ == "__main__":
+    main()

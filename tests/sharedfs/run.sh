@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# `make test-sharedfs`: install the Debian packages, stand up GlusterFS and
+# MooseFS (servers + two client hosts in network namespaces), run
+# tests/sharedfs, and ALWAYS tear everything down: on success, on failure, on
+# Ctrl-C or SIGTERM, and on the time limit. Leftovers of an earlier run whose
+# driver died (SIGKILL) are removed first.
+#
+#   tests/sharedfs/run.sh PYTHON [pytest args...]
+#
+# Environment: FSTIER_SHAREDFS_TIME_LIMIT (seconds for the tests, default 600).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+py=${1:?usage: run.sh PYTHON [pytest args...]}
+shift
+limit=${FSTIER_SHAREDFS_TIME_LIMIT:-600}
+
+if [[ $(id -u) != 0 ]]; then
+    echo "test-sharedfs needs root (network namespaces, loop and FUSE mounts)" >&2
+    exit 1
+fi
+[[ -e /dev/fuse ]] || { echo "test-sharedfs needs /dev/fuse" >&2; exit 1; }
+
+t0=$SECONDS
+"$here/sharedfs.sh" install || exit 1
+"$here/sharedfs.sh" sweep
+
+dir=/var/tmp/fstier-sharedfs-$$
+export FSTIER_SHAREDFS_OWNER=$$
+tests_pid=""
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM HUP
+    if [[ -n $tests_pid ]]; then
+        # The tests run in their own process group: end it and its children.
+        kill -TERM -- "-$tests_pid" 2>/dev/null
+        local end=$((SECONDS + 10))
+        while kill -0 -- "-$tests_pid" 2>/dev/null && ((SECONDS < end)); do sleep 0.2; done
+        kill -KILL -- "-$tests_pid" 2>/dev/null
+    fi
+    "$here/sharedfs.sh" down "$dir"
+    echo "test-sharedfs: $((SECONDS - t0)) s in all (rc=$rc)" >&2
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
+
+"$here/sharedfs.sh" up "$dir" || { echo "test-sharedfs: setup failed" >&2; exit 1; }
+echo "test-sharedfs: set up after $((SECONDS - t0)) s" >&2
+
+cd "$repo" || exit 1
+# setsid: the tests (and every process they start) form one process group
+# that cleanup can end; `wait` returns at once when a signal arrives.
+FSTIER_SHAREDFS_ENV="$dir/env.json" FSTIER_REQUIRE_SHAREDFS=1 \
+    setsid timeout -k 15 "$limit" "$py" -m pytest -q -p no:cacheprovider tests/sharedfs "$@" &
+tests_pid=$!
+wait "$tests_pid"
+rc=$?
+echo "test-sharedfs: tests ended after $((SECONDS - t0)) s" >&2
+if ((rc == 124)); then echo "test-sharedfs: tests exceeded ${limit}s" >&2; fi
+if ((rc == 5)); then echo "test-sharedfs: pytest collected no tests: failing" >&2; rc=1; fi
+exit "$rc"

@@ -1,0 +1,383 @@
+#!/usr/bin/env bash
+# Real shared filesystems for fstier's tests: GlusterFS and MooseFS, each with
+# its servers in one network namespace and two FUSE clients ("hosts" a and b)
+# in two others, all on a private bridge that exists only inside those
+# namespaces (nothing is addressed in the root namespace).
+#
+#   sharedfs.sh install          install the Debian packages (idempotent)
+#   sharedfs.sh up DIR           stand everything up under the new DIR; writes DIR/env.json
+#   sharedfs.sh down DIR         tear down what DIR records (idempotent, never fails)
+#   sharedfs.sh sweep            tear down leftovers of runs whose owner died
+#   sharedfs.sh fault DIR WHAT   gluster-kill | gluster-start | mfs-kill | mfs-start
+#                                | link-down-a | link-up-a
+#   sharedfs.sh serve DIR        run the faults named on stdin, one a line (the tests)
+#
+# Every process this script starts runs inside one of its own namespaces, so
+# teardown kills exactly `ip netns pids` of those namespaces; mounts and loop
+# devices are recorded in DIR and undone in reverse order. Names carry a
+# per-run id so two runs on one machine never collide.
+set -uo pipefail
+
+PKGS="glusterfs-server glusterfs-client moosefs-master moosefs-chunkserver moosefs-client moosefs-cli xfsprogs"
+BASE=/var/tmp
+PREFIX=fstier-sharedfs-
+
+log() { echo "sharedfs: $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# wait_for SECONDS DESCRIPTION COMMAND...: poll COMMAND every 0.2 s until it
+# succeeds; fail after SECONDS.
+wait_for() {
+    local limit=$1 what=$2; shift 2
+    local end=$((SECONDS + limit))
+    until "$@" >/dev/null 2>&1; do
+        if ((SECONDS >= end)); then
+            log "timed out after ${limit}s waiting for: $what"
+            return 1
+        fi
+        sleep 0.2
+    done
+}
+
+cmd_install() {
+    local missing=0 p
+    for p in glusterd glusterfs gluster mfsmaster mfschunkserver mfsmount mfssetgoal mkfs.xfs; do
+        command -v "$p" >/dev/null 2>&1 || missing=1
+    done
+    if ((missing == 0)); then
+        log "packages already installed"
+        return 0
+    fi
+    log "installing: $PKGS"
+    export DEBIAN_FRONTEND=noninteractive
+    timeout 300 apt-get update -q >/dev/null || die "apt-get update failed"
+    # shellcheck disable=SC2086
+    timeout 600 apt-get install -y -q --no-install-recommends $PKGS >/dev/null \
+        || die "apt-get install failed"
+}
+
+# ------------------------------------------------------------------ helpers
+ns_exec() { local ns=$1; shift; nsenter --net="/run/netns/$ns" "$@"; }
+
+is_mounted() { mountpoint -q "$1"; }
+
+# A FUSE mount is ready when it answers a stat and lists its root.
+fuse_ready() { is_mounted "$1" && timeout 5 ls "$1" >/dev/null 2>&1 && timeout 5 stat -f "$1" >/dev/null 2>&1; }
+
+record() { echo "$2" >>"$1/$3"; }
+
+# Per run: the volume name and glusterd's CLI socket (the default socket and
+# brick pid directory are machine-wide).
+vol_of() { echo "fstkv$(basename "$1" | sed "s/^$PREFIX//")"; }
+gl() {
+    local dir=$1 nss
+    shift
+    nss=$(awk '{print $1}' "$dir/namespaces")
+    timeout 60 nsenter --net="/run/netns/$nss" gluster --mode=script \
+        --glusterd-sock="$dir/gluster/glusterd.socket" "$@"
+}
+
+# ------------------------------------------------------------------ up
+cmd_up() {
+    local dir=$1
+    [[ -e $dir ]] && die "$dir exists"
+    mkdir -p "$dir" || die "cannot create $dir"
+    local id
+    id=$(basename "$dir" | sed "s/^$PREFIX//")
+    echo "${FSTIER_SHAREDFS_OWNER:-$PPID}" >"$dir/owner"
+    local nss="fst${id}s" nsa="fst${id}a" nsb="fst${id}b"
+    echo "$nss $nsa $nsb" >"$dir/namespaces"
+    # A private /24 per run, chosen from the id, only inside the namespaces.
+    local net="10.$((200 + id % 50)).$((id / 50 % 250)).0"
+    local pfx=${net%.0}
+    local srv="$pfx.1" ipa="$pfx.2" ipb="$pfx.3"
+    echo "$srv" >"$dir/srv_ip"
+
+    log "namespaces $nss $nsa $nsb, server $srv"
+    ip netns add "$nss" && ip netns add "$nsa" && ip netns add "$nsb" || return 1
+    ip -n "$nss" link set lo up
+    ip -n "$nss" link add br0 type bridge || return 1
+    ip -n "$nss" addr add "$srv/24" dev br0
+    ip -n "$nss" link set br0 up
+    local ns peer ip
+    for ns in a b; do
+        if [[ $ns == a ]]; then peer=$nsa; ip=$ipa; else peer=$nsb; ip=$ipb; fi
+        ip link add name eth0 netns "$peer" type veth peer name "v$ns" netns "$nss" || return 1
+        ip -n "$nss" link set "v$ns" master br0
+        ip -n "$nss" link set "v$ns" up
+        ip -n "$peer" link set lo up
+        ip -n "$peer" addr add "$ip/24" dev eth0
+        ip -n "$peer" link set eth0 up
+    done
+
+    # One XFS loop filesystem holds the GlusterFS brick and the MooseFS chunks.
+    truncate -s 4G "$dir/disk.img" || return 1
+    mkfs.xfs -q -f -i size=512 "$dir/disk.img" || return 1
+    mkdir -p "$dir/disk"
+    mount -o loop "$dir/disk.img" "$dir/disk" || return 1
+    record "$dir" "$dir/disk" mounts
+
+    up_gluster "$dir" "$nss" "$nsa" "$nsb" "$srv" || return 1
+    up_moosefs "$dir" "$nss" "$nsa" "$nsb" "$srv" || return 1
+
+    cat >"$dir/env.json" <<EOF
+{
+  "script": "$(readlink -f "$0")",
+  "dir": "$dir",
+  "filesystems": {
+    "glusterfs": {"a": "$dir/mnt/gluster-a", "b": "$dir/mnt/gluster-b",
+                  "kill": "gluster-kill", "start": "gluster-start"},
+    "moosefs": {"a": "$dir/mnt/mfs-a", "b": "$dir/mnt/mfs-b",
+                "kill": "mfs-kill", "start": "mfs-start"}
+  }
+}
+EOF
+    log "up: $dir/env.json"
+}
+
+up_gluster() {
+    local dir=$1 nss=$2 nsa=$3 nsb=$4 srv=$5
+    local g="$dir/gluster"
+    mkdir -p "$g/work" "$g/log" "$dir/disk/brick" "$dir/mnt/gluster-a" "$dir/mnt/gluster-b"
+    local vol
+    vol=$(vol_of "$dir")
+    sed -e "s#option working-directory .*#option working-directory $g/work\n    option glusterd-sockfile $g/glusterd.socket#" \
+        /etc/glusterfs/glusterd.vol >"$g/glusterd.vol"
+    # glusterd keeps brick pid files under /var/run/gluster/vols/<volume>.
+    rm -rf "/var/run/gluster/vols/$vol"
+    log "glusterd, volume $vol"
+    ns_exec "$nss" glusterd -f "$g/glusterd.vol" -p "$g/glusterd.pid" \
+        --log-file="$g/log/glusterd.log" || { log "glusterd did not start"; return 1; }
+    wait_for 30 "glusterd answers" gl "$dir" pool list || return 1
+    gl "$dir" volume create "$vol" transport tcp "$srv:$dir/disk/brick/data" force >/dev/null \
+        || { log "gluster volume create failed"; return 1; }
+    gl "$dir" volume start "$vol" >/dev/null || { log "gluster volume start failed"; return 1; }
+    local m ns
+    for m in a b; do
+        if [[ $m == a ]]; then ns=$nsa; else ns=$nsb; fi
+        ns_exec "$ns" glusterfs --volfile-server="$srv" --volfile-id="$vol" \
+            --log-file="$g/log/client-$m.log" "$dir/mnt/gluster-$m" \
+            || { log "glusterfs client $m did not start"; return 1; }
+        record "$dir" "$dir/mnt/gluster-$m" mounts
+        wait_for 60 "GlusterFS mount $m" fuse_ready "$dir/mnt/gluster-$m" || return 1
+    done
+    # Both clients see one volume: a file made through a shows up on b.
+    echo probe >"$dir/mnt/gluster-a/.probe" || return 1
+    wait_for 30 "GlusterFS a -> b" test -e "$dir/mnt/gluster-b/.probe" || return 1
+    rm -f "$dir/mnt/gluster-a/.probe"
+}
+
+up_moosefs() {
+    local dir=$1 nss=$2 nsa=$3 nsb=$4 srv=$5
+    local m="$dir/mfs"
+    mkdir -p "$m/master" "$m/cs" "$dir/disk/chunks" "$dir/mnt/mfs-a" "$dir/mnt/mfs-b"
+    cp /var/lib/mfs/metadata.mfs.empty "$m/master/metadata.mfs" || return 1
+    echo "*  /  rw,alldirs,admin,maproot=0:0" >"$m/exports.cfg"
+    cat >"$m/master.cfg" <<EOF
+WORKING_USER = root
+WORKING_GROUP = root
+DATA_PATH = $m/master
+EXPORTS_FILENAME = $m/exports.cfg
+TOPOLOGY_FILENAME = $m/topology.cfg
+MATOML_LISTEN_HOST = $srv
+MATOCS_LISTEN_HOST = $srv
+MATOCL_LISTEN_HOST = $srv
+NICE_LEVEL = 0
+EOF
+    touch "$m/topology.cfg"
+    echo "$dir/disk/chunks" >"$m/hdd.cfg"
+    cat >"$m/cs.cfg" <<EOF
+WORKING_USER = root
+WORKING_GROUP = root
+DATA_PATH = $m/cs
+HDD_CONF_FILENAME = $m/hdd.cfg
+MASTER_HOST = $srv
+BIND_HOST = $srv
+CSSERV_LISTEN_HOST = $srv
+HDD_TEST_FREQ = 0
+NICE_LEVEL = 0
+EOF
+    log "mfsmaster, mfschunkserver"
+    ns_exec "$nss" mfsmaster -c "$m/master.cfg" start >"$m/master.out" 2>&1 \
+        || { cat "$m/master.out" >&2; return 1; }
+    ns_exec "$nss" mfschunkserver -c "$m/cs.cfg" start >"$m/cs.out" 2>&1 \
+        || { cat "$m/cs.out" >&2; return 1; }
+    local x ns
+    for x in a b; do
+        if [[ $x == a ]]; then ns=$nsa; else ns=$nsb; fi
+        ns_exec "$ns" mfsmount "$dir/mnt/mfs-$x" -H "$srv" -S / >"$m/mount-$x.out" 2>&1 \
+            || { cat "$m/mount-$x.out" >&2; return 1; }
+        record "$dir" "$dir/mnt/mfs-$x" mounts
+        wait_for 60 "MooseFS mount $x" fuse_ready "$dir/mnt/mfs-$x" || return 1
+    done
+    mfssetgoal -r 1 "$dir/mnt/mfs-a" >/dev/null 2>&1 || true
+    # Writes need the chunkserver registered with the master: retry a write.
+    wait_for 60 "MooseFS chunkserver accepts writes" \
+        bash -c "echo probe >'$dir/mnt/mfs-a/.probe' && sync '$dir/mnt/mfs-a/.probe' && cat '$dir/mnt/mfs-b/.probe'" \
+        || return 1
+    rm -f "$dir/mnt/mfs-a/.probe"
+}
+
+# ------------------------------------------------------------------ faults
+mfs_cs_pid() {
+    local dir=$1 nss pid
+    nss=$(awk '{print $1}' "$dir/namespaces")
+    for pid in $(ip netns pids "$nss" 2>/dev/null); do
+        if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "mfschunkserver -c $dir/mfs/cs.cfg"; then
+            echo "$pid"
+        fi
+    done
+}
+
+cmd_fault() {
+    local dir=$1 what=$2 nss nsa pid f
+    read -r nss nsa _ <"$dir/namespaces"
+    case $what in
+        gluster-kill)
+            # Remove the pid file too: glusterd takes a pid that still exists
+            # (a zombie not reaped yet) for a running brick and would not
+            # restart it.
+            for f in /var/run/gluster/vols/"$(vol_of "$dir")"/*.pid; do
+                [[ -f $f ]] || continue
+                pid=$(cat "$f")
+                [[ -n $pid ]] && kill -9 "$pid" 2>/dev/null
+                rm -f "$f"
+            done
+            ;;
+        gluster-start)
+            gl "$dir" volume start "$(vol_of "$dir")" force >/dev/null
+            ;;
+        mfs-kill)
+            for pid in $(mfs_cs_pid "$dir"); do kill -9 "$pid"; done
+            rm -f "$dir/mfs/cs/.mfschunkserver.lock"
+            ;;
+        mfs-start)
+            ns_exec "$nss" mfschunkserver -c "$dir/mfs/cs.cfg" start >>"$dir/mfs/cs.out" 2>&1
+            ;;
+        link-down-a) ip -n "$nsa" link set eth0 down ;;
+        link-up-a) ip -n "$nsa" link set eth0 up ;;
+        *) die "unknown fault $what" ;;
+    esac
+}
+
+# ------------------------------------------------------------------ down
+kill_ns_pids() {
+    local sig=$1 ns pid
+    shift
+    for ns in "$@"; do
+        for pid in $(ip netns pids "$ns" 2>/dev/null); do
+            kill "-$sig" "$pid" 2>/dev/null
+        done
+    done
+}
+
+ns_has_pids() {
+    local ns
+    for ns in "$@"; do
+        [[ -n $(ip netns pids "$ns" 2>/dev/null) ]] && return 0
+    done
+    return 1
+}
+
+cmd_down() {
+    local dir=$1
+    [[ -d $dir ]] || return 0
+    log "tearing down $dir"
+    local nss="" nsa="" nsb=""
+    [[ -f $dir/namespaces ]] && read -r nss nsa nsb <"$dir/namespaces"
+    # Bring links back up so that a clean unmount is possible.
+    [[ -n $nsa ]] && ip -n "$nsa" link set eth0 up 2>/dev/null
+    # Clients first: unmount the FUSE mounts (lazily: a hung one must not
+    # block), then stop the servers.
+    local mounts=() m
+    [[ -f $dir/mounts ]] && mapfile -t mounts <"$dir/mounts"
+    local i
+    for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do
+        m=${mounts[i]}
+        [[ $m == "$dir/disk" ]] && continue
+        if is_mounted "$m"; then
+            timeout 10 umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
+        fi
+    done
+    if [[ -n $nss ]] && [[ -S $dir/gluster/glusterd.socket ]]; then
+        gl "$dir" volume stop "$(vol_of "$dir")" force >/dev/null 2>&1
+    fi
+    if [[ -n $nss ]]; then
+        kill_ns_pids TERM "$nss" "$nsa" "$nsb"
+        local end=$((SECONDS + 10))
+        while ns_has_pids "$nss" "$nsa" "$nsb" && ((SECONDS < end)); do sleep 0.2; done
+        kill_ns_pids KILL "$nss" "$nsa" "$nsb"
+        end=$((SECONDS + 10))
+        while ns_has_pids "$nss" "$nsa" "$nsb" && ((SECONDS < end)); do sleep 0.2; done
+    fi
+    # Anything still mounted (a FUSE mount whose client was just killed).
+    for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do
+        m=${mounts[i]}
+        if is_mounted "$m"; then
+            timeout 20 umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
+        fi
+    done
+    # The loop device of disk.img (mount -o loop sets autoclear; detach any left).
+    local loopdev
+    for loopdev in $(losetup -j "$dir/disk.img" -O NAME -n 2>/dev/null); do
+        losetup -d "$loopdev" 2>/dev/null
+    done
+    local ns
+    for ns in $nss $nsa $nsb; do
+        ip netns del "$ns" 2>/dev/null
+    done
+    rm -rf "/var/run/gluster/vols/$(vol_of "$dir")"
+    local tag
+    tag=$(echo "$dir" | sed 's#^/##; s#/#-#g')
+    rm -f /var/log/glusterfs/bricks/"$tag"-*.log
+    # Keep the logs of a failed run next to the state dir's name, drop the rest.
+    if [[ -n ${FSTIER_SHAREDFS_KEEP_LOGS:-} ]]; then
+        mkdir -p "$FSTIER_SHAREDFS_KEEP_LOGS"
+        cp -r "$dir/gluster/log" "$FSTIER_SHAREDFS_KEEP_LOGS/gluster-log" 2>/dev/null
+        cp "$dir"/mfs/*.out "$FSTIER_SHAREDFS_KEEP_LOGS/" 2>/dev/null
+    fi
+    local left=0
+    for m in "${mounts[@]}"; do is_mounted "$m" && left=1; done
+    if ((left)); then
+        log "WARNING: mounts under $dir are still busy; leaving $dir"
+        return 0
+    fi
+    rm -rf "$dir"
+    return 0
+}
+
+cmd_sweep() {
+    local d owner
+    for d in "$BASE/$PREFIX"*; do
+        [[ -d $d ]] || continue
+        owner=$(cat "$d/owner" 2>/dev/null)
+        if [[ -n $owner ]] && kill -0 "$owner" 2>/dev/null; then
+            continue
+        fi
+        log "removing leftovers of a dead run: $d"
+        cmd_down "$d"
+    done
+}
+
+case ${1:-} in
+    install) cmd_install ;;
+    up)
+        [[ $# -eq 2 ]] || die "usage: $0 up DIR"
+        cmd_up "$2" || { log "setup failed; tearing down"; cmd_down "$2"; exit 1; }
+        ;;
+    down) [[ $# -eq 2 ]] || die "usage: $0 down DIR"; cmd_down "$2" ;;
+    sweep) cmd_sweep ;;
+    fault) [[ $# -eq 3 ]] || die "usage: $0 fault DIR WHAT"; cmd_fault "$2" "$3" ;;
+    serve)
+        # One fault per input line, answered "ok" or "failed". The tests start
+        # this before they open any file on the mounts: a process forked
+        # while fstier holds files open on a FUSE mount inherits them, and
+        # closing them in the child flushes through the mount, which blocks
+        # while the servers are down (the fault could never be undone).
+        [[ $# -eq 2 ]] || die "usage: $0 serve DIR"
+        while read -r what; do
+            if cmd_fault "$2" "$what"; then echo ok; else echo failed; fi
+        done
+        ;;
+    *) die "usage: $0 install | up DIR | down DIR | sweep | fault DIR WHAT" ;;
+esac
