@@ -38,8 +38,10 @@ __all__ = [
     "ModelSpec",
     "ParallelSpec",
     "TierConfig",
+    "format_validation_error",
     "load_config",
     "parse_config",
+    "yaml_document",
 ]
 
 #: Element size in bytes of every KV dtype fstier knows (torch names).
@@ -332,7 +334,9 @@ class FstierConfig(BaseModel):
     parallel: ParallelSpec = ParallelSpec()
 
 
-def _format_validation_error(exc: ValidationError, source: str) -> str:
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    """One line for a pydantic :class:`ValidationError`: each failed field as
+    ``<path>: <what is wrong>, got <value>``, prefixed by ``source``."""
     parts = []
     for err in exc.errors():
         path = ".".join(str(p) for p in err["loc"]) or "<top>"
@@ -371,7 +375,7 @@ def parse_config(data: Any, source: str = "") -> FstierConfig:
     try:
         return FstierConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, source)) from None
+        raise ConfigError(format_validation_error(exc, source)) from None
 
 
 def load_config(path: str | os.PathLike[str]) -> FstierConfig:

@@ -11,7 +11,8 @@ Layout on disk (see docs/format.md)::
 The digest is the first 16 hex chars of sha256 over the canonical JSON
 (sorted keys, no spaces) of :meth:`FileMapper.namespace_fields`. When the
 model is parallel-agnostic (:func:`is_parallel_agnostic`) tp/pp/pcp/dcp are
-written as 1 and there is no rank segment, so every parallel layout of the
+written as 1 and there is no rank segment (:func:`parallel_identity`, the
+one collapse rule, also used by engine-defined namespaces), so every parallel layout of the
 same model shares one directory; otherwise they stay in the digest and each
 rank has its own ``r<rank>`` subtree.
 
@@ -44,6 +45,7 @@ __all__ = [
     "decode",
     "encode",
     "is_parallel_agnostic",
+    "parallel_identity",
     "safe_model_name",
 ]
 
@@ -82,6 +84,16 @@ def is_parallel_agnostic(model: ModelSpec, parallel: ParallelSpec) -> bool:
         # with equal world size would share files they cannot read correctly.
         and is_certified(group, parallel)
     )
+
+
+def parallel_identity(agnostic: bool, sizes: dict[str, int]) -> dict[str, int]:
+    """THE collapse rule of a parallel-agnostic namespace, for YAML configs
+    and engines alike: each parallel size in ``sizes`` (``tp_size``,
+    ``pp_size``, ...) is digested as given, or as 1 when ``agnostic``, so
+    every parallel layout of the model shares one directory. The rank leaves
+    the path under the same verdict (:class:`FileMapper` puts no ``r<rank>``
+    segment in an agnostic namespace)."""
+    return {name: 1 if agnostic else size for name, size in sizes.items()}
 
 
 def safe_model_name(name: str) -> str:
@@ -162,8 +174,8 @@ class FileMapper:
         config, :mod:`fstier.integrations.vllm`) instead of a :class:`ModelSpec`.
 
         ``fields`` is digested as given (it must already hold every field that
-        changes a file's bytes, with parallel sizes collapsed when
-        ``agnostic``); ``payload_bytes[g]`` is the payload length of group
+        changes a file's bytes, its parallel sizes passed through
+        :func:`parallel_identity`); ``payload_bytes[g]`` is the payload length of group
         ``g``'s files. The on-disk layout and manifest are the same as for a
         config-built mapper; :attr:`config` is ``None``."""
         if not isinstance(rank, int) or rank < 0:
@@ -241,11 +253,16 @@ class FileMapper:
             "groups": groups,
             "blocks_per_file": cfg.tier.blocks_per_file,
             "format_id": "+".join(str(g["format_id"]) for g in groups),
-            "tp_size": 1 if agnostic else par.tp_size,
-            "pp_size": 1 if agnostic else par.pp_size,
-            "pcp_size": 1 if agnostic else par.pcp_size,
-            "dcp_size": 1 if agnostic else par.dcp_size,
-            "cp_kv_cache_interleave_size": 1 if agnostic else par.cp_kv_cache_interleave_size,
+            **parallel_identity(
+                agnostic,
+                {
+                    "tp_size": par.tp_size,
+                    "pp_size": par.pp_size,
+                    "pcp_size": par.pcp_size,
+                    "dcp_size": par.dcp_size,
+                    "cp_kv_cache_interleave_size": par.cp_kv_cache_interleave_size,
+                },
+            ),
             "model_runner": par.model_runner,
             "namespace_salt": cfg.tier.namespace_salt,
         }

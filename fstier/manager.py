@@ -33,6 +33,10 @@ engine's scheduler owns one :class:`FsTier`; it never blocks in it:
   the slot provider (:mod:`fstier.slots`) is told to ``fence`` it, so a slot
   the engine frees is not handed out again before the late call is over.
   No byte written by an op after its job was reported reaches a later job.
+  A provider that cannot stop the engine from reusing a slot it freed (an
+  engine's own rows) asks for ``hold_fenced_results=True``: the result of a
+  job holding a fenced slot is then held back by :meth:`get_finished` until
+  the slot is released, so the engine cannot reuse it too early.
 - **Slots** must be currently handed out by the provider
   (``check_slots``): a job naming a slot the caller does not hold is a
   ``ValueError``, as are malformed keys in any call, ``lookup`` included.
@@ -65,7 +69,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from fstier.config import FstierConfig, TierConfig, load_config
-from fstier.errors import ConfigError, PoolError, TierClosedError
+from fstier.errors import ConfigError, PoolError, StorageError, TierClosedError
 from fstier.file_mapper import FileMapper, decode
 from fstier.io import blockstore, fsops, native
 from fstier.io.blockfile import HEADER_SIZE, padded_len
@@ -76,6 +80,7 @@ from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
 from fstier.tier.admission import BAD_FILE_CAUSES, Breaker, Failure, WriteBudget
 from fstier.tier.capacity import Capacity
+from fstier.tier.checks import check_job, check_keys
 from fstier.tier.gc import GcReport
 from fstier.tier.lookup import Lookup, LookupCache
 from fstier.tier.metrics import TierMetrics
@@ -130,7 +135,8 @@ class BlockStored:
 
 @dataclass(frozen=True, slots=True)
 class BlockRemoved:
-    """Keys whose files were removed: ``reason`` is ``evicted`` or ``corrupt``."""
+    """Keys whose files were removed: ``reason`` is ``evicted``, ``corrupt``
+    or ``cleared`` (:meth:`FsTier.clear`)."""
 
     keys: tuple[BlockKey, ...]
     reason: str = "evicted"
@@ -227,6 +233,8 @@ class FsTier:
         config: FstierConfig | TierConfig,
         pool: SlotProvider,
         mapper: FileMapper | None = None,
+        *,
+        hold_fenced_results: bool = False,
     ) -> None:
         if isinstance(config, FstierConfig) and mapper is None:
             self.config: FstierConfig | None = config
@@ -282,6 +290,9 @@ class FsTier:
         self._user_ids: set[Hashable] = set()
         self._next_pool_id = 0
         self._finished: list[JobResult] = []
+        self._hold_fenced = hold_fenced_results
+        #: results held back while a slot of their job is fenced (hold_fenced_results)
+        self._held: list[tuple[JobResult, tuple[int, ...]]] = []
         self._events: list[TierEvent] = []
         #: slot -> (pool job id, op index) of the timed-out op holding it
         self._fenced: dict[int, tuple[Hashable, int]] = {}
@@ -358,7 +369,7 @@ class FsTier:
         n = len(keys)
         if n == 0:
             return 0
-        self._check_keys(keys, "lookup")
+        check_keys(keys, len(self._payload_len), "lookup")
         if not self._breaker.allow():
             self.metrics.lookup_keys.inc(n)
             self.metrics.misses.inc()
@@ -382,7 +393,7 @@ class FsTier:
         n = len(keys)
         if n == 0:
             return []
-        self._check_keys(keys, "present")
+        check_keys(keys, len(self._payload_len), "present")
         if not self._breaker.allow():
             return [False] * n
         out, probed = self._lookup.present(keys)
@@ -396,44 +407,6 @@ class FsTier:
     def _check_open(self) -> None:
         if self._closed:
             raise TierClosedError("FsTier is closed; create a new one with FsTier.from_config(...)")
-
-    def _validate(self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]) -> None:
-        if len(keys) != len(slots):
-            raise ValueError(
-                f"job {job_id!r}: {len(keys)} keys but {len(slots)} slots; one slot per key"
-            )
-        self._check_keys(keys, f"job {job_id!r}")
-        num_slots = self._pool.num_slots
-        for s in slots:
-            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < num_slots:
-                raise ValueError(
-                    f"job {job_id!r}: slot {s!r} is not a slot index in 0..{num_slots - 1}"
-                )
-        if len(set(slots)) != len(slots):
-            raise ValueError(f"job {job_id!r}: a slot appears twice; one slot per key")
-        # The provider knows which slots the caller holds now: a slot that was
-        # never allocated, or was freed, may be handed to someone else at any
-        # time, so moving bytes through it is refused (issue 15 item 10).
-        try:
-            self._pool.check_slots(slots)
-        except ValueError as exc:
-            raise ValueError(f"job {job_id!r}: {exc}") from None
-
-    def _check_keys(self, keys: Sequence[BlockKey], what: str) -> None:
-        """Every element a :class:`BlockKey` of a group this model has, or a
-        ``ValueError`` naming the first that is not."""
-        ngroups = len(self._payload_len)
-        for i, k in enumerate(keys):
-            if not isinstance(k, BlockKey):
-                raise ValueError(
-                    f"{what}: keys[{i}] is {k!r} ({type(k).__name__}); keys must be BlockKey, "
-                    "e.g. from fstier.chain_hashes"
-                )
-            if k.group_idx >= ngroups:
-                raise ValueError(
-                    f"{what}: keys[{i}]: group {k.group_idx} does not exist "
-                    f"(the model has {ngroups} group(s))"
-                )
 
     def _finish_now_locked(
         self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str
@@ -464,7 +437,7 @@ class FsTier:
         slots: Sequence[int],
     ) -> None:
         self._check_open()
-        self._validate(job_id, keys, slots)
+        check_job(job_id, keys, slots, self._pool, len(self._payload_len))
         self._reap()
         n = len(keys)
         keys_t, slots_t = tuple(keys), tuple(slots)
@@ -689,7 +662,10 @@ class FsTier:
                     # the late marks of this job's batches served all their keys
                     self._late.difference_update((job.pool_id, j) for j in range(len(job.bounds) - 1))
                 self._user_ids.discard(job.job_id)
-                self._finished.append(result)
+                if self._hold_fenced and not self._fenced.keys().isdisjoint(job.slots):
+                    self._held.append((result, job.slots))
+                else:
+                    self._finished.append(result)
                 self._idle.notify_all()
 
     @staticmethod
@@ -863,10 +839,17 @@ class FsTier:
         return JobResult(job.job_id, "load", prefix == n, prefix, n - prefix, nbytes, seconds, cause)
 
     def get_finished(self) -> list[JobResult]:
-        """Results of jobs finished since the last call (never blocks)."""
+        """Results of jobs finished since the last call (never blocks); with
+        ``hold_fenced_results``, a job's result comes once none of its slots
+        is fenced (held results first, in the order they finished)."""
         self._reap()
         with self._lock:
             out, self._finished = self._finished, []
+            if self._held:
+                fenced = self._fenced.keys()
+                ready = [r for r, slots in self._held if fenced.isdisjoint(slots)]
+                self._held = [(r, slots) for r, slots in self._held if not fenced.isdisjoint(slots)]
+                out = ready + out
         return out
 
     def take_events(self) -> list[TierEvent]:
@@ -954,6 +937,33 @@ class FsTier:
         self._check_open()
         timeout = _wait_timeout("run_capacity_pass", timeout)
         return self.capacity.run_pass(max_bytes, timeout)
+
+    def clear(self) -> int:
+        """Remove every block file of this tier's namespace (this rank's
+        subtree, or the whole parallel-agnostic namespace; other ranks' and
+        other namespaces' files stay), after waiting for in-flight jobs.
+        Forgets cached lookup answers, takes the bytes off the shared usage
+        count and publishes one ``BlockRemoved(keys, "cleared")`` event.
+        Returns how many files it removed; a file it could not remove raises
+        :class:`~fstier.errors.StorageError` naming it (after the others were
+        removed)."""
+        self._check_open()
+        self.drain()
+        errors: list[OSError] = []
+        removed = self.blocks.clear(errors.append)
+        self._cache.clear()
+        self.capacity.add(-sum(size for _, size in removed))
+        if removed:
+            with self._lock:
+                self._events.append(BlockRemoved(tuple(k for k, _ in removed), "cleared"))
+        log.info("fstier: cleared %d block file(s) under %s", len(removed), self.mapper.blocks_dir)
+        if errors:
+            raise StorageError(
+                f"clear: {len(errors)} file(s) under {self.mapper.blocks_dir} not removed, "
+                f"first: {errors[0]}",
+                errors[0].errno,
+            )
+        return len(removed)
 
     # ------------------------------------------------------------------ close
     def close(self) -> None:

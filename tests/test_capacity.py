@@ -15,7 +15,6 @@ import pytest
 from manager_support import FILE_BYTES, fill, key, keys, open_tier, store, valid_namespace
 
 from fstier.manager import BlockRemoved
-from fstier.tier.capacity import Capacity
 from fstier.tier.gc import collect_garbage, key_from_block_name, scan_usage
 
 NS = 1_000_000_000
@@ -77,7 +76,7 @@ def test_bounded_candidates_still_evict_exactly_oldest(tmp_path: Path) -> None:
     assert rep.final_bytes == 2500
 
 
-def test_recently_touched_file_survives_a_race(tmp_path: Path) -> None:
+def test_recently_touched_file_survives_a_race(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     old = _block(tmp_path, 1, 1000, age_s=50)
     _block(tmp_path, 2, 1000, age_s=10)
 
@@ -86,21 +85,20 @@ def test_recently_touched_file_survives_a_race(tmp_path: Path) -> None:
 
     # Simulate a reader bumping recency between scan and unlink: the candidate's
     # recorded mtime no longer matches, so it is kept.
-    import fstier.tier.gc as cap
+    # Through the syscall seam: the unlink's own check (stat at the directory
+    # fd) is the first to see the bumped mtime.
+    from fstier.io import fsops
 
-    real = cap._unlink_if_unchanged
+    real = fsops.FS.stat_at
 
-    def touch_then_unlink(path: str, mtime_ns: int, ino: int, on_error=None) -> str:  # type: ignore[no-untyped-def]
-        if path == str(old):
+    def touch_then_stat(dir_fd: int, name: str) -> os.stat_result:
+        if name == old.name:
             os.utime(old)
-        return real(path, mtime_ns, ino, on_error)
+        return real(dir_fd, name)
 
-    cap._unlink_if_unchanged = touch_then_unlink  # type: ignore[assignment]
-    try:
-        rep = collect_garbage(tmp_path, 2000, low_watermark=0.5, high_watermark=0.9,
-                              on_removed=touch_old_once)
-    finally:
-        cap._unlink_if_unchanged = real  # type: ignore[assignment]
+    monkeypatch.setattr(fsops.FS, "stat_at", touch_then_stat)
+    rep = collect_garbage(tmp_path, 2000, low_watermark=0.5, high_watermark=0.9,
+                          on_removed=touch_old_once)
     assert old.exists()
     assert rep.kept_recently_used >= 1
 
@@ -294,9 +292,6 @@ def test_shared_usage_loses_no_concurrent_update(tmp_path: Path) -> None:
 def test_instances_on_one_root_see_each_others_stores(tmp_path: Path, monkeypatch) -> None:
     """Each instance used to count only its own stores until a rescan every
     300 s, so N instances could fill N x max_bytes."""
-    # Passes run only when this test asks: the background threads would race
-    # the assertions below.
-    monkeypatch.setattr(Capacity, "_loop", lambda self: None)
     # Counts are exchanged synchronously here (_exchange): no publication lag
     # to wait out before another instance's removals count.
     import fstier.tier.usage
@@ -306,6 +301,10 @@ def test_instances_on_one_root_see_each_others_stores(tmp_path: Path, monkeypatc
     with open_tier(root, max_bytes=20 * FILE_BYTES, write_threads=1) as a, open_tier(
         root, max_bytes=20 * FILE_BYTES, write_threads=1
     ) as b:
+        # Passes run only when this test asks: the background threads would
+        # race the assertions below (stop() waits for a pass under way).
+        a.capacity.stop()
+        b.capacity.stop()
         a.run_capacity_pass()
         b.run_capacity_pass()
         assert store(a, "a", keys(0, 10)).success
@@ -472,15 +471,16 @@ def test_no_write_through_a_planted_hard_link(tmp_path: Path) -> None:
     assert outside.stat().st_nlink >= 2 or outside.stat().st_nlink == 1
 
 
-def test_deleted_or_truncated_count_files_do_not_let_the_root_grow(tmp_path: Path, monkeypatch) -> None:
+def test_deleted_or_truncated_count_files_do_not_let_the_root_grow(tmp_path: Path) -> None:
     """Truncating or deleting the count let the root grow to 1.4-1.75x
     max_bytes until the next rescan; another instance's count file that
     vanishes keeps its last value, and a truncated one asks for a rescan."""
-    monkeypatch.setattr(Capacity, "_loop", lambda self: None)
     from fstier.tier.usage import USAGE_DIR_NAME
 
     root = tmp_path / "root"
     with open_tier(root, max_bytes=20 * FILE_BYTES) as a, open_tier(root, max_bytes=20 * FILE_BYTES) as b:
+        a.capacity.stop()  # passes run only when this test asks
+        b.capacity.stop()
         a.run_capacity_pass()
         b.run_capacity_pass()
         assert store(a, "a", keys(0, 10)).success
@@ -498,18 +498,16 @@ def test_deleted_or_truncated_count_files_do_not_let_the_root_grow(tmp_path: Pat
         assert b.capacity._shared.rescan_wanted
 
 
-def test_run_capacity_pass_takes_a_timeout_and_a_dead_holders_lease_expires(
-    tmp_path: Path, monkeypatch
-) -> None:
+def test_run_capacity_pass_takes_a_timeout_and_a_dead_holders_lease_expires(tmp_path: Path) -> None:
     """run_capacity_pass() never returned while another process held the
     evict lock, and while that holder was stuck nobody evicted."""
     import time
 
     import fstier.tier.usage as usage
 
-    monkeypatch.setattr(Capacity, "_loop", lambda self: None)
     root = tmp_path / "root"
     with open_tier(root, max_bytes=4 * FILE_BYTES) as tier:
+        tier.capacity.stop()  # passes run only when this test asks
         store(tier, "s", keys(0, 8))
         lease = root / usage.USAGE_DIR_NAME / usage.LEASE_NAME
         until = time.time_ns() + 2_000_000_000

@@ -459,7 +459,7 @@ def test_demo_says_its_root_was_temporary(monkeypatch: pytest.MonkeyPatch, tmp_p
         def close(self) -> None:
             pass
 
-    monkeypatch.setattr(demo_mod, "_Demo", FakeDemo)
+    monkeypatch.setattr(demo_mod, "DemoScenario", FakeDemo)
     res = run("demo")
     assert res.exit_code == 0, res.output
     assert f"{roots[-1]} (temporary, now deleted)" in " ".join(res.stdout.split()) and not roots[-1].exists()

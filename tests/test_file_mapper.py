@@ -14,7 +14,14 @@ from hypothesis import strategies as st
 
 from fstier.config import ModelSpec, ParallelSpec
 from fstier.errors import NamespaceMismatchError, PathSafetyError
-from fstier.file_mapper import FileMapper, decode, encode, is_parallel_agnostic, safe_model_name
+from fstier.file_mapper import (
+    FileMapper,
+    decode,
+    encode,
+    is_parallel_agnostic,
+    parallel_identity,
+    safe_model_name,
+)
 from fstier.io.fsops import is_temp_name
 from fstier.keys import BlockKey
 
@@ -57,6 +64,23 @@ def test_agnostic_paths_identical_across_tp_and_rank(tmp_path: Path) -> None:
     assert len(paths) == 1
     (path,) = paths
     assert "/r0/" not in str(path)
+
+
+def test_one_collapse_rule_for_configs_and_engines(tmp_path: Path) -> None:
+    sizes = {"tp_size": 4, "pp_size": 2, "pcp_size": 1, "dcp_size": 2}
+    assert parallel_identity(True, sizes) == dict.fromkeys(sizes, 1)
+    assert parallel_identity(False, sizes) == sizes
+    # An engine-defined namespace with the rule applied lands where any rank
+    # of any layout does: no rank segment.
+    mappers = [
+        FileMapper.for_engine(
+            tmp_path, "m", {"x": 1, **parallel_identity(True, {"tp_size": tp})},
+            agnostic=True, rank=rank, payload_bytes=[4096],
+        )
+        for tp, rank in ((1, 0), (2, 1), (4, 3))
+    ]
+    assert len({m.path_for(KEY) for m in mappers}) == 1
+    assert "/r" not in str(mappers[0].path_for(KEY).relative_to(tmp_path.resolve()))
 
 
 @pytest.mark.parametrize("groups", [[MLA], [FULL, SLIDING], [SLIDING]])

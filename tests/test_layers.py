@@ -80,16 +80,7 @@ def test_integrations_translate_only() -> None:
         v for v in _violations(files, ("fstier.io",))
         if not v.endswith(("imports fstier.io.blockfile", "imports fstier.io.blockfile.FORMAT_VERSION"))
     ]
-    # Known debt, listed so that it cannot grow: SGLang's ``clear`` walks the
-    # namespace and unlinks itself; it should call a tier-level clear.
-    known = {
-        "fstier/integrations/sglang.py imports fstier.io.fsops",
-        "fstier/integrations/sglang.py imports fstier.io.fsops.unlink_if",
-        "fstier/integrations/sglang.py imports fstier.io.tree",
-        "fstier/integrations/sglang.py imports fstier.io.tree.FileKind",
-        "fstier/integrations/sglang.py imports fstier.io.tree.iter_namespace_files",
-    }
-    assert sorted(set(bad) - known) == []
+    assert bad == []
 
 
 def test_only_the_engine_side_imports_torch() -> None:

@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import make_config
 from manager_support import (
     FILE_BYTES,
+    TINY_GROUP,
     fill,
     fstier_threads,
     key,
@@ -336,3 +338,46 @@ def test_recency_flush_runs_as_background_write_job(tmp_path: Path, monkeypatch)
         results = tier.get_finished()
         assert [r.job_id for r in results] == ["l"] and results[0].success
         assert all(tier.mapper.path_for(k).stat().st_mtime_ns > old + 3000 * 10**9 for k in ks)
+
+
+def test_clear_removes_this_ranks_blocks_only_and_accounts_for_them(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    tiers, pools = [], []
+    try:
+        for rank in (0, 1):  # a v2 runner keeps tp in the namespace: one subtree per rank
+            # Only rank 0 counts usage: its count is then exactly its own files.
+            limit = {"max_bytes": "1GiB"} if rank == 0 else {}
+            cfg = make_config(
+                root, groups=[dict(TINY_GROUP)], parallel={"tp_size": 2, "rank": rank, "model_runner": "v2"},
+                tier={"read_threads": 1, "write_threads": 1, **limit},
+            )
+            pool = HostBlockPool(8, FILE_BYTES)
+            pool.alloc(8)
+            pools.append(pool)
+            tiers.append(FsTier(cfg, pool))
+        mine, other = tiers
+        mine.run_capacity_pass()
+        ks = keys(0, 4)
+        assert store(mine, "a", ks).success and store(other, "b", ks).success
+        stray = mine.mapper.blocks_dir / "stray.txt"
+        stray.write_bytes(b"not a block")
+        mine.take_events()
+        assert mine.usage_bytes == 4 * FILE_BYTES
+        assert mine.lookup(ks) == 4  # cached as present
+
+        assert mine.clear() == 4
+        assert mine.lookup(ks) == 0  # the cached answers are forgotten
+        assert not any(mine.mapper.path_for(k).exists() for k in ks)
+        assert other.lookup(ks) == 4 and stray.exists() and mine.mapper.namespace_dir.joinpath("config.json").exists()
+        (event,) = mine.take_events()
+        assert isinstance(event, BlockRemoved) and event.reason == "cleared"
+        assert sorted(event.keys, key=lambda k: k.block_hash) == ks
+        assert mine.usage_bytes == 0
+        assert mine.clear() == 0
+        # and the tier stores again afterwards
+        assert store(mine, "c", ks).success and mine.lookup(ks) == 4
+    finally:
+        for t in tiers:
+            t.close()
+        for p in pools:
+            p.close()

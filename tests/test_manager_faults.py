@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from manager_support import fill, keys, load, open_tier, store, temp_files
+from manager_support import FILE_BYTES, fill, keys, load, open_tier, store, temp_files, tiny_config
 
 from fstier.io import posix
+from fstier.manager import FsTier
+from fstier.slots.host_pool import HostBlockPool
 
 
 def _eio(*_a, **_k):
@@ -105,6 +107,51 @@ def test_misses_and_corrupt_files_do_not_trip_the_breaker(tmp_path: Path) -> Non
             load(tier, f"miss{j}", keys(50 + j, 1))
         load(tier, "corrupt", ks)
         assert tier.breaker_state == "closed"
+
+
+def test_hold_fenced_results_publishes_a_timed_out_job_only_once_its_slot_is_released(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """For a provider that cannot stop the engine reusing a freed slot: the
+    timed-out job's result waits for the late call; other jobs do not wait."""
+    release = threading.Event()
+    real_preadv, real_open = posix.FS.preadv, posix.FS.open
+    pool = HostBlockPool(16, FILE_BYTES)
+    pool.alloc(16)
+    tier = FsTier(tiny_config(tmp_path / "root", io_timeout_s=0.2), pool, hold_fenced_results=True)
+    try:
+        ks = keys(0, 2)
+        store(tier, "s", ks)
+        hung = str(tier.mapper.path_for(ks[0]))
+        hung_fds: set[int] = set()
+
+        def tracking_open(path, flags, mode=0o600):
+            fd = real_open(path, flags, mode)
+            if str(path) == hung:
+                hung_fds.add(fd)
+            return fd
+
+        def hanging_preadv(fd, bufs, offset):
+            if fd in hung_fds:
+                release.wait(10)  # a hung NFS read
+            return real_preadv(fd, bufs, offset)
+
+        monkeypatch.setattr(posix.FS, "open", tracking_open)
+        monkeypatch.setattr(posix.FS, "preadv", hanging_preadv)
+        tier.submit_load("hang", ks[:1], [5])
+        tier.drain()
+        assert tier.fenced_slots == frozenset({5})
+        assert tier.get_finished() == []  # held back: slot 5 may still be written
+        assert load(tier, "ok", ks[1:], first_slot=7).success  # others are not held
+        assert tier.get_finished() == []
+        release.set()
+        assert tier.wait_fences_released(timeout=10)
+        (res,) = tier.get_finished()
+        assert (res.job_id, res.success, res.cause) == ("hang", False, "timeout")
+    finally:
+        release.set()
+        tier.close()
+        pool.close()
 
 
 def _releasing(close, release: threading.Event):

@@ -115,24 +115,26 @@ def test_gc_eviction_never_unlinks_through_a_dir_swapped_after_the_scan(
 ) -> None:
     """The victim list is made by the scan; the directory is swapped before
     the unlink. The file outside has the same name and mtime."""
-    import fstier.tier.gc as cap
+    from fstier.io import fsops
 
     with open_tier(tmp_path / "root") as tier:
         assert store(tier, "s", keys(0, 4)).success
         fanout = tier.mapper.path_for(keys(0, 1)[0]).parent
-    real = cap._unlink_if_unchanged
+    real = fsops.FS.open
     swapped = []
 
-    def swap_then_unlink(*args, **kw):  # type: ignore[no-untyped-def]
-        if not swapped:
+    def swap_then_open(path, flags, mode=0o600):  # type: ignore[no-untyped-def]
+        # The scan walks through directory fds; the first open of the fan-out
+        # directory by path is the unlink's, after the scan chose its victims.
+        if not swapped and os.fspath(path) == str(fanout):
             _swap_for_link(fanout, outside)
             swapped.append(True)
-        return real(*args, **kw)
+        return real(path, flags, mode)
 
-    monkeypatch.setattr(cap, "_unlink_if_unchanged", swap_then_unlink)
+    monkeypatch.setattr(fsops.FS, "open", swap_then_open)
     report = collect_garbage(tmp_path / "root", max_bytes=0, low_watermark=0.0, unlink_threads=1)
     before = _snapshot(outside)
-    assert swapped and report.removed_files == 0
+    assert swapped and report.scanned_files == 4 and report.removed_files == 0
     assert len(before) == 5  # 4 block copies + precious.txt, all still there
 
 

@@ -87,7 +87,7 @@ def _tier_only(data: dict[str, Any], source: str) -> Any:
     """The TierConfig of a tier-only document (errors read ``tier.<field>``)."""
     from pydantic import BaseModel, ConfigDict, ValidationError
 
-    from fstier.config import TierConfig, _format_validation_error
+    from fstier.config import TierConfig, format_validation_error
 
     class TierOnly(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)
@@ -99,7 +99,7 @@ def _tier_only(data: dict[str, Any], source: str) -> Any:
     try:
         return TierOnly.model_validate({"tier": data["tier"]}).tier
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, source)) from None
+        raise ConfigError(format_validation_error(exc, source)) from None
 
 
 #: Keys of a secondary_tiers entry that vLLM consumes or FstierTier pops

@@ -48,7 +48,7 @@ from fstier.file_mapper import FileMapper, is_parallel_agnostic
 from fstier.io.blockfile import HEADER_SIZE, padded_len
 from fstier.keys import BlockKey, chain_hashes
 
-__all__ = ["CaseResult", "DemoOptions", "DemoReport", "run_demo"]
+__all__ = ["CaseResult", "DemoOptions", "DemoReport", "DemoScenario", "run_demo"]
 
 NUM_RANKS = 4
 #: Blocks per prompt: 32 x 128 KiB pages = 4 MiB per case for the built-in
@@ -339,7 +339,11 @@ class _Deployment:
 
 
 # -- the demo --------------------------------------------------------------------------
-class _Demo:
+class DemoScenario:
+    """The parent side of one demo run under ``root``: ``run(status)`` runs
+    every case into :attr:`report`, ``close()`` stops the rank processes and
+    releases the pool (:func:`run_demo` drives it)."""
+
     def __init__(self, opts: DemoOptions, root: Path) -> None:
         from fstier.slots.host_pool import HostBlockPool
 
@@ -674,7 +678,7 @@ def run_demo(opts: DemoOptions) -> DemoReport:
             status = Console(stderr=True).status("fstier demo: starting 4 rank processes...")
             status.start()
         try:
-            demo = _Demo(opts, root)
+            demo = DemoScenario(opts, root)
             try:
                 demo.run(status)
             finally:

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from fstier.config import TierConfig, _format_validation_error, yaml_document
+from fstier.config import TierConfig, format_validation_error, yaml_document
 from fstier.errors import ConfigError
 
 __all__ = ["tier_config_from_engine_options"]
@@ -108,4 +108,4 @@ def tier_config_from_engine_options(
     try:
         return _TierOnly.model_validate({"tier": merged}).tier
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, f"{who} options")) from None
+        raise ConfigError(format_validation_error(exc, f"{who} options")) from None

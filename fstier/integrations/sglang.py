@@ -896,34 +896,19 @@ else:
             return m
 
         def clear(self) -> bool:
-            """Remove this rank's block files (a shared MLA namespace: only
-            the writer removes). A lookup may still answer from the tier's
-            short-lived cache for ``lookup_cache_ttl_s``; the load of a removed
-            file is then a miss, never wrong bytes."""
-            tier, mapper = self._ready(), self.mapper
-            if tier is None or mapper is None:
+            """Remove this rank's block files (:meth:`FsTier.clear`; a shared
+            MLA namespace: only the writer removes)."""
+            tier = self._ready()
+            if tier is None:
                 return False
             if not self.is_writer:
                 return True
             try:
-                from fstier.io.fsops import unlink_if
-                from fstier.io.tree import FileKind, iter_namespace_files
-
-                tier.drain()
-                removed = 0
-                errors: list[OSError] = []
-                for e in iter_namespace_files(mapper.namespace_dir, errors.append):
-                    if e.kind != FileKind.BLOCK or e.rank != self._rank:
-                        continue
-                    if unlink_if(e.path, lambda _st: False, errors.append) == "removed":
-                        removed += 1
-                log.info("fstier: cleared %d block file(s) under %s", removed, mapper.blocks_dir)
-                if errors:
-                    log.error("fstier: clear: %d error(s), first: %s", len(errors), errors[0])
-                return not errors
+                tier.clear()
             except Exception:
                 log.exception("fstier: clear failed")
                 return False
+            return True
 
         @property
         def closed(self) -> bool:

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from fstier.config import TierConfig
 from fstier.errors import ConfigError, FstierError, KeyFormatError
-from fstier.file_mapper import FileMapper
+from fstier.file_mapper import FileMapper, parallel_identity
 from fstier.integrations._options import tier_config_from_engine_options
 from fstier.integrations._vllm_compat import (
     SUPPORTED_TEXT,
@@ -188,10 +188,15 @@ def engine_mapper(offloading_spec: Any, row_bytes: int, tier: TierConfig) -> Fil
         "kv_cache_layout": cfg.kv_cache_layout,
         "canonical_format": canonical_format,
         "parallel_agnostic": agnostic,
-        "tp_size": 1 if agnostic else par.tp_size,
-        "pp_size": 1 if agnostic else par.pp_size,
-        "pcp_size": 1 if agnostic else par.pcp_size,
-        "dcp_size": 1 if agnostic else par.dcp_size,
+        **parallel_identity(
+            agnostic,
+            {
+                "tp_size": par.tp_size,
+                "pp_size": par.pp_size,
+                "pcp_size": par.pcp_size,
+                "dcp_size": par.dcp_size,
+            },
+        ),
         "format_version": FORMAT_VERSION,
         "namespace_salt": tier.namespace_salt,
     }
@@ -200,7 +205,7 @@ def engine_mapper(offloading_spec: Any, row_bytes: int, tier: TierConfig) -> Fil
         cfg.model.name,
         fields,
         agnostic=agnostic,
-        rank=0 if agnostic else par.rank,
+        rank=par.rank,
         payload_bytes=[row_bytes] * max(1, len(cfg.groups)),
     )
 
@@ -454,7 +459,12 @@ else:
                 self.mapper = engine_mapper(offloading_spec, self.rows.slot_bytes, tier_cfg)
                 from fstier.manager import FsTier
 
-                self.fstier: FsTier = FsTier(tier_cfg, self.rows, self.mapper)
+                # vLLM reuses a row as soon as its job is reported: FsTier holds
+                # back the result of a job whose row a timed-out call may still
+                # write, until that call returned.
+                self.fstier: FsTier = FsTier(
+                    tier_cfg, self.rows, self.mapper, hold_fenced_results=True
+                )
             except BaseException:
                 self.rows.release()  # or vLLM cannot unmap its region
                 raise
@@ -467,9 +477,8 @@ else:
             self.events_enabled = globally and enable_events is not False
             self._events: list[OffloadingEvent] = []
             self._lock = threading.Lock()
+            #: submitted jobs (vLLM's keys and rows), until FsTier reports them
             self._jobs: dict[Hashable, _Job] = {}
-            #: finished FsTier results whose rows a late I/O call may still write
-            self._held: list[tuple[_Job, FsJobResult]] = []
             #: jobs FsTier refused at submission: reported failed next poll
             self._refused: list[_Job] = []
             self._reported: dict[tuple[str, tuple[str, ...]], float] = {}
@@ -606,24 +615,19 @@ else:
 
         def get_finished_jobs(self) -> Iterable[VllmJobResult]:
             out: list[VllmJobResult] = []
+            # FsTier holds back a job whose rows are fenced (hold_fenced_results).
             try:
                 fresh = self.fstier.get_finished()
-                fenced = self.fstier.fenced_slots
             except Exception:  # never into vLLM's scheduler; results stay queued
                 log.exception("fstier: collecting finished jobs failed; retrying next step")
                 return out
             with self._lock:
-                ready: list[tuple[_Job, FsJobResult]] = []
-                held: list[tuple[_Job, FsJobResult]] = []
                 done = [(self._jobs.pop(r.job_id, None), r) for r in fresh]
-                for rec, r in [*self._held, *done]:
-                    if rec is None:  # not a job of ours (cannot happen; never crash vLLM)
-                        log.error("fstier: result for unknown job %r dropped", r.job_id)
-                        continue
-                    (held if fenced.intersection(rec.slots) else ready).append((rec, r))
-                self._held = held
                 refused, self._refused = self._refused, []
-            for rec, r in ready:
+            for rec, r in done:
+                if rec is None:  # not a job of ours (cannot happen; never crash vLLM)
+                    log.error("fstier: result for unknown job %r dropped", r.job_id)
+                    continue
                 out.append(self._to_vllm(rec, r))
                 kind = "load" if rec.is_load else "store"
                 self._observe(f"{kind}_job_seconds", r.seconds)
@@ -641,7 +645,7 @@ else:
 
         def has_pending_work(self) -> bool:
             with self._lock:
-                return bool(self._jobs or self._held or self._refused)
+                return bool(self._jobs or self._refused)
 
         def drain_jobs(self) -> None:
             """Wait until every submitted job finished and no late I/O call

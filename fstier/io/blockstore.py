@@ -41,7 +41,7 @@ import logging
 import os
 import stat
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fstier.errors import FstierError, PathSafetyError
@@ -68,6 +68,7 @@ from fstier.io.blockio import (
     verify_file,
 )
 from fstier.io.manifest import ensure_manifest
+from fstier.io.tree import FileKind, iter_namespace_files
 from fstier.keys import BlockKey
 
 __all__ = [
@@ -317,6 +318,25 @@ class BlockStore:
             return stat.S_ISREG(os.lstat(self.path(key)).st_mode)
         except (OSError, ValueError):
             return False
+
+    def clear(self, on_error: Callable[[OSError], None] | None = None) -> list[tuple[BlockKey, int]]:
+        """Remove every block file this store names: the files under
+        ``blocks_dir`` exactly where :meth:`path` puts their key (this rank's
+        subtree, or the whole parallel-agnostic namespace). Temp files,
+        other ranks' blocks, the manifest and foreign files stay. Returns
+        ``(key, bytes)`` of each file removed; errors (naming the path) go to
+        ``on_error`` and the walk goes on. Costs one walk of the namespace
+        through directory fds (no symlink followed) and one unlink per file."""
+        removed: list[tuple[BlockKey, int]] = []
+        for e in iter_namespace_files(self.mapper.namespace_dir, on_error):
+            if e.kind != FileKind.BLOCK or e.block_hex is None or e.group_idx is None:
+                continue
+            key = BlockKey(bytes.fromhex(e.block_hex), e.group_idx)
+            if e.path != self.path(key):
+                continue  # another rank's subtree
+            if fsops.unlink_if(e.path, lambda _st: False, on_error) == "removed":
+                removed.append((key, e.size))
+        return removed
 
     # ------------------------------------------------------------ batches
     def store_many(

@@ -1,0 +1,65 @@
+"""What a caller must hand :class:`~fstier.manager.FsTier`: keys of the
+model's groups, and for a job one slot per key that the slot provider has
+handed out.
+
+Pure checks, no I/O and no tier state: each failure is one ``ValueError``
+naming the call or job, the offending element and the fix; nothing is
+queued before they pass. Costs: one pass over the keys and the slots, plus
+the provider's ``check_slots``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+from fstier.keys import BlockKey
+from fstier.slots.provider import SlotProvider
+
+__all__ = ["check_job", "check_keys"]
+
+
+def check_keys(keys: Sequence[BlockKey], num_groups: int, what: str) -> None:
+    """Every element a :class:`BlockKey` of a group ``< num_groups``, or a
+    ``ValueError`` naming the first that is not (``what`` names the call)."""
+    for i, k in enumerate(keys):
+        if not isinstance(k, BlockKey):
+            raise ValueError(
+                f"{what}: keys[{i}] is {k!r} ({type(k).__name__}); keys must be BlockKey, "
+                "e.g. from fstier.chain_hashes"
+            )
+        if k.group_idx >= num_groups:
+            raise ValueError(
+                f"{what}: keys[{i}]: group {k.group_idx} does not exist "
+                f"(the model has {num_groups} group(s))"
+            )
+
+
+def check_job(
+    job_id: Hashable,
+    keys: Sequence[BlockKey],
+    slots: Sequence[int],
+    pool: SlotProvider,
+    num_groups: int,
+) -> None:
+    """A job's arguments: valid keys (:func:`check_keys`), one distinct slot
+    index per key, each currently handed out by ``pool``."""
+    if len(keys) != len(slots):
+        raise ValueError(
+            f"job {job_id!r}: {len(keys)} keys but {len(slots)} slots; one slot per key"
+        )
+    check_keys(keys, num_groups, f"job {job_id!r}")
+    num_slots = pool.num_slots
+    for s in slots:
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < num_slots:
+            raise ValueError(
+                f"job {job_id!r}: slot {s!r} is not a slot index in 0..{num_slots - 1}"
+            )
+    if len(set(slots)) != len(slots):
+        raise ValueError(f"job {job_id!r}: a slot appears twice; one slot per key")
+    # The provider knows which slots the caller holds now: a slot that was
+    # never allocated, or was freed, may be handed to someone else at any
+    # time, so moving bytes through it is refused (issue 15 item 10).
+    try:
+        pool.check_slots(slots)
+    except ValueError as exc:
+        raise ValueError(f"job {job_id!r}: {exc}") from None
