@@ -330,14 +330,15 @@ def test_instances_on_one_root_see_each_others_stores(tmp_path: Path, monkeypatc
 
 
 def _exchange(*tiers) -> None:  # type: ignore[no-untyped-def]
-    """Publish every instance's count, then let every instance read them."""
-    import fstier.tier.usage as usage
+    """Publish every instance's count, then let every instance read them.
 
-    for t in tiers:
-        t.capacity._shared._publish(t.capacity._shared._dir_fd, force=True)
-    for t in tiers:
-        t.capacity._shared._read_others(t.capacity._shared._dir_fd)
-    assert usage.MIN_ROUND_S > 0
+    Through ``refresh()``, which holds the count's I/O lock: each tier's
+    fstier-usage thread refreshes too, and a read of its that started
+    before another instance published must not land after this one's
+    (a stale view: 10 files instead of 19 seen once under load)."""
+    for _ in range(2):  # round 1 publishes every count, round 2 reads them all
+        for t in tiers:
+            t.capacity._shared.refresh()
 
 
 def test_planted_usage_file_turns_sharing_off_not_the_tier(tmp_path: Path, caplog) -> None:
