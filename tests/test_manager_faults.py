@@ -234,7 +234,7 @@ def test_a_job_behind_hung_calls_fails_within_the_deadline_without_fencing_unrun
         (res,) = tier.get_finished()
         assert (res.success, res.keys_completed, res.cause) == (False, 0, "timeout")
         assert elapsed < 3.0, elapsed  # was 8 x 0.5 s
-        assert 1 <= len(tier.fenced_slots) <= 2  # only the ops that started
+        assert 0 < len(tier.fenced_slots) <= 2  # only the ops that started
         release.set()
         assert tier.wait_fences_released(timeout=10)
 
