@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Literal
 from fstier.config import FstierConfig, TierConfig, load_config
 from fstier.errors import ConfigError, PoolError, StorageError, TierClosedError
 from fstier.file_mapper import FileMapper, decode
-from fstier.io import blockstore, fsops, native
+from fstier.io import blockstore
 from fstier.io.blockfile import HEADER_SIZE, padded_len
 from fstier.io.capabilities import RootCapabilities
 from fstier.io.manifest import ensure_manifest
@@ -160,33 +160,17 @@ class _Job:
     #: store ops whose bytes still count as queued (cleared when the op ends or times out)
     op_open: list[bool] = field(default_factory=list)
     last_end: float = 0.0
-    #: native path: pool op j moves keys[bounds[j]:bounds[j + 1]] in one call
-    #: (None: one pool op per key, the Python path)
-    bounds: tuple[int, ...] | None = None
+    #: pool op j moves keys[bounds[j]:bounds[j + 1]] in one block-store batch
+    #: (BlockStore.batch_bounds: one key per op on the Python path)
+    bounds: tuple[int, ...] = ()
 
     def op_of(self, i: int) -> int:
         """The pool op that moves key ``i``."""
-        if self.bounds is None:
-            return i
         return bisect.bisect_right(self.bounds, i) - 1
 
     def keys_of_op(self, op: int) -> range:
         """The key indices pool op ``op`` moves."""
-        if self.bounds is None:
-            return range(op, op + 1)
         return range(self.bounds[op], self.bounds[op + 1])
-
-
-#: Keys per native call at least (a job is split across the I/O threads, but
-#: not into calls smaller than this: each call costs ~20 us of Python).
-_NATIVE_MIN_BATCH = 4
-
-
-def _split_bounds(n: int, threads: int) -> tuple[int, ...]:
-    """Boundaries that split ``n`` keys into at most ``threads`` near-equal
-    batches of at least :data:`_NATIVE_MIN_BATCH` keys."""
-    parts = max(1, min(threads, n // _NATIVE_MIN_BATCH))
-    return tuple(n * j // parts for j in range(parts + 1))
 
 
 def _file_bytes(payload_len: int) -> int:
@@ -272,13 +256,13 @@ class FsTier:
         caps = RootCapabilities.probe(self.mapper.namespace_dir, tier.o_direct)
         self.io_options = blockstore.IOOptions.from_tier(tier, caps)
         #: key -> file end to end (directories, recovery, headers, I/O)
-        self.blocks = blockstore.BlockStore(self.mapper, self.io_options, blocks_per_file=tier.blocks_per_file)
-        #: which per-file path runs (fstier.io.native): "native" or "python"
-        self.io_path = native.log_selection_once(tier.native_io)
-        self._native = self.io_path.backend == "native"
-        self._bpf = tier.blocks_per_file
+        self.blocks = blockstore.BlockStore(
+            self.mapper, self.io_options, blocks_per_file=tier.blocks_per_file, native_io=tier.native_io
+        )
+        #: which block I/O path runs (fstier.io.native): "native" or "python"
+        self.io_path = self.blocks.io_path
         self.metrics = TierMetrics()
-        self.metrics.native_io.set(1 if self._native else 0)
+        self.metrics.native_io.set(1 if self.io_path.backend == "native" else 0)
         self._cache = LookupCache(tier.lookup_cache_ttl_s)
         self._breaker = Breaker(tier.breaker_failures, tier.breaker_cooldown_s, self.metrics)
         self._budget = WriteBudget(tier.max_write_queue_seconds, self.metrics)
@@ -483,17 +467,14 @@ class FsTier:
             )
             self._jobs[pool_id] = job
             self._user_ids.add(job_id)
-        if kind == "store":
-            ops: list[Callable[[], object]] = [partial(self._store_op, job, i) for i in range(n)]
-        else:
-            ops = [partial(self._load_op, job, i) for i in range(n)]
-        if self._native and self._python_seam_untouched():
-            # A whole batch per native call with the GIL released; the job
-            # is split across the I/O threads in batches (job.bounds).
-            threads = self.tier_config.write_threads if kind == "store" else self.tier_config.read_threads
-            job.bounds = _split_bounds(n, threads)
-            run = self._store_batch if kind == "store" else self._load_batch
-            ops = [partial(run, job, a, b) for a, b in zip(job.bounds[:-1], job.bounds[1:], strict=True)]
+        # The block store cuts the job into batches: one native call per I/O
+        # thread (GIL released), or one key per op on the Python path.
+        threads = self.tier_config.write_threads if kind == "store" else self.tier_config.read_threads
+        job.bounds = self.blocks.batch_bounds(n, threads)
+        run = self._store_batch if kind == "store" else self._load_batch
+        ops: list[Callable[[], object]] = [
+            partial(run, job, a, b) for a, b in zip(job.bounds[:-1], job.bounds[1:], strict=True)
+        ]
         self._io.submit(pool_id, "write" if kind == "store" else "read", ops)
 
     # -- ops (run on I/O threads) ----------------------------------------------
@@ -519,88 +500,37 @@ class FsTier:
         if job.kind == "store" and reserved:
             self._budget.release(reserved, counted)
 
-    @staticmethod
-    def _python_seam_untouched() -> bool:
-        """False while ``fsops.FS`` (the Python path's system-call seam) is
-        replaced or patched, e.g. by a test injecting faults there: that
-        tier's jobs then take the Python path, whose calls the seam sees.
-        The native path has its own seam (``fstier.io.native.fault``)."""
-        fs = fsops.FS
-        return type(fs) is fsops.OsOps and not vars(fs)
-
     def _store_batch(self, job: _Job, lo: int, hi: int) -> list[blockstore.StoreOutcome]:
-        """Store keys ``lo..hi-1`` of ``job`` in one native call (GIL
-        released for the whole batch). Keys whose directory is missing
-        (ENOENT: the namespace or a fan-out directory was removed under the
-        tier) and keys to replace are stored one by one on the Python path,
-        which re-creates directories and removes the old file."""
+        """Store keys ``lo..hi-1`` of ``job`` through the block store (one
+        native call, or key by key on the Python path)."""
         written = [0] * (hi - lo)
         try:
             keys = job.keys[lo:hi]
-            views = [self._pool.slot_view(job.slots[i])[: job.op_bytes[i]] for i in range(lo, hi)]
-            paths = [self.blocks.path(k) for k in keys]
-            outs = native.store_batch(
-                self._blocks_prefix, paths, keys, views, self.mapper.digest_bytes, self._bpf,
-                self.io_options,
-            )
+            # Exactly the payload: the I/O layer writes the file's zero padding
+            # from its own bounce page, so no byte past it is touched.
+            items = [(job.keys[i], self._pool.slot_view(job.slots[i])[: job.op_bytes[i]]) for i in range(lo, hi)]
+            outs = self.blocks.store_many(items, replace=[self._cache.is_bad(k) for k in keys])
             for j, out in enumerate(outs):
-                k = keys[j]
-                bad = self._cache.is_bad(k)
-                if (out.status is blockstore.StoreStatus.FAILED and out.cause == "ENOENT") or (
-                    bad and out.status is blockstore.StoreStatus.SKIPPED
-                ):
-                    outs[j] = out = self.blocks.store(k, views[j], replace=bad)
                 if out.status is blockstore.StoreStatus.SKIPPED:
-                    self._note_recent(paths[j])
+                    self._note_recent(self.blocks.path(keys[j]))
                 written[j] = out.nbytes
             return outs
         finally:
             self._ops_ended(job, lo, written)
 
     def _load_batch(self, job: _Job, lo: int, hi: int) -> list[blockstore.LoadOutcome]:
-        """Load keys ``lo..hi-1`` of ``job`` in one native call (GIL released
-        for the whole batch); every key is attempted, as the per-key ops of
-        the Python path are."""
+        """Load keys ``lo..hi-1`` of ``job`` through the block store; every
+        key is attempted. Exactly each payload's bytes are written; the I/O
+        layer reads the file's zero padding into its own bounce page."""
         try:
-            keys = job.keys[lo:hi]
-            views = [self._pool.slot_view(job.slots[i])[: job.op_bytes[i]] for i in range(lo, hi)]
-            paths = [self.blocks.path(k) for k in keys]
-            outs = native.load_batch(
-                self._blocks_prefix, paths, keys, views, self.mapper.digest_bytes, self.io_options
-            )
-            for path, out in zip(paths, outs, strict=True):
+            items = [(job.keys[i], self._pool.slot_view(job.slots[i])[: job.op_bytes[i]]) for i in range(lo, hi)]
+            outs = self.blocks.load_many(items)
+            for (key, _), out in zip(items, outs, strict=True):
                 if out.status is blockstore.LoadStatus.LOADED:
-                    self._note_recent(path)
+                    self._note_recent(self.blocks.path(key))
             return outs
         finally:
             self._ops_ended(job, lo, [0] * (hi - lo))
-
-    def _store_op(self, job: _Job, i: int) -> blockstore.StoreOutcome:
-        written = 0
-        try:
-            key = job.keys[i]
-            # Exactly the payload: the I/O layer writes the file's zero padding
-            # from its own bounce page, so no byte past it is touched.
-            payload = self._pool.slot_view(job.slots[i])[: job.op_bytes[i]]
-            outcome = self.blocks.store(key, payload, replace=self._cache.is_bad(key))
-            if outcome.status is blockstore.StoreStatus.SKIPPED:
-                self._note_recent(self.blocks.path(key))
-            written = outcome.nbytes
-            return outcome
-        finally:
-            self._op_ended(job, i, written)
-
-    def _load_op(self, job: _Job, i: int) -> blockstore.LoadOutcome:
-        try:
-            key = job.keys[i]
-            # Exactly n bytes are written; the I/O layer reads the file's zero
-            # padding into its own bounce page.
-            outcome = self.blocks.load(key, self._pool.slot_view(job.slots[i])[: job.op_bytes[i]])
-            if outcome.status is blockstore.LoadStatus.LOADED:
-                self._note_recent(self.blocks.path(key))
-            return outcome
-        finally:
-            self._op_ended(job, i, 0)
 
     def touch(self, keys: Sequence[BlockKey]) -> None:
         """Mark ``keys`` recently used (LRU recency) without a system call
@@ -652,15 +582,14 @@ class FsTier:
                 job = self._jobs.pop(pj.job_id, None)
             if job is None:
                 continue
-            results = list(pj.results) if job.bounds is None else self._per_key(job, pj.results)
+            results = self._per_key(job, pj.results)
             if job.kind == "store":
                 result = self._finish_store(job, results)
             else:
                 result = self._finish_load(job, results)
             with self._idle:
-                if job.bounds is not None:
-                    # the late marks of this job's batches served all their keys
-                    self._late.difference_update((job.pool_id, j) for j in range(len(job.bounds) - 1))
+                # the late marks of this job's batches served all their keys
+                self._late.difference_update((job.pool_id, j) for j in range(len(job.bounds) - 1))
                 self._user_ids.discard(job.job_id)
                 if self._hold_fenced and not self._fenced.keys().isdisjoint(job.slots):
                     self._held.append((result, job.slots))
@@ -670,8 +599,8 @@ class FsTier:
 
     @staticmethod
     def _per_key(job: _Job, results: Sequence[object]) -> list[object]:
-        """Native batches' results as one result per key: a batch that timed
-        out, was cancelled or raised stands for each of its keys."""
+        """Batches' results as one result per key: a batch that timed out,
+        was cancelled or raised stands for each of its keys."""
         out: list[object] = []
         for j, r in enumerate(results):
             keys = job.keys_of_op(j)
@@ -686,10 +615,9 @@ class FsTier:
             reserved = _file_bytes(job.op_bytes[i]) if job.op_open[i] else 0
             job.op_open[i] = False
             owner = (job.pool_id, job.op_of(i))
-            if owner in self._late:
-                if job.bounds is None:
-                    self._late.discard(owner)
-            else:
+            # A late mark (the call already returned) stays until the job is
+            # reaped: every key of a batch consults it.
+            if owner not in self._late:
                 slot = job.slots[i]
                 self._fenced[slot] = owner
                 # The provider's fence outlives the engine's free(): without
