@@ -49,41 +49,38 @@ engine's scheduler owns one :class:`FsTier`; it never blocks in it:
 - **Events and metrics.** ``take_events()`` returns :class:`BlockStored` /
   :class:`BlockRemoved`; ``metrics`` is a :class:`~fstier.tier.metrics.TierMetrics`.
 
-All job bookkeeping lives in one :class:`_Job` record per in-flight job under
+All job bookkeeping lives in one :class:`~fstier.tier.jobs.Job` record per in-flight job under
 ``FsTier._lock``.
 """
 
 from __future__ import annotations
 
-import bisect
-import errno
 import logging
-import math
 import os
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
-from functools import partial
-from pathlib import Path
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from fstier.config import FstierConfig, TierConfig, load_config
 from fstier.errors import ConfigError, PoolError, StorageError, TierClosedError
 from fstier.file_mapper import FileMapper, decode
 from fstier.io import blockstore
-from fstier.io.blockfile import HEADER_SIZE, padded_len
+from fstier.io.blockfile import padded_len
 from fstier.io.capabilities import RootCapabilities
 from fstier.io.manifest import ensure_manifest
-from fstier.io.pool import OP_CANCELLED, OP_EXPIRED, OP_TIMED_OUT, IOPool
+from fstier.io.pool import IOPool
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
-from fstier.tier.admission import BAD_FILE_CAUSES, Breaker, Failure, WriteBudget
+from fstier.tier.admission import Breaker, WriteBudget
 from fstier.tier.capacity import Capacity
-from fstier.tier.checks import check_job, check_keys
+from fstier.tier.checks import check_job, check_keys, wait_timeout
 from fstier.tier.gc import GcReport
+from fstier.tier.jobs import Job, JobOps, file_bytes
 from fstier.tier.lookup import Lookup, LookupCache
 from fstier.tier.metrics import TierMetrics
+from fstier.tier.outcomes import Judge
 from fstier.tier.recency import Recency
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -143,55 +140,6 @@ class BlockRemoved:
 
 
 TierEvent = BlockStored | BlockRemoved
-
-
-# ------------------------------------------------------------- internal parts
-@dataclass(slots=True)
-class _Job:
-    """One in-flight job. Mutable fields change only under ``FsTier._lock``."""
-
-    pool_id: int
-    job_id: Hashable
-    kind: Literal["store", "load"]
-    keys: tuple[BlockKey, ...]
-    slots: tuple[int, ...]
-    op_bytes: tuple[int, ...]
-    submitted: float
-    #: store ops whose bytes still count as queued (cleared when the op ends or times out)
-    op_open: list[bool] = field(default_factory=list)
-    last_end: float = 0.0
-    #: pool op j moves keys[bounds[j]:bounds[j + 1]] in one block-store batch
-    #: (BlockStore.batch_bounds: one key per op on the Python path)
-    bounds: tuple[int, ...] = ()
-
-    def op_of(self, i: int) -> int:
-        """The pool op that moves key ``i``."""
-        return bisect.bisect_right(self.bounds, i) - 1
-
-    def keys_of_op(self, op: int) -> range:
-        """The key indices pool op ``op`` moves."""
-        return range(self.bounds[op], self.bounds[op + 1])
-
-
-def _file_bytes(payload_len: int) -> int:
-    """Bytes a block file of ``payload_len`` occupies (header + padded payload)."""
-    return HEADER_SIZE + padded_len(payload_len)
-
-
-def _wait_timeout(what: str, timeout: float | None) -> float | None:
-    """A wait's timeout: ``inf`` means no limit (threading's waits raise
-    OverflowError for it); nan or a negative value is a caller's mistake."""
-    if timeout is None or timeout == math.inf:
-        return None
-    if not timeout >= 0:  # also catches nan
-        raise ValueError(f"{what}(timeout=...): expected seconds >= 0 or None, got {timeout!r}")
-    return min(float(timeout), threading.TIMEOUT_MAX)
-
-
-def _cause_of(result: object) -> str:
-    if isinstance(result, OSError):
-        return errno.errorcode.get(result.errno or 0, type(result).__name__)
-    return type(result).__name__
 
 
 # --------------------------------------------------------------------- FsTier
@@ -270,7 +218,7 @@ class FsTier:
 
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._jobs: dict[Hashable, _Job] = {}
+        self._jobs: dict[Hashable, Job] = {}
         self._user_ids: set[Hashable] = set()
         self._next_pool_id = 0
         self._finished: list[JobResult] = []
@@ -298,7 +246,13 @@ class FsTier:
             tier,
             self.metrics,
             on_evicted=self._on_evicted,
-            before_pass=self._flush_recency,
+            before_pass=self._recency.flush,
+        )
+        self._ops = JobOps(self.blocks, pool, self._cache, self._recency, self._budget, self._lock)
+        self._judge = Judge(
+            blocks=self.blocks, ops=self._ops, cache=self._cache, breaker=self._breaker,
+            capacity=self.capacity, metrics=self.metrics, payload_len=self._payload_len,
+            on_timed_out=self._timed_out,
         )
 
     # ---------------------------------------------------------------- creation
@@ -455,13 +409,13 @@ class FsTier:
                 self._finish_now_locked(job_id, kind, n, "capacity")
                 self.capacity.wake()
                 return
-            if kind == "store" and not self._budget.admit(sum(map(_file_bytes, op_bytes))):
+            if kind == "store" and not self._budget.admit(sum(map(file_bytes, op_bytes))):
                 self.metrics.drops.inc("backpressure", n)
                 self._finish_now_locked(job_id, kind, n, "backpressure")
                 return
             pool_id = self._next_pool_id
             self._next_pool_id += 1
-            job = _Job(
+            job = Job(
                 pool_id, job_id, kind, keys_t, slots_t, op_bytes, time.perf_counter(),
                 op_open=[kind == "store"] * n,
             )
@@ -470,67 +424,7 @@ class FsTier:
         # The block store cuts the job into batches: one native call per I/O
         # thread (GIL released), or one key per op on the Python path.
         threads = self.tier_config.write_threads if kind == "store" else self.tier_config.read_threads
-        job.bounds = self.blocks.batch_bounds(n, threads)
-        run = self._store_batch if kind == "store" else self._load_batch
-        ops: list[Callable[[], object]] = [
-            partial(run, job, a, b) for a, b in zip(job.bounds[:-1], job.bounds[1:], strict=True)
-        ]
-        self._io.submit(pool_id, "write" if kind == "store" else "read", ops)
-
-    # -- ops (run on I/O threads) ----------------------------------------------
-    def _op_ended(self, job: _Job, i: int, written: int) -> None:
-        with self._lock:
-            job.last_end = time.perf_counter()
-            reserved = _file_bytes(job.op_bytes[i]) if job.op_open[i] else 0
-            job.op_open[i] = False
-        if job.kind == "store" and reserved:
-            self._budget.release(reserved, written)
-
-    def _ops_ended(self, job: _Job, lo: int, written: Sequence[int]) -> None:
-        """:meth:`_op_ended` for keys ``lo..lo+len(written)-1`` of a native
-        batch: one lock and one budget release for the batch."""
-        reserved = counted = 0
-        with self._lock:
-            job.last_end = time.perf_counter()
-            for j, w in enumerate(written):
-                if job.op_open[lo + j]:
-                    reserved += _file_bytes(job.op_bytes[lo + j])
-                    counted += w
-                    job.op_open[lo + j] = False
-        if job.kind == "store" and reserved:
-            self._budget.release(reserved, counted)
-
-    def _store_batch(self, job: _Job, lo: int, hi: int) -> list[blockstore.StoreOutcome]:
-        """Store keys ``lo..hi-1`` of ``job`` through the block store (one
-        native call, or key by key on the Python path)."""
-        written = [0] * (hi - lo)
-        try:
-            keys = job.keys[lo:hi]
-            # Exactly the payload: the I/O layer writes the file's zero padding
-            # from its own bounce page, so no byte past it is touched.
-            items = [(job.keys[i], self._pool.slot_view(job.slots[i])[: job.op_bytes[i]]) for i in range(lo, hi)]
-            outs = self.blocks.store_many(items, replace=[self._cache.is_bad(k) for k in keys])
-            for j, out in enumerate(outs):
-                if out.status is blockstore.StoreStatus.SKIPPED:
-                    self._note_recent(self.blocks.path(keys[j]))
-                written[j] = out.nbytes
-            return outs
-        finally:
-            self._ops_ended(job, lo, written)
-
-    def _load_batch(self, job: _Job, lo: int, hi: int) -> list[blockstore.LoadOutcome]:
-        """Load keys ``lo..hi-1`` of ``job`` through the block store; every
-        key is attempted. Exactly each payload's bytes are written; the I/O
-        layer reads the file's zero padding into its own bounce page."""
-        try:
-            items = [(job.keys[i], self._pool.slot_view(job.slots[i])[: job.op_bytes[i]]) for i in range(lo, hi)]
-            outs = self.blocks.load_many(items)
-            for (key, _), out in zip(items, outs, strict=True):
-                if out.status is blockstore.LoadStatus.LOADED:
-                    self._note_recent(self.blocks.path(key))
-            return outs
-        finally:
-            self._ops_ended(job, lo, [0] * (hi - lo))
+        self._io.submit(pool_id, "write" if kind == "store" else "read", self._ops.ops(job, threads))
 
     def touch(self, keys: Sequence[BlockKey]) -> None:
         """Mark ``keys`` recently used (LRU recency) without a system call
@@ -540,19 +434,13 @@ class FsTier:
         ngroups = len(self._payload_len)
         for k in keys:
             if k.group_idx < ngroups:
-                self._note_recent(self.blocks.path(k))
-
-    def _note_recent(self, path: Path | str) -> None:
-        self._recency.note(path)
+                self._recency.note(self.blocks.path(k))
 
     def flush_recency(self) -> None:
         """Write pending hit recency to the files' mtimes now (it is otherwise
         written every few seconds and before each capacity pass), e.g. before
         running ``fstier gc`` from another process."""
         self._check_open()
-        self._flush_recency()
-
-    def _flush_recency(self) -> None:
         self._recency.flush()
 
     def _on_late(self, pool_id: Hashable, op_index: int) -> None:
@@ -582,14 +470,18 @@ class FsTier:
                 job = self._jobs.pop(pj.job_id, None)
             if job is None:
                 continue
-            results = self._per_key(job, pj.results)
-            if job.kind == "store":
-                result = self._finish_store(job, results)
-            else:
-                result = self._finish_load(job, results)
+            v = self._judge.finish(job, job.per_key(pj.results))
+            result = JobResult(
+                job.job_id, job.kind, v.success, v.completed, v.failed, v.nbytes, v.seconds,
+                v.cause, v.skipped,
+            )
             with self._idle:
-                # the late marks of this job's batches served all their keys
-                self._late.difference_update((job.pool_id, j) for j in range(len(job.bounds) - 1))
+                if v.stored:
+                    self._events.append(BlockStored(v.stored))
+                if v.removed:
+                    self._events.append(BlockRemoved(v.removed, "corrupt"))
+                # the late marks of this job's ops served all their keys
+                self._late.difference_update((job.pool_id, j) for j in range(job.num_ops))
                 self._user_ids.discard(job.job_id)
                 if self._hold_fenced and not self._fenced.keys().isdisjoint(job.slots):
                     self._held.append((result, job.slots))
@@ -597,23 +489,10 @@ class FsTier:
                     self._finished.append(result)
                 self._idle.notify_all()
 
-    @staticmethod
-    def _per_key(job: _Job, results: Sequence[object]) -> list[object]:
-        """Batches' results as one result per key: a batch that timed out,
-        was cancelled or raised stands for each of its keys."""
-        out: list[object] = []
-        for j, r in enumerate(results):
-            keys = job.keys_of_op(j)
-            if isinstance(r, list) and len(r) == len(keys):
-                out.extend(r)
-            else:
-                out.extend([r] * len(keys))
-        return out
-
-    def _timed_out(self, job: _Job, i: int) -> None:
+    def _timed_out(self, job: Job, i: int) -> None:
+        """Key ``i`` of ``job`` timed out: fence its slot until the stuck
+        call returns (unless it already did: a late mark)."""
         with self._lock:
-            reserved = _file_bytes(job.op_bytes[i]) if job.op_open[i] else 0
-            job.op_open[i] = False
             owner = (job.pool_id, job.op_of(i))
             # A late mark (the call already returned) stays until the job is
             # reaped: every key of a batch consults it.
@@ -626,145 +505,10 @@ class FsTier:
                 # 1). Fenced here, before the job's result is published, so
                 # the engine cannot have freed the slot yet.
                 self._pool.fence(slot)
-        if reserved:
-            self._budget.release(reserved, 0)
         log.warning(
             "fstier: %s of %r timed out after %.1fs; slot %d fenced until the call returns",
             job.kind, job.keys[i], self.tier_config.io_timeout_s, job.slots[i],
         )
-
-    def _seconds(self, job: _Job) -> float:
-        with self._lock:
-            end = job.last_end or time.perf_counter()
-        return max(0.0, end - job.submitted)
-
-    def _judge(self, kind: str, job: _Job, i: int, r: object) -> Failure:
-        """What a failed op ``r`` (op ``i`` of ``job``) was: one family of
-        the policy table (``tier/admission.py``)."""
-        if r is OP_CANCELLED:
-            return Failure("cancelled", "cancelled", "")
-        if r is OP_TIMED_OUT:
-            self._timed_out(job, i)
-            return Failure("timeout", "timeout", "")
-        if r is OP_EXPIRED:  # queued past the job's deadline behind hung calls; never ran
-            self._op_ended(job, i, 0)
-            return Failure("timeout", "timeout", "")
-        if isinstance(r, blockstore.LoadOutcome):
-            if r.status is blockstore.LoadStatus.MISSING:
-                return Failure("miss", "miss", "")
-            if r.status is blockstore.LoadStatus.CORRUPT:
-                return Failure("corrupt", f"corrupt:{r.cause}", r.detail)
-            if r.cause in BAD_FILE_CAUSES:
-                return Failure("bad_file", f"bad_file:{r.cause}", r.detail or r.cause)
-            return Failure("error", r.cause or "load_error", r.detail)
-        if isinstance(r, blockstore.StoreOutcome):
-            return Failure("error", r.cause or f"{kind}_failed", r.detail)
-        return Failure("error", _cause_of(r), str(r))
-
-    def _failed(self, kind: str, key: BlockKey, f: Failure) -> None:
-        """Everything that follows from one failed op, as the table says."""
-        self.metrics.failures.inc(f.label)
-        if f.counts_for_breaker:
-            self._breaker.failure(f.cause)
-        level = f.policy.log_level
-        if level is None:
-            return
-        if f.family == "corrupt":
-            # Warnings name the file, so an operator can go and look at it.
-            log.log(level, "fstier: corrupt block file %s removed: %s %s", self.blocks.path(key), f.cause, f.detail)
-        elif f.policy.bad_file:
-            log.log(
-                level, "fstier: %s holds no block file (%s); a miss. Remove whatever was placed there",
-                self.blocks.path(key), f.detail,
-            )
-        else:
-            log.log(level, "fstier: %s of %s failed: %s (%s)", kind, self.blocks.path(key), f.cause, f.detail)
-
-    def _finish_store(self, job: _Job, results: list[object]) -> JobResult:
-        now = time.monotonic()
-        stored: list[BlockKey] = []
-        present: list[BlockKey] = []
-        skipped = failed = 0
-        prefix = 0  # leading keys on disk, up to the first failure
-        nbytes = 0
-        file_bytes = 0
-        cause: str | None = None
-        for i, r in enumerate(results):
-            key = job.keys[i]
-            if failed == 0:
-                prefix = i
-            if isinstance(r, blockstore.StoreOutcome) and r.status is blockstore.StoreStatus.STORED:
-                stored.append(key)
-                nbytes += job.op_bytes[i]
-                file_bytes += _file_bytes(job.op_bytes[i])
-                self._breaker.success()
-                continue
-            if isinstance(r, blockstore.StoreOutcome) and r.status is blockstore.StoreStatus.SKIPPED:
-                skipped += 1
-                present.append(key)
-                self._breaker.success()
-                continue
-            f = self._judge("store", job, i, r)
-            failed += 1
-            cause = cause or f.cause
-            self._failed("store", key, f)
-        if failed == 0:
-            prefix = len(results)
-        self._cache.stored(stored + present, now)
-        m = self.metrics
-        m.stored_blocks.inc(len(stored))
-        m.stored_bytes.inc(nbytes)
-        m.skipped_blocks.inc(skipped)
-        seconds = self._seconds(job)
-        m.store_seconds.observe(seconds)
-        if stored:
-            with self._lock:
-                self._events.append(BlockStored(tuple(stored)))
-            self.capacity.add(file_bytes)
-        return JobResult(
-            job.job_id, "store", failed == 0, prefix, len(results) - prefix, nbytes,
-            seconds, cause, skipped,
-        )
-
-    def _finish_load(self, job: _Job, results: list[object]) -> JobResult:
-        prefix = 0
-        nbytes = 0
-        cause: str | None = None
-        bad: list[BlockKey] = []
-        removed: list[BlockKey] = []
-        in_prefix = True
-        for i, r in enumerate(results):
-            key = job.keys[i]
-            if isinstance(r, blockstore.LoadOutcome) and r.status is blockstore.LoadStatus.LOADED:
-                self._breaker.success()
-                if in_prefix:
-                    prefix += 1
-                    nbytes += job.op_bytes[i]
-                continue
-            in_prefix = False
-            bad.append(key)
-            f = self._judge("load", job, i, r)
-            if f.family == "corrupt":
-                self.metrics.corrupt.inc()
-                if isinstance(r, blockstore.LoadOutcome) and r.removed:
-                    removed.append(key)
-            if cause is None:
-                cause = f.cause
-            self._failed("load", key, f)
-        if bad:
-            self._cache.mark_bad(bad)
-        if removed:
-            with self._lock:
-                self._events.append(BlockRemoved(tuple(removed), "corrupt"))
-            self.capacity.add(-sum(_file_bytes(self._payload_len[k.group_idx]) for k in removed))
-        m = self.metrics
-        m.loaded_blocks.inc(prefix)
-        m.loaded_bytes.inc(nbytes)
-        m.load_misses.inc(len(job.keys) - prefix)
-        seconds = self._seconds(job)
-        m.load_seconds.observe(seconds)
-        n = len(job.keys)
-        return JobResult(job.job_id, "load", prefix == n, prefix, n - prefix, nbytes, seconds, cause)
 
     def get_finished(self) -> list[JobResult]:
         """Results of jobs finished since the last call (never blocks); with
@@ -790,7 +534,7 @@ class FsTier:
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every submitted job has finished (results stay queued
         for :meth:`get_finished`). Returns False if ``timeout`` expired."""
-        timeout = _wait_timeout("drain", timeout)
+        timeout = wait_timeout("drain", timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -821,7 +565,7 @@ class FsTier:
     def wait_fences_released(self, timeout: float | None = None) -> bool:
         """Wait until no slot is fenced by a timed-out op (every stuck call
         returned). Returns False if ``timeout`` expired first."""
-        timeout = _wait_timeout("wait_fences_released", timeout)
+        timeout = wait_timeout("wait_fences_released", timeout)
         self._reap()
         with self._idle:
             return self._idle.wait_for(lambda: not self._fenced, timeout)
@@ -863,7 +607,7 @@ class FsTier:
         there and reports ``complete=False``. An instance that died or hangs
         holding the root's eviction lease loses it within 30 s."""
         self._check_open()
-        timeout = _wait_timeout("run_capacity_pass", timeout)
+        timeout = wait_timeout("run_capacity_pass", timeout)
         return self.capacity.run_pass(max_bytes, timeout)
 
     def clear(self) -> int:
@@ -906,7 +650,7 @@ class FsTier:
         finally:
             self.capacity.stop()
             self._io.shutdown()
-            self._flush_recency()
+            self._recency.flush()
             self._lookup.close()
             if self._own_pool is not None:
                 self._own_pool.close()
