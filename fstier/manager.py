@@ -1,31 +1,27 @@
-"""FsTier: the engine-facing filesystem tier (lookups, store/load jobs, capacity).
+"""FsTier: the engine-facing filesystem tier, its face (jobs, results,
+fencing, events); its parts live in :mod:`fstier.tier`, its files in
+:mod:`fstier.io`.
 
-One key <-> one host slot <-> one file (``FileMapper.path_for(key)``). The
-engine's scheduler owns one :class:`FsTier`; it never blocks in it:
+One key <-> one host slot <-> one file (:class:`~fstier.io.blockstore.BlockStore`
+names it). The engine's scheduler owns one :class:`FsTier`; it never blocks in it:
 
 - **lookup(keys) -> int** counts the leading keys whose files exist (a prefix
-  hit). Answers come from a short-lived positive/negative cache
-  (``tier.lookup_cache_ttl_s``) or from ``stat`` calls, done in parallel
-  chunks for big batches and stopping at the first miss. A key whose load
-  failed is marked *bad*: it is never reported as a hit again until it is
-  stored again, so a stale hit cannot livelock a request. Evictions and
-  corrupt files invalidate their keys.
-- **submit_store / submit_load** queue one pool job per call (one op per key)
-  on the dual-queue :class:`~fstier.io.pool.IOPool`; ``get_finished()``
-  returns :class:`JobResult` records without blocking. A load keeps its loaded
-  *prefix*; from the first key that did not load on, keys are misses to
-  recompute. Stores of keys already present are skipped and counted.
-- **Backpressure.** An EMA of the measured write speed (bytes written over the
-  wall time the write queue was busy) bounds queued store bytes to
-  ``max_write_queue_seconds`` of work; beyond it, new stores are dropped with
-  cause ``backpressure`` (a future miss, never a blocked caller).
-- **Circuit breaker.** ``breaker_failures`` consecutive failures that say
-  the device or mount is failing (EIO, EROFS, ESTALE, ENOTCONN, network
-  errnos, deadline misses; never misses, corrupt files, a FIFO, socket or
-  directory planted at a block path, permissions or a full disk) open the breaker
-  for ``breaker_cooldown_s``: lookups return 0, stores drop (``degraded``),
-  loads fail fast. Then it is half-open: the next jobs run, a success closes
-  it, a failure reopens it. Each transition is logged once.
+  hit; :mod:`fstier.tier.lookup`: a short-lived cache, ``stat`` in parallel
+  chunks). A key whose load failed is *bad*: never a hit again until it is
+  stored again, so a stale hit cannot livelock a request.
+- **submit_store / submit_load** queue one pool job per call on the
+  dual-queue :class:`~fstier.io.pool.IOPool`, cut into batches by the block
+  store (:mod:`fstier.tier.jobs`); ``get_finished()`` returns
+  :class:`JobResult` records without blocking (:mod:`fstier.tier.outcomes`
+  judges them). A load keeps its loaded *prefix*; from the first key that
+  did not load on, keys are misses to recompute. Stores of keys already
+  present are skipped and counted.
+- **Admission** (:mod:`fstier.tier.admission`): a job that cannot run now
+  finishes at once with its cause: ``degraded`` (the circuit breaker is open
+  after consecutive device or mount failures), ``slot_busy`` (a fenced slot),
+  ``capacity`` (the root is over ``max_bytes``), ``backpressure`` (queued
+  store bytes over ``max_write_queue_seconds`` of measured write speed): a
+  future miss, never a blocked caller.
 - **Fencing.** An op past ``io_timeout_s`` is reported failed, but its thread
   may still write into the slot later (or, for a store, read it and publish
   what it reads); that slot is fenced until the pool's ``on_late`` callback
@@ -37,21 +33,19 @@ engine's scheduler owns one :class:`FsTier`; it never blocks in it:
   engine's own rows) asks for ``hold_fenced_results=True``: the result of a
   job holding a fenced slot is then held back by :meth:`get_finished` until
   the slot is released, so the engine cannot reuse it too early.
-- **Slots** must be currently handed out by the provider
-  (``check_slots``): a job naming a slot the caller does not hold is a
-  ``ValueError``, as are malformed keys in any call, ``lookup`` included.
-- **Capacity.** With ``max_bytes``, usage is scanned once at start (streaming,
-  on the capacity thread) and then tracked incrementally; above the high
-  watermark the capacity thread removes least-recently-used files down to the
-  low watermark (:func:`fstier.tier.gc.collect_garbage`: unlink only, safe
-  with concurrent readers and other processes). Recency is the file mtime,
-  bumped by fstier on every load and every store of an already present key.
+- **Slots** must be currently handed out by the provider (``check_slots``):
+  a job naming a slot the caller does not hold is a ``ValueError``, as are
+  malformed keys in any call, ``lookup`` included (:mod:`fstier.tier.checks`).
+- **Capacity** (:mod:`fstier.tier.capacity`): with ``max_bytes``, a capacity
+  thread keeps the root under its high watermark, evicting LRU files (file
+  mtimes, bumped on every load and every store of a present key).
 - **Events and metrics.** ``take_events()`` returns :class:`BlockStored` /
   :class:`BlockRemoved`; ``metrics`` is a :class:`~fstier.tier.metrics.TierMetrics`.
 
-All job bookkeeping lives in one :class:`~fstier.tier.jobs.Job` record per in-flight job under
-``FsTier._lock``.
+All job bookkeeping lives in one :class:`~fstier.tier.jobs.Job` record per
+in-flight job under ``FsTier._lock``; results, events and fences too.
 """
+
 
 from __future__ import annotations
 
@@ -65,17 +59,16 @@ from typing import TYPE_CHECKING, Literal
 
 from fstier.config import FstierConfig, TierConfig, load_config
 from fstier.errors import ConfigError, PoolError, StorageError, TierClosedError
-from fstier.file_mapper import FileMapper, decode
+from fstier.file_mapper import FileMapper
 from fstier.io import blockstore
 from fstier.io.blockfile import padded_len
-from fstier.io.capabilities import RootCapabilities
-from fstier.io.manifest import ensure_manifest
 from fstier.io.pool import IOPool
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
-from fstier.tier.admission import Breaker, WriteBudget
+from fstier.tier.admission import Admission, Breaker, WriteBudget
 from fstier.tier.capacity import Capacity
 from fstier.tier.checks import check_job, check_keys, wait_timeout
+from fstier.tier.fences import Fences
 from fstier.tier.gc import GcReport
 from fstier.tier.jobs import Job, JobOps, file_bytes
 from fstier.tier.lookup import Lookup, LookupCache
@@ -196,17 +189,9 @@ class FsTier:
                 f"payload is {need} bytes; provide slots with slot_bytes >= {need} "
                 f"({padded_len(need)} lets I/O run on the slot in place)"
             )
-        # mkdirat inside directory fds: never through a swapped namespace dir.
-        ensure_manifest(self.mapper)
-        blockstore.NamespaceDirs(self.mapper).ensure(self.mapper.blocks_dir / "_")
-        # Probed for this root, held by this tier: another root in the
-        # process (an NFS mount) never changes how this one is written.
-        caps = RootCapabilities.probe(self.mapper.namespace_dir, tier.o_direct)
-        self.io_options = blockstore.IOOptions.from_tier(tier, caps)
-        #: key -> file end to end (directories, recovery, headers, I/O)
-        self.blocks = blockstore.BlockStore(
-            self.mapper, self.io_options, blocks_per_file=tier.blocks_per_file, native_io=tier.native_io
-        )
+        #: key -> file end to end (namespace, directories, recovery, headers, I/O)
+        self.blocks = blockstore.BlockStore.for_tier(self.mapper, tier)
+        self.io_options = self.blocks.options
         #: which block I/O path runs (fstier.io.native): "native" or "python"
         self.io_path = self.blocks.io_path
         self.metrics = TierMetrics()
@@ -214,7 +199,6 @@ class FsTier:
         self._cache = LookupCache(tier.lookup_cache_ttl_s)
         self._breaker = Breaker(tier.breaker_failures, tier.breaker_cooldown_s, self.metrics)
         self._budget = WriteBudget(tier.max_write_queue_seconds, self.metrics)
-        self._blocks_prefix = os.fspath(self.mapper.blocks_dir)
 
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -226,16 +210,14 @@ class FsTier:
         #: results held back while a slot of their job is fenced (hold_fenced_results)
         self._held: list[tuple[JobResult, tuple[int, ...]]] = []
         self._events: list[TierEvent] = []
-        #: slot -> (pool job id, op index) of the timed-out op holding it
-        self._fenced: dict[int, tuple[Hashable, int]] = {}
-        #: ops that returned late before their timeout was reaped
-        self._late: set[tuple[Hashable, int]] = set()
+        self._fences = Fences(pool, self._idle)
         self._closed = False
 
         self._io = IOPool(tier.read_threads, tier.write_threads, tier.io_timeout_s)
-        self._io.on_late(self._on_late)
+        self._io.on_late(self._fences.on_late)
         self._lookup = Lookup(
-            self._cache, self.blocks.path, self.mapper.num_groups, max(2, min(tier.read_threads, 16))
+            self._cache, self.blocks.path, self.mapper.num_groups, max(2, min(tier.read_threads, 16)),
+            breaker=self._breaker, metrics=self.metrics,
         )
 
         self._recency = Recency(self._io)
@@ -248,11 +230,12 @@ class FsTier:
             on_evicted=self._on_evicted,
             before_pass=self._recency.flush,
         )
+        self._admission = Admission(self._breaker, self._budget, self.capacity, self.metrics)
         self._ops = JobOps(self.blocks, pool, self._cache, self._recency, self._budget, self._lock)
         self._judge = Judge(
             blocks=self.blocks, ops=self._ops, cache=self._cache, breaker=self._breaker,
             capacity=self.capacity, metrics=self.metrics, payload_len=self._payload_len,
-            on_timed_out=self._timed_out,
+            on_timed_out=lambda job, i: self._fences.fence(job, i, tier.io_timeout_s),
         )
 
     # ---------------------------------------------------------------- creation
@@ -303,22 +286,10 @@ class FsTier:
     def lookup(self, keys: Sequence[BlockKey]) -> int:
         """Number of leading ``keys`` whose blocks are present (0 while degraded)."""
         self._check_open()
-        t0 = time.perf_counter()
-        n = len(keys)
-        if n == 0:
+        if not keys:
             return 0
         check_keys(keys, len(self._payload_len), "lookup")
-        if not self._breaker.allow():
-            self.metrics.lookup_keys.inc(n)
-            self.metrics.misses.inc()
-            return 0
-        hits = self._lookup.prefix(keys)
-        self.metrics.lookup_keys.inc(n)
-        self.metrics.hits.inc(hits)
-        if hits < n:
-            self.metrics.misses.inc()
-        self.metrics.lookup_seconds.observe(time.perf_counter() - t0)
-        return hits
+        return self._lookup.lookup(keys)
 
     def present(self, keys: Sequence[BlockKey]) -> list[bool]:
         """Per key, whether its block is present (no prefix stop, unlike
@@ -328,18 +299,10 @@ class FsTier:
         big batches. It blocks on the filesystem: call it off the engine's
         scheduler thread."""
         self._check_open()
-        n = len(keys)
-        if n == 0:
+        if not keys:
             return []
         check_keys(keys, len(self._payload_len), "present")
-        if not self._breaker.allow():
-            return [False] * n
-        out, probed = self._lookup.present(keys)
-        if not probed:
-            return out
-        self.metrics.lookup_keys.inc(n)
-        self.metrics.hits.inc(sum(out))
-        return out
+        return self._lookup.present_counted(keys)
 
     # -------------------------------------------------------------------- jobs
     def _check_open(self) -> None:
@@ -390,28 +353,10 @@ class FsTier:
             if n == 0:
                 self._finish_now_locked(job_id, kind, 0, "")
                 return
-            if not self._breaker.allow():
-                if kind == "store":
-                    self.metrics.drops.inc("degraded", n)
-                else:
-                    self.metrics.failures.inc("degraded", n)
-                self._finish_now_locked(job_id, kind, n, "degraded")
-                return
-            if any(s in self._fenced for s in slots_t):
-                self.metrics.failures.inc("slot_busy", n)
-                self._finish_now_locked(job_id, kind, n, "slot_busy")
-                return
-            if kind == "store" and self.capacity.root_full():
-                # The root is over max_bytes (counted across every instance on
-                # it) and eviction has not caught up: drop, as backpressure
-                # does. A future miss, never data loss, never a blocked caller.
-                self.metrics.drops.inc("capacity", n)
-                self._finish_now_locked(job_id, kind, n, "capacity")
-                self.capacity.wake()
-                return
-            if kind == "store" and not self._budget.admit(sum(map(file_bytes, op_bytes))):
-                self.metrics.drops.inc("backpressure", n)
-                self._finish_now_locked(job_id, kind, n, "backpressure")
+            busy = self._fences.busy(slots_t)
+            cause = self._admission.refuse(kind, n, sum(map(file_bytes, op_bytes)), slot_busy=busy)
+            if cause is not None:
+                self._finish_now_locked(job_id, kind, n, cause)
                 return
             pool_id = self._next_pool_id
             self._next_pool_id += 1
@@ -443,25 +388,6 @@ class FsTier:
         self._check_open()
         self._recency.flush()
 
-    def _on_late(self, pool_id: Hashable, op_index: int) -> None:
-        """The pool says a timed-out op finally returned: unfence its slots
-        (one on the Python path; every slot of the batch on the native path,
-        whose late call held them all)."""
-        with self._lock:
-            released = False
-            for slot, owner in list(self._fenced.items()):
-                if owner == (pool_id, op_index):
-                    del self._fenced[slot]
-                    # Only now may the provider hand the slot out again: the
-                    # late call can no longer write it.
-                    self._pool.unfence(slot)
-                    log.info("fstier: slot %d released; its timed-out I/O returned", slot)
-                    released = True
-            if released:
-                self._idle.notify_all()
-            else:
-                self._late.add((pool_id, op_index))
-
     # -- completion --------------------------------------------------------------
     def _reap(self) -> None:
         """Turn finished pool jobs into JobResults (never blocks)."""
@@ -480,35 +406,13 @@ class FsTier:
                     self._events.append(BlockStored(v.stored))
                 if v.removed:
                     self._events.append(BlockRemoved(v.removed, "corrupt"))
-                # the late marks of this job's ops served all their keys
-                self._late.difference_update((job.pool_id, j) for j in range(job.num_ops))
+                self._fences.reaped(job)
                 self._user_ids.discard(job.job_id)
-                if self._hold_fenced and not self._fenced.keys().isdisjoint(job.slots):
+                if self._hold_fenced and self._fences.busy(job.slots):
                     self._held.append((result, job.slots))
                 else:
                     self._finished.append(result)
                 self._idle.notify_all()
-
-    def _timed_out(self, job: Job, i: int) -> None:
-        """Key ``i`` of ``job`` timed out: fence its slot until the stuck
-        call returns (unless it already did: a late mark)."""
-        with self._lock:
-            owner = (job.pool_id, job.op_of(i))
-            # A late mark (the call already returned) stays until the job is
-            # reaped: every key of a batch consults it.
-            if owner not in self._late:
-                slot = job.slots[i]
-                self._fenced[slot] = owner
-                # The provider's fence outlives the engine's free(): without
-                # it, alloc() hands the slot out again, new bytes are staged
-                # into it, and the stuck read overwrites them (issue 15 item
-                # 1). Fenced here, before the job's result is published, so
-                # the engine cannot have freed the slot yet.
-                self._pool.fence(slot)
-        log.warning(
-            "fstier: %s of %r timed out after %.1fs; slot %d fenced until the call returns",
-            job.kind, job.keys[i], self.tier_config.io_timeout_s, job.slots[i],
-        )
 
     def get_finished(self) -> list[JobResult]:
         """Results of jobs finished since the last call (never blocks); with
@@ -518,9 +422,8 @@ class FsTier:
         with self._lock:
             out, self._finished = self._finished, []
             if self._held:
-                fenced = self._fenced.keys()
-                ready = [r for r, slots in self._held if fenced.isdisjoint(slots)]
-                self._held = [(r, slots) for r, slots in self._held if not fenced.isdisjoint(slots)]
+                ready = [r for r, slots in self._held if not self._fences.busy(slots)]
+                self._held = [(r, slots) for r, slots in self._held if self._fences.busy(slots)]
                 out = ready + out
         return out
 
@@ -559,16 +462,14 @@ class FsTier:
     @property
     def fenced_slots(self) -> frozenset[int]:
         """Slots held by a timed-out op that has not returned yet."""
-        with self._lock:
-            return frozenset(self._fenced)
+        return self._fences.slots
 
     def wait_fences_released(self, timeout: float | None = None) -> bool:
         """Wait until no slot is fenced by a timed-out op (every stuck call
         returned). Returns False if ``timeout`` expired first."""
         timeout = wait_timeout("wait_fences_released", timeout)
         self._reap()
-        with self._idle:
-            return self._idle.wait_for(lambda: not self._fenced, timeout)
+        return self._fences.wait_released(timeout)
 
     # ---------------------------------------------------------------- capacity
     @property
@@ -579,11 +480,9 @@ class FsTier:
         return self.capacity.usage_bytes
 
     def _on_evicted(self, path: str) -> None:
-        if not path.startswith(self._blocks_prefix + os.sep):
-            return  # another namespace sharing the root
-        key = decode(os.path.basename(path))
+        key = self.blocks.key_of(path)
         if key is None:
-            return
+            return  # another namespace sharing the root
         self._cache.forget([key])
         with self._lock:
             # Coalesce a burst of evictions into one event.

@@ -51,9 +51,10 @@ import stat
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fstier.errors import FstierError, PathSafetyError
-from fstier.file_mapper import FileMapper, encode
+from fstier.file_mapper import FileMapper, decode, encode
 from fstier.io import fsops, native
 from fstier.io.blockfile import BlockHeader, ChecksumKind, payload_checksum
 from fstier.io.blockio import (
@@ -75,9 +76,13 @@ from fstier.io.blockio import (
     touch_file,
     verify_file,
 )
+from fstier.io.capabilities import RootCapabilities
 from fstier.io.manifest import ensure_manifest
 from fstier.io.tree import FileKind, iter_namespace_files
 from fstier.keys import BlockKey
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fstier.config import TierConfig
 
 __all__ = [
     "BatchLoadResult",
@@ -245,6 +250,20 @@ class BlockStore:
         self.io_path = native.status("off") if native_io is None else native.log_selection_once(native_io)
         self._native = self.io_path.backend == "native"
 
+    @classmethod
+    def for_tier(cls, mapper: FileMapper, tier: TierConfig) -> BlockStore:
+        """The store a tier runs on: the namespace made (manifest, blocks
+        directory, through directory fds), the root's capabilities probed for
+        this root alone (an NFS mount elsewhere in the process never changes
+        how this one is written), options and backend from ``tier``."""
+        ensure_manifest(mapper)
+        NamespaceDirs(mapper).ensure(f"{mapper.blocks_dir}/_")
+        caps = RootCapabilities.probe(mapper.namespace_dir, tier.o_direct)
+        return cls(
+            mapper, IOOptions.from_tier(tier, caps), blocks_per_file=tier.blocks_per_file,
+            native_io=tier.native_io,
+        )
+
     @property
     def batched(self) -> bool:
         """True when the batch methods run now as one native call per batch."""
@@ -265,6 +284,14 @@ class BlockStore:
     def path(self, key: BlockKey) -> str:
         """``key``'s file (a string: this is on every lookup's path)."""
         return f"{self._prefix}/{encode(key)}"
+
+    def key_of(self, path: str) -> BlockKey | None:
+        """The key whose file ``path`` names, when it is below this store's
+        blocks directory and its name decodes (:func:`fstier.file_mapper.decode`);
+        else None (another namespace's file, a temp file)."""
+        if not path.startswith(self._prefix + "/"):
+            return None
+        return decode(path.rpartition("/")[2])
 
     # ----------------------------------------------------------- namespace
     def ensure_namespace(self) -> None:
