@@ -1,51 +1,35 @@
-"""FsTier: the engine-facing filesystem tier, its face (jobs, results,
-fencing, events); its parts live in :mod:`fstier.tier`, its files in
-:mod:`fstier.io`.
+"""FsTier: the engine-facing filesystem tier. This module is its face: jobs,
+results, fencing, events; its parts live in :mod:`fstier.tier` (one concept
+each), its files in :mod:`fstier.io` (:class:`~fstier.io.blockstore.BlockStore`:
+one key <-> one file). The engine's scheduler owns one :class:`FsTier` and
+never blocks in it:
 
-One key <-> one host slot <-> one file (:class:`~fstier.io.blockstore.BlockStore`
-names it). The engine's scheduler owns one :class:`FsTier`; it never blocks in it:
+- ``lookup(keys)`` counts the leading keys whose files exist
+  (:mod:`~fstier.tier.lookup`); a key whose load failed is never a hit again
+  until stored again, so a stale hit cannot livelock a request.
+- ``submit_store`` / ``submit_load`` queue one pool job, cut into batches by
+  the block store (:mod:`~fstier.tier.jobs`); ``get_finished()`` returns
+  :class:`JobResult` records (:mod:`~fstier.tier.outcomes` judges them). A
+  load keeps its loaded *prefix*: from the first key that did not load on,
+  keys are misses to recompute. A job that cannot run now
+  (:mod:`~fstier.tier.admission`: ``degraded``, ``slot_busy``, ``capacity``,
+  ``backpressure``) finishes at once with that cause, never blocking.
+- Fencing (:mod:`~fstier.tier.fences`): the slot of an op past
+  ``io_timeout_s`` stays fenced, here and at the slot provider, until the
+  stuck call returns; jobs naming it fail ``slot_busy``. With
+  ``hold_fenced_results=True`` (a provider that cannot stop the engine from
+  reusing a slot it freed: an engine's own rows) :meth:`get_finished` holds
+  back the result of a job holding a fenced slot until the slot is released.
+- Capacity (:mod:`~fstier.tier.capacity`): with ``max_bytes``, a thread
+  keeps the root under its high watermark by evicting LRU files.
+- ``take_events()``: :class:`BlockStored` / :class:`BlockRemoved`;
+  ``metrics``: a :class:`~fstier.tier.metrics.TierMetrics`.
 
-- **lookup(keys) -> int** counts the leading keys whose files exist (a prefix
-  hit; :mod:`fstier.tier.lookup`: a short-lived cache, ``stat`` in parallel
-  chunks). A key whose load failed is *bad*: never a hit again until it is
-  stored again, so a stale hit cannot livelock a request.
-- **submit_store / submit_load** queue one pool job per call on the
-  dual-queue :class:`~fstier.io.pool.IOPool`, cut into batches by the block
-  store (:mod:`fstier.tier.jobs`); ``get_finished()`` returns
-  :class:`JobResult` records without blocking (:mod:`fstier.tier.outcomes`
-  judges them). A load keeps its loaded *prefix*; from the first key that
-  did not load on, keys are misses to recompute. Stores of keys already
-  present are skipped and counted.
-- **Admission** (:mod:`fstier.tier.admission`): a job that cannot run now
-  finishes at once with its cause: ``degraded`` (the circuit breaker is open
-  after consecutive device or mount failures), ``slot_busy`` (a fenced slot),
-  ``capacity`` (the root is over ``max_bytes``), ``backpressure`` (queued
-  store bytes over ``max_write_queue_seconds`` of measured write speed): a
-  future miss, never a blocked caller.
-- **Fencing.** An op past ``io_timeout_s`` is reported failed, but its thread
-  may still write into the slot later (or, for a store, read it and publish
-  what it reads); that slot is fenced until the pool's ``on_late`` callback
-  says the stuck call returned: jobs naming it fail with ``slot_busy``, and
-  the slot provider (:mod:`fstier.slots`) is told to ``fence`` it, so a slot
-  the engine frees is not handed out again before the late call is over.
-  No byte written by an op after its job was reported reaches a later job.
-  A provider that cannot stop the engine from reusing a slot it freed (an
-  engine's own rows) asks for ``hold_fenced_results=True``: the result of a
-  job holding a fenced slot is then held back by :meth:`get_finished` until
-  the slot is released, so the engine cannot reuse it too early.
-- **Slots** must be currently handed out by the provider (``check_slots``):
-  a job naming a slot the caller does not hold is a ``ValueError``, as are
-  malformed keys in any call, ``lookup`` included (:mod:`fstier.tier.checks`).
-- **Capacity** (:mod:`fstier.tier.capacity`): with ``max_bytes``, a capacity
-  thread keeps the root under its high watermark, evicting LRU files (file
-  mtimes, bumped on every load and every store of a present key).
-- **Events and metrics.** ``take_events()`` returns :class:`BlockStored` /
-  :class:`BlockRemoved`; ``metrics`` is a :class:`~fstier.tier.metrics.TierMetrics`.
-
-All job bookkeeping lives in one :class:`~fstier.tier.jobs.Job` record per
-in-flight job under ``FsTier._lock``; results, events and fences too.
+Invariants: one :class:`~fstier.tier.jobs.Job` record per in-flight job;
+jobs, results, events and fences under ``FsTier._lock``; no byte an op
+writes after its job was reported reaches a later job; malformed keys and
+slots the caller does not hold are a ``ValueError`` (:mod:`~fstier.tier.checks`).
 """
-
 
 from __future__ import annotations
 
@@ -58,22 +42,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from fstier.config import FstierConfig, TierConfig, load_config
-from fstier.errors import ConfigError, PoolError, StorageError, TierClosedError
+from fstier.errors import ConfigError, StorageError, TierClosedError
 from fstier.file_mapper import FileMapper
 from fstier.io import blockstore
-from fstier.io.blockfile import padded_len
 from fstier.io.pool import IOPool
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
 from fstier.tier.admission import Admission, Breaker, WriteBudget
 from fstier.tier.capacity import Capacity
-from fstier.tier.checks import check_job, check_keys, wait_timeout
+from fstier.tier.checks import check_job, check_keys, check_pool, wait_timeout
 from fstier.tier.fences import Fences
 from fstier.tier.gc import GcReport
-from fstier.tier.jobs import Job, JobOps, file_bytes
+from fstier.tier.jobs import JobOps, JobTable, file_bytes
 from fstier.tier.lookup import Lookup, LookupCache
 from fstier.tier.metrics import TierMetrics
 from fstier.tier.outcomes import Judge
+from fstier.tier.private_pool import private_pool
 from fstier.tier.recency import Recency
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -82,9 +66,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["BlockRemoved", "BlockStored", "FsTier", "JobResult", "TierEvent"]
 
 log = logging.getLogger("fstier.manager")
-
-#: Default private pool budget when ``from_config`` creates the pool itself.
-_DEFAULT_POOL_BYTES = 256 << 20
 
 
 # ---------------------------------------------------------------- public records
@@ -100,8 +81,7 @@ class JobResult:
     been written, and :class:`BlockStored` events list exactly which were).
     ``cause`` names the first failure (an errno name such as ``ENOSPC``,
     ``timeout``, ``backpressure``, ``capacity``, ``degraded``, ``slot_busy``,
-    ``bad_file:<why>``,
-    ``corrupt:<reason>``, or ``miss``). ``skipped`` counts stores of keys
+    ``bad_file:<why>``, ``corrupt:<reason>``, or ``miss``). ``skipped`` counts stores of keys
     already present.
     """
 
@@ -163,12 +143,9 @@ class FsTier:
     ) -> None:
         if isinstance(config, FstierConfig) and mapper is None:
             self.config: FstierConfig | None = config
-            tier = config.tier
-            self.mapper = FileMapper(config)
+            self.mapper, tier = FileMapper(config), config.tier
         elif isinstance(config, TierConfig) and isinstance(mapper, FileMapper):
-            self.config = None
-            tier = config
-            self.mapper = mapper
+            self.config, self.mapper, tier = None, mapper, config
         else:
             raise ConfigError(
                 f"FsTier(config=..., mapper=...): expected an FstierConfig, or a TierConfig "
@@ -177,34 +154,21 @@ class FsTier:
             )
         self.tier_config: TierConfig = tier
         self._pool = pool
-        self._owns_pool = False
         self._own_pool: HostBlockPool | None = None  # closed by close() (from_config)
-        self._payload_len = [
-            self.mapper.expected_payload_bytes(g) for g in range(self.mapper.num_groups)
-        ]
-        need = max(self._payload_len)
-        if pool.slot_bytes < need:
-            raise PoolError(
-                f"{type(pool).__name__} slot_bytes is {pool.slot_bytes} but the largest file "
-                f"payload is {need} bytes; provide slots with slot_bytes >= {need} "
-                f"({padded_len(need)} lets I/O run on the slot in place)"
-            )
+        self._payload_len = [self.mapper.expected_payload_bytes(g) for g in range(self.mapper.num_groups)]
+        check_pool(pool, max(self._payload_len))
         #: key -> file end to end (namespace, directories, recovery, headers, I/O)
         self.blocks = blockstore.BlockStore.for_tier(self.mapper, tier)
         self.io_options = self.blocks.options
         #: which block I/O path runs (fstier.io.native): "native" or "python"
         self.io_path = self.blocks.io_path
-        self.metrics = TierMetrics()
-        self.metrics.native_io.set(1 if self.io_path.backend == "native" else 0)
-        self._cache = LookupCache(tier.lookup_cache_ttl_s)
-        self._breaker = Breaker(tier.breaker_failures, tier.breaker_cooldown_s, self.metrics)
-        self._budget = WriteBudget(tier.max_write_queue_seconds, self.metrics)
+        self.metrics = metrics = TierMetrics()
+        metrics.native_io.set(1 if self.io_path.backend == "native" else 0)
 
+        # One lock for jobs, results, events and fences (`_idle` wraps it).
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._jobs: dict[Hashable, Job] = {}
-        self._user_ids: set[Hashable] = set()
-        self._next_pool_id = 0
+        self._jobs = JobTable()
         self._finished: list[JobResult] = []
         self._hold_fenced = hold_fenced_results
         #: results held back while a slot of their job is fenced (hold_fenced_results)
@@ -213,58 +177,44 @@ class FsTier:
         self._fences = Fences(pool, self._idle)
         self._closed = False
 
+        # The parts (fstier.tier), each owning one concept.
+        self._cache = LookupCache(tier.lookup_cache_ttl_s)
+        self._breaker = Breaker(tier.breaker_failures, tier.breaker_cooldown_s, metrics)
+        self._budget = WriteBudget(tier.max_write_queue_seconds, metrics)
         self._io = IOPool(tier.read_threads, tier.write_threads, tier.io_timeout_s)
         self._io.on_late(self._fences.on_late)
         self._lookup = Lookup(
             self._cache, self.blocks.path, self.mapper.num_groups, max(2, min(tier.read_threads, 16)),
-            breaker=self._breaker, metrics=self.metrics,
+            breaker=self._breaker, metrics=metrics,
         )
-
         self._recency = Recency(self._io)
-        # Capacity: root-wide usage shared with every instance on this root
-        # and the capacity thread (fstier.tier.capacity).
         self.capacity = Capacity(
-            self.mapper.root,
-            tier,
-            self.metrics,
-            on_evicted=self._on_evicted,
-            before_pass=self._recency.flush,
+            self.mapper.root, tier, metrics, on_evicted=self._on_evicted, before_pass=self._recency.flush
         )
-        self._admission = Admission(self._breaker, self._budget, self.capacity, self.metrics)
+        self._admission = Admission(self._breaker, self._budget, self.capacity, metrics)
         self._ops = JobOps(self.blocks, pool, self._cache, self._recency, self._budget, self._lock)
         self._judge = Judge(
             blocks=self.blocks, ops=self._ops, cache=self._cache, breaker=self._breaker,
-            capacity=self.capacity, metrics=self.metrics, payload_len=self._payload_len,
+            capacity=self.capacity, metrics=metrics, payload_len=self._payload_len,
             on_timed_out=lambda job, i: self._fences.fence(job, i, tier.io_timeout_s),
         )
 
-    # ---------------------------------------------------------------- creation
     @classmethod
     def from_config(
         cls, config: str | os.PathLike[str] | FstierConfig, pool: SlotProvider | None = None
     ) -> FsTier:
         """Build from a YAML path or an :class:`FstierConfig`. Without ``pool``
-        a private :class:`HostBlockPool` is created (slots sized to the largest
-        payload, about 256 MiB in all, at least 2 x the I/O threads) and closed
-        by :meth:`close`."""
+        a private :class:`HostBlockPool` is created (slots of the largest
+        payload, about 256 MiB in all) and closed by :meth:`close`."""
         cfg = config if isinstance(config, FstierConfig) else load_config(config)
         if pool is not None:
             return cls(cfg, pool)
-        from fstier.slots.host_pool import HostBlockPool
-
-        mapper = FileMapper(cfg)
-        slot_bytes = max(
-            padded_len(mapper.expected_payload_bytes(g)) for g in range(len(cfg.model.groups))
-        )
-        threads = cfg.tier.read_threads + cfg.tier.write_threads
-        num_slots = max(2 * threads, min(1024, _DEFAULT_POOL_BYTES // slot_bytes))
-        own = HostBlockPool(num_slots, slot_bytes)
+        own = private_pool(cfg)  # fstier.tier.private_pool: sized from the config
         try:
             tier = cls(cfg, own)
         except BaseException:
             own.close()
             raise
-        tier._owns_pool = True
         tier._own_pool = own
         return tier
 
@@ -309,33 +259,21 @@ class FsTier:
         if self._closed:
             raise TierClosedError("FsTier is closed; create a new one with FsTier.from_config(...)")
 
-    def _finish_now_locked(
-        self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str
-    ) -> None:
-        self._finished.append(
-            JobResult(job_id, kind, n == 0, 0, n, 0, 0.0, None if n == 0 else cause)
-        )
+    def _finish_now_locked(self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str) -> None:
+        self._finished.append(JobResult(job_id, kind, n == 0, 0, n, 0, 0.0, None if n == 0 else cause))
 
-    def submit_store(
-        self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]
-    ) -> None:
+    def submit_store(self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]) -> None:
         """Queue the store of ``slots[i]`` as ``keys[i]``'s file. Never blocks;
         a job that cannot run (degraded, backpressure, fenced slot) finishes at
         once with ``success=False`` and that cause."""
         self._submit(job_id, "store", keys, slots)
 
-    def submit_load(
-        self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]
-    ) -> None:
+    def submit_load(self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]) -> None:
         """Queue the load of ``keys[i]``'s file into ``slots[i]``. Never blocks."""
         self._submit(job_id, "load", keys, slots)
 
     def _submit(
-        self,
-        job_id: Hashable,
-        kind: Literal["store", "load"],
-        keys: Sequence[BlockKey],
-        slots: Sequence[int],
+        self, job_id: Hashable, kind: Literal["store", "load"], keys: Sequence[BlockKey], slots: Sequence[int]
     ) -> None:
         self._check_open()
         check_job(job_id, keys, slots, self._pool, len(self._payload_len))
@@ -348,8 +286,7 @@ class FsTier:
         # otherwise a second job "J" that finishes at once would report a
         # result for a "J" still in flight (issue 15 item 9).
         with self._lock:
-            if job_id in self._user_ids:
-                raise ValueError(f"job id {job_id!r} is already in flight; job ids must be unique")
+            self._jobs.check_unique(job_id)
             if n == 0:
                 self._finish_now_locked(job_id, kind, 0, "")
                 return
@@ -358,18 +295,11 @@ class FsTier:
             if cause is not None:
                 self._finish_now_locked(job_id, kind, n, cause)
                 return
-            pool_id = self._next_pool_id
-            self._next_pool_id += 1
-            job = Job(
-                pool_id, job_id, kind, keys_t, slots_t, op_bytes, time.perf_counter(),
-                op_open=[kind == "store"] * n,
-            )
-            self._jobs[pool_id] = job
-            self._user_ids.add(job_id)
+            job = self._jobs.open(job_id, kind, keys_t, slots_t, op_bytes)
         # The block store cuts the job into batches: one native call per I/O
         # thread (GIL released), or one key per op on the Python path.
         threads = self.tier_config.write_threads if kind == "store" else self.tier_config.read_threads
-        self._io.submit(pool_id, "write" if kind == "store" else "read", self._ops.ops(job, threads))
+        self._io.submit(job.pool_id, "write" if kind == "store" else "read", self._ops.ops(job, threads))
 
     def touch(self, keys: Sequence[BlockKey]) -> None:
         """Mark ``keys`` recently used (LRU recency) without a system call
@@ -393,7 +323,7 @@ class FsTier:
         """Turn finished pool jobs into JobResults (never blocks)."""
         for pj in self._io.get_finished():
             with self._lock:
-                job = self._jobs.pop(pj.job_id, None)
+                job = self._jobs.pop(pj.job_id)
             if job is None:
                 continue
             v = self._judge.finish(job, job.per_key(pj.results))
@@ -407,7 +337,7 @@ class FsTier:
                 if v.removed:
                     self._events.append(BlockRemoved(v.removed, "corrupt"))
                 self._fences.reaped(job)
-                self._user_ids.discard(job.job_id)
+                self._jobs.done(job)
                 if self._hold_fenced and self._fences.busy(job.slots):
                     self._held.append((result, job.slots))
                 else:
@@ -498,13 +428,11 @@ class FsTier:
         """One synchronous capacity pass over the root: sweep stale temp and
         ``.nfs*`` files and, above the high watermark of ``max_bytes``
         (default: ``tier.max_bytes``), evict LRU files down to the low
-        watermark. Resynchronises the shared usage count.
-
-        Waits for a pass another instance on the root is running, at most
-        ``timeout`` seconds (None: no limit), then raises
-        :class:`TimeoutError`; a pass still walking at the deadline stops
-        there and reports ``complete=False``. An instance that died or hangs
-        holding the root's eviction lease loses it within 30 s."""
+        watermark; resynchronise the shared usage count. Waits at most
+        ``timeout`` s (None: no limit) for another instance's pass, then
+        raises :class:`TimeoutError` (a dead or hung lease holder loses the
+        lease within 30 s); a pass walking at the deadline stops there
+        (``complete=False``)."""
         self._check_open()
         timeout = wait_timeout("run_capacity_pass", timeout)
         return self.capacity.run_pass(max_bytes, timeout)

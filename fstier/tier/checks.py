@@ -1,6 +1,7 @@
 """What a caller must hand :class:`~fstier.manager.FsTier`: keys of the
 model's groups, for a job one slot per key that the slot provider has
-handed out, and for a wait a timeout in seconds.
+handed out, slots that hold the largest payload, and for a wait a
+timeout in seconds.
 
 Pure checks, no I/O and no tier state: each failure is one ``ValueError``
 naming the call or job, the offending element and the fix; nothing is
@@ -14,10 +15,12 @@ import math
 import threading
 from collections.abc import Hashable, Sequence
 
+from fstier.errors import PoolError
+from fstier.io.blockfile import padded_len
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
 
-__all__ = ["check_job", "check_keys", "wait_timeout"]
+__all__ = ["check_job", "check_keys", "check_pool", "wait_timeout"]
 
 
 def check_keys(keys: Sequence[BlockKey], num_groups: int, what: str) -> None:
@@ -75,3 +78,14 @@ def wait_timeout(what: str, timeout: float | None) -> float | None:
     if not timeout >= 0:  # also catches nan
         raise ValueError(f"{what}(timeout=...): expected seconds >= 0 or None, got {timeout!r}")
     return min(float(timeout), threading.TIMEOUT_MAX)
+
+
+def check_pool(pool: SlotProvider, need: int) -> None:
+    """``pool``'s slots hold a payload of ``need`` bytes (the largest file's),
+    else a :class:`~fstier.errors.PoolError` naming the size to provide."""
+    if pool.slot_bytes < need:
+        raise PoolError(
+            f"{type(pool).__name__} slot_bytes is {pool.slot_bytes} but the largest file "
+            f"payload is {need} bytes; provide slots with slot_bytes >= {need} "
+            f"({padded_len(need)} lets I/O run on the slot in place)"
+        )

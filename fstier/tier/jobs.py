@@ -1,5 +1,5 @@
-"""A job in flight: its record (:class:`Job`) and its ops on the I/O
-threads (:class:`JobOps`).
+"""A job in flight: its record (:class:`Job`), the table of jobs in flight
+(:class:`JobTable`) and their ops on the I/O threads (:class:`JobOps`).
 
 One :class:`Job` per submitted store or load job, created by
 :meth:`fstier.manager.FsTier.submit_store` / ``submit_load``. The block store
@@ -42,7 +42,7 @@ from fstier.tier.admission import WriteBudget
 from fstier.tier.lookup import LookupCache
 from fstier.tier.recency import Recency
 
-__all__ = ["Job", "JobOps", "file_bytes"]
+__all__ = ["Job", "JobOps", "JobTable", "file_bytes"]
 
 
 def file_bytes(payload_len: int) -> int:
@@ -91,6 +91,46 @@ class Job:
             else:
                 out.extend([r] * len(keys))
         return out
+
+
+class JobTable:
+    """The jobs in flight, by pool job id, and the caller's job ids in flight
+    (unique). Callers hold the tier's lock."""
+
+    def __init__(self) -> None:
+        self._by_pool: dict[Hashable, Job] = {}
+        self._user_ids: set[Hashable] = set()
+        self._next = 0
+
+    def check_unique(self, job_id: Hashable) -> None:
+        if job_id in self._user_ids:
+            raise ValueError(f"job id {job_id!r} is already in flight; job ids must be unique")
+
+    def open(
+        self, job_id: Hashable, kind: Literal["store", "load"], keys: tuple[BlockKey, ...],
+        slots: tuple[int, ...], op_bytes: tuple[int, ...],
+    ) -> Job:
+        """A new job in flight (a store's keys hold write-budget reservations)."""
+        job = Job(
+            self._next, job_id, kind, keys, slots, op_bytes, time.perf_counter(),
+            op_open=[kind == "store"] * len(keys),
+        )
+        self._next += 1
+        self._by_pool[job.pool_id] = job
+        self._user_ids.add(job_id)
+        return job
+
+    def pop(self, pool_id: Hashable) -> Job | None:
+        """The job of a finished pool job, out of the table (its caller's id
+        stays in flight until :meth:`done`)."""
+        return self._by_pool.pop(pool_id, None)
+
+    def done(self, job: Job) -> None:
+        """``job``'s result is published: its id may be used again."""
+        self._user_ids.discard(job.job_id)
+
+    def __bool__(self) -> bool:
+        return bool(self._by_pool)
 
 
 class JobOps:
