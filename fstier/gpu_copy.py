@@ -56,15 +56,8 @@ import numpy as np
 import torch
 
 from fstier.errors import LayoutError
-from fstier.layout import (
-    CanonicalKVCaches,
-    LoadStoreSpec,
-    PageMapping,
-    PageRun,
-    _coalesce,
-    _expand,
-    _Frags,
-)
+from fstier.layout import CanonicalKVCaches, LoadStoreSpec, PageMapping
+from fstier.page_runs import PageRun, _coalesce, _expand, _Frags
 from fstier.slots.host_pool import HostBlockPool
 
 __all__ = ["CopyStats", "CudaCopy", "HostBlockPool", "RankStager"]
