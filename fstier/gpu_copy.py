@@ -50,14 +50,22 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
+from fstier.copy_plan import (
+    _GroupPlans,
+    _host_copies,
+    _Plan,
+    _plans_for,
+    _Staging,
+    _staging_for,
+    _Work,
+)
 from fstier.errors import LayoutError
 from fstier.layout import CanonicalKVCaches, LoadStoreSpec, PageMapping
-from fstier.page_runs import PageRun, _coalesce, _expand, _Frags
 from fstier.slots.host_pool import HostBlockPool
 
 __all__ = ["CopyStats", "CudaCopy", "HostBlockPool", "RankStager"]
@@ -168,29 +176,6 @@ class CopyStats:
     bytes: int = 0
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """``R x N`` fragments of ``F`` bytes per block: a 4-d strided view on each side."""
-
-    tensor_idx: int
-    local_offset: int  # in the tensor row
-    canonical_offset: int  # in the canonical page
-    reps: int
-    rep_local: int
-    rep_canonical: int
-    num: int
-    local_stride: int
-    canonical_stride: int
-    size: int
-
-
-@dataclass
-class _GroupPlans:
-    store: list[_Plan]
-    load: list[_Plan]
-    canonical_page_bytes: int
-
-
 @dataclass
 class _Batch:
     """One in-flight stage_out/stage_in call (one record, under the stager lock).
@@ -203,126 +188,6 @@ class _Batch:
     event: Any = None
     keep: list[torch.Tensor] = field(default_factory=list)
     pinned: list[torch.Tensor] = field(default_factory=list)
-
-
-class _Work(NamedTuple):
-    """One group's part of a batch: block ids, and each block's slot and page in it."""
-
-    group: int
-    ids: np.ndarray
-    slots: np.ndarray
-    pages: np.ndarray
-
-
-@dataclass(frozen=True)
-class _Staging:
-    """Device staging layout of one group and direction.
-
-    ``page_bytes`` staging bytes per block; ``views[i]`` is plan ``i``'s
-    ``(offset, rep stride, fragment stride)`` in a staging page; ``segs`` rows
-    ``(canonical offset, staging offset, width, rows, canonical pitch, staging
-    pitch)``: the host copies of one page. ``spans_page``: one segment that
-    tiles whole pages on both sides, so adjacent pages merge into one copy."""
-
-    page_bytes: int
-    views: tuple[tuple[int, int, int], ...]
-    segs: np.ndarray
-    spans_page: bool
-    #: smallest width / canonical pitch of a segment (1.0: contiguous rows)
-    density: float = 1.0
-
-
-def _staging_for(plans: Sequence[_Plan], cpb: int) -> _Staging:
-    """Pack the plans' canonical fragments in canonical order (start-up only).
-
-    Packed order keeps each range's bytes adjacent, so the staging page is
-    exactly the rank's bytes and every run of equal ranges at a fixed pitch is
-    one 2-d copy. When a plan's fragments do not land on an affine grid in the
-    packed order, staging uses canonical offsets instead (always affine, at the
-    cost of a full-page staging buffer)."""
-    if not plans:
-        return _Staging(0, (), np.zeros((0, 6), np.int64), False)
-    cos, sizes, counts = [], [], []
-    for p in plans:
-        offs = (
-            p.canonical_offset
-            + np.arange(p.reps, dtype=np.int64)[:, None] * p.rep_canonical
-            + np.arange(p.num, dtype=np.int64)[None, :] * p.canonical_stride
-        ).ravel()
-        cos.append(offs)
-        sizes.append(np.full(offs.size, p.size, dtype=np.int64))
-        counts.append(offs.size)
-    co, sz = np.concatenate(cos), np.concatenate(sizes)
-    order = np.argsort(co, kind="stable")
-    co_s, sz_s = co[order], sz[order]
-    brk = np.ones(co_s.size, dtype=bool)
-    brk[1:] = co_s[1:] != co_s[:-1] + sz_s[:-1]
-    first = np.flatnonzero(brk)
-    rstart = co_s[first]
-    rsize = np.add.reduceat(sz_s, first)
-    rpos = np.cumsum(rsize) - rsize
-    ri = np.cumsum(brk) - 1
-    pos = np.empty_like(co)
-    pos[order] = rpos[ri] + co_s - rstart[ri]
-    views: list[tuple[int, int, int]] = []
-    packed = True
-    at = 0
-    for p, n in zip(plans, counts, strict=True):
-        grid = pos[at : at + n].reshape(p.reps, p.num)
-        at += n
-        p0 = int(grid[0, 0])
-        a = int(grid[1, 0] - p0) if p.reps > 1 else 0
-        b = int(grid[0, 1] - p0) if p.num > 1 else 0
-        want = p0 + np.arange(p.reps)[:, None] * a + np.arange(p.num)[None, :] * b
-        if not np.array_equal(grid, want):
-            packed = False
-            break
-        views.append((p0, a, b))
-    if packed:
-        page_bytes, spos = int(rsize.sum()), rpos
-    else:
-        page_bytes, spos = cpb, rstart
-        views = [(p.canonical_offset, p.rep_canonical, p.canonical_stride) for p in plans]
-    segs: list[tuple[int, int, int, int, int, int]] = []
-    i, m = 0, rstart.size
-    while i < m:
-        j = i + 1
-        w = int(rsize[i])
-        cp = sp = w
-        if j < m and rsize[j] == w:
-            cp, sp = int(rstart[j] - rstart[i]), int(spos[j] - spos[i])
-            while j < m and rsize[j] == w and rstart[j] - rstart[j - 1] == cp and spos[j] - spos[j - 1] == sp:
-                j += 1
-        segs.append((int(rstart[i]), int(spos[i]), w, j - i, cp, sp))
-        i = j
-    arr = np.array(segs, dtype=np.int64)
-    spans = len(segs) == 1 and segs[0][3] * segs[0][4] == cpb and segs[0][3] * segs[0][5] == page_bytes
-    density = min(1.0 if rows == 1 else w / cp for _, _, w, rows, cp, _ in segs)
-    return _Staging(page_bytes, tuple(views), arr, spans, density)
-
-
-def _host_copies(st: _Staging, host_off: np.ndarray, cpb: int) -> np.ndarray:
-    """One batch's copies as rows ``(host offset, staging offset, width, rows,
-    host pitch, staging pitch)``; staging page ``j`` is block ``j`` of the batch."""
-    n = host_off.size
-    if st.spans_page:
-        co0, so0, w, rows, cp, sp = (int(x) for x in st.segs[0])
-        brk = np.flatnonzero(np.diff(host_off) != cpb) + 1
-        starts = np.concatenate([[0], brk]).astype(np.int64)
-        counts = np.diff(np.append(starts, n))
-        out = np.empty((starts.size, 6), dtype=np.int64)
-        out[:, 0] = host_off[starts] + co0
-        out[:, 1] = starts * st.page_bytes + so0
-        out[:, 2] = w
-        out[:, 3] = rows * counts
-        out[:, 4] = cp
-        out[:, 5] = sp
-        return out
-    k = st.segs.shape[0]
-    out = np.repeat(st.segs[None, :, :], n, axis=0).reshape(n * k, 6).copy()
-    out[:, 0] += np.repeat(host_off, k)
-    out[:, 1] += np.repeat(np.arange(n, dtype=np.int64) * st.page_bytes, k)
-    return out
 
 
 def _elem_dtype(*byte_quantities: int) -> torch.dtype:
@@ -375,68 +240,6 @@ class _PinnedIndices:
     def give(self, bufs: Sequence[torch.Tensor]) -> None:
         with self._lock:
             self._free.extend(bufs)
-
-
-def _progressions(runs: list[PageRun]) -> list[tuple[int, int, int, int, int]]:
-    """Split same-shape runs into arithmetic progressions of (local, canonical)
-    offsets: ``(lo0, co0, count, dlo, dco)``. Tries canonical order and a few
-    residue orders (K runs of all layers, then V runs) and keeps the fewest."""
-    arr = np.array([(r.local_offset, r.canonical_offset) for r in runs], dtype=np.int64)
-    arr = arr[np.argsort(arr[:, 1], kind="stable")]
-    candidates = [arr]
-    for j in range(1, min(9, len(arr))):
-        m = int(arr[j, 1] - arr[0, 1])
-        if m > 0:
-            candidates.append(arr[np.lexsort((arr[:, 1], arr[:, 1] % m))])
-    return min((_greedy_progressions(c) for c in candidates), key=len)
-
-
-def _greedy_progressions(arr: np.ndarray) -> list[tuple[int, int, int, int, int]]:
-    out: list[tuple[int, int, int, int, int]] = []
-    i, n = 0, len(arr)
-    if n == 1:
-        return [(int(arr[0, 0]), int(arr[0, 1]), 1, 0, 0)]
-    d = np.diff(arr, axis=0)
-    ok = (d[:, 0] > 0) & (d[:, 1] > 0)
-    while i < n:
-        if i == n - 1 or not ok[i]:
-            out.append((int(arr[i, 0]), int(arr[i, 1]), 1, 0, 0))
-            i += 1
-            continue
-        step = d[i]
-        same = ok[i:] & (d[i:, 0] == step[0]) & (d[i:, 1] == step[1])
-        k = int(np.argmin(same)) if not same.all() else len(same)
-        out.append((int(arr[i, 0]), int(arr[i, 1]), k + 1, int(step[0]), int(step[1])))
-        i += k + 1
-    return out
-
-
-def _plans_for(runs: Sequence[PageRun], refs: Sequence[Any]) -> list[_Plan]:
-    """Clip runs (local-page coordinates) to the group's references and group them."""
-    if not runs:
-        return []
-    bounds = np.cumsum([0] + [r.size for r in refs])
-    unit = 0
-    for r in runs:
-        unit = math.gcd(unit, r.fragment_size, r.local_offset, r.local_stride if r.num_fragments > 1 else 0)
-    for b in bounds.tolist():
-        unit = math.gcd(unit, int(b))
-    frags = _expand(runs, unit)
-    ref_of = np.searchsorted(bounds, frags.lo, side="right") - 1
-    plans: list[_Plan] = []
-    for k, ref in enumerate(refs):
-        sel = ref_of == k
-        if not sel.any():
-            continue
-        sub = _Frags(frags.lo[sel] - bounds[k] + ref.offset, frags.co[sel], unit)
-        by_shape: dict[tuple[int, int, int, int], list[PageRun]] = {}
-        for run in _coalesce(sub):
-            key = (run.fragment_size, run.num_fragments, run.local_stride, run.canonical_stride)
-            by_shape.setdefault(key, []).append(run)
-        for (f, nf, ls, cs), group in by_shape.items():
-            for lo0, co0, reps, dlo, dco in _progressions(group):
-                plans.append(_Plan(ref.tensor_idx, lo0, co0, reps, dlo, dco, nf, ls, cs, f))
-    return plans
 
 
 class RankStager:
