@@ -35,11 +35,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from fstier.page_runs import PageRun, _coalesce, _expand, _Frags
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -245,3 +248,40 @@ class _Work(NamedTuple):
     ids: np.ndarray
     slots: np.ndarray
     pages: np.ndarray
+
+
+def _unit_groups(plans: Sequence[_Plan], views: Sequence[tuple[int, int, int]], tensors: Sequence[torch.Tensor], raw_ok: bool) -> list[list[int]]:
+    """Indices of plans that can share a kernel: same shapes and strides, and
+    source address, canonical offset and staging offset each advancing by one
+    positive step. Without raw device views (CPU) the tensors must also share
+    one storage."""
+    by_key: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(plans):
+        t = tensors[p.tensor_idx]
+        key = (
+            p.reps, p.num, p.size, p.rep_local, p.local_stride, p.rep_canonical, p.canonical_stride,
+            int(t.stride(0)), int(t.shape[0]), views[i][1], views[i][2],
+            0 if raw_ok else t.untyped_storage().data_ptr(),
+        )
+        by_key.setdefault(key, []).append(i)
+    out: list[list[int]] = []
+    for idx in by_key.values():
+        idx = sorted(idx, key=lambda i: plans[i].canonical_offset)
+
+        def coords(i: int) -> tuple[int, int, int]:
+            p = plans[i]
+            return (tensors[p.tensor_idx].data_ptr() + p.local_offset, p.canonical_offset, views[i][0])
+
+        run = [idx[0]]
+        step: tuple[int, int, int] | None = None
+        for i in idx[1:]:
+            prev, cur = coords(run[-1]), coords(i)
+            d = (cur[0] - prev[0], cur[1] - prev[1], cur[2] - prev[2])
+            if min(d) > 0 and (step is None or d == step):
+                step = d
+                run.append(i)
+            else:
+                out.append(run)
+                run, step = [i], None
+        out.append(run)
+    return sorted(out, key=lambda r: r[0])
