@@ -44,6 +44,8 @@ from fstier.page_runs import PageRun, _coalesce, _expand, _Frags
 if TYPE_CHECKING:
     import torch
 
+    from fstier.layout import LoadStoreSpec
+
 
 @dataclass(frozen=True)
 class _Plan:
@@ -285,3 +287,48 @@ def _unit_groups(plans: Sequence[_Plan], views: Sequence[tuple[int, int, int]], 
                 run, step = [i], None
         out.append(run)
     return sorted(out, key=lambda r: r[0])
+
+
+def _batch_work(
+    spec: LoadStoreSpec, slots: Sequence[int], num_blocks: Sequence[int], num_slots: int, blocks_per_file: int, store: bool
+) -> list[_Work]:
+    """Each group's block ids of ``spec`` with the slot and page each lands on:
+    ``slots`` hold the groups' files in group order, a group's first file
+    entered at page ``spec.skip(g, blocks_per_file)`` (a store must start at a
+    file boundary). ``num_blocks[g]`` is group ``g``'s block count; a bad
+    count, slot or block id is one ``ValueError`` naming it."""
+    # numpy, not Python loops or small torch ops: this runs on the caller's
+    # thread for every batch (thousands of blocks cost tens of microseconds).
+    if len(spec.group_sizes) != len(num_blocks):
+        raise ValueError(
+            f"LoadStoreSpec has {len(spec.group_sizes)} groups, the stager has {len(num_blocks)}"
+        )
+    bpf = blocks_per_file
+    want = sum(spec.num_files(g, bpf) for g in range(len(num_blocks)))
+    if len(slots) != want:
+        raise ValueError(f"need {want} slot(s) for this spec (blocks_per_file={bpf}), got {len(slots)}")
+    all_slots = np.asarray(slots, dtype=np.int64)
+    bad = np.flatnonzero((all_slots < 0) | (all_slots >= num_slots))
+    if bad.size:
+        raise ValueError(f"slot {int(all_slots[bad[0]])} is outside the pool (0..{num_slots - 1})")
+    out = []
+    slot_base = 0
+    for g in range(len(num_blocks)):
+        ids = np.asarray(spec.group_block_ids(g), dtype=np.int64)
+        nfiles = spec.num_files(g, bpf)
+        if ids.size:
+            skip = spec.skip(g, bpf)
+            if store and skip:
+                raise ValueError(
+                    f"group {g}: a store must start at a file boundary (block_indices[{g}] = "
+                    f"{spec.block_indices[g]} is not a multiple of blocks_per_file = {bpf})"
+                )
+            limit = num_blocks[g]
+            top = int(ids.max())
+            if top >= limit:
+                raise ValueError(f"group {g}: block id {top} >= num_blocks {limit}")
+            k = np.arange(ids.size, dtype=np.int64) + skip
+            gslots = all_slots[slot_base : slot_base + nfiles]
+            out.append(_Work(g, ids, gslots[k // bpf], k % bpf))
+        slot_base += nfiles
+    return out

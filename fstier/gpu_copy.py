@@ -56,6 +56,7 @@ import numpy as np
 import torch
 
 from fstier.copy_plan import (
+    _batch_work,
     _GroupPlans,
     _host_copies,
     _Plan,
@@ -262,6 +263,8 @@ class RankStager:
             self._groups.append(
                 _GroupPlans(_plans_for(m.store_runs, refs), _plans_for(m.load_runs, refs), m.canonical_page_bytes)
             )
+        #: blocks per group (the smallest of its tensors), checked against every spec
+        self._num_blocks = [caches.num_blocks(g) for g in range(len(caches.group_refs))]
         self._pool_i8 = pool.tensor.view(torch.int8).view(-1)
         devices = {t.device for t in caches.tensors}
         self.device = devices.pop() if len(devices) == 1 else torch.device("cpu")
@@ -546,49 +549,12 @@ class RankStager:
         """(store plans, load plans) per group: copies per call per group."""
         return [(len(g.store), len(g.load)) for g in self._groups]
 
-    def _indices(self, spec: LoadStoreSpec, slots: Sequence[int], store: bool) -> list[_Work]:
-        # numpy, not Python loops or small torch ops: this runs on the caller's
-        # thread for every batch (thousands of blocks cost tens of microseconds).
-        if len(spec.group_sizes) != len(self._groups):
-            raise ValueError(
-                f"LoadStoreSpec has {len(spec.group_sizes)} groups, the stager has {len(self._groups)}"
-            )
-        bpf = self.blocks_per_file
-        want = sum(spec.num_files(g, bpf) for g in range(len(self._groups)))
-        if len(slots) != want:
-            raise ValueError(f"need {want} slot(s) for this spec (blocks_per_file={bpf}), got {len(slots)}")
-        all_slots = np.asarray(slots, dtype=np.int64)
-        bad = np.flatnonzero((all_slots < 0) | (all_slots >= self.pool.num_slots))
-        if bad.size:
-            raise ValueError(f"slot {int(all_slots[bad[0]])} is outside the pool (0..{self.pool.num_slots - 1})")
-        out = []
-        slot_base = 0
-        for g in range(len(self._groups)):
-            ids = np.asarray(spec.group_block_ids(g), dtype=np.int64)
-            nfiles = spec.num_files(g, bpf)
-            if ids.size:
-                skip = spec.skip(g, bpf)
-                if store and skip:
-                    raise ValueError(
-                        f"group {g}: a store must start at a file boundary (block_indices[{g}] = "
-                        f"{spec.block_indices[g]} is not a multiple of blocks_per_file = {bpf})"
-                    )
-                limit = self.caches.num_blocks(g)
-                top = int(ids.max())
-                if top >= limit:
-                    raise ValueError(f"group {g}: block id {top} >= num_blocks {limit}")
-                k = np.arange(ids.size, dtype=np.int64) + skip
-                gslots = all_slots[slot_base : slot_base + nfiles]
-                out.append(_Work(g, ids, gslots[k // bpf], k % bpf))
-            slot_base += nfiles
-        return out
-
     def stage_out(self, spec: LoadStoreSpec, slots: Sequence[int]) -> int:
         """Gather this rank's store runs of ``spec``'s blocks into ``slots``; returns a batch id.
 
         On CUDA this only queues work on the stager's stream (after the
         caller's current stream, so pending writes to the blocks are seen)."""
-        work = self._indices(spec, slots, store=True)
+        work = _batch_work(spec, slots, self._num_blocks, self.pool.num_slots, self.blocks_per_file, store=True)
         return self._run(work, out=True)
 
     def stage_in(self, slots: Sequence[int], spec: LoadStoreSpec) -> int:
@@ -596,7 +562,7 @@ class RankStager:
 
         On CUDA the blocks are written when the batch completes (:meth:`poll`);
         make the engine's stream wait for that before reading them."""
-        work = self._indices(spec, slots, store=False)
+        work = _batch_work(spec, slots, self._num_blocks, self.pool.num_slots, self.blocks_per_file, store=False)
         return self._run(work, out=False)
 
     def _run(self, work: list[_Work], out: bool) -> int:

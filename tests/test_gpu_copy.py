@@ -228,6 +228,10 @@ def test_block_indices_skip_lands_the_right_pages():
             st.stage_in(slots, LoadStoreSpec([1, 2], [2], [5]))
         with pytest.raises(ValueError, match="block id 12 >= num_blocks 12"):
             st.stage_in([slots[0]], LoadStoreSpec([12], [1], [0]))
+        with pytest.raises(ValueError, match=r"slot 2 is outside the pool \(0\.\.1\)"):
+            st.stage_in([2], LoadStoreSpec([1], [1], [0]))
+        with pytest.raises(ValueError, match="LoadStoreSpec has 2 groups, the stager has 1"):
+            st.stage_in([slots[0]], LoadStoreSpec([1], [1, 0], [0, 0]))
 
 
 def test_cross_layer_costs_one_copy_per_block_per_direction():
