@@ -39,12 +39,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from fstier.errors import LayoutError
 from fstier.page_runs import PageRun, _coalesce, _expand, _Frags
 
 if TYPE_CHECKING:
     import torch
 
-    from fstier.layout import LoadStoreSpec
+    from fstier.layout import CanonicalKVCaches, LoadStoreSpec, PageMapping
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,33 @@ def _plans_for(runs: Sequence[PageRun], refs: Sequence[Any]) -> list[_Plan]:
             for lo0, co0, reps, dlo, dco in _progressions(group):
                 plans.append(_Plan(ref.tensor_idx, lo0, co0, reps, dlo, dco, nf, ls, cs, f))
     return plans
+
+
+def _group_plans(
+    mappings: Sequence[PageMapping], caches: CanonicalKVCaches, slot_bytes: int, blocks_per_file: int
+) -> list[_GroupPlans]:
+    """Each group's store and load plans, once its mapping and the registered
+    tensors agree on the local page and a slot holds ``blocks_per_file``
+    canonical pages (one ``LayoutError`` naming the group and the fix)."""
+    groups: list[_GroupPlans] = []
+    for g, (m, refs) in enumerate(zip(mappings, caches.group_refs, strict=True)):
+        have = caches.local_page_bytes(g)
+        if have != m.local_page_bytes:
+            raise LayoutError(
+                f"RankStager: group {g} ({m.format_id}, kv_packing {m.kv_packing!r}) expects a "
+                f"{m.local_page_bytes}-byte local page, the registered tensors give {have}; "
+                "check the group spec, parallel layout and registration order"
+            )
+        need = blocks_per_file * m.canonical_page_bytes
+        if need > slot_bytes:
+            raise LayoutError(
+                f"RankStager: group {g} needs {need} bytes per slot ({blocks_per_file} x "
+                f"{m.canonical_page_bytes}), pool slots hold {slot_bytes}; create a larger pool"
+            )
+        groups.append(
+            _GroupPlans(_plans_for(m.store_runs, refs), _plans_for(m.load_runs, refs), m.canonical_page_bytes)
+        )
+    return groups
 
 
 @dataclass(frozen=True)

@@ -57,10 +57,9 @@ import torch
 
 from fstier.copy_plan import (
     _batch_work,
-    _GroupPlans,
+    _group_plans,
     _host_copies,
     _Plan,
-    _plans_for,
     _Staging,
     _staging_for,
     _unit_groups,
@@ -245,24 +244,7 @@ class RankStager:
         self._batches: dict[int, _Batch] = {}
         self._done: list[int] = []
         self._next_id = 0
-        self._groups: list[_GroupPlans] = []
-        for g, (m, refs) in enumerate(zip(self.mappings, caches.group_refs, strict=True)):
-            have = caches.local_page_bytes(g)
-            if have != m.local_page_bytes:
-                raise LayoutError(
-                    f"RankStager: group {g} ({m.format_id}, kv_packing {m.kv_packing!r}) expects a "
-                    f"{m.local_page_bytes}-byte local page, the registered tensors give {have}; "
-                    "check the group spec, parallel layout and registration order"
-                )
-            need = blocks_per_file * m.canonical_page_bytes
-            if need > pool.slot_bytes:
-                raise LayoutError(
-                    f"RankStager: group {g} needs {need} bytes per slot ({blocks_per_file} x "
-                    f"{m.canonical_page_bytes}), pool slots hold {pool.slot_bytes}; create a larger pool"
-                )
-            self._groups.append(
-                _GroupPlans(_plans_for(m.store_runs, refs), _plans_for(m.load_runs, refs), m.canonical_page_bytes)
-            )
+        self._groups = _group_plans(self.mappings, caches, pool.slot_bytes, blocks_per_file)
         #: blocks per group (the smallest of its tensors), checked against every spec
         self._num_blocks = [caches.num_blocks(g) for g in range(len(caches.group_refs))]
         self._pool_i8 = pool.tensor.view(torch.int8).view(-1)

@@ -256,6 +256,8 @@ def test_stager_rejects_mismatched_registration_and_small_slots():
             RankStager(caches, [rank_page_mapping(group, ParallelSpec(tp_size=4))], pool)
         with pytest.raises(LayoutError, match="create a larger pool"):
             RankStager(caches, [rank_page_mapping(group, ParallelSpec(tp_size=2))], pool, blocks_per_file=2)
+        with pytest.raises(LayoutError, match="2 page mappings for 1 registered groups"):
+            RankStager(caches, [rank_page_mapping(group, ParallelSpec(tp_size=2))] * 2, pool)
 
 
 # ---------------------------------------------------------------- CUDA (run with -m gpu on a GPU machine)
