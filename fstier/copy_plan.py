@@ -160,6 +160,31 @@ def _group_plans(
     return groups
 
 
+def _host_views(
+    groups: Sequence[_GroupPlans], tensors: Sequence[torch.Tensor], pool: np.ndarray, num_slots: int, slot_bytes: int, blocks_per_file: int
+) -> tuple[dict[tuple[int, str, int], np.ndarray], dict[tuple[int, str, int], np.ndarray]]:
+    """Every plan as numpy views of the same memory (CPU tensors), keyed
+    ``(group, "store" | "load", plan)``: the tensor side ``(block, rep,
+    fragment, bytes)`` and the pool side ``(slot, page, rep, fragment, bytes)``
+    over ``pool``, the whole pool as one int8 array."""
+    src: dict[tuple[int, str, int], np.ndarray] = {}
+    dst: dict[tuple[int, str, int], np.ndarray] = {}
+    for g, gp in enumerate(groups):
+        for kind, plans in (("store", gp.store), ("load", gp.load)):
+            for i, p in enumerate(plans):
+                t = tensors[p.tensor_idx]
+                base = t.numpy()[0, p.local_offset :]
+                src[(g, kind, i)] = np.lib.stride_tricks.as_strided(
+                    base, (t.shape[0], p.reps, p.num, p.size), (t.stride(0), p.rep_local, p.local_stride, 1)
+                )
+                dst[(g, kind, i)] = np.lib.stride_tricks.as_strided(
+                    pool[p.canonical_offset :],
+                    (num_slots, blocks_per_file, p.reps, p.num, p.size),
+                    (slot_bytes, gp.canonical_page_bytes, p.rep_canonical, p.canonical_stride, 1),
+                )
+    return src, dst
+
+
 @dataclass(frozen=True)
 class _Staging:
     """Device staging layout of one group and direction.

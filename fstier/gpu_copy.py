@@ -59,6 +59,7 @@ from fstier.copy_plan import (
     _batch_work,
     _group_plans,
     _host_copies,
+    _host_views,
     _Plan,
     _Staging,
     _staging_for,
@@ -267,10 +268,9 @@ class RankStager:
             # index kernels copy byte by byte (~0.2 GB/s measured by
             # bench_staging) while numpy moves each strided block with
             # memcpy-sized inner loops.
-            for key, v in self._src_views_list():
-                self._np_src[key] = v
-            for key, v in self._dst_views_list():
-                self._np_dst[key] = v
+            self._np_src, self._np_dst = _host_views(
+                self._groups, caches.tensors, self._pool_i8.numpy(), pool.num_slots, pool.slot_bytes, blocks_per_file
+            )
             # The same views as torch tensors for big per-block copies: torch's
             # strided copy of >= 256 KiB is ~1.1-1.4x numpy's assignment here.
             self._t_src = {k: torch.from_numpy(v) for k, v in self._np_src.items()}
@@ -458,33 +458,6 @@ class RankStager:
                 self._move(rows, stage, out=True)
 
     # -- host path (CPU tensors) ----------------------------------------------
-
-    def _src_views_list(self) -> list[tuple[tuple[int, str, int], np.ndarray]]:
-        out = []
-        for g, gp in enumerate(self._groups):
-            for kind, plans in (("store", gp.store), ("load", gp.load)):
-                for i, p in enumerate(plans):
-                    t = self.caches.tensors[p.tensor_idx]
-                    base = t.numpy()[0, p.local_offset :]
-                    view = np.lib.stride_tricks.as_strided(
-                        base, (t.shape[0], p.reps, p.num, p.size), (t.stride(0), p.rep_local, p.local_stride, 1)
-                    )
-                    out.append(((g, kind, i), view))
-        return out
-
-    def _dst_views_list(self) -> list[tuple[tuple[int, str, int], np.ndarray]]:
-        flat = self._pool_i8.numpy()
-        out = []
-        for g, gp in enumerate(self._groups):
-            for kind, plans in (("store", gp.store), ("load", gp.load)):
-                for i, p in enumerate(plans):
-                    view = np.lib.stride_tricks.as_strided(
-                        flat[p.canonical_offset :],
-                        (self.pool.num_slots, self.blocks_per_file, p.reps, p.num, p.size),
-                        (self.pool.slot_bytes, gp.canonical_page_bytes, p.rep_canonical, p.canonical_stride, 1),
-                    )
-                    out.append(((g, kind, i), view))
-        return out
 
     def _cpu_copy(self, key: tuple[int, str, int], p: _Plan, ids: np.ndarray, sidx: np.ndarray, pidx: np.ndarray, out: bool) -> None:
         src, dst = self._np_src[key], self._np_dst[key]
