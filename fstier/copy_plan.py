@@ -2,32 +2,39 @@
 
 A page mapping (:mod:`fstier.layout`) says which byte runs of a rank's local
 page land where in the canonical page. :class:`~fstier.gpu_copy.RankStager`
-turns that into copy plans once, at start-up, here:
+plans the copies once, at start-up, here, and moves the bytes itself:
 
-* :func:`_plans_for` clips a mapping's runs to the group's registered
-  references (the tensors whose rows concatenate into the local page) and
-  groups runs of one shape whose offsets form an arithmetic progression
-  (:func:`_progressions`) into one :class:`_Plan`: ``R x N`` fragments of ``F``
+* :func:`group_plans` checks that a group's mapping and its registered
+  tensors agree on the local page and that a slot holds ``blocks_per_file``
+  canonical pages, then :func:`plans_for` clips the mapping's runs to the
+  group's references (the tensor rows that concatenate into the local page)
+  and groups runs of one shape whose offsets form an arithmetic progression
+  (:func:`progressions`) into one :class:`Plan`: ``R x N`` fragments of ``F``
   bytes per block, a 4-d strided view on each side. A transfer then costs one
   batched copy per plan for all its blocks, never a Python step per fragment
   or per layer; a cross-layer or packed row is one plan of whole rows.
-* :func:`_staging_for` lays out the device staging page of one group and
-  direction: the plans' canonical ranges packed in canonical order, and the
-  *segments* (runs of equal ranges at a fixed pitch) each of which is one 2-d
-  host copy per page.
-* Per batch, :func:`_host_copies` turns the slots' host offsets into copy rows
-  (adjacent pages of adjacent slots merge into one copy when a segment tiles
-  whole pages) and :class:`_Work` carries each group's block ids with their
-  slot and page.
+* CPU tensors: :func:`host_views` gives every plan as numpy views of the
+  tensor and of the pool, so a copy is one strided assignment.
+* The device path: :func:`staging_for` lays out a group's staging page per
+  direction (the plans' canonical ranges packed in canonical order) and its
+  *segments* (runs of equal ranges at a fixed pitch), each one 2-d copy per
+  page; :func:`unit_groups` finds plans that one index kernel can move
+  (same shape, evenly spaced addresses: layers allocated at a fixed spacing).
+* Per batch: :func:`batch_work` checks a :class:`~fstier.layout.LoadStoreSpec`
+  against the slots and gives each group's block ids with the slot and page
+  each lands on (:class:`Work`); :func:`host_copies` turns the slots' offsets
+  into copy rows, adjacent pages of adjacent slots merged into one copy when a
+  segment tiles whole pages.
 
-Invariants: plans of one direction cover exactly the mapping's runs, each
-byte once, in the tensors' own coordinates (a reference's offset included);
-the staging page holds exactly the rank's bytes when the packed order is
-affine, and falls back to canonical offsets (a full-page staging buffer)
-otherwise; copy rows name every staged byte once. Costs: numpy only, never
-torch; plans and staging are start-up work (a few Python steps per stride
-change); the per-batch rows cost a handful of numpy calls whatever the batch
-size.
+Invariants: a direction's plans cover the mapping's runs exactly, each byte
+once, in the tensors' own coordinates (a reference's offset included); the
+staging page holds exactly the rank's bytes when the packed order is affine,
+and falls back to canonical offsets (a full-page staging buffer) otherwise;
+copy rows name every staged byte once; a bad spec or slot list is one
+``ValueError`` before anything moves. Costs: numpy only, no torch import
+(tensors are only asked for their strides and addresses); plans, views and
+staging are start-up work, a few Python steps per stride change; a batch's
+indices and rows are a handful of numpy calls whatever its size.
 """
 
 from __future__ import annotations
@@ -35,21 +42,37 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from fstier.errors import LayoutError
-from fstier.page_runs import PageRun, _coalesce, _expand, _Frags
+from fstier.page_runs import Fragments, PageRun, coalesce, expand
 
 if TYPE_CHECKING:
     import torch
 
-    from fstier.layout import CanonicalKVCaches, LoadStoreSpec, PageMapping
+    from fstier.layout import CanonicalKVCaches, KVRef, LoadStoreSpec, PageMapping
+
+__all__ = [
+    "GroupPlans",
+    "Plan",
+    "Staging",
+    "Work",
+    "batch_work",
+    "elem_bytes",
+    "group_plans",
+    "host_copies",
+    "host_views",
+    "plans_for",
+    "progressions",
+    "staging_for",
+    "unit_groups",
+]
 
 
 @dataclass(frozen=True)
-class _Plan:
+class Plan:
     """``R x N`` fragments of ``F`` bytes per block: a 4-d strided view on each side."""
 
     tensor_idx: int
@@ -65,13 +88,16 @@ class _Plan:
 
 
 @dataclass
-class _GroupPlans:
-    store: list[_Plan]
-    load: list[_Plan]
+class GroupPlans:
+    """One group's plans per direction (store: what this rank writes into the
+    canonical page; load: its whole local page) and the canonical page size."""
+
+    store: list[Plan]
+    load: list[Plan]
     canonical_page_bytes: int
 
 
-def _progressions(runs: list[PageRun]) -> list[tuple[int, int, int, int, int]]:
+def progressions(runs: list[PageRun]) -> list[tuple[int, int, int, int, int]]:
     """Split same-shape runs into arithmetic progressions of (local, canonical)
     offsets: ``(lo0, co0, count, dlo, dco)``. Tries canonical order and a few
     residue orders (K runs of all layers, then V runs) and keeps the fewest."""
@@ -105,7 +131,7 @@ def _greedy_progressions(arr: np.ndarray) -> list[tuple[int, int, int, int, int]
     return out
 
 
-def _plans_for(runs: Sequence[PageRun], refs: Sequence[Any]) -> list[_Plan]:
+def plans_for(runs: Sequence[PageRun], refs: Sequence[KVRef]) -> list[Plan]:
     """Clip runs (local-page coordinates) to the group's references and group them."""
     if not runs:
         return []
@@ -115,31 +141,31 @@ def _plans_for(runs: Sequence[PageRun], refs: Sequence[Any]) -> list[_Plan]:
         unit = math.gcd(unit, r.fragment_size, r.local_offset, r.local_stride if r.num_fragments > 1 else 0)
     for b in bounds.tolist():
         unit = math.gcd(unit, int(b))
-    frags = _expand(runs, unit)
+    frags = expand(runs, unit)
     ref_of = np.searchsorted(bounds, frags.lo, side="right") - 1
-    plans: list[_Plan] = []
+    plans: list[Plan] = []
     for k, ref in enumerate(refs):
         sel = ref_of == k
         if not sel.any():
             continue
-        sub = _Frags(frags.lo[sel] - bounds[k] + ref.offset, frags.co[sel], unit)
+        sub = Fragments(frags.lo[sel] - bounds[k] + ref.offset, frags.co[sel], unit)
         by_shape: dict[tuple[int, int, int, int], list[PageRun]] = {}
-        for run in _coalesce(sub):
+        for run in coalesce(sub):
             key = (run.fragment_size, run.num_fragments, run.local_stride, run.canonical_stride)
             by_shape.setdefault(key, []).append(run)
         for (f, nf, ls, cs), group in by_shape.items():
-            for lo0, co0, reps, dlo, dco in _progressions(group):
-                plans.append(_Plan(ref.tensor_idx, lo0, co0, reps, dlo, dco, nf, ls, cs, f))
+            for lo0, co0, reps, dlo, dco in progressions(group):
+                plans.append(Plan(ref.tensor_idx, lo0, co0, reps, dlo, dco, nf, ls, cs, f))
     return plans
 
 
-def _group_plans(
+def group_plans(
     mappings: Sequence[PageMapping], caches: CanonicalKVCaches, slot_bytes: int, blocks_per_file: int
-) -> list[_GroupPlans]:
+) -> list[GroupPlans]:
     """Each group's store and load plans, once its mapping and the registered
     tensors agree on the local page and a slot holds ``blocks_per_file``
     canonical pages (one ``LayoutError`` naming the group and the fix)."""
-    groups: list[_GroupPlans] = []
+    groups: list[GroupPlans] = []
     for g, (m, refs) in enumerate(zip(mappings, caches.group_refs, strict=True)):
         have = caches.local_page_bytes(g)
         if have != m.local_page_bytes:
@@ -155,13 +181,13 @@ def _group_plans(
                 f"{m.canonical_page_bytes}), pool slots hold {slot_bytes}; create a larger pool"
             )
         groups.append(
-            _GroupPlans(_plans_for(m.store_runs, refs), _plans_for(m.load_runs, refs), m.canonical_page_bytes)
+            GroupPlans(plans_for(m.store_runs, refs), plans_for(m.load_runs, refs), m.canonical_page_bytes)
         )
     return groups
 
 
-def _host_views(
-    groups: Sequence[_GroupPlans], tensors: Sequence[torch.Tensor], pool: np.ndarray, num_slots: int, slot_bytes: int, blocks_per_file: int
+def host_views(
+    groups: Sequence[GroupPlans], tensors: Sequence[torch.Tensor], pool: np.ndarray, num_slots: int, slot_bytes: int, blocks_per_file: int
 ) -> tuple[dict[tuple[int, str, int], np.ndarray], dict[tuple[int, str, int], np.ndarray]]:
     """Every plan as numpy views of the same memory (CPU tensors), keyed
     ``(group, "store" | "load", plan)``: the tensor side ``(block, rep,
@@ -186,7 +212,7 @@ def _host_views(
 
 
 @dataclass(frozen=True)
-class _Staging:
+class Staging:
     """Device staging layout of one group and direction.
 
     ``page_bytes`` staging bytes per block; ``views[i]`` is plan ``i``'s
@@ -203,7 +229,7 @@ class _Staging:
     density: float = 1.0
 
 
-def _staging_for(plans: Sequence[_Plan], cpb: int) -> _Staging:
+def staging_for(plans: Sequence[Plan], cpb: int) -> Staging:
     """Pack the plans' canonical fragments in canonical order (start-up only).
 
     Packed order keeps each range's bytes adjacent, so the staging page is
@@ -212,7 +238,7 @@ def _staging_for(plans: Sequence[_Plan], cpb: int) -> _Staging:
     packed order, staging uses canonical offsets instead (always affine, at the
     cost of a full-page staging buffer)."""
     if not plans:
-        return _Staging(0, (), np.zeros((0, 6), np.int64), False)
+        return Staging(0, (), np.zeros((0, 6), np.int64), False)
     cos, sizes, counts = [], [], []
     for p in plans:
         offs = (
@@ -269,10 +295,10 @@ def _staging_for(plans: Sequence[_Plan], cpb: int) -> _Staging:
     arr = np.array(segs, dtype=np.int64)
     spans = len(segs) == 1 and segs[0][3] * segs[0][4] == cpb and segs[0][3] * segs[0][5] == page_bytes
     density = min(1.0 if rows == 1 else w / cp for _, _, w, rows, cp, _ in segs)
-    return _Staging(page_bytes, tuple(views), arr, spans, density)
+    return Staging(page_bytes, tuple(views), arr, spans, density)
 
 
-def _host_copies(st: _Staging, host_off: np.ndarray, cpb: int) -> np.ndarray:
+def host_copies(st: Staging, host_off: np.ndarray, cpb: int) -> np.ndarray:
     """One batch's copies as rows ``(host offset, staging offset, width, rows,
     host pitch, staging pitch)``; staging page ``j`` is block ``j`` of the batch."""
     n = host_off.size
@@ -296,7 +322,7 @@ def _host_copies(st: _Staging, host_off: np.ndarray, cpb: int) -> np.ndarray:
     return out
 
 
-class _Work(NamedTuple):
+class Work(NamedTuple):
     """One group's part of a batch: block ids, and each block's slot and page in it."""
 
     group: int
@@ -305,7 +331,7 @@ class _Work(NamedTuple):
     pages: np.ndarray
 
 
-def _unit_groups(plans: Sequence[_Plan], views: Sequence[tuple[int, int, int]], tensors: Sequence[torch.Tensor], raw_ok: bool) -> list[list[int]]:
+def unit_groups(plans: Sequence[Plan], views: Sequence[tuple[int, int, int]], tensors: Sequence[torch.Tensor], raw_ok: bool) -> list[list[int]]:
     """Indices of plans that can share a kernel: same shapes and strides, and
     source address, canonical offset and staging offset each advancing by one
     positive step. Without raw device views (CPU) the tensors must also share
@@ -342,9 +368,20 @@ def _unit_groups(plans: Sequence[_Plan], views: Sequence[tuple[int, int, int]], 
     return sorted(out, key=lambda r: r[0])
 
 
-def _batch_work(
+def elem_bytes(*byte_quantities: int) -> int:
+    """The widest integer element (8, 4, 2 or 1 bytes) dividing every offset,
+    stride and size: index kernels move one element per thread, so 8-byte
+    elements move 8x the bytes per instruction of int8 (and make 256-byte bus
+    writes per warp)."""
+    g = 0
+    for q in byte_quantities:
+        g = math.gcd(g, int(q))
+    return next(size for size in (8, 4, 2, 1) if g % size == 0)
+
+
+def batch_work(
     spec: LoadStoreSpec, slots: Sequence[int], num_blocks: Sequence[int], num_slots: int, blocks_per_file: int, store: bool
-) -> list[_Work]:
+) -> list[Work]:
     """Each group's block ids of ``spec`` with the slot and page each lands on:
     ``slots`` hold the groups' files in group order, a group's first file
     entered at page ``spec.skip(g, blocks_per_file)`` (a store must start at a
@@ -382,6 +419,6 @@ def _batch_work(
                 raise ValueError(f"group {g}: block id {top} >= num_blocks {limit}")
             k = np.arange(ids.size, dtype=np.int64) + skip
             gslots = all_slots[slot_base : slot_base + nfiles]
-            out.append(_Work(g, ids, gslots[k // bpf], k % bpf))
+            out.append(Work(g, ids, gslots[k // bpf], k % bpf))
         slot_base += nfiles
     return out

@@ -7,11 +7,12 @@ pinned when CUDA is there; re-exported here for older imports).
 the rank's store runs of the blocks in ``spec`` into canonical positions in the
 slots; ``stage_in(slots, spec)`` scatters the load runs back into device blocks.
 Slot content is ``blocks_per_file`` consecutive canonical pages of one group.
-At start-up every run is clipped to the registered tensors and grouped into
-*copy plans*: runs of one shape whose offsets form an arithmetic progression
-become one 4-d strided view, so a transfer costs one batched gather/scatter per
-plan for all blocks at once, never a Python step per fragment or per layer; a
-cross-layer or packed row is one plan whose fragments are whole rows.
+What to copy is planned once, at start-up, by :mod:`fstier.copy_plan` (numpy):
+*copy plans* (runs of one shape at evenly spaced offsets, each one 4-d strided
+view), staging layouts and, per batch, the block/slot/page indices and host
+copy rows; a transfer costs one batched gather/scatter per plan for all its
+blocks, never a Python step per fragment or per layer. This module moves the
+bytes: it owns the stager's stream, buffers, events and batch records.
 
 CUDA tensors never pass through a temporary pinned buffer or a CPU loop: the
 pool is registered pinned and mapped, and ``cuda_copy`` picks how a batch moves:
@@ -46,7 +47,6 @@ completion. A slot is never touched by two sides at once.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -56,15 +56,16 @@ import numpy as np
 import torch
 
 from fstier.copy_plan import (
-    _batch_work,
-    _group_plans,
-    _host_copies,
-    _host_views,
-    _Plan,
-    _Staging,
-    _staging_for,
-    _unit_groups,
-    _Work,
+    Plan,
+    Staging,
+    Work,
+    batch_work,
+    elem_bytes,
+    group_plans,
+    host_copies,
+    host_views,
+    staging_for,
+    unit_groups,
 )
 from fstier.errors import LayoutError
 from fstier.layout import CanonicalKVCaches, LoadStoreSpec, PageMapping
@@ -87,6 +88,9 @@ _DEFAULT_CUDA_COPY: CudaCopy = "auto"
 _DMA_MIN_BYTES_PER_COPY = 1 << 20
 _DMA_MIN_DENSITY = 0.5
 
+#: The integer element type of each width :func:`~fstier.copy_plan.elem_bytes` picks.
+_INT_OF_BYTES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+
 #: Per-block bytes of a plan from which one copy per block beats one batched
 #: fancy-index copy (which needs a temporary and a second pass).
 _PER_BLOCK_MIN_BYTES = 16 * 1024
@@ -105,7 +109,7 @@ class _Unit:
     allocated at a fixed spacing (one allocation, or equal ones back to back)
     cost one launch per batch instead of one per layer."""
 
-    plans: list[_Plan]
+    plans: list[Plan]
     src: torch.Tensor
     stage: tuple[int, int, int, int]
     dst: torch.Tensor | None = None
@@ -153,19 +157,6 @@ class _Batch:
     event: Any = None
     keep: list[torch.Tensor] = field(default_factory=list)
     pinned: list[torch.Tensor] = field(default_factory=list)
-
-
-def _elem_dtype(*byte_quantities: int) -> torch.dtype:
-    """The widest integer type (<= 8 bytes) dividing every offset, stride and size:
-    index kernels move one element per thread, so 8-byte elements move 8x the
-    bytes per instruction of int8 (and make 256-byte bus writes per warp)."""
-    g = 0
-    for q in byte_quantities:
-        g = math.gcd(g, int(q))
-    for size, dt in ((8, torch.int64), (4, torch.int32), (2, torch.int16)):
-        if g % size == 0:
-            return dt
-    return torch.int8
 
 
 def _typed(base: torch.Tensor, dtype: torch.dtype, byte_offset: int, shape: Sequence[int], byte_strides: Sequence[int]) -> torch.Tensor:
@@ -245,7 +236,7 @@ class RankStager:
         self._batches: dict[int, _Batch] = {}
         self._done: list[int] = []
         self._next_id = 0
-        self._groups = _group_plans(self.mappings, caches, pool.slot_bytes, blocks_per_file)
+        self._groups = group_plans(self.mappings, caches, pool.slot_bytes, blocks_per_file)
         #: blocks per group (the smallest of its tensors), checked against every spec
         self._num_blocks = [caches.num_blocks(g) for g in range(len(caches.group_refs))]
         self._pool_i8 = pool.tensor.view(torch.int8).view(-1)
@@ -268,7 +259,7 @@ class RankStager:
             # index kernels copy byte by byte (~0.2 GB/s measured by
             # bench_staging) while numpy moves each strided block with
             # memcpy-sized inner loops.
-            self._np_src, self._np_dst = _host_views(
+            self._np_src, self._np_dst = host_views(
                 self._groups, caches.tensors, self._pool_i8.numpy(), pool.num_slots, pool.slot_bytes, blocks_per_file
             )
             # The same views as torch tensors for big per-block copies: torch's
@@ -291,15 +282,15 @@ class RankStager:
             self._rt = cudart()
         if self.copy_mode in ("kernel", "auto"):
             self._pool_dev = self.pool.device_tensor(self.device) if self._cuda else self.pool.tensor.view(-1)
-        self._staging: dict[tuple[int, str], _Staging] = {}
+        self._staging: dict[tuple[int, str], Staging] = {}
         self._stage_bufs: dict[tuple[int, str], tuple[int, torch.Tensor, list[torch.Tensor]]] = {}
         self._dtype: dict[tuple[int, str], torch.dtype] = {}
         self._units: dict[tuple[int, str], list[_Unit]] = {}
         for g, gp in enumerate(self._groups):
             cpb = gp.canonical_page_bytes
             for kind, plans in (("store", gp.store), ("load", gp.load)):
-                st = _staging_for(plans, cpb)
-                groups = _unit_groups(plans, st.views, self.caches.tensors, raw_ok=self._cuda)
+                st = staging_for(plans, cpb)
+                groups = unit_groups(plans, st.views, self.caches.tensors, raw_ok=self._cuda)
                 quantities: list[int] = [cpb, self.pool.slot_bytes, st.page_bytes]
                 for p, v in zip(plans, st.views, strict=True):
                     t = self.caches.tensors[p.tensor_idx]
@@ -307,12 +298,12 @@ class RankStager:
                     quantities += [p.rep_canonical, p.canonical_stride, *v]
                     quantities += [int(t.stride(0)), int(t.storage_offset()), t.untyped_storage().data_ptr()]
                     quantities += [t.data_ptr()]
-                dt = _elem_dtype(*quantities)
+                dt = _INT_OF_BYTES[elem_bytes(*quantities)]
                 self._staging[(g, kind)] = st
                 self._dtype[(g, kind)] = dt
                 self._units[(g, kind)] = [self._make_unit([plans[i] for i in grp], [st.views[i] for i in grp], dt, cpb) for grp in groups]
 
-    def _make_unit(self, plans: list[_Plan], views: list[tuple[int, int, int]], dt: torch.dtype, cpb: int) -> _Unit:
+    def _make_unit(self, plans: list[Plan], views: list[tuple[int, int, int]], dt: torch.dtype, cpb: int) -> _Unit:
         p, m = plans[0], len(plans)
         t = self.caches.tensors[p.tensor_idx]
         addr0 = t.data_ptr() + p.local_offset
@@ -368,7 +359,7 @@ class RankStager:
         return out
 
     def _move(self, rows: np.ndarray, stage: torch.Tensor, out: bool) -> None:
-        """Host copies (:func:`_host_copies` rows) between staging and slots (copy engine on CUDA)."""
+        """Host copies (:func:`host_copies` rows) between staging and slots (copy engine on CUDA)."""
         self.stats.ops += rows.shape[0]
         if self._cuda:
             if self._stream is None or self._rt is None:
@@ -414,7 +405,7 @@ class RankStager:
         _, buf, views = have
         return buf, [v[:, :n] for v in views]
 
-    def _stage_device(self, work: list[_Work], batch: _Batch, out: bool) -> None:
+    def _stage_device(self, work: list[Work], batch: _Batch, out: bool) -> None:
         kind = "store" if out else "load"
         for g, ids, sidx, pidx in work:
             gp = self._groups[g]
@@ -424,7 +415,7 @@ class RankStager:
             n = len(ids)
             st = self._staging[(g, kind)]
             host_off = sidx * self.pool.slot_bytes + pidx * gp.canonical_page_bytes
-            rows = _host_copies(st, host_off, gp.canonical_page_bytes)
+            rows = host_copies(st, host_off, gp.canonical_page_bytes)
             use_kernel = self.copy_mode == "kernel" or (
                 self.copy_mode == "auto"
                 and (n * st.page_bytes < _DMA_MIN_BYTES_PER_COPY * rows.shape[0] or st.density < _DMA_MIN_DENSITY)
@@ -459,7 +450,7 @@ class RankStager:
 
     # -- host path (CPU tensors) ----------------------------------------------
 
-    def _cpu_copy(self, key: tuple[int, str, int], p: _Plan, ids: np.ndarray, sidx: np.ndarray, pidx: np.ndarray, out: bool) -> None:
+    def _cpu_copy(self, key: tuple[int, str, int], p: Plan, ids: np.ndarray, sidx: np.ndarray, pidx: np.ndarray, out: bool) -> None:
         src, dst = self._np_src[key], self._np_dst[key]
         if p.reps * p.num * p.size >= _PER_BLOCK_MIN_BYTES:
             # Big blocks: strided copies without a temporary (one pass). Runs of
@@ -509,7 +500,7 @@ class RankStager:
 
         On CUDA this only queues work on the stager's stream (after the
         caller's current stream, so pending writes to the blocks are seen)."""
-        work = _batch_work(spec, slots, self._num_blocks, self.pool.num_slots, self.blocks_per_file, store=True)
+        work = batch_work(spec, slots, self._num_blocks, self.pool.num_slots, self.blocks_per_file, store=True)
         return self._run(work, out=True)
 
     def stage_in(self, slots: Sequence[int], spec: LoadStoreSpec) -> int:
@@ -517,10 +508,10 @@ class RankStager:
 
         On CUDA the blocks are written when the batch completes (:meth:`poll`);
         make the engine's stream wait for that before reading them."""
-        work = _batch_work(spec, slots, self._num_blocks, self.pool.num_slots, self.blocks_per_file, store=False)
+        work = batch_work(spec, slots, self._num_blocks, self.pool.num_slots, self.blocks_per_file, store=False)
         return self._run(work, out=False)
 
-    def _run(self, work: list[_Work], out: bool) -> int:
+    def _run(self, work: list[Work], out: bool) -> int:
         batch = self._new_batch()
         if self.copy_mode == "host":
             kind = "store" if out else "load"

@@ -43,7 +43,7 @@ import torch
 from fstier import canonical
 from fstier.config import DTYPE_SIZES, KVGroupSpec, ParallelSpec
 from fstier.errors import LayoutError
-from fstier.page_runs import PageRun, _coalesce, _Frags, _intervals_tile, _run_intervals
+from fstier.page_runs import Fragments, PageRun, coalesce, intervals_tile, run_intervals
 
 __all__ = [
     "CanonicalKVCaches",
@@ -96,17 +96,17 @@ class PageMapping:
     def check_self(self) -> None:
         """This rank alone: load runs cover the local page once and land inside
         the canonical page; store runs are a subset of the load mapping."""
-        ls, lz = _run_intervals(self.load_runs, "local")
-        err = _intervals_tile(ls, lz, self.local_page_bytes)
+        ls, lz = run_intervals(self.load_runs, "local")
+        err = intervals_tile(ls, lz, self.local_page_bytes)
         if err:
             raise LayoutError(f"{self._name()}: load runs do not cover the local page: {err}")
-        cs, cz = _run_intervals(self.load_runs, "canonical")
+        cs, cz = run_intervals(self.load_runs, "canonical")
         if cs.size and (cs.min() < 0 or (cs + cz).max() > self.canonical_page_bytes):
             raise LayoutError(f"{self._name()}: load runs leave the canonical page")
         # Each store fragment must lie inside one load fragment with the same
         # local->canonical shift, so a store writes exactly what a load reads.
-        sl, sz = _run_intervals(self.store_runs, "local")
-        sc, _ = _run_intervals(self.store_runs, "canonical")
+        sl, sz = run_intervals(self.store_runs, "local")
+        sc, _ = run_intervals(self.store_runs, "canonical")
         if sl.size:
             order = np.argsort(ls)
             l_s, l_z, l_c = ls[order], lz[order], cs[order]
@@ -141,15 +141,15 @@ def verify_layout(group: KVGroupSpec, parallel: ParallelSpec, kv_packing: str = 
         raise LayoutError(f"group {maps[0].format_id}: ranks disagree on the canonical page size")
     if maps[0].rank_private:
         for m in maps:
-            s, z = _run_intervals(m.store_runs, "canonical")
+            s, z = run_intervals(m.store_runs, "canonical")
             lo_, hi_ = m.parallel.rank * (cpb // parallel.world_size), (m.parallel.rank + 1) * (cpb // parallel.world_size)
             if s.size and (s.min() < lo_ or (s + z).max() > hi_):
                 raise LayoutError(f"{m._name()}: rank-private store runs leave the rank's slice")
         return
-    parts = [_run_intervals(m.store_runs, "canonical") for m in maps]
+    parts = [run_intervals(m.store_runs, "canonical") for m in maps]
     starts = np.concatenate([p[0] for p in parts])
     sizes = np.concatenate([p[1] for p in parts])
-    err = _intervals_tile(starts, sizes, cpb)
+    err = intervals_tile(starts, sizes, cpb)
     if err:
         raise LayoutError(
             f"group {maps[0].format_id} at tp={parallel.tp_size} pp={parallel.pp_size} "
@@ -157,7 +157,7 @@ def verify_layout(group: KVGroupSpec, parallel: ParallelSpec, kv_packing: str = 
         )
 
 
-def _attention_fragments(group: KVGroupSpec, par: ParallelSpec, kv_packing: str) -> tuple[_Frags, np.ndarray, int]:
+def _attention_fragments(group: KVGroupSpec, par: ParallelSpec, kv_packing: str) -> tuple[Fragments, np.ndarray, int]:
     """All fragments of this rank's local page (one head-dim each), the mask of
     those it stores, and the local page size."""
     es = group.element_size
@@ -195,7 +195,7 @@ def _attention_fragments(group: KVGroupSpec, par: ParallelSpec, kv_packing: str)
         else:
             lo = (((li * 2 + kv) * hl + hl_i) * tl_n + tl) * de
     order = np.argsort(co, kind="stable")
-    frags = _Frags(lo[order], co[order], de)
+    frags = Fragments(lo[order], co[order], de)
     store = np.full(lo.size, contributor, dtype=bool)
     return frags, store, nl * 2 * tl_n * hl * de
 
@@ -209,9 +209,9 @@ def _build_mapping(group: KVGroupSpec, parallel: ParallelSpec, kv_packing: str) 
         frags, store, lpb = _attention_fragments(group, parallel, kv_packing)
         if lpb != canonical.local_page_bytes(group, parallel):
             raise LayoutError(f"group {fmt}: local page size disagrees with fstier.canonical")
-        load_runs = tuple(_coalesce(frags))
-        st = _Frags(frags.lo[store], frags.co[store], frags.size)
-        store_runs = tuple(_coalesce(st))
+        load_runs = tuple(coalesce(frags))
+        st = Fragments(frags.lo[store], frags.co[store], frags.size)
+        store_runs = tuple(coalesce(st))
         return PageMapping(group, parallel, kv_packing, fmt, cpb, lpb, store_runs, load_runs, False)
     lpb = canonical.local_page_bytes(group, parallel)
     slice_bytes = canonical.rank_private_slice_bytes(group, parallel)

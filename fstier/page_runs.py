@@ -1,19 +1,20 @@
 """Byte runs between a rank's local page and the canonical page, and their arithmetic.
 
 A :class:`PageRun` is ``num_fragments`` equal fragments at constant strides on
-both sides: the unit every page mapping (:mod:`fstier.layout`) and every copy
-plan of :class:`~fstier.gpu_copy.RankStager` is written in. The helpers here go between runs
-and *fragments* (parallel numpy arrays of local and canonical offsets of one
-size): :func:`_expand` cuts runs into fragments, :func:`_coalesce` merges
-fragments back into the fewest runs greedily (a contiguous layout is one run),
-:func:`_run_intervals` lists a side's byte intervals and :func:`_intervals_tile`
-proves that intervals tile a page exactly once.
+both sides: the unit page mappings (:mod:`fstier.layout`) and copy plans
+(:mod:`fstier.copy_plan`) are written in. The helpers go between runs and
+:class:`Fragments` (parallel numpy arrays of local and canonical offsets, one
+size): :func:`expand` cuts runs into fragments (optionally into smaller
+units), :func:`coalesce` merges fragments back into strided runs, greedily,
+left to right (a contiguous layout is one run), :func:`run_intervals` lists one
+side's byte intervals and :func:`intervals_tile` proves that intervals tile a
+page exactly once (or names the first gap or overlap).
 
-Invariants: fragments keep their given order (copy order); coalescing never
-reorders or drops a byte, so ``_expand(_coalesce(f))`` covers exactly the
-bytes of ``f``. Costs: numpy over fragments, a Python step per stride change
-(not per fragment); start-up only, never on a transfer's path. Imports numpy,
-not torch.
+Invariants: fragments keep their given order (copy order) and coalescing
+neither reorders, drops nor adds one: ``expand(coalesce(f), f.size)`` gives
+``f`` back, fragment for fragment. Costs: numpy over the fragments plus a Python step per
+stride change (never per fragment); start-up work only, never on a transfer's
+path. Imports numpy, not torch.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-__all__ = ["PageRun"]
+__all__ = ["Fragments", "PageRun", "coalesce", "expand", "intervals_tile", "run_intervals"]
 
 
 class PageRun(NamedTuple):
@@ -47,7 +48,7 @@ class PageRun(NamedTuple):
 
 
 @dataclass(frozen=True)
-class _Frags:
+class Fragments:
     """Fragments of one uniform size ``size`` as parallel arrays, in copy order."""
 
     lo: np.ndarray
@@ -55,7 +56,7 @@ class _Frags:
     size: int
 
 
-def _coalesce(frags: _Frags) -> list[PageRun]:
+def coalesce(frags: Fragments) -> list[PageRun]:
     """Coalesce fragments (kept in their given order) into strided runs.
 
     First adjacent fragments contiguous on both sides merge into segments; then
@@ -106,10 +107,10 @@ def _coalesce(frags: _Frags) -> list[PageRun]:
     return runs
 
 
-def _expand(runs: Sequence[PageRun], unit: int | None = None) -> _Frags:
+def expand(runs: Sequence[PageRun], unit: int | None = None) -> Fragments:
     """Runs back to fragments (in run order), optionally cut into ``unit`` bytes."""
     if not runs:
-        return _Frags(np.zeros(0, np.int64), np.zeros(0, np.int64), unit or 1)
+        return Fragments(np.zeros(0, np.int64), np.zeros(0, np.int64), unit or 1)
     arr = np.array(runs, dtype=np.int64).reshape(-1, 6)
     lo0, co0, fs, nf, ls, cs = arr.T
     if unit is None:
@@ -123,10 +124,10 @@ def _expand(runs: Sequence[PageRun], unit: int | None = None) -> _Frags:
     j, piece = k // per, k % per
     lo = lo0[run_idx] + j * ls[run_idx] + piece * unit
     co = co0[run_idx] + j * cs[run_idx] + piece * unit
-    return _Frags(lo, co, unit)
+    return Fragments(lo, co, unit)
 
 
-def _intervals_tile(starts: np.ndarray, sizes: np.ndarray, total: int) -> str | None:
+def intervals_tile(starts: np.ndarray, sizes: np.ndarray, total: int) -> str | None:
     """None when ``[start, start+size)`` intervals tile ``[0, total)`` exactly once."""
     if starts.size == 0:
         return None if total == 0 else f"nothing covers [0, {total})"
@@ -145,7 +146,7 @@ def _intervals_tile(starts: np.ndarray, sizes: np.ndarray, total: int) -> str | 
     return None
 
 
-def _run_intervals(runs: Sequence[PageRun], side: Literal["local", "canonical"]) -> tuple[np.ndarray, np.ndarray]:
+def run_intervals(runs: Sequence[PageRun], side: Literal["local", "canonical"]) -> tuple[np.ndarray, np.ndarray]:
     if not runs:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     arr = np.array(runs, dtype=np.int64).reshape(-1, 6)

@@ -187,7 +187,7 @@ def test_device_copy_logic_round_trip_on_cpu(cuda_copy, kv, layout, a, b):
 
 
 def test_staging_packs_a_head_slice_as_one_copy_and_merges_adjacent_slots():
-    from fstier.gpu_copy import _host_copies
+    from fstier.gpu_copy import host_copies
 
     group = _group(layers=4, heads=8, head_size=16)
     caches = _register(_shard(_full_kv(group), group, 4, 1), "packed")
@@ -199,7 +199,7 @@ def test_staging_packs_a_head_slice_as_one_copy_and_merges_adjacent_slots():
     assert stg.segs.tolist() == [[64, 0, 64, 4 * 2 * 8, 256, 64]]
     pb = group.page_bytes
     # slots 2, 3, 4 adjacent, then slot 0: two copies for four pages
-    rows = _host_copies(stg, np.array([2 * pb, 3 * pb, 4 * pb, 0]), pb)
+    rows = host_copies(stg, np.array([2 * pb, 3 * pb, 4 * pb, 0]), pb)
     assert rows[:, 3].tolist() == [3 * 64, 64] and rows[:, 0].tolist() == [2 * pb + 64, 64]
 
 
