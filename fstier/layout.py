@@ -13,8 +13,9 @@ concatenation of the group's registered references (:class:`KVRef`) in order.
 :func:`rank_page_mapping` turns that geometry into byte runs
 (:class:`PageRun`): *store runs* (what this rank writes into the canonical page;
 for replicated heads only replica 0 writes) and *load runs* (what it reads back,
-covering its whole local page). Fragments are built with numpy and coalesced,
-so a contiguous layout is one run. :meth:`PageMapping.verify` proves, for every
+covering its whole local page). Fragments are built with numpy and coalesced
+(the run arithmetic is :mod:`fstier.page_runs`), so a contiguous layout is one
+run. :meth:`PageMapping.verify` proves, for every
 rank of the layout, that store runs tile the canonical page exactly once and
 that load runs cover each local page exactly once, mapping the same bytes.
 
