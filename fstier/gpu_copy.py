@@ -129,11 +129,6 @@ class _RawDevice:
         }
 
 
-# --------------------------------------------------------------------------- #
-# RankStager
-# --------------------------------------------------------------------------- #
-
-
 @dataclass
 class CopyStats:
     """Copy instrumentation: ``ops`` copies issued (CPU: batched numpy/torch
@@ -196,6 +191,11 @@ class _PinnedIndices:
     def give(self, bufs: Sequence[torch.Tensor]) -> None:
         with self._lock:
             self._free.extend(bufs)
+
+
+# --------------------------------------------------------------------------- #
+# RankStager
+# --------------------------------------------------------------------------- #
 
 
 class RankStager:
