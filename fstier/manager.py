@@ -38,7 +38,6 @@ import os
 import threading
 import time
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from fstier.config import FstierConfig, TierConfig, load_config
@@ -59,6 +58,7 @@ from fstier.tier.metrics import TierMetrics
 from fstier.tier.outcomes import Judge
 from fstier.tier.private_pool import private_pool
 from fstier.tier.recency import Recency
+from fstier.tier.records import BlockRemoved, BlockStored, JobResult, TierEvent
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.slots.host_pool import HostBlockPool
@@ -66,53 +66,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["BlockRemoved", "BlockStored", "FsTier", "JobResult", "TierEvent"]
 
 log = logging.getLogger("fstier.manager")
-
-
-# ---------------------------------------------------------------- public records
-@dataclass(frozen=True, slots=True)
-class JobResult:
-    """The outcome of one store or load job.
-
-    ``keys_completed`` is always a leading prefix: ``keys[:keys_completed]``
-    loaded (load) or are on disk (store: stored, or skipped as already
-    present), up to the first failure. ``keys_failed = len(keys) -
-    keys_completed`` are misses to recompute (load) or blocks not
-    acknowledged (store; a later key of a failed store job may still have
-    been written, and :class:`BlockStored` events list exactly which were).
-    ``cause`` names the first failure (an errno name such as ``ENOSPC``,
-    ``timeout``, ``backpressure``, ``capacity``, ``degraded``, ``slot_busy``,
-    ``bad_file:<why>``, ``corrupt:<reason>``, or ``miss``). ``skipped`` counts stores of keys
-    already present.
-    """
-
-    job_id: Hashable
-    kind: Literal["store", "load"]
-    success: bool
-    keys_completed: int
-    keys_failed: int
-    nbytes: int
-    seconds: float
-    cause: str | None = None
-    skipped: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class BlockStored:
-    """Keys whose block files this tier wrote (not the skipped ones)."""
-
-    keys: tuple[BlockKey, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class BlockRemoved:
-    """Keys whose files were removed: ``reason`` is ``evicted``, ``corrupt``
-    or ``cleared`` (:meth:`FsTier.clear`)."""
-
-    keys: tuple[BlockKey, ...]
-    reason: str = "evicted"
-
-
-TierEvent = BlockStored | BlockRemoved
 
 
 # --------------------------------------------------------------------- FsTier
@@ -328,8 +281,7 @@ class FsTier:
                 continue
             v = self._judge.finish(job, job.per_key(pj.results))
             result = JobResult(
-                job.job_id, job.kind, v.success, v.completed, v.failed, v.nbytes, v.seconds,
-                v.cause, v.skipped,
+                job.job_id, job.kind, v.success, v.completed, v.failed, v.nbytes, v.seconds, v.cause, v.skipped
             )
             with self._idle:
                 if v.stored:
@@ -422,9 +374,7 @@ class FsTier:
             else:
                 self._events.append(BlockRemoved((key,), "evicted"))
 
-    def run_capacity_pass(
-        self, max_bytes: int | None = None, timeout: float | None = 60.0
-    ) -> GcReport:
+    def run_capacity_pass(self, max_bytes: int | None = None, timeout: float | None = 60.0) -> GcReport:
         """One synchronous capacity pass over the root: sweep stale temp and
         ``.nfs*`` files and, above the high watermark of ``max_bytes``
         (default: ``tier.max_bytes``), evict LRU files down to the low
