@@ -34,7 +34,10 @@ from typing import Any
 
 import click
 
-from fstier.cli._common import EXIT_FAILURE, EXIT_INTERRUPTED, _emit_json
+from fstier.cli._common import (
+    _emit_json,
+)
+from fstier.cli.exits import EXIT_FAILURE, EXIT_INTERRUPTED
 
 __all__ = ["main"]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import json
 import os
 import re
@@ -21,16 +20,11 @@ from typing import Any, TypeVar
 
 import click
 
-from fstier.errors import ConfigError, FstierError
+from fstier.cli.exits import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, _Fail
 from fstier.file_mapper import MANIFEST_NAME
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-#: 128 + SIGINT, what shells report for a command stopped by Ctrl-C.
-EXIT_INTERRUPTED = 130
 
 
 # -- output helpers ----------------------------------------------------------
@@ -104,42 +98,6 @@ def _emit_json(obj: Any) -> None:
     # Lone surrogates are legal in Python strings but not in UTF-8 JSON that
     # other languages' parsers accept: print undecodable names escaped.
     click.echo(json.dumps(_json_safe(obj), indent=2, sort_keys=False, default=str))
-
-
-class _Fail(Exception):
-    """Internal: stop a command with an exit code and one line."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def _handle_errors(func: F) -> F:
-    """Map exceptions to exit codes with one clear line (and a JSON error
-    document when the command was asked for ``--json``)."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        as_json = bool(kwargs.get("as_json"))
-        try:
-            return func(*args, **kwargs)
-        except _Fail as exc:
-            code, message = exc.code, exc.message
-        except ConfigError as exc:
-            code, message = EXIT_USAGE, f"config error: {exc}"
-        except FstierError as exc:
-            code, message = EXIT_FAILURE, f"error: {exc}"
-        except OSError as exc:
-            where = f" {exc.filename}" if exc.filename else ""
-            code, message = EXIT_FAILURE, f"error:{where}: {exc.strerror or exc}"
-        message = _display(message)
-        if as_json:
-            _emit_json({"ok": False, "exit_code": code, "error": message})
-        click.echo(message, err=True)
-        sys.exit(code)
-
-    return wrapper  # type: ignore[return-value]
 
 
 def _json_option(func: F) -> F:

@@ -39,18 +39,16 @@ from typing import Any
 import click
 
 from fstier.cli._common import (
-    EXIT_USAGE,
     _console,
     _display,
     _emit_report,
-    _Fail,
     _fmt_size,
-    _handle_errors,
     _json_option,
     _parse_size_option,
     _progress,
     _show_progress,
 )
+from fstier.cli.exits import EXIT_USAGE, _Fail, _handle_errors
 from fstier.file_mapper import encode
 from fstier.io import native
 from fstier.io.blockfile import HEADER_SIZE, BlockHeader, header_for_payload, padded_len

@@ -28,12 +28,11 @@ from typing import Any
 import click
 
 from fstier.cli._common import (
-    EXIT_FAILURE,
     _console,
     _emit_report,
-    _handle_errors,
     _json_option,
 )
+from fstier.cli.exits import EXIT_FAILURE, _handle_errors
 from fstier.errors import ConfigError
 
 

@@ -10,15 +10,13 @@ from typing import Any
 import click
 
 from fstier.cli._common import (
-    EXIT_FAILURE,
     _console,
     _display,
     _emit_report,
-    _Fail,
     _fmt_size,
-    _handle_errors,
     _json_option,
 )
+from fstier.cli.exits import EXIT_FAILURE, _Fail, _handle_errors
 from fstier.config import load_config
 from fstier.demo.scenario import CaseResult, DemoOptions, DemoReport, run_demo
 

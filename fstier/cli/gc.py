@@ -18,20 +18,17 @@ from typing import Any
 import click
 
 from fstier.cli._common import (
-    EXIT_FAILURE,
-    EXIT_USAGE,
     MAX_LISTED,
     _display,
     _emit_report,
-    _Fail,
     _fmt_size,
     _fstier_root,
-    _handle_errors,
     _json_option,
     _parse_size_option,
     _progress,
     _show_progress,
 )
+from fstier.cli.exits import EXIT_FAILURE, EXIT_USAGE, _Fail, _handle_errors
 from fstier.config import MAX_TEMP_AGE_SECONDS
 
 __all__ = ["run_gc"]

@@ -14,19 +14,18 @@ from typing import TYPE_CHECKING
 import click
 
 from fstier.cli._common import (
-    EXIT_FAILURE,
     _console,
     _display,
     _emit_report,
     _fmt_size,
     _fmt_time,
     _fstier_root,
-    _handle_errors,
     _json_option,
     _print_unreadable,
     _progress,
     _show_progress,
 )
+from fstier.cli.exits import EXIT_FAILURE, _handle_errors
 from fstier.cli.tables import Column, terminal_width
 
 if TYPE_CHECKING:  # scan imports the I/O layer (numpy): not for `inspect --help`

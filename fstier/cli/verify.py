@@ -30,22 +30,19 @@ from typing import Any
 import click
 
 from fstier.cli._common import (
-    EXIT_FAILURE,
-    EXIT_USAGE,
     MAX_LISTED,
     _check_root_shape,
     _console,
     _display,
     _emit_report,
     _existing_root,
-    _Fail,
     _fmt_size,
-    _handle_errors,
     _json_option,
     _print_unreadable,
     _progress,
     _show_progress,
 )
+from fstier.cli.exits import EXIT_FAILURE, EXIT_USAGE, _Fail, _handle_errors
 from fstier.cli.scan import (
     FileKind,
     Unreadable,
