@@ -34,10 +34,8 @@ from typing import Any
 
 import click
 
-from fstier.cli._common import (
-    _emit_json,
-)
 from fstier.cli.exits import EXIT_FAILURE, EXIT_INTERRUPTED
+from fstier.cli.output import emit_json
 
 __all__ = ["main"]
 
@@ -135,7 +133,7 @@ class _FstierGroup(click.Group):
                 return rv
             sys.exit(rv if isinstance(rv, int) else 0)
         if as_json:
-            _emit_json({"ok": False, "exit_code": code, "error": message})
+            emit_json({"ok": False, "exit_code": code, "error": message})
         click.echo(message, err=True)
         sys.exit(code)
 

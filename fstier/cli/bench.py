@@ -39,16 +39,13 @@ from typing import Any
 import click
 
 from fstier.cli._common import (
-    _console,
-    _display,
-    _emit_report,
-    _fmt_size,
     _json_option,
     _parse_size_option,
     _progress,
     _show_progress,
 )
 from fstier.cli.exits import EXIT_USAGE, _Fail, _handle_errors
+from fstier.cli.output import display, emit_report, fmt_size, make_console
 from fstier.file_mapper import encode
 from fstier.io import native
 from fstier.io.blockfile import HEADER_SIZE, BlockHeader, header_for_payload, padded_len
@@ -312,7 +309,7 @@ def bench_cmd(root: str | None, block_size: str, num_blocks: int, threads: int, 
             on_files=bar.advance,
         )
     if as_json:
-        _emit_report(result)
+        emit_report(result)
         return
     from rich.table import Table
 
@@ -321,11 +318,11 @@ def bench_cmd(root: str | None, block_size: str, num_blocks: int, threads: int, 
         table.add_column(col)
     for row in result["rows"]:
         table.add_row(row["op"], f"{row['fstier_gbps']:.2f}", f"{row['raw_gbps']:.2f}", f"{row['ratio']:.2f}")
-    console = _console()
+    console = make_console()
     console.print(table)
     console.print(
-        f"{result['num_blocks']} x {_fmt_size(size)} files, {threads} threads, median of "
-        f"{result['rounds']} rounds after a warm-up, on {_display(result['root'])}"
+        f"{result['num_blocks']} x {fmt_size(size)} files, {threads} threads, median of "
+        f"{result['rounds']} rounds after a warm-up, on {display(result['root'])}"
         f"{' (a temporary directory, now deleted)' if result['root_temporary'] else ''} (o_direct={result['o_direct']})",
         markup=False,
     )

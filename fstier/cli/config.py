@@ -28,11 +28,10 @@ from typing import Any
 import click
 
 from fstier.cli._common import (
-    _console,
-    _emit_report,
     _json_option,
 )
 from fstier.cli.exits import EXIT_FAILURE, _handle_errors
+from fstier.cli.output import emit_report, make_console
 from fstier.errors import ConfigError
 
 
@@ -223,7 +222,7 @@ def config_validate(file: str, check_root: bool, as_json: bool) -> None:
         doc["tiers"] = [{**t.model_dump(mode="json"), "file_mode": f"{t.file_mode:04o}"} for _, t in tiers]
         if check_root:
             doc["root_checks"] = [{"tier": label, **c.to_json()} for label, c in checks]
-        _emit_report(doc, verdict)
+        emit_report(doc, verdict)
         if failed:
             sys.exit(EXIT_FAILURE)
         return
@@ -320,7 +319,7 @@ def config_show(file: str, as_json: bool) -> None:
             dumped["file_mode"] = f"{t.file_mode:04o}"
             resolved.append({"source": label, "tier": dumped})
         if as_json:
-            _emit_report({"file": file, "kind": kind, "tiers": resolved})
+            emit_report({"file": file, "kind": kind, "tiers": resolved})
             return
         for r in resolved:
             click.echo(f"# {r['source']}: tier resolved with defaults ({kind}; vLLM supplies model and parallel)")
@@ -331,11 +330,11 @@ def config_show(file: str, as_json: bool) -> None:
     cfg = parse_config(data, source=source)
     info = resolved_config(cfg)
     if as_json:
-        _emit_report({"file": file, **info})
+        emit_report({"file": file, **info})
         return
     from rich.table import Table
 
-    console = _console()
+    console = make_console()
     console.print(f"# {file}, resolved with defaults", markup=False)
     console.print(yaml.safe_dump(info["config"], sort_keys=False).rstrip(), markup=False)
     console.print()

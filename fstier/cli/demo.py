@@ -10,13 +10,10 @@ from typing import Any
 import click
 
 from fstier.cli._common import (
-    _console,
-    _display,
-    _emit_report,
-    _fmt_size,
     _json_option,
 )
 from fstier.cli.exits import EXIT_FAILURE, _Fail, _handle_errors
+from fstier.cli.output import display, emit_report, fmt_size, make_console
 from fstier.config import load_config
 from fstier.demo.scenario import CaseResult, DemoOptions, DemoReport, run_demo
 
@@ -55,7 +52,7 @@ def demo_cmd(root: str | None, config_file: str | None, per_layer: bool, as_json
     )
     report = run_demo(opts)
     if as_json:
-        _emit_report(report.to_json(), None if report.ok else "some outcomes differ from what is expected (see cases)")
+        emit_report(report.to_json(), None if report.ok else "some outcomes differ from what is expected (see cases)")
     else:
         _print_demo(report)
     if not report.ok:
@@ -67,7 +64,7 @@ def _print_demo(report: Any) -> None:
 
     from fstier.cli.tables import Column, print_table, terminal_width
 
-    console = _console()
+    console = make_console()
     where = f"{report.root} (temporary, now deleted)" if report.root_temporary else report.root
     # At 80 columns: case, expected, outcome, the verdict and what was loaded;
     # the rest as the width allows, and the details under the table if their
@@ -76,12 +73,12 @@ def _print_demo(report: Any) -> None:
                Column("stored", 3, "right"), Column("loaded", 2, "right"), Column("bytes", 4, "right"),
                Column("GB/s", 5, "right"), Column("detail", 6))
     rows = [
-        [_display(c.name), _display(c.expected), _display(c.outcome), "ok" if c.ok else "MISMATCH",
-         str(c.stored_blocks), str(c.loaded_blocks), _fmt_size(c.bytes), f"{c.gbps:.2f}" if c.gbps else "-",
-         _display(c.detail)]
+        [display(c.name), display(c.expected), display(c.outcome), "ok" if c.ok else "MISMATCH",
+         str(c.stored_blocks), str(c.loaded_blocks), fmt_size(c.bytes), f"{c.gbps:.2f}" if c.gbps else "-",
+         display(c.detail)]
         for c in report.cases
     ]
-    dropped = print_table(columns, rows, title=_display(f"fstier demo ({report.layout} KV cache) root={where}"))
+    dropped = print_table(columns, rows, title=display(f"fstier demo ({report.layout} KV cache) root={where}"))
     if "detail" in dropped:
         width = max(terminal_width(), 40)
         for c in report.cases:

@@ -42,10 +42,7 @@ def _handle_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from fstier.cli._common import (
-    _display,
-    _emit_json,
-)
+        from fstier.cli.output import display, emit_json
 
         as_json = bool(kwargs.get("as_json"))
         try:
@@ -59,9 +56,9 @@ def _handle_errors(func: F) -> F:
         except OSError as exc:
             where = f" {exc.filename}" if exc.filename else ""
             code, message = EXIT_FAILURE, f"error:{where}: {exc.strerror or exc}"
-        message = _display(message)
+        message = display(message)
         if as_json:
-            _emit_json({"ok": False, "exit_code": code, "error": message})
+            emit_json({"ok": False, "exit_code": code, "error": message})
         click.echo(message, err=True)
         sys.exit(code)
 

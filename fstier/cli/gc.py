@@ -18,10 +18,6 @@ from typing import Any
 import click
 
 from fstier.cli._common import (
-    MAX_LISTED,
-    _display,
-    _emit_report,
-    _fmt_size,
     _fstier_root,
     _json_option,
     _parse_size_option,
@@ -29,6 +25,7 @@ from fstier.cli._common import (
     _show_progress,
 )
 from fstier.cli.exits import EXIT_FAILURE, EXIT_USAGE, _Fail, _handle_errors
+from fstier.cli.output import MAX_LISTED, display, emit_report, fmt_size
 from fstier.config import MAX_TEMP_AGE_SECONDS
 
 __all__ = ["run_gc"]
@@ -130,28 +127,28 @@ def gc_cmd(
         "fix their permissions or run as their owner, then rerun"
     )
     if as_json:
-        _emit_report(result, verdict)
+        emit_report(result, verdict)
         if not ok:
             sys.exit(EXIT_FAILURE)
         return
     verb = "would remove" if dry_run else "removed"
     for f in result["foreign_namespaces"]:
         click.echo(
-            f"{verb} foreign namespace {_display(f['path'])} (format v{f['format_version']}, "
-            f"{f['files']:,} file(s), {_fmt_size(f['bytes'])})"
+            f"{verb} foreign namespace {display(f['path'])} (format v{f['format_version']}, "
+            f"{f['files']:,} file(s), {fmt_size(f['bytes'])})"
         )
     click.echo(
-        f"{_display(root)}: {_fmt_size(result['bytes_before'])} in {result['files_before']:,} block file(s); "
-        f"target {_fmt_size(limit)}"
+        f"{display(root)}: {fmt_size(result['bytes_before'])} in {result['files_before']:,} block file(s); "
+        f"target {fmt_size(limit)}"
     )
     click.echo(
-        f"{verb} {result['evicted_files']:,} block file(s) ({_fmt_size(result['evicted_bytes'])}) "
+        f"{verb} {result['evicted_files']:,} block file(s) ({fmt_size(result['evicted_bytes'])}) "
         f"and {result['temp_removed']} stale temp file(s); "
-        f"{_fmt_size(result['bytes_after'])} remain"
+        f"{fmt_size(result['bytes_after'])} remain"
     )
     if verdict is not None:
         for item in result["failed"][:MAX_LISTED]:
-            click.echo(f"unreadable: {_display(item['path'])}: {item['error']}", err=True)
+            click.echo(f"unreadable: {display(item['path'])}: {item['error']}", err=True)
         if result["errors"] > MAX_LISTED:
             click.echo(f"... and {result['errors'] - MAX_LISTED:,} more (use --json for the list)", err=True)
         click.echo(verdict, err=True)

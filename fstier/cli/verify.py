@@ -30,19 +30,21 @@ from typing import Any
 import click
 
 from fstier.cli._common import (
-    MAX_LISTED,
     _check_root_shape,
-    _console,
-    _display,
-    _emit_report,
     _existing_root,
-    _fmt_size,
     _json_option,
-    _print_unreadable,
     _progress,
     _show_progress,
 )
 from fstier.cli.exits import EXIT_FAILURE, EXIT_USAGE, _Fail, _handle_errors
+from fstier.cli.output import (
+    MAX_LISTED,
+    display,
+    emit_report,
+    fmt_size,
+    make_console,
+    print_unreadable,
+)
 from fstier.cli.scan import (
     FileKind,
     Unreadable,
@@ -299,7 +301,7 @@ def verify_cmd(root: str, namespace: str | None, wide: bool, fix: bool, headers_
         _check_root_shape(root_path, root)
     report = run_verify(root_path, namespace=namespace, fix=fix, full=not headers_only, progress=_show_progress(as_json))
     if as_json:
-        _emit_report(report.to_json(), None if report.ok else _verdict(report))
+        emit_report(report.to_json(), None if report.ok else _verdict(report))
     else:
         from fstier.cli.tables import Column, print_table
 
@@ -308,22 +310,22 @@ def verify_cmd(root: str, namespace: str | None, wide: bool, fix: bool, headers_
         columns = (Column("namespace", 0, name=True), Column("checked", 0, "right"), Column("ok", 1, "right"),
                    Column("bad", 0, "right"), Column("removed", 0, "right"), Column("bytes", 2, "right"))
         rows = [
-            [_display(ns.namespace), f"{ns.checked:,}", f"{ns.good:,}", f"{ns.bad:,}", f"{ns.removed:,}",
-             _fmt_size(ns.bytes)]
+            [display(ns.namespace), f"{ns.checked:,}", f"{ns.good:,}", f"{ns.bad:,}", f"{ns.removed:,}",
+             fmt_size(ns.bytes)]
             for ns in report.namespaces
         ]
-        print_table(columns, rows, title=_display(f"verify {root}" + (" (headers only)" if headers_only else "")),
+        print_table(columns, rows, title=display(f"verify {root}" + (" (headers only)" if headers_only else "")),
                     wide=wide)
-        console = _console()
+        console = make_console()
         for bad in report.bad[:MAX_LISTED]:
             if bad.reason.startswith("unreadable"):
-                console.print(f"unreadable: {_display(bad.path)}: {bad.reason.removeprefix('unreadable: ')} (kept)", markup=False)
+                console.print(f"unreadable: {display(bad.path)}: {bad.reason.removeprefix('unreadable: ')} (kept)", markup=False)
                 continue
             state = "removed" if bad.removed else "kept"
-            console.print(f"bad: {_display(bad.path)}: {bad.reason} ({state})", markup=False)
+            console.print(f"bad: {display(bad.path)}: {bad.reason} ({state})", markup=False)
         if len(report.bad) > MAX_LISTED:
             console.print(f"... and {len(report.bad) - MAX_LISTED} more (use --json for all)", markup=False)
-        _print_unreadable(console, report.unreadable_dirs)
+        print_unreadable(console, report.unreadable_dirs)
         console.print(
             f"{report.checked:,} file(s) checked in {report.seconds:.2f} s: {len(report.bad)} bad, "
             f"{report.removed} removed; {_verdict(report)}",
