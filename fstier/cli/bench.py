@@ -41,11 +41,10 @@ import click
 from fstier.cli._common import (
     _json_option,
     _parse_size_option,
-    _progress,
-    _show_progress,
 )
 from fstier.cli.exits import EXIT_USAGE, _Fail, _handle_errors
 from fstier.cli.output import display, emit_report, fmt_size, make_console
+from fstier.cli.progress import progress_bar, show_progress
 from fstier.file_mapper import encode
 from fstier.io import native
 from fstier.io.blockfile import HEADER_SIZE, BlockHeader, header_for_payload, padded_len
@@ -303,7 +302,7 @@ def bench_cmd(root: str | None, block_size: str, num_blocks: int, threads: int, 
         raise _Fail(EXIT_USAGE, f"--threads: must be >= 1, got {threads}")
     # Progress on stderr (a terminal only, never with --json): the default
     # run writes and reads 8 GiB.
-    with _progress("bench", _show_progress(as_json), total=bench_files(num_blocks)) as bar:
+    with progress_bar("bench", show_progress(as_json), total=bench_files(num_blocks)) as bar:
         result = run_bench(
             Path(root) if root else None, block_bytes=size, num_blocks=num_blocks, threads=threads,
             on_files=bar.advance,

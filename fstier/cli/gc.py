@@ -21,11 +21,10 @@ from fstier.cli._common import (
     _fstier_root,
     _json_option,
     _parse_size_option,
-    _progress,
-    _show_progress,
 )
 from fstier.cli.exits import EXIT_FAILURE, EXIT_USAGE, _Fail, _handle_errors
 from fstier.cli.output import MAX_LISTED, display, emit_report, fmt_size
+from fstier.cli.progress import progress_bar, show_progress
 from fstier.config import MAX_TEMP_AGE_SECONDS
 
 __all__ = ["run_gc"]
@@ -45,7 +44,7 @@ def run_gc(
     foreign = (
         remove_foreign_namespaces(root, dry_run=dry_run, on_error=failed.add) if remove_foreign else []
     )
-    with _progress("gc", progress) as bar:
+    with progress_bar("gc", progress) as bar:
         rep = collect_garbage(
             root,
             max_bytes,
@@ -117,7 +116,7 @@ def gc_cmd(
         )
     result = run_gc(
         _fstier_root(root), limit, dry_run=dry_run, temp_max_age_s=temp_max_age,
-        progress=_show_progress(as_json), remove_foreign=remove_foreign,
+        progress=show_progress(as_json), remove_foreign=remove_foreign,
     )
     ok = result["errors"] == 0
     verdict = (

@@ -16,8 +16,6 @@ import click
 from fstier.cli._common import (
     _fstier_root,
     _json_option,
-    _progress,
-    _show_progress,
 )
 from fstier.cli.exits import EXIT_FAILURE, _handle_errors
 from fstier.cli.output import (
@@ -28,6 +26,7 @@ from fstier.cli.output import (
     make_console,
     print_unreadable,
 )
+from fstier.cli.progress import progress_bar, show_progress
 from fstier.cli.tables import Column, terminal_width
 
 if TYPE_CHECKING:  # scan imports the I/O layer (numpy): not for `inspect --help`
@@ -92,7 +91,7 @@ def inspect_cmd(root: str, wide: bool, as_json: bool) -> None:
     from fstier.cli.scan import scan_root
 
     root_path = _fstier_root(root)
-    with _progress("inspect", _show_progress(as_json)) as bar:
+    with progress_bar("inspect", show_progress(as_json)) as bar:
         report = scan_root(root_path, on_file=bar.advance)
     total_files = sum(ns.files for ns in report.namespaces)
     total_bytes = sum(ns.bytes for ns in report.namespaces)

@@ -33,8 +33,6 @@ from fstier.cli._common import (
     _check_root_shape,
     _existing_root,
     _json_option,
-    _progress,
-    _show_progress,
 )
 from fstier.cli.exits import EXIT_FAILURE, EXIT_USAGE, _Fail, _handle_errors
 from fstier.cli.output import (
@@ -45,6 +43,7 @@ from fstier.cli.output import (
     make_console,
     print_unreadable,
 )
+from fstier.cli.progress import progress_bar, show_progress
 from fstier.cli.scan import (
     FileKind,
     Unreadable,
@@ -236,7 +235,7 @@ def run_verify(
     t0 = time.perf_counter()
     report = VerifyReport(root=str(root), full=full, fix=fix)
     total = _count_blocks(root, namespace) if progress else None
-    with _progress("verify", progress, total) as bar:
+    with progress_bar("verify", progress, total) as bar:
         for ns_dir in _namespaces(root, namespace):
             expect, error = _expectations(ns_dir)
             ns = NamespaceVerify(namespace=ns_dir.name, manifest_error=error)
@@ -299,7 +298,7 @@ def verify_cmd(root: str, namespace: str | None, wide: bool, fix: bool, headers_
             raise _Fail(EXIT_USAGE, f"--namespace {namespace!r}: no such namespace directory under {root}")
     else:
         _check_root_shape(root_path, root)
-    report = run_verify(root_path, namespace=namespace, fix=fix, full=not headers_only, progress=_show_progress(as_json))
+    report = run_verify(root_path, namespace=namespace, fix=fix, full=not headers_only, progress=show_progress(as_json))
     if as_json:
         emit_report(report.to_json(), None if report.ok else _verdict(report))
     else:
