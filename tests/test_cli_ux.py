@@ -193,7 +193,7 @@ def test_ctrl_c_json_document() -> None:
 
     mp = pytest.MonkeyPatch()
     try:
-        mp.setattr(inspect_mod, "_fstier_root", boom)
+        mp.setattr(inspect_mod, "fstier_root", boom)
         res = run("inspect", "/nonexistent", "--json")
     finally:
         mp.undo()

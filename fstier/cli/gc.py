@@ -18,13 +18,13 @@ from typing import Any
 import click
 
 from fstier.cli._common import (
-    _fstier_root,
     _json_option,
     _parse_size_option,
 )
 from fstier.cli.exits import EXIT_FAILURE, EXIT_USAGE, _Fail, _handle_errors
 from fstier.cli.output import MAX_LISTED, display, emit_report, fmt_size
 from fstier.cli.progress import progress_bar, show_progress
+from fstier.cli.roots import fstier_root
 from fstier.config import MAX_TEMP_AGE_SECONDS
 
 __all__ = ["run_gc"]
@@ -115,7 +115,7 @@ def gc_cmd(
             f"got {temp_max_age}",
         )
     result = run_gc(
-        _fstier_root(root), limit, dry_run=dry_run, temp_max_age_s=temp_max_age,
+        fstier_root(root), limit, dry_run=dry_run, temp_max_age_s=temp_max_age,
         progress=show_progress(as_json), remove_foreign=remove_foreign,
     )
     ok = result["errors"] == 0

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 import click
 
 from fstier.cli._common import (
-    _fstier_root,
     _json_option,
 )
 from fstier.cli.exits import EXIT_FAILURE, _handle_errors
@@ -27,6 +26,7 @@ from fstier.cli.output import (
     print_unreadable,
 )
 from fstier.cli.progress import progress_bar, show_progress
+from fstier.cli.roots import fstier_root
 from fstier.cli.tables import Column, terminal_width
 
 if TYPE_CHECKING:  # scan imports the I/O layer (numpy): not for `inspect --help`
@@ -90,7 +90,7 @@ def inspect_cmd(root: str, wide: bool, as_json: bool) -> None:
     """
     from fstier.cli.scan import scan_root
 
-    root_path = _fstier_root(root)
+    root_path = fstier_root(root)
     with progress_bar("inspect", show_progress(as_json)) as bar:
         report = scan_root(root_path, on_file=bar.advance)
     total_files = sum(ns.files for ns in report.namespaces)

@@ -30,8 +30,6 @@ from typing import Any
 import click
 
 from fstier.cli._common import (
-    _check_root_shape,
-    _existing_root,
     _json_option,
 )
 from fstier.cli.exits import EXIT_FAILURE, EXIT_USAGE, _Fail, _handle_errors
@@ -44,6 +42,7 @@ from fstier.cli.output import (
     print_unreadable,
 )
 from fstier.cli.progress import progress_bar, show_progress
+from fstier.cli.roots import check_root_shape, existing_root
 from fstier.cli.scan import (
     FileKind,
     Unreadable,
@@ -288,7 +287,7 @@ def verify_cmd(root: str, namespace: str | None, wide: bool, fix: bool, headers_
     """
     from fstier.cli.verify import run_verify
 
-    root_path = _existing_root(root)
+    root_path = existing_root(root)
     if namespace is not None:
         # One directory name, never a path: --fix must not reach outside ROOT.
         ns_path = root_path / namespace
@@ -297,7 +296,7 @@ def verify_cmd(root: str, namespace: str | None, wide: bool, fix: bool, headers_
         if ns_path.is_symlink() or not ns_path.is_dir():
             raise _Fail(EXIT_USAGE, f"--namespace {namespace!r}: no such namespace directory under {root}")
     else:
-        _check_root_shape(root_path, root)
+        check_root_shape(root_path, root)
     report = run_verify(root_path, namespace=namespace, fix=fix, full=not headers_only, progress=show_progress(as_json))
     if as_json:
         emit_report(report.to_json(), None if report.ok else _verdict(report))
