@@ -5,9 +5,11 @@ loads, every fail-closed case; the scenario and its rank processes live in
 :mod:`fstier.demo`), ``inspect`` (one row per namespace, from the streaming walk
 in ``scan``), ``verify`` (check every block, ``--fix`` removes bad ones),
 ``gc`` (LRU eviction and temp sweep with FsTier's own capacity code),
-``bench`` (fstier vs raw O_DIRECT), and ``config validate|show``. Shared
-plumbing (exit codes, one-line errors, ``--json`` documents, progress,
-sizes, safe printing of names) is in ``_common``.
+``bench`` (fstier vs raw O_DIRECT), and ``config validate|show``. What they
+share has a module each: ``exits`` (exit codes and the failures that carry
+them), ``output`` (consoles, ``--json`` documents, sizes, safe printing of
+names), ``progress`` (stderr, terminals only), ``roots`` (ROOT of the
+root-walking commands), ``options`` (``--json``, sizes) and ``tables``.
 
 Conventions every command follows:
 

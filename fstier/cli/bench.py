@@ -38,11 +38,8 @@ from typing import Any
 
 import click
 
-from fstier.cli._common import (
-    _json_option,
-    _parse_size_option,
-)
 from fstier.cli.exits import EXIT_USAGE, _Fail, _handle_errors
+from fstier.cli.options import json_option, parse_size_option
 from fstier.cli.output import display, emit_report, fmt_size, make_console
 from fstier.cli.progress import progress_bar, show_progress
 from fstier.file_mapper import encode
@@ -289,11 +286,11 @@ def run_bench(
 @click.option("--block-size", "block_size", default="2MiB", show_default=True, help="Bytes per block file.")
 @click.option("--blocks", "num_blocks", type=int, default=256, show_default=True, help="Files per pass.")
 @click.option("--threads", type=int, default=8, show_default=True, help="I/O threads for both sides.")
-@_json_option
+@json_option
 @_handle_errors
 def bench_cmd(root: str | None, block_size: str, num_blocks: int, threads: int, as_json: bool) -> None:
     """fstier store/load vs raw O_DIRECT on the same directory in the same run."""
-    size = _parse_size_option(block_size, "--block-size")
+    size = parse_size_option(block_size, "--block-size")
     if size < 4096 or size % 4096:
         raise _Fail(EXIT_USAGE, f"--block-size: must be a multiple of 4096, got {size}")
     if num_blocks < 1:

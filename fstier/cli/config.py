@@ -27,10 +27,8 @@ from typing import Any
 
 import click
 
-from fstier.cli._common import (
-    _json_option,
-)
 from fstier.cli.exits import EXIT_FAILURE, _handle_errors
+from fstier.cli.options import json_option
 from fstier.cli.output import emit_report, make_console
 from fstier.errors import ConfigError
 
@@ -183,7 +181,7 @@ def _summary(tier: Any) -> str:
     "--check-root", is_flag=True,
     help="Also prove each tier's root_dir on this host: create, write, O_DIRECT, free space, owner UID.",
 )
-@_json_option
+@json_option
 @_handle_errors
 def config_validate(file: str, check_root: bool, as_json: bool) -> None:
     """Check FILE; exit 2 with one line naming the bad field.
@@ -303,7 +301,7 @@ def resolved_config(cfg: Any) -> dict[str, Any]:
 
 @config_group.command("show")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
-@_json_option
+@json_option
 @_handle_errors
 def config_show(file: str, as_json: bool) -> None:
     """Print FILE resolved with defaults and the namespace directory it maps to."""

@@ -9,10 +9,8 @@ from typing import Any
 
 import click
 
-from fstier.cli._common import (
-    _json_option,
-)
 from fstier.cli.exits import EXIT_FAILURE, _Fail, _handle_errors
+from fstier.cli.options import json_option
 from fstier.cli.output import display, emit_report, fmt_size, make_console
 from fstier.config import load_config
 from fstier.demo.scenario import CaseResult, DemoOptions, DemoReport, run_demo
@@ -25,7 +23,7 @@ __all__ = ["CaseResult", "DemoOptions", "DemoReport", "demo_cmd", "run_demo"]
 @click.option("--root", "root", type=click.Path(file_okay=False), default=None, help="Root directory (default: a fresh temp dir, removed after).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None, help="YAML config: its tier settings (and a full-attention model) are used.")
 @click.option("--per-layer", is_flag=True, help="Allocate one KV tensor per layer instead of the cross-layer layout.")
-@_json_option
+@json_option
 @_handle_errors
 def demo_cmd(root: str | None, config_file: str | None, per_layer: bool, as_json: bool) -> None:
     """The end-to-end tour: tp=2 ranks store, tp=4 ranks load, and every

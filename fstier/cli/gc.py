@@ -17,11 +17,8 @@ from typing import Any
 
 import click
 
-from fstier.cli._common import (
-    _json_option,
-    _parse_size_option,
-)
 from fstier.cli.exits import EXIT_FAILURE, EXIT_USAGE, _Fail, _handle_errors
+from fstier.cli.options import json_option, parse_size_option
 from fstier.cli.output import MAX_LISTED, display, emit_report, fmt_size
 from fstier.cli.progress import progress_bar, show_progress
 from fstier.cli.roots import fstier_root
@@ -98,14 +95,14 @@ def run_gc(
     is_flag=True,
     help="Also remove whole namespaces of another fstier format version (e.g. v1 after an upgrade).",
 )
-@_json_option
+@json_option
 @_handle_errors
 def gc_cmd(
     root: str, max_bytes: str, dry_run: bool, temp_max_age: float, remove_foreign: bool, as_json: bool
 ) -> None:
     """Evict least-recently-used blocks under ROOT down to --max-bytes and sweep
     stale temp files, with the same code as FsTier's capacity manager."""
-    limit = _parse_size_option(max_bytes, "--max-bytes")
+    limit = parse_size_option(max_bytes, "--max-bytes")
     # Checked before ROOT: nan/inf used to pass "<= 0" and crash the pass with
     # OverflowError (issue 15 item 5). Same bounds as tier.temp_max_age_s.
     if not 0 < temp_max_age <= MAX_TEMP_AGE_SECONDS:

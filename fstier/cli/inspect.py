@@ -13,10 +13,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from fstier.cli._common import (
-    _json_option,
-)
 from fstier.cli.exits import EXIT_FAILURE, _handle_errors
+from fstier.cli.options import json_option
 from fstier.cli.output import (
     display,
     emit_report,
@@ -79,7 +77,7 @@ def inspect_rows(namespaces: Sequence[NamespaceStats]) -> tuple[tuple[Column, ..
 @click.command("inspect")
 @click.argument("root", type=click.Path(file_okay=False))
 @click.option("--wide", is_flag=True, help="Show every column, however wide (default: what fits the terminal).")
-@_json_option
+@json_option
 @_handle_errors
 def inspect_cmd(root: str, wide: bool, as_json: bool) -> None:
     """One row per namespace under ROOT: model, parallel layout, files, bytes, ages.

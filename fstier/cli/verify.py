@@ -29,10 +29,8 @@ from typing import Any
 
 import click
 
-from fstier.cli._common import (
-    _json_option,
-)
 from fstier.cli.exits import EXIT_FAILURE, EXIT_USAGE, _Fail, _handle_errors
+from fstier.cli.options import json_option
 from fstier.cli.output import (
     MAX_LISTED,
     display,
@@ -278,7 +276,7 @@ def run_verify(
     is_flag=True,
     help="Check headers, keys and lengths but skip reading payloads (fast).",
 )
-@_json_option
+@json_option
 @_handle_errors
 def verify_cmd(root: str, namespace: str | None, wide: bool, fix: bool, headers_only: bool, as_json: bool) -> None:
     """Read and check every block under ROOT (header, key, length, checksum).
