@@ -32,12 +32,12 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
-from fstier.cli.exits import EXIT_FAILURE, EXIT_INTERRUPTED
-from fstier.cli.output import emit_json
+from fstier.cli.exits import EXIT_FAILURE, ReportFailed, failure_for
+from fstier.cli.output import display, emit_json
 
 __all__ = ["main"]
 
@@ -110,40 +110,40 @@ class _FstierGroup(click.Group):
         as_json = "--json" in argv
         try:
             rv = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
-        except click.exceptions.Abort as exc:
-            if isinstance(exc.__cause__, KeyboardInterrupt):
-                code, message = EXIT_INTERRUPTED, "interrupted (Ctrl-C)"
-            else:
-                code, message = EXIT_FAILURE, "aborted"
-        except KeyboardInterrupt:
-            code, message = EXIT_INTERRUPTED, "interrupted (Ctrl-C)"
-        except click.UsageError as exc:
-            code, message = exc.exit_code, _usage_line(exc)
-        except click.ClickException as exc:
-            code, message = exc.exit_code, f"error: {exc.format_message()}"
         except OSError as exc:
             if exc.errno != errno.EPIPE:
-                raise
+                _fail(exc, as_json)
             # The reader of our stdout went away (``| head``): stop quietly, and
             # point stdout at /dev/null so the interpreter's final flush does
             # not raise again.
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
             sys.exit(EXIT_FAILURE)
-        else:
-            if not standalone_mode:
-                return rv
-            sys.exit(rv if isinstance(rv, int) else 0)
+        except (Exception, KeyboardInterrupt) as exc:
+            _fail(exc, as_json)
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _fail(exc: BaseException, as_json: bool) -> NoReturn:
+    """THE error handler of every command: the typed failure ``exc`` stands
+    for (:func:`fstier.cli.exits.failure_for`) as one line on stderr and,
+    under ``--json``, one document on stdout; then exit with its code. A
+    :class:`~fstier.cli.exits.ReportFailed` printed its report already. An
+    exception that is no command's failure (a bug) keeps its traceback."""
+    failure = failure_for(exc)
+    if failure is None:
+        raise exc
+    message = display(failure.format_message())
+    if isinstance(failure, ReportFailed):
+        if not as_json and not failure.shown:
+            click.echo(message, err=True)
+    else:
         if as_json:
-            emit_json({"ok": False, "exit_code": code, "error": message})
+            emit_json({"ok": False, "exit_code": failure.exit_code, "error": message})
         click.echo(message, err=True)
-        sys.exit(code)
-
-
-def _usage_line(exc: click.UsageError) -> str:
-    """One line: what is wrong, and where the help is."""
-    where = exc.ctx.command_path if exc.ctx is not None else "fstier"
-    return f"usage error: {exc.format_message()} (see '{where} --help')"
+    sys.exit(failure.exit_code)
 
 
 @click.group(cls=_FstierGroup, context_settings={"help_option_names": ["-h", "--help"]})

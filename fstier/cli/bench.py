@@ -38,7 +38,7 @@ from typing import Any
 
 import click
 
-from fstier.cli.exits import EXIT_USAGE, _Fail, _handle_errors
+from fstier.cli.exits import UsageFailure
 from fstier.cli.options import json_option, parse_size_option
 from fstier.cli.output import display, emit_report, fmt_size, make_console
 from fstier.cli.progress import progress_bar, show_progress
@@ -287,16 +287,15 @@ def run_bench(
 @click.option("--blocks", "num_blocks", type=int, default=256, show_default=True, help="Files per pass.")
 @click.option("--threads", type=int, default=8, show_default=True, help="I/O threads for both sides.")
 @json_option
-@_handle_errors
 def bench_cmd(root: str | None, block_size: str, num_blocks: int, threads: int, as_json: bool) -> None:
     """fstier store/load vs raw O_DIRECT on the same directory in the same run."""
     size = parse_size_option(block_size, "--block-size")
     if size < 4096 or size % 4096:
-        raise _Fail(EXIT_USAGE, f"--block-size: must be a multiple of 4096, got {size}")
+        raise UsageFailure(f"--block-size: must be a multiple of 4096, got {size}")
     if num_blocks < 1:
-        raise _Fail(EXIT_USAGE, f"--blocks: must be >= 1, got {num_blocks}")
+        raise UsageFailure(f"--blocks: must be >= 1, got {num_blocks}")
     if threads < 1:
-        raise _Fail(EXIT_USAGE, f"--threads: must be >= 1, got {threads}")
+        raise UsageFailure(f"--threads: must be >= 1, got {threads}")
     # Progress on stderr (a terminal only, never with --json): the default
     # run writes and reads 8 GiB.
     with progress_bar("bench", show_progress(as_json), total=bench_files(num_blocks)) as bar:

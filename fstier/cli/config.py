@@ -27,7 +27,7 @@ from typing import Any
 
 import click
 
-from fstier.cli.exits import EXIT_FAILURE, _handle_errors
+from fstier.cli.exits import ReportFailed
 from fstier.cli.options import json_option
 from fstier.cli.output import emit_report, make_console
 from fstier.errors import ConfigError
@@ -182,7 +182,6 @@ def _summary(tier: Any) -> str:
     help="Also prove each tier's root_dir on this host: create, write, O_DIRECT, free space, owner UID.",
 )
 @json_option
-@_handle_errors
 def config_validate(file: str, check_root: bool, as_json: bool) -> None:
     """Check FILE; exit 2 with one line naming the bad field.
 
@@ -221,16 +220,15 @@ def config_validate(file: str, check_root: bool, as_json: bool) -> None:
         if check_root:
             doc["root_checks"] = [{"tier": label, **c.to_json()} for label, c in checks]
         emit_report(doc, verdict)
-        if failed:
-            sys.exit(EXIT_FAILURE)
+        if verdict is not None:
+            raise ReportFailed(verdict)
         return
     click.echo(f"{file}: ok ({what})")
     for label, c in checks:
         prefix = f"{label}: " if len(tiers) > 1 else ""
         click.echo(f"  {c.status:<4} {c.name:<8} {prefix}{c.detail}")
-    if failed:
-        click.echo(f"root check failed: {verdict}", err=True)
-        sys.exit(EXIT_FAILURE)
+    if verdict is not None:
+        raise ReportFailed(f"root check failed: {verdict}")
 
 
 def agnostic_reason(cfg: Any) -> str | None:
@@ -302,7 +300,6 @@ def resolved_config(cfg: Any) -> dict[str, Any]:
 @config_group.command("show")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @json_option
-@_handle_errors
 def config_show(file: str, as_json: bool) -> None:
     """Print FILE resolved with defaults and the namespace directory it maps to."""
     import yaml

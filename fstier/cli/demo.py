@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from fstier.cli.exits import EXIT_FAILURE, _Fail, _handle_errors
+from fstier.cli.exits import ReportFailed, RuntimeFailure
 from fstier.cli.options import json_option
 from fstier.cli.output import display, emit_report, fmt_size, make_console
 from fstier.config import load_config
@@ -24,7 +24,6 @@ __all__ = ["CaseResult", "DemoOptions", "DemoReport", "demo_cmd", "run_demo"]
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None, help="YAML config: its tier settings (and a full-attention model) are used.")
 @click.option("--per-layer", is_flag=True, help="Allocate one KV tensor per layer instead of the cross-layer layout.")
 @json_option
-@_handle_errors
 def demo_cmd(root: str | None, config_file: str | None, per_layer: bool, as_json: bool) -> None:
     """The end-to-end tour: tp=2 ranks store, tp=4 ranks load, and every
     fail-closed case (MLA, hybrid, corruption, restart). Exit 0 only when
@@ -35,8 +34,7 @@ def demo_cmd(root: str | None, config_file: str | None, per_layer: bool, as_json
         import torch  # noqa: F401  (the demo's ranks need it; the tier does not)
     except ImportError:
         # torch is an extra: the tier and the other commands never need it.
-        raise _Fail(
-            EXIT_FAILURE,
+        raise RuntimeFailure(
             "fstier demo needs torch (its ranks stage KV tensors) and it is not installed; "
             "install torch (fstier's torch extra; on a CPU-only machine pip install torch==2.13.0)",
         ) from None
@@ -49,12 +47,14 @@ def demo_cmd(root: str | None, config_file: str | None, per_layer: bool, as_json
         progress=show_progress,
     )
     report = run_demo(opts)
+    verdict = None if report.ok else "some outcomes differ from what is expected (see cases)"
     if as_json:
-        emit_report(report.to_json(), None if report.ok else "some outcomes differ from what is expected (see cases)")
+        emit_report(report.to_json(), verdict)
     else:
         _print_demo(report)
-    if not report.ok:
-        sys.exit(EXIT_FAILURE)
+    if verdict is not None:
+        # The table's last line (or the JSON document's ``error``) says it.
+        raise ReportFailed(verdict, shown=True)
 
 
 def _print_demo(report: Any) -> None:

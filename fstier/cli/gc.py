@@ -11,13 +11,12 @@ listed (text and ``--json``), the sizes say they are partial, exit 1.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from fstier.cli.exits import EXIT_FAILURE, EXIT_USAGE, _Fail, _handle_errors
+from fstier.cli.exits import ReportFailed, UsageFailure
 from fstier.cli.options import json_option, parse_size_option
 from fstier.cli.output import MAX_LISTED, display, emit_report, fmt_size
 from fstier.cli.progress import progress_bar, show_progress
@@ -96,7 +95,6 @@ def run_gc(
     help="Also remove whole namespaces of another fstier format version (e.g. v1 after an upgrade).",
 )
 @json_option
-@_handle_errors
 def gc_cmd(
     root: str, max_bytes: str, dry_run: bool, temp_max_age: float, remove_foreign: bool, as_json: bool
 ) -> None:
@@ -106,8 +104,7 @@ def gc_cmd(
     # Checked before ROOT: nan/inf used to pass "<= 0" and crash the pass with
     # OverflowError (issue 15 item 5). Same bounds as tier.temp_max_age_s.
     if not 0 < temp_max_age <= MAX_TEMP_AGE_SECONDS:
-        raise _Fail(
-            EXIT_USAGE,
+        raise UsageFailure(
             f"--temp-max-age: must be a finite number of seconds in (0, {MAX_TEMP_AGE_SECONDS:.0f}], "
             f"got {temp_max_age}",
         )
@@ -124,8 +121,8 @@ def gc_cmd(
     )
     if as_json:
         emit_report(result, verdict)
-        if not ok:
-            sys.exit(EXIT_FAILURE)
+        if verdict is not None:
+            raise ReportFailed(verdict)
         return
     verb = "would remove" if dry_run else "removed"
     for f in result["foreign_namespaces"]:
@@ -147,5 +144,4 @@ def gc_cmd(
             click.echo(f"unreadable: {display(item['path'])}: {item['error']}", err=True)
         if result["errors"] > MAX_LISTED:
             click.echo(f"... and {result['errors'] - MAX_LISTED:,} more (use --json for the list)", err=True)
-        click.echo(verdict, err=True)
-        sys.exit(EXIT_FAILURE)
+        raise ReportFailed(verdict)

@@ -7,13 +7,12 @@ the totals say they are partial, and the exit status is 1.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import click
 
-from fstier.cli.exits import EXIT_FAILURE, _handle_errors
+from fstier.cli.exits import ReportFailed
 from fstier.cli.options import json_option
 from fstier.cli.output import (
     display,
@@ -78,7 +77,6 @@ def inspect_rows(namespaces: Sequence[NamespaceStats]) -> tuple[tuple[Column, ..
 @click.argument("root", type=click.Path(file_okay=False))
 @click.option("--wide", is_flag=True, help="Show every column, however wide (default: what fits the terminal).")
 @json_option
-@_handle_errors
 def inspect_cmd(root: str, wide: bool, as_json: bool) -> None:
     """One row per namespace under ROOT: model, parallel layout, files, bytes, ages.
 
@@ -114,8 +112,8 @@ def inspect_cmd(root: str, wide: bool, as_json: bool) -> None:
             },
             verdict,
         )
-        if partial:
-            sys.exit(EXIT_FAILURE)
+        if verdict is not None:
+            raise ReportFailed(verdict)
         return
     from fstier.cli.tables import print_table
 
@@ -134,5 +132,4 @@ def inspect_cmd(root: str, wide: bool, as_json: bool) -> None:
     )
     click.echo(textwrap.fill(summary, width=max(terminal_width(), 40)))
     if verdict is not None:
-        click.echo(verdict, err=True)
-        sys.exit(EXIT_FAILURE)
+        raise ReportFailed(verdict)

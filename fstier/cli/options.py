@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import click
 
-from fstier.cli.exits import EXIT_USAGE, _Fail
+from fstier.cli.exits import UsageFailure
 
 __all__ = ["json_option", "parse_size_option"]
 
@@ -31,4 +31,4 @@ def parse_size_option(value: str, option: str) -> int:
     try:
         return parse_size(value)
     except ValueError as exc:
-        raise _Fail(EXIT_USAGE, f"{option}: {exc}") from None
+        raise UsageFailure(f"{option}: {exc}") from None

@@ -15,7 +15,7 @@ import re
 import stat
 from pathlib import Path
 
-from fstier.cli.exits import EXIT_USAGE, _Fail
+from fstier.cli.exits import RootRefused
 from fstier.cli.output import display
 from fstier.file_mapper import MANIFEST_NAME
 
@@ -36,16 +36,16 @@ def existing_root(root: str) -> Path:
         st = os.stat(p)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise _Fail(EXIT_USAGE, f"ROOT {shown}: a symlink loop (a link that points back at itself); give the real directory") from None
+            raise RootRefused(f"ROOT {shown}: a symlink loop (a link that points back at itself); give the real directory") from None
         if exc.errno in (errno.EACCES, errno.EPERM):
-            raise _Fail(EXIT_USAGE, f"ROOT {shown}: permission denied on a parent directory; run as a user who can enter it") from None
+            raise RootRefused(f"ROOT {shown}: permission denied on a parent directory; run as a user who can enter it") from None
         if exc.errno == errno.ENOTDIR:
-            raise _Fail(EXIT_USAGE, f"ROOT {shown}: a parent of it is a file, not a directory") from None
-        raise _Fail(EXIT_USAGE, f"ROOT {shown}: no such directory") from None
+            raise RootRefused(f"ROOT {shown}: a parent of it is a file, not a directory") from None
+        raise RootRefused(f"ROOT {shown}: no such directory") from None
     if not stat.S_ISDIR(st.st_mode):
-        raise _Fail(EXIT_USAGE, f"ROOT {shown}: is a file, not a directory; give the tier's root_dir")
+        raise RootRefused(f"ROOT {shown}: is a file, not a directory; give the tier's root_dir")
     if not os.access(p, os.R_OK | os.X_OK):
-        raise _Fail(EXIT_USAGE, f"ROOT {shown}: permission denied (cannot list it); run as a user who can read it")
+        raise RootRefused(f"ROOT {shown}: permission denied (cannot list it); run as a user who can read it")
     return Path(os.path.realpath(p))
 
 
@@ -80,8 +80,7 @@ def check_root_shape(p: Path, root: str) -> None:
     shown = display(repr(root))
     if os.path.lexists(p / _MANIFEST) and _NAMESPACE_NAME.match(p.resolve().name):
         parent = display(str(p.resolve().parent))
-        raise _Fail(
-            EXIT_USAGE,
+        raise RootRefused(
             f"ROOT {shown} is a namespace directory (it holds {_MANIFEST}), one level too deep; "
             f"ROOT should be its parent {parent!r} (verify takes --namespace NAME for one namespace)",
         )
@@ -96,8 +95,7 @@ def check_root_shape(p: Path, root: str) -> None:
             if is_namespace_dir(Path(entry.path)):  # the rule inspect and verify use
                 return
     if entries:
-        raise _Fail(
-            EXIT_USAGE,
+        raise RootRefused(
             f"ROOT {shown} is not an fstier root: none of its {entries} entries is a namespace directory "
             f"(<model>-<16 hex digits> holding {_MANIFEST}); ROOT should be the tier's root_dir "
             f"(see `fstier config show FILE`)",

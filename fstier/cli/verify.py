@@ -20,7 +20,6 @@ goes on with the rest; the report then says its counts are partial.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from typing import Any
 
 import click
 
-from fstier.cli.exits import EXIT_FAILURE, EXIT_USAGE, _Fail, _handle_errors
+from fstier.cli.exits import ReportFailed, UsageFailure
 from fstier.cli.options import json_option
 from fstier.cli.output import (
     MAX_LISTED,
@@ -277,7 +276,6 @@ def run_verify(
     help="Check headers, keys and lengths but skip reading payloads (fast).",
 )
 @json_option
-@_handle_errors
 def verify_cmd(root: str, namespace: str | None, wide: bool, fix: bool, headers_only: bool, as_json: bool) -> None:
     """Read and check every block under ROOT (header, key, length, checksum).
 
@@ -290,9 +288,9 @@ def verify_cmd(root: str, namespace: str | None, wide: bool, fix: bool, headers_
         # One directory name, never a path: --fix must not reach outside ROOT.
         ns_path = root_path / namespace
         if namespace in ("", ".", "..") or "/" in namespace or "\0" in namespace:
-            raise _Fail(EXIT_USAGE, f"--namespace {namespace!r}: must be one directory name under ROOT (see fstier inspect)")
+            raise UsageFailure(f"--namespace {namespace!r}: must be one directory name under ROOT (see fstier inspect)")
         if ns_path.is_symlink() or not ns_path.is_dir():
-            raise _Fail(EXIT_USAGE, f"--namespace {namespace!r}: no such namespace directory under {root}")
+            raise UsageFailure(f"--namespace {namespace!r}: no such namespace directory under {root}")
     else:
         check_root_shape(root_path, root)
     report = run_verify(root_path, namespace=namespace, fix=fix, full=not headers_only, progress=show_progress(as_json))
@@ -328,7 +326,8 @@ def verify_cmd(root: str, namespace: str | None, wide: bool, fix: bool, headers_
             markup=False,
         )
     if not report.ok:
-        sys.exit(EXIT_FAILURE)
+        # The table's last line (or the JSON document's ``error``) says it.
+        raise ReportFailed(_verdict(report), shown=True)
 
 
 def _verdict(report: VerifyReport) -> str:
