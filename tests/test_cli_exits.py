@@ -175,3 +175,24 @@ def test_the_docs_exit_code_table_is_the_failures_codes() -> None:
     kinds = [getattr(exits, name) for name in exits.__all__ if isinstance(getattr(exits, name), type)]
     codes = {k.exit_code for k in kinds if issubclass(k, exits.CliFailure) and k is not exits.CliFailure}
     assert documented == codes | {exits.EXIT_OK} == {0, 1, 2, 130}
+
+
+def test_a_closed_stdout_is_exit_1_and_quiet(tmp_path: Path) -> None:
+    """``fstier inspect ROOT | head -1``: the reader went away. The command
+    stops with exit 1 and no "Broken pipe" line (the reader's end is closed
+    before the command starts, so its first write fails, every time)."""
+    import os
+    import subprocess
+    import sys
+
+    root = tmp_path / "root"
+    store_blocks(make_config(root, groups=SMALL_GROUP), 2)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "fstier.cli", "inspect", str(root)], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=120, cwd=REPO)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == exits.EXIT_FAILURE, proc.stderr
+    assert proc.stderr == ""
