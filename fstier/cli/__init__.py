@@ -15,7 +15,10 @@ Conventions every command follows:
 
 - exit 0 ok, 1 runtime failure (or something bad was found and not fixed),
   2 usage or configuration error, 130 interrupted (Ctrl-C); every failure is
-  ONE line on stderr, never a traceback (click's own usage errors included);
+  ONE line on stderr, never a traceback (click's own usage errors included).
+  A command stops by raising a typed failure (:mod:`fstier.cli.exits`, one
+  class per meaning, each with its exit code); the group's ``_fail`` is the
+  one handler that prints it and exits;
 - ``--json`` prints one JSON document on stdout for scripts, failures too:
   ``{"ok": false, "exit_code": N, "error": "..."}``; people get rich tables
   and progress bars (progress goes to stderr, and only to a terminal);

@@ -20,12 +20,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def json_option(func: F) -> F:
+    """``--json``, passed to the command as ``as_json``."""
     return click.option("--json", "as_json", is_flag=True, help="Print one JSON document for scripts.")(
         func
     )
 
 
 def parse_size_option(value: str, option: str) -> int:
+    """Bytes in ``value`` (``500GiB``, ``2TB``, ``4096``); a bad one is a
+    :class:`~fstier.cli.exits.UsageFailure` that names ``option``."""
     from fstier.units import parse_size
 
     try:
