@@ -8,13 +8,14 @@ concurrently); a rank that fails, exits or does not answer within
 
 Ctrl-C: a terminal signals the whole process group, and only the parent
 handles it (one line, cleanup, exit 130). The forkserver is spawned with
-SIGINT *blocked* (:func:`block_sigint`; its ranks inherit the mask, and a
-Ctrl-C meanwhile stays pending and is raised right after), a tier is built
-with the signal *deferred* (:func:`sigint_deferred`) so it is registered for
-``close()`` before the interrupt lands, and cleanup runs with SIGINT
-*ignored* (:func:`ignore_sigint`) so a second Ctrl-C cannot leave ranks,
-temp files or the shared memory segment behind. Each helper acts on the
-main thread only (elsewhere signals cannot be set) and is a no-op there.
+SIGINT ignored and blocked (:func:`start_forkserver`: it and its ranks never
+see the signal, and a Ctrl-C meanwhile stays pending here and is raised
+right after), a tier is built with the signal *deferred*
+(:func:`sigint_deferred`) so it is registered for ``close()`` before the
+interrupt lands, and cleanup runs with SIGINT *ignored*
+(:func:`ignore_sigint`) so a second Ctrl-C cannot leave ranks, temp files
+or the shared memory segment behind. Each helper acts on the main thread
+only (signals cannot be set elsewhere) and does nothing on another thread.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from fstier.demo.ranks import Quit, Reply, rank_main
 from fstier.errors import FstierError
 
 __all__ = [
+    "PRELOAD",
     "REPLY_TIMEOUT_S",
     "DemoError",
     "RankProcesses",
@@ -38,6 +40,7 @@ __all__ = [
     "restore_sigint",
     "restore_sigmask",
     "sigint_deferred",
+    "start_forkserver",
 ]
 
 #: Seconds a rank process has to answer one message.
@@ -94,6 +97,42 @@ def sigint_deferred() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+#: What the forkserver imports once, before it forks any rank.
+PRELOAD = ("torch", "fstier.gpu_copy", "fstier.layout", "fstier.demo.ranks")
+
+
+def start_forkserver(preload: Sequence[str] = PRELOAD) -> Any:
+    """The forkserver context, its server running and deaf to Ctrl-C.
+
+    Ctrl-C in a terminal signals the whole process group, and only this
+    process should handle it (one line, cleanup, exit 130): the server would
+    print a KeyboardInterrupt traceback if the signal hit it while it
+    imports torch (it ignores SIGINT itself only once its preload is done),
+    and so would each rank. So the server is started with SIGINT *ignored*:
+    that disposition survives fork and exec and Python keeps it at start-up,
+    while the signal mask does not (the child of Python's spawn starts with
+    an empty one: /proc/PID/status shows SigBlk 0). SIGINT is also *blocked*
+    in this thread for that instant, so a Ctrl-C meanwhile is not lost: it
+    stays pending (Linux never discards a blocked signal, ignored or not)
+    and is raised here once the handler, then the mask, are restored. The
+    ranks are forked from the server and inherit its disposition; rank_main
+    ignores SIGINT too, for a server that an earlier demo in this process
+    started. Main thread only (elsewhere the signal helpers do nothing).
+    """
+    from multiprocessing import forkserver
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(preload))
+    mask = block_sigint()
+    handler = ignore_sigint()
+    try:
+        forkserver.ensure_running()
+    finally:
+        restore_sigint(handler)
+        restore_sigmask(mask)
+    return ctx
+
+
 class RankProcesses:
     """Four spawned rank processes and their pipes."""
 
@@ -101,27 +140,9 @@ class RankProcesses:
         # forkserver: a clean server process imports torch once and forks the
         # ranks from it (importing torch four times costs ~10 s of CPU on two
         # cores); forking the parent itself is unsafe once torch has threads.
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "fstier.gpu_copy", "fstier.layout", "fstier.demo.ranks"])
+        ctx = start_forkserver()
         self._conns: list[Any] = []
         self._procs: list[Any] = []
-        # Ctrl-C in a terminal signals the whole process group. Only this
-        # process should handle it (one line, cleanup, exit 130): the
-        # forkserver would print a KeyboardInterrupt traceback if the signal
-        # hit its torch import, and so would each rank. A process started
-        # with SIGINT blocked keeps it blocked (fork and exec keep the
-        # signal mask), and the forkserver's ranks inherit its mask; so
-        # SIGINT is blocked in this thread for the instant of spawning the
-        # forkserver, and a Ctrl-C meanwhile is raised here right after.
-        # rank_main ignores SIGINT too, for a forkserver that an earlier demo
-        # in this process started.
-        from multiprocessing import forkserver
-
-        previous = block_sigint()
-        try:
-            forkserver.ensure_running()
-        finally:
-            restore_sigmask(previous)
         try:
             for i in range(n):
                 parent, child = ctx.Pipe()
