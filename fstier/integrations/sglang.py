@@ -83,6 +83,7 @@ from fstier.file_mapper import FileMapper
 from fstier.integrations._options import tier_config_from_engine_options
 from fstier.io.blockfile import FORMAT_VERSION
 from fstier.keys import BlockKey
+from fstier.slots.joined import JoinedSlots
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig
@@ -218,52 +219,7 @@ def _count_true_prefix(flags: Sequence[bool]) -> int:
     return len(flags)
 
 
-# ------------------------------------------------------------------ the rows
-class _PoolRows:
-    """The slots of one backend: the host pool's fragment rows (in place),
-    then fstier-owned scratch rows for the legacy calls. Both are
-    :class:`RowSlots` of the same row size; this only routes indices."""
-
-    def __init__(self, host: Any, scratch: Any) -> None:
-        self.host = host
-        self.scratch = scratch
-        self._n = host.num_slots
-
-    @property
-    def num_slots(self) -> int:
-        return self._n + self.scratch.num_slots
-
-    @property
-    def slot_bytes(self) -> int:
-        return int(self.host.slot_bytes)
-
-    def _route(self, i: int) -> tuple[Any, int]:
-        return (self.host, i) if i < self._n else (self.scratch, i - self._n)
-
-    def slot_view(self, i: int) -> memoryview:
-        rows, j = self._route(i)
-        return rows.slot_view(j)  # type: ignore[no-any-return,unused-ignore]
-
-    def check_slots(self, slots: Sequence[int]) -> None:
-        for s in slots:
-            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < self.num_slots:
-                raise ValueError(f"slot {s!r} is not a row index in 0..{self.num_slots - 1}")
-            rows, j = self._route(s)
-            rows.check_slots([j])
-
-    def fence(self, i: int) -> None:
-        rows, j = self._route(i)
-        rows.fence(j)
-
-    def unfence(self, i: int) -> None:
-        rows, j = self._route(i)
-        rows.unfence(j)
-
-    def release(self) -> None:
-        self.host.release()
-        self.scratch.release()
-
-
+# ------------------------------------------------------------------ the pool
 class _Geometry:
     """How one host pool's pages lie in its ``kv_buffer`` (checked at attach)."""
 
@@ -410,7 +366,7 @@ else:
             self.fstier: FsTier | None = None
             self.mapper: FileMapper | None = None
             self._geometry: _Geometry | None = None
-            self._rows: _PoolRows | None = None
+            self._rows: JoinedSlots | None = None
             self._scratch_base = 0
             self._scratch_lock = threading.Lock()
             self._results: dict[Any, JobResult] = {}
@@ -459,7 +415,7 @@ else:
                 np.empty(scratch_n * geo.fragment_bytes, dtype=np.uint8).data,
                 scratch_n, geo.fragment_bytes,
             )
-            rows = _PoolRows(host_rows, scratch)
+            rows = JoinedSlots(host_rows, scratch)
             try:
                 tier = FsTier(self.tier_config, rows, mapper)
             except BaseException:
