@@ -68,7 +68,6 @@ failures are ``False`` pages (and log lines).
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import itertools
 import logging
@@ -81,7 +80,13 @@ from typing import TYPE_CHECKING, Any
 from fstier.errors import ConfigError, FstierError, KeyFormatError
 from fstier.file_mapper import FileMapper
 from fstier.integrations._options import tier_config_from_engine_options
-from fstier.io.blockfile import FORMAT_VERSION
+from fstier.integrations._sglang_pool import (
+    SUPPORTED_LAYOUTS,
+    PoolGeometry,
+    page_hash,
+    pool_mapper,
+    uint8,
+)
 from fstier.keys import BlockKey
 from fstier.slots.joined import JoinedSlots
 
@@ -90,6 +95,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fstier.manager import FsTier, JobResult
 
 __all__ = [
+    "SUPPORTED_LAYOUTS",
     "SUPPORTED_SGLANG",
     "FstierHiCacheStorage",
     "SglangUnavailableError",
@@ -120,8 +126,6 @@ _SGLANG_KEYS = frozenset(
         "hicache_storage_pass_prefix_keys",
     }
 )
-#: Host-pool layouts whose pages are fixed-size fragments of one buffer.
-SUPPORTED_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 #: Pages the legacy (non-v1) calls stage at once through scratch rows.
 _SCRATCH_PAGES = 16
 _POLL_MIN_S = 0.0002
@@ -199,112 +203,11 @@ def tier_config_from_extra_config(extra_config: dict[str, Any] | None) -> TierCo
     )
 
 
-def _page_hash(key: object) -> bytes | None:
-    """SGLang's page key as a BlockKey hash: its 64 hex digits as bytes; any
-    other string is named by its SHA-256. None for a non-string."""
-    if not isinstance(key, str):
-        return None
-    if len(key) == 64:
-        try:
-            return bytes.fromhex(key)
-        except ValueError:
-            pass
-    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
-
-
 def _count_true_prefix(flags: Sequence[bool]) -> int:
     for i, f in enumerate(flags):
         if not f:
             return i
     return len(flags)
-
-
-# ------------------------------------------------------------------ the pool
-class _Geometry:
-    """How one host pool's pages lie in its ``kv_buffer`` (checked at attach)."""
-
-    def __init__(self, pool: Any) -> None:
-        import torch
-
-        self.pool = pool
-        layout = getattr(pool, "layout", None)
-        if layout not in SUPPORTED_LAYOUTS:
-            raise ConfigError(
-                f"FstierHiCacheStorage: host pool layout {layout!r} is not supported; use one "
-                f"of {', '.join(SUPPORTED_LAYOUTS)} (--hicache-mem-layout)"
-            )
-        buf = getattr(pool, "kv_buffer", None)
-        if not isinstance(buf, torch.Tensor):
-            raise ConfigError(
-                f"FstierHiCacheStorage: host pool {type(pool).__name__} has no single kv_buffer "
-                "tensor; fstier stores MHA and MLA token pools"
-            )
-        if buf.device.type != "cpu" or not buf.is_contiguous():
-            raise ConfigError(
-                f"FstierHiCacheStorage: host pool {type(pool).__name__}'s kv_buffer must be a "
-                f"contiguous host tensor, got device={buf.device}, contiguous={buf.is_contiguous()}"
-            )
-        self.page_size = int(pool.page_size)
-        self.page_num = int(pool.page_num)
-        self.base = int(buf.data_ptr())
-        self.nbytes = int(buf.numel() * buf.element_size())
-        first = torch.arange(self.page_size, dtype=torch.int64)
-        ptrs, sizes = pool.get_page_buffer_meta(first)
-        if not ptrs or len(ptrs) != len(sizes) or len(set(sizes)) != 1:
-            raise ConfigError(
-                f"FstierHiCacheStorage: {type(pool).__name__}.get_page_buffer_meta gave "
-                f"{len(ptrs)} pointers of sizes {sorted(set(sizes))} for one page; fstier needs "
-                "equal-sized fragments"
-            )
-        self.fragments = len(ptrs)
-        self.fragment_bytes = int(sizes[0])
-        if self.fragments * self.page_num * self.fragment_bytes != self.nbytes:
-            raise ConfigError(
-                f"FstierHiCacheStorage: {type(pool).__name__}'s kv_buffer holds {self.nbytes} "
-                f"bytes, not {self.fragments} fragments x {self.page_num} pages x "
-                f"{self.fragment_bytes} bytes; its layout is not one fstier can move in place"
-            )
-        self.buffer = buf
-        rows = self.rows_of(first)
-        if rows != [[g * self.page_num for g in range(self.fragments)]]:
-            raise ConfigError(
-                f"FstierHiCacheStorage: {type(pool).__name__}'s page fragments are not rows of "
-                "its kv_buffer; its layout is not one fstier can move in place"
-            )
-
-    def rows_of(self, host_indices: Any) -> list[list[int]] | None:
-        """Per page of ``host_indices`` (token slots, ``page_size`` per page),
-        the row of each fragment in fragment order, from SGLang's own
-        ``get_page_buffer_meta``; None if the indices are not whole pages or a
-        pointer is not a fragment row of this buffer."""
-        ps, f, fb = self.page_size, self.fragments, self.fragment_bytes
-        n = int(host_indices.numel())
-        if n % ps:
-            return None
-        npages = n // ps
-        ptrs, sizes = self.pool.get_page_buffer_meta(host_indices)
-        if len(ptrs) != npages * f or any(s != fb for s in sizes):
-            return None
-        out: list[list[int]] = []
-        base, limit, pn = self.base, self.nbytes, self.page_num
-        for i in range(npages):
-            page: int | None = None
-            rows = [0] * f
-            seen = 0
-            for ptr in ptrs[i * f : (i + 1) * f]:
-                off = int(ptr) - base
-                if off < 0 or off + fb > limit or off % fb:
-                    return None
-                row = off // fb
-                g, p = divmod(row, pn)
-                if page is None:
-                    page = p
-                if p != page or seen & (1 << g):
-                    return None
-                seen |= 1 << g
-                rows[g] = row
-            out.append(rows)
-        return out
 
 
 # ------------------------------------------------------------------ backend
@@ -365,7 +268,7 @@ else:
             self.mem_pool_host: Any = None
             self.fstier: FsTier | None = None
             self.mapper: FileMapper | None = None
-            self._geometry: _Geometry | None = None
+            self._geometry: PoolGeometry | None = None
             self._rows: JoinedSlots | None = None
             self._scratch_base = 0
             self._scratch_lock = threading.Lock()
@@ -374,7 +277,6 @@ else:
             self._ids = itertools.count()
             self._unsupported_pools: list[str] = []
             self._pools_registered = False
-            self._rank: int | None = None
             self._closed = False
             self._stats_lock = threading.Lock()
             self._stats: dict[str, list[float]] = {
@@ -404,10 +306,10 @@ else:
             from fstier.manager import FsTier
             from fstier.slots import RowSlots
 
-            geo = _Geometry(mem_pool_host)
+            geo = PoolGeometry(mem_pool_host)
             cfg = self.storage_config
-            mapper = self._make_mapper(mem_pool_host, geo)
-            flat = geo.buffer.view(-1).view(dtype=_uint8()).numpy()
+            mapper = pool_mapper(cfg, self.tier_config, mem_pool_host, geo)
+            flat = geo.buffer.view(-1).view(dtype=uint8()).numpy()
             host_rows = RowSlots(flat.data, geo.fragments * geo.page_num, geo.fragment_bytes)
             # Scratch for the legacy calls: untouched until first used.
             scratch_n = _SCRATCH_PAGES * geo.fragments
@@ -434,50 +336,6 @@ else:
                 "shared by tp ranks" if cfg.is_mla_model else "rank-private",
                 mem_pool_host.layout, geo.fragments, geo.fragment_bytes,
                 "writer" if self.is_writer else "reader",
-            )
-
-        def _make_mapper(self, pool: Any, geo: _Geometry) -> FileMapper:
-            cfg = self.storage_config
-            shared = bool(cfg.is_mla_model)
-            fields: dict[str, Any] = {
-                "engine": "sglang",
-                "model": cfg.model_name or "",
-                "dtype": str(pool.dtype),
-                "pool": type(pool).__name__,
-                "layout": pool.layout,
-                "page_size": geo.page_size,
-                "layer_num": int(getattr(pool, "layer_num", 0)),
-                "start_layer": getattr(pool, "start_layer", None),
-                "end_layer": getattr(pool, "end_layer", None),
-                "head_num": getattr(pool, "head_num", None),
-                "head_dim": getattr(pool, "head_dim", None),
-                "v_head_dim": getattr(pool, "v_head_dim", None),
-                "kv_lora_rank": getattr(pool, "kv_lora_rank", None),
-                "qk_rope_head_dim": getattr(pool, "qk_rope_head_dim", None),
-                "storage_format_tag": getattr(pool, "storage_format_tag", None),
-                "fragments_per_page": geo.fragments,
-                "fragment_bytes": geo.fragment_bytes,
-                "rank_replicated": shared,
-                "tp_size": 1 if shared else cfg.tp_size,
-                "pp_size": cfg.pp_size,
-                "attn_cp_size": cfg.attn_cp_size,
-                "format_version": FORMAT_VERSION,
-                "namespace_salt": self.tier_config.namespace_salt,
-            }
-            # tp ranks share files exactly when SGLang says the KV is replicated;
-            # pp stages and attention-cp ranks always hold different bytes.
-            rank = cfg.attn_cp_rank + cfg.attn_cp_size * cfg.pp_rank
-            if not shared:
-                rank = cfg.tp_rank + cfg.tp_size * rank
-            agnostic = shared and cfg.pp_size == 1 and cfg.attn_cp_size == 1
-            self._rank = None if agnostic else rank
-            return FileMapper.for_engine(
-                self.tier_config.root_dir,
-                cfg.model_name or "sglang",
-                fields,
-                agnostic=agnostic,
-                rank=0 if agnostic else rank,
-                payload_bytes=[geo.fragment_bytes] * geo.fragments,
             )
 
         def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
@@ -522,7 +380,7 @@ else:
             """Page hashes of ``keys`` up to the first one fstier cannot name."""
             out: list[bytes] = []
             for k in keys:
-                h = _page_hash(k)
+                h = page_hash(k)
                 if h is None:
                     log.warning("fstier: SGLang key %r is not a string; it and later pages fail", k)
                     break
@@ -688,7 +546,7 @@ else:
                 return None
             if t.numel() * t.element_size() != geo.fragments * geo.fragment_bytes:
                 return None
-            return t.view(-1).view(dtype=_uint8()).numpy()
+            return t.view(-1).view(dtype=uint8()).numpy()
 
         def _legacy(self, kind: str, keys: Sequence[Any], tensors: Sequence[Any]) -> int:
             """Pages of ``keys`` moved to/from ``tensors`` through scratch
@@ -883,8 +741,3 @@ else:
                 if rows is not None:
                     rows.release()
 
-
-def _uint8() -> Any:
-    import torch
-
-    return torch.uint8
