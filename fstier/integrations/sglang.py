@@ -68,10 +68,8 @@ failures are ``False`` pages (and log lines).
 
 from __future__ import annotations
 
-import importlib.metadata
 import itertools
 import logging
-import re
 import threading
 import time
 from collections.abc import Sequence
@@ -79,7 +77,13 @@ from typing import TYPE_CHECKING, Any
 
 from fstier.errors import ConfigError, FstierError, KeyFormatError
 from fstier.file_mapper import FileMapper
-from fstier.integrations._options import tier_config_from_engine_options
+from fstier.integrations._sglang_compat import (
+    SUPPORTED_SGLANG,
+    SglangUnavailableError,
+    check_supported,
+    sglang_version,
+    tier_config_from_extra_config,
+)
 from fstier.integrations._sglang_pool import (
     SUPPORTED_LAYOUTS,
     PoolGeometry,
@@ -91,7 +95,6 @@ from fstier.keys import BlockKey
 from fstier.slots.joined import JoinedSlots
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fstier.config import TierConfig
     from fstier.manager import FsTier, JobResult
 
 __all__ = [
@@ -106,50 +109,10 @@ __all__ = [
 
 log = logging.getLogger("fstier.sglang")
 
-#: The SGLang versions FstierHiCacheStorage is tested against (the HiCache
-#: storage interface changes between minor versions).
-SUPPORTED_SGLANG = ">=0.5.23,<0.6"
-_MIN_VERSION = (0, 5, 23)
-_MAX_VERSION_EXCL = (0, 6, 0)
-
-#: Keys SGLang itself reads from (or leaves in) the extra config.
-_SGLANG_KEYS = frozenset(
-    {
-        "backend_name",
-        "module_path",
-        "class_name",
-        "interface_v1",
-        "tp_lcm_size",
-        "prefetch_threshold",
-        "prefetch_timeout_base",
-        "prefetch_timeout_per_ki_token",
-        "hicache_storage_pass_prefix_keys",
-    }
-)
 #: Pages the legacy (non-v1) calls stage at once through scratch rows.
 _SCRATCH_PAGES = 16
 _POLL_MIN_S = 0.0002
 _POLL_MAX_S = 0.002
-
-
-class SglangUnavailableError(FstierError, ImportError):
-    """SGLang is missing, not importable, or outside the supported versions."""
-
-
-def sglang_version() -> str | None:
-    """The installed SGLang distribution's version, or None (never imports SGLang)."""
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-    m = re.match(r"^\s*v?(\d+(?:\.\d+)*)", version)
-    if m is None:
-        return ()
-    parts = tuple(int(p) for p in m.group(1).split("."))
-    return parts + (0,) * (3 - len(parts))
 
 
 _IMPORT_ERROR: BaseException | None = None
@@ -159,48 +122,7 @@ def check_sglang() -> str:
     """Return the installed SGLang version if FstierHiCacheStorage supports
     it, else raise :class:`SglangUnavailableError` naming what is installed
     and what is supported."""
-    installed = sglang_version()
-    fix = (
-        "install a supported SGLang (pip install sglang==0.5.23 on a GPU machine; on a "
-        "CPU-only machine `make test-sglang` builds the test environment; see docs/sglang.md)"
-    )
-    if installed is None:
-        raise SglangUnavailableError(
-            f"FstierHiCacheStorage needs SGLang {SUPPORTED_SGLANG}, but SGLang is not "
-            f"installed; {fix}"
-        )
-    if not _MIN_VERSION <= _version_tuple(installed) < _MAX_VERSION_EXCL:
-        raise SglangUnavailableError(
-            f"FstierHiCacheStorage needs SGLang {SUPPORTED_SGLANG}, but SGLang {installed} "
-            f"is installed; {fix}"
-        )
-    if _IMPORT_ERROR is not None:
-        raise SglangUnavailableError(
-            f"FstierHiCacheStorage needs SGLang {SUPPORTED_SGLANG}; SGLang {installed} is "
-            f"installed but its HiCache storage module does not import "
-            f"({type(_IMPORT_ERROR).__name__}: {_IMPORT_ERROR}); {fix}"
-        )
-    return installed
-
-
-def tier_config_from_extra_config(extra_config: dict[str, Any] | None) -> TierConfig:
-    """The :class:`TierConfig` of SGLang's extra config: SGLang's own keys
-    are set aside, the rest are fstier's options (``root_dir``, ``config``,
-    tier fields). Raises :class:`ConfigError` naming the first bad key."""
-    if extra_config is not None and not isinstance(extra_config, dict):
-        raise ConfigError(
-            "FstierHiCacheStorage: --hicache-storage-backend-extra-config must be a JSON "
-            f"object, got {type(extra_config).__name__}"
-        )
-    opts = {k: v for k, v in (extra_config or {}).items() if k not in _SGLANG_KEYS}
-    return tier_config_from_engine_options(
-        opts,
-        who="FstierHiCacheStorage",
-        engine="SGLang",
-        engine_keys=_SGLANG_KEYS,
-        aliases={},
-        doc="docs/sglang.md",
-    )
+    return check_supported(sglang_version(), _IMPORT_ERROR)
 
 
 def _count_true_prefix(flags: Sequence[bool]) -> int:
