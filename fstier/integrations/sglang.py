@@ -241,7 +241,10 @@ else:
             )
             rows = JoinedSlots(host_rows, scratch)
             try:
-                tier = FsTier(self.tier_config, rows, mapper)
+                # SGLang reuses a row as soon as its call returns: FsTier holds
+                # back the result of a job whose row a timed-out call may still
+                # write (load) or read (store), until that call returned.
+                tier = FsTier(self.tier_config, rows, mapper, hold_fenced_results=True)
             except BaseException:
                 rows.release()
                 raise
@@ -333,15 +336,6 @@ else:
                     break
                 time.sleep(delay)
                 delay = min(delay * 2, _POLL_MAX_S)
-            fenced = tier.fenced_slots
-            if fenced and not fenced.isdisjoint(slots):
-                # A timed-out op may still write (load) or read (store) a row:
-                # SGLang reuses rows as soon as this call returns.
-                log.warning(
-                    "fstier: waiting for a timed-out I/O call to return before handing "
-                    "SGLang's host rows back"
-                )
-                tier.wait_fences_released()
             if result.cause and not result.success:
                 log.warning(
                     "fstier: SGLang %s: %d of %d file(s) done (%s)",
