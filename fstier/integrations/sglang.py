@@ -68,15 +68,15 @@ failures are ``False`` pages (and log lines).
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from fstier.errors import ConfigError, FstierError, KeyFormatError
+from fstier.errors import ConfigError, KeyFormatError
 from fstier.file_mapper import FileMapper
+from fstier.integrations._blocking import BlockingJobs
 from fstier.integrations._sglang_compat import (
     SUPPORTED_SGLANG,
     SglangUnavailableError,
@@ -95,7 +95,7 @@ from fstier.keys import BlockKey
 from fstier.slots.joined import JoinedSlots
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fstier.manager import FsTier, JobResult
+    from fstier.manager import FsTier
 
 __all__ = [
     "SUPPORTED_LAYOUTS",
@@ -111,8 +111,6 @@ log = logging.getLogger("fstier.sglang")
 
 #: Pages the legacy (non-v1) calls stage at once through scratch rows.
 _SCRATCH_PAGES = 16
-_POLL_MIN_S = 0.0002
-_POLL_MAX_S = 0.002
 
 
 _IMPORT_ERROR: BaseException | None = None
@@ -194,9 +192,7 @@ else:
             self._rows: JoinedSlots | None = None
             self._scratch_base = 0
             self._scratch_lock = threading.Lock()
-            self._results: dict[Any, JobResult] = {}
-            self._results_lock = threading.Lock()
-            self._ids = itertools.count()
+            self._jobs: BlockingJobs | None = None
             self._unsupported_pools: list[str] = []
             self._pools_registered = False
             self._closed = False
@@ -254,6 +250,7 @@ else:
             self._scratch_base = host_rows.num_slots
             self.mapper = mapper
             self.fstier = tier
+            self._jobs = BlockingJobs(tier, "SGLang")
             log.info(
                 "fstier: SGLang HiCache storage at %s (namespace %s, %s, %s layout, %d "
                 "fragment(s) of %d bytes per page, %s)",
@@ -312,44 +309,13 @@ else:
                 out.append(h)
             return out
 
-        def _run(self, tier: FsTier, kind: str, bkeys: list[BlockKey], slots: list[int]) -> JobResult | None:
-            """Submit one job and wait for its result (None if refused)."""
-            job_id = ("sglang", kind, next(self._ids))
-            try:
-                if kind == "store":
-                    tier.submit_store(job_id, bkeys, slots)
-                else:
-                    tier.submit_load(job_id, bkeys, slots)
-            except (ValueError, FstierError) as exc:
-                log.error("fstier: SGLang %s of %d file(s) refused: %s", kind, len(bkeys), exc)
-                return None
-            delay = _POLL_MIN_S
-            while True:
-                with self._results_lock:
-                    for r in tier.get_finished():
-                        self._results[r.job_id] = r
-                    # Events are not published to SGLang: take them so the
-                    # tier's list never grows.
-                    tier.take_events()
-                    result = self._results.pop(job_id, None)
-                if result is not None:
-                    break
-                time.sleep(delay)
-                delay = min(delay * 2, _POLL_MAX_S)
-            if result.cause and not result.success:
-                log.warning(
-                    "fstier: SGLang %s: %d of %d file(s) done (%s)",
-                    kind, result.keys_completed, len(bkeys), result.cause,
-                )
-            return result
-
         def _pages_job(
             self, kind: str, hashes: list[bytes], rows: list[list[int]]
         ) -> int:
             """Store or load whole pages (every fragment); the number of
             leading pages that completed."""
-            tier = self._ready()
-            if tier is None or not hashes:
+            jobs = self._jobs if self._ready() is not None else None
+            if jobs is None or not hashes:
                 return 0
             f = len(rows[0])
             bkeys: list[BlockKey] = []
@@ -362,7 +328,7 @@ else:
             except KeyFormatError as exc:  # cannot happen for 32-byte hashes
                 log.error("fstier: %s", exc)
                 return 0
-            result = self._run(tier, kind, bkeys, slots)
+            result = jobs.run(kind, bkeys, slots)
             if result is None:
                 return 0
             return result.keys_completed // f
