@@ -7,7 +7,9 @@ what their files are called.
   ``g`` of page ``p`` is row ``g * page_num + p``. Checked once at attach
   (layout, a contiguous host buffer, equal fragments that tile it); per
   batch, :meth:`PoolGeometry.rows_of` maps SGLang's token indices to rows
-  through SGLang's own call, one integer division per pointer.
+  through SGLang's own call, one integer division per pointer. A page is two
+  fragments (K, V) in the page-first layouts, one in an MLA pool, two per
+  layer (``layer_first``: 2 x layers files per page).
 * :func:`pool_mapper`: the namespace digest holds the model name, dtype,
   pool class, layout, page size, layer/head geometry, fragment count and
   size, storage format tag, tp/pp/attention-cp sizes, fstier's format
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from fstier.errors import ConfigError
 from fstier.file_mapper import FileMapper
 from fstier.io.blockfile import FORMAT_VERSION
+from fstier.slots.rows import RowSlots
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig
@@ -102,6 +105,24 @@ class PoolGeometry:
                 f"FstierHiCacheStorage: {type(pool).__name__}'s page fragments are not rows of "
                 "its kv_buffer; its layout is not one fstier can move in place"
             )
+
+    def host_rows(self) -> RowSlots:
+        """The pool's ``kv_buffer`` as fragment rows, lent in place (row
+        ``g * page_num + p`` is fragment ``g`` of page ``p``)."""
+        flat = self.buffer.view(-1).view(dtype=_uint8()).numpy()
+        return RowSlots(flat.data, self.fragments * self.page_num, self.fragment_bytes)
+
+    def flat_page_bytes(self, t: Any) -> Any:
+        """A writable uint8 numpy view of one flat page tensor (the legacy
+        calls' page: every fragment in fragment order), or None if ``t`` is
+        not a contiguous host tensor of exactly one page."""
+        import torch
+
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or not t.is_contiguous():
+            return None
+        if t.numel() * t.element_size() != self.fragments * self.fragment_bytes:
+            return None
+        return t.view(-1).view(dtype=_uint8()).numpy()
 
     def rows_of(self, host_indices: Any) -> list[list[int]] | None:
         """Per page of ``host_indices`` (token slots, ``page_size`` per page),
@@ -185,7 +206,7 @@ def pool_mapper(cfg: Any, tier: TierConfig, pool: Any, geo: PoolGeometry) -> Fil
     )
 
 
-def uint8() -> Any:
+def _uint8() -> Any:
     """torch.uint8 (torch imported on first use)."""
     import torch
 

@@ -17,20 +17,16 @@ SGLang's own keys (``backend_name``, ``module_path``, ``class_name``,
 :class:`~fstier.errors.ConfigError` naming the key.
 
 How SGLang's world maps onto fstier
-    * **A page is a few fragments, each one file, moved in place.** SGLang's
-      ``get_page_buffer_meta`` describes a host page as pointers into the
-      pool's one ``kv_buffer``: two (K and V) per page in the page-first
-      layouts (``page_first``, ``page_first_direct``, ``page_head``), one per
-      page for an MLA pool, two per layer in ``layer_first``. Every fragment of
-      every page has the same size, so the buffer is rows of that size and
-      fragment ``g`` of page ``p`` is row ``g * page_num + p``; a
-      :class:`~fstier.slots.RowSlots` provider hands FsTier those rows in
-      place. Fragment ``g`` of the page with hash ``h`` is the file of
-      ``BlockKey(h, g)``. The zero-copy v1 calls (``batch_set_v1`` /
-      ``batch_get_v1``) are one FsTier job per batch (128 pages at most), one
-      I/O op per fragment on the read or write threads, with no copy in
-      Python. ``layer_first`` therefore costs 2 x layers files per page; the
-      page-first layouts cost 2 (an MLA pool 1).
+    * **A page is a few fragments, each one file, moved in place**
+      (:mod:`fstier.integrations._sglang_pool`): two (K and V) per page in
+      the page-first layouts, one for an MLA pool, two per layer in
+      ``layer_first``. The pool's ``kv_buffer`` is rows of one fragment's
+      size, lent to FsTier in place (:class:`~fstier.slots.RowSlots`, joined
+      with the legacy calls' scratch rows in a
+      :class:`~fstier.slots.joined.JoinedSlots`); fragment ``g`` of the page
+      with hash ``h`` is the file of ``BlockKey(h, g)``. The zero-copy v1
+      calls are one FsTier job per batch (128 pages at most), one I/O op per
+      fragment, with no copy in Python.
     * **Prefix semantics, fail closed.** A page counts only when every one of
       its fragments stored or loaded; FsTier's results are prefixes, so a
       missing, short, corrupt or foreign file makes its page and every page
@@ -41,22 +37,18 @@ How SGLang's world maps onto fstier
       when ``interface_v1`` is off) move SGLang's flat page tensors through
       fstier-owned scratch rows (one copy each way, serialized): the files
       are the same as the v1 path's, so either path reads the other's pages.
-    * **Namespace from SGLang's config and host pool.** The digest holds the
-      model name, dtype, pool class, layout, page size, layer/head geometry,
-      fragment count and size, storage format tag, tp/pp/attention-cp sizes,
-      fstier's format version and the salt. Files are rank-private (rank
-      from tp, attention-cp and pp ranks) unless SGLang says the KV is
-      rank-replicated (``is_mla_model``): then tp leaves the namespace, every
-      tp rank reads the same files, and only ``is_storage_writer`` stores.
+    * **Namespace** (``pool_mapper``): SGLang's config and the pool's
+      geometry. Files are rank-private unless SGLang says the KV is
+      rank-replicated (``is_mla_model``): then every tp rank reads the same
+      files and only ``is_storage_writer`` stores.
     * **Multi-pool (v2) models** (Mamba, SWA, DSA sidecars) are refused when
       the pools are registered: only the KV pool is stored. ``batch_*_v2``
       calls that name the KV pool alone are served by the v1 path.
-    * **Waiting.** SGLang's storage calls are synchronous (its prefetch and
-      backup threads block in them); each call submits one FsTier job and
-      polls ``FsTier.get_finished`` (0.2 to 2 ms sleeps) until its result is
-      in; results of other threads' jobs are handed to them. A job whose op
-      timed out returns only after the late call released its rows, so SGLang
-      never reuses a row a late read may still fill.
+    * **Waiting** (:class:`~fstier.integrations._blocking.BlockingJobs`):
+      SGLang's storage calls are synchronous; each call is one FsTier job it
+      waits for. FsTier holds back (``hold_fenced_results``) a job whose op
+      timed out until the late call released its rows, so SGLang never
+      reuses a row a late read may still fill.
 
 Importing :mod:`fstier` never imports SGLang. Importing this module does;
 without SGLang, or with a version outside :data:`SUPPORTED_SGLANG`,
@@ -89,7 +81,6 @@ from fstier.integrations._sglang_pool import (
     PoolGeometry,
     page_hash,
     pool_mapper,
-    uint8,
 )
 from fstier.keys import BlockKey
 from fstier.slots.joined import JoinedSlots
@@ -227,8 +218,7 @@ else:
             geo = PoolGeometry(mem_pool_host)
             cfg = self.storage_config
             mapper = pool_mapper(cfg, self.tier_config, mem_pool_host, geo)
-            flat = geo.buffer.view(-1).view(dtype=uint8()).numpy()
-            host_rows = RowSlots(flat.data, geo.fragments * geo.page_num, geo.fragment_bytes)
+            host_rows = geo.host_rows()
             # Scratch for the legacy calls: untouched until first used.
             scratch_n = _SCRATCH_PAGES * geo.fragments
             scratch = RowSlots(
@@ -417,19 +407,6 @@ else:
                 return 0
 
         # -- legacy (flat page tensors, through scratch rows) ------------------
-        def _flat_bytes(self, t: Any) -> Any:
-            """A writable uint8 numpy view of a flat page tensor, or None."""
-            import torch
-
-            geo = self._geometry
-            if geo is None or not isinstance(t, torch.Tensor) or t.device.type != "cpu":
-                return None
-            if not t.is_contiguous():
-                return None
-            if t.numel() * t.element_size() != geo.fragments * geo.fragment_bytes:
-                return None
-            return t.view(-1).view(dtype=uint8()).numpy()
-
         def _legacy(self, kind: str, keys: Sequence[Any], tensors: Sequence[Any]) -> int:
             """Pages of ``keys`` moved to/from ``tensors`` through scratch
             rows, ``_SCRATCH_PAGES`` at a time; the leading count."""
@@ -442,7 +419,7 @@ else:
             with self._scratch_lock:
                 for start in range(0, len(hashes), _SCRATCH_PAGES):
                     chunk = hashes[start : start + _SCRATCH_PAGES]
-                    views = [self._flat_bytes(t) for t in tensors[start : start + len(chunk)]]
+                    views = [geo.flat_page_bytes(t) for t in tensors[start : start + len(chunk)]]
                     usable = _count_true_prefix([v is not None for v in views])
                     if usable < len(chunk):
                         log.error(
