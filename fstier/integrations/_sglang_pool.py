@@ -112,6 +112,14 @@ class PoolGeometry:
         flat = self.buffer.view(-1).view(dtype=_uint8()).numpy()
         return RowSlots(flat.data, self.fragments * self.page_num, self.fragment_bytes)
 
+    def scratch_rows(self, pages: int) -> RowSlots:
+        """fstier-owned rows for ``pages`` whole pages, of this pool's
+        fragment size (untouched, so unbacked, until first used)."""
+        import numpy as np
+
+        n = pages * self.fragments
+        return RowSlots(np.empty(n * self.fragment_bytes, dtype=np.uint8).data, n, self.fragment_bytes)
+
     def flat_page_bytes(self, t: Any) -> Any:
         """A writable uint8 numpy view of one flat page tensor (the legacy
         calls' page: every fragment in fragment order), or None if ``t`` is

@@ -210,22 +210,13 @@ else:
                     "FstierHiCacheStorage: a second host pool was registered; one backend "
                     "serves one KV host pool"
                 )
-            import numpy as np
-
             from fstier.manager import FsTier
-            from fstier.slots import RowSlots
 
             geo = PoolGeometry(mem_pool_host)
             cfg = self.storage_config
             mapper = pool_mapper(cfg, self.tier_config, mem_pool_host, geo)
-            host_rows = geo.host_rows()
-            # Scratch for the legacy calls: untouched until first used.
-            scratch_n = _SCRATCH_PAGES * geo.fragments
-            scratch = RowSlots(
-                np.empty(scratch_n * geo.fragment_bytes, dtype=np.uint8).data,
-                scratch_n, geo.fragment_bytes,
-            )
-            rows = JoinedSlots(host_rows, scratch)
+            # The pool's rows in place, then scratch rows for the legacy calls.
+            rows = JoinedSlots(geo.host_rows(), geo.scratch_rows(_SCRATCH_PAGES))
             try:
                 # SGLang reuses a row as soon as its call returns: FsTier holds
                 # back the result of a job whose row a timed-out call may still
@@ -237,7 +228,7 @@ else:
             self.mem_pool_host = mem_pool_host
             self._geometry = geo
             self._rows = rows
-            self._scratch_base = host_rows.num_slots
+            self._scratch_base = rows.start_of(1)
             self.mapper = mapper
             self.fstier = tier
             self._jobs = BlockingJobs(tier, "SGLang")

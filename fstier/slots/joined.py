@@ -1,61 +1,90 @@
-"""JoinedSlots: the slots of two providers of one slot size, end to end.
+"""JoinedSlots: the slots of several providers of one slot size, end to end.
 
 An engine adapter that lends FsTier an engine's rows in place and also
 needs a few rows of its own (SGLang's legacy calls stage flat page tensors
-through fstier-owned scratch rows) hands FsTier one provider: slot ``i`` is
-the first provider's slot ``i`` below its ``num_slots``, the second's slot
-``i - first.num_slots`` above. Routing costs one comparison per slot; this
-class holds no state of its own (fencing is the providers').
+through fstier-owned scratch rows) hands FsTier one provider: the joined
+slot ``i`` is slot ``i - start(k)`` of the provider ``k`` whose range holds
+it, where each provider's range starts after the previous one's
+``num_slots``. Routing costs one binary search over the providers per slot;
+this class holds no state of its own: fencing, and which slots a job may
+use, are each provider's.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
-from typing import Any
+
+from fstier.slots.provider import SlotProvider
 
 __all__ = ["JoinedSlots"]
 
 
 class JoinedSlots:
-    """The slots of one backend: the host pool's fragment rows (in place),
-    then fstier-owned scratch rows for the legacy calls. Both are
-    :class:`RowSlots` of the same row size; this only routes indices."""
+    """A :class:`~fstier.slots.SlotProvider` made of ``providers`` (at least
+    one, every one with the same ``slot_bytes``), their slots numbered one
+    after another."""
 
-    def __init__(self, host: Any, scratch: Any) -> None:
-        self.host = host
-        self.scratch = scratch
-        self._n = host.num_slots
+    def __init__(self, *providers: SlotProvider) -> None:
+        if not providers:
+            raise ValueError("JoinedSlots: give at least one slot provider")
+        sizes = sorted({int(p.slot_bytes) for p in providers})
+        if len(sizes) != 1:
+            raise ValueError(
+                f"JoinedSlots: every provider must have the same slot_bytes, got {sizes}"
+            )
+        self.providers: tuple[SlotProvider, ...] = providers
+        self._slot_bytes = sizes[0]
+        self._starts: list[int] = []
+        n = 0
+        for p in providers:
+            self._starts.append(n)
+            n += int(p.num_slots)
+        self._n = n
 
     @property
     def num_slots(self) -> int:
-        return self._n + self.scratch.num_slots
+        return self._n
 
     @property
     def slot_bytes(self) -> int:
-        return int(self.host.slot_bytes)
+        return self._slot_bytes
 
-    def _route(self, i: int) -> tuple[Any, int]:
-        return (self.host, i) if i < self._n else (self.scratch, i - self._n)
+    def start_of(self, k: int) -> int:
+        """The joined index of provider ``k``'s slot 0."""
+        return self._starts[k]
+
+    def _route(self, i: int) -> tuple[SlotProvider, int]:
+        k = bisect.bisect_right(self._starts, i) - 1
+        return self.providers[k], i - self._starts[k]
 
     def slot_view(self, i: int) -> memoryview:
-        rows, j = self._route(i)
-        return rows.slot_view(j)  # type: ignore[no-any-return,unused-ignore]
+        p, j = self._route(i)
+        return p.slot_view(j)
 
     def check_slots(self, slots: Sequence[int]) -> None:
         for s in slots:
-            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < self.num_slots:
-                raise ValueError(f"slot {s!r} is not a row index in 0..{self.num_slots - 1}")
-            rows, j = self._route(s)
-            rows.check_slots([j])
+            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < self._n:
+                raise ValueError(f"slot {s!r} is not a slot index in 0..{self._n - 1}")
+            p, j = self._route(s)
+            try:
+                p.check_slots([j])
+            except ValueError as exc:
+                raise ValueError(f"slot {s} (its provider's slot {j}): {exc}") from None
 
     def fence(self, i: int) -> None:
-        rows, j = self._route(i)
-        rows.fence(j)
+        p, j = self._route(i)
+        p.fence(j)
 
     def unfence(self, i: int) -> None:
-        rows, j = self._route(i)
-        rows.unfence(j)
+        p, j = self._route(i)
+        p.unfence(j)
 
     def release(self) -> None:
-        self.host.release()
-        self.scratch.release()
+        """Release every provider that lends an engine's buffer (has a
+        ``release()``, as :class:`~fstier.slots.RowSlots` does), in order;
+        the others are their owners' to close."""
+        for p in self.providers:
+            release = getattr(p, "release", None)
+            if callable(release):
+                release()
