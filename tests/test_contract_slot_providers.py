@@ -16,8 +16,7 @@ import pytest
 from manager_support import FILE_BYTES, keys, payload_for, tiny_config
 
 from fstier.manager import FsTier
-from fstier.slots import HostBlockPool, RowSlots, SlotProvider
-from fstier.slots.joined import JoinedSlots
+from fstier.slots import HostBlockPool, JoinedSlots, RowSlots, SlotProvider
 
 NUM = 8
 

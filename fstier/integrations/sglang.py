@@ -23,7 +23,7 @@ How SGLang's world maps onto fstier
       ``layer_first``. The pool's ``kv_buffer`` is rows of one fragment's
       size, lent to FsTier in place (:class:`~fstier.slots.RowSlots`, joined
       with the legacy calls' scratch rows in a
-      :class:`~fstier.slots.joined.JoinedSlots`); fragment ``g`` of the page
+      :class:`~fstier.slots.JoinedSlots`); fragment ``g`` of the page
       with hash ``h`` is the file of ``BlockKey(h, g)``. The zero-copy v1
       calls are one FsTier job per batch (128 pages at most), one I/O op per
       fragment, with no copy in Python.
@@ -83,7 +83,7 @@ from fstier.integrations._sglang_pool import (
     pool_mapper,
 )
 from fstier.keys import BlockKey
-from fstier.slots.joined import JoinedSlots
+from fstier.slots import JoinedSlots
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.manager import FsTier
