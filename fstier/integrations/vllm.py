@@ -249,7 +249,6 @@ class _Job:
 
     job_id: int
     keys: tuple[Any, ...]
-    slots: tuple[int, ...]
     is_load: bool
     #: keys[:submitted] went to FsTier; a later key was not nameable
     submitted: int
@@ -463,7 +462,7 @@ else:
                     log.warning("fstier: key %r of job %d has no fstier name; it fails", k, job.job_id)
                     break
                 bkeys.append(b)
-            rec = _Job(job.job_id, keys, slots, is_load, len(bkeys))
+            rec = _Job(job.job_id, keys, is_load, len(bkeys))
             n = len(bkeys)
             try:
                 with self._lock:
