@@ -1,12 +1,24 @@
-"""fstier's metrics as vLLM exports them: names, kinds, labels, buckets.
+"""fstier's metrics as vLLM exports them: names, kinds, labels, buckets,
+and the per-step report.
 
 vLLM exports a tier's metrics under its own Prometheus registry; every
 fstier metric there is ``METRIC_PREFIX`` + a name below, fed from FsTier's
-metrics snapshot (``TierMetrics.snapshot()``) at each ``get_stats`` call.
-Tables only: importing this module imports neither vLLM nor prometheus.
+metrics snapshot (``TierMetrics.snapshot()``) at each ``get_stats`` call:
+:func:`metric_definitions` declares them, :class:`VllmMetrics` reports
+counter increments since the last report, current gauges and the histogram
+observations since the last report. Observations are bounded
+(``MAX_OBSERVATIONS`` per histogram between two reports; the oldest are
+dropped); one report costs one pass over the tables. Importing this module
+imports neither vLLM nor prometheus (:func:`metric_definitions` imports
+vLLM's metadata classes when called).
 """
 
 from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = [
     "BREAKER_STATES",
@@ -19,6 +31,8 @@ __all__ = [
     "VLLM_HISTOGRAMS",
     "VLLM_LABELED_COUNTERS",
     "KNOWN_LABELS",
+    "VllmMetrics",
+    "metric_definitions",
     "scraped_metric_names",
 ]
 
@@ -84,3 +98,96 @@ def scraped_metric_names() -> list[str]:
     names += [f"{METRIC_PREFIX}{n}" for n in (*VLLM_GAUGES, "breaker_state")]
     names += [f"{METRIC_PREFIX}{n}_{s}" for n in VLLM_HISTOGRAMS for s in ("bucket", "sum", "count")]
     return names
+
+
+def metric_definitions() -> dict[str, Any]:
+    """fstier's metrics as vLLM's ``OffloadingMetricMetadata`` by full name
+    (what ``build_metric_definitions`` returns)."""
+    from vllm.v1.kv_offload.base import (
+        OffloadingCounterMetadata,
+        OffloadingGaugeMetadata,
+        OffloadingHistogramMetadata,
+    )
+
+    defs: dict[str, Any] = {}
+    for name, (_, doc) in VLLM_COUNTERS.items():
+        defs[METRIC_PREFIX + name] = OffloadingCounterMetadata(documentation=doc)
+    for name, (_, label, doc) in VLLM_LABELED_COUNTERS.items():
+        defs[METRIC_PREFIX + name] = OffloadingCounterMetadata(documentation=doc, labelnames=(label,))
+    for name, (_, doc) in VLLM_GAUGES.items():
+        defs[METRIC_PREFIX + name] = OffloadingGaugeMetadata(documentation=doc)
+    defs[METRIC_PREFIX + "breaker_state"] = OffloadingGaugeMetadata(
+        documentation="fstier's circuit breaker: 1 for the current state (closed, open, half_open).",
+        labelnames=("state",),
+    )
+    for name, (buckets, doc) in VLLM_HISTOGRAMS.items():
+        defs[METRIC_PREFIX + name] = OffloadingHistogramMetadata(documentation=doc, buckets=buckets)
+    return defs
+
+
+class VllmMetrics:
+    """One tier's metrics between two of vLLM's ``get_stats`` calls:
+    :meth:`observe` from any thread, :meth:`report` from vLLM's."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: the counter values last reported, by (name, labels)
+        self._reported: dict[tuple[str, tuple[str, ...]], float] = {}
+        #: histogram observations since the last report (bounded)
+        self._observations: dict[str, deque[float]] = {
+            name: deque(maxlen=MAX_OBSERVATIONS) for name in VLLM_HISTOGRAMS
+        }
+
+    def observe(self, name: str, value: float) -> None:
+        """One observation of histogram ``name`` for the next report."""
+        with self._lock:
+            self._observations[name].append(float(value))
+
+    def _counter_delta(self, name: str, labels: tuple[str, ...], now: float) -> float:
+        key = (name, labels)
+        delta = now - self._reported.get(key, 0.0)
+        self._reported[key] = now
+        return delta
+
+    def report(
+        self,
+        snap: Mapping[str, Any],
+        breaker_state: str,
+        types: dict[str, str],
+        values: dict[str, Any],
+    ) -> None:
+        """Fill vLLM's stats sections (``types``: name -> kind, ``values``:
+        name -> series) from FsTier's metrics snapshot ``snap``: counter
+        increments since the last report, current gauges, the breaker state
+        and the histogram observations since the last report."""
+        # A series is sent the first time even at 0, so every counter is
+        # scraped from the start (a rate over a missing series is empty).
+        for name, (src, _) in VLLM_COUNTERS.items():
+            first = (name, ()) not in self._reported
+            delta = self._counter_delta(name, (), float(snap.get(src, 0.0)))
+            if delta or first:
+                types[METRIC_PREFIX + name] = "counter"
+                values[METRIC_PREFIX + name] = {(): delta}
+        for name, (src, _, _) in VLLM_LABELED_COUNTERS.items():
+            series = {}
+            current = {**dict.fromkeys(KNOWN_LABELS.get(name, ()), 0.0), **dict(snap.get(src) or {})}
+            for label, now in sorted(current.items()):
+                first = (name, (str(label),)) not in self._reported
+                delta = self._counter_delta(name, (str(label),), float(now))
+                if delta or first:
+                    series[(str(label),)] = delta
+            if series:
+                types[METRIC_PREFIX + name] = "counter"
+                values[METRIC_PREFIX + name] = series
+        for name, (src, _) in VLLM_GAUGES.items():
+            types[METRIC_PREFIX + name] = "gauge"
+            values[METRIC_PREFIX + name] = {(): float(snap.get(src, 0.0))}
+        types[METRIC_PREFIX + "breaker_state"] = "gauge"
+        values[METRIC_PREFIX + "breaker_state"] = {(s,): float(s == breaker_state) for s in BREAKER_STATES}
+        with self._lock:
+            observed = {n: list(q) for n, q in self._observations.items() if q}
+            for q in self._observations.values():
+                q.clear()
+        for name, obs in observed.items():
+            types[METRIC_PREFIX + name] = "histogram"
+            values[METRIC_PREFIX + name] = {(): obs}

@@ -53,7 +53,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -75,7 +74,6 @@ from fstier.integrations._vllm_env import hash_seed_problem, join_vllm_logging
 from fstier.integrations._vllm_metrics import (
     BREAKER_STATES,
     BYTES_BUCKETS_VLLM,
-    KNOWN_LABELS,
     MAX_OBSERVATIONS,
     METRIC_PREFIX,
     SECONDS_BUCKETS_VLLM,
@@ -83,6 +81,8 @@ from fstier.integrations._vllm_metrics import (
     VLLM_GAUGES,
     VLLM_HISTOGRAMS,
     VLLM_LABELED_COUNTERS,
+    VllmMetrics,
+    metric_definitions,
     scraped_metric_names,
 )
 from fstier.io.blockfile import FORMAT_VERSION
@@ -260,10 +260,7 @@ try:
         Locality,
         LookupResult,
         Medium,
-        OffloadingCounterMetadata,
         OffloadingEvent,
-        OffloadingGaugeMetadata,
-        OffloadingHistogramMetadata,
         OffloadingMetricMetadata,
         OffloadKey,
         ReqContext,
@@ -296,7 +293,7 @@ else:
 
         def __init__(self, tier: Any) -> None:
             self._fs = tier.fstier
-            self._observe = tier._observe
+            self._metrics = tier.vllm_metrics
             super().__init__(tier_type=tier.tier_type)
 
         def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
@@ -304,7 +301,7 @@ else:
             valid = [k for k in bkeys if k is not None]
             t0 = time.perf_counter()
             found = iter(self._fs.present(valid))
-            self._observe("lookup_seconds", time.perf_counter() - t0)
+            self._metrics.observe("lookup_seconds", time.perf_counter() - t0)
             return [False if k is None else next(found) for k in bkeys]
 
     class FstierTier(SecondaryTierManager):  # type: ignore[no-redef]
@@ -382,11 +379,8 @@ else:
             self._jobs: dict[Hashable, _Job] = {}
             #: jobs FsTier refused at submission: reported failed next poll
             self._refused: list[_Job] = []
-            self._reported: dict[tuple[str, tuple[str, ...]], float] = {}
-            #: histogram observations since the last get_stats (bounded)
-            self._observations: dict[str, deque[float]] = {
-                name: deque(maxlen=MAX_OBSERVATIONS) for name in VLLM_HISTOGRAMS
-            }
+            #: fstier's metrics as vLLM reports them (get_stats)
+            self.vllm_metrics = VllmMetrics()
             self._closed = False
             #: the hash-seed check ran on seeded hashes (see _check_hash_seed)
             self._seed_checked = False
@@ -423,11 +417,6 @@ else:
                 self._seed_checked = True
             if problem is not None:
                 log.warning("fstier: tier %r at %s: %s", self.tier_type, self.mapper.root, problem)
-
-        def _observe(self, name: str, value: float) -> None:
-            """One histogram observation for the next get_stats (any thread)."""
-            with self._lock:
-                self._observations[name].append(float(value))
 
         # -- requests and lookups (scheduler thread, under vLLM's manager lock)
         def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
@@ -531,9 +520,9 @@ else:
                     continue
                 out.append(self._to_vllm(rec, r))
                 kind = "load" if rec.is_load else "store"
-                self._observe(f"{kind}_job_seconds", r.seconds)
+                self.vllm_metrics.observe(f"{kind}_job_seconds", r.seconds)
                 if r.nbytes:
-                    self._observe(f"{kind}_job_bytes", r.nbytes)
+                    self.vllm_metrics.observe(f"{kind}_job_bytes", r.nbytes)
             for rec in refused:
                 if rec.is_load:
                     self._lookup.mark_miss(rec.keys)
@@ -588,26 +577,7 @@ else:
         ) -> dict[str, OffloadingMetricMetadata]:
             """fstier's metrics under vLLM (docs/vllm.md "Metrics" lists them
             as scraped, with ``_total`` on counters)."""
-            defs: dict[str, OffloadingMetricMetadata] = {}
-            for name, (_, doc) in VLLM_COUNTERS.items():
-                defs[METRIC_PREFIX + name] = OffloadingCounterMetadata(documentation=doc)
-            for name, (_, label, doc) in VLLM_LABELED_COUNTERS.items():
-                defs[METRIC_PREFIX + name] = OffloadingCounterMetadata(documentation=doc, labelnames=(label,))
-            for name, (_, doc) in VLLM_GAUGES.items():
-                defs[METRIC_PREFIX + name] = OffloadingGaugeMetadata(documentation=doc)
-            defs[METRIC_PREFIX + "breaker_state"] = OffloadingGaugeMetadata(
-                documentation="fstier's circuit breaker: 1 for the current state (closed, open, half_open).",
-                labelnames=("state",),
-            )
-            for name, (buckets, doc) in VLLM_HISTOGRAMS.items():
-                defs[METRIC_PREFIX + name] = OffloadingHistogramMetadata(documentation=doc, buckets=buckets)
-            return defs
-
-        def _counter_delta(self, name: str, labels: tuple[str, ...], now: float) -> float:
-            key = (name, labels)
-            delta = now - self._reported.get(key, 0.0)
-            self._reported[key] = now
-            return delta
+            return metric_definitions()
 
         def get_stats(self) -> Any:
             """Counter increments since the last call, current gauges and the
@@ -621,41 +591,9 @@ else:
                 return None
             if self._closed:
                 return None
-            snap = self.fstier.metrics.snapshot()
             stats = OffloadingConnectorStats()
             types, values = metric_sections(stats)
-            # A series is sent the first time even at 0, so every counter is
-            # scraped from the start (a rate over a missing series is empty).
-            for name, (src, _) in VLLM_COUNTERS.items():
-                first = (name, ()) not in self._reported
-                delta = self._counter_delta(name, (), float(snap.get(src, 0.0)))
-                if delta or first:
-                    types[METRIC_PREFIX + name] = "counter"
-                    values[METRIC_PREFIX + name] = {(): delta}
-            for name, (src, _, _) in VLLM_LABELED_COUNTERS.items():
-                series = {}
-                current = {**dict.fromkeys(KNOWN_LABELS.get(name, ()), 0.0), **dict(snap.get(src) or {})}
-                for label, now in sorted(current.items()):
-                    first = (name, (str(label),)) not in self._reported
-                    delta = self._counter_delta(name, (str(label),), float(now))
-                    if delta or first:
-                        series[(str(label),)] = delta
-                if series:
-                    types[METRIC_PREFIX + name] = "counter"
-                    values[METRIC_PREFIX + name] = series
-            for name, (src, _) in VLLM_GAUGES.items():
-                types[METRIC_PREFIX + name] = "gauge"
-                values[METRIC_PREFIX + name] = {(): float(snap.get(src, 0.0))}
-            state = self.fstier.breaker_state
-            types[METRIC_PREFIX + "breaker_state"] = "gauge"
-            values[METRIC_PREFIX + "breaker_state"] = {(s,): float(s == state) for s in BREAKER_STATES}
-            with self._lock:
-                observed = {n: list(q) for n, q in self._observations.items() if q}
-                for q in self._observations.values():
-                    q.clear()
-            for name, obs in observed.items():
-                types[METRIC_PREFIX + name] = "histogram"
-                values[METRIC_PREFIX + name] = {(): obs}
+            self.vllm_metrics.report(self.fstier.metrics.snapshot(), self.fstier.breaker_state, types, values)
             return stats
 
         @classmethod
