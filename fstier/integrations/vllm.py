@@ -57,19 +57,16 @@ from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from fstier.config import TierConfig
 from fstier.errors import ConfigError, FstierError, KeyFormatError
-from fstier.file_mapper import FileMapper, parallel_identity
-from fstier.integrations._options import tier_config_from_engine_options
 from fstier.integrations._vllm_compat import (
     SUPPORTED_TEXT,
     VllmUnavailableError,
     check_supported,
     installed_vllms,
     metric_sections,
-    sliding_window_chunks,
     version_tuple,
 )
+from fstier.integrations._vllm_config import engine_mapper, tier_config_from_options
 from fstier.integrations._vllm_env import hash_seed_problem, join_vllm_logging
 from fstier.integrations._vllm_metrics import (
     BREAKER_STATES,
@@ -85,10 +82,8 @@ from fstier.integrations._vllm_metrics import (
     metric_definitions,
     scraped_metric_names,
 )
-from fstier.io.blockfile import FORMAT_VERSION
 from fstier.keys import BlockKey
 from fstier.slots.rows import RowSlots
-from fstier.units import parse_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.manager import FsTier
@@ -124,10 +119,6 @@ log = logging.getLogger("fstier.vllm")
 #: one check for every fstier vLLM integration lives in ``_vllm_compat``.
 SUPPORTED_VLLM = SUPPORTED_TEXT
 
-#: Keys vLLM itself puts in (or leaves in) a tier's constructor arguments.
-_VLLM_KEYS = frozenset({"locality", "enable_kv_events"})
-#: vLLM fs-tier spellings accepted for the same fstier field.
-_ALIASES = {"n_read_threads": "read_threads", "n_write_threads": "write_threads"}
 
 
 def vllm_version() -> str | None:
@@ -145,93 +136,6 @@ def check_vllm() -> str:
     """Return the installed vLLM version if FstierTier supports it, else raise
     :class:`VllmUnavailableError` naming what is installed and what is supported."""
     return check_supported("FstierTier", installed_vllms(), _IMPORT_ERROR).version
-
-
-# ------------------------------------------------------------------ options
-def tier_config_from_options(options: Mapping[str, Any]) -> TierConfig:
-    """The :class:`TierConfig` of FstierTier's constructor options (the vLLM
-    keys already removed): ``config``'s ``tier:`` section, then inline tier
-    fields (``tier.<field>`` or ``<field>``, and vLLM's thread-count names)
-    over it. Raises :class:`ConfigError` naming the first bad option."""
-    opts: dict[str, Any] = dict(options)
-    for key in ("max_bytes", "tier.max_bytes"):
-        value = opts.get(key)
-        if isinstance(value, str):
-            # Inside vLLM's JSON a bare letter means what vLLM means: "2T" is
-            # 2 TiB (vLLM's human_readable_int), "2t" 2 TB.
-            try:
-                opts[key] = parse_size(value, vllm_letters=True)
-            except ValueError as exc:
-                raise ConfigError(f"FstierTier options: tier.max_bytes: {exc}") from None
-    return tier_config_from_engine_options(
-        opts,
-        who="FstierTier",
-        engine="vLLM",
-        engine_keys=_VLLM_KEYS,
-        aliases=_ALIASES,
-        doc="docs/vllm.md",
-    )
-
-
-# ---------------------------------------------------------------- namespace
-def engine_mapper(offloading_spec: Any, row_bytes: int, tier: TierConfig) -> FileMapper:
-    """The :class:`FileMapper` of a vLLM deployment: the digest holds vLLM's
-    fields that change a row's bytes, fstier's format version, the row size
-    and the salt; parallel sizes and the rank leave it exactly when vLLM calls
-    the rows parallelism-agnostic (``is_parallelism_agnostic`` or
-    ``replicated_layout``)."""
-    cfg = offloading_spec.config
-    par = cfg.parallel
-    replicated = bool(getattr(offloading_spec, "replicated_layout", cfg.replicated_layout))
-    agnostic = bool(par.is_parallelism_agnostic or replicated)
-    canonical_format = None
-    if cfg.canonical_layout and cfg.kv_cache_layout is not None:
-        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.canonical_mapping import (
-            canonical_format_id,
-        )
-
-        canonical_format = canonical_format_id(cfg.kv_cache_layout)
-    fields: dict[str, Any] = {
-        "engine": "vllm",
-        "model": cfg.model.name,
-        "dtype": str(cfg.model.dtype),
-        "tokens_per_hash": cfg.cache.tokens_per_hash,
-        "blocks_per_chunk": cfg.cache.blocks_per_chunk,
-        "groups": [
-            {
-                "group_id": g.group_id,
-                "tokens_per_block": g.tokens_per_block,
-                "layer_names": list(g.layer_names),
-                "sliding_window_size_in_chunks": sliding_window_chunks(g),
-            }
-            for g in cfg.groups
-        ],
-        "row_bytes": row_bytes,
-        "replicated_layout": replicated,
-        "canonical_layout": bool(cfg.canonical_layout),
-        "kv_cache_layout": cfg.kv_cache_layout,
-        "canonical_format": canonical_format,
-        "parallel_agnostic": agnostic,
-        **parallel_identity(
-            agnostic,
-            {
-                "tp_size": par.tp_size,
-                "pp_size": par.pp_size,
-                "pcp_size": par.pcp_size,
-                "dcp_size": par.dcp_size,
-            },
-        ),
-        "format_version": FORMAT_VERSION,
-        "namespace_salt": tier.namespace_salt,
-    }
-    return FileMapper.for_engine(
-        tier.root_dir,
-        cfg.model.name,
-        fields,
-        agnostic=agnostic,
-        rank=par.rank,
-        payload_bytes=[row_bytes] * max(1, len(cfg.groups)),
-    )
 
 
 def _block_key(key: bytes) -> BlockKey | None:
