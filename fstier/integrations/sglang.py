@@ -103,7 +103,6 @@ log = logging.getLogger("fstier.sglang")
 #: Pages the legacy (non-v1) calls stage at once through scratch rows.
 _SCRATCH_PAGES = 16
 
-
 _IMPORT_ERROR: BaseException | None = None
 
 
