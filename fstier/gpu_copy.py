@@ -7,11 +7,12 @@ pinned when CUDA is there; re-exported here for older imports).
 the rank's store runs of the blocks in ``spec`` into canonical positions in the
 slots; ``stage_in(slots, spec)`` scatters the load runs back into device blocks.
 Slot content is ``blocks_per_file`` consecutive canonical pages of one group.
-At start-up every run is clipped to the registered tensors and grouped into
-*copy plans*: runs of one shape whose offsets form an arithmetic progression
-become one 4-d strided view, so a transfer costs one batched gather/scatter per
-plan for all blocks at once, never a Python step per fragment or per layer; a
-cross-layer or packed row is one plan whose fragments are whole rows.
+What to copy is planned once, at start-up, by :mod:`fstier.copy_plan` (numpy):
+*copy plans* (runs of one shape at evenly spaced offsets, each one 4-d strided
+view), staging layouts and, per batch, the block/slot/page indices and host
+copy rows; a transfer costs one batched gather/scatter per plan for all its
+blocks, never a Python step per fragment or per layer. This module moves the
+bytes: it owns the stager's stream, buffers, events and batch records.
 
 CUDA tensors never pass through a temporary pinned buffer or a CPU loop: the
 pool is registered pinned and mapped, and ``cuda_copy`` picks how a batch moves:
@@ -46,25 +47,28 @@ completion. A slot is never touched by two sides at once.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from fstier.errors import LayoutError
-from fstier.layout import (
-    CanonicalKVCaches,
-    LoadStoreSpec,
-    PageMapping,
-    PageRun,
-    _coalesce,
-    _expand,
-    _Frags,
+from fstier.copy_plan import (
+    Plan,
+    Staging,
+    Work,
+    batch_work,
+    elem_bytes,
+    group_plans,
+    host_copies,
+    host_views,
+    staging_for,
+    unit_groups,
 )
+from fstier.errors import LayoutError
+from fstier.layout import CanonicalKVCaches, LoadStoreSpec, PageMapping
 from fstier.slots.host_pool import HostBlockPool
 
 __all__ = ["CopyStats", "CudaCopy", "HostBlockPool", "RankStager"]
@@ -84,6 +88,9 @@ _DEFAULT_CUDA_COPY: CudaCopy = "auto"
 _DMA_MIN_BYTES_PER_COPY = 1 << 20
 _DMA_MIN_DENSITY = 0.5
 
+#: The integer element type of each width :func:`~fstier.copy_plan.elem_bytes` picks.
+_INT_OF_BYTES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+
 #: Per-block bytes of a plan from which one copy per block beats one batched
 #: fancy-index copy (which needs a temporary and a second pass).
 _PER_BLOCK_MIN_BYTES = 16 * 1024
@@ -102,7 +109,7 @@ class _Unit:
     allocated at a fixed spacing (one allocation, or equal ones back to back)
     cost one launch per batch instead of one per layer."""
 
-    plans: list[_Plan]
+    plans: list[Plan]
     src: torch.Tensor
     stage: tuple[int, int, int, int]
     dst: torch.Tensor | None = None
@@ -122,48 +129,6 @@ class _RawDevice:
         }
 
 
-def _unit_groups(plans: Sequence[_Plan], views: Sequence[tuple[int, int, int]], tensors: Sequence[torch.Tensor], raw_ok: bool) -> list[list[int]]:
-    """Indices of plans that can share a kernel: same shapes and strides, and
-    source address, canonical offset and staging offset each advancing by one
-    positive step. Without raw device views (CPU) the tensors must also share
-    one storage."""
-    by_key: dict[tuple[int, ...], list[int]] = {}
-    for i, p in enumerate(plans):
-        t = tensors[p.tensor_idx]
-        key = (
-            p.reps, p.num, p.size, p.rep_local, p.local_stride, p.rep_canonical, p.canonical_stride,
-            int(t.stride(0)), int(t.shape[0]), views[i][1], views[i][2],
-            0 if raw_ok else t.untyped_storage().data_ptr(),
-        )
-        by_key.setdefault(key, []).append(i)
-    out: list[list[int]] = []
-    for idx in by_key.values():
-        idx = sorted(idx, key=lambda i: plans[i].canonical_offset)
-
-        def coords(i: int) -> tuple[int, int, int]:
-            p = plans[i]
-            return (tensors[p.tensor_idx].data_ptr() + p.local_offset, p.canonical_offset, views[i][0])
-
-        run = [idx[0]]
-        step: tuple[int, int, int] | None = None
-        for i in idx[1:]:
-            prev, cur = coords(run[-1]), coords(i)
-            d = (cur[0] - prev[0], cur[1] - prev[1], cur[2] - prev[2])
-            if min(d) > 0 and (step is None or d == step):
-                step = d
-                run.append(i)
-            else:
-                out.append(run)
-                run, step = [i], None
-        out.append(run)
-    return sorted(out, key=lambda r: r[0])
-
-
-# --------------------------------------------------------------------------- #
-# RankStager
-# --------------------------------------------------------------------------- #
-
-
 @dataclass
 class CopyStats:
     """Copy instrumentation: ``ops`` copies issued (CPU: batched numpy/torch
@@ -173,29 +138,6 @@ class CopyStats:
     ops: int = 0
     fragments: int = 0
     bytes: int = 0
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """``R x N`` fragments of ``F`` bytes per block: a 4-d strided view on each side."""
-
-    tensor_idx: int
-    local_offset: int  # in the tensor row
-    canonical_offset: int  # in the canonical page
-    reps: int
-    rep_local: int
-    rep_canonical: int
-    num: int
-    local_stride: int
-    canonical_stride: int
-    size: int
-
-
-@dataclass
-class _GroupPlans:
-    store: list[_Plan]
-    load: list[_Plan]
-    canonical_page_bytes: int
 
 
 @dataclass
@@ -210,139 +152,6 @@ class _Batch:
     event: Any = None
     keep: list[torch.Tensor] = field(default_factory=list)
     pinned: list[torch.Tensor] = field(default_factory=list)
-
-
-class _Work(NamedTuple):
-    """One group's part of a batch: block ids, and each block's slot and page in it."""
-
-    group: int
-    ids: np.ndarray
-    slots: np.ndarray
-    pages: np.ndarray
-
-
-@dataclass(frozen=True)
-class _Staging:
-    """Device staging layout of one group and direction.
-
-    ``page_bytes`` staging bytes per block; ``views[i]`` is plan ``i``'s
-    ``(offset, rep stride, fragment stride)`` in a staging page; ``segs`` rows
-    ``(canonical offset, staging offset, width, rows, canonical pitch, staging
-    pitch)``: the host copies of one page. ``spans_page``: one segment that
-    tiles whole pages on both sides, so adjacent pages merge into one copy."""
-
-    page_bytes: int
-    views: tuple[tuple[int, int, int], ...]
-    segs: np.ndarray
-    spans_page: bool
-    #: smallest width / canonical pitch of a segment (1.0: contiguous rows)
-    density: float = 1.0
-
-
-def _staging_for(plans: Sequence[_Plan], cpb: int) -> _Staging:
-    """Pack the plans' canonical fragments in canonical order (start-up only).
-
-    Packed order keeps each range's bytes adjacent, so the staging page is
-    exactly the rank's bytes and every run of equal ranges at a fixed pitch is
-    one 2-d copy. When a plan's fragments do not land on an affine grid in the
-    packed order, staging uses canonical offsets instead (always affine, at the
-    cost of a full-page staging buffer)."""
-    if not plans:
-        return _Staging(0, (), np.zeros((0, 6), np.int64), False)
-    cos, sizes, counts = [], [], []
-    for p in plans:
-        offs = (
-            p.canonical_offset
-            + np.arange(p.reps, dtype=np.int64)[:, None] * p.rep_canonical
-            + np.arange(p.num, dtype=np.int64)[None, :] * p.canonical_stride
-        ).ravel()
-        cos.append(offs)
-        sizes.append(np.full(offs.size, p.size, dtype=np.int64))
-        counts.append(offs.size)
-    co, sz = np.concatenate(cos), np.concatenate(sizes)
-    order = np.argsort(co, kind="stable")
-    co_s, sz_s = co[order], sz[order]
-    brk = np.ones(co_s.size, dtype=bool)
-    brk[1:] = co_s[1:] != co_s[:-1] + sz_s[:-1]
-    first = np.flatnonzero(brk)
-    rstart = co_s[first]
-    rsize = np.add.reduceat(sz_s, first)
-    rpos = np.cumsum(rsize) - rsize
-    ri = np.cumsum(brk) - 1
-    pos = np.empty_like(co)
-    pos[order] = rpos[ri] + co_s - rstart[ri]
-    views: list[tuple[int, int, int]] = []
-    packed = True
-    at = 0
-    for p, n in zip(plans, counts, strict=True):
-        grid = pos[at : at + n].reshape(p.reps, p.num)
-        at += n
-        p0 = int(grid[0, 0])
-        a = int(grid[1, 0] - p0) if p.reps > 1 else 0
-        b = int(grid[0, 1] - p0) if p.num > 1 else 0
-        want = p0 + np.arange(p.reps)[:, None] * a + np.arange(p.num)[None, :] * b
-        if not np.array_equal(grid, want):
-            packed = False
-            break
-        views.append((p0, a, b))
-    if packed:
-        page_bytes, spos = int(rsize.sum()), rpos
-    else:
-        page_bytes, spos = cpb, rstart
-        views = [(p.canonical_offset, p.rep_canonical, p.canonical_stride) for p in plans]
-    segs: list[tuple[int, int, int, int, int, int]] = []
-    i, m = 0, rstart.size
-    while i < m:
-        j = i + 1
-        w = int(rsize[i])
-        cp = sp = w
-        if j < m and rsize[j] == w:
-            cp, sp = int(rstart[j] - rstart[i]), int(spos[j] - spos[i])
-            while j < m and rsize[j] == w and rstart[j] - rstart[j - 1] == cp and spos[j] - spos[j - 1] == sp:
-                j += 1
-        segs.append((int(rstart[i]), int(spos[i]), w, j - i, cp, sp))
-        i = j
-    arr = np.array(segs, dtype=np.int64)
-    spans = len(segs) == 1 and segs[0][3] * segs[0][4] == cpb and segs[0][3] * segs[0][5] == page_bytes
-    density = min(1.0 if rows == 1 else w / cp for _, _, w, rows, cp, _ in segs)
-    return _Staging(page_bytes, tuple(views), arr, spans, density)
-
-
-def _host_copies(st: _Staging, host_off: np.ndarray, cpb: int) -> np.ndarray:
-    """One batch's copies as rows ``(host offset, staging offset, width, rows,
-    host pitch, staging pitch)``; staging page ``j`` is block ``j`` of the batch."""
-    n = host_off.size
-    if st.spans_page:
-        co0, so0, w, rows, cp, sp = (int(x) for x in st.segs[0])
-        brk = np.flatnonzero(np.diff(host_off) != cpb) + 1
-        starts = np.concatenate([[0], brk]).astype(np.int64)
-        counts = np.diff(np.append(starts, n))
-        out = np.empty((starts.size, 6), dtype=np.int64)
-        out[:, 0] = host_off[starts] + co0
-        out[:, 1] = starts * st.page_bytes + so0
-        out[:, 2] = w
-        out[:, 3] = rows * counts
-        out[:, 4] = cp
-        out[:, 5] = sp
-        return out
-    k = st.segs.shape[0]
-    out = np.repeat(st.segs[None, :, :], n, axis=0).reshape(n * k, 6).copy()
-    out[:, 0] += np.repeat(host_off, k)
-    out[:, 1] += np.repeat(np.arange(n, dtype=np.int64) * st.page_bytes, k)
-    return out
-
-
-def _elem_dtype(*byte_quantities: int) -> torch.dtype:
-    """The widest integer type (<= 8 bytes) dividing every offset, stride and size:
-    index kernels move one element per thread, so 8-byte elements move 8x the
-    bytes per instruction of int8 (and make 256-byte bus writes per warp)."""
-    g = 0
-    for q in byte_quantities:
-        g = math.gcd(g, int(q))
-    for size, dt in ((8, torch.int64), (4, torch.int32), (2, torch.int16)):
-        if g % size == 0:
-            return dt
-    return torch.int8
 
 
 def _typed(base: torch.Tensor, dtype: torch.dtype, byte_offset: int, shape: Sequence[int], byte_strides: Sequence[int]) -> torch.Tensor:
@@ -384,66 +193,9 @@ class _PinnedIndices:
             self._free.extend(bufs)
 
 
-def _progressions(runs: list[PageRun]) -> list[tuple[int, int, int, int, int]]:
-    """Split same-shape runs into arithmetic progressions of (local, canonical)
-    offsets: ``(lo0, co0, count, dlo, dco)``. Tries canonical order and a few
-    residue orders (K runs of all layers, then V runs) and keeps the fewest."""
-    arr = np.array([(r.local_offset, r.canonical_offset) for r in runs], dtype=np.int64)
-    arr = arr[np.argsort(arr[:, 1], kind="stable")]
-    candidates = [arr]
-    for j in range(1, min(9, len(arr))):
-        m = int(arr[j, 1] - arr[0, 1])
-        if m > 0:
-            candidates.append(arr[np.lexsort((arr[:, 1], arr[:, 1] % m))])
-    return min((_greedy_progressions(c) for c in candidates), key=len)
-
-
-def _greedy_progressions(arr: np.ndarray) -> list[tuple[int, int, int, int, int]]:
-    out: list[tuple[int, int, int, int, int]] = []
-    i, n = 0, len(arr)
-    if n == 1:
-        return [(int(arr[0, 0]), int(arr[0, 1]), 1, 0, 0)]
-    d = np.diff(arr, axis=0)
-    ok = (d[:, 0] > 0) & (d[:, 1] > 0)
-    while i < n:
-        if i == n - 1 or not ok[i]:
-            out.append((int(arr[i, 0]), int(arr[i, 1]), 1, 0, 0))
-            i += 1
-            continue
-        step = d[i]
-        same = ok[i:] & (d[i:, 0] == step[0]) & (d[i:, 1] == step[1])
-        k = int(np.argmin(same)) if not same.all() else len(same)
-        out.append((int(arr[i, 0]), int(arr[i, 1]), k + 1, int(step[0]), int(step[1])))
-        i += k + 1
-    return out
-
-
-def _plans_for(runs: Sequence[PageRun], refs: Sequence[Any]) -> list[_Plan]:
-    """Clip runs (local-page coordinates) to the group's references and group them."""
-    if not runs:
-        return []
-    bounds = np.cumsum([0] + [r.size for r in refs])
-    unit = 0
-    for r in runs:
-        unit = math.gcd(unit, r.fragment_size, r.local_offset, r.local_stride if r.num_fragments > 1 else 0)
-    for b in bounds.tolist():
-        unit = math.gcd(unit, int(b))
-    frags = _expand(runs, unit)
-    ref_of = np.searchsorted(bounds, frags.lo, side="right") - 1
-    plans: list[_Plan] = []
-    for k, ref in enumerate(refs):
-        sel = ref_of == k
-        if not sel.any():
-            continue
-        sub = _Frags(frags.lo[sel] - bounds[k] + ref.offset, frags.co[sel], unit)
-        by_shape: dict[tuple[int, int, int, int], list[PageRun]] = {}
-        for run in _coalesce(sub):
-            key = (run.fragment_size, run.num_fragments, run.local_stride, run.canonical_stride)
-            by_shape.setdefault(key, []).append(run)
-        for (f, nf, ls, cs), group in by_shape.items():
-            for lo0, co0, reps, dlo, dco in _progressions(group):
-                plans.append(_Plan(ref.tensor_idx, lo0, co0, reps, dlo, dco, nf, ls, cs, f))
-    return plans
+# --------------------------------------------------------------------------- #
+# RankStager
+# --------------------------------------------------------------------------- #
 
 
 class RankStager:
@@ -484,24 +236,9 @@ class RankStager:
         self._batches: dict[int, _Batch] = {}
         self._done: list[int] = []
         self._next_id = 0
-        self._groups: list[_GroupPlans] = []
-        for g, (m, refs) in enumerate(zip(self.mappings, caches.group_refs, strict=True)):
-            have = caches.local_page_bytes(g)
-            if have != m.local_page_bytes:
-                raise LayoutError(
-                    f"RankStager: group {g} ({m.format_id}, kv_packing {m.kv_packing!r}) expects a "
-                    f"{m.local_page_bytes}-byte local page, the registered tensors give {have}; "
-                    "check the group spec, parallel layout and registration order"
-                )
-            need = blocks_per_file * m.canonical_page_bytes
-            if need > pool.slot_bytes:
-                raise LayoutError(
-                    f"RankStager: group {g} needs {need} bytes per slot ({blocks_per_file} x "
-                    f"{m.canonical_page_bytes}), pool slots hold {pool.slot_bytes}; create a larger pool"
-                )
-            self._groups.append(
-                _GroupPlans(_plans_for(m.store_runs, refs), _plans_for(m.load_runs, refs), m.canonical_page_bytes)
-            )
+        self._groups = group_plans(self.mappings, caches, pool.slot_bytes, blocks_per_file)
+        #: blocks per group (the smallest of its tensors), checked against every spec
+        self._num_blocks = [caches.num_blocks(g) for g in range(len(caches.group_refs))]
         self._pool_i8 = pool.tensor.view(torch.int8).view(-1)
         devices = {t.device for t in caches.tensors}
         self.device = devices.pop() if len(devices) == 1 else torch.device("cpu")
@@ -522,10 +259,9 @@ class RankStager:
             # index kernels copy byte by byte (~0.2 GB/s measured by
             # bench_staging) while numpy moves each strided block with
             # memcpy-sized inner loops.
-            for key, v in self._src_views_list():
-                self._np_src[key] = v
-            for key, v in self._dst_views_list():
-                self._np_dst[key] = v
+            self._np_src, self._np_dst = host_views(
+                self._groups, caches.tensors, self._pool_i8.numpy(), pool.num_slots, pool.slot_bytes, blocks_per_file
+            )
             # The same views as torch tensors for big per-block copies: torch's
             # strided copy of >= 256 KiB is ~1.1-1.4x numpy's assignment here.
             self._t_src = {k: torch.from_numpy(v) for k, v in self._np_src.items()}
@@ -546,15 +282,15 @@ class RankStager:
             self._rt = cudart()
         if self.copy_mode in ("kernel", "auto"):
             self._pool_dev = self.pool.device_tensor(self.device) if self._cuda else self.pool.tensor.view(-1)
-        self._staging: dict[tuple[int, str], _Staging] = {}
+        self._staging: dict[tuple[int, str], Staging] = {}
         self._stage_bufs: dict[tuple[int, str], tuple[int, torch.Tensor, list[torch.Tensor]]] = {}
         self._dtype: dict[tuple[int, str], torch.dtype] = {}
         self._units: dict[tuple[int, str], list[_Unit]] = {}
         for g, gp in enumerate(self._groups):
             cpb = gp.canonical_page_bytes
             for kind, plans in (("store", gp.store), ("load", gp.load)):
-                st = _staging_for(plans, cpb)
-                groups = _unit_groups(plans, st.views, self.caches.tensors, raw_ok=self._cuda)
+                st = staging_for(plans, cpb)
+                groups = unit_groups(plans, st.views, self.caches.tensors, raw_ok=self._cuda)
                 quantities: list[int] = [cpb, self.pool.slot_bytes, st.page_bytes]
                 for p, v in zip(plans, st.views, strict=True):
                     t = self.caches.tensors[p.tensor_idx]
@@ -562,12 +298,12 @@ class RankStager:
                     quantities += [p.rep_canonical, p.canonical_stride, *v]
                     quantities += [int(t.stride(0)), int(t.storage_offset()), t.untyped_storage().data_ptr()]
                     quantities += [t.data_ptr()]
-                dt = _elem_dtype(*quantities)
+                dt = _INT_OF_BYTES[elem_bytes(*quantities)]
                 self._staging[(g, kind)] = st
                 self._dtype[(g, kind)] = dt
                 self._units[(g, kind)] = [self._make_unit([plans[i] for i in grp], [st.views[i] for i in grp], dt, cpb) for grp in groups]
 
-    def _make_unit(self, plans: list[_Plan], views: list[tuple[int, int, int]], dt: torch.dtype, cpb: int) -> _Unit:
+    def _make_unit(self, plans: list[Plan], views: list[tuple[int, int, int]], dt: torch.dtype, cpb: int) -> _Unit:
         p, m = plans[0], len(plans)
         t = self.caches.tensors[p.tensor_idx]
         addr0 = t.data_ptr() + p.local_offset
@@ -623,7 +359,7 @@ class RankStager:
         return out
 
     def _move(self, rows: np.ndarray, stage: torch.Tensor, out: bool) -> None:
-        """Host copies (:func:`_host_copies` rows) between staging and slots (copy engine on CUDA)."""
+        """Host copies (:func:`host_copies` rows) between staging and slots (copy engine on CUDA)."""
         self.stats.ops += rows.shape[0]
         if self._cuda:
             if self._stream is None or self._rt is None:
@@ -669,7 +405,7 @@ class RankStager:
         _, buf, views = have
         return buf, [v[:, :n] for v in views]
 
-    def _stage_device(self, work: list[_Work], batch: _Batch, out: bool) -> None:
+    def _stage_device(self, work: list[Work], batch: _Batch, out: bool) -> None:
         kind = "store" if out else "load"
         for g, ids, sidx, pidx in work:
             gp = self._groups[g]
@@ -679,7 +415,7 @@ class RankStager:
             n = len(ids)
             st = self._staging[(g, kind)]
             host_off = sidx * self.pool.slot_bytes + pidx * gp.canonical_page_bytes
-            rows = _host_copies(st, host_off, gp.canonical_page_bytes)
+            rows = host_copies(st, host_off, gp.canonical_page_bytes)
             use_kernel = self.copy_mode == "kernel" or (
                 self.copy_mode == "auto"
                 and (n * st.page_bytes < _DMA_MIN_BYTES_PER_COPY * rows.shape[0] or st.density < _DMA_MIN_DENSITY)
@@ -714,34 +450,7 @@ class RankStager:
 
     # -- host path (CPU tensors) ----------------------------------------------
 
-    def _src_views_list(self) -> list[tuple[tuple[int, str, int], np.ndarray]]:
-        out = []
-        for g, gp in enumerate(self._groups):
-            for kind, plans in (("store", gp.store), ("load", gp.load)):
-                for i, p in enumerate(plans):
-                    t = self.caches.tensors[p.tensor_idx]
-                    base = t.numpy()[0, p.local_offset :]
-                    view = np.lib.stride_tricks.as_strided(
-                        base, (t.shape[0], p.reps, p.num, p.size), (t.stride(0), p.rep_local, p.local_stride, 1)
-                    )
-                    out.append(((g, kind, i), view))
-        return out
-
-    def _dst_views_list(self) -> list[tuple[tuple[int, str, int], np.ndarray]]:
-        flat = self._pool_i8.numpy()
-        out = []
-        for g, gp in enumerate(self._groups):
-            for kind, plans in (("store", gp.store), ("load", gp.load)):
-                for i, p in enumerate(plans):
-                    view = np.lib.stride_tricks.as_strided(
-                        flat[p.canonical_offset :],
-                        (self.pool.num_slots, self.blocks_per_file, p.reps, p.num, p.size),
-                        (self.pool.slot_bytes, gp.canonical_page_bytes, p.rep_canonical, p.canonical_stride, 1),
-                    )
-                    out.append(((g, kind, i), view))
-        return out
-
-    def _cpu_copy(self, key: tuple[int, str, int], p: _Plan, ids: np.ndarray, sidx: np.ndarray, pidx: np.ndarray, out: bool) -> None:
+    def _cpu_copy(self, key: tuple[int, str, int], p: Plan, ids: np.ndarray, sidx: np.ndarray, pidx: np.ndarray, out: bool) -> None:
         src, dst = self._np_src[key], self._np_dst[key]
         if p.reps * p.num * p.size >= _PER_BLOCK_MIN_BYTES:
             # Big blocks: strided copies without a temporary (one pass). Runs of
@@ -786,49 +495,12 @@ class RankStager:
         """(store plans, load plans) per group: copies per call per group."""
         return [(len(g.store), len(g.load)) for g in self._groups]
 
-    def _indices(self, spec: LoadStoreSpec, slots: Sequence[int], store: bool) -> list[_Work]:
-        # numpy, not Python loops or small torch ops: this runs on the caller's
-        # thread for every batch (thousands of blocks cost tens of microseconds).
-        if len(spec.group_sizes) != len(self._groups):
-            raise ValueError(
-                f"LoadStoreSpec has {len(spec.group_sizes)} groups, the stager has {len(self._groups)}"
-            )
-        bpf = self.blocks_per_file
-        want = sum(spec.num_files(g, bpf) for g in range(len(self._groups)))
-        if len(slots) != want:
-            raise ValueError(f"need {want} slot(s) for this spec (blocks_per_file={bpf}), got {len(slots)}")
-        all_slots = np.asarray(slots, dtype=np.int64)
-        bad = np.flatnonzero((all_slots < 0) | (all_slots >= self.pool.num_slots))
-        if bad.size:
-            raise ValueError(f"slot {int(all_slots[bad[0]])} is outside the pool (0..{self.pool.num_slots - 1})")
-        out = []
-        slot_base = 0
-        for g in range(len(self._groups)):
-            ids = np.asarray(spec.group_block_ids(g), dtype=np.int64)
-            nfiles = spec.num_files(g, bpf)
-            if ids.size:
-                skip = spec.skip(g, bpf)
-                if store and skip:
-                    raise ValueError(
-                        f"group {g}: a store must start at a file boundary (block_indices[{g}] = "
-                        f"{spec.block_indices[g]} is not a multiple of blocks_per_file = {bpf})"
-                    )
-                limit = self.caches.num_blocks(g)
-                top = int(ids.max())
-                if top >= limit:
-                    raise ValueError(f"group {g}: block id {top} >= num_blocks {limit}")
-                k = np.arange(ids.size, dtype=np.int64) + skip
-                gslots = all_slots[slot_base : slot_base + nfiles]
-                out.append(_Work(g, ids, gslots[k // bpf], k % bpf))
-            slot_base += nfiles
-        return out
-
     def stage_out(self, spec: LoadStoreSpec, slots: Sequence[int]) -> int:
         """Gather this rank's store runs of ``spec``'s blocks into ``slots``; returns a batch id.
 
         On CUDA this only queues work on the stager's stream (after the
         caller's current stream, so pending writes to the blocks are seen)."""
-        work = self._indices(spec, slots, store=True)
+        work = batch_work(spec, slots, self._num_blocks, self.pool.num_slots, self.blocks_per_file, store=True)
         return self._run(work, out=True)
 
     def stage_in(self, slots: Sequence[int], spec: LoadStoreSpec) -> int:
@@ -836,10 +508,10 @@ class RankStager:
 
         On CUDA the blocks are written when the batch completes (:meth:`poll`);
         make the engine's stream wait for that before reading them."""
-        work = self._indices(spec, slots, store=False)
+        work = batch_work(spec, slots, self._num_blocks, self.pool.num_slots, self.blocks_per_file, store=False)
         return self._run(work, out=False)
 
-    def _run(self, work: list[_Work], out: bool) -> int:
+    def _run(self, work: list[Work], out: bool) -> int:
         batch = self._new_batch()
         if self.copy_mode == "host":
             kind = "store" if out else "load"

@@ -13,8 +13,9 @@ concatenation of the group's registered references (:class:`KVRef`) in order.
 :func:`rank_page_mapping` turns that geometry into byte runs
 (:class:`PageRun`): *store runs* (what this rank writes into the canonical page;
 for replicated heads only replica 0 writes) and *load runs* (what it reads back,
-covering its whole local page). Fragments are built with numpy and coalesced,
-so a contiguous layout is one run. :meth:`PageMapping.verify` proves, for every
+covering its whole local page). Fragments are built with numpy and coalesced
+(the run arithmetic is :mod:`fstier.page_runs`), so a contiguous layout is one
+run. :meth:`PageMapping.verify` proves, for every
 rank of the layout, that store runs tile the canonical page exactly once and
 that load runs cover each local page exactly once, mapping the same bytes.
 
@@ -43,6 +44,7 @@ import torch
 from fstier import canonical
 from fstier.config import DTYPE_SIZES, KVGroupSpec, ParallelSpec
 from fstier.errors import LayoutError
+from fstier.page_runs import Fragments, PageRun, coalesce, intervals_tile, run_intervals
 
 __all__ = [
     "CanonicalKVCaches",
@@ -73,135 +75,6 @@ KVPacking = Literal["packed", "split", "interleaved"]
 _KV_PACKINGS = ("packed", "split", "interleaved")
 
 
-class PageRun(NamedTuple):
-    """``num_fragments`` fragments of ``fragment_size`` bytes: fragment ``j`` is at
-    ``local_offset + j * local_stride`` in the local page and at
-    ``canonical_offset + j * canonical_stride`` in the canonical page."""
-
-    local_offset: int
-    canonical_offset: int
-    fragment_size: int
-    num_fragments: int
-    local_stride: int
-    canonical_stride: int
-
-
-# --------------------------------------------------------------------------- #
-# Fragment arithmetic (numpy, start-up only)
-# --------------------------------------------------------------------------- #
-
-
-@dataclass(frozen=True)
-class _Frags:
-    """Fragments of one uniform size ``size`` as parallel arrays, in copy order."""
-
-    lo: np.ndarray
-    co: np.ndarray
-    size: int
-
-
-def _coalesce(frags: _Frags) -> list[PageRun]:
-    """Coalesce fragments (kept in their given order) into strided runs.
-
-    First adjacent fragments contiguous on both sides merge into segments; then
-    consecutive equal-size segments with constant positive strides on both
-    sides form one run (greedy, left to right). The Python loop runs over
-    stride changes, not fragments, so regular layouts cost a handful of steps.
-    """
-    lo, co, f = frags.lo.astype(np.int64), frags.co.astype(np.int64), frags.size
-    n = lo.size
-    if n == 0:
-        return []
-    brk = np.ones(n, dtype=bool)
-    brk[1:] = (lo[1:] != lo[:-1] + f) | (co[1:] != co[:-1] + f)
-    starts = np.flatnonzero(brk)
-    slo, sco = lo[starts], co[starts]
-    ssz = np.diff(np.append(starts, n)) * f
-    m = slo.size
-    if m == 1:
-        return [PageRun(int(slo[0]), int(sco[0]), int(ssz[0]), 1, int(ssz[0]), int(ssz[0]))]
-    dl, dc = np.diff(slo), np.diff(sco)
-    valid = (ssz[1:] == ssz[:-1]) & (dl > 0) & (dc > 0)
-    # Run-length encode the steps by (valid, size, dl, dc).
-    change = np.ones(m - 1, dtype=bool)
-    change[1:] = (
-        (valid[1:] != valid[:-1]) | (ssz[1:-1] != ssz[:-2]) | (dl[1:] != dl[:-1]) | (dc[1:] != dc[:-1])
-    )
-    block_starts = np.flatnonzero(change)
-    block_ends = np.append(block_starts[1:], m - 1) - 1
-    runs: list[PageRun] = []
-    pos = 0
-
-    def singles(upto: int) -> None:
-        for i in range(pos, upto):
-            s = int(ssz[i])
-            runs.append(PageRun(int(slo[i]), int(sco[i]), s, 1, s, s))
-
-    for a0, b in zip(block_starts.tolist(), block_ends.tolist(), strict=True):
-        if not valid[a0]:
-            continue
-        a = max(a0, pos)
-        if a > b:
-            continue
-        singles(a)
-        s = int(ssz[a])
-        runs.append(PageRun(int(slo[a]), int(sco[a]), s, b - a + 2, int(dl[a]), int(dc[a])))
-        pos = b + 2
-    singles(m)
-    return runs
-
-
-def _expand(runs: Sequence[PageRun], unit: int | None = None) -> _Frags:
-    """Runs back to fragments (in run order), optionally cut into ``unit`` bytes."""
-    if not runs:
-        return _Frags(np.zeros(0, np.int64), np.zeros(0, np.int64), unit or 1)
-    arr = np.array(runs, dtype=np.int64).reshape(-1, 6)
-    lo0, co0, fs, nf, ls, cs = arr.T
-    if unit is None:
-        unit = math.gcd(*(int(x) for x in np.unique(fs)))
-    reps = nf * (fs // unit)
-    total = int(reps.sum())
-    run_idx = np.repeat(np.arange(arr.shape[0]), reps)
-    first = np.cumsum(reps) - reps
-    k = np.arange(total) - first[run_idx]
-    per = fs[run_idx] // unit
-    j, piece = k // per, k % per
-    lo = lo0[run_idx] + j * ls[run_idx] + piece * unit
-    co = co0[run_idx] + j * cs[run_idx] + piece * unit
-    return _Frags(lo, co, unit)
-
-
-def _intervals_tile(starts: np.ndarray, sizes: np.ndarray, total: int) -> str | None:
-    """None when ``[start, start+size)`` intervals tile ``[0, total)`` exactly once."""
-    if starts.size == 0:
-        return None if total == 0 else f"nothing covers [0, {total})"
-    order = np.argsort(starts, kind="stable")
-    s, z = starts[order], sizes[order]
-    ends = s + z
-    if s[0] != 0:
-        return f"bytes [0, {int(s[0])}) are not covered"
-    gaps = np.flatnonzero(s[1:] != ends[:-1])
-    if gaps.size:
-        i = int(gaps[0])
-        kind = "overlap" if s[i + 1] < ends[i] else "gap"
-        return f"{kind} at byte {int(min(s[i + 1], ends[i]))}"
-    if ends[-1] != total:
-        return f"covered up to byte {int(ends[-1])}, page has {total}"
-    return None
-
-
-def _run_intervals(runs: Sequence[PageRun], side: Literal["local", "canonical"]) -> tuple[np.ndarray, np.ndarray]:
-    if not runs:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    arr = np.array(runs, dtype=np.int64).reshape(-1, 6)
-    base = arr[:, 0] if side == "local" else arr[:, 1]
-    stride = arr[:, 4] if side == "local" else arr[:, 5]
-    nf = arr[:, 3]
-    idx = np.repeat(np.arange(arr.shape[0]), nf)
-    j = np.arange(int(nf.sum())) - (np.cumsum(nf) - nf)[idx]
-    return base[idx] + j * stride[idx], arr[idx, 2]
-
-
 # --------------------------------------------------------------------------- #
 # PageMapping
 # --------------------------------------------------------------------------- #
@@ -224,17 +97,17 @@ class PageMapping:
     def check_self(self) -> None:
         """This rank alone: load runs cover the local page once and land inside
         the canonical page; store runs are a subset of the load mapping."""
-        ls, lz = _run_intervals(self.load_runs, "local")
-        err = _intervals_tile(ls, lz, self.local_page_bytes)
+        ls, lz = run_intervals(self.load_runs, "local")
+        err = intervals_tile(ls, lz, self.local_page_bytes)
         if err:
             raise LayoutError(f"{self._name()}: load runs do not cover the local page: {err}")
-        cs, cz = _run_intervals(self.load_runs, "canonical")
+        cs, cz = run_intervals(self.load_runs, "canonical")
         if cs.size and (cs.min() < 0 or (cs + cz).max() > self.canonical_page_bytes):
             raise LayoutError(f"{self._name()}: load runs leave the canonical page")
         # Each store fragment must lie inside one load fragment with the same
         # local->canonical shift, so a store writes exactly what a load reads.
-        sl, sz = _run_intervals(self.store_runs, "local")
-        sc, _ = _run_intervals(self.store_runs, "canonical")
+        sl, sz = run_intervals(self.store_runs, "local")
+        sc, _ = run_intervals(self.store_runs, "canonical")
         if sl.size:
             order = np.argsort(ls)
             l_s, l_z, l_c = ls[order], lz[order], cs[order]
@@ -269,15 +142,15 @@ def verify_layout(group: KVGroupSpec, parallel: ParallelSpec, kv_packing: str = 
         raise LayoutError(f"group {maps[0].format_id}: ranks disagree on the canonical page size")
     if maps[0].rank_private:
         for m in maps:
-            s, z = _run_intervals(m.store_runs, "canonical")
+            s, z = run_intervals(m.store_runs, "canonical")
             lo_, hi_ = m.parallel.rank * (cpb // parallel.world_size), (m.parallel.rank + 1) * (cpb // parallel.world_size)
             if s.size and (s.min() < lo_ or (s + z).max() > hi_):
                 raise LayoutError(f"{m._name()}: rank-private store runs leave the rank's slice")
         return
-    parts = [_run_intervals(m.store_runs, "canonical") for m in maps]
+    parts = [run_intervals(m.store_runs, "canonical") for m in maps]
     starts = np.concatenate([p[0] for p in parts])
     sizes = np.concatenate([p[1] for p in parts])
-    err = _intervals_tile(starts, sizes, cpb)
+    err = intervals_tile(starts, sizes, cpb)
     if err:
         raise LayoutError(
             f"group {maps[0].format_id} at tp={parallel.tp_size} pp={parallel.pp_size} "
@@ -285,7 +158,7 @@ def verify_layout(group: KVGroupSpec, parallel: ParallelSpec, kv_packing: str = 
         )
 
 
-def _attention_fragments(group: KVGroupSpec, par: ParallelSpec, kv_packing: str) -> tuple[_Frags, np.ndarray, int]:
+def _attention_fragments(group: KVGroupSpec, par: ParallelSpec, kv_packing: str) -> tuple[Fragments, np.ndarray, int]:
     """All fragments of this rank's local page (one head-dim each), the mask of
     those it stores, and the local page size."""
     es = group.element_size
@@ -323,7 +196,7 @@ def _attention_fragments(group: KVGroupSpec, par: ParallelSpec, kv_packing: str)
         else:
             lo = (((li * 2 + kv) * hl + hl_i) * tl_n + tl) * de
     order = np.argsort(co, kind="stable")
-    frags = _Frags(lo[order], co[order], de)
+    frags = Fragments(lo[order], co[order], de)
     store = np.full(lo.size, contributor, dtype=bool)
     return frags, store, nl * 2 * tl_n * hl * de
 
@@ -337,9 +210,9 @@ def _build_mapping(group: KVGroupSpec, parallel: ParallelSpec, kv_packing: str) 
         frags, store, lpb = _attention_fragments(group, parallel, kv_packing)
         if lpb != canonical.local_page_bytes(group, parallel):
             raise LayoutError(f"group {fmt}: local page size disagrees with fstier.canonical")
-        load_runs = tuple(_coalesce(frags))
-        st = _Frags(frags.lo[store], frags.co[store], frags.size)
-        store_runs = tuple(_coalesce(st))
+        load_runs = tuple(coalesce(frags))
+        st = Fragments(frags.lo[store], frags.co[store], frags.size)
+        store_runs = tuple(coalesce(st))
         return PageMapping(group, parallel, kv_packing, fmt, cpb, lpb, store_runs, load_runs, False)
     lpb = canonical.local_page_bytes(group, parallel)
     slice_bytes = canonical.rank_private_slice_bytes(group, parallel)

@@ -187,7 +187,7 @@ def test_device_copy_logic_round_trip_on_cpu(cuda_copy, kv, layout, a, b):
 
 
 def test_staging_packs_a_head_slice_as_one_copy_and_merges_adjacent_slots():
-    from fstier.gpu_copy import _host_copies
+    from fstier.gpu_copy import host_copies
 
     group = _group(layers=4, heads=8, head_size=16)
     caches = _register(_shard(_full_kv(group), group, 4, 1), "packed")
@@ -199,7 +199,7 @@ def test_staging_packs_a_head_slice_as_one_copy_and_merges_adjacent_slots():
     assert stg.segs.tolist() == [[64, 0, 64, 4 * 2 * 8, 256, 64]]
     pb = group.page_bytes
     # slots 2, 3, 4 adjacent, then slot 0: two copies for four pages
-    rows = _host_copies(stg, np.array([2 * pb, 3 * pb, 4 * pb, 0]), pb)
+    rows = host_copies(stg, np.array([2 * pb, 3 * pb, 4 * pb, 0]), pb)
     assert rows[:, 3].tolist() == [3 * 64, 64] and rows[:, 0].tolist() == [2 * pb + 64, 64]
 
 
@@ -228,6 +228,10 @@ def test_block_indices_skip_lands_the_right_pages():
             st.stage_in(slots, LoadStoreSpec([1, 2], [2], [5]))
         with pytest.raises(ValueError, match="block id 12 >= num_blocks 12"):
             st.stage_in([slots[0]], LoadStoreSpec([12], [1], [0]))
+        with pytest.raises(ValueError, match=r"slot 2 is outside the pool \(0\.\.1\)"):
+            st.stage_in([2], LoadStoreSpec([1], [1], [0]))
+        with pytest.raises(ValueError, match="LoadStoreSpec has 2 groups, the stager has 1"):
+            st.stage_in([slots[0]], LoadStoreSpec([1], [1, 0], [0, 0]))
 
 
 def test_cross_layer_costs_one_copy_per_block_per_direction():
@@ -252,6 +256,8 @@ def test_stager_rejects_mismatched_registration_and_small_slots():
             RankStager(caches, [rank_page_mapping(group, ParallelSpec(tp_size=4))], pool)
         with pytest.raises(LayoutError, match="create a larger pool"):
             RankStager(caches, [rank_page_mapping(group, ParallelSpec(tp_size=2))], pool, blocks_per_file=2)
+        with pytest.raises(LayoutError, match="2 page mappings for 1 registered groups"):
+            RankStager(caches, [rank_page_mapping(group, ParallelSpec(tp_size=2))] * 2, pool)
 
 
 # ---------------------------------------------------------------- CUDA (run with -m gpu on a GPU machine)
