@@ -28,7 +28,7 @@ import hashlib
 from typing import TYPE_CHECKING, Any
 
 from fstier.errors import ConfigError
-from fstier.file_mapper import FileMapper
+from fstier.file_mapper import FileMapper, parallel_identity
 from fstier.io.blockfile import FORMAT_VERSION
 from fstier.slots.rows import RowSlots
 
@@ -192,7 +192,8 @@ def pool_mapper(cfg: Any, tier: TierConfig, pool: Any, geo: PoolGeometry) -> Fil
         "fragments_per_page": geo.fragments,
         "fragment_bytes": geo.fragment_bytes,
         "rank_replicated": shared,
-        "tp_size": 1 if shared else cfg.tp_size,
+        # THE collapse rule, for the one size SGLang's replicated KV drops:
+        **parallel_identity(shared, {"tp_size": cfg.tp_size}),
         "pp_size": cfg.pp_size,
         "attn_cp_size": cfg.attn_cp_size,
         "format_version": FORMAT_VERSION,
