@@ -193,7 +193,7 @@ def test_ctrl_c_json_document() -> None:
 
     mp = pytest.MonkeyPatch()
     try:
-        mp.setattr(inspect_mod, "_fstier_root", boom)
+        mp.setattr(inspect_mod, "fstier_root", boom)
         res = run("inspect", "/nonexistent", "--json")
     finally:
         mp.undo()
@@ -403,16 +403,16 @@ def test_inspect_and_gc_progress_path(tmp_path: Path, monkeypatch: pytest.Monkey
 
     root = tmp_path / "root"
     store_blocks(make_config(root, groups=SMALL_GROUP), 3)
-    monkeypatch.setattr(inspect_mod, "_show_progress", lambda as_json: True)
-    monkeypatch.setattr(gc_mod, "_show_progress", lambda as_json: True)
+    monkeypatch.setattr(inspect_mod, "show_progress", lambda as_json: True)
+    monkeypatch.setattr(gc_mod, "show_progress", lambda as_json: True)
     counted: list[int] = []
-    real = inspect_mod._progress
+    real = inspect_mod.progress_bar
 
     def spy(label: str, enabled: bool, total: int | None = None) -> Any:
         counted.append(enabled)
         return real(label, enabled, total)
 
-    monkeypatch.setattr(inspect_mod, "_progress", spy)
+    monkeypatch.setattr(inspect_mod, "progress_bar", spy)
     res = run("inspect", str(root))
     assert res.exit_code == 0 and "3 block file(s)" in res.stdout and counted == [True]
     res = run("gc", str(root), "--max-bytes", "1GiB")

@@ -155,3 +155,46 @@ def test_expected_replicated_heads_and_mla() -> None:
     a = expected_blocks(seed, 1, mla, 0, ParallelSpec(tp_size=2, rank=0), [0, 1])
     b = expected_blocks(seed, 1, mla, 0, ParallelSpec(tp_size=2, rank=1), [0, 1])
     assert a.shape == (2, 16, 32) and torch.equal(a, b)  # the latent is replicated
+
+
+#: Run in a fresh interpreter (a forkserver is one per process): start the
+#: demo's forkserver, then Ctrl-C it at once, while it still imports torch.
+_FORKSERVER_SCRIPT = """
+import os, signal, time
+from fstier.demo.processes import start_forkserver
+
+def servers():
+    children = set()
+    for task in os.listdir("/proc/self/task"):
+        children |= set(open(f"/proc/self/task/{task}/children").read().split())
+    # The spawn returns before the server's exec: until then its cmdline is empty.
+    return [p for p in children if b"multiprocessing.forkserver import main" in open(f"/proc/{p}/cmdline", "rb").read()]
+
+ctx = start_forkserver()
+deadline = time.monotonic() + 60
+while not servers() and time.monotonic() < deadline:
+    time.sleep(0.001)
+server = servers()
+assert len(server) == 1, server
+status = open(f"/proc/{server[0]}/status").read()
+ignored = int(next(ln for ln in status.splitlines() if ln.startswith("SigIgn:")).split()[1], 16)
+print("sigint ignored:", bool(ignored >> (signal.SIGINT - 1) & 1))
+os.kill(int(server[0]), signal.SIGINT)
+proc = ctx.Process(target=os.getpid)
+proc.start()
+proc.join(120)
+print("rank exit code:", proc.exitcode)
+"""
+
+
+def test_the_demo_forkserver_never_sees_ctrl_c() -> None:
+    """The demo's forkserver is deaf to Ctrl-C from its first instruction:
+    SIGINT is ignored when it starts (a blocked mask is not inherited by
+    Python's spawn, an ignored disposition is), so a Ctrl-C while it imports
+    torch neither kills it nor prints a traceback, and it still forks ranks.
+    The parent's own Ctrl-C path is test_cli_ux's test_ctrl_c_during_demo_*."""
+    proc = subprocess.run([sys.executable, "-c", _FORKSERVER_SCRIPT], capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:2] == ["sigint ignored: True", "rank exit code: 0"], proc.stdout
+    assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr

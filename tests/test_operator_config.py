@@ -238,7 +238,7 @@ def test_bench_reports_progress_for_every_file_operation(monkeypatch: pytest.Mon
     import fstier.cli.bench as bench_mod
 
     bars: list[Any] = []
-    real = bench_mod._progress
+    real = bench_mod.progress_bar
 
     class Spy:
         def __init__(self, bar: Any, total: int | None) -> None:
@@ -257,8 +257,8 @@ def test_bench_reports_progress_for_every_file_operation(monkeypatch: pytest.Mon
             bars.append(Spy(bar, total))
             yield bars[-1]
 
-    monkeypatch.setattr(bench_mod, "_show_progress", lambda as_json: True)
-    monkeypatch.setattr(bench_mod, "_progress", spy)
+    monkeypatch.setattr(bench_mod, "show_progress", lambda as_json: True)
+    monkeypatch.setattr(bench_mod, "progress_bar", spy)
     res = run("bench", "--blocks", "3", "--block-size", "16KiB", "--threads", "1")
     assert res.exit_code == 0, res.output
     (bar,) = bars

@@ -5,15 +5,20 @@ loads, every fail-closed case; the scenario and its rank processes live in
 :mod:`fstier.demo`), ``inspect`` (one row per namespace, from the streaming walk
 in ``scan``), ``verify`` (check every block, ``--fix`` removes bad ones),
 ``gc`` (LRU eviction and temp sweep with FsTier's own capacity code),
-``bench`` (fstier vs raw O_DIRECT), and ``config validate|show``. Shared
-plumbing (exit codes, one-line errors, ``--json`` documents, progress,
-sizes, safe printing of names) is in ``_common``.
+``bench`` (fstier vs raw O_DIRECT), and ``config validate|show``. What they
+share has a module each: ``exits`` (exit codes and the failures that carry
+them), ``output`` (consoles, ``--json`` documents, sizes, safe printing of
+names), ``progress`` (stderr, terminals only), ``roots`` (ROOT of the
+root-walking commands), ``options`` (``--json``, sizes) and ``tables``.
 
 Conventions every command follows:
 
 - exit 0 ok, 1 runtime failure (or something bad was found and not fixed),
   2 usage or configuration error, 130 interrupted (Ctrl-C); every failure is
-  ONE line on stderr, never a traceback (click's own usage errors included);
+  ONE line on stderr, never a traceback (click's own usage errors included).
+  A command stops by raising a typed failure (:mod:`fstier.cli.exits`, one
+  class per meaning, each with its exit code); the group's ``_fail`` is the
+  one handler that prints it and exits;
 - ``--json`` prints one JSON document on stdout for scripts, failures too:
   ``{"ok": false, "exit_code": N, "error": "..."}``; people get rich tables
   and progress bars (progress goes to stderr, and only to a terminal);
@@ -30,11 +35,12 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
-from fstier.cli._common import EXIT_FAILURE, EXIT_INTERRUPTED, _emit_json
+from fstier.cli.exits import EXIT_FAILURE, ReportFailed, failure_for
+from fstier.cli.output import display, emit_json
 
 __all__ = ["main"]
 
@@ -107,40 +113,40 @@ class _FstierGroup(click.Group):
         as_json = "--json" in argv
         try:
             rv = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
-        except click.exceptions.Abort as exc:
-            if isinstance(exc.__cause__, KeyboardInterrupt):
-                code, message = EXIT_INTERRUPTED, "interrupted (Ctrl-C)"
-            else:
-                code, message = EXIT_FAILURE, "aborted"
-        except KeyboardInterrupt:
-            code, message = EXIT_INTERRUPTED, "interrupted (Ctrl-C)"
-        except click.UsageError as exc:
-            code, message = exc.exit_code, _usage_line(exc)
-        except click.ClickException as exc:
-            code, message = exc.exit_code, f"error: {exc.format_message()}"
         except OSError as exc:
             if exc.errno != errno.EPIPE:
-                raise
+                _fail(exc, as_json)
             # The reader of our stdout went away (``| head``): stop quietly, and
             # point stdout at /dev/null so the interpreter's final flush does
             # not raise again.
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
             sys.exit(EXIT_FAILURE)
-        else:
-            if not standalone_mode:
-                return rv
-            sys.exit(rv if isinstance(rv, int) else 0)
+        except (Exception, KeyboardInterrupt) as exc:
+            _fail(exc, as_json)
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _fail(exc: BaseException, as_json: bool) -> NoReturn:
+    """THE error handler of every command: the typed failure ``exc`` stands
+    for (:func:`fstier.cli.exits.failure_for`) as one line on stderr and,
+    under ``--json``, one document on stdout; then exit with its code. A
+    :class:`~fstier.cli.exits.ReportFailed` printed its report already. An
+    exception that is no command's failure (a bug) keeps its traceback."""
+    failure = failure_for(exc)
+    if failure is None:
+        raise exc
+    message = display(failure.format_message())
+    if isinstance(failure, ReportFailed):
+        if not as_json and not failure.shown:
+            click.echo(message, err=True)
+    else:
         if as_json:
-            _emit_json({"ok": False, "exit_code": code, "error": message})
+            emit_json({"ok": False, "exit_code": failure.exit_code, "error": message})
         click.echo(message, err=True)
-        sys.exit(code)
-
-
-def _usage_line(exc: click.UsageError) -> str:
-    """One line: what is wrong, and where the help is."""
-    where = exc.ctx.command_path if exc.ctx is not None else "fstier"
-    return f"usage error: {exc.format_message()} (see '{where} --help')"
+    sys.exit(failure.exit_code)
 
 
 @click.group(cls=_FstierGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -38,19 +38,10 @@ from typing import Any
 
 import click
 
-from fstier.cli._common import (
-    EXIT_USAGE,
-    _console,
-    _display,
-    _emit_report,
-    _Fail,
-    _fmt_size,
-    _handle_errors,
-    _json_option,
-    _parse_size_option,
-    _progress,
-    _show_progress,
-)
+from fstier.cli.exits import UsageFailure
+from fstier.cli.options import json_option, parse_size_option
+from fstier.cli.output import display, emit_report, fmt_size, make_console
+from fstier.cli.progress import progress_bar, show_progress
 from fstier.file_mapper import encode
 from fstier.io import native
 from fstier.io.blockfile import HEADER_SIZE, BlockHeader, header_for_payload, padded_len
@@ -295,26 +286,25 @@ def run_bench(
 @click.option("--block-size", "block_size", default="2MiB", show_default=True, help="Bytes per block file.")
 @click.option("--blocks", "num_blocks", type=int, default=256, show_default=True, help="Files per pass.")
 @click.option("--threads", type=int, default=8, show_default=True, help="I/O threads for both sides.")
-@_json_option
-@_handle_errors
+@json_option
 def bench_cmd(root: str | None, block_size: str, num_blocks: int, threads: int, as_json: bool) -> None:
     """fstier store/load vs raw O_DIRECT on the same directory in the same run."""
-    size = _parse_size_option(block_size, "--block-size")
+    size = parse_size_option(block_size, "--block-size")
     if size < 4096 or size % 4096:
-        raise _Fail(EXIT_USAGE, f"--block-size: must be a multiple of 4096, got {size}")
+        raise UsageFailure(f"--block-size: must be a multiple of 4096, got {size}")
     if num_blocks < 1:
-        raise _Fail(EXIT_USAGE, f"--blocks: must be >= 1, got {num_blocks}")
+        raise UsageFailure(f"--blocks: must be >= 1, got {num_blocks}")
     if threads < 1:
-        raise _Fail(EXIT_USAGE, f"--threads: must be >= 1, got {threads}")
+        raise UsageFailure(f"--threads: must be >= 1, got {threads}")
     # Progress on stderr (a terminal only, never with --json): the default
     # run writes and reads 8 GiB.
-    with _progress("bench", _show_progress(as_json), total=bench_files(num_blocks)) as bar:
+    with progress_bar("bench", show_progress(as_json), total=bench_files(num_blocks)) as bar:
         result = run_bench(
             Path(root) if root else None, block_bytes=size, num_blocks=num_blocks, threads=threads,
             on_files=bar.advance,
         )
     if as_json:
-        _emit_report(result)
+        emit_report(result)
         return
     from rich.table import Table
 
@@ -323,11 +313,11 @@ def bench_cmd(root: str | None, block_size: str, num_blocks: int, threads: int, 
         table.add_column(col)
     for row in result["rows"]:
         table.add_row(row["op"], f"{row['fstier_gbps']:.2f}", f"{row['raw_gbps']:.2f}", f"{row['ratio']:.2f}")
-    console = _console()
+    console = make_console()
     console.print(table)
     console.print(
-        f"{result['num_blocks']} x {_fmt_size(size)} files, {threads} threads, median of "
-        f"{result['rounds']} rounds after a warm-up, on {_display(result['root'])}"
+        f"{result['num_blocks']} x {fmt_size(size)} files, {threads} threads, median of "
+        f"{result['rounds']} rounds after a warm-up, on {display(result['root'])}"
         f"{' (a temporary directory, now deleted)' if result['root_temporary'] else ''} (o_direct={result['o_direct']})",
         markup=False,
     )

@@ -27,13 +27,9 @@ from typing import Any
 
 import click
 
-from fstier.cli._common import (
-    EXIT_FAILURE,
-    _console,
-    _emit_report,
-    _handle_errors,
-    _json_option,
-)
+from fstier.cli.exits import ReportFailed
+from fstier.cli.options import json_option
+from fstier.cli.output import emit_report, make_console
 from fstier.errors import ConfigError
 
 
@@ -185,8 +181,7 @@ def _summary(tier: Any) -> str:
     "--check-root", is_flag=True,
     help="Also prove each tier's root_dir on this host: create, write, O_DIRECT, free space, owner UID.",
 )
-@_json_option
-@_handle_errors
+@json_option
 def config_validate(file: str, check_root: bool, as_json: bool) -> None:
     """Check FILE; exit 2 with one line naming the bad field.
 
@@ -224,17 +219,16 @@ def config_validate(file: str, check_root: bool, as_json: bool) -> None:
         doc["tiers"] = [{**t.model_dump(mode="json"), "file_mode": f"{t.file_mode:04o}"} for _, t in tiers]
         if check_root:
             doc["root_checks"] = [{"tier": label, **c.to_json()} for label, c in checks]
-        _emit_report(doc, verdict)
-        if failed:
-            sys.exit(EXIT_FAILURE)
+        emit_report(doc, verdict)
+        if verdict is not None:
+            raise ReportFailed(verdict)
         return
     click.echo(f"{file}: ok ({what})")
     for label, c in checks:
         prefix = f"{label}: " if len(tiers) > 1 else ""
         click.echo(f"  {c.status:<4} {c.name:<8} {prefix}{c.detail}")
-    if failed:
-        click.echo(f"root check failed: {verdict}", err=True)
-        sys.exit(EXIT_FAILURE)
+    if verdict is not None:
+        raise ReportFailed(f"root check failed: {verdict}")
 
 
 def agnostic_reason(cfg: Any) -> str | None:
@@ -305,8 +299,7 @@ def resolved_config(cfg: Any) -> dict[str, Any]:
 
 @config_group.command("show")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
-@_json_option
-@_handle_errors
+@json_option
 def config_show(file: str, as_json: bool) -> None:
     """Print FILE resolved with defaults and the namespace directory it maps to."""
     import yaml
@@ -321,7 +314,7 @@ def config_show(file: str, as_json: bool) -> None:
             dumped["file_mode"] = f"{t.file_mode:04o}"
             resolved.append({"source": label, "tier": dumped})
         if as_json:
-            _emit_report({"file": file, "kind": kind, "tiers": resolved})
+            emit_report({"file": file, "kind": kind, "tiers": resolved})
             return
         for r in resolved:
             click.echo(f"# {r['source']}: tier resolved with defaults ({kind}; vLLM supplies model and parallel)")
@@ -332,11 +325,11 @@ def config_show(file: str, as_json: bool) -> None:
     cfg = parse_config(data, source=source)
     info = resolved_config(cfg)
     if as_json:
-        _emit_report({"file": file, **info})
+        emit_report({"file": file, **info})
         return
     from rich.table import Table
 
-    console = _console()
+    console = make_console()
     console.print(f"# {file}, resolved with defaults", markup=False)
     console.print(yaml.safe_dump(info["config"], sort_keys=False).rstrip(), markup=False)
     console.print()

@@ -9,16 +9,9 @@ from typing import Any
 
 import click
 
-from fstier.cli._common import (
-    EXIT_FAILURE,
-    _console,
-    _display,
-    _emit_report,
-    _Fail,
-    _fmt_size,
-    _handle_errors,
-    _json_option,
-)
+from fstier.cli.exits import ReportFailed, RuntimeFailure
+from fstier.cli.options import json_option
+from fstier.cli.output import display, emit_report, fmt_size, make_console
 from fstier.config import load_config
 from fstier.demo.scenario import CaseResult, DemoOptions, DemoReport, run_demo
 
@@ -30,8 +23,7 @@ __all__ = ["CaseResult", "DemoOptions", "DemoReport", "demo_cmd", "run_demo"]
 @click.option("--root", "root", type=click.Path(file_okay=False), default=None, help="Root directory (default: a fresh temp dir, removed after).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None, help="YAML config: its tier settings (and a full-attention model) are used.")
 @click.option("--per-layer", is_flag=True, help="Allocate one KV tensor per layer instead of the cross-layer layout.")
-@_json_option
-@_handle_errors
+@json_option
 def demo_cmd(root: str | None, config_file: str | None, per_layer: bool, as_json: bool) -> None:
     """The end-to-end tour: tp=2 ranks store, tp=4 ranks load, and every
     fail-closed case (MLA, hybrid, corruption, restart). Exit 0 only when
@@ -42,8 +34,7 @@ def demo_cmd(root: str | None, config_file: str | None, per_layer: bool, as_json
         import torch  # noqa: F401  (the demo's ranks need it; the tier does not)
     except ImportError:
         # torch is an extra: the tier and the other commands never need it.
-        raise _Fail(
-            EXIT_FAILURE,
+        raise RuntimeFailure(
             "fstier demo needs torch (its ranks stage KV tensors) and it is not installed; "
             "install torch (fstier's torch extra; on a CPU-only machine pip install torch==2.13.0)",
         ) from None
@@ -56,12 +47,14 @@ def demo_cmd(root: str | None, config_file: str | None, per_layer: bool, as_json
         progress=show_progress,
     )
     report = run_demo(opts)
+    verdict = None if report.ok else "some outcomes differ from what is expected (see cases)"
     if as_json:
-        _emit_report(report.to_json(), None if report.ok else "some outcomes differ from what is expected (see cases)")
+        emit_report(report.to_json(), verdict)
     else:
         _print_demo(report)
-    if not report.ok:
-        sys.exit(EXIT_FAILURE)
+    if verdict is not None:
+        # The table's last line (or the JSON document's ``error``) says it.
+        raise ReportFailed(verdict, shown=True)
 
 
 def _print_demo(report: Any) -> None:
@@ -69,7 +62,7 @@ def _print_demo(report: Any) -> None:
 
     from fstier.cli.tables import Column, print_table, terminal_width
 
-    console = _console()
+    console = make_console()
     where = f"{report.root} (temporary, now deleted)" if report.root_temporary else report.root
     # At 80 columns: case, expected, outcome, the verdict and what was loaded;
     # the rest as the width allows, and the details under the table if their
@@ -78,12 +71,12 @@ def _print_demo(report: Any) -> None:
                Column("stored", 3, "right"), Column("loaded", 2, "right"), Column("bytes", 4, "right"),
                Column("GB/s", 5, "right"), Column("detail", 6))
     rows = [
-        [_display(c.name), _display(c.expected), _display(c.outcome), "ok" if c.ok else "MISMATCH",
-         str(c.stored_blocks), str(c.loaded_blocks), _fmt_size(c.bytes), f"{c.gbps:.2f}" if c.gbps else "-",
-         _display(c.detail)]
+        [display(c.name), display(c.expected), display(c.outcome), "ok" if c.ok else "MISMATCH",
+         str(c.stored_blocks), str(c.loaded_blocks), fmt_size(c.bytes), f"{c.gbps:.2f}" if c.gbps else "-",
+         display(c.detail)]
         for c in report.cases
     ]
-    dropped = print_table(columns, rows, title=_display(f"fstier demo ({report.layout} KV cache) root={where}"))
+    dropped = print_table(columns, rows, title=display(f"fstier demo ({report.layout} KV cache) root={where}"))
     if "detail" in dropped:
         width = max(terminal_width(), 40)
         for c in report.cases:

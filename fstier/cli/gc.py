@@ -11,27 +11,16 @@ listed (text and ``--json``), the sizes say they are partial, exit 1.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from fstier.cli._common import (
-    EXIT_FAILURE,
-    EXIT_USAGE,
-    MAX_LISTED,
-    _display,
-    _emit_report,
-    _Fail,
-    _fmt_size,
-    _fstier_root,
-    _handle_errors,
-    _json_option,
-    _parse_size_option,
-    _progress,
-    _show_progress,
-)
+from fstier.cli.exits import ReportFailed, UsageFailure
+from fstier.cli.options import json_option, parse_size_option
+from fstier.cli.output import MAX_LISTED, display, emit_report, fmt_size
+from fstier.cli.progress import progress_bar, show_progress
+from fstier.cli.roots import fstier_root
 from fstier.config import MAX_TEMP_AGE_SECONDS
 
 __all__ = ["run_gc"]
@@ -51,7 +40,7 @@ def run_gc(
     foreign = (
         remove_foreign_namespaces(root, dry_run=dry_run, on_error=failed.add) if remove_foreign else []
     )
-    with _progress("gc", progress) as bar:
+    with progress_bar("gc", progress) as bar:
         rep = collect_garbage(
             root,
             max_bytes,
@@ -105,25 +94,23 @@ def run_gc(
     is_flag=True,
     help="Also remove whole namespaces of another fstier format version (e.g. v1 after an upgrade).",
 )
-@_json_option
-@_handle_errors
+@json_option
 def gc_cmd(
     root: str, max_bytes: str, dry_run: bool, temp_max_age: float, remove_foreign: bool, as_json: bool
 ) -> None:
     """Evict least-recently-used blocks under ROOT down to --max-bytes and sweep
     stale temp files, with the same code as FsTier's capacity manager."""
-    limit = _parse_size_option(max_bytes, "--max-bytes")
+    limit = parse_size_option(max_bytes, "--max-bytes")
     # Checked before ROOT: nan/inf used to pass "<= 0" and crash the pass with
     # OverflowError (issue 15 item 5). Same bounds as tier.temp_max_age_s.
     if not 0 < temp_max_age <= MAX_TEMP_AGE_SECONDS:
-        raise _Fail(
-            EXIT_USAGE,
+        raise UsageFailure(
             f"--temp-max-age: must be a finite number of seconds in (0, {MAX_TEMP_AGE_SECONDS:.0f}], "
             f"got {temp_max_age}",
         )
     result = run_gc(
-        _fstier_root(root), limit, dry_run=dry_run, temp_max_age_s=temp_max_age,
-        progress=_show_progress(as_json), remove_foreign=remove_foreign,
+        fstier_root(root), limit, dry_run=dry_run, temp_max_age_s=temp_max_age,
+        progress=show_progress(as_json), remove_foreign=remove_foreign,
     )
     ok = result["errors"] == 0
     verdict = (
@@ -133,29 +120,28 @@ def gc_cmd(
         "fix their permissions or run as their owner, then rerun"
     )
     if as_json:
-        _emit_report(result, verdict)
-        if not ok:
-            sys.exit(EXIT_FAILURE)
+        emit_report(result, verdict)
+        if verdict is not None:
+            raise ReportFailed(verdict)
         return
     verb = "would remove" if dry_run else "removed"
     for f in result["foreign_namespaces"]:
         click.echo(
-            f"{verb} foreign namespace {_display(f['path'])} (format v{f['format_version']}, "
-            f"{f['files']:,} file(s), {_fmt_size(f['bytes'])})"
+            f"{verb} foreign namespace {display(f['path'])} (format v{f['format_version']}, "
+            f"{f['files']:,} file(s), {fmt_size(f['bytes'])})"
         )
     click.echo(
-        f"{_display(root)}: {_fmt_size(result['bytes_before'])} in {result['files_before']:,} block file(s); "
-        f"target {_fmt_size(limit)}"
+        f"{display(root)}: {fmt_size(result['bytes_before'])} in {result['files_before']:,} block file(s); "
+        f"target {fmt_size(limit)}"
     )
     click.echo(
-        f"{verb} {result['evicted_files']:,} block file(s) ({_fmt_size(result['evicted_bytes'])}) "
+        f"{verb} {result['evicted_files']:,} block file(s) ({fmt_size(result['evicted_bytes'])}) "
         f"and {result['temp_removed']} stale temp file(s); "
-        f"{_fmt_size(result['bytes_after'])} remain"
+        f"{fmt_size(result['bytes_after'])} remain"
     )
     if verdict is not None:
         for item in result["failed"][:MAX_LISTED]:
-            click.echo(f"unreadable: {_display(item['path'])}: {item['error']}", err=True)
+            click.echo(f"unreadable: {display(item['path'])}: {item['error']}", err=True)
         if result["errors"] > MAX_LISTED:
             click.echo(f"... and {result['errors'] - MAX_LISTED:,} more (use --json for the list)", err=True)
-        click.echo(verdict, err=True)
-        sys.exit(EXIT_FAILURE)
+        raise ReportFailed(verdict)

@@ -7,26 +7,23 @@ the totals say they are partial, and the exit status is 1.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import click
 
-from fstier.cli._common import (
-    EXIT_FAILURE,
-    _console,
-    _display,
-    _emit_report,
-    _fmt_size,
-    _fmt_time,
-    _fstier_root,
-    _handle_errors,
-    _json_option,
-    _print_unreadable,
-    _progress,
-    _show_progress,
+from fstier.cli.exits import ReportFailed
+from fstier.cli.options import json_option
+from fstier.cli.output import (
+    display,
+    emit_report,
+    fmt_size,
+    fmt_time,
+    make_console,
+    print_unreadable,
 )
+from fstier.cli.progress import progress_bar, show_progress
+from fstier.cli.roots import fstier_root
 from fstier.cli.tables import Column, terminal_width
 
 if TYPE_CHECKING:  # scan imports the I/O layer (numpy): not for `inspect --help`
@@ -59,18 +56,18 @@ def inspect_rows(namespaces: Sequence[NamespaceStats]) -> tuple[tuple[Column, ..
     rows = []
     for ns in namespaces:
         rows.append([
-            _display(ns.namespace),
+            display(ns.namespace),
             ns.engine or "?",
-            _fmt_size(ns.row_bytes) if ns.row_bytes is not None else "-",
+            fmt_size(ns.row_bytes) if ns.row_bytes is not None else "-",
             str(ns.blocks_per_chunk) if ns.blocks_per_chunk is not None else "-",
-            _display(ns.model) if ns.model is not None else "?",
-            _display(ns.revision or "-"),
+            display(ns.model) if ns.model is not None else "?",
+            display(ns.revision or "-"),
             ns.parallel,
             "-" if ns.num_groups is None else str(ns.num_groups),
             f"{ns.files:,}",
-            _fmt_size(ns.bytes),
-            _fmt_time(ns.oldest),
-            _fmt_time(ns.newest),
+            fmt_size(ns.bytes),
+            fmt_time(ns.oldest),
+            fmt_time(ns.newest),
             str(ns.temp_files),
         ])
     return INSPECT_COLUMNS, rows
@@ -79,8 +76,7 @@ def inspect_rows(namespaces: Sequence[NamespaceStats]) -> tuple[tuple[Column, ..
 @click.command("inspect")
 @click.argument("root", type=click.Path(file_okay=False))
 @click.option("--wide", is_flag=True, help="Show every column, however wide (default: what fits the terminal).")
-@_json_option
-@_handle_errors
+@json_option
 def inspect_cmd(root: str, wide: bool, as_json: bool) -> None:
     """One row per namespace under ROOT: model, parallel layout, files, bytes, ages.
 
@@ -90,8 +86,8 @@ def inspect_cmd(root: str, wide: bool, as_json: bool) -> None:
     """
     from fstier.cli.scan import scan_root
 
-    root_path = _fstier_root(root)
-    with _progress("inspect", _show_progress(as_json)) as bar:
+    root_path = fstier_root(root)
+    with progress_bar("inspect", show_progress(as_json)) as bar:
         report = scan_root(root_path, on_file=bar.advance)
     total_files = sum(ns.files for ns in report.namespaces)
     total_bytes = sum(ns.bytes for ns in report.namespaces)
@@ -103,7 +99,7 @@ def inspect_cmd(root: str, wide: bool, as_json: bool) -> None:
         else None
     )
     if as_json:
-        _emit_report(
+        emit_report(
             {
                 "root": report.root,
                 "namespaces": [ns.to_json() for ns in report.namespaces],
@@ -116,25 +112,24 @@ def inspect_cmd(root: str, wide: bool, as_json: bool) -> None:
             },
             verdict,
         )
-        if partial:
-            sys.exit(EXIT_FAILURE)
+        if verdict is not None:
+            raise ReportFailed(verdict)
         return
     from fstier.cli.tables import print_table
 
     columns, rows = inspect_rows(report.namespaces)
-    print_table(columns, rows, title=_display(f"fstier root {report.root}"), wide=wide)
-    console = _console()
+    print_table(columns, rows, title=display(f"fstier root {report.root}"), wide=wide)
+    console = make_console()
     for ns in report.namespaces:
         if ns.manifest_error is not None:
-            console.print(f"{_display(ns.namespace)}: not counted: {_display(ns.manifest_error)}", markup=False)
-    _print_unreadable(console, report.unreadable)
+            console.print(f"{display(ns.namespace)}: not counted: {display(ns.manifest_error)}", markup=False)
+    print_unreadable(console, report.unreadable)
     import textwrap
 
     summary = (
         f"{len(report.namespaces)} namespace(s), {total_files:,} block file(s), "
-        f"{_fmt_size(total_bytes)}; {report.stray_entries} other top-level entries"
+        f"{fmt_size(total_bytes)}; {report.stray_entries} other top-level entries"
     )
     click.echo(textwrap.fill(summary, width=max(terminal_width(), 40)))
     if verdict is not None:
-        click.echo(verdict, err=True)
-        sys.exit(EXIT_FAILURE)
+        raise ReportFailed(verdict)

@@ -20,7 +20,6 @@ goes on with the rest; the report then says its counts are partial.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,23 +28,18 @@ from typing import Any
 
 import click
 
-from fstier.cli._common import (
-    EXIT_FAILURE,
-    EXIT_USAGE,
+from fstier.cli.exits import ReportFailed, UsageFailure
+from fstier.cli.options import json_option
+from fstier.cli.output import (
     MAX_LISTED,
-    _check_root_shape,
-    _console,
-    _display,
-    _emit_report,
-    _existing_root,
-    _Fail,
-    _fmt_size,
-    _handle_errors,
-    _json_option,
-    _print_unreadable,
-    _progress,
-    _show_progress,
+    display,
+    emit_report,
+    fmt_size,
+    make_console,
+    print_unreadable,
 )
+from fstier.cli.progress import progress_bar, show_progress
+from fstier.cli.roots import check_root_shape, existing_root
 from fstier.cli.scan import (
     FileKind,
     Unreadable,
@@ -237,7 +231,7 @@ def run_verify(
     t0 = time.perf_counter()
     report = VerifyReport(root=str(root), full=full, fix=fix)
     total = _count_blocks(root, namespace) if progress else None
-    with _progress("verify", progress, total) as bar:
+    with progress_bar("verify", progress, total) as bar:
         for ns_dir in _namespaces(root, namespace):
             expect, error = _expectations(ns_dir)
             ns = NamespaceVerify(namespace=ns_dir.name, manifest_error=error)
@@ -281,8 +275,7 @@ def run_verify(
     is_flag=True,
     help="Check headers, keys and lengths but skip reading payloads (fast).",
 )
-@_json_option
-@_handle_errors
+@json_option
 def verify_cmd(root: str, namespace: str | None, wide: bool, fix: bool, headers_only: bool, as_json: bool) -> None:
     """Read and check every block under ROOT (header, key, length, checksum).
 
@@ -290,19 +283,19 @@ def verify_cmd(root: str, namespace: str | None, wide: bool, fix: bool, headers_
     """
     from fstier.cli.verify import run_verify
 
-    root_path = _existing_root(root)
+    root_path = existing_root(root)
     if namespace is not None:
         # One directory name, never a path: --fix must not reach outside ROOT.
         ns_path = root_path / namespace
         if namespace in ("", ".", "..") or "/" in namespace or "\0" in namespace:
-            raise _Fail(EXIT_USAGE, f"--namespace {namespace!r}: must be one directory name under ROOT (see fstier inspect)")
+            raise UsageFailure(f"--namespace {namespace!r}: must be one directory name under ROOT (see fstier inspect)")
         if ns_path.is_symlink() or not ns_path.is_dir():
-            raise _Fail(EXIT_USAGE, f"--namespace {namespace!r}: no such namespace directory under {root}")
+            raise UsageFailure(f"--namespace {namespace!r}: no such namespace directory under {root}")
     else:
-        _check_root_shape(root_path, root)
-    report = run_verify(root_path, namespace=namespace, fix=fix, full=not headers_only, progress=_show_progress(as_json))
+        check_root_shape(root_path, root)
+    report = run_verify(root_path, namespace=namespace, fix=fix, full=not headers_only, progress=show_progress(as_json))
     if as_json:
-        _emit_report(report.to_json(), None if report.ok else _verdict(report))
+        emit_report(report.to_json(), None if report.ok else _verdict(report))
     else:
         from fstier.cli.tables import Column, print_table
 
@@ -311,29 +304,30 @@ def verify_cmd(root: str, namespace: str | None, wide: bool, fix: bool, headers_
         columns = (Column("namespace", 0, name=True), Column("checked", 0, "right"), Column("ok", 1, "right"),
                    Column("bad", 0, "right"), Column("removed", 0, "right"), Column("bytes", 2, "right"))
         rows = [
-            [_display(ns.namespace), f"{ns.checked:,}", f"{ns.good:,}", f"{ns.bad:,}", f"{ns.removed:,}",
-             _fmt_size(ns.bytes)]
+            [display(ns.namespace), f"{ns.checked:,}", f"{ns.good:,}", f"{ns.bad:,}", f"{ns.removed:,}",
+             fmt_size(ns.bytes)]
             for ns in report.namespaces
         ]
-        print_table(columns, rows, title=_display(f"verify {root}" + (" (headers only)" if headers_only else "")),
+        print_table(columns, rows, title=display(f"verify {root}" + (" (headers only)" if headers_only else "")),
                     wide=wide)
-        console = _console()
+        console = make_console()
         for bad in report.bad[:MAX_LISTED]:
             if bad.reason.startswith("unreadable"):
-                console.print(f"unreadable: {_display(bad.path)}: {bad.reason.removeprefix('unreadable: ')} (kept)", markup=False)
+                console.print(f"unreadable: {display(bad.path)}: {bad.reason.removeprefix('unreadable: ')} (kept)", markup=False)
                 continue
             state = "removed" if bad.removed else "kept"
-            console.print(f"bad: {_display(bad.path)}: {bad.reason} ({state})", markup=False)
+            console.print(f"bad: {display(bad.path)}: {bad.reason} ({state})", markup=False)
         if len(report.bad) > MAX_LISTED:
             console.print(f"... and {len(report.bad) - MAX_LISTED} more (use --json for all)", markup=False)
-        _print_unreadable(console, report.unreadable_dirs)
+        print_unreadable(console, report.unreadable_dirs)
         console.print(
             f"{report.checked:,} file(s) checked in {report.seconds:.2f} s: {len(report.bad)} bad, "
             f"{report.removed} removed; {_verdict(report)}",
             markup=False,
         )
     if not report.ok:
-        sys.exit(EXIT_FAILURE)
+        # The table's last line (or the JSON document's ``error``) says it.
+        raise ReportFailed(_verdict(report), shown=True)
 
 
 def _verdict(report: VerifyReport) -> str:

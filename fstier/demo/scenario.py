@@ -3,7 +3,8 @@
 The parent process plays the engine's scheduler: it creates one
 :class:`~fstier.slots.host_pool.HostBlockPool` (named shared memory) and owns the
 :class:`~fstier.manager.FsTier` instances. Four spawned processes play GPU
-ranks (:mod:`fstier.demo.ranks`): they attach to the pool by name, hold
+ranks (:mod:`fstier.demo.ranks`, started and called through
+:mod:`fstier.demo.processes`): they attach to the pool by name, hold
 a synthetic KV cache each, and move bytes with a
 :class:`~fstier.gpu_copy.RankStager`. A store is "every rank of the storing
 deployment stages out into the same slots, then the parent stores the slots";
@@ -29,21 +30,25 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing as mp
 import random
 import shutil
-import signal
 import tempfile
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fstier.config import FstierConfig, ModelSpec, ParallelSpec, TierConfig
-from fstier.demo.ranks import Check, Fill, Quit, Reply, Setup, Stage, rank_main
-from fstier.errors import ConfigError, FstierError
+from fstier.demo.processes import (
+    DemoError,
+    RankProcesses,
+    ignore_sigint,
+    restore_sigint,
+    sigint_deferred,
+)
+from fstier.demo.ranks import Check, Fill, Setup, Stage
+from fstier.errors import ConfigError
 from fstier.file_mapper import FileMapper, is_parallel_agnostic
 from fstier.io.blockfile import HEADER_SIZE, padded_len
 from fstier.keys import BlockKey, chain_hashes
@@ -57,11 +62,6 @@ NUM_RANKS = 4
 PROMPT_BLOCKS = 32
 PROMPT_BYTES = 4 << 20
 MIN_PROMPT_BLOCKS = 4
-_REPLY_TIMEOUT_S = 120.0
-
-
-class DemoError(FstierError, RuntimeError):
-    """A rank process failed or stopped answering."""
 
 
 # -- options and results ------------------------------------------------------------
@@ -196,136 +196,6 @@ def _check_demo_model(model: ModelSpec) -> None:
             )
 
 
-def _ignore_sigint() -> Any:
-    """Ignore SIGINT (main thread only: elsewhere signals cannot be set)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _restore_sigint(previous: Any) -> None:
-    if previous is not None:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _block_sigint() -> Any:
-    """Block SIGINT in this thread (main thread only) and return the old mask.
-
-    Blocked, not ignored: a Ctrl-C that arrives meanwhile stays pending and
-    is raised here once the mask is restored (an ignored one was lost, and
-    the demo then ran to completion and exited 0)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-
-
-def _restore_sigmask(previous: Any) -> None:
-    if previous is not None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-@contextlib.contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Hold a Ctrl-C until the block is done, then raise it: a tier built
-    but not yet registered for close() would otherwise be collected open
-    and print a warning after the one "interrupted" line (seen in CI)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, _frame: pending.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if pending:
-        raise KeyboardInterrupt
-
-
-# -- the rank processes --------------------------------------------------------------
-class _Ranks:
-    """Four spawned rank processes and their pipes."""
-
-    def __init__(self, n: int) -> None:
-        # forkserver: a clean server process imports torch once and forks the
-        # ranks from it (importing torch four times costs ~10 s of CPU on two
-        # cores); forking the parent itself is unsafe once torch has threads.
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "fstier.gpu_copy", "fstier.layout", "fstier.demo.ranks"])
-        self._conns: list[Any] = []
-        self._procs: list[Any] = []
-        # Ctrl-C in a terminal signals the whole process group. Only this
-        # process should handle it (one line, cleanup, exit 130): the
-        # forkserver would print a KeyboardInterrupt traceback if the signal
-        # hit its torch import, and so would each rank. A process started
-        # with SIGINT blocked keeps it blocked (fork and exec keep the
-        # signal mask), and the forkserver's ranks inherit its mask; so
-        # SIGINT is blocked in this thread for the instant of spawning the
-        # forkserver, and a Ctrl-C meanwhile is raised here right after.
-        # rank_main ignores SIGINT too, for a forkserver that an earlier demo
-        # in this process started.
-        from multiprocessing import forkserver
-
-        previous = _block_sigint()
-        try:
-            forkserver.ensure_running()
-        finally:
-            _restore_sigmask(previous)
-        try:
-            for i in range(n):
-                parent, child = ctx.Pipe()
-                proc = ctx.Process(target=rank_main, args=(child,), name=f"fstier-demo-rank{i}", daemon=True)
-                proc.start()
-                child.close()
-                self._conns.append(parent)
-                self._procs.append(proc)
-        except BaseException:  # Ctrl-C included: stop the ranks already started
-            self.close()
-            raise
-
-    def call(self, targets: Sequence[tuple[int, Any]]) -> list[Any]:
-        """Send one message to each (process, message) pair, then collect all
-        replies (the processes work concurrently)."""
-        for idx, msg in targets:
-            try:
-                self._conns[idx].send(msg)
-            except OSError as exc:
-                raise self._dead(idx, msg, exc) from None
-        values = []
-        for idx, msg in targets:
-            conn = self._conns[idx]
-            if not conn.poll(_REPLY_TIMEOUT_S):
-                raise DemoError(f"rank process {idx} did not answer {type(msg).__name__} in {_REPLY_TIMEOUT_S} s")
-            try:
-                reply: Reply = conn.recv()
-            except (EOFError, OSError) as exc:
-                raise self._dead(idx, msg, exc) from None
-            if not reply.ok:
-                raise DemoError(f"rank process {idx} failed in {type(msg).__name__}:\n{reply.error}")
-            values.append(reply.value)
-        return values
-
-    def _dead(self, idx: int, msg: Any, exc: BaseException) -> DemoError:
-        self._procs[idx].join(timeout=1.0)
-        return DemoError(
-            f"rank process {idx} exited (code {self._procs[idx].exitcode}) during "
-            f"{type(msg).__name__}: {type(exc).__name__}; its traceback is on stderr"
-        )
-
-    def close(self) -> None:
-        for conn, proc in zip(self._conns, self._procs, strict=True):
-            with contextlib.suppress(OSError, ValueError):
-                if proc.is_alive():
-                    conn.send(Quit())
-                    conn.poll(5.0)
-        for conn, proc in zip(self._conns, self._procs, strict=True):
-            proc.join(timeout=5.0)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=5.0)
-            conn.close()
-
-
 @dataclass
 class _Deployment:
     """A model served at one tp size: ranks 0..tp-1 are processes 0..tp-1,
@@ -367,7 +237,7 @@ class DemoScenario:
         )
         self.pool = HostBlockPool(2 * self.num_files, slot_bytes)
         try:
-            self.ranks = _Ranks(NUM_RANKS)
+            self.ranks = RankProcesses(NUM_RANKS)
         except BaseException:  # Ctrl-C included: no /dev/shm segment may outlive us
             self.pool.close()
             raise
@@ -379,7 +249,7 @@ class DemoScenario:
         # A second Ctrl-C while cleaning up would interrupt it half-way and
         # leave rank processes, temp files or the /dev/shm segment behind;
         # cleanup takes seconds at most, so it is not interruptible.
-        previous = _ignore_sigint()
+        previous = ignore_sigint()
         try:
             for t in self.tiers:
                 with contextlib.suppress(Exception):
@@ -387,7 +257,7 @@ class DemoScenario:
             self.ranks.close()
             self.pool.close()
         finally:
-            _restore_sigint(previous)
+            restore_sigint(previous)
 
     # -- plumbing -----------------------------------------------------------------------
     def _config(self, model: ModelSpec, tp: int) -> FstierConfig:
@@ -396,7 +266,7 @@ class DemoScenario:
     def _tier(self, cfg: FstierConfig) -> Any:
         from fstier.manager import FsTier
 
-        with _sigint_deferred():
+        with sigint_deferred():
             tier = FsTier(cfg, self.pool)
             self.tiers.append(tier)
         self.report.o_direct = self.report.o_direct or tier.io_options.o_direct
@@ -610,7 +480,7 @@ class DemoScenario:
         self.tiers.clear()
         from fstier.manager import FsTier
 
-        with _sigint_deferred():
+        with sigint_deferred():
             tier = FsTier.from_config(self._config(self.full_model, NUM_RANKS), self.pool)
             self.tiers.append(tier)
         again = tier.lookup(damaged[0])

@@ -15,7 +15,8 @@
  *          directory fds), skip when a regular file is there, encode the
  *          header (XXH3-64 of the payload and of the header), write an
  *          O_TMPFILE inode (else a unique named temp, O_CREAT|O_EXCL|
- *          O_NOFOLLOW), O_DIRECT when enabled and the buffer is aligned
+ *          O_NOFOLLOW; the root's capabilities say which: F_NO_TMPFILE),
+ *          O_DIRECT when enabled and the buffer is aligned
  *          (EINVAL -> one buffered retry), fsync per policy (never
  *          retried), publish with linkat (EEXIST -> link a temp name and
  *          rename it over) or renameat, close, fsync the directory.
@@ -27,6 +28,13 @@
  *          holds that inode.
  *
  * Nothing here allocates per block: three aligned scratch pages per call.
+ *
+ * Capabilities are per root, never per process: a filesystem that refuses
+ * O_TMPFILE (EOPNOTSUPP: NFS, FUSE; EISDIR: a kernel without it) switches
+ * the rest of THIS call (one call is one base directory) to named temps and
+ * is reported in the block's result; Python records it in that root's
+ * RootCapabilities, whose F_NO_TMPFILE later calls for that root carry. No
+ * refusal changes what another root in the process does.
  *
  * Fault injection (tests only): a small rule table, armed from Python with
  * fault_set(); every system call above goes through fx_hook(), which can
@@ -505,6 +513,7 @@ typedef struct {
     int have_buf;
     /* results */
     int status, err, stage;
+    int tmpfile_err; /* errno of this block's O_TMPFILE refusal (0: none) */
     uint64_t nbytes;
     uint64_t dev, ino;
 } fx_item;
@@ -515,7 +524,9 @@ typedef struct {
     uint8_t *over;
 } fx_scratch;
 
-static atomic_int tmpfile_refused = 0;
+/* configure(tmpfile=False): a process-wide override for tests only; a
+ * refusal never sets it (it is reported per block, see store_once). */
+static atomic_int tmpfile_off = 0;
 static char host_name[64] = "host";
 
 static void temp_name(char *out, size_t cap, const char *final) {
@@ -582,17 +593,19 @@ static int make_dirs(int base_fd, const char *dir, int *fresh, int *stage) {
     return cur;
 }
 
+/* An O_TMPFILE inode unless `no_tmpfile`; a refusal stores its errno in
+ * *refused and falls back to a named temp (`tmp` then holds its name). */
 static int create_temp(int dfd, const char *name, int direct, mode_t mode, char *tmp,
-                       size_t tmpcap, int no_tmpfile) {
+                       size_t tmpcap, int no_tmpfile, int *refused) {
     int flags = O_WRONLY | (direct ? O_DIRECT : 0);
     tmp[0] = 0;
-    if (O_TMPFILE && !no_tmpfile && !atomic_load(&tmpfile_refused)) {
+    if (O_TMPFILE && !no_tmpfile && !atomic_load(&tmpfile_off)) {
         int fd = x_openat(dfd, ".", flags | O_TMPFILE, mode);
         if (fd >= 0) return fd;
         /* EISDIR: a kernel without O_TMPFILE read it as O_DIRECTORY;
          * EOPNOTSUPP: the filesystem has none (NFS, FUSE). */
         if (errno != EOPNOTSUPP && errno != EISDIR) return -1;
-        atomic_store(&tmpfile_refused, 1);
+        *refused = errno;
     }
     temp_name(tmp, tmpcap, name);
     int fd = x_openat(dfd, tmp, flags | O_CREAT | O_EXCL | O_NOFOLLOW, mode);
@@ -616,7 +629,9 @@ static int link_anonymous(int fd, int dfd, const char *name) {
 static void store_once(fx_item *it, int dfd, const char *name, struct iovec *iov0, int cnt0,
                        int direct, int flags, mode_t mode) {
     char tmp[MAX_NAME + 160];
-    int fd = create_temp(dfd, name, direct, mode, tmp, sizeof tmp, flags & F_NO_TMPFILE);
+    /* a block that saw a refusal (then an O_DIRECT retry) does not ask again */
+    int no_tmpfile = (flags & F_NO_TMPFILE) || it->tmpfile_err;
+    int fd = create_temp(dfd, name, direct, mode, tmp, sizeof tmp, no_tmpfile, &it->tmpfile_err);
     if (fd < 0) {
         it->status = ST_FAILED;
         it->err = errno;
@@ -1007,6 +1022,8 @@ static PyObject *py_store_batch(PyObject *self, PyObject *args) {
         }
         store_one(&items[i], base_fd, flags, (mode_t)mode, (size_t)alignment,
                   (const uint8_t *)digest.buf, pages, created_ns, &sc);
+        /* one call is one root: its first refusal holds for the rest */
+        if (items[i].tmpfile_err) flags |= F_NO_TMPFILE;
     }
     if (base_fd >= 0) close(base_fd);
     Py_END_ALLOW_THREADS
@@ -1015,8 +1032,8 @@ static PyObject *py_store_batch(PyObject *self, PyObject *args) {
     PyObject *out = PyList_New(n);
     for (Py_ssize_t i = 0; out && i < n; i++) {
         fx_item *it = &items[i];
-        PyObject *t = Py_BuildValue("(iiKi)", it->status, it->err, (unsigned long long)it->nbytes,
-                                    it->stage);
+        PyObject *t = Py_BuildValue("(iiKii)", it->status, it->err, (unsigned long long)it->nbytes,
+                                    it->stage, it->tmpfile_err);
         if (!t) {
             Py_CLEAR(out);
             break;
@@ -1287,11 +1304,11 @@ static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw) {
     } else if (o2 == 0) {
         atomic_store(&use_openat2, 0);
     }
-    if (tmpf >= 0) atomic_store(&tmpfile_refused, !tmpf || !O_TMPFILE);
+    if (tmpf >= 0) atomic_store(&tmpfile_off, !tmpf || !O_TMPFILE);
     if (ver > 0) format_version = ver;
     return Py_BuildValue("{s:s,s:O,s:O,s:i,s:s}", "host", host_name, "openat2",
                          atomic_load(&use_openat2) ? Py_True : Py_False, "tmpfile",
-                         atomic_load(&tmpfile_refused) ? Py_False : Py_True, "format_version",
+                         atomic_load(&tmpfile_off) || !O_TMPFILE ? Py_False : Py_True, "format_version",
                          format_version, "xxh3_impl",
                          fx_impl == 2 ? "avx2" : fx_impl == 1 ? "sse2" : "scalar");
 }
@@ -1299,7 +1316,7 @@ static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw) {
 static PyMethodDef methods[] = {
     {"store_batch", py_store_batch, METH_VARARGS,
      "store_batch(base, rels, hashes, groups, payloads, digest, page_count, flags, mode, "
-     "created_ns, alignment) -> [(status, errno, nbytes, stage)]"},
+     "created_ns, alignment) -> [(status, errno, nbytes, stage, tmpfile_refused_errno)]"},
     {"load_batch", py_load_batch, METH_VARARGS,
      "load_batch(base, rels, hashes, groups, buffers, digest, flags, alignment) -> "
      "[(status, errno, nbytes, reason, dev, ino)]"},
@@ -1316,7 +1333,8 @@ static PyMethodDef methods[] = {
     {"fault_clear", py_fault_clear, METH_NOARGS, "disarm every fault rule"},
     {"fault_count", py_fault_count, METH_O, "calls of op seen while armed"},
     {"configure", (PyCFunction)(void (*)(void))py_configure, METH_VARARGS | METH_KEYWORDS,
-     "configure(host=None, openat2=-1, tmpfile=-1, format_version=-1) -> settings"},
+     "configure(host=None, openat2=-1, tmpfile=-1, format_version=-1) -> settings "
+     "(tmpfile: a process-wide override for tests)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -23,7 +23,7 @@ def store_batch(
     created_ns: int,
     alignment: int,
     /,
-) -> list[tuple[int, int, int, int]]: ...
+) -> list[tuple[int, int, int, int, int]]: ...
 def load_batch(
     base: str,
     rels: Sequence[str],

@@ -235,7 +235,12 @@ def store_batch(
 ) -> list[StoreOutcome]:
     """Store ``payloads[i]`` (exactly its length) as ``keys[i]``'s file at
     ``paths[i]`` (below ``base``), creating missing directories below
-    ``base``. One GIL-free call; never raises ``OSError``."""
+    ``base``. One GIL-free call; never raises ``OSError``.
+
+    A refusal of ``O_TMPFILE`` (EOPNOTSUPP, EISDIR) switches the rest of the
+    call to named temps and is recorded in ``opts.capabilities`` (this
+    root's, never the process's), so later calls for this root skip it; a
+    call without capabilities tries ``O_TMPFILE`` again next time."""
     ext = _require()
     rels = _split(base, paths)
     raw = ext.store_batch(
@@ -244,7 +249,9 @@ def store_batch(
         created_ns if created_ns is not None else _now_ns(), opts.alignment,
     )
     out: list[StoreOutcome] = []
-    for (st, err, nbytes, stage), rel in zip(raw, rels, strict=True):
+    refused = 0
+    for (st, err, nbytes, stage, tmpfile_err), rel in zip(raw, rels, strict=True):
+        refused = refused or tmpfile_err
         if st == 2:
             name = rel.rpartition("/")[2]
             out.append(StoreOutcome(
@@ -252,6 +259,8 @@ def store_batch(
             ))
         else:
             out.append(StoreOutcome(_STORE_STATUS[st], nbytes=nbytes))
+    if refused and opts.capabilities is not None:
+        opts.capabilities.refuse_tmpfile(OSError(refused, os.strerror(refused)))
     return out
 
 
@@ -367,7 +376,10 @@ def fault_count(op: str) -> int:
 def configure(*, openat2: bool | None = None, tmpfile: bool | None = None) -> dict[str, Any]:
     """Switch the extension's path resolution (``openat2=False``: the
     ``O_NOFOLLOW`` walk) or publication (``tmpfile=False``: named temps), as
-    a kernel or filesystem without them would (tests). Returns the settings."""
+    a kernel without them would (tests). Both are process-wide overrides
+    that nothing but a caller sets: a root that refuses ``O_TMPFILE``
+    switches only itself (:class:`~fstier.io.capabilities.RootCapabilities`).
+    Returns the settings."""
     ext = _require()
     return dict(ext.configure(
         openat2=-1 if openat2 is None else int(openat2),

@@ -1,0 +1,102 @@
+"""ROOT, the argument of ``inspect``, ``verify`` and ``gc``: resolved, and
+refused with one line that says what ROOT should be when it is not a
+directory this user can list or plainly not an fstier root.
+
+(``fstier config validate --check-root`` proves a configured ``root_dir``
+works for writing: that is :mod:`fstier.cli.rootcheck`.) Only the top-level
+names of ROOT are read, so the checks cost nothing on a big root.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+from pathlib import Path
+
+from fstier.cli.exits import RootRefused
+from fstier.cli.output import display
+from fstier.file_mapper import MANIFEST_NAME
+
+__all__ = ["check_root_shape", "existing_root", "fstier_root"]
+
+
+def existing_root(root: str) -> Path:
+    """``root`` as a directory this user can list, or a one-line usage error
+    that says which of those it is not.
+
+    Returns the real path (``realpath``), as the tier resolves its
+    ``root_dir``: a root reached through a symlink (``/mnt/kv -> /data/kv``)
+    is the directory it names, while every symlink *below* it is still
+    refused by the walks (they resolve with no symlink in any component)."""
+    p = Path(root)
+    shown = display(repr(root))
+    try:
+        st = os.stat(p)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RootRefused(f"ROOT {shown}: a symlink loop (a link that points back at itself); give the real directory") from None
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise RootRefused(f"ROOT {shown}: permission denied on a parent directory; run as a user who can enter it") from None
+        if exc.errno == errno.ENOTDIR:
+            raise RootRefused(f"ROOT {shown}: a parent of it is a file, not a directory") from None
+        raise RootRefused(f"ROOT {shown}: no such directory") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise RootRefused(f"ROOT {shown}: is a file, not a directory; give the tier's root_dir")
+    if not os.access(p, os.R_OK | os.X_OK):
+        raise RootRefused(f"ROOT {shown}: permission denied (cannot list it); run as a user who can read it")
+    return Path(os.path.realpath(p))
+
+
+#: ``<safe model name>-<16 hex digits>``: how FileMapper names a namespace.
+_NAMESPACE_NAME = re.compile(r"^.+-[0-9a-f]{16}$")
+_MANIFEST = MANIFEST_NAME
+#: Entries a fresh volume or a shared mount holds before fstier wrote
+#: anything (ext4's lost+found; hidden names such as NetApp's .snapshot are
+#: skipped too): a root with only these is an empty root, not a foreign one.
+_ROOT_FURNITURE = frozenset({"lost+found"})
+
+
+def fstier_root(root: str) -> Path:
+    """:func:`existing_root`, and refuse a directory that is plainly not an
+    fstier root, saying what ROOT should be.
+
+    An fstier root holds namespace directories (``<model>-<digest>`` with a
+    ``config.json``). A root that holds ``config.json`` itself is one level
+    too deep: it is a namespace directory. A non-empty directory none of whose
+    entries looks like a namespace (``/etc``, a home directory) is not a root
+    at all: reporting "0 namespaces" there would read as a healthy empty tier.
+    An empty directory (or a fresh volume holding only ``lost+found`` and
+    hidden entries) is a fresh root and is fine. Only top-level names are
+    read (namespaces are few), so this costs nothing on a big root.
+    """
+    p = existing_root(root)
+    check_root_shape(p, root)
+    return p
+
+
+def check_root_shape(p: Path, root: str) -> None:
+    shown = display(repr(root))
+    if os.path.lexists(p / _MANIFEST) and _NAMESPACE_NAME.match(p.resolve().name):
+        parent = display(str(p.resolve().parent))
+        raise RootRefused(
+            f"ROOT {shown} is a namespace directory (it holds {_MANIFEST}), one level too deep; "
+            f"ROOT should be its parent {parent!r} (verify takes --namespace NAME for one namespace)",
+        )
+    entries = 0
+    with os.scandir(p) as it:
+        for entry in it:
+            if entry.name in _ROOT_FURNITURE or entry.name.startswith("."):
+                continue  # what filesystems and tools put in any root
+            entries += 1
+            from fstier.cli.scan import is_namespace_dir
+
+            if is_namespace_dir(Path(entry.path)):  # the rule inspect and verify use
+                return
+    if entries:
+        raise RootRefused(
+            f"ROOT {shown} is not an fstier root: none of its {entries} entries is a namespace directory "
+            f"(<model>-<16 hex digits> holding {_MANIFEST}); ROOT should be the tier's root_dir "
+            f"(see `fstier config show FILE`)",
+        )
