@@ -1,7 +1,8 @@
 """The slot provider contract (fstier.slots.provider.SlotProvider), one suite
-run against every implementation: fstier's own HostBlockPool and RowSlots
+run against every implementation: fstier's own HostBlockPool, RowSlots
 (an engine's rows lent in place, here with a stride wider than a row and an
-offset, as vLLM's rows may have)."""
+offset, as vLLM's rows may have) and JoinedSlots (an engine's rows, then
+rows of fstier's own, as SGLang's backend joins them)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from manager_support import FILE_BYTES, keys, payload_for, tiny_config
 
 from fstier.manager import FsTier
-from fstier.slots import HostBlockPool, RowSlots, SlotProvider
+from fstier.slots import HostBlockPool, JoinedSlots, RowSlots, SlotProvider
 
 NUM = 8
 
@@ -27,7 +28,7 @@ class Provider:
     outside: memoryview | None  # bytes next to the slots that must stay untouched
 
 
-@pytest.fixture(params=["HostBlockPool", "RowSlots"])
+@pytest.fixture(params=["HostBlockPool", "RowSlots", "JoinedSlots"])
 def provider(request: pytest.FixtureRequest) -> Iterator[Provider]:
     if request.param == "HostBlockPool":
         pool = HostBlockPool(NUM, FILE_BYTES)
@@ -36,6 +37,16 @@ def provider(request: pytest.FixtureRequest) -> Iterator[Provider]:
             yield Provider(pool, usable, None)
         finally:
             pool.close()
+    elif request.param == "JoinedSlots":
+        engine = bytearray(3 * FILE_BYTES)  # the engine's rows, then fstier's
+        own = bytearray((NUM - 3) * FILE_BYTES)
+        joined = JoinedSlots(
+            RowSlots(memoryview(engine), 3, FILE_BYTES), RowSlots(memoryview(own), NUM - 3, FILE_BYTES)
+        )
+        try:
+            yield Provider(joined, list(range(NUM)), None)
+        finally:
+            joined.release()
     else:
         row, stride, offset = FILE_BYTES - 4096 + 100, FILE_BYTES, 64  # unaligned, shorter than the stride
         buf = mmap.mmap(-1, offset + NUM * stride)
@@ -75,13 +86,12 @@ def test_a_fenced_slot_is_refused_until_unfenced(provider: Provider) -> None:
     p, s = provider.slots, provider.usable[1]
     p.fence(s)
     try:
-        if isinstance(p, RowSlots):  # the engine owns the rows: a job may not name it
-            with pytest.raises(ValueError, match="fenced"):
-                p.check_slots([s])
-        else:  # the pool never hands it out again while fenced, even once freed
-            assert isinstance(p, HostBlockPool)
+        if isinstance(p, HostBlockPool):  # the pool never hands it out again while fenced, even once freed
             p.free([s])
             assert s not in p.alloc(p.num_free)
+        else:  # the engine owns the rows: a job may not name it
+            with pytest.raises(ValueError, match="fenced"):
+                p.check_slots([s])
     finally:
         p.unfence(s)
     if isinstance(p, HostBlockPool):
@@ -131,3 +141,25 @@ def test_a_job_naming_a_slot_it_may_not_use_is_refused(provider: Provider, tmp_p
             free = sorted(set(range(NUM)) - set(provider.usable))[0]
             with pytest.raises(ValueError, match="not allocated"):
                 tier.submit_store("s2", keys(0, 1), [free])
+
+
+def test_joined_slots_route_to_their_providers_and_refuse_mixed_sizes() -> None:
+    a, b = bytearray(2 * 4096), bytearray(3 * 4096)
+    ra, rb = RowSlots(memoryview(a), 2, 4096), RowSlots(memoryview(b), 3, 4096)
+    joined = JoinedSlots(ra, rb)
+    assert (joined.num_slots, joined.slot_bytes, joined.start_of(1)) == (5, 4096, 2)
+    for i in range(5):
+        joined.slot_view(i)[:] = bytes([i + 1]) * 4096
+    assert a == bytes([1]) * 4096 + bytes([2]) * 4096
+    assert b == bytes([3]) * 4096 + bytes([4]) * 4096 + bytes([5]) * 4096
+    joined.fence(3)  # provider b's row 1
+    assert rb.fenced == frozenset({1}) and ra.fenced == frozenset()
+    with pytest.raises(ValueError, match=r"slot 3 \(its provider's slot 1\).*fenced"):
+        joined.check_slots([0, 3])
+    joined.unfence(3)
+    joined.check_slots([0, 3])
+    joined.release()
+    with pytest.raises(ValueError, match="same slot_bytes"):
+        JoinedSlots(RowSlots(memoryview(bytearray(8192)), 1, 8192), RowSlots(memoryview(bytearray(4096)), 1, 4096))
+    with pytest.raises(ValueError, match="at least one"):
+        JoinedSlots()

@@ -83,6 +83,74 @@ def test_integrations_translate_only() -> None:
     assert bad == []
 
 
+def _fstier_imports(source: str, package: str) -> list[str]:
+    """Every ``fstier`` module or name a module of ``package`` imports,
+    ``TYPE_CHECKING`` blocks and function bodies included (``from x import
+    y`` counts as ``x.y``; relative imports resolved)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out.extend(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            out.extend(f"{base}.{a.name}" for a in node.names)
+    return [m for m in out if m.split(".")[0] == "fstier"]
+
+
+def _private_outside_integrations(imports: list[str]) -> list[str]:
+    return [
+        m for m in imports
+        if not m.startswith("fstier.integrations.")
+        and any(part.startswith("_") for part in m.split(".")[1:])
+    ]
+
+
+def test_integrations_import_only_public_names_of_fstier() -> None:
+    """Outside ``integrations/`` itself, an engine module uses fstier's
+    public names only: no ``_``-named module or name (``fstier.config._x``,
+    ``fstier._cudart``), so a refactor of the core cannot break an engine."""
+    bad = [
+        f"{f.relative_to(REPO)} imports {m}"
+        for f in _modules("integrations")
+        for m in _private_outside_integrations(_fstier_imports(f.read_text(), "fstier.integrations"))
+    ]
+    assert bad == []
+
+
+def test_the_private_name_check_sees_every_spelling() -> None:
+    source = (
+        "from fstier.config import _x, TierConfig\n"
+        "import fstier._cudart\n"
+        "from .. import _units\n"
+        "from . import _options\n"
+        "if TYPE_CHECKING:\n    from fstier.io._native import y\n"
+        "def f():\n    from fstier.tier.capacity import _loop\n"
+    )
+    got = _private_outside_integrations(_fstier_imports(source, "fstier.integrations"))
+    assert got == [
+        "fstier.config._x", "fstier._cudart", "fstier._units", "fstier.io._native.y",
+        "fstier.tier.capacity._loop",
+    ]
+
+
+#: No module of these folders may grow past this many lines (issue 23: one
+#: concept per module; an engine module translates only).
+MAX_MODULE_LINES = 600
+
+
+@pytest.mark.parametrize("folder", ["integrations", "slots"])
+def test_no_integration_or_slots_module_exceeds_600_lines(folder: str) -> None:
+    long = {
+        str(f.relative_to(REPO)): n
+        for f in _modules(folder)
+        if (n := len(f.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}, f"split these modules (one concept each, <= {MAX_MODULE_LINES} lines): {long}"
+
+
 def test_only_the_engine_side_imports_torch() -> None:
     allowed = {"layout.py", "gpu_copy.py", "_cudart.py", "host_pool.py"}
     files = [

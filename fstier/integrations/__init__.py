@@ -3,7 +3,17 @@
 - :mod:`fstier.integrations.vllm`: ``FstierTier``, a vLLM secondary KV
   offload tier (``{"type": "FstierTier", "module_path":
   "fstier.integrations.vllm", "root_dir": ...}`` in
-  ``kv_connector_extra_config.secondary_tiers``).
+  ``kv_connector_extra_config.secondary_tiers``);
+- :mod:`fstier.integrations.vllm_cpu`: ``FstierCpuOffloadingSpec``, vLLM's
+  tiering spec with a worker for its CPU backend;
+- :mod:`fstier.integrations.sglang`: ``FstierHiCacheStorage``, an SGLang
+  HiCache storage backend (SGLang's ``dynamic`` backend).
+
+The ``_``-named modules beside them hold what those modules translate with:
+options (``_options``), each engine's version check and configuration
+(``_vllm_compat``, ``_vllm_config``, ``_vllm_env``, ``_sglang_compat``),
+vLLM's metric tables (``_vllm_metrics``), SGLang's host-pool geometry
+(``_sglang_pool``) and jobs waited for inside a call (``_blocking``).
 
 Importing this package never imports an engine: ``import fstier`` and
 ``import fstier.integrations`` stay engine-free; only importing an

@@ -17,20 +17,16 @@ SGLang's own keys (``backend_name``, ``module_path``, ``class_name``,
 :class:`~fstier.errors.ConfigError` naming the key.
 
 How SGLang's world maps onto fstier
-    * **A page is a few fragments, each one file, moved in place.** SGLang's
-      ``get_page_buffer_meta`` describes a host page as pointers into the
-      pool's one ``kv_buffer``: two (K and V) per page in the page-first
-      layouts (``page_first``, ``page_first_direct``, ``page_head``), one per
-      page for an MLA pool, two per layer in ``layer_first``. Every fragment of
-      every page has the same size, so the buffer is rows of that size and
-      fragment ``g`` of page ``p`` is row ``g * page_num + p``; a
-      :class:`~fstier.slots.RowSlots` provider hands FsTier those rows in
-      place. Fragment ``g`` of the page with hash ``h`` is the file of
-      ``BlockKey(h, g)``. The zero-copy v1 calls (``batch_set_v1`` /
-      ``batch_get_v1``) are one FsTier job per batch (128 pages at most), one
-      I/O op per fragment on the read or write threads, with no copy in
-      Python. ``layer_first`` therefore costs 2 x layers files per page; the
-      page-first layouts cost 2 (an MLA pool 1).
+    * **A page is a few fragments, each one file, moved in place**
+      (:mod:`fstier.integrations._sglang_pool`): two (K and V) per page in
+      the page-first layouts, one for an MLA pool, two per layer in
+      ``layer_first``. The pool's ``kv_buffer`` is rows of one fragment's
+      size, lent to FsTier in place (:class:`~fstier.slots.RowSlots`, joined
+      with the legacy calls' scratch rows in a
+      :class:`~fstier.slots.JoinedSlots`); fragment ``g`` of the page
+      with hash ``h`` is the file of ``BlockKey(h, g)``. The zero-copy v1
+      calls are one FsTier job per batch (128 pages at most), one I/O op per
+      fragment, with no copy in Python.
     * **Prefix semantics, fail closed.** A page counts only when every one of
       its fragments stored or loaded; FsTier's results are prefixes, so a
       missing, short, corrupt or foreign file makes its page and every page
@@ -41,22 +37,18 @@ How SGLang's world maps onto fstier
       when ``interface_v1`` is off) move SGLang's flat page tensors through
       fstier-owned scratch rows (one copy each way, serialized): the files
       are the same as the v1 path's, so either path reads the other's pages.
-    * **Namespace from SGLang's config and host pool.** The digest holds the
-      model name, dtype, pool class, layout, page size, layer/head geometry,
-      fragment count and size, storage format tag, tp/pp/attention-cp sizes,
-      fstier's format version and the salt. Files are rank-private (rank
-      from tp, attention-cp and pp ranks) unless SGLang says the KV is
-      rank-replicated (``is_mla_model``): then tp leaves the namespace, every
-      tp rank reads the same files, and only ``is_storage_writer`` stores.
+    * **Namespace** (``pool_mapper``): SGLang's config and the pool's
+      geometry. Files are rank-private unless SGLang says the KV is
+      rank-replicated (``is_mla_model``): then every tp rank reads the same
+      files and only ``is_storage_writer`` stores.
     * **Multi-pool (v2) models** (Mamba, SWA, DSA sidecars) are refused when
       the pools are registered: only the KV pool is stored. ``batch_*_v2``
       calls that name the KV pool alone are served by the v1 path.
-    * **Waiting.** SGLang's storage calls are synchronous (its prefetch and
-      backup threads block in them); each call submits one FsTier job and
-      polls ``FsTier.get_finished`` (0.2 to 2 ms sleeps) until its result is
-      in; results of other threads' jobs are handed to them. A job whose op
-      timed out returns only after the late call released its rows, so SGLang
-      never reuses a row a late read may still fill.
+    * **Waiting** (:class:`~fstier.integrations._blocking.BlockingJobs`):
+      SGLang's storage calls are synchronous; each call is one FsTier job it
+      waits for. FsTier holds back (``hold_fenced_results``) a job whose op
+      timed out until the late call released its rows, so SGLang never
+      reuses a row a late read may still fill.
 
 Importing :mod:`fstier` never imports SGLang. Importing this module does;
 without SGLang, or with a version outside :data:`SUPPORTED_SGLANG`,
@@ -68,27 +60,36 @@ failures are ``False`` pages (and log lines).
 
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata
-import itertools
 import logging
-import re
 import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from fstier.errors import ConfigError, FstierError, KeyFormatError
+from fstier.errors import ConfigError, KeyFormatError
 from fstier.file_mapper import FileMapper
-from fstier.integrations._options import tier_config_from_engine_options
-from fstier.io.blockfile import FORMAT_VERSION
+from fstier.integrations._blocking import BlockingJobs
+from fstier.integrations._sglang_compat import (
+    SUPPORTED_SGLANG,
+    SglangUnavailableError,
+    check_supported,
+    sglang_version,
+    tier_config_from_extra_config,
+)
+from fstier.integrations._sglang_pool import (
+    SUPPORTED_LAYOUTS,
+    PoolGeometry,
+    page_hash,
+    pool_mapper,
+)
 from fstier.keys import BlockKey
+from fstier.slots import JoinedSlots
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fstier.config import TierConfig
-    from fstier.manager import FsTier, JobResult
+    from fstier.manager import FsTier
 
 __all__ = [
+    "SUPPORTED_LAYOUTS",
     "SUPPORTED_SGLANG",
     "FstierHiCacheStorage",
     "SglangUnavailableError",
@@ -99,53 +100,8 @@ __all__ = [
 
 log = logging.getLogger("fstier.sglang")
 
-#: The SGLang versions FstierHiCacheStorage is tested against (the HiCache
-#: storage interface changes between minor versions).
-SUPPORTED_SGLANG = ">=0.5.23,<0.6"
-_MIN_VERSION = (0, 5, 23)
-_MAX_VERSION_EXCL = (0, 6, 0)
-
-#: Keys SGLang itself reads from (or leaves in) the extra config.
-_SGLANG_KEYS = frozenset(
-    {
-        "backend_name",
-        "module_path",
-        "class_name",
-        "interface_v1",
-        "tp_lcm_size",
-        "prefetch_threshold",
-        "prefetch_timeout_base",
-        "prefetch_timeout_per_ki_token",
-        "hicache_storage_pass_prefix_keys",
-    }
-)
-#: Host-pool layouts whose pages are fixed-size fragments of one buffer.
-SUPPORTED_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 #: Pages the legacy (non-v1) calls stage at once through scratch rows.
 _SCRATCH_PAGES = 16
-_POLL_MIN_S = 0.0002
-_POLL_MAX_S = 0.002
-
-
-class SglangUnavailableError(FstierError, ImportError):
-    """SGLang is missing, not importable, or outside the supported versions."""
-
-
-def sglang_version() -> str | None:
-    """The installed SGLang distribution's version, or None (never imports SGLang)."""
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-    m = re.match(r"^\s*v?(\d+(?:\.\d+)*)", version)
-    if m is None:
-        return ()
-    parts = tuple(int(p) for p in m.group(1).split("."))
-    return parts + (0,) * (3 - len(parts))
-
 
 _IMPORT_ERROR: BaseException | None = None
 
@@ -154,61 +110,7 @@ def check_sglang() -> str:
     """Return the installed SGLang version if FstierHiCacheStorage supports
     it, else raise :class:`SglangUnavailableError` naming what is installed
     and what is supported."""
-    installed = sglang_version()
-    fix = (
-        "install a supported SGLang (pip install sglang==0.5.23 on a GPU machine; on a "
-        "CPU-only machine `make test-sglang` builds the test environment; see docs/sglang.md)"
-    )
-    if installed is None:
-        raise SglangUnavailableError(
-            f"FstierHiCacheStorage needs SGLang {SUPPORTED_SGLANG}, but SGLang is not "
-            f"installed; {fix}"
-        )
-    if not _MIN_VERSION <= _version_tuple(installed) < _MAX_VERSION_EXCL:
-        raise SglangUnavailableError(
-            f"FstierHiCacheStorage needs SGLang {SUPPORTED_SGLANG}, but SGLang {installed} "
-            f"is installed; {fix}"
-        )
-    if _IMPORT_ERROR is not None:
-        raise SglangUnavailableError(
-            f"FstierHiCacheStorage needs SGLang {SUPPORTED_SGLANG}; SGLang {installed} is "
-            f"installed but its HiCache storage module does not import "
-            f"({type(_IMPORT_ERROR).__name__}: {_IMPORT_ERROR}); {fix}"
-        )
-    return installed
-
-
-def tier_config_from_extra_config(extra_config: dict[str, Any] | None) -> TierConfig:
-    """The :class:`TierConfig` of SGLang's extra config: SGLang's own keys
-    are set aside, the rest are fstier's options (``root_dir``, ``config``,
-    tier fields). Raises :class:`ConfigError` naming the first bad key."""
-    if extra_config is not None and not isinstance(extra_config, dict):
-        raise ConfigError(
-            "FstierHiCacheStorage: --hicache-storage-backend-extra-config must be a JSON "
-            f"object, got {type(extra_config).__name__}"
-        )
-    opts = {k: v for k, v in (extra_config or {}).items() if k not in _SGLANG_KEYS}
-    return tier_config_from_engine_options(
-        opts,
-        who="FstierHiCacheStorage",
-        engine="SGLang",
-        engine_keys=_SGLANG_KEYS,
-        aliases={},
-        doc="docs/sglang.md",
-    )
-
-
-def _page_hash(key: object) -> bytes | None:
-    """SGLang's page key as a BlockKey hash: its 64 hex digits as bytes; any
-    other string is named by its SHA-256. None for a non-string."""
-    if not isinstance(key, str):
-        return None
-    if len(key) == 64:
-        try:
-            return bytes.fromhex(key)
-        except ValueError:
-            pass
-    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+    return check_supported(sglang_version(), _IMPORT_ERROR)
 
 
 def _count_true_prefix(flags: Sequence[bool]) -> int:
@@ -216,139 +118,6 @@ def _count_true_prefix(flags: Sequence[bool]) -> int:
         if not f:
             return i
     return len(flags)
-
-
-# ------------------------------------------------------------------ the rows
-class _PoolRows:
-    """The slots of one backend: the host pool's fragment rows (in place),
-    then fstier-owned scratch rows for the legacy calls. Both are
-    :class:`RowSlots` of the same row size; this only routes indices."""
-
-    def __init__(self, host: Any, scratch: Any) -> None:
-        self.host = host
-        self.scratch = scratch
-        self._n = host.num_slots
-
-    @property
-    def num_slots(self) -> int:
-        return self._n + self.scratch.num_slots
-
-    @property
-    def slot_bytes(self) -> int:
-        return int(self.host.slot_bytes)
-
-    def _route(self, i: int) -> tuple[Any, int]:
-        return (self.host, i) if i < self._n else (self.scratch, i - self._n)
-
-    def slot_view(self, i: int) -> memoryview:
-        rows, j = self._route(i)
-        return rows.slot_view(j)  # type: ignore[no-any-return,unused-ignore]
-
-    def check_slots(self, slots: Sequence[int]) -> None:
-        for s in slots:
-            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < self.num_slots:
-                raise ValueError(f"slot {s!r} is not a row index in 0..{self.num_slots - 1}")
-            rows, j = self._route(s)
-            rows.check_slots([j])
-
-    def fence(self, i: int) -> None:
-        rows, j = self._route(i)
-        rows.fence(j)
-
-    def unfence(self, i: int) -> None:
-        rows, j = self._route(i)
-        rows.unfence(j)
-
-    def release(self) -> None:
-        self.host.release()
-        self.scratch.release()
-
-
-class _Geometry:
-    """How one host pool's pages lie in its ``kv_buffer`` (checked at attach)."""
-
-    def __init__(self, pool: Any) -> None:
-        import torch
-
-        self.pool = pool
-        layout = getattr(pool, "layout", None)
-        if layout not in SUPPORTED_LAYOUTS:
-            raise ConfigError(
-                f"FstierHiCacheStorage: host pool layout {layout!r} is not supported; use one "
-                f"of {', '.join(SUPPORTED_LAYOUTS)} (--hicache-mem-layout)"
-            )
-        buf = getattr(pool, "kv_buffer", None)
-        if not isinstance(buf, torch.Tensor):
-            raise ConfigError(
-                f"FstierHiCacheStorage: host pool {type(pool).__name__} has no single kv_buffer "
-                "tensor; fstier stores MHA and MLA token pools"
-            )
-        if buf.device.type != "cpu" or not buf.is_contiguous():
-            raise ConfigError(
-                f"FstierHiCacheStorage: host pool {type(pool).__name__}'s kv_buffer must be a "
-                f"contiguous host tensor, got device={buf.device}, contiguous={buf.is_contiguous()}"
-            )
-        self.page_size = int(pool.page_size)
-        self.page_num = int(pool.page_num)
-        self.base = int(buf.data_ptr())
-        self.nbytes = int(buf.numel() * buf.element_size())
-        first = torch.arange(self.page_size, dtype=torch.int64)
-        ptrs, sizes = pool.get_page_buffer_meta(first)
-        if not ptrs or len(ptrs) != len(sizes) or len(set(sizes)) != 1:
-            raise ConfigError(
-                f"FstierHiCacheStorage: {type(pool).__name__}.get_page_buffer_meta gave "
-                f"{len(ptrs)} pointers of sizes {sorted(set(sizes))} for one page; fstier needs "
-                "equal-sized fragments"
-            )
-        self.fragments = len(ptrs)
-        self.fragment_bytes = int(sizes[0])
-        if self.fragments * self.page_num * self.fragment_bytes != self.nbytes:
-            raise ConfigError(
-                f"FstierHiCacheStorage: {type(pool).__name__}'s kv_buffer holds {self.nbytes} "
-                f"bytes, not {self.fragments} fragments x {self.page_num} pages x "
-                f"{self.fragment_bytes} bytes; its layout is not one fstier can move in place"
-            )
-        self.buffer = buf
-        rows = self.rows_of(first)
-        if rows != [[g * self.page_num for g in range(self.fragments)]]:
-            raise ConfigError(
-                f"FstierHiCacheStorage: {type(pool).__name__}'s page fragments are not rows of "
-                "its kv_buffer; its layout is not one fstier can move in place"
-            )
-
-    def rows_of(self, host_indices: Any) -> list[list[int]] | None:
-        """Per page of ``host_indices`` (token slots, ``page_size`` per page),
-        the row of each fragment in fragment order, from SGLang's own
-        ``get_page_buffer_meta``; None if the indices are not whole pages or a
-        pointer is not a fragment row of this buffer."""
-        ps, f, fb = self.page_size, self.fragments, self.fragment_bytes
-        n = int(host_indices.numel())
-        if n % ps:
-            return None
-        npages = n // ps
-        ptrs, sizes = self.pool.get_page_buffer_meta(host_indices)
-        if len(ptrs) != npages * f or any(s != fb for s in sizes):
-            return None
-        out: list[list[int]] = []
-        base, limit, pn = self.base, self.nbytes, self.page_num
-        for i in range(npages):
-            page: int | None = None
-            rows = [0] * f
-            seen = 0
-            for ptr in ptrs[i * f : (i + 1) * f]:
-                off = int(ptr) - base
-                if off < 0 or off + fb > limit or off % fb:
-                    return None
-                row = off // fb
-                g, p = divmod(row, pn)
-                if page is None:
-                    page = p
-                if p != page or seen & (1 << g):
-                    return None
-                seen |= 1 << g
-                rows[g] = row
-            out.append(rows)
-        return out
 
 
 # ------------------------------------------------------------------ backend
@@ -409,16 +178,13 @@ else:
             self.mem_pool_host: Any = None
             self.fstier: FsTier | None = None
             self.mapper: FileMapper | None = None
-            self._geometry: _Geometry | None = None
-            self._rows: _PoolRows | None = None
+            self._geometry: PoolGeometry | None = None
+            self._rows: JoinedSlots | None = None
             self._scratch_base = 0
             self._scratch_lock = threading.Lock()
-            self._results: dict[Any, JobResult] = {}
-            self._results_lock = threading.Lock()
-            self._ids = itertools.count()
+            self._jobs: BlockingJobs | None = None
             self._unsupported_pools: list[str] = []
             self._pools_registered = False
-            self._rank: int | None = None
             self._closed = False
             self._stats_lock = threading.Lock()
             self._stats: dict[str, list[float]] = {
@@ -443,34 +209,28 @@ else:
                     "FstierHiCacheStorage: a second host pool was registered; one backend "
                     "serves one KV host pool"
                 )
-            import numpy as np
-
             from fstier.manager import FsTier
-            from fstier.slots import RowSlots
 
-            geo = _Geometry(mem_pool_host)
+            geo = PoolGeometry(mem_pool_host)
             cfg = self.storage_config
-            mapper = self._make_mapper(mem_pool_host, geo)
-            flat = geo.buffer.view(-1).view(dtype=_uint8()).numpy()
-            host_rows = RowSlots(flat.data, geo.fragments * geo.page_num, geo.fragment_bytes)
-            # Scratch for the legacy calls: untouched until first used.
-            scratch_n = _SCRATCH_PAGES * geo.fragments
-            scratch = RowSlots(
-                np.empty(scratch_n * geo.fragment_bytes, dtype=np.uint8).data,
-                scratch_n, geo.fragment_bytes,
-            )
-            rows = _PoolRows(host_rows, scratch)
+            mapper = pool_mapper(cfg, self.tier_config, mem_pool_host, geo)
+            # The pool's rows in place, then scratch rows for the legacy calls.
+            rows = JoinedSlots(geo.host_rows(), geo.scratch_rows(_SCRATCH_PAGES))
             try:
-                tier = FsTier(self.tier_config, rows, mapper)
+                # SGLang reuses a row as soon as its call returns: FsTier holds
+                # back the result of a job whose row a timed-out call may still
+                # write (load) or read (store), until that call returned.
+                tier = FsTier(self.tier_config, rows, mapper, hold_fenced_results=True)
             except BaseException:
                 rows.release()
                 raise
             self.mem_pool_host = mem_pool_host
             self._geometry = geo
             self._rows = rows
-            self._scratch_base = host_rows.num_slots
+            self._scratch_base = rows.start_of(1)
             self.mapper = mapper
             self.fstier = tier
+            self._jobs = BlockingJobs(tier, "SGLang")
             log.info(
                 "fstier: SGLang HiCache storage at %s (namespace %s, %s, %s layout, %d "
                 "fragment(s) of %d bytes per page, %s)",
@@ -478,50 +238,6 @@ else:
                 "shared by tp ranks" if cfg.is_mla_model else "rank-private",
                 mem_pool_host.layout, geo.fragments, geo.fragment_bytes,
                 "writer" if self.is_writer else "reader",
-            )
-
-        def _make_mapper(self, pool: Any, geo: _Geometry) -> FileMapper:
-            cfg = self.storage_config
-            shared = bool(cfg.is_mla_model)
-            fields: dict[str, Any] = {
-                "engine": "sglang",
-                "model": cfg.model_name or "",
-                "dtype": str(pool.dtype),
-                "pool": type(pool).__name__,
-                "layout": pool.layout,
-                "page_size": geo.page_size,
-                "layer_num": int(getattr(pool, "layer_num", 0)),
-                "start_layer": getattr(pool, "start_layer", None),
-                "end_layer": getattr(pool, "end_layer", None),
-                "head_num": getattr(pool, "head_num", None),
-                "head_dim": getattr(pool, "head_dim", None),
-                "v_head_dim": getattr(pool, "v_head_dim", None),
-                "kv_lora_rank": getattr(pool, "kv_lora_rank", None),
-                "qk_rope_head_dim": getattr(pool, "qk_rope_head_dim", None),
-                "storage_format_tag": getattr(pool, "storage_format_tag", None),
-                "fragments_per_page": geo.fragments,
-                "fragment_bytes": geo.fragment_bytes,
-                "rank_replicated": shared,
-                "tp_size": 1 if shared else cfg.tp_size,
-                "pp_size": cfg.pp_size,
-                "attn_cp_size": cfg.attn_cp_size,
-                "format_version": FORMAT_VERSION,
-                "namespace_salt": self.tier_config.namespace_salt,
-            }
-            # tp ranks share files exactly when SGLang says the KV is replicated;
-            # pp stages and attention-cp ranks always hold different bytes.
-            rank = cfg.attn_cp_rank + cfg.attn_cp_size * cfg.pp_rank
-            if not shared:
-                rank = cfg.tp_rank + cfg.tp_size * rank
-            agnostic = shared and cfg.pp_size == 1 and cfg.attn_cp_size == 1
-            self._rank = None if agnostic else rank
-            return FileMapper.for_engine(
-                self.tier_config.root_dir,
-                cfg.model_name or "sglang",
-                fields,
-                agnostic=agnostic,
-                rank=0 if agnostic else rank,
-                payload_bytes=[geo.fragment_bytes] * geo.fragments,
             )
 
         def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
@@ -566,60 +282,20 @@ else:
             """Page hashes of ``keys`` up to the first one fstier cannot name."""
             out: list[bytes] = []
             for k in keys:
-                h = _page_hash(k)
+                h = page_hash(k)
                 if h is None:
                     log.warning("fstier: SGLang key %r is not a string; it and later pages fail", k)
                     break
                 out.append(h)
             return out
 
-        def _run(self, tier: FsTier, kind: str, bkeys: list[BlockKey], slots: list[int]) -> JobResult | None:
-            """Submit one job and wait for its result (None if refused)."""
-            job_id = ("sglang", kind, next(self._ids))
-            try:
-                if kind == "store":
-                    tier.submit_store(job_id, bkeys, slots)
-                else:
-                    tier.submit_load(job_id, bkeys, slots)
-            except (ValueError, FstierError) as exc:
-                log.error("fstier: SGLang %s of %d file(s) refused: %s", kind, len(bkeys), exc)
-                return None
-            delay = _POLL_MIN_S
-            while True:
-                with self._results_lock:
-                    for r in tier.get_finished():
-                        self._results[r.job_id] = r
-                    # Events are not published to SGLang: take them so the
-                    # tier's list never grows.
-                    tier.take_events()
-                    result = self._results.pop(job_id, None)
-                if result is not None:
-                    break
-                time.sleep(delay)
-                delay = min(delay * 2, _POLL_MAX_S)
-            fenced = tier.fenced_slots
-            if fenced and not fenced.isdisjoint(slots):
-                # A timed-out op may still write (load) or read (store) a row:
-                # SGLang reuses rows as soon as this call returns.
-                log.warning(
-                    "fstier: waiting for a timed-out I/O call to return before handing "
-                    "SGLang's host rows back"
-                )
-                tier.wait_fences_released()
-            if result.cause and not result.success:
-                log.warning(
-                    "fstier: SGLang %s: %d of %d file(s) done (%s)",
-                    kind, result.keys_completed, len(bkeys), result.cause,
-                )
-            return result
-
         def _pages_job(
             self, kind: str, hashes: list[bytes], rows: list[list[int]]
         ) -> int:
             """Store or load whole pages (every fragment); the number of
             leading pages that completed."""
-            tier = self._ready()
-            if tier is None or not hashes:
+            jobs = self._jobs if self._ready() is not None else None
+            if jobs is None or not hashes:
                 return 0
             f = len(rows[0])
             bkeys: list[BlockKey] = []
@@ -632,7 +308,7 @@ else:
             except KeyFormatError as exc:  # cannot happen for 32-byte hashes
                 log.error("fstier: %s", exc)
                 return 0
-            result = self._run(tier, kind, bkeys, slots)
+            result = jobs.run(kind, bkeys, slots)
             if result is None:
                 return 0
             return result.keys_completed // f
@@ -721,19 +397,6 @@ else:
                 return 0
 
         # -- legacy (flat page tensors, through scratch rows) ------------------
-        def _flat_bytes(self, t: Any) -> Any:
-            """A writable uint8 numpy view of a flat page tensor, or None."""
-            import torch
-
-            geo = self._geometry
-            if geo is None or not isinstance(t, torch.Tensor) or t.device.type != "cpu":
-                return None
-            if not t.is_contiguous():
-                return None
-            if t.numel() * t.element_size() != geo.fragments * geo.fragment_bytes:
-                return None
-            return t.view(-1).view(dtype=_uint8()).numpy()
-
         def _legacy(self, kind: str, keys: Sequence[Any], tensors: Sequence[Any]) -> int:
             """Pages of ``keys`` moved to/from ``tensors`` through scratch
             rows, ``_SCRATCH_PAGES`` at a time; the leading count."""
@@ -746,7 +409,7 @@ else:
             with self._scratch_lock:
                 for start in range(0, len(hashes), _SCRATCH_PAGES):
                     chunk = hashes[start : start + _SCRATCH_PAGES]
-                    views = [self._flat_bytes(t) for t in tensors[start : start + len(chunk)]]
+                    views = [geo.flat_page_bytes(t) for t in tensors[start : start + len(chunk)]]
                     usable = _count_true_prefix([v is not None for v in views])
                     if usable < len(chunk):
                         log.error(
@@ -927,8 +590,3 @@ else:
                 if rows is not None:
                     rows.release()
 
-
-def _uint8() -> Any:
-    import torch
-
-    return torch.uint8

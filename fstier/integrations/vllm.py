@@ -53,35 +53,53 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from fstier.config import TierConfig
 from fstier.errors import ConfigError, FstierError, KeyFormatError
-from fstier.file_mapper import FileMapper, parallel_identity
-from fstier.integrations._options import tier_config_from_engine_options
 from fstier.integrations._vllm_compat import (
     SUPPORTED_TEXT,
     VllmUnavailableError,
     check_supported,
     installed_vllms,
     metric_sections,
-    sliding_window_chunks,
     version_tuple,
 )
-from fstier.io.blockfile import FORMAT_VERSION
+from fstier.integrations._vllm_config import engine_mapper, tier_config_from_options
+from fstier.integrations._vllm_env import hash_seed_problem, join_vllm_logging
+from fstier.integrations._vllm_metrics import (
+    BREAKER_STATES,
+    BYTES_BUCKETS_VLLM,
+    MAX_OBSERVATIONS,
+    METRIC_PREFIX,
+    SECONDS_BUCKETS_VLLM,
+    VLLM_COUNTERS,
+    VLLM_GAUGES,
+    VLLM_HISTOGRAMS,
+    VLLM_LABELED_COUNTERS,
+    VllmMetrics,
+    metric_definitions,
+    scraped_metric_names,
+)
 from fstier.keys import BlockKey
 from fstier.slots.rows import RowSlots
-from fstier.units import parse_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.manager import FsTier
     from fstier.manager import JobResult as FsJobResult
 
 __all__ = [
+    "BREAKER_STATES",
+    "BYTES_BUCKETS_VLLM",
+    "MAX_OBSERVATIONS",
+    "METRIC_PREFIX",
+    "SECONDS_BUCKETS_VLLM",
     "SUPPORTED_VLLM",
+    "VLLM_COUNTERS",
+    "VLLM_GAUGES",
+    "VLLM_HISTOGRAMS",
+    "VLLM_LABELED_COUNTERS",
     "FstierTier",
     "RowSlots",
     "VllmUnavailableError",
@@ -89,6 +107,7 @@ __all__ = [
     "engine_mapper",
     "hash_seed_problem",
     "join_vllm_logging",
+    "scraped_metric_names",
     "tier_config_from_options",
     "vllm_version",
 ]
@@ -100,10 +119,6 @@ log = logging.getLogger("fstier.vllm")
 #: one check for every fstier vLLM integration lives in ``_vllm_compat``.
 SUPPORTED_VLLM = SUPPORTED_TEXT
 
-#: Keys vLLM itself puts in (or leaves in) a tier's constructor arguments.
-_VLLM_KEYS = frozenset({"locality", "enable_kv_events"})
-#: vLLM fs-tier spellings accepted for the same fstier field.
-_ALIASES = {"n_read_threads": "read_threads", "n_write_threads": "write_threads"}
 
 
 def vllm_version() -> str | None:
@@ -123,93 +138,6 @@ def check_vllm() -> str:
     return check_supported("FstierTier", installed_vllms(), _IMPORT_ERROR).version
 
 
-# ------------------------------------------------------------------ options
-def tier_config_from_options(options: Mapping[str, Any]) -> TierConfig:
-    """The :class:`TierConfig` of FstierTier's constructor options (the vLLM
-    keys already removed): ``config``'s ``tier:`` section, then inline tier
-    fields (``tier.<field>`` or ``<field>``, and vLLM's thread-count names)
-    over it. Raises :class:`ConfigError` naming the first bad option."""
-    opts: dict[str, Any] = dict(options)
-    for key in ("max_bytes", "tier.max_bytes"):
-        value = opts.get(key)
-        if isinstance(value, str):
-            # Inside vLLM's JSON a bare letter means what vLLM means: "2T" is
-            # 2 TiB (vLLM's human_readable_int), "2t" 2 TB.
-            try:
-                opts[key] = parse_size(value, vllm_letters=True)
-            except ValueError as exc:
-                raise ConfigError(f"FstierTier options: tier.max_bytes: {exc}") from None
-    return tier_config_from_engine_options(
-        opts,
-        who="FstierTier",
-        engine="vLLM",
-        engine_keys=_VLLM_KEYS,
-        aliases=_ALIASES,
-        doc="docs/vllm.md",
-    )
-
-
-# ---------------------------------------------------------------- namespace
-def engine_mapper(offloading_spec: Any, row_bytes: int, tier: TierConfig) -> FileMapper:
-    """The :class:`FileMapper` of a vLLM deployment: the digest holds vLLM's
-    fields that change a row's bytes, fstier's format version, the row size
-    and the salt; parallel sizes and the rank leave it exactly when vLLM calls
-    the rows parallelism-agnostic (``is_parallelism_agnostic`` or
-    ``replicated_layout``)."""
-    cfg = offloading_spec.config
-    par = cfg.parallel
-    replicated = bool(getattr(offloading_spec, "replicated_layout", cfg.replicated_layout))
-    agnostic = bool(par.is_parallelism_agnostic or replicated)
-    canonical_format = None
-    if cfg.canonical_layout and cfg.kv_cache_layout is not None:
-        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.canonical_mapping import (
-            canonical_format_id,
-        )
-
-        canonical_format = canonical_format_id(cfg.kv_cache_layout)
-    fields: dict[str, Any] = {
-        "engine": "vllm",
-        "model": cfg.model.name,
-        "dtype": str(cfg.model.dtype),
-        "tokens_per_hash": cfg.cache.tokens_per_hash,
-        "blocks_per_chunk": cfg.cache.blocks_per_chunk,
-        "groups": [
-            {
-                "group_id": g.group_id,
-                "tokens_per_block": g.tokens_per_block,
-                "layer_names": list(g.layer_names),
-                "sliding_window_size_in_chunks": sliding_window_chunks(g),
-            }
-            for g in cfg.groups
-        ],
-        "row_bytes": row_bytes,
-        "replicated_layout": replicated,
-        "canonical_layout": bool(cfg.canonical_layout),
-        "kv_cache_layout": cfg.kv_cache_layout,
-        "canonical_format": canonical_format,
-        "parallel_agnostic": agnostic,
-        **parallel_identity(
-            agnostic,
-            {
-                "tp_size": par.tp_size,
-                "pp_size": par.pp_size,
-                "pcp_size": par.pcp_size,
-                "dcp_size": par.dcp_size,
-            },
-        ),
-        "format_version": FORMAT_VERSION,
-        "namespace_salt": tier.namespace_salt,
-    }
-    return FileMapper.for_engine(
-        tier.root_dir,
-        cfg.model.name,
-        fields,
-        agnostic=agnostic,
-        rank=par.rank,
-        payload_bytes=[row_bytes] * max(1, len(cfg.groups)),
-    )
-
-
 def _block_key(key: bytes) -> BlockKey | None:
     """vLLM's OffloadKey (hash + 4-byte big-endian group) as a BlockKey, or
     None for a key fstier cannot name (a hash outside 8..64 bytes)."""
@@ -225,132 +153,9 @@ class _Job:
 
     job_id: int
     keys: tuple[Any, ...]
-    slots: tuple[int, ...]
     is_load: bool
     #: keys[:submitted] went to FsTier; a later key was not nameable
     submitted: int
-
-
-# ------------------------------------------------------------------ metrics
-#: Every fstier metric vLLM exports has this prefix; prometheus_client adds
-#: ``_total`` to counters and ``_bucket``/``_sum``/``_count`` to histograms
-#: when they are scraped (docs/vllm.md lists the names as scraped).
-METRIC_PREFIX = "vllm:kv_offload_fstier_"
-#: name under vLLM -> (FsTier metrics snapshot key, help)
-VLLM_COUNTERS: dict[str, tuple[str, str]] = {
-    "stored_blocks": ("fstier_stored_blocks_total", "Block files written."),
-    "stored_bytes": ("fstier_stored_bytes_total", "Payload bytes written to new block files."),
-    "store_skipped_blocks": ("fstier_store_skipped_blocks_total", "Stores skipped: the block was already on disk."),
-    "loaded_blocks": ("fstier_loaded_blocks_total", "Block files loaded and verified."),
-    "loaded_bytes": ("fstier_loaded_bytes_total", "Payload bytes loaded and verified."),
-    "load_missed_blocks": ("fstier_load_missed_blocks_total", "Blocks a load reported as misses; vLLM recomputes them."),
-    "lookup_keys": ("fstier_lookup_keys_total", "Keys whose presence vLLM asked for (background lookups)."),
-    "lookup_hits": ("fstier_lookup_hits_total", "Keys found present by lookups."),
-    "corrupt_blocks": ("fstier_corrupt_blocks_total", "Block files proven bad and removed."),
-    "evicted_blocks": ("fstier_evicted_blocks_total", "Block files removed by LRU eviction."),
-    "evicted_bytes": ("fstier_evicted_bytes_total", "Bytes removed by LRU eviction."),
-    "temp_swept": ("fstier_temp_swept_total", "Stale temp and .nfs files removed."),
-    "breaker_trips": ("fstier_breaker_trips_total", "Times the circuit breaker opened."),
-}
-#: name under vLLM -> (snapshot key, label name, help)
-VLLM_LABELED_COUNTERS: dict[str, tuple[str, str, str]] = {
-    "store_dropped_blocks": (
-        "fstier_store_dropped_blocks_total", "reason",
-        "Stores dropped before any I/O, a future miss: backpressure (write queue over "
-        "max_write_queue_seconds), capacity (root over max_bytes), degraded (breaker open).",
-    ),
-    "failures": ("fstier_failures_total", "cause", "Failed block operations by cause (errno name, timeout, corrupt, ...)."),
-}
-VLLM_GAUGES: dict[str, tuple[str, str]] = {
-    "usage_bytes": ("fstier_usage_bytes", "Bytes of block files under root_dir (tracked with max_bytes)."),
-    "degraded": ("fstier_degraded", "1 while fstier's circuit breaker is open (no I/O is issued)."),
-    "write_bytes_per_second": ("fstier_write_bytes_per_second", "Measured write speed (EMA) that backpressure uses."),
-    "queued_store_bytes": ("fstier_queued_store_bytes", "Bytes of stores queued or running."),
-}
-#: Label values sent at 0 from the start (causes appear when they happen).
-_KNOWN_LABELS = {"store_dropped_blocks": ("backpressure", "capacity", "degraded")}
-#: The breaker state as a labeled gauge: 1 for the current state, 0 for the others.
-BREAKER_STATES = ("closed", "open", "half_open")
-SECONDS_BUCKETS_VLLM: tuple[float, ...] = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-)
-BYTES_BUCKETS_VLLM: tuple[float, ...] = tuple(float(4096 * 4**i) for i in range(11))  # 4 KiB .. 4 GiB
-#: name under vLLM -> (buckets, help); observed per job (and per lookup batch)
-VLLM_HISTOGRAMS: dict[str, tuple[tuple[float, ...], str]] = {
-    "store_job_seconds": (SECONDS_BUCKETS_VLLM, "Seconds per store job, submission to result."),
-    "load_job_seconds": (SECONDS_BUCKETS_VLLM, "Seconds per load job, submission to result."),
-    "lookup_seconds": (SECONDS_BUCKETS_VLLM, "Seconds per background lookup batch (cache, then stat)."),
-    "store_job_bytes": (BYTES_BUCKETS_VLLM, "Payload bytes written per store job."),
-    "load_job_bytes": (BYTES_BUCKETS_VLLM, "Payload bytes loaded per load job."),
-}
-#: Observations kept per histogram between two get_stats calls (vLLM calls
-#: it every step when stats are on); beyond it the oldest are dropped.
-MAX_OBSERVATIONS = 4096
-
-
-def scraped_metric_names() -> list[str]:
-    """Every fstier metric name as Prometheus scrapes it from vLLM."""
-    names = [f"{METRIC_PREFIX}{n}_total" for n in (*VLLM_COUNTERS, *VLLM_LABELED_COUNTERS)]
-    names += [f"{METRIC_PREFIX}{n}" for n in (*VLLM_GAUGES, "breaker_state")]
-    names += [f"{METRIC_PREFIX}{n}_{s}" for n in VLLM_HISTOGRAMS for s in ("bucket", "sum", "count")]
-    return names
-
-
-def join_vllm_logging() -> bool:
-    """Send fstier's log lines (loggers ``fstier.*``) through vLLM's handlers,
-    so they print in vLLM's format at vLLM's level (``VLLM_LOGGING_LEVEL``).
-
-    vLLM configures only its own ``vllm`` logger (``propagate: False``) and
-    leaves the root logger bare, so without this fstier's INFO lines (the
-    start line naming root, namespace and row size) never print and its
-    warnings reach stderr unformatted. Nothing changes when the operator
-    configured logging: a ``fstier`` logger with handlers (e.g. from
-    ``VLLM_LOGGING_CONFIG_PATH``) or a root logger with handlers is left
-    alone, and so is a vLLM run with ``VLLM_CONFIGURE_LOGGING=0``. Returns
-    True when it attached vLLM's handlers."""
-    fst = logging.getLogger("fstier")
-    if fst.handlers or logging.getLogger().handlers:
-        return False
-    vl = logging.getLogger("vllm")
-    if not vl.handlers:
-        return False
-    for handler in vl.handlers:
-        fst.addHandler(handler)
-    if fst.level == logging.NOTSET:
-        fst.setLevel(vl.getEffectiveLevel())
-    # vLLM's handlers print these lines; a root handler added later must not
-    # print them a second time.
-    fst.propagate = False
-    return True
-
-
-def hash_seed_problem() -> str | None:
-    """Why vLLM's block hashes in this process cannot match another
-    process's, or None. vLLM seeds its prefix hashes (``NONE_HASH``) from
-    ``PYTHONHASHSEED``, else from a fixed default for sha256 but from random
-    bytes for a non-cryptographic algorithm (``xxhash``): then every restart
-    and every other instance computes other keys and never hits a stored file.
-    None too while vLLM has not seeded yet (its engine core does it after the
-    scheduler, and so this tier, is built)."""
-    import os
-
-    if os.environ.get("PYTHONHASHSEED") is not None:
-        return None
-    try:
-        from vllm.v1.core import kv_cache_utils
-    except Exception:
-        return None
-    seed = getattr(kv_cache_utils, "_NONE_HASH_SEED", None)
-    default = getattr(kv_cache_utils, "DEFAULT_NONE_HASH_SEED", None)
-    if seed is None or default is None or seed == default:
-        return None
-    return (
-        "vLLM's prefix-cache hash seed is random in this process (a non-cryptographic "
-        "--prefix-caching-hash-algo such as xxhash, and PYTHONHASHSEED is not set): block "
-        "hashes differ in every process, so nothing this tier stores is hit after a restart or "
-        "by another instance; set PYTHONHASHSEED to the same value for every vLLM instance "
-        "sharing the root, or use --prefix-caching-hash-algo sha256"
-    )
 
 
 # ------------------------------------------------------------------ the tier
@@ -359,10 +164,7 @@ try:
         Locality,
         LookupResult,
         Medium,
-        OffloadingCounterMetadata,
         OffloadingEvent,
-        OffloadingGaugeMetadata,
-        OffloadingHistogramMetadata,
         OffloadingMetricMetadata,
         OffloadKey,
         ReqContext,
@@ -395,7 +197,7 @@ else:
 
         def __init__(self, tier: Any) -> None:
             self._fs = tier.fstier
-            self._observe = tier._observe
+            self._metrics = tier.vllm_metrics
             super().__init__(tier_type=tier.tier_type)
 
         def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
@@ -403,7 +205,7 @@ else:
             valid = [k for k in bkeys if k is not None]
             t0 = time.perf_counter()
             found = iter(self._fs.present(valid))
-            self._observe("lookup_seconds", time.perf_counter() - t0)
+            self._metrics.observe("lookup_seconds", time.perf_counter() - t0)
             return [False if k is None else next(found) for k in bkeys]
 
     class FstierTier(SecondaryTierManager):  # type: ignore[no-redef]
@@ -481,11 +283,8 @@ else:
             self._jobs: dict[Hashable, _Job] = {}
             #: jobs FsTier refused at submission: reported failed next poll
             self._refused: list[_Job] = []
-            self._reported: dict[tuple[str, tuple[str, ...]], float] = {}
-            #: histogram observations since the last get_stats (bounded)
-            self._observations: dict[str, deque[float]] = {
-                name: deque(maxlen=MAX_OBSERVATIONS) for name in VLLM_HISTOGRAMS
-            }
+            #: fstier's metrics as vLLM reports them (get_stats)
+            self.vllm_metrics = VllmMetrics()
             self._closed = False
             #: the hash-seed check ran on seeded hashes (see _check_hash_seed)
             self._seed_checked = False
@@ -523,11 +322,6 @@ else:
             if problem is not None:
                 log.warning("fstier: tier %r at %s: %s", self.tier_type, self.mapper.root, problem)
 
-        def _observe(self, name: str, value: float) -> None:
-            """One histogram observation for the next get_stats (any thread)."""
-            with self._lock:
-                self._observations[name].append(float(value))
-
         # -- requests and lookups (scheduler thread, under vLLM's manager lock)
         def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
             self._check_hash_seed()
@@ -561,7 +355,7 @@ else:
                     log.warning("fstier: key %r of job %d has no fstier name; it fails", k, job.job_id)
                     break
                 bkeys.append(b)
-            rec = _Job(job.job_id, keys, slots, is_load, len(bkeys))
+            rec = _Job(job.job_id, keys, is_load, len(bkeys))
             n = len(bkeys)
             try:
                 with self._lock:
@@ -630,9 +424,9 @@ else:
                     continue
                 out.append(self._to_vllm(rec, r))
                 kind = "load" if rec.is_load else "store"
-                self._observe(f"{kind}_job_seconds", r.seconds)
+                self.vllm_metrics.observe(f"{kind}_job_seconds", r.seconds)
                 if r.nbytes:
-                    self._observe(f"{kind}_job_bytes", r.nbytes)
+                    self.vllm_metrics.observe(f"{kind}_job_bytes", r.nbytes)
             for rec in refused:
                 if rec.is_load:
                     self._lookup.mark_miss(rec.keys)
@@ -687,26 +481,7 @@ else:
         ) -> dict[str, OffloadingMetricMetadata]:
             """fstier's metrics under vLLM (docs/vllm.md "Metrics" lists them
             as scraped, with ``_total`` on counters)."""
-            defs: dict[str, OffloadingMetricMetadata] = {}
-            for name, (_, doc) in VLLM_COUNTERS.items():
-                defs[METRIC_PREFIX + name] = OffloadingCounterMetadata(documentation=doc)
-            for name, (_, label, doc) in VLLM_LABELED_COUNTERS.items():
-                defs[METRIC_PREFIX + name] = OffloadingCounterMetadata(documentation=doc, labelnames=(label,))
-            for name, (_, doc) in VLLM_GAUGES.items():
-                defs[METRIC_PREFIX + name] = OffloadingGaugeMetadata(documentation=doc)
-            defs[METRIC_PREFIX + "breaker_state"] = OffloadingGaugeMetadata(
-                documentation="fstier's circuit breaker: 1 for the current state (closed, open, half_open).",
-                labelnames=("state",),
-            )
-            for name, (buckets, doc) in VLLM_HISTOGRAMS.items():
-                defs[METRIC_PREFIX + name] = OffloadingHistogramMetadata(documentation=doc, buckets=buckets)
-            return defs
-
-        def _counter_delta(self, name: str, labels: tuple[str, ...], now: float) -> float:
-            key = (name, labels)
-            delta = now - self._reported.get(key, 0.0)
-            self._reported[key] = now
-            return delta
+            return metric_definitions()
 
         def get_stats(self) -> Any:
             """Counter increments since the last call, current gauges and the
@@ -720,41 +495,9 @@ else:
                 return None
             if self._closed:
                 return None
-            snap = self.fstier.metrics.snapshot()
             stats = OffloadingConnectorStats()
             types, values = metric_sections(stats)
-            # A series is sent the first time even at 0, so every counter is
-            # scraped from the start (a rate over a missing series is empty).
-            for name, (src, _) in VLLM_COUNTERS.items():
-                first = (name, ()) not in self._reported
-                delta = self._counter_delta(name, (), float(snap.get(src, 0.0)))
-                if delta or first:
-                    types[METRIC_PREFIX + name] = "counter"
-                    values[METRIC_PREFIX + name] = {(): delta}
-            for name, (src, _, _) in VLLM_LABELED_COUNTERS.items():
-                series = {}
-                current = {**dict.fromkeys(_KNOWN_LABELS.get(name, ()), 0.0), **dict(snap.get(src) or {})}
-                for label, now in sorted(current.items()):
-                    first = (name, (str(label),)) not in self._reported
-                    delta = self._counter_delta(name, (str(label),), float(now))
-                    if delta or first:
-                        series[(str(label),)] = delta
-                if series:
-                    types[METRIC_PREFIX + name] = "counter"
-                    values[METRIC_PREFIX + name] = series
-            for name, (src, _) in VLLM_GAUGES.items():
-                types[METRIC_PREFIX + name] = "gauge"
-                values[METRIC_PREFIX + name] = {(): float(snap.get(src, 0.0))}
-            state = self.fstier.breaker_state
-            types[METRIC_PREFIX + "breaker_state"] = "gauge"
-            values[METRIC_PREFIX + "breaker_state"] = {(s,): float(s == state) for s in BREAKER_STATES}
-            with self._lock:
-                observed = {n: list(q) for n, q in self._observations.items() if q}
-                for q in self._observations.values():
-                    q.clear()
-            for name, obs in observed.items():
-                types[METRIC_PREFIX + name] = "histogram"
-                values[METRIC_PREFIX + name] = {(): obs}
+            self.vllm_metrics.report(self.fstier.metrics.snapshot(), self.fstier.breaker_state, types, values)
             return stats
 
         @classmethod

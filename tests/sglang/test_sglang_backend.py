@@ -491,3 +491,45 @@ def test_concurrent_prefetch_and_backup_threads_get_their_own_results(
     pool.kv_buffer.view(-1).view(torch.uint8).zero_()
     assert b.batch_get_v1(keys, idx) == [True] * 32
     assert sgl.page_bytes(pool, idx) == want
+
+
+def test_a_timed_out_load_returns_only_after_the_late_read_released_its_rows(
+    tmp_path: Path, closing: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang reuses host rows as soon as a call returns: a load whose read
+    timed out must not return while that read may still fill a row."""
+    import threading
+    import time
+
+    from fstier.io.fsops import FS
+
+    pool = sgl.mha_pool("page_first")
+    idx = _alloc(pool, 2)
+    sgl.fill_pages(pool, idx, seed=80)
+    keys = sgl.page_keys(2, "late")
+    assert closing(sgl.fstier_backend(tmp_path, pool)).batch_set_v1(keys, idx) == [True, True]
+
+    b = closing(sgl.fstier_backend(tmp_path, pool, options={**NOCACHE, "io_timeout_s": 0.2}))
+    release = threading.Event()
+    real = FS.preadv
+
+    def hung_preadv(fd: int, bufs: Any, offset: int) -> int:
+        release.wait(20)  # a hung NFS read, until the test lets it go
+        return real(fd, bufs, offset)
+
+    monkeypatch.setattr(FS, "preadv", hung_preadv)
+    got: list[list[bool]] = []
+    call = threading.Thread(target=lambda: got.append(b.batch_get_v1(keys, idx)))
+    call.start()
+    deadline = time.monotonic() + 20
+    while not b.fstier.fenced_slots and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert b.fstier.fenced_slots  # the read timed out: its row is fenced
+    call.join(0.5)
+    assert call.is_alive() and got == []  # FsTier has the result; SGLang must not get it yet
+    release.set()
+    call.join(20)
+    assert not call.is_alive() and not b.fstier.fenced_slots
+    assert got == [[False, False]]
+    monkeypatch.undo()
+    assert b.batch_get_v1(keys, idx) == [True, True]  # the tier still serves the pages

@@ -1,0 +1,124 @@
+"""vLLM's configuration in fstier's terms: FstierTier's options as a
+:class:`~fstier.config.TierConfig`, vLLM's fields as a namespace.
+
+* :func:`tier_config_from_options`: the ``secondary_tiers`` entry's keys
+  (vLLM's own removed): ``config``'s ``tier:`` section, then inline tier
+  fields over it, vLLM's thread-count spellings and size letters accepted;
+  the first bad option is one :class:`~fstier.errors.ConfigError`.
+* :func:`engine_mapper`: the :class:`~fstier.file_mapper.FileMapper` of a
+  vLLM deployment: vLLM's fields that change a row's bytes, the row size,
+  fstier's format version and the salt; parallel sizes and the rank leave
+  the namespace through THE collapse rule
+  (:func:`~fstier.file_mapper.parallel_identity`) exactly when vLLM calls
+  the rows parallelism-agnostic.
+
+Importing this module never imports vLLM (``engine_mapper`` reads the
+canonical format id from vLLM when the layout is canonical).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fstier.config import TierConfig
+from fstier.errors import ConfigError
+from fstier.file_mapper import FileMapper, parallel_identity
+from fstier.integrations._options import tier_config_from_engine_options
+from fstier.integrations._vllm_compat import sliding_window_chunks
+from fstier.io.blockfile import FORMAT_VERSION
+from fstier.units import parse_size
+
+__all__ = ["engine_mapper", "tier_config_from_options"]
+
+#: Keys vLLM itself puts in (or leaves in) a tier's constructor arguments.
+_VLLM_KEYS = frozenset({"locality", "enable_kv_events"})
+#: vLLM fs-tier spellings accepted for the same fstier field.
+_ALIASES = {"n_read_threads": "read_threads", "n_write_threads": "write_threads"}
+
+
+# ------------------------------------------------------------------ options
+def tier_config_from_options(options: Mapping[str, Any]) -> TierConfig:
+    """The :class:`TierConfig` of FstierTier's constructor options (the vLLM
+    keys already removed): ``config``'s ``tier:`` section, then inline tier
+    fields (``tier.<field>`` or ``<field>``, and vLLM's thread-count names)
+    over it. Raises :class:`ConfigError` naming the first bad option."""
+    opts: dict[str, Any] = dict(options)
+    for key in ("max_bytes", "tier.max_bytes"):
+        value = opts.get(key)
+        if isinstance(value, str):
+            # Inside vLLM's JSON a bare letter means what vLLM means: "2T" is
+            # 2 TiB (vLLM's human_readable_int), "2t" 2 TB.
+            try:
+                opts[key] = parse_size(value, vllm_letters=True)
+            except ValueError as exc:
+                raise ConfigError(f"FstierTier options: tier.max_bytes: {exc}") from None
+    return tier_config_from_engine_options(
+        opts,
+        who="FstierTier",
+        engine="vLLM",
+        engine_keys=_VLLM_KEYS,
+        aliases=_ALIASES,
+        doc="docs/vllm.md",
+    )
+
+
+# ---------------------------------------------------------------- namespace
+def engine_mapper(offloading_spec: Any, row_bytes: int, tier: TierConfig) -> FileMapper:
+    """The :class:`FileMapper` of a vLLM deployment: the digest holds vLLM's
+    fields that change a row's bytes, fstier's format version, the row size
+    and the salt; parallel sizes and the rank leave it exactly when vLLM calls
+    the rows parallelism-agnostic (``is_parallelism_agnostic`` or
+    ``replicated_layout``)."""
+    cfg = offloading_spec.config
+    par = cfg.parallel
+    replicated = bool(getattr(offloading_spec, "replicated_layout", cfg.replicated_layout))
+    agnostic = bool(par.is_parallelism_agnostic or replicated)
+    canonical_format = None
+    if cfg.canonical_layout and cfg.kv_cache_layout is not None:
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.canonical_mapping import (
+            canonical_format_id,
+        )
+
+        canonical_format = canonical_format_id(cfg.kv_cache_layout)
+    fields: dict[str, Any] = {
+        "engine": "vllm",
+        "model": cfg.model.name,
+        "dtype": str(cfg.model.dtype),
+        "tokens_per_hash": cfg.cache.tokens_per_hash,
+        "blocks_per_chunk": cfg.cache.blocks_per_chunk,
+        "groups": [
+            {
+                "group_id": g.group_id,
+                "tokens_per_block": g.tokens_per_block,
+                "layer_names": list(g.layer_names),
+                "sliding_window_size_in_chunks": sliding_window_chunks(g),
+            }
+            for g in cfg.groups
+        ],
+        "row_bytes": row_bytes,
+        "replicated_layout": replicated,
+        "canonical_layout": bool(cfg.canonical_layout),
+        "kv_cache_layout": cfg.kv_cache_layout,
+        "canonical_format": canonical_format,
+        "parallel_agnostic": agnostic,
+        **parallel_identity(
+            agnostic,
+            {
+                "tp_size": par.tp_size,
+                "pp_size": par.pp_size,
+                "pcp_size": par.pcp_size,
+                "dcp_size": par.dcp_size,
+            },
+        ),
+        "format_version": FORMAT_VERSION,
+        "namespace_salt": tier.namespace_salt,
+    }
+    return FileMapper.for_engine(
+        tier.root_dir,
+        cfg.model.name,
+        fields,
+        agnostic=agnostic,
+        rank=par.rank,
+        payload_bytes=[row_bytes] * max(1, len(cfg.groups)),
+    )
