@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from fstier.cli.exits import ReportFailed, UsageFailure
+from fstier.cli.exits import ReportFailed, RootRefused, UsageFailure
 from fstier.cli.options import json_option
 from fstier.cli.output import (
     MAX_LISTED,
@@ -27,6 +27,7 @@ from fstier.cli.output import (
 )
 from fstier.cli.progress import progress_bar, show_progress
 from fstier.cli.roots import check_root_shape, existing_root
+from fstier.tier.scan import checked_root
 from fstier.tier.verify import (
     BadFile,
     NamespaceVerify,
@@ -68,6 +69,10 @@ def verify_cmd(root: str, namespace: str | None, wide: bool, fix: bool, headers_
     """
     root_path = existing_root(root)
     if namespace is not None:
+        try:
+            checked_root(root_path)  # not a namespace directory itself
+        except ValueError as exc:
+            raise RootRefused(f"ROOT: {exc}") from None
         # One directory name, never a path: --fix must not reach outside ROOT.
         try:
             namespace_dir(root, namespace)  # the name as given, in the message

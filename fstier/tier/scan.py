@@ -1,13 +1,17 @@
-"""Streaming walks of an fstier root for ``fstier inspect`` and ``fstier verify``.
+"""What is in an fstier root, namespace by namespace: the report ``fstier
+inspect`` prints (:func:`inspect_root`, a :class:`ScanReport`), and the walk
+:mod:`fstier.tier.verify` shares.
 
 A root holds one directory per namespace (``<model>-<digest16>``) with a
-``config.json`` manifest and, below it, block files two hex levels deep
-(``[r<rank>/]abc/de/<hash>-g<group>.bin``). Roots on shared storage can hold
+``config.json`` manifest and, below it, block files at format v2's one
+fan-out level (``[r<rank>/]<hex[:3]>/<hex>-g<group>.bin``,
+:func:`fstier.file_mapper.encode`). Roots on shared storage can hold
 millions of files, so nothing here lists a whole directory into memory: the
-walk is an explicit stack of directory *paths* fed by ``os.scandir``
-iterators, yielding one file at a time. The stack holds at most the pending
-siblings along one path (a few thousand names at the fan-out fstier uses),
-and per-namespace statistics are counters, never file lists.
+walk (:func:`fstier.io.tree.iter_namespace_files`) goes through directory
+fds and yields one file at a time; it holds only the names of the pending
+subdirectories of the directories it is in (at most the 4096 fan-out
+directories of a namespace or rank, plus the rank directories), and
+per-namespace statistics are counters, never file lists.
 
 What counts is decided in one place, :mod:`fstier.io.tree`, shared with
 ``fstier verify``, ``fstier gc`` and FsTier's capacity thread: block files
@@ -15,10 +19,14 @@ are counted only where fstier puts them and only in namespaces whose
 manifest is valid; a namespace with a bad or missing manifest is listed with
 its ``manifest_error`` and zero files. Symlinks are never followed (fstier
 never touches anything outside its root, docs/reliability.md): a link is
-reported as an "other" entry and left alone. A directory or file that cannot be read (permissions, I/O errors) is
-recorded in :class:`Unreadable` and the walk goes on with the rest, so a
-report over a partly unreadable root is complete except for what it names.
-This module does not import torch.
+reported as an "other" entry and left alone. A directory or file that cannot
+be read (permissions, I/O errors) is recorded in :class:`Unreadable` and the
+walk goes on with the rest, so a report over a partly unreadable root is
+complete except for what it names (``report.partial``).
+
+Costs: one ``stat`` per entry (from ``scandir``) and one manifest read per
+namespace; nothing is opened but directories and manifests. No click, rich
+or torch here: the CLI prints what this returns.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fstier.file_mapper import MANIFEST_NAME
 from fstier.io import tree as _tree
 from fstier.io.manifest import Manifest
 from fstier.io.tree import FileKind, check_namespace, iter_namespace_dirs
@@ -42,7 +51,9 @@ __all__ = [
     "ScanReport",
     "Unreadable",
     "NAMESPACE_NAME",
+    "inspect_root",
     "is_namespace_dir",
+    "checked_root",
     "iter_namespace_dirs",
     "iter_namespace_files",
     "read_manifest",
@@ -210,6 +221,34 @@ class ScanReport:
     stray_entries: int = 0
     unreadable: Unreadable = field(default_factory=Unreadable)
 
+    @property
+    def total_files(self) -> int:
+        """Block files counted in every namespace."""
+        return sum(ns.files for ns in self.namespaces)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of the block files counted in every namespace."""
+        return sum(ns.bytes for ns in self.namespaces)
+
+    @property
+    def partial(self) -> bool:
+        """Something under the root could not be read: the totals miss it."""
+        return bool(self.unreadable)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as ``fstier inspect --json`` prints it."""
+        return {
+            "root": self.root,
+            "namespaces": [ns.to_json() for ns in self.namespaces],
+            "stray_entries": self.stray_entries,
+            "total_files": self.total_files,
+            "total_bytes": self.total_bytes,
+            "partial": self.partial,
+            "unreadable_count": self.unreadable.count,
+            "unreadable": self.unreadable.to_json(),
+        }
+
 
 def read_manifest(namespace_dir: Path) -> tuple[Manifest | None, str | None]:
     """The checked manifest of a namespace, or ``(None, reason)``: missing,
@@ -276,9 +315,34 @@ def scan_namespace(
     return stats
 
 
+def checked_root(root: str | os.PathLike[str]) -> Path:
+    """``root`` as a :class:`~pathlib.Path`, refused with one ``ValueError``
+    when it is a namespace directory (named like one and holding the
+    manifest): a root one level too deep would report no namespaces at all,
+    which reads as a healthy empty tier. Only one name is looked up."""
+    path = Path(root)
+    if os.path.lexists(path / MANIFEST_NAME) and NAMESPACE_NAME.match(os.path.basename(os.path.realpath(path))):
+        raise ValueError(
+            f"{os.fspath(root)!r} is a namespace directory (it holds {MANIFEST_NAME}), not a root; "
+            f"pass its parent {os.fspath(path.parent)!r} (and namespace={path.name!r} to verify one namespace)"
+        )
+    return path
+
+
+def inspect_root(root: str | os.PathLike[str], *, on_file: Callable[[], None] | None = None) -> ScanReport:
+    """What ``fstier inspect`` reports: statistics of every namespace under
+    ``root``, sorted by name; a part that cannot be read is named in
+    ``report.unreadable`` and skipped (``report.partial``). ``on_file()`` is
+    called per file met (progress). Raises ``ValueError`` for a namespace
+    directory given as the root (:func:`checked_root`) and ``OSError`` when
+    ``root`` itself cannot be listed."""
+    return scan_root(checked_root(root), on_file)
+
+
 def scan_root(root: Path, on_file: Callable[[], None] | None = None) -> ScanReport:
     """Statistics of every namespace under ``root``, sorted by name; a part
-    that cannot be read is named in ``report.unreadable`` and skipped."""
+    that cannot be read is named in ``report.unreadable`` and skipped
+    (:func:`inspect_root`, the public call, takes any path)."""
     namespaces: list[NamespaceStats] = []
     unreadable = Unreadable()
     stray = 0

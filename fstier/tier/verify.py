@@ -42,7 +42,13 @@ from typing import Any
 from fstier.file_mapper import decode
 from fstier.io.fsops import unlink_if_same
 from fstier.io.tree import FileKind, iter_namespace_dirs
-from fstier.tier.scan import Unreadable, is_namespace_dir, iter_namespace_files, read_manifest
+from fstier.tier.scan import (
+    Unreadable,
+    checked_root,
+    is_namespace_dir,
+    iter_namespace_files,
+    read_manifest,
+)
 from fstier.tier.usage import ROOT_FILES
 
 __all__ = ["BadFile", "NamespaceVerify", "VerifyReport", "count_blocks", "namespace_dir", "verify_root"]
@@ -246,8 +252,13 @@ def verify_root(
     that was checked. ``namespace`` is one directory name under ``root``
     (:func:`namespace_dir`); ``on_file()`` is called once per block file
     checked (progress; :func:`count_blocks` says how many to expect).
+
+    Raises ``ValueError`` for a bad ``namespace`` or a namespace directory
+    given as ``root`` (:func:`fstier.tier.scan.checked_root`), ``OSError`` when
+    ``root`` itself cannot be listed; never for a bad or unreadable file
+    (those are in the report).
     """
-    root = Path(root)
+    root = checked_root(root)
     if namespace is not None:
         namespace_dir(root, namespace)
     full = not headers_only
