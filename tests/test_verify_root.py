@@ -240,3 +240,24 @@ def test_verify_root_is_public() -> None:
 
     # The old import paths of the CLI's modules still name the same objects.
     assert OldPath is VerifyReport and home is verify_root and old_inspect is inspect_root
+
+
+def test_the_docs_example_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/cli.md's ``verify_root`` example, run on a real root: one bad file
+    is printed and the example exits 1, as ``fstier verify`` would."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    marker = "<!-- verify_root example: run by tests/test_verify_root.py -->"
+    (code,) = re.findall(r"```python\n(.*?)```", text[text.index(marker):], re.S)[:1]
+    root = tmp_path / "root"
+    _mapper, paths = _store(root, 3)
+    code = code.replace('"/kvcache"', repr(str(root)))
+    exec(compile(code, "docs/cli.md", "exec"), {})  # all good: no exit
+    assert "3 checked, 0 bad, 0 removed" in capsys.readouterr().out
+    _flip(paths[2], 3)
+    with pytest.raises(SystemExit) as exit_info:
+        exec(compile(code, "docs/cli.md", "exec"), {})
+    assert exit_info.value.code == 1
+    out = capsys.readouterr().out
+    assert f"{paths[2]} bad_magic kept" in out and "3 checked, 1 bad, 0 removed" in out
