@@ -261,3 +261,21 @@ def test_the_docs_example_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert exit_info.value.code == 1
     out = capsys.readouterr().out
     assert f"{paths[2]} bad_magic kept" in out and "3 checked, 1 bad, 0 removed" in out
+
+
+def test_the_command_prints_the_library_refusals_as_exit_2(tmp_path: Path) -> None:
+    """``fstier verify`` turns verify_root's argument errors into usage
+    failures: a namespace directory given as ROOT (even with --namespace) and
+    a --namespace that is not one directory name under ROOT."""
+    from click.testing import CliRunner
+
+    from fstier.cli import main
+
+    root = tmp_path / "root"
+    mapper, _ = _store(root, 1)
+    runner = CliRunner()
+    res = runner.invoke(main, ["verify", str(mapper.namespace_dir), "--namespace", mapper.namespace_dir.name[:3]])
+    assert res.exit_code == 2 and "one level too deep" in res.output, res.output
+    res = runner.invoke(main, ["verify", str(root), "--namespace", "..", "--fix", "--json"])
+    assert res.exit_code == 2
+    assert json.loads(res.stdout)["error"] == "--namespace '..': must be one directory name under ROOT (see fstier inspect)"

@@ -72,7 +72,7 @@ def verify_cmd(root: str, namespace: str | None, wide: bool, fix: bool, headers_
         try:
             checked_root(root_path)  # not a namespace directory itself
         except ValueError as exc:
-            raise RootRefused(f"ROOT: {exc}") from None
+            raise RootRefused(f"ROOT {exc} (and --namespace NAME one of its namespaces)") from None
         # One directory name, never a path: --fix must not reach outside ROOT.
         try:
             namespace_dir(root, namespace)  # the name as given, in the message

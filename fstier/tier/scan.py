@@ -323,8 +323,8 @@ def checked_root(root: str | os.PathLike[str]) -> Path:
     path = Path(root)
     if os.path.lexists(path / MANIFEST_NAME) and NAMESPACE_NAME.match(os.path.basename(os.path.realpath(path))):
         raise ValueError(
-            f"{os.fspath(root)!r} is a namespace directory (it holds {MANIFEST_NAME}), not a root; "
-            f"pass its parent {os.fspath(path.parent)!r} (and namespace={path.name!r} to verify one namespace)"
+            f"{os.fspath(root)!r} is a namespace directory (it holds {MANIFEST_NAME}), one level too deep: "
+            f"the root is its parent {os.fspath(path.parent)!r}"
         )
     return path
 
