@@ -279,3 +279,34 @@ def test_the_command_prints_the_library_refusals_as_exit_2(tmp_path: Path) -> No
     res = runner.invoke(main, ["verify", str(root), "--namespace", "..", "--fix", "--json"])
     assert res.exit_code == 2
     assert json.loads(res.stdout)["error"] == "--namespace '..': must be one directory name under ROOT (see fstier inspect)"
+
+
+def test_the_library_side_prints_nothing_and_loads_no_cli() -> None:
+    """verify_root and inspect_root are library calls: their modules import
+    neither click nor rich (the CLI prints their reports), and calling one
+    loads no CLI, engine, torch or numpy module."""
+    import ast
+    import subprocess
+    import sys
+
+    pkg = Path(__file__).resolve().parents[1] / "fstier"
+    for path in (pkg / "tier" / "scan.py", pkg / "tier" / "verify.py"):
+        names = []
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names.append(node.module or "")
+        assert [n for n in names if n.split(".")[0] in ("click", "rich") or n.startswith("fstier.cli")] == [], path
+    code = (
+        "import sys, tempfile, fstier\n"
+        "with tempfile.TemporaryDirectory() as d:\n"
+        "    assert fstier.verify_root(d).ok\n"
+        "    from fstier.tier.scan import inspect_root\n"
+        "    assert inspect_root(d).total_files == 0\n"
+        "print(sorted({m for m in sys.modules if m.split('.')[0] in ('click', 'rich', 'torch', 'numpy', 'vllm')"
+        " or m.startswith('fstier.cli')}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout
