@@ -62,6 +62,11 @@ _LAZY = {
     "TierEvent": "fstier.manager",
     "TierMetrics": "fstier.tier.metrics",
     "GcReport": "fstier.tier.gc",
+    "VerifyReport": "fstier.tier.verify",
+    "NamespaceVerify": "fstier.tier.verify",
+    "BadFile": "fstier.tier.verify",
+    "Unreadable": "fstier.tier.scan",
+    "verify_root": "fstier.tier.verify",
     "SlotProvider": "fstier.slots.provider",
     "PageRun": "fstier.layout",
     "PageMapping": "fstier.layout",
@@ -78,6 +83,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "BadFile",
     "BlockCorruptError",
     "BlockKey",
     "BlockRemoved",
@@ -104,6 +110,7 @@ __all__ = [
     "MetricsUnavailableError",
     "ModelSpec",
     "NamespaceMismatchError",
+    "NamespaceVerify",
     "PageMapping",
     "PageRun",
     "ParallelSpec",
@@ -119,6 +126,8 @@ __all__ = [
     "TierConfig",
     "TierEvent",
     "TierMetrics",
+    "Unreadable",
+    "VerifyReport",
     "__version__",
     "allocate_cross_layer_kv_caches",
     "chain_hashes",
@@ -127,6 +136,7 @@ __all__ = [
     "parse_config",
     "prefix_keys",
     "rank_page_mapping",
+    "verify_root",
 ]
 
 
@@ -159,3 +169,5 @@ if TYPE_CHECKING:  # pragma: no cover
     from fstier.slots.provider import SlotProvider
     from fstier.tier.gc import GcReport
     from fstier.tier.metrics import TierMetrics
+    from fstier.tier.scan import Unreadable
+    from fstier.tier.verify import BadFile, NamespaceVerify, VerifyReport, verify_root

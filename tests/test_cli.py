@@ -369,7 +369,7 @@ def test_inspect_memory_does_not_grow_with_file_count(tmp_path: Path) -> None:
     is about that for 400 (tracemalloc measures Python allocations)."""
     import tracemalloc
 
-    from fstier.cli.scan import scan_root
+    from fstier.tier.scan import inspect_root
 
     def tree(n: int) -> Path:
         root = tmp_path / f"root{n}"
@@ -386,7 +386,7 @@ def test_inspect_memory_does_not_grow_with_file_count(tmp_path: Path) -> None:
     for n in (400, 4000):
         root = tree(n)
         tracemalloc.start()
-        report = scan_root(root)
+        report = inspect_root(root)
         peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
         assert report.namespaces[0].files == n

@@ -33,8 +33,8 @@ def run_gc(
     """Run one gc over ``root``; returns the JSON-ready result. With
     ``remove_foreign``, namespaces of another fstier format version (v1
     after the upgrade to v2) are removed first, whole."""
-    from fstier.cli.scan import Unreadable
     from fstier.tier.gc import collect_garbage, remove_foreign_namespaces
+    from fstier.tier.scan import Unreadable
 
     failed = Unreadable()
     foreign = (

@@ -1,5 +1,7 @@
 """``fstier inspect ROOT``: one row per namespace (model, parallel layout,
-files, bytes, ages), from a streaming walk (:mod:`fstier.cli.scan`).
+files, bytes, ages). The report is the library's
+(:func:`fstier.tier.scan.inspect_root`, a streaming walk); this module
+prints it as a table or one JSON document and maps it onto an exit code.
 
 Parts of ROOT that cannot be read are listed, the rest is still reported,
 the totals say they are partial, and the exit status is 1.
@@ -27,7 +29,7 @@ from fstier.cli.roots import fstier_root
 from fstier.cli.tables import Column, terminal_width
 
 if TYPE_CHECKING:  # scan imports the I/O layer (numpy): not for `inspect --help`
-    from fstier.cli.scan import NamespaceStats
+    from fstier.tier.scan import NamespaceStats
 
 #: inspect's columns: namespace, files and bytes always; the rest by
 #: priority as the terminal's width allows (--wide: all).
@@ -84,34 +86,19 @@ def inspect_cmd(root: str, wide: bool, as_json: bool) -> None:
     terminal's width (COLUMNS) allows, all with --wide. Exit 1 when part of
     ROOT could not be read (the totals are then partial).
     """
-    from fstier.cli.scan import scan_root
+    from fstier.tier.scan import inspect_root
 
     root_path = fstier_root(root)
     with progress_bar("inspect", show_progress(as_json)) as bar:
-        report = scan_root(root_path, on_file=bar.advance)
-    total_files = sum(ns.files for ns in report.namespaces)
-    total_bytes = sum(ns.bytes for ns in report.namespaces)
-    partial = bool(report.unreadable)
+        report = inspect_root(root_path, on_file=bar.advance)
     verdict = (
         f"totals are partial: {report.unreadable.count:,} path(s) under ROOT could not be read "
         f"(listed above); fix their permissions or run as their owner"
-        if partial
+        if report.partial
         else None
     )
     if as_json:
-        emit_report(
-            {
-                "root": report.root,
-                "namespaces": [ns.to_json() for ns in report.namespaces],
-                "stray_entries": report.stray_entries,
-                "total_files": total_files,
-                "total_bytes": total_bytes,
-                "partial": partial,
-                "unreadable_count": report.unreadable.count,
-                "unreadable": report.unreadable.to_json(),
-            },
-            verdict,
-        )
+        emit_report(report.to_json(), verdict)
         if verdict is not None:
             raise ReportFailed(verdict)
         return
@@ -127,8 +114,8 @@ def inspect_cmd(root: str, wide: bool, as_json: bool) -> None:
     import textwrap
 
     summary = (
-        f"{len(report.namespaces)} namespace(s), {total_files:,} block file(s), "
-        f"{fmt_size(total_bytes)}; {report.stray_entries} other top-level entries"
+        f"{len(report.namespaces)} namespace(s), {report.total_files:,} block file(s), "
+        f"{fmt_size(report.total_bytes)}; {report.stray_entries} other top-level entries"
     )
     click.echo(textwrap.fill(summary, width=max(terminal_width(), 40)))
     if verdict is not None:

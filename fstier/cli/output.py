@@ -54,7 +54,7 @@ MAX_LISTED = 50
 
 
 def print_unreadable(console: Any, unreadable: Any) -> None:
-    """List the paths a walk could not read (a :class:`~fstier.cli.scan.Unreadable`),
+    """List the paths a walk could not read (a :class:`~fstier.tier.scan.Unreadable`),
     the first :data:`MAX_LISTED` of them, then how many more."""
     for path, error in unreadable.paths[:MAX_LISTED]:
         console.print(f"unreadable: {display(path)}: {error}", markup=False)

@@ -90,7 +90,7 @@ def check_root_shape(p: Path, root: str) -> None:
             if entry.name in _ROOT_FURNITURE or entry.name.startswith("."):
                 continue  # what filesystems and tools put in any root
             entries += 1
-            from fstier.cli.scan import is_namespace_dir
+            from fstier.tier.scan import is_namespace_dir
 
             if is_namespace_dir(Path(entry.path)):  # the rule inspect and verify use
                 return
