@@ -1,90 +1,64 @@
-"""FsTier: the engine-facing filesystem tier (lookups, store/load jobs, capacity).
+"""FsTier: the engine-facing filesystem tier. This module is its face: jobs,
+results, fencing, events; its parts live in :mod:`fstier.tier` (one concept
+each), its files in :mod:`fstier.io` (:class:`~fstier.io.blockstore.BlockStore`:
+one key <-> one file). The engine's scheduler owns one :class:`FsTier` and
+never blocks in it:
 
-One key <-> one host slot <-> one file (``FileMapper.path_for(key)``). The
-engine's scheduler owns one :class:`FsTier`; it never blocks in it:
+- ``lookup(keys)`` counts the leading keys whose files exist
+  (:mod:`~fstier.tier.lookup`); a key whose load failed is never a hit again
+  until stored again, so a stale hit cannot livelock a request.
+- ``submit_store`` / ``submit_load`` queue one pool job, cut into batches by
+  the block store (:mod:`~fstier.tier.jobs`); ``get_finished()`` returns
+  :class:`JobResult` records (:mod:`~fstier.tier.outcomes` judges them). A
+  load keeps its loaded *prefix*: from the first key that did not load on,
+  keys are misses to recompute. A job that cannot run now
+  (:mod:`~fstier.tier.admission`: ``degraded``, ``slot_busy``, ``capacity``,
+  ``backpressure``) finishes at once with that cause, never blocking.
+- Fencing (:mod:`~fstier.tier.fences`): the slot of an op past
+  ``io_timeout_s`` stays fenced, here and at the slot provider, until the
+  stuck call returns; jobs naming it fail ``slot_busy``. With
+  ``hold_fenced_results=True`` (a provider that cannot stop the engine from
+  reusing a slot it freed: an engine's own rows) :meth:`get_finished` holds
+  back the result of a job holding a fenced slot until the slot is released.
+- Capacity (:mod:`~fstier.tier.capacity`): with ``max_bytes``, a thread
+  keeps the root under its high watermark by evicting LRU files.
+- ``take_events()``: :class:`BlockStored` / :class:`BlockRemoved`;
+  ``metrics``: a :class:`~fstier.tier.metrics.TierMetrics`.
 
-- **lookup(keys) -> int** counts the leading keys whose files exist (a prefix
-  hit). Answers come from a short-lived positive/negative cache
-  (``tier.lookup_cache_ttl_s``) or from ``stat`` calls, done in parallel
-  chunks for big batches and stopping at the first miss. A key whose load
-  failed is marked *bad*: it is never reported as a hit again until it is
-  stored again, so a stale hit cannot livelock a request. Evictions and
-  corrupt files invalidate their keys.
-- **submit_store / submit_load** queue one pool job per call (one op per key)
-  on the dual-queue :class:`~fstier.io.pool.IOPool`; ``get_finished()``
-  returns :class:`JobResult` records without blocking. A load keeps its loaded
-  *prefix*; from the first key that did not load on, keys are misses to
-  recompute. Stores of keys already present are skipped and counted.
-- **Backpressure.** An EMA of the measured write speed (bytes written over the
-  wall time the write queue was busy) bounds queued store bytes to
-  ``max_write_queue_seconds`` of work; beyond it, new stores are dropped with
-  cause ``backpressure`` (a future miss, never a blocked caller).
-- **Circuit breaker.** ``breaker_failures`` consecutive failures that say
-  the device or mount is failing (EIO, EROFS, ESTALE, ENOTCONN, network
-  errnos, deadline misses; never misses, corrupt files, a FIFO, socket or
-  directory planted at a block path, permissions or a full disk) open the breaker
-  for ``breaker_cooldown_s``: lookups return 0, stores drop (``degraded``),
-  loads fail fast. Then it is half-open: the next jobs run, a success closes
-  it, a failure reopens it. Each transition is logged once.
-- **Fencing.** An op past ``io_timeout_s`` is reported failed, but its thread
-  may still write into the slot later (or, for a store, read it and publish
-  what it reads); that slot is fenced until the pool's ``on_late`` callback
-  says the stuck call returned: jobs naming it fail with ``slot_busy``, and
-  the slot provider (:mod:`fstier.slots`) is told to ``fence`` it, so a slot
-  the engine frees is not handed out again before the late call is over.
-  No byte written by an op after its job was reported reaches a later job.
-  A provider that cannot stop the engine from reusing a slot it freed (an
-  engine's own rows) asks for ``hold_fenced_results=True``: the result of a
-  job holding a fenced slot is then held back by :meth:`get_finished` until
-  the slot is released, so the engine cannot reuse it too early.
-- **Slots** must be currently handed out by the provider
-  (``check_slots``): a job naming a slot the caller does not hold is a
-  ``ValueError``, as are malformed keys in any call, ``lookup`` included.
-- **Capacity.** With ``max_bytes``, usage is scanned once at start (streaming,
-  on the capacity thread) and then tracked incrementally; above the high
-  watermark the capacity thread removes least-recently-used files down to the
-  low watermark (:func:`fstier.tier.gc.collect_garbage`: unlink only, safe
-  with concurrent readers and other processes). Recency is the file mtime,
-  bumped by fstier on every load and every store of an already present key.
-- **Events and metrics.** ``take_events()`` returns :class:`BlockStored` /
-  :class:`BlockRemoved`; ``metrics`` is a :class:`~fstier.tier.metrics.TierMetrics`.
-
-All job bookkeeping lives in one :class:`_Job` record per in-flight job under
-``FsTier._lock``.
+Invariants: one :class:`~fstier.tier.jobs.Job` record per in-flight job;
+jobs, results, events and fences under ``FsTier._lock``; no byte an op
+writes after its job was reported reaches a later job; malformed keys and
+slots the caller does not hold are a ``ValueError`` (:mod:`~fstier.tier.checks`).
 """
 
 from __future__ import annotations
 
-import bisect
-import errno
 import logging
-import math
 import os
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
-from functools import partial
-from pathlib import Path
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from fstier.config import FstierConfig, TierConfig, load_config
-from fstier.errors import ConfigError, PoolError, StorageError, TierClosedError
-from fstier.file_mapper import FileMapper, decode
-from fstier.io import blockstore, fsops, native
-from fstier.io.blockfile import HEADER_SIZE, padded_len
-from fstier.io.capabilities import RootCapabilities
-from fstier.io.manifest import ensure_manifest
-from fstier.io.pool import OP_CANCELLED, OP_EXPIRED, OP_TIMED_OUT, IOPool
+from fstier.errors import ConfigError, StorageError, TierClosedError
+from fstier.file_mapper import FileMapper
+from fstier.io import blockstore
+from fstier.io.pool import IOPool
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
-from fstier.tier.admission import BAD_FILE_CAUSES, Breaker, Failure, WriteBudget
+from fstier.tier.admission import Admission, Breaker, WriteBudget
 from fstier.tier.capacity import Capacity
-from fstier.tier.checks import check_job, check_keys
+from fstier.tier.checks import check_job, check_keys, check_pool, wait_timeout
+from fstier.tier.fences import Fences
 from fstier.tier.gc import GcReport
+from fstier.tier.jobs import JobOps, JobTable, file_bytes
 from fstier.tier.lookup import Lookup, LookupCache
 from fstier.tier.metrics import TierMetrics
+from fstier.tier.outcomes import Judge
+from fstier.tier.private_pool import private_pool
 from fstier.tier.recency import Recency
+from fstier.tier.records import BlockRemoved, BlockStored, JobResult, TierEvent
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.slots.host_pool import HostBlockPool
@@ -92,122 +66,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["BlockRemoved", "BlockStored", "FsTier", "JobResult", "TierEvent"]
 
 log = logging.getLogger("fstier.manager")
-
-#: Default private pool budget when ``from_config`` creates the pool itself.
-_DEFAULT_POOL_BYTES = 256 << 20
-
-
-# ---------------------------------------------------------------- public records
-@dataclass(frozen=True, slots=True)
-class JobResult:
-    """The outcome of one store or load job.
-
-    ``keys_completed`` is always a leading prefix: ``keys[:keys_completed]``
-    loaded (load) or are on disk (store: stored, or skipped as already
-    present), up to the first failure. ``keys_failed = len(keys) -
-    keys_completed`` are misses to recompute (load) or blocks not
-    acknowledged (store; a later key of a failed store job may still have
-    been written, and :class:`BlockStored` events list exactly which were).
-    ``cause`` names the first failure (an errno name such as ``ENOSPC``,
-    ``timeout``, ``backpressure``, ``capacity``, ``degraded``, ``slot_busy``,
-    ``bad_file:<why>``,
-    ``corrupt:<reason>``, or ``miss``). ``skipped`` counts stores of keys
-    already present.
-    """
-
-    job_id: Hashable
-    kind: Literal["store", "load"]
-    success: bool
-    keys_completed: int
-    keys_failed: int
-    nbytes: int
-    seconds: float
-    cause: str | None = None
-    skipped: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class BlockStored:
-    """Keys whose block files this tier wrote (not the skipped ones)."""
-
-    keys: tuple[BlockKey, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class BlockRemoved:
-    """Keys whose files were removed: ``reason`` is ``evicted``, ``corrupt``
-    or ``cleared`` (:meth:`FsTier.clear`)."""
-
-    keys: tuple[BlockKey, ...]
-    reason: str = "evicted"
-
-
-TierEvent = BlockStored | BlockRemoved
-
-
-# ------------------------------------------------------------- internal parts
-@dataclass(slots=True)
-class _Job:
-    """One in-flight job. Mutable fields change only under ``FsTier._lock``."""
-
-    pool_id: int
-    job_id: Hashable
-    kind: Literal["store", "load"]
-    keys: tuple[BlockKey, ...]
-    slots: tuple[int, ...]
-    op_bytes: tuple[int, ...]
-    submitted: float
-    #: store ops whose bytes still count as queued (cleared when the op ends or times out)
-    op_open: list[bool] = field(default_factory=list)
-    last_end: float = 0.0
-    #: native path: pool op j moves keys[bounds[j]:bounds[j + 1]] in one call
-    #: (None: one pool op per key, the Python path)
-    bounds: tuple[int, ...] | None = None
-
-    def op_of(self, i: int) -> int:
-        """The pool op that moves key ``i``."""
-        if self.bounds is None:
-            return i
-        return bisect.bisect_right(self.bounds, i) - 1
-
-    def keys_of_op(self, op: int) -> range:
-        """The key indices pool op ``op`` moves."""
-        if self.bounds is None:
-            return range(op, op + 1)
-        return range(self.bounds[op], self.bounds[op + 1])
-
-
-#: Keys per native call at least (a job is split across the I/O threads, but
-#: not into calls smaller than this: each call costs ~20 us of Python).
-_NATIVE_MIN_BATCH = 4
-
-
-def _split_bounds(n: int, threads: int) -> tuple[int, ...]:
-    """Boundaries that split ``n`` keys into at most ``threads`` near-equal
-    batches of at least :data:`_NATIVE_MIN_BATCH` keys."""
-    parts = max(1, min(threads, n // _NATIVE_MIN_BATCH))
-    return tuple(n * j // parts for j in range(parts + 1))
-
-
-def _file_bytes(payload_len: int) -> int:
-    """Bytes a block file of ``payload_len`` occupies (header + padded payload)."""
-    return HEADER_SIZE + padded_len(payload_len)
-
-
-def _wait_timeout(what: str, timeout: float | None) -> float | None:
-    """A wait's timeout: ``inf`` means no limit (threading's waits raise
-    OverflowError for it); nan or a negative value is a caller's mistake."""
-    if timeout is None or timeout == math.inf:
-        return None
-    if not timeout >= 0:  # also catches nan
-        raise ValueError(f"{what}(timeout=...): expected seconds >= 0 or None, got {timeout!r}")
-    return min(float(timeout), threading.TIMEOUT_MAX)
-
-
-def _cause_of(result: object) -> str:
-    if isinstance(result, OSError):
-        return errno.errorcode.get(result.errno or 0, type(result).__name__)
-    return type(result).__name__
 
 
 # --------------------------------------------------------------------- FsTier
@@ -238,12 +96,9 @@ class FsTier:
     ) -> None:
         if isinstance(config, FstierConfig) and mapper is None:
             self.config: FstierConfig | None = config
-            tier = config.tier
-            self.mapper = FileMapper(config)
+            self.mapper, tier = FileMapper(config), config.tier
         elif isinstance(config, TierConfig) and isinstance(mapper, FileMapper):
-            self.config = None
-            tier = config
-            self.mapper = mapper
+            self.config, self.mapper, tier = None, mapper, config
         else:
             raise ConfigError(
                 f"FsTier(config=..., mapper=...): expected an FstierConfig, or a TierConfig "
@@ -252,98 +107,67 @@ class FsTier:
             )
         self.tier_config: TierConfig = tier
         self._pool = pool
-        self._owns_pool = False
         self._own_pool: HostBlockPool | None = None  # closed by close() (from_config)
-        self._payload_len = [
-            self.mapper.expected_payload_bytes(g) for g in range(self.mapper.num_groups)
-        ]
-        need = max(self._payload_len)
-        if pool.slot_bytes < need:
-            raise PoolError(
-                f"{type(pool).__name__} slot_bytes is {pool.slot_bytes} but the largest file "
-                f"payload is {need} bytes; provide slots with slot_bytes >= {need} "
-                f"({padded_len(need)} lets I/O run on the slot in place)"
-            )
-        # mkdirat inside directory fds: never through a swapped namespace dir.
-        ensure_manifest(self.mapper)
-        blockstore.NamespaceDirs(self.mapper).ensure(self.mapper.blocks_dir / "_")
-        # Probed for this root, held by this tier: another root in the
-        # process (an NFS mount) never changes how this one is written.
-        caps = RootCapabilities.probe(self.mapper.namespace_dir, tier.o_direct)
-        self.io_options = blockstore.IOOptions.from_tier(tier, caps)
-        #: key -> file end to end (directories, recovery, headers, I/O)
-        self.blocks = blockstore.BlockStore(self.mapper, self.io_options, blocks_per_file=tier.blocks_per_file)
-        #: which per-file path runs (fstier.io.native): "native" or "python"
-        self.io_path = native.log_selection_once(tier.native_io)
-        self._native = self.io_path.backend == "native"
-        self._bpf = tier.blocks_per_file
-        self.metrics = TierMetrics()
-        self.metrics.native_io.set(1 if self._native else 0)
-        self._cache = LookupCache(tier.lookup_cache_ttl_s)
-        self._breaker = Breaker(tier.breaker_failures, tier.breaker_cooldown_s, self.metrics)
-        self._budget = WriteBudget(tier.max_write_queue_seconds, self.metrics)
-        self._blocks_prefix = os.fspath(self.mapper.blocks_dir)
+        self._payload_len = [self.mapper.expected_payload_bytes(g) for g in range(self.mapper.num_groups)]
+        check_pool(pool, max(self._payload_len))
+        #: key -> file end to end (namespace, directories, recovery, headers, I/O)
+        self.blocks = blockstore.BlockStore.for_tier(self.mapper, tier)
+        self.io_options = self.blocks.options
+        #: which block I/O path runs (fstier.io.native): "native" or "python"
+        self.io_path = self.blocks.io_path
+        self.metrics = metrics = TierMetrics()
+        metrics.native_io.set(1 if self.io_path.backend == "native" else 0)
 
+        # One lock for jobs, results, events and fences (`_idle` wraps it).
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._jobs: dict[Hashable, _Job] = {}
-        self._user_ids: set[Hashable] = set()
-        self._next_pool_id = 0
+        self._jobs = JobTable()
         self._finished: list[JobResult] = []
         self._hold_fenced = hold_fenced_results
         #: results held back while a slot of their job is fenced (hold_fenced_results)
         self._held: list[tuple[JobResult, tuple[int, ...]]] = []
         self._events: list[TierEvent] = []
-        #: slot -> (pool job id, op index) of the timed-out op holding it
-        self._fenced: dict[int, tuple[Hashable, int]] = {}
-        #: ops that returned late before their timeout was reaped
-        self._late: set[tuple[Hashable, int]] = set()
+        self._fences = Fences(pool, self._idle)
         self._closed = False
 
+        # The parts (fstier.tier), each owning one concept.
+        self._cache = LookupCache(tier.lookup_cache_ttl_s)
+        self._breaker = Breaker(tier.breaker_failures, tier.breaker_cooldown_s, metrics)
+        self._budget = WriteBudget(tier.max_write_queue_seconds, metrics)
         self._io = IOPool(tier.read_threads, tier.write_threads, tier.io_timeout_s)
-        self._io.on_late(self._on_late)
+        self._io.on_late(self._fences.on_late)
         self._lookup = Lookup(
-            self._cache, self.blocks.path, self.mapper.num_groups, max(2, min(tier.read_threads, 16))
+            self._cache, self.blocks.path, self.mapper.num_groups, max(2, min(tier.read_threads, 16)),
+            breaker=self._breaker, metrics=metrics,
         )
-
         self._recency = Recency(self._io)
-        # Capacity: root-wide usage shared with every instance on this root
-        # and the capacity thread (fstier.tier.capacity).
         self.capacity = Capacity(
-            self.mapper.root,
-            tier,
-            self.metrics,
-            on_evicted=self._on_evicted,
-            before_pass=self._flush_recency,
+            self.mapper.root, tier, metrics, on_evicted=self._on_evicted, before_pass=self._recency.flush
+        )
+        self._admission = Admission(self._breaker, self._budget, self.capacity, metrics)
+        self._ops = JobOps(self.blocks, pool, self._cache, self._recency, self._budget, self._lock)
+        self._judge = Judge(
+            blocks=self.blocks, ops=self._ops, cache=self._cache, breaker=self._breaker,
+            capacity=self.capacity, metrics=metrics, payload_len=self._payload_len,
+            on_timed_out=lambda job, i: self._fences.fence(job, i, tier.io_timeout_s),
         )
 
-    # ---------------------------------------------------------------- creation
     @classmethod
     def from_config(
         cls, config: str | os.PathLike[str] | FstierConfig, pool: SlotProvider | None = None
     ) -> FsTier:
         """Build from a YAML path or an :class:`FstierConfig`. Without ``pool``
-        a private :class:`HostBlockPool` is created (slots sized to the largest
-        payload, about 256 MiB in all, at least 2 x the I/O threads) and closed
-        by :meth:`close`."""
+        a private :class:`HostBlockPool` is created (slots of the largest
+        payload, about 256 MiB in all) and closed by :meth:`close`."""
         cfg = config if isinstance(config, FstierConfig) else load_config(config)
         if pool is not None:
             return cls(cfg, pool)
-        from fstier.slots.host_pool import HostBlockPool
-
-        mapper = FileMapper(cfg)
-        slot_bytes = max(
-            padded_len(mapper.expected_payload_bytes(g)) for g in range(len(cfg.model.groups))
-        )
-        threads = cfg.tier.read_threads + cfg.tier.write_threads
-        num_slots = max(2 * threads, min(1024, _DEFAULT_POOL_BYTES // slot_bytes))
-        own = HostBlockPool(num_slots, slot_bytes)
+        own = private_pool(cfg)  # fstier.tier.private_pool: sized from the config
         try:
             tier = cls(cfg, own)
         except BaseException:
             own.close()
             raise
-        tier._owns_pool = True
         tier._own_pool = own
         return tier
 
@@ -365,22 +189,10 @@ class FsTier:
     def lookup(self, keys: Sequence[BlockKey]) -> int:
         """Number of leading ``keys`` whose blocks are present (0 while degraded)."""
         self._check_open()
-        t0 = time.perf_counter()
-        n = len(keys)
-        if n == 0:
+        if not keys:
             return 0
         check_keys(keys, len(self._payload_len), "lookup")
-        if not self._breaker.allow():
-            self.metrics.lookup_keys.inc(n)
-            self.metrics.misses.inc()
-            return 0
-        hits = self._lookup.prefix(keys)
-        self.metrics.lookup_keys.inc(n)
-        self.metrics.hits.inc(hits)
-        if hits < n:
-            self.metrics.misses.inc()
-        self.metrics.lookup_seconds.observe(time.perf_counter() - t0)
-        return hits
+        return self._lookup.lookup(keys)
 
     def present(self, keys: Sequence[BlockKey]) -> list[bool]:
         """Per key, whether its block is present (no prefix stop, unlike
@@ -390,51 +202,31 @@ class FsTier:
         big batches. It blocks on the filesystem: call it off the engine's
         scheduler thread."""
         self._check_open()
-        n = len(keys)
-        if n == 0:
+        if not keys:
             return []
         check_keys(keys, len(self._payload_len), "present")
-        if not self._breaker.allow():
-            return [False] * n
-        out, probed = self._lookup.present(keys)
-        if not probed:
-            return out
-        self.metrics.lookup_keys.inc(n)
-        self.metrics.hits.inc(sum(out))
-        return out
+        return self._lookup.present_counted(keys)
 
     # -------------------------------------------------------------------- jobs
     def _check_open(self) -> None:
         if self._closed:
             raise TierClosedError("FsTier is closed; create a new one with FsTier.from_config(...)")
 
-    def _finish_now_locked(
-        self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str
-    ) -> None:
-        self._finished.append(
-            JobResult(job_id, kind, n == 0, 0, n, 0, 0.0, None if n == 0 else cause)
-        )
+    def _finish_now_locked(self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str) -> None:
+        self._finished.append(JobResult(job_id, kind, n == 0, 0, n, 0, 0.0, None if n == 0 else cause))
 
-    def submit_store(
-        self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]
-    ) -> None:
+    def submit_store(self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]) -> None:
         """Queue the store of ``slots[i]`` as ``keys[i]``'s file. Never blocks;
         a job that cannot run (degraded, backpressure, fenced slot) finishes at
         once with ``success=False`` and that cause."""
         self._submit(job_id, "store", keys, slots)
 
-    def submit_load(
-        self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]
-    ) -> None:
+    def submit_load(self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]) -> None:
         """Queue the load of ``keys[i]``'s file into ``slots[i]``. Never blocks."""
         self._submit(job_id, "load", keys, slots)
 
     def _submit(
-        self,
-        job_id: Hashable,
-        kind: Literal["store", "load"],
-        keys: Sequence[BlockKey],
-        slots: Sequence[int],
+        self, job_id: Hashable, kind: Literal["store", "load"], keys: Sequence[BlockKey], slots: Sequence[int]
     ) -> None:
         self._check_open()
         check_job(job_id, keys, slots, self._pool, len(self._payload_len))
@@ -447,160 +239,20 @@ class FsTier:
         # otherwise a second job "J" that finishes at once would report a
         # result for a "J" still in flight (issue 15 item 9).
         with self._lock:
-            if job_id in self._user_ids:
-                raise ValueError(f"job id {job_id!r} is already in flight; job ids must be unique")
+            self._jobs.check_unique(job_id)
             if n == 0:
                 self._finish_now_locked(job_id, kind, 0, "")
                 return
-            if not self._breaker.allow():
-                if kind == "store":
-                    self.metrics.drops.inc("degraded", n)
-                else:
-                    self.metrics.failures.inc("degraded", n)
-                self._finish_now_locked(job_id, kind, n, "degraded")
+            busy = self._fences.busy(slots_t)
+            cause = self._admission.refuse(kind, n, sum(map(file_bytes, op_bytes)), slot_busy=busy)
+            if cause is not None:
+                self._finish_now_locked(job_id, kind, n, cause)
                 return
-            if any(s in self._fenced for s in slots_t):
-                self.metrics.failures.inc("slot_busy", n)
-                self._finish_now_locked(job_id, kind, n, "slot_busy")
-                return
-            if kind == "store" and self.capacity.root_full():
-                # The root is over max_bytes (counted across every instance on
-                # it) and eviction has not caught up: drop, as backpressure
-                # does. A future miss, never data loss, never a blocked caller.
-                self.metrics.drops.inc("capacity", n)
-                self._finish_now_locked(job_id, kind, n, "capacity")
-                self.capacity.wake()
-                return
-            if kind == "store" and not self._budget.admit(sum(map(_file_bytes, op_bytes))):
-                self.metrics.drops.inc("backpressure", n)
-                self._finish_now_locked(job_id, kind, n, "backpressure")
-                return
-            pool_id = self._next_pool_id
-            self._next_pool_id += 1
-            job = _Job(
-                pool_id, job_id, kind, keys_t, slots_t, op_bytes, time.perf_counter(),
-                op_open=[kind == "store"] * n,
-            )
-            self._jobs[pool_id] = job
-            self._user_ids.add(job_id)
-        if kind == "store":
-            ops: list[Callable[[], object]] = [partial(self._store_op, job, i) for i in range(n)]
-        else:
-            ops = [partial(self._load_op, job, i) for i in range(n)]
-        if self._native and self._python_seam_untouched():
-            # A whole batch per native call with the GIL released; the job
-            # is split across the I/O threads in batches (job.bounds).
-            threads = self.tier_config.write_threads if kind == "store" else self.tier_config.read_threads
-            job.bounds = _split_bounds(n, threads)
-            run = self._store_batch if kind == "store" else self._load_batch
-            ops = [partial(run, job, a, b) for a, b in zip(job.bounds[:-1], job.bounds[1:], strict=True)]
-        self._io.submit(pool_id, "write" if kind == "store" else "read", ops)
-
-    # -- ops (run on I/O threads) ----------------------------------------------
-    def _op_ended(self, job: _Job, i: int, written: int) -> None:
-        with self._lock:
-            job.last_end = time.perf_counter()
-            reserved = _file_bytes(job.op_bytes[i]) if job.op_open[i] else 0
-            job.op_open[i] = False
-        if job.kind == "store" and reserved:
-            self._budget.release(reserved, written)
-
-    def _ops_ended(self, job: _Job, lo: int, written: Sequence[int]) -> None:
-        """:meth:`_op_ended` for keys ``lo..lo+len(written)-1`` of a native
-        batch: one lock and one budget release for the batch."""
-        reserved = counted = 0
-        with self._lock:
-            job.last_end = time.perf_counter()
-            for j, w in enumerate(written):
-                if job.op_open[lo + j]:
-                    reserved += _file_bytes(job.op_bytes[lo + j])
-                    counted += w
-                    job.op_open[lo + j] = False
-        if job.kind == "store" and reserved:
-            self._budget.release(reserved, counted)
-
-    @staticmethod
-    def _python_seam_untouched() -> bool:
-        """False while ``fsops.FS`` (the Python path's system-call seam) is
-        replaced or patched, e.g. by a test injecting faults there: that
-        tier's jobs then take the Python path, whose calls the seam sees.
-        The native path has its own seam (``fstier.io.native.fault``)."""
-        fs = fsops.FS
-        return type(fs) is fsops.OsOps and not vars(fs)
-
-    def _store_batch(self, job: _Job, lo: int, hi: int) -> list[blockstore.StoreOutcome]:
-        """Store keys ``lo..hi-1`` of ``job`` in one native call (GIL
-        released for the whole batch). Keys whose directory is missing
-        (ENOENT: the namespace or a fan-out directory was removed under the
-        tier) and keys to replace are stored one by one on the Python path,
-        which re-creates directories and removes the old file."""
-        written = [0] * (hi - lo)
-        try:
-            keys = job.keys[lo:hi]
-            views = [self._pool.slot_view(job.slots[i])[: job.op_bytes[i]] for i in range(lo, hi)]
-            paths = [self.blocks.path(k) for k in keys]
-            outs = native.store_batch(
-                self._blocks_prefix, paths, keys, views, self.mapper.digest_bytes, self._bpf,
-                self.io_options,
-            )
-            for j, out in enumerate(outs):
-                k = keys[j]
-                bad = self._cache.is_bad(k)
-                if (out.status is blockstore.StoreStatus.FAILED and out.cause == "ENOENT") or (
-                    bad and out.status is blockstore.StoreStatus.SKIPPED
-                ):
-                    outs[j] = out = self.blocks.store(k, views[j], replace=bad)
-                if out.status is blockstore.StoreStatus.SKIPPED:
-                    self._note_recent(paths[j])
-                written[j] = out.nbytes
-            return outs
-        finally:
-            self._ops_ended(job, lo, written)
-
-    def _load_batch(self, job: _Job, lo: int, hi: int) -> list[blockstore.LoadOutcome]:
-        """Load keys ``lo..hi-1`` of ``job`` in one native call (GIL released
-        for the whole batch); every key is attempted, as the per-key ops of
-        the Python path are."""
-        try:
-            keys = job.keys[lo:hi]
-            views = [self._pool.slot_view(job.slots[i])[: job.op_bytes[i]] for i in range(lo, hi)]
-            paths = [self.blocks.path(k) for k in keys]
-            outs = native.load_batch(
-                self._blocks_prefix, paths, keys, views, self.mapper.digest_bytes, self.io_options
-            )
-            for path, out in zip(paths, outs, strict=True):
-                if out.status is blockstore.LoadStatus.LOADED:
-                    self._note_recent(path)
-            return outs
-        finally:
-            self._ops_ended(job, lo, [0] * (hi - lo))
-
-    def _store_op(self, job: _Job, i: int) -> blockstore.StoreOutcome:
-        written = 0
-        try:
-            key = job.keys[i]
-            # Exactly the payload: the I/O layer writes the file's zero padding
-            # from its own bounce page, so no byte past it is touched.
-            payload = self._pool.slot_view(job.slots[i])[: job.op_bytes[i]]
-            outcome = self.blocks.store(key, payload, replace=self._cache.is_bad(key))
-            if outcome.status is blockstore.StoreStatus.SKIPPED:
-                self._note_recent(self.blocks.path(key))
-            written = outcome.nbytes
-            return outcome
-        finally:
-            self._op_ended(job, i, written)
-
-    def _load_op(self, job: _Job, i: int) -> blockstore.LoadOutcome:
-        try:
-            key = job.keys[i]
-            # Exactly n bytes are written; the I/O layer reads the file's zero
-            # padding into its own bounce page.
-            outcome = self.blocks.load(key, self._pool.slot_view(job.slots[i])[: job.op_bytes[i]])
-            if outcome.status is blockstore.LoadStatus.LOADED:
-                self._note_recent(self.blocks.path(key))
-            return outcome
-        finally:
-            self._op_ended(job, i, 0)
+            job = self._jobs.open(job_id, kind, keys_t, slots_t, op_bytes)
+        # The block store cuts the job into batches: one native call per I/O
+        # thread (GIL released), or one key per op on the Python path.
+        threads = self.tier_config.write_threads if kind == "store" else self.tier_config.read_threads
+        self._io.submit(job.pool_id, "write" if kind == "store" else "read", self._ops.ops(job, threads))
 
     def touch(self, keys: Sequence[BlockKey]) -> None:
         """Mark ``keys`` recently used (LRU recency) without a system call
@@ -610,233 +262,39 @@ class FsTier:
         ngroups = len(self._payload_len)
         for k in keys:
             if k.group_idx < ngroups:
-                self._note_recent(self.blocks.path(k))
-
-    def _note_recent(self, path: Path | str) -> None:
-        self._recency.note(path)
+                self._recency.note(self.blocks.path(k))
 
     def flush_recency(self) -> None:
         """Write pending hit recency to the files' mtimes now (it is otherwise
         written every few seconds and before each capacity pass), e.g. before
         running ``fstier gc`` from another process."""
         self._check_open()
-        self._flush_recency()
-
-    def _flush_recency(self) -> None:
         self._recency.flush()
-
-    def _on_late(self, pool_id: Hashable, op_index: int) -> None:
-        """The pool says a timed-out op finally returned: unfence its slots
-        (one on the Python path; every slot of the batch on the native path,
-        whose late call held them all)."""
-        with self._lock:
-            released = False
-            for slot, owner in list(self._fenced.items()):
-                if owner == (pool_id, op_index):
-                    del self._fenced[slot]
-                    # Only now may the provider hand the slot out again: the
-                    # late call can no longer write it.
-                    self._pool.unfence(slot)
-                    log.info("fstier: slot %d released; its timed-out I/O returned", slot)
-                    released = True
-            if released:
-                self._idle.notify_all()
-            else:
-                self._late.add((pool_id, op_index))
 
     # -- completion --------------------------------------------------------------
     def _reap(self) -> None:
         """Turn finished pool jobs into JobResults (never blocks)."""
         for pj in self._io.get_finished():
             with self._lock:
-                job = self._jobs.pop(pj.job_id, None)
+                job = self._jobs.pop(pj.job_id)
             if job is None:
                 continue
-            results = list(pj.results) if job.bounds is None else self._per_key(job, pj.results)
-            if job.kind == "store":
-                result = self._finish_store(job, results)
-            else:
-                result = self._finish_load(job, results)
+            v = self._judge.finish(job, job.per_key(pj.results))
+            result = JobResult(
+                job.job_id, job.kind, v.success, v.completed, v.failed, v.nbytes, v.seconds, v.cause, v.skipped
+            )
             with self._idle:
-                if job.bounds is not None:
-                    # the late marks of this job's batches served all their keys
-                    self._late.difference_update((job.pool_id, j) for j in range(len(job.bounds) - 1))
-                self._user_ids.discard(job.job_id)
-                if self._hold_fenced and not self._fenced.keys().isdisjoint(job.slots):
+                if v.stored:
+                    self._events.append(BlockStored(v.stored))
+                if v.removed:
+                    self._events.append(BlockRemoved(v.removed, "corrupt"))
+                self._fences.reaped(job)
+                self._jobs.done(job)
+                if self._hold_fenced and self._fences.busy(job.slots):
                     self._held.append((result, job.slots))
                 else:
                     self._finished.append(result)
                 self._idle.notify_all()
-
-    @staticmethod
-    def _per_key(job: _Job, results: Sequence[object]) -> list[object]:
-        """Native batches' results as one result per key: a batch that timed
-        out, was cancelled or raised stands for each of its keys."""
-        out: list[object] = []
-        for j, r in enumerate(results):
-            keys = job.keys_of_op(j)
-            if isinstance(r, list) and len(r) == len(keys):
-                out.extend(r)
-            else:
-                out.extend([r] * len(keys))
-        return out
-
-    def _timed_out(self, job: _Job, i: int) -> None:
-        with self._lock:
-            reserved = _file_bytes(job.op_bytes[i]) if job.op_open[i] else 0
-            job.op_open[i] = False
-            owner = (job.pool_id, job.op_of(i))
-            if owner in self._late:
-                if job.bounds is None:
-                    self._late.discard(owner)
-            else:
-                slot = job.slots[i]
-                self._fenced[slot] = owner
-                # The provider's fence outlives the engine's free(): without
-                # it, alloc() hands the slot out again, new bytes are staged
-                # into it, and the stuck read overwrites them (issue 15 item
-                # 1). Fenced here, before the job's result is published, so
-                # the engine cannot have freed the slot yet.
-                self._pool.fence(slot)
-        if reserved:
-            self._budget.release(reserved, 0)
-        log.warning(
-            "fstier: %s of %r timed out after %.1fs; slot %d fenced until the call returns",
-            job.kind, job.keys[i], self.tier_config.io_timeout_s, job.slots[i],
-        )
-
-    def _seconds(self, job: _Job) -> float:
-        with self._lock:
-            end = job.last_end or time.perf_counter()
-        return max(0.0, end - job.submitted)
-
-    def _judge(self, kind: str, job: _Job, i: int, r: object) -> Failure:
-        """What a failed op ``r`` (op ``i`` of ``job``) was: one family of
-        the policy table (``tier/admission.py``)."""
-        if r is OP_CANCELLED:
-            return Failure("cancelled", "cancelled", "")
-        if r is OP_TIMED_OUT:
-            self._timed_out(job, i)
-            return Failure("timeout", "timeout", "")
-        if r is OP_EXPIRED:  # queued past the job's deadline behind hung calls; never ran
-            self._op_ended(job, i, 0)
-            return Failure("timeout", "timeout", "")
-        if isinstance(r, blockstore.LoadOutcome):
-            if r.status is blockstore.LoadStatus.MISSING:
-                return Failure("miss", "miss", "")
-            if r.status is blockstore.LoadStatus.CORRUPT:
-                return Failure("corrupt", f"corrupt:{r.cause}", r.detail)
-            if r.cause in BAD_FILE_CAUSES:
-                return Failure("bad_file", f"bad_file:{r.cause}", r.detail or r.cause)
-            return Failure("error", r.cause or "load_error", r.detail)
-        if isinstance(r, blockstore.StoreOutcome):
-            return Failure("error", r.cause or f"{kind}_failed", r.detail)
-        return Failure("error", _cause_of(r), str(r))
-
-    def _failed(self, kind: str, key: BlockKey, f: Failure) -> None:
-        """Everything that follows from one failed op, as the table says."""
-        self.metrics.failures.inc(f.label)
-        if f.counts_for_breaker:
-            self._breaker.failure(f.cause)
-        level = f.policy.log_level
-        if level is None:
-            return
-        if f.family == "corrupt":
-            # Warnings name the file, so an operator can go and look at it.
-            log.log(level, "fstier: corrupt block file %s removed: %s %s", self.blocks.path(key), f.cause, f.detail)
-        elif f.policy.bad_file:
-            log.log(
-                level, "fstier: %s holds no block file (%s); a miss. Remove whatever was placed there",
-                self.blocks.path(key), f.detail,
-            )
-        else:
-            log.log(level, "fstier: %s of %s failed: %s (%s)", kind, self.blocks.path(key), f.cause, f.detail)
-
-    def _finish_store(self, job: _Job, results: list[object]) -> JobResult:
-        now = time.monotonic()
-        stored: list[BlockKey] = []
-        present: list[BlockKey] = []
-        skipped = failed = 0
-        prefix = 0  # leading keys on disk, up to the first failure
-        nbytes = 0
-        file_bytes = 0
-        cause: str | None = None
-        for i, r in enumerate(results):
-            key = job.keys[i]
-            if failed == 0:
-                prefix = i
-            if isinstance(r, blockstore.StoreOutcome) and r.status is blockstore.StoreStatus.STORED:
-                stored.append(key)
-                nbytes += job.op_bytes[i]
-                file_bytes += _file_bytes(job.op_bytes[i])
-                self._breaker.success()
-                continue
-            if isinstance(r, blockstore.StoreOutcome) and r.status is blockstore.StoreStatus.SKIPPED:
-                skipped += 1
-                present.append(key)
-                self._breaker.success()
-                continue
-            f = self._judge("store", job, i, r)
-            failed += 1
-            cause = cause or f.cause
-            self._failed("store", key, f)
-        if failed == 0:
-            prefix = len(results)
-        self._cache.stored(stored + present, now)
-        m = self.metrics
-        m.stored_blocks.inc(len(stored))
-        m.stored_bytes.inc(nbytes)
-        m.skipped_blocks.inc(skipped)
-        seconds = self._seconds(job)
-        m.store_seconds.observe(seconds)
-        if stored:
-            with self._lock:
-                self._events.append(BlockStored(tuple(stored)))
-            self.capacity.add(file_bytes)
-        return JobResult(
-            job.job_id, "store", failed == 0, prefix, len(results) - prefix, nbytes,
-            seconds, cause, skipped,
-        )
-
-    def _finish_load(self, job: _Job, results: list[object]) -> JobResult:
-        prefix = 0
-        nbytes = 0
-        cause: str | None = None
-        bad: list[BlockKey] = []
-        removed: list[BlockKey] = []
-        in_prefix = True
-        for i, r in enumerate(results):
-            key = job.keys[i]
-            if isinstance(r, blockstore.LoadOutcome) and r.status is blockstore.LoadStatus.LOADED:
-                self._breaker.success()
-                if in_prefix:
-                    prefix += 1
-                    nbytes += job.op_bytes[i]
-                continue
-            in_prefix = False
-            bad.append(key)
-            f = self._judge("load", job, i, r)
-            if f.family == "corrupt":
-                self.metrics.corrupt.inc()
-                if isinstance(r, blockstore.LoadOutcome) and r.removed:
-                    removed.append(key)
-            if cause is None:
-                cause = f.cause
-            self._failed("load", key, f)
-        if bad:
-            self._cache.mark_bad(bad)
-        if removed:
-            with self._lock:
-                self._events.append(BlockRemoved(tuple(removed), "corrupt"))
-            self.capacity.add(-sum(_file_bytes(self._payload_len[k.group_idx]) for k in removed))
-        m = self.metrics
-        m.loaded_blocks.inc(prefix)
-        m.loaded_bytes.inc(nbytes)
-        m.load_misses.inc(len(job.keys) - prefix)
-        seconds = self._seconds(job)
-        m.load_seconds.observe(seconds)
-        n = len(job.keys)
-        return JobResult(job.job_id, "load", prefix == n, prefix, n - prefix, nbytes, seconds, cause)
 
     def get_finished(self) -> list[JobResult]:
         """Results of jobs finished since the last call (never blocks); with
@@ -846,9 +304,8 @@ class FsTier:
         with self._lock:
             out, self._finished = self._finished, []
             if self._held:
-                fenced = self._fenced.keys()
-                ready = [r for r, slots in self._held if fenced.isdisjoint(slots)]
-                self._held = [(r, slots) for r, slots in self._held if not fenced.isdisjoint(slots)]
+                ready = [r for r, slots in self._held if not self._fences.busy(slots)]
+                self._held = [(r, slots) for r, slots in self._held if self._fences.busy(slots)]
                 out = ready + out
         return out
 
@@ -862,7 +319,7 @@ class FsTier:
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every submitted job has finished (results stay queued
         for :meth:`get_finished`). Returns False if ``timeout`` expired."""
-        timeout = _wait_timeout("drain", timeout)
+        timeout = wait_timeout("drain", timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -887,16 +344,14 @@ class FsTier:
     @property
     def fenced_slots(self) -> frozenset[int]:
         """Slots held by a timed-out op that has not returned yet."""
-        with self._lock:
-            return frozenset(self._fenced)
+        return self._fences.slots
 
     def wait_fences_released(self, timeout: float | None = None) -> bool:
         """Wait until no slot is fenced by a timed-out op (every stuck call
         returned). Returns False if ``timeout`` expired first."""
-        timeout = _wait_timeout("wait_fences_released", timeout)
+        timeout = wait_timeout("wait_fences_released", timeout)
         self._reap()
-        with self._idle:
-            return self._idle.wait_for(lambda: not self._fenced, timeout)
+        return self._fences.wait_released(timeout)
 
     # ---------------------------------------------------------------- capacity
     @property
@@ -907,11 +362,9 @@ class FsTier:
         return self.capacity.usage_bytes
 
     def _on_evicted(self, path: str) -> None:
-        if not path.startswith(self._blocks_prefix + os.sep):
-            return  # another namespace sharing the root
-        key = decode(os.path.basename(path))
+        key = self.blocks.key_of(path)
         if key is None:
-            return
+            return  # another namespace sharing the root
         self._cache.forget([key])
         with self._lock:
             # Coalesce a burst of evictions into one event.
@@ -921,21 +374,17 @@ class FsTier:
             else:
                 self._events.append(BlockRemoved((key,), "evicted"))
 
-    def run_capacity_pass(
-        self, max_bytes: int | None = None, timeout: float | None = 60.0
-    ) -> GcReport:
+    def run_capacity_pass(self, max_bytes: int | None = None, timeout: float | None = 60.0) -> GcReport:
         """One synchronous capacity pass over the root: sweep stale temp and
         ``.nfs*`` files and, above the high watermark of ``max_bytes``
         (default: ``tier.max_bytes``), evict LRU files down to the low
-        watermark. Resynchronises the shared usage count.
-
-        Waits for a pass another instance on the root is running, at most
-        ``timeout`` seconds (None: no limit), then raises
-        :class:`TimeoutError`; a pass still walking at the deadline stops
-        there and reports ``complete=False``. An instance that died or hangs
-        holding the root's eviction lease loses it within 30 s."""
+        watermark; resynchronise the shared usage count. Waits at most
+        ``timeout`` s (None: no limit) for another instance's pass, then
+        raises :class:`TimeoutError` (a dead or hung lease holder loses the
+        lease within 30 s); a pass walking at the deadline stops there
+        (``complete=False``)."""
         self._check_open()
-        timeout = _wait_timeout("run_capacity_pass", timeout)
+        timeout = wait_timeout("run_capacity_pass", timeout)
         return self.capacity.run_pass(max_bytes, timeout)
 
     def clear(self) -> int:
@@ -978,7 +427,7 @@ class FsTier:
         finally:
             self.capacity.stop()
             self._io.shutdown()
-            self._flush_recency()
+            self._recency.flush()
             self._lookup.close()
             if self._own_pool is not None:
                 self._own_pool.close()

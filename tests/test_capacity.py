@@ -332,13 +332,13 @@ def test_instances_on_one_root_see_each_others_stores(tmp_path: Path, monkeypatc
 def _exchange(*tiers) -> None:  # type: ignore[no-untyped-def]
     """Publish every instance's count, then let every instance read them.
 
-    Through ``refresh()``, which holds the count's I/O lock: each tier's
-    fstier-usage thread refreshes too, and a read of its that started
-    before another instance published must not land after this one's
-    (a stale view: 10 files instead of 19 seen once under load)."""
+    Through ``Capacity.refresh_usage()``, which holds the count's I/O lock:
+    each tier's fstier-usage thread refreshes too, and a read of its that
+    started before another instance published must not land after this
+    one's (a stale view: 10 files instead of 19 seen once under load)."""
     for _ in range(2):  # round 1 publishes every count, round 2 reads them all
         for t in tiers:
-            t.capacity._shared.refresh()
+            t.capacity.refresh_usage()
 
 
 def test_planted_usage_file_turns_sharing_off_not_the_tier(tmp_path: Path, caplog) -> None:
@@ -404,7 +404,7 @@ def test_hostile_count_files_never_raise_into_jobs(tmp_path: Path, caplog) -> No
     caplog.set_level(logging.WARNING, logger="fstier.manager")
     with open_tier(root, max_bytes=1 << 30) as tier:
         tier.run_capacity_pass()
-        tier.capacity._shared.refresh()
+        tier.capacity.refresh_usage()
         res = _in_thread(lambda: store(tier, "s", keys(0, 4)))
         assert res.success, res
         tier.run_capacity_pass()
@@ -489,14 +489,16 @@ def test_deleted_or_truncated_count_files_do_not_let_the_root_grow(tmp_path: Pat
         assert b.usage_bytes == 10 * FILE_BYTES
         for f in (root / USAGE_DIR_NAME).glob("*.count"):
             f.unlink()
-        b.capacity._shared.refresh()
+        b.capacity.refresh_usage()
         assert b.usage_bytes == 10 * FILE_BYTES  # still counted
-        a.capacity._shared._publish(a.capacity._shared._dir_fd, force=True)
+        assert not b.capacity.rescan_wanted
+        a.capacity.refresh_usage(force=True)  # a's count file is back
+        assert len(list((root / USAGE_DIR_NAME).glob("*.count"))) >= 1
         for f in (root / USAGE_DIR_NAME).glob("*.count"):
             f.write_bytes(b"fstier-us")  # truncated
-        b.capacity._shared.refresh()
+        b.capacity.refresh_usage()
         assert b.usage_bytes == 10 * FILE_BYTES
-        assert b.capacity._shared.rescan_wanted
+        assert b.capacity.rescan_wanted
 
 
 def test_run_capacity_pass_takes_a_timeout_and_a_dead_holders_lease_expires(tmp_path: Path) -> None:

@@ -113,3 +113,42 @@ def test_batches_give_one_outcome_per_item_in_order(store: BlockStore) -> None:
     outs = store.load_many([(key(20 + i), bufs[i]) for i in range(4)] + [(key(99), bufs[4])])
     assert [o.status for o in outs] == [LoadStatus.LOADED] * 4 + [LoadStatus.MISSING]
     assert all(bytes(bufs[i]) == payload_for(key(20 + i), N) for i in range(4))
+
+
+def test_native_batches_keep_the_contract(store: BlockStore) -> None:
+    """The batch methods on the native backend (one call per batch): the same
+    outcomes, files and promises as the Python path, including the keys a
+    batch hands back to the per-key path (a fan-out directory removed under
+    the store, a file to replace)."""
+    fast = BlockStore(store.mapper, store.options, native_io="auto")
+    if not fast.batched:
+        pytest.skip(f"native path not selected: {fast.io_path.reason}")
+    assert fast.batch_bounds(64, 4) == (0, 16, 32, 48, 64)
+    assert fast.batch_bounds(3, 4) == (0, 3)  # never calls smaller than NATIVE_MIN_BATCH
+    assert store.batch_bounds(3, 4) == (0, 1, 2, 3)  # the Python path: one key per batch
+    items = [(key(30 + i), _payload(30 + i)) for i in range(4)]
+    assert [o.status for o in fast.store_many(items)] == [StoreStatus.STORED] * 4
+    assert [o.nbytes for o in fast.store_many(items)] == [0] * 4  # all SKIPPED
+    assert [o.status for o in fast.store_many(items)] == [StoreStatus.SKIPPED] * 4
+    # written by the native path, read back by the Python path (same bytes, same files)
+    buf = aligned_buffer(N)[:N]
+    assert store.load(key(31), buf).status is LoadStatus.LOADED and bytes(buf) == payload_for(key(31), N)
+    # a key to replace, and a namespace removed under the store (the batch
+    # fails ENOENT): both handed to the per-key path
+    assert [o.status for o in fast.store_many(items[:1], replace=[True])] == [StoreStatus.STORED]
+    import shutil
+
+    shutil.rmtree(store.mapper.namespace_dir)
+    assert [o.status for o in fast.store_many(items[1:3])] == [StoreStatus.STORED] * 2
+    assert (store.mapper.namespace_dir / "config.json").is_file()
+    # a corrupt file is never loaded and is removed; a missing key is a miss
+    path = store.path(key(32))
+    raw = bytearray(Path(path).read_bytes())
+    raw[4096 + 5] ^= 0x01
+    Path(path).write_bytes(bytes(raw))
+    bufs = [aligned_buffer(N)[:N] for _ in range(3)]
+    outs = fast.load_many([(key(31), bufs[0]), (key(32), bufs[1]), (key(30), bufs[2])])
+    assert [o.status for o in outs] == [LoadStatus.LOADED, LoadStatus.CORRUPT, LoadStatus.MISSING]
+    assert outs[1].cause == "payload_checksum" and outs[1].removed and not store.exists(key(32))
+    assert bytes(bufs[0]) == payload_for(key(31), N)
+    assert fast.store_many([]) == [] and fast.load_many([]) == []

@@ -174,3 +174,29 @@ def test_importing_the_core_loads_neither_torch_nor_an_engine(modules: str) -> N
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_the_tier_does_block_io_only_through_the_block_store() -> None:
+    """FsTier and its parts reach block files through BlockStore alone: the
+    native path is chosen inside it (store_many/load_many), never beside it."""
+    per_file = ("fstier.io.native", "fstier.io._native", "fstier.io.blockio", "fstier.io.posix")
+    assert _violations(_modules("manager.py") + _modules("tier"), per_file) == []
+
+
+#: issue 23: FsTier is its face; no module of the tier or the storage layer
+#: grows past what one concept needs.
+MANAGER_MAX_LINES = 450
+MODULE_MAX_LINES = 600
+
+
+def test_manager_is_the_tiers_face_and_no_module_is_too_long() -> None:
+    manager = len((PKG / "manager.py").read_text().splitlines())
+    assert manager <= MANAGER_MAX_LINES, (
+        f"fstier/manager.py has {manager} lines (limit {MANAGER_MAX_LINES}): move a concept into fstier/tier/"
+    )
+    too_long = {
+        str(f.relative_to(REPO)): n
+        for f in _modules("manager.py") + _modules("tier") + _modules("io")
+        if (n := len(f.read_text().splitlines())) > MODULE_MAX_LINES
+    }
+    assert too_long == {}, f"modules over {MODULE_MAX_LINES} lines: {too_long}; split a concept out"

@@ -52,6 +52,9 @@ Load path (:func:`load_block`), 3 system calls
     block that is not LOADED must be treated as garbage.
 
 O_DIRECT and O_TMPFILE are decided per root by :mod:`fstier.io.capabilities`.
+Options, requests and outcomes are :mod:`fstier.io.iotypes`' (shared with the
+native backend); checking a stored file without loading it is
+:mod:`fstier.io.blockcheck`'s. Both are re-exported here.
 
 Every system call goes through :data:`fstier.io.fsops.FS`, so tests and the
 reliability suite can inject faults by swapping its methods.
@@ -66,15 +69,11 @@ import os
 import stat
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-import xxhash
 
 from fstier.errors import BlockCorruptError
 from fstier.io import fsops
+from fstier.io.blockcheck import FileCheck, read_header, verify_file
 from fstier.io.blockfile import (
     ALIGNMENT,
     HEADER_SIZE,
@@ -88,7 +87,6 @@ from fstier.io.blockfile import (
     padded_len,
     payload_checksum,
 )
-from fstier.io.capabilities import RootCapabilities
 from fstier.io.fsops import (
     O_CLOEXEC,
     O_DIR_FLAGS,
@@ -102,17 +100,21 @@ from fstier.io.fsops import (
     discard_at,
     errno_name,
     is_aligned,
-    preadv_all,
     pwritev_all,
     split_parent,
     temp_path_for,
     unlink_if_same,
 )
-from fstier.keys import BlockKey
-
-if TYPE_CHECKING:  # pragma: no cover
-    from fstier.config import TierConfig
-    from fstier.io.capabilities import DirectIOSupport
+from fstier.io.iotypes import (
+    BatchLoadResult,
+    IOOptions,
+    LoadOutcome,
+    LoadRequest,
+    LoadStatus,
+    StoreOutcome,
+    StoreRequest,
+    StoreStatus,
+)
 
 __all__ = [
     "BatchLoadResult",
@@ -137,44 +139,6 @@ __all__ = [
 log = logging.getLogger("fstier.io")
 
 
-# ------------------------------------------------------------------- options
-@dataclass(frozen=True, slots=True)
-class IOOptions:
-    """How one store or load is performed."""
-
-    o_direct: bool = False
-    alignment: int = ALIGNMENT
-    fsync: str = "none"
-    file_mode: int = 0o644
-    checksum: bool = True
-    #: the root's capabilities (O_TMPFILE refusal is remembered there);
-    #: None: every store tries O_TMPFILE and falls back for itself only
-    capabilities: RootCapabilities | None = None
-
-    def __post_init__(self) -> None:
-        if self.fsync not in ("none", "file", "file+dir"):
-            raise ValueError(
-                f"IOOptions.fsync must be 'none', 'file' or 'file+dir', got {self.fsync!r}"
-            )
-        if self.alignment < 1 or ALIGNMENT % self.alignment:
-            raise ValueError(f"IOOptions.alignment must divide {ALIGNMENT}, got {self.alignment}")
-
-    @classmethod
-    def from_tier(cls, tier: TierConfig, support: DirectIOSupport | RootCapabilities) -> IOOptions:
-        """Options for a tier config and its root's capabilities (or just
-        its directory's O_DIRECT probe result)."""
-        caps = support if isinstance(support, RootCapabilities) else None
-        dio = support.o_direct if isinstance(support, RootCapabilities) else support
-        return cls(
-            o_direct=dio.enabled,
-            alignment=dio.alignment,
-            fsync=tier.fsync,
-            file_mode=tier.file_mode,
-            checksum=tier.checksum != "none",
-            capabilities=caps,
-        )
-
-
 # ------------------------------------------------- per-thread pages
 class _ThreadBuffers(threading.local):
     """Per-thread aligned header, bounce and overflow pages, reused for every op."""
@@ -191,44 +155,7 @@ _BUFS = _ThreadBuffers()
 _ZEROS = bytes(ALIGNMENT)
 
 
-
-
 # --------------------------------------------------------------------- store
-class StoreStatus(str, Enum):
-    """Result of one store. The values equal the names, so ``== "STORED"`` works."""
-
-    STORED = "STORED"
-    SKIPPED = "SKIPPED"
-    FAILED = "FAILED"
-
-
-@dataclass(frozen=True, slots=True)
-class StoreRequest:
-    """Write ``header`` then ``payload`` to ``path``. ``payload`` holds at least
-    ``header.payload_len`` bytes; when it holds the padded length and is
-    writable (a pool slot), the padding tail is zeroed in place and the slot is
-    written directly (O_DIRECT capable)."""
-
-    path: str | Path
-    header: BlockHeader
-    payload: memoryview
-
-
-@dataclass(frozen=True, slots=True)
-class StoreOutcome:
-    """What happened to one store: ``cause`` is an errno name (``ENOSPC``) or a
-    short reason, ``detail`` says at which step, ``nbytes`` is bytes written."""
-
-    status: StoreStatus
-    cause: str = ""
-    detail: str = ""
-    nbytes: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.status is not StoreStatus.FAILED
-
-
 def _store_iov(
     payload: memoryview, n: int, header: memoryview, alignment: int
 ) -> tuple[list[memoryview], bool]:
@@ -432,59 +359,6 @@ def store_blocks(reqs: Sequence[StoreRequest], opts: IOOptions) -> list[StoreOut
 
 
 # ---------------------------------------------------------------------- load
-class LoadStatus(str, Enum):
-    """Result of one load. The values equal the names, so ``== "LOADED"`` works."""
-
-    LOADED = "LOADED"
-    MISSING = "MISSING"
-    CORRUPT = "CORRUPT"
-    ERROR = "ERROR"
-
-
-@dataclass(frozen=True, slots=True)
-class LoadRequest:
-    """Load the file at ``path`` into ``buffer[:payload_len]`` (any alignment;
-    O_DIRECT when enabled and the buffer starts 4096-aligned) and check that it holds ``key`` of namespace
-    ``namespace_digest`` with exactly ``payload_len`` payload bytes."""
-
-    path: str | Path
-    buffer: memoryview
-    key: BlockKey
-    namespace_digest: bytes
-    payload_len: int
-    #: Unused, kept for callers that pass it: no path is ever resolved
-    #: through a symlink, so nothing outside the root can be removed.
-    root: Path | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class LoadOutcome:
-    """What happened to one load. ``removed`` is true when a corrupt file was
-    unlinked. Only LOADED means the buffer holds verified bytes."""
-
-    status: LoadStatus
-    cause: str = ""
-    detail: str = ""
-    nbytes: int = 0
-    removed: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.status is LoadStatus.LOADED
-
-
-@dataclass(frozen=True, slots=True)
-class BatchLoadResult:
-    """A batched load: the first ``num_loaded`` blocks verified; ``outcomes``
-    has one entry per attempted block (the last one is the failure, if any)."""
-
-    num_loaded: int
-    outcomes: list[LoadOutcome]
-
-    @property
-    def complete(self) -> bool:
-        return self.num_loaded == len(self.outcomes) and all(o.ok for o in self.outcomes)
-
 
 def _remove_planted_link(path: str | Path) -> bool:
     """Remove a symlink found at a block's final name (fstier never writes
@@ -686,81 +560,3 @@ def touch_file(path: str | Path) -> bool:
     finally:
         close_quietly(fd)
         close_quietly(dir_fd)
-
-
-# ------------------------------------------------------------- CLI helpers
-@dataclass(frozen=True, slots=True)
-class FileCheck:
-    """The verdict on one block file: ``ok``, the ``reason`` when not, the
-    decoded header when it parsed, and the file size."""
-
-    ok: bool
-    reason: str
-    header: BlockHeader | None
-    size: int
-
-
-def read_header(path: str | Path) -> BlockHeader:
-    """Decode a block file's header (no payload read). Raises
-    :class:`BlockCorruptError` for a bad header and ``OSError`` for I/O."""
-    fd = fsops.FS.open(path, os.O_RDONLY | O_NOFOLLOW | O_CLOEXEC | os.O_NONBLOCK)
-    try:
-        buf = bytearray(HEADER_SIZE)
-        got = preadv_all(fd, [memoryview(buf)], 0)
-        if got < HEADER_SIZE:
-            raise BlockCorruptError("short_header", f"{got} < {HEADER_SIZE} bytes")
-        return decode_header(buf)
-    finally:
-        fsops.FS.close(fd)
-
-
-def verify_file(
-    path: str | Path,
-    full: bool = True,
-    *,
-    key: BlockKey | None = None,
-    namespace_digest: bytes | None = None,
-    expect: Expected | None = None,
-) -> FileCheck:
-    """Check a block file without a caller buffer: header, size, what the
-    caller expects (``expect``, or just ``key`` and ``namespace_digest``;
-    :func:`fstier.io.blockfile.check_block`, the load's validator) and, with
-    ``full``, the payload checksum (streamed in 1 MiB chunks, so a hostile
-    length never causes a large allocation). Raises ``OSError`` for I/O."""
-    if expect is None:
-        expect = Expected(key=key, namespace_digest=namespace_digest)
-    fd = fsops.FS.open(path, os.O_RDONLY | O_NOFOLLOW | O_CLOEXEC | os.O_NONBLOCK)
-    try:
-        st = fsops.FS.fstat(fd)
-        size = st.st_size
-        if not stat.S_ISREG(st.st_mode):
-            return FileCheck(False, "not_regular", None, size)
-        buf = bytearray(HEADER_SIZE)
-        if preadv_all(fd, [memoryview(buf)], 0) < HEADER_SIZE:
-            return FileCheck(False, "short_header", None, size)
-        try:
-            h = decode_header(buf)
-        except BlockCorruptError as exc:
-            return FileCheck(False, exc.reason, None, size)
-        try:
-            check_block(h, expect, file_size=size)
-            if full and h.checksum_kind == ChecksumKind.XXH3_64:
-                hasher = xxhash.xxh3_64()
-                chunk = bytearray(1 << 20)
-                view = memoryview(chunk)
-                left, off = h.payload_len, HEADER_SIZE
-                while left:
-                    want = min(left, len(chunk))
-                    got = fsops.FS.preadv(fd, [view[:want]], off)
-                    if got <= 0:
-                        raise BlockCorruptError("short_read", f"payload ends {left} bytes early")
-                    hasher.update(view[:got])
-                    left -= got
-                    off += got
-                check_payload(h, hasher.intdigest())
-        except BlockCorruptError as exc:
-            return FileCheck(False, exc.reason, h, size)
-        return FileCheck(True, "", h, size)
-    finally:
-        fsops.FS.close(fd)
-

@@ -9,19 +9,27 @@ operator's ``rm -rf``, gc of empty directories), builds each block's header,
 and stores, loads, checks and removes blocks through the per-file path of
 :mod:`fstier.io.blockio`.
 
-API shape (the seam for other backends)
+API shape (the seam between backends)
     Per key: :meth:`BlockStore.store`, :meth:`~BlockStore.load`,
     :meth:`~BlockStore.remove`, :meth:`~BlockStore.exists`; per batch:
     :meth:`~BlockStore.store_many` and :meth:`~BlockStore.load_many`, which
-    take a whole job's keys and buffers and return one outcome per key in
-    order. The Python backend runs a batch key by key; a backend that runs a
-    whole job per call (native code with the GIL released) replaces the
-    batch methods and keeps their contract: the same outcomes, the same
-    files, the same promises (exact-length buffers, no symlink followed,
-    atomic publication, the one validator).
+    take a batch of keys and buffers and return one outcome per key in
+    order. The batch methods choose the backend: with ``native_io`` selecting
+    the native path (:mod:`fstier.io.native`: the whole batch in one call,
+    GIL released) a batch runs there, else key by key on the Python path
+    (:mod:`fstier.io.blockio`). Either way the contract is the same: the same
+    outcomes, the same files, the same promises (exact-length buffers, no
+    symlink followed, atomic publication, the one validator). A native
+    batch hands the keys it cannot finish itself (a directory removed under
+    it: ENOENT; a file to replace) to the per-key Python path, which
+    re-creates directories and removes the old file. While the Python path's
+    syscall seam (``fsops.FS``) is patched (fault injection), batches run on
+    the Python path, whose calls the seam sees. :meth:`~BlockStore.batch_bounds`
+    says how a caller should cut a job into batches.
 
 Costs
-    A store into a directory already made: the per-file store path (7 system
+    A native batch: one call for the batch (~20 us of Python around it),
+    then per key the system calls below, made in C. A store into a directory already made: the per-file store path (7 system
     calls). Into a new fan-out directory: the walk's ``mkdirat``/``openat``
     calls, then the store through the fd the walk opened (no second
     resolution, no existence check). A load: 3 system calls. Directories
@@ -43,10 +51,11 @@ import stat
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fstier.errors import FstierError, PathSafetyError
-from fstier.file_mapper import FileMapper, encode
-from fstier.io import fsops
+from fstier.file_mapper import FileMapper, decode, encode
+from fstier.io import fsops, native
 from fstier.io.blockfile import BlockHeader, ChecksumKind, payload_checksum
 from fstier.io.blockio import (
     BatchLoadResult,
@@ -67,9 +76,13 @@ from fstier.io.blockio import (
     touch_file,
     verify_file,
 )
+from fstier.io.capabilities import RootCapabilities
 from fstier.io.manifest import ensure_manifest
 from fstier.io.tree import FileKind, iter_namespace_files
 from fstier.keys import BlockKey
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fstier.config import TierConfig
 
 __all__ = [
     "BatchLoadResult",
@@ -197,23 +210,88 @@ def _unsafe(path: Path, exc: OSError) -> Exception:
     return exc
 
 
+#: Keys per native call at least (a job is split across the I/O threads, but
+#: not into calls smaller than this: each call costs ~20 us of Python).
+NATIVE_MIN_BATCH = 4
+
+
+def _python_seam_untouched() -> bool:
+    """False while ``fsops.FS`` (the Python path's system-call seam) is
+    replaced or patched, e.g. by a test injecting faults there: batches then
+    take the Python path, whose calls the seam sees. The native path has its
+    own seam (``fstier.io.native.fault``)."""
+    fs = fsops.FS
+    return type(fs) is fsops.OsOps and not vars(fs)
+
+
 class BlockStore:
     """The block files of ``mapper``'s namespace, stored with ``options``.
 
     ``blocks_per_file`` is what each header records as its page count (a
-    file's payload holds that many pages)."""
+    file's payload holds that many pages). ``native_io`` (``auto``, ``on``,
+    ``off``; :func:`fstier.io.native.status`) selects the backend of the
+    batch methods, logged once per process; None (the default) is the
+    Python path, nothing logged. :attr:`io_path` says which runs and why."""
 
-    def __init__(self, mapper: FileMapper, options: IOOptions, *, blocks_per_file: int = 1) -> None:
+    def __init__(
+        self,
+        mapper: FileMapper,
+        options: IOOptions,
+        *,
+        blocks_per_file: int = 1,
+        native_io: str | None = None,
+    ) -> None:
         self.mapper = mapper
         self.options = options
         self._bpf = blocks_per_file
         self._prefix = os.fspath(mapper.blocks_dir)
         self.dirs = NamespaceDirs(mapper)
+        #: which path the batch methods run (fstier.io.native): "native" or "python"
+        self.io_path = native.status("off") if native_io is None else native.log_selection_once(native_io)
+        self._native = self.io_path.backend == "native"
+
+    @classmethod
+    def for_tier(cls, mapper: FileMapper, tier: TierConfig) -> BlockStore:
+        """The store a tier runs on: the namespace made (manifest, blocks
+        directory, through directory fds), the root's capabilities probed for
+        this root alone (an NFS mount elsewhere in the process never changes
+        how this one is written), options and backend from ``tier``."""
+        ensure_manifest(mapper)
+        NamespaceDirs(mapper).ensure(f"{mapper.blocks_dir}/_")
+        caps = RootCapabilities.probe(mapper.namespace_dir, tier.o_direct)
+        return cls(
+            mapper, IOOptions.from_tier(tier, caps), blocks_per_file=tier.blocks_per_file,
+            native_io=tier.native_io,
+        )
+
+    @property
+    def batched(self) -> bool:
+        """True when the batch methods run now as one native call per batch."""
+        return self._native and _python_seam_untouched()
+
+    def batch_bounds(self, n: int, threads: int) -> tuple[int, ...]:
+        """How to cut ``n`` keys into calls of the batch methods for
+        ``threads`` I/O threads: batch ``j`` is keys ``[b[j], b[j + 1])``.
+        Native: at most ``threads`` near-equal batches of at least
+        :data:`NATIVE_MIN_BATCH` keys (one call each); Python: one key per
+        batch (so each key is its own op, with its own deadline)."""
+        if not self.batched:
+            return tuple(range(n + 1))
+        parts = max(1, min(threads, n // NATIVE_MIN_BATCH))
+        return tuple(n * j // parts for j in range(parts + 1))
 
     # ------------------------------------------------------------- naming
     def path(self, key: BlockKey) -> str:
         """``key``'s file (a string: this is on every lookup's path)."""
         return f"{self._prefix}/{encode(key)}"
+
+    def key_of(self, path: str) -> BlockKey | None:
+        """The key whose file ``path`` names, when it is below this store's
+        blocks directory and its name decodes (:func:`fstier.file_mapper.decode`);
+        else None (another namespace's file, a temp file)."""
+        if not path.startswith(self._prefix + "/"):
+            return None
+        return decode(path.rpartition("/")[2])
 
     # ----------------------------------------------------------- namespace
     def ensure_namespace(self) -> None:
@@ -343,10 +421,30 @@ class BlockStore:
         self, items: Sequence[tuple[BlockKey, memoryview]], *, replace: Sequence[bool] | None = None
     ) -> list[StoreOutcome]:
         """Store every ``(key, payload)``; one outcome per item, in order (a
-        failure does not stop the batch)."""
+        failure does not stop the batch). ``replace[i]``: as :meth:`store`'s."""
         flags = replace if replace is not None else [False] * len(items)
-        return [self.store(k, p, replace=r) for (k, p), r in zip(items, flags, strict=True)]
+        if not items or not self.batched:
+            return [self.store(k, p, replace=r) for (k, p), r in zip(items, flags, strict=True)]
+        keys = [k for k, _ in items]
+        payloads = [p for _, p in items]
+        outs = native.store_batch(
+            self._prefix, [self.path(k) for k in keys], keys, payloads, self.mapper.digest_bytes,
+            self._bpf, self.options,
+        )
+        for j, out in enumerate(outs):
+            if (out.status is StoreStatus.FAILED and out.cause == "ENOENT") or (
+                flags[j] and out.status is StoreStatus.SKIPPED
+            ):
+                outs[j] = self.store(keys[j], payloads[j], replace=flags[j])
+        return outs
 
     def load_many(self, items: Sequence[tuple[BlockKey, memoryview]]) -> list[LoadOutcome]:
-        """Load every ``(key, buffer)``; one outcome per item, in order."""
-        return [self.load(k, b) for k, b in items]
+        """Load every ``(key, buffer)``; one outcome per item, in order (every
+        key is attempted)."""
+        if not items or not self.batched:
+            return [self.load(k, b) for k, b in items]
+        keys = [k for k, _ in items]
+        return native.load_batch(
+            self._prefix, [self.path(k) for k in keys], keys, [b for _, b in items],
+            self.mapper.digest_bytes, self.options,
+        )

@@ -51,14 +51,14 @@ from typing import Any, NamedTuple
 from fstier.errors import ConfigError
 from fstier.io import blockio
 from fstier.io.blockfile import FORMAT_VERSION
-from fstier.io.blockstore import (
+from fstier.io.fsops import _HOST, unlink_if_same
+from fstier.io.iotypes import (
     IOOptions,
     LoadOutcome,
     LoadStatus,
     StoreOutcome,
     StoreStatus,
 )
-from fstier.io.fsops import _HOST, unlink_if_same
 from fstier.keys import BlockKey
 
 __all__ = [

@@ -13,6 +13,11 @@
 - :data:`POLICY`: the one table from a failure's family to what follows
   (breaker? bad file? metric label, log level); FsTier judges every failed
   op through it (:class:`Failure`).
+- :class:`Admission`: whether a job runs now; the refusals, in order:
+  ``degraded`` (breaker open), ``slot_busy`` (a slot is fenced),
+  ``capacity`` (a store while the root is over ``max_bytes``),
+  ``backpressure`` (a store over the write budget). Each is counted (stores
+  as drops, loads as failures) and the job finishes at once with that cause.
 
 Every call takes one lock and does O(1) work.
 """
@@ -23,10 +28,16 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fstier.tier.metrics import TierMetrics
 
-__all__ = ["BAD_FILE_CAUSES", "DEVICE_CAUSES", "POLICY", "Breaker", "Failure", "Policy", "WriteBudget"]
+if TYPE_CHECKING:  # pragma: no cover
+    from fstier.tier.capacity import Capacity
+
+__all__ = [
+    "BAD_FILE_CAUSES", "DEVICE_CAUSES", "POLICY", "Admission", "Breaker", "Failure", "Policy", "WriteBudget",
+]
 
 log = logging.getLogger("fstier.manager")
 
@@ -224,3 +235,39 @@ class Failure:
     def counts_for_breaker(self) -> bool:
         raw = self.cause.rpartition(":")[2]
         return self.policy.breaker and raw in DEVICE_CAUSES
+
+
+# ------------------------------------------------------------- whether a job runs
+class Admission:
+    """Whether the tier takes a job now (see the module docstring)."""
+
+    def __init__(self, breaker: Breaker, budget: WriteBudget, capacity: Capacity, metrics: TierMetrics) -> None:
+        self._breaker = breaker
+        self._budget = budget
+        self._capacity = capacity
+        self._metrics = metrics
+
+    def refuse(self, kind: str, n: int, nbytes: int, *, slot_busy: bool) -> str | None:
+        """None when a job of ``n`` keys runs (a store's ``nbytes`` of files
+        are then reserved in the write budget), else the cause it fails with
+        at once, counted."""
+        if not self._breaker.allow():
+            cause = "degraded"
+        elif slot_busy:
+            self._metrics.failures.inc("slot_busy", n)
+            return "slot_busy"
+        elif kind != "store":
+            return None
+        elif self._capacity.root_full():
+            # The root is over max_bytes (counted across every instance on
+            # it) and eviction has not caught up: drop, as backpressure does.
+            # A future miss, never data loss, never a blocked caller.
+            self._capacity.wake()
+            cause = "capacity"
+        elif not self._budget.admit(nbytes):
+            cause = "backpressure"
+        else:
+            return None
+        (self._metrics.drops if kind == "store" else self._metrics.failures).inc(cause, n)
+        return cause
+

@@ -115,6 +115,24 @@ class Capacity:
         one fstier can use)."""
         return self._shared is not None and self._shared.shared
 
+    def refresh_usage(self, *, force: bool = False) -> None:
+        """Publish this instance's count now and read every other instance's
+        (what the background refresh does every few seconds), through the
+        count's I/O lock, so no read that began earlier lands after it.
+        ``force`` publishes even an unchanged count (its file was removed).
+        For callers that need the root-wide count current now (tools, tests);
+        a no-op without ``max_bytes``. Costs one small write and one read per
+        instance on the root."""
+        if self._shared is not None:
+            self._shared.refresh(force=force)
+
+    @property
+    def rescan_wanted(self) -> bool:
+        """Whether the shared count asked for a rescan of the root (an
+        instance's count file was truncated or unreadable); the capacity
+        thread rescans at its next round."""
+        return self._shared is not None and self._shared.rescan_wanted
+
     def root_full(self) -> bool:
         """The root is over ``max_bytes`` (a store must be dropped)."""
         return (

@@ -1,6 +1,7 @@
 """What a caller must hand :class:`~fstier.manager.FsTier`: keys of the
-model's groups, and for a job one slot per key that the slot provider has
-handed out.
+model's groups, for a job one slot per key that the slot provider has
+handed out, slots that hold the largest payload, and for a wait a
+timeout in seconds.
 
 Pure checks, no I/O and no tier state: each failure is one ``ValueError``
 naming the call or job, the offending element and the fix; nothing is
@@ -10,12 +11,16 @@ the provider's ``check_slots``.
 
 from __future__ import annotations
 
+import math
+import threading
 from collections.abc import Hashable, Sequence
 
+from fstier.errors import PoolError
+from fstier.io.blockfile import padded_len
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
 
-__all__ = ["check_job", "check_keys"]
+__all__ = ["check_job", "check_keys", "check_pool", "wait_timeout"]
 
 
 def check_keys(keys: Sequence[BlockKey], num_groups: int, what: str) -> None:
@@ -63,3 +68,24 @@ def check_job(
         pool.check_slots(slots)
     except ValueError as exc:
         raise ValueError(f"job {job_id!r}: {exc}") from None
+
+
+def wait_timeout(what: str, timeout: float | None) -> float | None:
+    """A wait's timeout: ``inf`` means no limit (threading's waits raise
+    OverflowError for it); nan or a negative value is a caller's mistake."""
+    if timeout is None or timeout == math.inf:
+        return None
+    if not timeout >= 0:  # also catches nan
+        raise ValueError(f"{what}(timeout=...): expected seconds >= 0 or None, got {timeout!r}")
+    return min(float(timeout), threading.TIMEOUT_MAX)
+
+
+def check_pool(pool: SlotProvider, need: int) -> None:
+    """``pool``'s slots hold a payload of ``need`` bytes (the largest file's),
+    else a :class:`~fstier.errors.PoolError` naming the size to provide."""
+    if pool.slot_bytes < need:
+        raise PoolError(
+            f"{type(pool).__name__} slot_bytes is {pool.slot_bytes} but the largest file "
+            f"payload is {need} bytes; provide slots with slot_bytes >= {need} "
+            f"({padded_len(need)} lets I/O run on the slot in place)"
+        )

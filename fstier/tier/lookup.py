@@ -4,7 +4,9 @@ A lookup answers from :class:`LookupCache` (present/absent answers that
 live ``tier.lookup_cache_ttl_s``, and the *bad* set: keys whose load failed,
 never a hit again until stored again) or from ``lstat`` calls
 (:func:`exist_many`; a FIFO, socket or directory at a block path is a miss).
-Costs: a cached answer is one dict lookup under one lock per batch; an
+While the circuit breaker is open every key is absent (no system call).
+:class:`Lookup` counts what it answers in the tier's metrics (keys looked up,
+hits, misses, lookup seconds). Costs: a cached answer is one dict lookup under one lock per batch; an
 uncached one is one ``lstat`` (~3 us warm, ~80 us cold). Memory is bounded:
 at most 2**20 answers and 2**18 bad keys.
 """
@@ -20,6 +22,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from fstier.keys import BlockKey
+from fstier.tier.admission import Breaker
+from fstier.tier.metrics import TierMetrics
 
 __all__ = ["Lookup", "LookupCache", "exist_many", "is_block_file"]
 
@@ -119,14 +123,50 @@ class Lookup:
     waves, so an early miss wastes at most one wave."""
 
     def __init__(
-        self, cache: LookupCache, path: Callable[[BlockKey], str], num_groups: int, workers: int
+        self,
+        cache: LookupCache,
+        path: Callable[[BlockKey], str],
+        num_groups: int,
+        workers: int,
+        *,
+        breaker: Breaker,
+        metrics: TierMetrics,
     ) -> None:
+        self._breaker = breaker
+        self._metrics = metrics
         self._cache = cache
         self._path = path
         self._num_groups = num_groups
         self._workers = workers
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+
+    def lookup(self, keys: Sequence[BlockKey]) -> int:
+        """Number of leading ``keys`` present (0 while the breaker is open), counted."""
+        t0 = time.perf_counter()
+        n = len(keys)
+        m = self._metrics
+        m.lookup_keys.inc(n)
+        if not self._breaker.allow():
+            m.misses.inc()
+            return 0
+        hits = self.prefix(keys)
+        m.hits.inc(hits)
+        if hits < n:
+            m.misses.inc()
+        m.lookup_seconds.observe(time.perf_counter() - t0)
+        return hits
+
+    def present_counted(self, keys: Sequence[BlockKey]) -> list[bool]:
+        """Per key, whether it is present (all absent while the breaker is
+        open); keys and hits are counted when any key was probed on disk."""
+        if not self._breaker.allow():
+            return [False] * len(keys)
+        out, probed = self.present(keys)
+        if probed:
+            self._metrics.lookup_keys.inc(len(keys))
+            self._metrics.hits.inc(sum(out))
+        return out
 
     def prefix(self, keys: Sequence[BlockKey]) -> int:
         """Number of leading ``keys`` present (stops at the first miss)."""

@@ -301,14 +301,15 @@ class SharedUsage:
             self._wake.clear()
             self._stop.wait(MIN_ROUND_S)
 
-    def refresh(self) -> None:
-        """Publish this instance's count if it changed (or for a heartbeat)
-        and read the others'. Never raises for filesystem trouble."""
+    def refresh(self, *, force: bool = False) -> None:
+        """Publish this instance's count if it changed (or for a heartbeat;
+        ``force``: in any case, e.g. after its file was removed) and read the
+        others'. Never raises for filesystem trouble."""
         dfd = self._dir_fd
         if dfd is None:
             return
         with self._io_lock:
-            self._publish(dfd)
+            self._publish(dfd, force)
             self._read_others(dfd)
 
     def _publish(self, dfd: int, force: bool = False) -> None:

@@ -40,6 +40,7 @@ def main() -> None:
     free = pool.alloc(SLOTS)
     tier = FsTier(cfg, pool)
     stored = dropped = failed = 0
+    causes: dict[str, int] = {}  # keys of failed jobs by cause (not capacity)
     inflight: dict[object, list[int]] = {}
     n = 0
     end = time.monotonic() + seconds
@@ -60,6 +61,7 @@ def main() -> None:
                     dropped += r.keys_failed
                 elif not r.success:
                     failed += r.keys_failed
+                    causes[str(r.cause)] = causes.get(str(r.cause), 0) + r.keys_failed
             time.sleep(0.002)
         tier.drain(120)
         for r in tier.get_finished():
@@ -69,6 +71,7 @@ def main() -> None:
         time.sleep(6.0)  # publish + refresh rounds, the 1 s mount caches, one re-scan
         print(json.dumps({
             "usage": tier.usage_bytes, "stored": stored, "dropped": dropped, "failed": failed,
+            "failed_causes": causes,
         }), flush=True)
     finally:
         tier.close()

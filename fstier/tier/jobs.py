@@ -1,0 +1,214 @@
+"""A job in flight: its record (:class:`Job`), the table of jobs in flight
+(:class:`JobTable`) and their ops on the I/O threads (:class:`JobOps`).
+
+One :class:`Job` per submitted store or load job, created by
+:meth:`fstier.manager.FsTier.submit_store` / ``submit_load``. The block store
+cuts it into batches (:meth:`fstier.io.blockstore.BlockStore.batch_bounds`:
+one native call per I/O thread, or one key per op on the Python path), and
+each batch is one op on the :class:`~fstier.io.pool.IOPool`: it moves its
+keys through ``BlockStore.store_many`` / ``load_many``, notes recency for
+keys that were already present (store) or loaded, and closes its keys'
+books.
+
+Invariants
+    - Mutable fields of a :class:`Job` change only under the tier's one lock
+      (``FsTier._lock``, handed to :class:`JobOps`).
+    - The bytes a store op reserved in the :class:`~fstier.tier.admission.WriteBudget`
+      leave it exactly once: when the op ends, or when it times out
+      (``op_open`` says which keys still hold a reservation).
+    - An op writes exactly each key's payload bytes of its slot, never a
+      byte past them (the I/O layer pads from its own bounce page).
+
+Costs
+    Per op: one slot view per key, one lock acquisition and one budget
+    release for the whole batch; per hit, one path for recency.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Literal
+
+from fstier.io.blockfile import HEADER_SIZE, padded_len
+from fstier.io.blockstore import BlockStore, LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
+from fstier.keys import BlockKey
+from fstier.slots.provider import SlotProvider
+from fstier.tier.admission import WriteBudget
+from fstier.tier.lookup import LookupCache
+from fstier.tier.recency import Recency
+
+__all__ = ["Job", "JobOps", "JobTable", "file_bytes"]
+
+
+def file_bytes(payload_len: int) -> int:
+    """Bytes a block file of ``payload_len`` occupies (header + padded payload)."""
+    return HEADER_SIZE + padded_len(payload_len)
+
+
+@dataclass(slots=True)
+class Job:
+    """One in-flight job. Mutable fields change only under ``FsTier._lock``."""
+
+    pool_id: int
+    job_id: Hashable
+    kind: Literal["store", "load"]
+    keys: tuple[BlockKey, ...]
+    slots: tuple[int, ...]
+    op_bytes: tuple[int, ...]
+    submitted: float
+    #: store ops whose bytes still count as queued (cleared when the op ends or times out)
+    op_open: list[bool] = field(default_factory=list)
+    last_end: float = 0.0
+    #: pool op j moves keys[bounds[j]:bounds[j + 1]] in one block-store batch
+    #: (BlockStore.batch_bounds: one key per op on the Python path)
+    bounds: tuple[int, ...] = ()
+
+    def op_of(self, i: int) -> int:
+        """The pool op that moves key ``i``."""
+        return bisect.bisect_right(self.bounds, i) - 1
+
+    def keys_of_op(self, op: int) -> range:
+        """The key indices pool op ``op`` moves."""
+        return range(self.bounds[op], self.bounds[op + 1])
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.bounds) - 1
+
+    def per_key(self, results: Sequence[object]) -> list[object]:
+        """The ops' results as one result per key: an op that timed out,
+        was cancelled or raised stands for each of its keys."""
+        out: list[object] = []
+        for j, r in enumerate(results):
+            keys = self.keys_of_op(j)
+            if isinstance(r, list) and len(r) == len(keys):
+                out.extend(r)
+            else:
+                out.extend([r] * len(keys))
+        return out
+
+
+class JobTable:
+    """The jobs in flight, by pool job id, and the caller's job ids in flight
+    (unique). Callers hold the tier's lock."""
+
+    def __init__(self) -> None:
+        self._by_pool: dict[Hashable, Job] = {}
+        self._user_ids: set[Hashable] = set()
+        self._next = 0
+
+    def check_unique(self, job_id: Hashable) -> None:
+        if job_id in self._user_ids:
+            raise ValueError(f"job id {job_id!r} is already in flight; job ids must be unique")
+
+    def open(
+        self, job_id: Hashable, kind: Literal["store", "load"], keys: tuple[BlockKey, ...],
+        slots: tuple[int, ...], op_bytes: tuple[int, ...],
+    ) -> Job:
+        """A new job in flight (a store's keys hold write-budget reservations)."""
+        job = Job(
+            self._next, job_id, kind, keys, slots, op_bytes, time.perf_counter(),
+            op_open=[kind == "store"] * len(keys),
+        )
+        self._next += 1
+        self._by_pool[job.pool_id] = job
+        self._user_ids.add(job_id)
+        return job
+
+    def pop(self, pool_id: Hashable) -> Job | None:
+        """The job of a finished pool job, out of the table (its caller's id
+        stays in flight until :meth:`done`)."""
+        return self._by_pool.pop(pool_id, None)
+
+    def done(self, job: Job) -> None:
+        """``job``'s result is published: its id may be used again."""
+        self._user_ids.discard(job.job_id)
+
+    def __bool__(self) -> bool:
+        return bool(self._by_pool)
+
+
+class JobOps:
+    """Runs jobs' batches on the I/O threads (``blocks``, slots of ``pool``)
+    and keeps their books (``budget``, under ``lock``)."""
+
+    def __init__(
+        self,
+        blocks: BlockStore,
+        pool: SlotProvider,
+        cache: LookupCache,
+        recency: Recency,
+        budget: WriteBudget,
+        lock: threading.Lock,
+    ) -> None:
+        self._blocks = blocks
+        self._pool = pool
+        self._cache = cache
+        self._recency = recency
+        self._budget = budget
+        self._lock = lock
+
+    def ops(self, job: Job, threads: int) -> list[Callable[[], object]]:
+        """Cut ``job`` into batches for ``threads`` I/O threads (sets
+        ``job.bounds``) and return one pool op per batch."""
+        job.bounds = self._blocks.batch_bounds(len(job.keys), threads)
+        run = self._store if job.kind == "store" else self._load
+        return [partial(run, job, a, b) for a, b in zip(job.bounds[:-1], job.bounds[1:], strict=True)]
+
+    def _items(self, job: Job, lo: int, hi: int) -> list[tuple[BlockKey, memoryview]]:
+        # Exactly the payload of each slot, never a byte past it.
+        return [(job.keys[i], self._pool.slot_view(job.slots[i])[: job.op_bytes[i]]) for i in range(lo, hi)]
+
+    def _store(self, job: Job, lo: int, hi: int) -> list[StoreOutcome]:
+        """Store keys ``lo..hi-1`` of ``job``. A key whose last load failed
+        without proof of corruption (bad) replaces its file."""
+        written = [0] * (hi - lo)
+        try:
+            keys = job.keys[lo:hi]
+            outs = self._blocks.store_many(self._items(job, lo, hi), replace=[self._cache.is_bad(k) for k in keys])
+            for j, out in enumerate(outs):
+                if out.status is StoreStatus.SKIPPED:
+                    self._recency.note(self._blocks.path(keys[j]))
+                written[j] = out.nbytes
+            return outs
+        finally:
+            self.ended(job, lo, written)
+
+    def _load(self, job: Job, lo: int, hi: int) -> list[LoadOutcome]:
+        """Load keys ``lo..hi-1`` of ``job``; every key is attempted."""
+        try:
+            items = self._items(job, lo, hi)
+            outs = self._blocks.load_many(items)
+            for (key, _), out in zip(items, outs, strict=True):
+                if out.status is LoadStatus.LOADED:
+                    self._recency.note(self._blocks.path(key))
+            return outs
+        finally:
+            self.ended(job, lo, [0] * (hi - lo))
+
+    def ended(self, job: Job, lo: int, written: Sequence[int], *, finished: bool = True) -> None:
+        """Keys ``lo..lo+len(written)-1`` of ``job`` are done with (their op
+        ended, or, ``finished=False``, timed out): the bytes they reserved
+        leave the write budget, ``written`` count toward its speed sample."""
+        reserved = counted = 0
+        with self._lock:
+            if finished:
+                job.last_end = time.perf_counter()
+            for j, w in enumerate(written):
+                if job.op_open[lo + j]:
+                    reserved += file_bytes(job.op_bytes[lo + j])
+                    counted += w
+                    job.op_open[lo + j] = False
+        if job.kind == "store" and reserved:
+            self._budget.release(reserved, counted)
+
+    def seconds(self, job: Job) -> float:
+        """Wall time from submission to the last op's end (or now)."""
+        with self._lock:
+            end = job.last_end or time.perf_counter()
+        return max(0.0, end - job.submitted)

@@ -1,0 +1,67 @@
+"""The tier's public records: what a job did (:class:`JobResult`) and what
+changed on disk (:class:`BlockStored`, :class:`BlockRemoved`, together
+:data:`TierEvent`).
+
+:class:`fstier.manager.FsTier` returns them from ``get_finished()`` and
+``take_events()``; engines' adapters translate them. They are importable
+from :mod:`fstier.manager` (and :mod:`fstier`), their public home.
+
+Invariants: frozen, slotted values; a result's ``keys_completed`` is always
+a leading prefix of the job's keys. Costs: none beyond the values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Literal
+
+from fstier.keys import BlockKey
+
+__all__ = ["BlockRemoved", "BlockStored", "JobResult", "TierEvent"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """The outcome of one store or load job.
+
+    ``keys_completed`` is always a leading prefix: ``keys[:keys_completed]``
+    loaded (load) or are on disk (store: stored, or skipped as already
+    present), up to the first failure. ``keys_failed = len(keys) -
+    keys_completed`` are misses to recompute (load) or blocks not
+    acknowledged (store; a later key of a failed store job may still have
+    been written, and :class:`BlockStored` events list exactly which were).
+    ``cause`` names the first failure (an errno name such as ``ENOSPC``,
+    ``timeout``, ``backpressure``, ``capacity``, ``degraded``, ``slot_busy``,
+    ``bad_file:<why>``, ``corrupt:<reason>``, or ``miss``). ``skipped`` counts stores of keys
+    already present.
+    """
+
+    job_id: Hashable
+    kind: Literal["store", "load"]
+    success: bool
+    keys_completed: int
+    keys_failed: int
+    nbytes: int
+    seconds: float
+    cause: str | None = None
+    skipped: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    """Keys whose block files this tier wrote (not the skipped ones)."""
+
+    keys: tuple[BlockKey, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    """Keys whose files were removed: ``reason`` is ``evicted``, ``corrupt``
+    or ``cleared`` (:meth:`FsTier.clear`)."""
+
+    keys: tuple[BlockKey, ...]
+    reason: str = "evicted"
+
+
+TierEvent = BlockStored | BlockRemoved
