@@ -198,3 +198,35 @@ def test_the_demo_forkserver_never_sees_ctrl_c() -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:2] == ["sigint ignored: True", "rank exit code: 0"], proc.stdout
     assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
+
+
+#: Run ``fstier demo`` in a fresh interpreter, recording how many threads the
+#: process has each time the demo's forkserver is asked for.
+_THREADS_SCRIPT = """
+import os, sys
+import fstier.demo.processes as processes
+import fstier.demo.scenario as scenario
+
+real = processes.start_forkserver
+def counted(*args, **kwargs):
+    print("threads at start_forkserver:", len(os.listdir("/proc/self/task")), file=sys.stderr)
+    return real(*args, **kwargs)
+processes.start_forkserver = scenario.start_forkserver = counted
+from fstier.cli import main
+sys.argv = ["fstier", "demo", "--root", sys.argv[1]]
+main()
+"""
+
+
+def test_the_demo_starts_its_forkserver_while_it_has_one_thread(tmp_path: Path) -> None:
+    """start_forkserver ignores SIGINT for an instant with the signal blocked
+    in the calling thread; a Ctrl-C that lands then is kept pending only if no
+    other thread can take it (another thread would, and SIG_IGN discards it
+    there: the demo then ran to completion and exited 0 under load). So the
+    first call must come before anything starts a thread (importing torch,
+    the progress display)."""
+    proc = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, str(tmp_path / "root")],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    counts = [int(ln.rsplit(" ", 1)[1]) for ln in proc.stderr.splitlines() if ln.startswith("threads at start_forkserver:")]
+    assert counts and counts[0] == 1, proc.stderr

@@ -3,6 +3,7 @@ its report, a table for people or one JSON document with ``--json``."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,13 @@ __all__ = ["CaseResult", "DemoOptions", "DemoReport", "demo_cmd", "run_demo"]
 
 
 # -- the command -----------------------------------------------------------
+def _torch_installed() -> bool:
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # a finder that refuses it, a broken entry
+        return False
+
+
 @click.command("demo")
 @click.option("--root", "root", type=click.Path(file_okay=False), default=None, help="Root directory (default: a fresh temp dir, removed after).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None, help="YAML config: its tier settings (and a full-attention model) are used.")
@@ -30,14 +38,14 @@ def demo_cmd(root: str | None, config_file: str | None, per_layer: bool, as_json
     every outcome matches what is expected."""
     # The config first: a bad file is exit 2 before anything heavy is imported.
     cfg = load_config(config_file) if config_file else None
-    try:
-        import torch  # noqa: F401  (the demo's ranks need it; the tier does not)
-    except ImportError:
+    # Found, not imported: importing torch starts a thread, and the demo
+    # starts its forkserver while it has one (demo.processes.start_forkserver).
+    if not _torch_installed():
         # torch is an extra: the tier and the other commands never need it.
         raise RuntimeFailure(
             "fstier demo needs torch (its ranks stage KV tensors) and it is not installed; "
             "install torch (fstier's torch extra; on a CPU-only machine pip install torch==2.13.0)",
-        ) from None
+        )
 
     show_progress = not as_json and sys.stderr.isatty()
     opts = DemoOptions(

@@ -114,23 +114,42 @@ def start_forkserver(preload: Sequence[str] = PRELOAD) -> Any:
     an empty one: /proc/PID/status shows SigBlk 0). SIGINT is also *blocked*
     in this thread for that instant, so a Ctrl-C meanwhile is not lost: it
     stays pending (Linux never discards a blocked signal, ignored or not)
-    and is raised here once the handler, then the mask, are restored. The
+    and is raised here once the handler, then the mask, are restored. That
+    holds only while this is the process's one thread (a process-directed
+    signal goes to a thread that does not block it, and SIG_IGN discards it
+    there): call this first, before anything that starts threads (importing
+    torch does); later calls return the running server's context and touch
+    no signal state. The
     ranks are forked from the server and inherit its disposition; rank_main
     ignores SIGINT too, for a server that an earlier demo in this process
     started. Main thread only (elsewhere the signal helpers do nothing).
     """
     from multiprocessing import forkserver
 
+    global _started
     ctx = mp.get_context("forkserver")
+    if _started:
+        # Running: never ignore SIGINT again. Once other threads exist (torch
+        # starts one), a Ctrl-C that the blocked main thread cannot take goes
+        # to one of them and, ignored, is discarded: the demo then ran to
+        # completion and exited 0 (seen under load).
+        return ctx
     ctx.set_forkserver_preload(list(preload))
     mask = block_sigint()
-    handler = ignore_sigint()
+    pending = mask is not None and signal.SIGINT in signal.sigpending()
+    handler = None if pending else ignore_sigint()  # SIG_IGN would discard it
     try:
-        forkserver.ensure_running()
+        if not pending:
+            forkserver.ensure_running()
+            _started = True
     finally:
         restore_sigint(handler)
         restore_sigmask(mask)
     return ctx
+
+
+#: Whether this process started the demo's forkserver (start_forkserver).
+_started = False
 
 
 class RankProcesses:

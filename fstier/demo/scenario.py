@@ -46,6 +46,7 @@ from fstier.demo.processes import (
     ignore_sigint,
     restore_sigint,
     sigint_deferred,
+    start_forkserver,
 )
 from fstier.demo.ranks import Check, Fill, Setup, Stage
 from fstier.errors import ConfigError
@@ -215,6 +216,9 @@ class DemoScenario:
     releases the pool (:func:`run_demo` drives it)."""
 
     def __init__(self, opts: DemoOptions, root: Path) -> None:
+        # First, while this process has one thread (start_forkserver's rule):
+        # HostBlockPool imports torch, which starts threads.
+        start_forkserver()
         from fstier.slots.host_pool import HostBlockPool
 
         self.opts = opts
@@ -540,6 +544,7 @@ def run_demo(opts: DemoOptions) -> DemoReport:
     if opts.config is not None:
         _check_demo_model(opts.config.model)
     t0 = time.perf_counter()
+    start_forkserver()  # before any thread (the progress display runs one)
     with _root_dir(opts.root, opts.config) as root:
         status: Any = None
         if opts.progress:
