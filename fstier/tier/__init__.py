@@ -17,6 +17,10 @@ composes them and is the tier's face.
 - :mod:`~fstier.tier.capacity`: the usage count and the capacity thread;
 - :mod:`~fstier.tier.gc`: the streaming usage scan, LRU eviction and
   the temp sweep (``collect_garbage``, shared with ``fstier gc``);
+- :mod:`~fstier.tier.scan`: the streaming walk of a root and what
+  ``inspect_root`` reports (shared with ``fstier inspect``);
+- :mod:`~fstier.tier.verify`: ``verify_root``, every block file checked the
+  way a load checks it, bad ones optionally removed (``fstier verify``);
 - :mod:`~fstier.tier.usage`: root-wide usage shared by every instance on a
   root (one count file per instance, an eviction lease);
 - :mod:`~fstier.tier.metrics`: counters and histograms, optionally exposed to
