@@ -6,7 +6,7 @@ does block I/O (directories, manifests and blocks are written by
 Layout on disk (see docs/format.md)::
 
     <root>/<safe_model_name>-<digest16>/config.json           manifest
-    <root>/<safe_model_name>-<digest16>/[r<rank>/]abc/de/<hash hex>-g<group>.bin
+    <root>/<safe_model_name>-<digest16>/[r<rank>/]<hex[:3]>/<hash hex>-g<group>.bin
 
 The digest is the first 16 hex chars of sha256 over the canonical JSON
 (sorted keys, no spaces) of :meth:`FileMapper.namespace_fields`. When the
@@ -291,7 +291,8 @@ class FileMapper:
         return self._payload_bytes[group_idx]
 
     def path_for(self, key: BlockKey) -> Path:
-        """The final path of ``key``'s block file (two-level hex fan-out)."""
+        """The final path of ``key``'s block file (one fan-out level of 4096
+        directories, :func:`encode`)."""
         if key.group_idx >= self.num_groups:
             raise PathSafetyError(
                 f"key group {key.group_idx} does not exist; the model has "

@@ -120,8 +120,9 @@ def _report(on_error: Callable[[OSError], None] | None, exc: OSError, path: str)
 def _walk_fd(
     fd: int, path: str, rel: tuple[str, ...], on_error: Callable[[OSError], None] | None
 ) -> Iterator[TreeFile]:
-    """Walk the directory ``fd`` (closed here). Blocks are at most three
-    levels down (``r<rank>/abc/de``): deeper directories are not fstier's."""
+    """Walk the directory ``fd`` (closed here). Blocks are at most two
+    levels down (``r<rank>/<hex[:3]>``, format v2); the walk stops three
+    levels down: deeper directories are not fstier's."""
     try:
         rank = None
         if rel:
