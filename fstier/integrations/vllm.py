@@ -64,7 +64,6 @@ from fstier.integrations._vllm_compat import (
     check_supported,
     installed_vllms,
     metric_sections,
-    version_tuple,
 )
 from fstier.integrations._vllm_config import engine_mapper, tier_config_from_options
 from fstier.integrations._vllm_env import hash_seed_problem, join_vllm_logging
@@ -128,7 +127,6 @@ def vllm_version() -> str | None:
     return found[0].version if len(found) == 1 else None
 
 
-_version_tuple = version_tuple
 _IMPORT_ERROR: BaseException | None = None
 
 
