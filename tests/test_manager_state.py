@@ -42,7 +42,13 @@ class FsTierMachine(RuleBasedStateMachine):
 
     def _age(self, ks: list[BlockKey]) -> None:
         # mtimes tick at the kernel's coarse clock; give each step its own time
-        # so the LRU order the model predicts is well defined.
+        # so the LRU order the model predicts is well defined. The tier's own
+        # recency writes (batched, on the write queue, flushed on a timer) land
+        # first: one landing later would stamp "now" on several files at once,
+        # and the files an eviction then picks among equal mtimes would make
+        # the model, and so hypothesis's draws, depend on timing.
+        self.tier.flush_recency()
+        self.tier.drain()
         for k in ks:
             self.clock += 1
             p = self.tier.mapper.path_for(k)
@@ -108,6 +114,7 @@ class FsTierMachine(RuleBasedStateMachine):
         raw = bytearray(path.read_bytes())
         raw[4096 + data.draw(st.integers(0, 127))] ^= 0x01
         path.write_bytes(bytes(raw))
+        self._age([k])  # the rewrite stamped "now"; keep every mtime distinct
         self.corrupt.add(k)
 
     @precondition(lambda self: len(self.present) >= 2)
