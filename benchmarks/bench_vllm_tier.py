@@ -260,11 +260,12 @@ def _vllm_path(*, native: bool) -> Any:
         vio._HAS_FSIO_C, vman._HAS_BATCH_LOOKUP_C = saved
 
 
-def _ensure_vllm_native(allow_python: bool) -> None:
+def _ensure_vllm_native(allow_python: bool, script: str = __file__) -> None:
     """Make ``vllm.fs_io_C`` importable on a CPU-only machine: it names three
     CUDA libraries (DT_NEEDED) whose symbols it never uses. Build empty
     stubs for them and re-execute this script with them on
-    LD_LIBRARY_PATH (the loader reads it only at process start)."""
+    LD_LIBRARY_PATH (the loader reads it only at process start); ``script``
+    is the benchmark to re-execute (this one by default)."""
     from vllm.v1.kv_offload.tiering.fs import io as vio
 
     if vio._HAS_FSIO_C or allow_python:
@@ -281,7 +282,7 @@ def _ensure_vllm_native(allow_python: bool) -> None:
                            check=True)
     env = dict(os.environ, FSTIER_BENCH_STUBS="1",
                LD_LIBRARY_PATH=f"{STUB_DIR}:{os.environ.get('LD_LIBRARY_PATH', '')}".rstrip(":"))
-    os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], env)
+    os.execve(sys.executable, [sys.executable, script, *sys.argv[1:]], env)
 
 
 def _build_ceiling() -> Path:
