@@ -149,7 +149,7 @@ class FsTier:
         self._judge = Judge(
             blocks=self.blocks, ops=self._ops, cache=self._cache, breaker=self._breaker,
             capacity=self.capacity, metrics=metrics, payload_len=self._payload_len,
-            on_timed_out=lambda job, i: self._fences.fence(job, i, tier.io_timeout_s),
+            on_timed_out=lambda job, op: self._fences.fence_op(job, op, tier.io_timeout_s),
         )
 
     @classmethod
@@ -279,7 +279,7 @@ class FsTier:
                 job = self._jobs.pop(pj.job_id)
             if job is None:
                 continue
-            v = self._judge.finish(job, job.per_key(pj.results))
+            v = self._judge.finish(job, pj.results)
             result = JobResult(
                 job.job_id, job.kind, v.success, v.completed, v.failed, v.nbytes, v.seconds, v.cause, v.skipped
             )

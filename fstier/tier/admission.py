@@ -91,11 +91,13 @@ class Breaker:
                 self._metrics.degraded.set(0)
                 log.warning("fstier: circuit breaker closed; the tier recovered")
 
-    def failure(self, cause: str) -> None:
+    def failure(self, cause: str, count: int = 1) -> None:
+        """``count`` consecutive failures (the keys of one batch), as that
+        many calls would record them."""
         with self._lock:
             now = time.monotonic()
             self._tick(now)
-            self._failures += 1
+            self._failures += count
             if self._state == self.HALF_OPEN or (
                 self._state == self.CLOSED and self._failures >= self.threshold
             ):

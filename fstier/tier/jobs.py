@@ -26,7 +26,6 @@ Costs
 
 from __future__ import annotations
 
-import bisect
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -68,10 +67,6 @@ class Job:
     #: (BlockStore.batch_bounds: one key per op on the Python path)
     bounds: tuple[int, ...] = ()
 
-    def op_of(self, i: int) -> int:
-        """The pool op that moves key ``i``."""
-        return bisect.bisect_right(self.bounds, i) - 1
-
     def keys_of_op(self, op: int) -> range:
         """The key indices pool op ``op`` moves."""
         return range(self.bounds[op], self.bounds[op + 1])
@@ -79,18 +74,6 @@ class Job:
     @property
     def num_ops(self) -> int:
         return len(self.bounds) - 1
-
-    def per_key(self, results: Sequence[object]) -> list[object]:
-        """The ops' results as one result per key: an op that timed out,
-        was cancelled or raised stands for each of its keys."""
-        out: list[object] = []
-        for j, r in enumerate(results):
-            keys = self.keys_of_op(j)
-            if isinstance(r, list) and len(r) == len(keys):
-                out.extend(r)
-            else:
-                out.extend([r] * len(keys))
-        return out
 
 
 class JobTable:

@@ -19,13 +19,14 @@ files removed). The face (:mod:`fstier.manager`) turns the verdict into the
 public ``JobResult`` and events.
 
 Invariants
-    A timed-out op's slot is handed to ``on_timed_out`` (the face fences it)
-    before the job's result can be published; a key is a success only with
-    an outcome that says so, never by default.
+    A timed-out batch is handed to ``on_timed_out`` once (the face fences
+    all its slots in one record) before the job's result can be published;
+    a key is a success only with an outcome that says so, never by default.
 
 Costs
-    O(keys) per job, one breaker call per key, one log line per failed key
-    whose family logs.
+    O(keys) per job (one status lookup per key); a batch the pool gave up
+    on costs O(1) plus its keys' slice; one breaker call per run of
+    successes or failures; one log line per failed key whose family logs.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class Judge:
         capacity: Capacity,
         metrics: TierMetrics,
         payload_len: Sequence[int],
-        on_timed_out: Callable[[Job, int], None],
+        on_timed_out: Callable[[Job, int], None],  # (job, batch index)
     ) -> None:
         self._blocks = blocks
         self._ops = ops
@@ -109,18 +110,9 @@ class Judge:
         self._payload_len = payload_len
         self._on_timed_out = on_timed_out
 
-    def judge(self, job: Job, i: int, r: object) -> Failure:
-        """What a failed result ``r`` of key ``i`` of ``job`` was: one family
-        of the policy table."""
-        if r is OP_CANCELLED:
-            return Failure("cancelled", "cancelled", "")
-        if r is OP_TIMED_OUT:
-            self._ops.ended(job, i, [0], finished=False)
-            self._on_timed_out(job, i)
-            return Failure("timeout", "timeout", "")
-        if r is OP_EXPIRED:  # queued past the job's deadline behind hung calls; never ran
-            self._ops.ended(job, i, [0])
-            return Failure("timeout", "timeout", "")
+    def judge(self, r: object, kind: str) -> Failure:
+        """What a failed result ``r`` (one key's outcome, or what a whole
+        batch raised) was: one family of the policy table."""
         if isinstance(r, LoadOutcome):
             if r.status is LoadStatus.MISSING:
                 return Failure("miss", "miss", "")
@@ -130,52 +122,94 @@ class Judge:
                 return Failure("bad_file", f"bad_file:{r.cause}", r.detail or r.cause)
             return Failure("error", r.cause or "load_error", r.detail)
         if isinstance(r, StoreOutcome):
-            return Failure("error", r.cause or f"{job.kind}_failed", r.detail)
+            return Failure("error", r.cause or f"{kind}_failed", r.detail)
         return Failure("error", _cause_of(r), str(r))
 
-    def _failed(self, kind: str, key: BlockKey, f: Failure) -> None:
-        """Everything that follows from one failed key, as the table says."""
-        self._metrics.failures.inc(f.label)
+    def _unrun(self, job: Job, op: int, r: object) -> Failure | None:
+        """A batch that never returned outcomes because the pool gave up on
+        it (timed out, expired in the queue, cancelled): its books closed and,
+        for a timed-out one, its slots fenced, once for the whole batch.
+        None when ``r`` is not such a marker."""
+        if r is OP_CANCELLED:
+            return Failure("cancelled", "cancelled", "")
+        keys = job.keys_of_op(op)
+        if r is OP_TIMED_OUT:
+            self._ops.ended(job, keys.start, [0] * len(keys), finished=False)
+            self._on_timed_out(job, op)
+            return Failure("timeout", "timeout", "")
+        if r is OP_EXPIRED:  # queued past the job's deadline behind hung calls; never ran
+            self._ops.ended(job, keys.start, [0] * len(keys))
+            return Failure("timeout", "timeout", "")
+        return None
+
+    def _failed(self, kind: str, keys: Sequence[BlockKey], f: Failure) -> None:
+        """Everything that follows from ``keys`` failing alike, as the table
+        says: counted per key, the breaker told once with the count."""
+        n = len(keys)
+        self._metrics.failures.inc(f.label, n)
         if f.family == "corrupt":
-            self._metrics.corrupt.inc()
+            self._metrics.corrupt.inc(n)
         if f.counts_for_breaker:
-            self._breaker.failure(f.cause)
+            self._breaker.failure(f.cause, n)
         level = f.policy.log_level
         if level is None:
             return
-        path = self._blocks.path(key)
-        if f.family == "corrupt":
-            # Warnings name the file, so an operator can go and look at it.
-            log.log(level, "fstier: corrupt block file %s removed: %s %s", path, f.cause, f.detail)
-        elif f.policy.bad_file:
-            log.log(
-                level, "fstier: %s holds no block file (%s); a miss. Remove whatever was placed there",
-                path, f.detail,
-            )
-        else:
-            log.log(level, "fstier: %s of %s failed: %s (%s)", kind, path, f.cause, f.detail)
+        for key in keys:
+            path = self._blocks.path(key)
+            if f.family == "corrupt":
+                # Warnings name the file, so an operator can go and look at it.
+                log.log(level, "fstier: corrupt block file %s removed: %s %s", path, f.cause, f.detail)
+            elif f.policy.bad_file:
+                log.log(
+                    level, "fstier: %s holds no block file (%s); a miss. Remove whatever was placed there",
+                    path, f.detail,
+                )
+            else:
+                log.log(level, "fstier: %s of %s failed: %s (%s)", kind, path, f.cause, f.detail)
 
     def finish(self, job: Job, results: Sequence[object]) -> Verdict:
-        """Judge ``results`` (one per key of ``job``) and do what follows."""
+        """Judge ``results`` (one per batch of ``job``: the batch's list of
+        outcomes, or what stands for all its keys) and do what follows. A
+        batch the pool gave up on is judged once; the breaker hears each run
+        of successes once, failures with their count, in key order."""
         now = time.monotonic()
         done: dict[str, list[int]] = {"stored": [], "skipped": [], "loaded": []}
         failed: list[int] = []
         removed: list[BlockKey] = []
         cause: str | None = None
-        for i, r in enumerate(results):
-            what = DONE.get(r.status) if isinstance(r, StoreOutcome | LoadOutcome) else None
-            if what is not None:
-                done[what].append(i)
-                self._breaker.success()
+        keys_all, kind = job.keys, job.kind
+        ok_run = False
+        for j, r in enumerate(results):
+            span = job.keys_of_op(j)
+            if isinstance(r, list) and len(r) == len(span):
+                for i, o in zip(span, r, strict=True):
+                    what = DONE.get(o.status) if isinstance(o, StoreOutcome | LoadOutcome) else None
+                    if what is not None:
+                        done[what].append(i)
+                        ok_run = True
+                        continue
+                    if ok_run:
+                        self._breaker.success()
+                        ok_run = False
+                    f = self.judge(o, kind)
+                    failed.append(i)
+                    if cause is None:
+                        cause = f.cause
+                    if f.family == "corrupt" and isinstance(o, LoadOutcome) and o.removed:
+                        removed.append(keys_all[i])
+                    self._failed(kind, (keys_all[i],), f)
                 continue
-            f = self.judge(job, i, r)
-            failed.append(i)
+            if ok_run:
+                self._breaker.success()
+                ok_run = False
+            f = self._unrun(job, j, r) or self.judge(r, kind)
+            failed.extend(span)
             if cause is None:
                 cause = f.cause
-            if f.family == "corrupt" and isinstance(r, LoadOutcome) and r.removed:
-                removed.append(job.keys[i])
-            self._failed(job.kind, job.keys[i], f)
-        n = len(results)
+            self._failed(kind, keys_all[span.start : span.stop], f)
+        if ok_run:
+            self._breaker.success()
+        n = len(keys_all)
         prefix = failed[0] if failed else n
         keys, m = job.keys, self._metrics
         seconds = self._ops.seconds(job)
