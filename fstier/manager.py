@@ -137,7 +137,7 @@ class FsTier:
         self._io = IOPool(tier.read_threads, tier.write_threads, tier.io_timeout_s)
         self._io.on_late(self._fences.on_late)
         self._lookup = Lookup(
-            self._cache, self.blocks.path, self.mapper.num_groups, max(2, min(tier.read_threads, 16)),
+            self._cache, self.blocks, self.mapper.num_groups, tier.io_timeout_s,
             breaker=self._breaker, metrics=metrics,
         )
         self._recency = Recency(self._io)
@@ -187,24 +187,26 @@ class FsTier:
 
     # ------------------------------------------------------------------ lookup
     def lookup(self, keys: Sequence[BlockKey]) -> int:
-        """Number of leading ``keys`` whose blocks are present (0 while degraded)."""
+        """Number of leading ``keys`` whose blocks are present (0 while
+        degraded): cached answers, the rest probed in one call on the lookup
+        thread (one native ``lookup_batch``), waited for at most
+        ``io_timeout_s`` (then a miss)."""
         self._check_open()
+        check_keys(keys, len(self._payload_len), "lookup")
         if not keys:
             return 0
-        check_keys(keys, len(self._payload_len), "lookup")
         return self._lookup.lookup(keys)
 
     def present(self, keys: Sequence[BlockKey]) -> list[bool]:
         """Per key, whether its block is present (no prefix stop, unlike
         :meth:`lookup`): for engines that ask about keys out of order (vLLM's
         sliding-window scan). Bad keys are absent; cached answers are used and
-        the rest are ``stat``-ed, in parallel chunks on the lookup threads for
-        big batches. It blocks on the filesystem: call it off the engine's
-        scheduler thread."""
+        the rest are probed in one call on the lookup thread, waited for at
+        most ``io_timeout_s`` (then absent)."""
         self._check_open()
+        check_keys(keys, len(self._payload_len), "present")
         if not keys:
             return []
-        check_keys(keys, len(self._payload_len), "present")
         return self._lookup.present_counted(keys)
 
     # -------------------------------------------------------------------- jobs

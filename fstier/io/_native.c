@@ -1123,11 +1123,38 @@ static PyObject *py_lookup_batch(PyObject *self, PyObject *args) {
     Py_ssize_t done = n;
     Py_BEGIN_ALLOW_THREADS
     int base_fd = open_base(base);
+    /* The directory part of each name is resolved below the base with no
+     * symlink in any component (as a load opens it), so a fan-out directory
+     * swapped for a symlink is a miss here, never a hit on a file outside
+     * the root (test_lookup_presence.py); the last one opened is reused
+     * while the names share it. */
+    int dir_fd = -1;
+    const char *dir_rel = NULL;
+    size_t dir_len = 0;
     for (Py_ssize_t i = 0; base_fd >= 0 && i < n; i++) {
         struct stat st;
         fx_inject inj;
-        int ok = fx_hook(OP_STAT, &inj) == 0 &&
-                 fstatat(base_fd, items[i].rel, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        const char *rel = items[i].rel;
+        const char *slash = strrchr(rel, '/');
+        size_t dlen = slash ? (size_t)(slash - rel) : 0;
+        int dfd = base_fd;
+        if (dlen) {
+            if (!(dir_rel && dir_len == dlen && memcmp(dir_rel, rel, dlen) == 0)) {
+                char dbuf[MAX_NAME];
+                if (dir_fd >= 0) close(dir_fd);
+                dir_fd = -1;
+                dir_rel = rel;
+                dir_len = dlen;
+                if (dlen < sizeof dbuf) {
+                    memcpy(dbuf, rel, dlen);
+                    dbuf[dlen] = 0;
+                    dir_fd = fx_resolve(base_fd, dbuf, O_PATH | O_DIRECTORY, 0, 1);
+                }
+            }
+            dfd = dir_fd;
+        }
+        int ok = dfd >= 0 && fx_hook(OP_STAT, &inj) == 0 &&
+                 fstatat(dfd, slash ? slash + 1 : rel, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
                  S_ISREG(st.st_mode);
         res[i] = (uint8_t)ok;
         if (!ok && prefix) {
@@ -1135,6 +1162,7 @@ static PyObject *py_lookup_batch(PyObject *self, PyObject *args) {
             break;
         }
     }
+    if (dir_fd >= 0) close(dir_fd);
     if (base_fd >= 0) close(base_fd);
     Py_END_ALLOW_THREADS
     items_free(items, n);

@@ -23,9 +23,23 @@ from fstier.slots.provider import SlotProvider
 __all__ = ["check_job", "check_keys", "check_pool", "wait_timeout"]
 
 
+def _check_sequence(seq: object, name: str, what: str) -> None:
+    """``seq`` is a sized, indexable sequence (a list, tuple or array of keys
+    or slots), else
+    one ``ValueError`` naming the call and what was passed (None, a string,
+    a generator are caller mistakes, never "no keys")."""
+    if isinstance(seq, str | bytes | bytearray) or not (hasattr(seq, "__len__") and hasattr(seq, "__getitem__")):
+        raise ValueError(
+            f"{what}: {name} must be a list or tuple, got {type(seq).__name__} "
+            f"({str(seq)[:80] if seq is not None else 'None'})"
+        )
+
+
 def check_keys(keys: Sequence[BlockKey], num_groups: int, what: str) -> None:
-    """Every element a :class:`BlockKey` of a group ``< num_groups``, or a
-    ``ValueError`` naming the first that is not (``what`` names the call)."""
+    """``keys`` a sequence whose every element is a :class:`BlockKey` of a
+    group ``< num_groups``, or a ``ValueError`` naming the first that is
+    not (``what`` names the call)."""
+    _check_sequence(keys, "keys", what)
     for i, k in enumerate(keys):
         if not isinstance(k, BlockKey):
             raise ValueError(
@@ -48,6 +62,8 @@ def check_job(
 ) -> None:
     """A job's arguments: valid keys (:func:`check_keys`), one distinct slot
     index per key, each currently handed out by ``pool``."""
+    _check_sequence(keys, "keys", f"job {job_id!r}")
+    _check_sequence(slots, "slots", f"job {job_id!r}")
     if len(keys) != len(slots):
         raise ValueError(
             f"job {job_id!r}: {len(keys)} keys but {len(slots)} slots; one slot per key"

@@ -1,31 +1,51 @@
-"""Lookup: the short-lived answer cache and the existence probe (:class:`Lookup`).
+"""Lookup: the short-lived answer cache and the presence probe (:class:`Lookup`).
 
 A lookup answers from :class:`LookupCache` (present/absent answers that
 live ``tier.lookup_cache_ttl_s``, and the *bad* set: keys whose load failed,
-never a hit again until stored again) or from ``lstat`` calls
-(:func:`exist_many`; a FIFO, socket or directory at a block path is a miss).
-While the circuit breaker is open every key is absent (no system call).
-:class:`Lookup` counts what it answers in the tier's metrics (keys looked up,
-hits, misses, lookup seconds). Costs: a cached answer is one dict lookup under one lock per batch; an
-uncached one is one ``lstat`` (~3 us warm, ~80 us cold). Memory is bounded:
-at most 2**20 answers and 2**18 bad keys.
+never a hit again until stored again) and probes the rest of a batch on the
+filesystem in ONE call: on the native path one ``lookup_batch`` (GIL
+released once for the whole batch; :func:`fstier.io.native.lookup_batch`),
+on the Python path one pass of ``lstat`` calls (:func:`present_below`; the
+slow path, logged once). A regular file is a hit; a FIFO, socket,
+directory or symlink at a block path, or a path whose fan-out directory is
+a symlink, is a miss (the load would not follow it either). While the
+circuit breaker is open every key is absent (no system call).
+
+The probe runs on a lookup thread (an :class:`~fstier.io.pool.IOPool` of
+its own, created on first need); the caller waits at most
+``tier.io_timeout_s`` for it, then answers from the cache alone (uncached
+keys absent) and counts a ``timeout`` failure for the breaker: a dead mount
+never holds an engine's thread longer than the per-I/O deadline
+(test_lookup_presence.py::test_a_hung_probe_returns_within_the_deadline).
+
+:class:`Lookup` counts what it answers in the tier's metrics (keys looked
+up, hits, misses, lookup seconds). Costs per batch: one cache pass under
+one lock, one probe call for the uncached keys (native: one ``fstatat``
+per key plus one directory open per run of keys sharing a fan-out
+directory), two thread hand-offs. Memory is bounded: at most 2**20
+answers and 2**18 bad keys.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Sequence
 
+from fstier.io import native
+from fstier.io.blockstore import BlockStore
+from fstier.io.pool import IOPool, PoolJob
 from fstier.keys import BlockKey
 from fstier.tier.admission import Breaker
 from fstier.tier.metrics import TierMetrics
 
-__all__ = ["Lookup", "LookupCache", "exist_many", "is_block_file"]
+__all__ = ["Lookup", "LookupCache", "is_block_file", "present_below"]
+
+log = logging.getLogger("fstier.manager")
 
 _CACHE_MAX_ENTRIES = 1 << 20
 _BAD_MAX_ENTRIES = 1 << 18
@@ -107,27 +127,52 @@ def is_block_file(path: str) -> bool:
         return False
 
 
-def exist_many(paths: Sequence[str]) -> list[bool]:
-    return [is_block_file(p) for p in paths]
+def _is_real_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def present_below(base: str, paths: Sequence[str], *, prefix: bool = False) -> list[bool]:
+    """The Python path's presence probe, with the native one's answers:
+    whether a regular file is at each path below ``base``, with no symlink
+    in any directory component between ``base`` and the file (each distinct
+    directory is checked once per call). With ``prefix`` the answers stop
+    after the first miss."""
+    cut = len(base) + 1
+    dirs: dict[str, bool] = {"": True}
+    out: list[bool] = []
+    for p in paths:
+        rel_dir = p[cut:].rpartition("/")[0]
+        good = dirs.get(rel_dir)
+        if good is None:
+            good, walked = True, base
+            for part in rel_dir.split("/"):
+                walked = f"{walked}/{part}"
+                if not _is_real_dir(walked):
+                    good = False
+                    break
+            dirs[rel_dir] = good
+        hit = good and is_block_file(p)
+        out.append(hit)
+        if prefix and not hit:
+            break
+    return out
+
 
 # ---------------------------------------------------------------- the probe
-#: Lookup batches at least this long (uncached) are stat-ed in parallel chunks.
-_PARALLEL_LOOKUP_MIN = 512
-_LOOKUP_CHUNK = 256
-
-
 class Lookup:
-    """Which keys' block files are present: ``cache`` first, then ``lstat``
-    of ``path(key)``; batches of at least 512 uncached keys are probed in
-    chunks of 256 on ``workers`` lookup threads (created on first need), in
-    waves, so an early miss wastes at most one wave."""
+    """Which keys' block files are present: ``cache`` first, then one probe
+    call for the uncached keys on the lookup thread, waited for at most
+    ``timeout_s`` (see the module docstring)."""
 
     def __init__(
         self,
         cache: LookupCache,
-        path: Callable[[BlockKey], str],
+        blocks: BlockStore,
         num_groups: int,
-        workers: int,
+        timeout_s: float | None,
         *,
         breaker: Breaker,
         metrics: TierMetrics,
@@ -135,11 +180,14 @@ class Lookup:
         self._breaker = breaker
         self._metrics = metrics
         self._cache = cache
-        self._path = path
+        self._blocks = blocks
+        self._base = os.fspath(blocks.mapper.blocks_dir)
         self._num_groups = num_groups
-        self._workers = workers
-        self._pool: ThreadPoolExecutor | None = None
+        self._timeout = timeout_s
+        self._pool: IOPool | None = None
         self._lock = threading.Lock()
+        self._closed = False
+        self._logged_slow = False
 
     def lookup(self, keys: Sequence[BlockKey]) -> int:
         """Number of leading ``keys`` present (0 while the breaker is open), counted."""
@@ -170,112 +218,98 @@ class Lookup:
 
     def prefix(self, keys: Sequence[BlockKey]) -> int:
         """Number of leading ``keys`` present (stops at the first miss)."""
-        n = len(keys)
-        first = min(n, _LOOKUP_CHUNK)
-        hits = self._probe_chunk(keys[:first])
-        if hits == first and n - first >= _PARALLEL_LOOKUP_MIN:
-            hits += self._parallel_probe(keys, first)
-        elif hits == first and first < n:
-            hits += self._probe_chunk(keys[first:])
-        return hits
+        out, _ = self._answer(keys, prefix=True)
+        for i, hit in enumerate(out):
+            if not hit:
+                return i
+        return len(keys)
 
     def present(self, keys: Sequence[BlockKey]) -> tuple[list[bool], bool]:
         """Per key, whether it is present (no prefix stop), and whether any
         key had to be probed on disk (False: all answers came from the cache)."""
+        return self._answer(keys, prefix=False)
+
+    def _answer(self, keys: Sequence[BlockKey], *, prefix: bool) -> tuple[list[bool], bool]:
+        """Answers per key from the cache, the uncached ones probed in one
+        call (with ``prefix``, only up to the first cached miss, and the
+        probe stops at its first miss: answers after a miss are False)."""
         now = time.monotonic()
         states = self._cache.get_many(keys, now)
-        out = [bool(s) for s in states]
+        n = len(keys)
+        end = n
+        if prefix:
+            for i, s in enumerate(states):
+                if s is False:
+                    end = i
+                    break
+        out = [s is True for s in states]
         ngroups = self._num_groups
-        todo = [i for i, s in enumerate(states) if s is None and keys[i].group_idx < ngroups]
+        todo = [i for i in range(end) if states[i] is None and keys[i].group_idx < ngroups]
         if not todo:
             return out, False
-        paths = [self._path(keys[i]) for i in todo]
-        if len(todo) < _PARALLEL_LOOKUP_MIN:
-            found = exist_many(paths)
-        else:
-            executor = self._executor()
-            futures = [
-                executor.submit(exist_many, paths[j : j + _LOOKUP_CHUNK])
-                for j in range(0, len(paths), _LOOKUP_CHUNK)
-            ]
-            found = [hit for fut in futures for hit in fut.result()]
+        path = self._blocks.path
+        found = self._probe([path(keys[i]) for i in todo], prefix)
+        if found is None:  # the probe ran past the deadline: uncached keys are absent
+            return out, True
         hits: list[BlockKey] = []
         misses: list[BlockKey] = []
-        for i, hit in zip(todo, found, strict=True):
+        for i, hit in zip(todo, found, strict=False):
             out[i] = hit
             (hits if hit else misses).append(keys[i])
         self._cache.put_many(hits, True, now)
         self._cache.put_many(misses, False, now)
         return out, True
 
-    def _probe_chunk(self, keys: Sequence[BlockKey]) -> int:
-        """Leading keys of ``keys`` present: cache first, then stat; stops at
-        the first miss and caches what it learned."""
-        now = time.monotonic()
-        found: list[BlockKey] = []
-        count = 0
-        exists = is_block_file
-        ngroups = self._num_groups
-        missed = False
-        # Cache answers are fetched 32 at a time so a miss near the front
-        # does not pay for a whole chunk of cache probes.
-        for j in range(0, len(keys), 32):
-            sub = keys[j : j + 32]
-            for k, state in zip(sub, self._cache.get_many(sub, now), strict=True):
-                if state is False:
-                    missed = True
-                    break
-                if state is None:
-                    if k.group_idx >= ngroups or not exists(self._path(k)):
-                        if k.group_idx < ngroups:
-                            self._cache.put_many([k], False, now)
-                        missed = True
-                        break
-                    found.append(k)
-                count += 1
-            if missed:
-                break
-        self._cache.put_many(found, True, now)
-        return count
+    # -- the probe call, on the lookup thread ------------------------------------
+    def _probe(self, paths: list[str], prefix: bool) -> list[bool] | None:
+        """One probe of ``paths`` on the lookup thread; None if it did not
+        answer within the deadline (a hung mount), counted as a timeout."""
+        pool = self._executor()
+        if pool is None:  # closed: nothing is probed any more
+            return [False] * len(paths)
+        done = threading.Event()
+        got: list[object] = []
 
-    def _executor(self) -> ThreadPoolExecutor:
+        def finished(pj: PoolJob) -> None:
+            got.append(pj.results[0])
+            done.set()
+
+        pool.submit("lookup", "read", [lambda: self._probe_now(paths, prefix)], on_done=finished)
+        # The pool's watchdog ends the op at the deadline; the extra second
+        # covers its wake-up, never a hung call.
+        wait = None if self._timeout is None else self._timeout + 1.0
+        if not done.wait(wait) or not isinstance(got[0], list):
+            r = got[0] if got else "no answer"
+            self._metrics.failures.inc("timeout")
+            self._breaker.failure("timeout")
+            log.warning(
+                "fstier: presence probe of %d key(s) under %s did not answer within "
+                "io_timeout_s=%s (%r); they count as misses", len(paths), self._base, self._timeout, r,
+            )
+            return None
+        return got[0]
+
+    def _probe_now(self, paths: list[str], prefix: bool) -> list[bool]:
+        if self._blocks.batched:
+            return native.lookup_batch(self._base, paths, prefix=prefix)
+        if not self._logged_slow:
+            self._logged_slow = True
+            log.info(
+                "fstier: presence is probed on the Python I/O path (%s): one lstat per key, the "
+                "slow path", self._blocks.io_path.reason,
+            )
+        return present_below(self._base, paths, prefix=prefix)
+
+    def _executor(self) -> IOPool | None:
         with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="fstier-lookup")
+            if self._pool is None and not self._closed:
+                self._pool = IOPool(1, 1, self._timeout, name="fstier-lookup")
             return self._pool
-
-    def _parallel_probe(self, keys: Sequence[BlockKey], start: int) -> int:
-        """Probe ``keys[start:]`` in chunks on the lookup threads, in waves of
-        one chunk per thread so an early miss wastes at most one wave."""
-        executor = self._executor()
-        n = len(keys)
-        total = 0
-        pos = start
-        wave = self._workers
-        while pos < n:
-            futures: list[tuple[int, Future[int]]] = []
-            for _ in range(wave):
-                if pos >= n:
-                    break
-                end = min(n, pos + _LOOKUP_CHUNK)
-                futures.append((end - pos, executor.submit(self._probe_chunk, keys[pos:end])))
-                pos = end
-            stopped = False
-            for size, fut in futures:
-                if stopped:
-                    fut.cancel()
-                    continue
-                got = fut.result()
-                total += got
-                if got < size:
-                    stopped = True
-            if stopped:
-                break
-        return total
 
     def close(self) -> None:
         """Stop the lookup threads (idempotent)."""
         with self._lock:
+            self._closed = True
             pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=True)
+            pool.shutdown()

@@ -1,0 +1,107 @@
+"""Presence (``FsTier.lookup`` / ``present``) on both I/O paths: one probe
+call per batch, the same answers for every hostile thing at a block path,
+no hit through a symlinked fan-out directory, a clear error for a non-list,
+and a caller never held past the per-I/O deadline by a hung probe."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from manager_support import keys, open_tier, store
+
+from fstier.io import native
+
+PATHS = pytest.mark.parametrize("native_io", ["auto", "off"])
+
+
+@PATHS
+def test_a_symlinked_fan_out_directory_is_a_miss(tmp_path: Path, native_io: str) -> None:
+    """A fan-out directory swapped for a symlink to a copy outside the root:
+    the files behind it are not hits (lookup and present stat'ed through the
+    link and reported hits whose load then missed)."""
+    with open_tier(tmp_path / "root", native_io=native_io, lookup_cache_ttl_s=0) as t:
+        ks = keys(0, 4)
+        assert store(t, "s", ks).success
+        assert t.lookup(ks) == 4 and t.present(ks) == [True] * 4
+        fan = Path(t.blocks.path(ks[0])).parent
+        outside = tmp_path / "outside"
+        shutil.copytree(fan, outside)
+        shutil.rmtree(fan)
+        fan.symlink_to(outside, target_is_directory=True)
+        assert (fan / Path(t.blocks.path(ks[0])).name).is_file()  # reachable through the link
+        assert t.lookup(ks[:1]) == 0
+        assert t.present(ks)[0] is False
+
+
+@PATHS
+def test_hostile_things_at_a_block_path_are_misses(tmp_path: Path, native_io: str, monkeypatch) -> None:
+    with open_tier(tmp_path / "root", native_io=native_io, lookup_cache_ttl_s=0) as t:
+        ks = keys(10, 5)
+        assert store(t, "s", ks[:1]).success
+        paths = [Path(t.blocks.path(k)) for k in ks]
+        for p in paths[1:]:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(paths[1])
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            monkeypatch.chdir(paths[2].parent)  # a block path is longer than sun_path
+            s.bind(paths[2].name)
+            paths[3].mkdir()
+            paths[4].symlink_to(paths[0])
+            assert t.present(ks) == [True, False, False, False, False]
+            assert t.lookup(ks) == 1
+            assert t.lookup(ks[1:]) == 0
+        finally:
+            s.close()
+
+
+def test_lookup_of_a_non_list_is_the_same_clear_error_as_submit(tmp_path: Path) -> None:
+    """lookup(None) answered 0 where submit_load(None) raised."""
+    with open_tier(tmp_path / "root") as t:
+        for call in (t.lookup, t.present, lambda ks: t.submit_load("j", ks, [0])):
+            with pytest.raises(ValueError, match="keys must be a list or tuple, got NoneType"):
+                call(None)
+        with pytest.raises(ValueError, match="got str"):
+            t.lookup("abc")
+        assert t.lookup([]) == 0 and t.present([]) == []
+
+
+@PATHS
+def test_a_hung_probe_returns_within_the_deadline(tmp_path: Path, native_io: str, monkeypatch) -> None:
+    """A probe stuck in the filesystem (a dead mount) holds the caller at
+    most io_timeout_s: the keys are misses, the timeout is counted, the
+    answer is not cached, and the next lookup probes again."""
+    timeout = 0.3
+    with open_tier(tmp_path / "root", native_io=native_io, io_timeout_s=timeout, lookup_cache_ttl_s=0) as t:
+        ks = keys(20, 3)
+        assert store(t, "s", ks).success
+        if t.blocks.batched:
+            native.fault("stat", delay_s=3.0, times=1)
+        else:
+            import fstier.tier.lookup as lk
+
+            real = lk.is_block_file
+            calls = []
+
+            def slow(p: str) -> bool:
+                if not calls:
+                    calls.append(p)
+                    time.sleep(3.0)
+                return real(p)
+
+            monkeypatch.setattr(lk, "is_block_file", slow)
+        try:
+            t0 = time.monotonic()
+            assert t.lookup(ks) == 0
+            took = time.monotonic() - t0
+            assert took < timeout + 1.2, f"lookup held the caller {took:.2f}s"
+            assert t.metrics.failures.values().get("timeout") == 1
+            assert t.lookup(ks) == 3  # not cached as absent: probed again
+        finally:
+            if t.blocks.batched:
+                native.clear_faults()
