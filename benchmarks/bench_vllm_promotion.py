@@ -158,21 +158,24 @@ def fill(eng: Engine, keys: list[bytes], job_rows: int = 64) -> list[int]:
     eng.arr[:n] = rng.integers(0, 256, size=(n, eng.arr.shape[1]), dtype=np.uint8)
     sums = [xxhash.xxh3_64_intdigest(eng.arr[i]) for i in range(n)]
     ctx = ReqContext(req_id="fill")
-    pending = set()
+    jobs: dict[int, TransferJob] = {}
     for j, start in enumerate(range(0, n, job_rows)):
         ids = np.arange(start, min(n, start + job_rows), dtype=np.int32)
-        eng.tier.submit_store(TransferJob(job_id=10_000 + j, keys=keys[start : start + len(ids)],
-                                          chunk_ids=ids, is_promotion=False, req_context=ctx))
-        pending.add(10_000 + j)
+        jobs[10_000 + j] = TransferJob(job_id=10_000 + j, keys=keys[start : start + len(ids)],
+                                       chunk_ids=ids, is_promotion=False, req_context=ctx)
+    for job in jobs.values():
+        eng.tier.submit_store(job)
+    pending = set(jobs)
     deadline = time.monotonic() + STEP_LIMIT_S
     while pending:
         for r in eng.tier.get_finished_jobs():
-            if not r.success:
-                raise SystemExit(f"fill: store job {r.job_id} failed")
-            pending.discard(r.job_id)
+            if r.success:
+                pending.discard(r.job_id)
+            else:  # dropped (e.g. the tier's write budget under a flood): store it again
+                eng.tier.submit_store(jobs[r.job_id])
         if time.monotonic() > deadline:
-            raise SystemExit("fill: store jobs did not finish")
-        time.sleep(0.001)
+            raise SystemExit(f"fill: {len(pending)} store jobs did not succeed")
+        time.sleep(0.005)
     return sums
 
 

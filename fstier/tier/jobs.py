@@ -13,22 +13,23 @@ books.
 Invariants
     - Mutable fields of a :class:`Job` change only under the tier's one lock
       (``FsTier._lock``, handed to :class:`JobOps`).
-    - The bytes a store op reserved in the :class:`~fstier.tier.admission.WriteBudget`
-      leave it exactly once: when the op ends, or when it times out
-      (``op_open`` says which keys still hold a reservation).
+    - The bytes a store batch reserved in the :class:`~fstier.tier.admission.WriteBudget`
+      leave it exactly once: when the batch ends, or when it times out
+      (``op_reserved`` says which batches still hold a reservation).
     - An op writes exactly each key's payload bytes of its slot, never a
       byte past them (the I/O layer pads from its own bounce page).
 
 Costs
-    Per op: one slot view per key, one lock acquisition and one budget
-    release for the whole batch; per hit, one path for recency.
+    Per batch: one slot view per key, one lookup-cache lock (the bad set),
+    one recency lock, one job lock and one budget release; per hit, one
+    path for recency.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
@@ -60,12 +61,13 @@ class Job:
     slots: tuple[int, ...]
     op_bytes: tuple[int, ...]
     submitted: float
-    #: store ops whose bytes still count as queued (cleared when the op ends or times out)
-    op_open: list[bool] = field(default_factory=list)
     last_end: float = 0.0
     #: pool op j moves keys[bounds[j]:bounds[j + 1]] in one block-store batch
     #: (BlockStore.batch_bounds: one key per op on the Python path)
     bounds: tuple[int, ...] = ()
+    #: per batch, the write-budget bytes its keys reserved (0 for a load;
+    #: cleared when the batch ends or times out)
+    op_reserved: list[int] = field(default_factory=list)
 
     def keys_of_op(self, op: int) -> range:
         """The key indices pool op ``op`` moves."""
@@ -94,10 +96,7 @@ class JobTable:
         slots: tuple[int, ...], op_bytes: tuple[int, ...],
     ) -> Job:
         """A new job in flight (a store's keys hold write-budget reservations)."""
-        job = Job(
-            self._next, job_id, kind, keys, slots, op_bytes, time.perf_counter(),
-            op_open=[kind == "store"] * len(keys),
-        )
+        job = Job(self._next, job_id, kind, keys, slots, op_bytes, time.perf_counter())
         self._next += 1
         self._by_pool[job.pool_id] = job
         self._user_ids.add(job_id)
@@ -138,57 +137,58 @@ class JobOps:
 
     def ops(self, job: Job, threads: int) -> list[Callable[[], object]]:
         """Cut ``job`` into batches for ``threads`` I/O threads (sets
-        ``job.bounds``) and return one pool op per batch."""
-        job.bounds = self._blocks.batch_bounds(len(job.keys), threads)
+        ``job.bounds`` and, for a store, each batch's reserved bytes) and
+        return one pool op per batch."""
+        bounds = job.bounds = self._blocks.batch_bounds(len(job.keys), threads)
+        spans = list(zip(bounds[:-1], bounds[1:], strict=True))
+        if job.kind == "store":
+            sizes = [file_bytes(b) for b in job.op_bytes]
+            job.op_reserved = [sum(sizes[a:b]) for a, b in spans]
+        else:
+            job.op_reserved = [0] * len(spans)
         run = self._store if job.kind == "store" else self._load
-        return [partial(run, job, a, b) for a, b in zip(job.bounds[:-1], job.bounds[1:], strict=True)]
+        return [partial(run, job, j, a, b) for j, (a, b) in enumerate(spans)]
 
     def _items(self, job: Job, lo: int, hi: int) -> list[tuple[BlockKey, memoryview]]:
         # Exactly the payload of each slot, never a byte past it.
-        return [(job.keys[i], self._pool.slot_view(job.slots[i])[: job.op_bytes[i]]) for i in range(lo, hi)]
+        view, keys, slots, nbytes = self._pool.slot_view, job.keys, job.slots, job.op_bytes
+        return [(keys[i], view(slots[i])[: nbytes[i]]) for i in range(lo, hi)]
 
-    def _store(self, job: Job, lo: int, hi: int) -> list[StoreOutcome]:
-        """Store keys ``lo..hi-1`` of ``job``. A key whose last load failed
-        without proof of corruption (bad) replaces its file."""
-        written = [0] * (hi - lo)
+    def _store(self, job: Job, op: int, lo: int, hi: int) -> list[StoreOutcome]:
+        """Store keys ``lo..hi-1`` of ``job`` (batch ``op``). A key whose
+        last load failed without proof of corruption (bad) replaces its file."""
+        written = 0
         try:
             keys = job.keys[lo:hi]
-            outs = self._blocks.store_many(self._items(job, lo, hi), replace=[self._cache.is_bad(k) for k in keys])
-            for j, out in enumerate(outs):
-                if out.status is StoreStatus.SKIPPED:
-                    self._recency.note(self._blocks.path(keys[j]))
-                written[j] = out.nbytes
+            outs = self._blocks.store_many(self._items(job, lo, hi), replace=self._cache.bad_flags(keys))
+            path = self._blocks.path
+            self._recency.note_many([path(keys[j]) for j, o in enumerate(outs) if o.status is StoreStatus.SKIPPED])
+            written = sum(o.nbytes for o in outs)
             return outs
         finally:
-            self.ended(job, lo, written)
+            self.ended(job, op, written)
 
-    def _load(self, job: Job, lo: int, hi: int) -> list[LoadOutcome]:
-        """Load keys ``lo..hi-1`` of ``job``; every key is attempted."""
+    def _load(self, job: Job, op: int, lo: int, hi: int) -> list[LoadOutcome]:
+        """Load keys ``lo..hi-1`` of ``job`` (batch ``op``); every key is attempted."""
         try:
-            items = self._items(job, lo, hi)
-            outs = self._blocks.load_many(items)
-            for (key, _), out in zip(items, outs, strict=True):
-                if out.status is LoadStatus.LOADED:
-                    self._recency.note(self._blocks.path(key))
+            outs = self._blocks.load_many(self._items(job, lo, hi))
+            path, keys = self._blocks.path, job.keys
+            self._recency.note_many([path(keys[i]) for i, o in enumerate(outs, lo) if o.status is LoadStatus.LOADED])
             return outs
         finally:
-            self.ended(job, lo, [0] * (hi - lo))
+            self.ended(job, op, 0)
 
-    def ended(self, job: Job, lo: int, written: Sequence[int], *, finished: bool = True) -> None:
-        """Keys ``lo..lo+len(written)-1`` of ``job`` are done with (their op
-        ended, or, ``finished=False``, timed out): the bytes they reserved
-        leave the write budget, ``written`` count toward its speed sample."""
-        reserved = counted = 0
+    def ended(self, job: Job, op: int, written: int, *, finished: bool = True) -> None:
+        """Batch ``op`` of ``job`` is done with (it ended, or, ``finished=False``,
+        timed out): the bytes it reserved leave the write budget, once;
+        ``written`` count toward its speed sample."""
         with self._lock:
             if finished:
                 job.last_end = time.perf_counter()
-            for j, w in enumerate(written):
-                if job.op_open[lo + j]:
-                    reserved += file_bytes(job.op_bytes[lo + j])
-                    counted += w
-                    job.op_open[lo + j] = False
-        if job.kind == "store" and reserved:
-            self._budget.release(reserved, counted)
+            reserved = job.op_reserved[op]
+            job.op_reserved[op] = 0
+        if reserved:
+            self._budget.release(reserved, written)
 
     def seconds(self, job: Job) -> float:
         """Wall time from submission to the last op's end (or now)."""

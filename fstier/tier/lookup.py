@@ -106,6 +106,15 @@ class LookupCache:
         with self._lock:
             return key in self._bad
 
+    def bad_flags(self, keys: Sequence[BlockKey]) -> list[bool] | None:
+        """Per key, whether it is bad; None when none is (the common case:
+        one lock and one set test per batch)."""
+        with self._lock:
+            bad = self._bad
+            if not bad or bad.keys().isdisjoint(keys):
+                return None
+            return [k in bad for k in keys]
+
     def forget(self, keys: Sequence[BlockKey]) -> None:
         """Keys whose files were removed: drop any cached answer."""
         with self._lock:

@@ -132,13 +132,12 @@ class Judge:
         None when ``r`` is not such a marker."""
         if r is OP_CANCELLED:
             return Failure("cancelled", "cancelled", "")
-        keys = job.keys_of_op(op)
         if r is OP_TIMED_OUT:
-            self._ops.ended(job, keys.start, [0] * len(keys), finished=False)
+            self._ops.ended(job, op, 0, finished=False)
             self._on_timed_out(job, op)
             return Failure("timeout", "timeout", "")
         if r is OP_EXPIRED:  # queued past the job's deadline behind hung calls; never ran
-            self._ops.ended(job, keys.start, [0] * len(keys))
+            self._ops.ended(job, op, 0)
             return Failure("timeout", "timeout", "")
         return None
 

@@ -57,20 +57,26 @@ class Recency:
         """Record a hit. Recency lives in the file's mtime because atime is
         unreliable (relatime/noatime); the writes are batched per file and run
         as their own write-queue job, so no load waits for them."""
+        self.note_many((os.fspath(path),))
+
+    def note_many(self, paths: Sequence[str]) -> None:
+        """Record hits on ``paths`` (a batch's keys): one lock for them all."""
+        if not paths:
+            return
         with self._lock:
-            self._recent[os.fspath(path)] = None
+            self._recent.update(dict.fromkeys(paths))
             due = (
                 len(self._recent) >= MAX_PENDING
                 or time.monotonic() - self._flushed >= FLUSH_S
             )
-            paths = self._take_locked() if due else []
+            take = self._take_locked() if due else []
             self._seq += 1
             job_id = ("recency", self._seq)
-        if paths:
+        if take:
             try:
-                self._io.submit(job_id, "write", [partial(_bump_mtimes, paths)], on_done=_ignore_pool_job)
+                self._io.submit(job_id, "write", [partial(_bump_mtimes, take)], on_done=_ignore_pool_job)
             except IOPoolClosedError:  # the tier is closing: do it here
-                _bump_mtimes(paths)
+                _bump_mtimes(take)
 
     def _take_locked(self) -> list[str]:
         paths = list(self._recent)
