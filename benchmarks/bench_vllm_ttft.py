@@ -22,8 +22,15 @@ from the files on a cold page cache. The hit size (``num_cached_tokens``) is
 checked, and the table reports medians over the prompts and ratios
 (recompute / tier, fs / fstier) from the same run.
 
+``--engine-mode`` picks vLLM's engine loop: ``inproc`` (the default:
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as ``LLM(...)`` users run it; its
+``step()`` never sleeps, holding the GIL) or ``mp`` (the engine core in its
+own process, which sleeps 1 ms per idle step). The table names the I/O path
+each tier used (vLLM's ``vllm.fs_io_C`` or its Python path; fstier's native
+extension or its Python path).
+
     .venv-e2e/bin/python benchmarks/bench_vllm_ttft.py [--lengths 2048,8192,32768]
-        [--layers 4] [--hidden 512] [--reps 3] [--dir /var/tmp/x]
+        [--layers 4] [--hidden 512] [--reps 3] [--dir /var/tmp/x] [--engine-mode inproc|mp]
         [--json out.json] [--plot docs/img/vllm_ttft.png]
     python benchmarks/bench_vllm_ttft.py --from-json out.json --plot docs/img/vllm_ttft.png
 """
@@ -64,6 +71,19 @@ def drop_file_cache(root: Path) -> int:
     return n
 
 
+def io_paths() -> dict[str, str]:
+    """Which I/O path each tier runs in an engine process of this venv."""
+    code = (
+        "import json, torch\n"
+        "import vllm.v1.kv_offload.tiering.fs.io as v\n"
+        "from fstier.io import native\n"
+        "print(json.dumps({'fs': 'vllm.fs_io_C' if v._HAS_FSIO_C else 'vLLM Python path',"
+        " 'fstier': native.status().backend}))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return dict(json.loads(p.stdout.strip().splitlines()[-1]))
+
+
 def make_model(out: Path, layers: int, hidden: int, max_len: int) -> str:
     subprocess.run(
         [sys.executable, str(REPO / "tests" / "e2e" / "make_model.py"), str(out),
@@ -93,12 +113,15 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="work directory on the disk to test")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None)
+    ap.add_argument("--engine-mode", choices=("inproc", "mp"), default="inproc",
+                    help="vLLM's engine loop: in-process (never sleeps) or multi-process engine core")
     ap.add_argument("--from-json", type=Path, default=None,
                     help="print the table (and --plot) from an earlier run's --json, run nothing")
     a = ap.parse_args()
     if a.from_json is not None:
         d = json.loads(a.from_json.read_text())
         a.layers, a.hidden, a.json = d["layers"], d["hidden"], None
+        a.engine_mode, a.io_paths = d.get("engine_mode", "inproc"), d.get("io_paths", {})
         lengths = [int(n) for n in d["lengths"]]
         secs = {c: {int(n): v for n, v in d["seconds"][c].items()} for c in CONFIGS}
         hit = {c: {int(n): v for n, v in d["hits"][c].items()} for c in CONFIGS}
@@ -106,6 +129,8 @@ def main() -> None:
         report(lengths, secs, hit, a)
         return
     lengths = [int(x) for x in a.lengths.split(",")]
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if a.engine_mode == "mp" else "0"
+    a.io_paths = io_paths()
     work = Path(tempfile.mkdtemp(prefix="fstier-ttft-", dir=a.dir))
     try:
         max_len = max(lengths)
@@ -147,7 +172,8 @@ def main() -> None:
 def report(lengths: list[int], results: dict[str, dict[int, list[float]]],
            hits: dict[str, dict[int, list[int]]], a: argparse.Namespace) -> None:
     med = {c: {n: statistics.median(results[c][n]) for n in lengths} for c in CONFIGS}
-    print(f"\nTTFT after a restart, medians of {a.reps} ({a.layers} layers, hidden {a.hidden}, bf16, CPU)")
+    print(f"\nTTFT after a restart, medians of {a.reps} ({a.layers} layers, hidden {a.hidden}, bf16, CPU), "
+          f"engine {a.engine_mode}, I/O paths {a.io_paths}, load average {os.getloadavg()[0]:.2f}")
     print("| prompt tokens | recompute s | vLLM fs s | fstier s | hit tokens (fs / fstier) "
           "| recompute / fstier | fs / fstier |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
@@ -161,7 +187,8 @@ def report(lengths: list[int], results: dict[str, dict[int, list[float]]],
                 print(f"  warning: {c} hit {hits[c][n]} tokens at {n}, expected {want}")
     if a.json:
         a.json.write_text(json.dumps({"lengths": lengths, "seconds": results, "hits": hits,
-                                      "layers": a.layers, "hidden": a.hidden}, indent=1))
+                                      "layers": a.layers, "hidden": a.hidden, "engine_mode": a.engine_mode,
+                                      "io_paths": a.io_paths, "loadavg": os.getloadavg()}, indent=1))
     if a.plot:
         import matplotlib
 
