@@ -140,7 +140,7 @@ class FsTier:
             self._cache, self.blocks, self.mapper.num_groups, tier.io_timeout_s,
             breaker=self._breaker, metrics=metrics,
         )
-        self._recency = Recency(self._io)
+        self._recency = Recency(self._io, self.blocks)
         self.capacity = Capacity(
             self.mapper.root, tier, metrics, on_evicted=self._on_evicted, before_pass=self._recency.flush
         )

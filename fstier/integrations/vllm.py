@@ -29,9 +29,12 @@ How vLLM's world maps onto fstier
     * **Lookups never touch the filesystem on the scheduler thread.** A cold
       key answers RETRY; the step's keys go to a background thread as one
       batch at ``on_schedule_end`` (vLLM's ``AsyncLookupManager``), which
-      asks :meth:`FsTier.present` (cached answers, parallel ``stat``).
+      asks :meth:`FsTier.present`: cached answers, the rest in one probe
+      call (native ``lookup_batch``, the GIL released once per batch),
+      bounded by ``io_timeout_s``.
     * **Jobs.** ``submit_store``/``submit_load`` become one FsTier job each
-      (one I/O op per row on the dual-queue pool); ``get_finished_jobs``
+      (cut into at most one native batch per I/O thread on the dual-queue
+      pool; one op per row on the Python path); ``get_finished_jobs``
       turns FsTier results into vLLM ``JobResult``s with ``successful_keys``
       for the loaded prefix of a partial load, ``transfer_time`` and
       ``transfer_bytes``. Every load is verified (size, header, key,

@@ -1170,6 +1170,66 @@ static PyObject *py_lookup_batch(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* Set each block file's mtime to now (its LRU recency), one call per batch:
+ * the directory resolved below the base with no symlink (reused while the
+ * names share it), the file opened O_NOFOLLOW|O_NONBLOCK, touched only when
+ * it is a regular file with one link (a second link is someone else's name
+ * for the inode), through its fd. Returns bytes (1: touched). */
+static PyObject *py_touch_batch(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *base;
+    PyObject *rels;
+    if (!PyArg_ParseTuple(args, "sO", &base, &rels)) return NULL;
+    Py_ssize_t n = 0;
+    fx_item *items = items_from(rels, NULL, NULL, NULL, 0, &n);
+    if (!items) return NULL;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n);
+    if (!out) {
+        items_free(items, n);
+        return NULL;
+    }
+    uint8_t *res = (uint8_t *)PyBytes_AS_STRING(out);
+    memset(res, 0, (size_t)n);
+    Py_BEGIN_ALLOW_THREADS
+    int base_fd = open_base(base);
+    int dir_fd = -1;
+    const char *dir_rel = NULL;
+    size_t dir_len = 0;
+    for (Py_ssize_t i = 0; base_fd >= 0 && i < n; i++) {
+        const char *rel = items[i].rel;
+        const char *slash = strrchr(rel, '/');
+        size_t dlen = slash ? (size_t)(slash - rel) : 0;
+        int dfd = base_fd;
+        if (dlen) {
+            if (!(dir_rel && dir_len == dlen && memcmp(dir_rel, rel, dlen) == 0)) {
+                char dbuf[MAX_NAME];
+                if (dir_fd >= 0) close(dir_fd);
+                dir_fd = -1;
+                dir_rel = rel;
+                dir_len = dlen;
+                if (dlen < sizeof dbuf) {
+                    memcpy(dbuf, rel, dlen);
+                    dbuf[dlen] = 0;
+                    dir_fd = fx_resolve(base_fd, dbuf, O_PATH | O_DIRECTORY, 0, 1);
+                }
+            }
+            dfd = dir_fd;
+        }
+        if (dfd < 0) continue;
+        int fd = openat(dfd, slash ? slash + 1 : rel, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) continue;
+        struct stat st;
+        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 && futimens(fd, NULL) == 0)
+            res[i] = 1;
+        close(fd);
+    }
+    if (dir_fd >= 0) close(dir_fd);
+    if (base_fd >= 0) close(base_fd);
+    Py_END_ALLOW_THREADS
+    items_free(items, n);
+    return out;
+}
+
 static PyObject *py_xxh3_64(PyObject *self, PyObject *arg) {
     (void)self;
     Py_buffer b;
@@ -1348,6 +1408,8 @@ static PyMethodDef methods[] = {
     {"load_batch", py_load_batch, METH_VARARGS,
      "load_batch(base, rels, hashes, groups, buffers, digest, flags, alignment) -> "
      "[(status, errno, nbytes, reason, dev, ino)]"},
+    {"touch_batch", py_touch_batch, METH_VARARGS,
+     "touch_batch(base, rels) -> bytes (1: a regular file with one link had its mtime set to now)"},
     {"lookup_batch", py_lookup_batch, METH_VARARGS,
      "lookup_batch(base, rels, prefix) -> bytes (1: a regular file is there)"},
     {"xxh3_64", py_xxh3_64, METH_O, "XXH3-64 (seed 0) of a buffer"},

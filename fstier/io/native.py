@@ -72,6 +72,7 @@ __all__ = [
     "lookup_batch",
     "status",
     "store_batch",
+    "touch_batch",
     "xxh3_64",
 ]
 
@@ -340,6 +341,15 @@ def lookup_batch(base: str, paths: Sequence[str], *, prefix: bool = False) -> li
     is not). With ``prefix`` the answer stops after the first miss."""
     ext = _require()
     got = ext.lookup_batch(base, _split(base, paths), prefix)
+    return [b == 1 for b in got]
+
+
+def touch_batch(base: str, paths: Sequence[str]) -> list[bool]:
+    """Set each block file's mtime to now (LRU recency) in one call, GIL
+    released: no symlink followed anywhere below ``base``, only a regular
+    file with one link touched (as :func:`fstier.io.blockio.touch_file`)."""
+    ext = _require()
+    got = ext.touch_batch(base, _split(base, paths))
     return [b == 1 for b in got]
 
 

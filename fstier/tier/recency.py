@@ -7,6 +7,11 @@ files are pending, and before every capacity pass: a hot block costs one
 metadata write per interval, not one per hit (a SETATTR round trip on NFS).
 The writes run as their own job on the I/O pool's write queue, so no load
 waits for them; every process's eviction and ``fstier gc`` read them.
+Hits of a batch are noted under one lock (:meth:`Recency.note_many`); on
+the native path a flush is ONE call (:func:`fstier.io.native.touch_batch`,
+GIL released), on the Python path one touch per file. Either way no
+symlink is followed and a file with a second link is left alone
+(test_recency_batch.py).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from functools import partial
 from pathlib import Path
 
 from fstier.errors import IOPoolClosedError
-from fstier.io import blockstore
+from fstier.io import blockstore, native
 from fstier.io.pool import IOPool
 
 __all__ = ["FLUSH_S", "MAX_PENDING", "Recency"]
@@ -33,9 +38,13 @@ FLUSH_S = 5.0
 MAX_PENDING = 4096
 
 
-def _bump_mtimes(paths: Sequence[str]) -> None:
+def _bump_mtimes(paths: Sequence[str], blocks: blockstore.BlockStore | None = None) -> None:
+    """Evicted or replaced meanwhile is fine; never through a symlink. One
+    native call for the batch when ``blocks`` runs the native path."""
+    if blocks is not None and blocks.batched and paths:
+        native.touch_batch(os.fspath(blocks.mapper.blocks_dir), paths)
+        return
     for p in paths:
-        # Evicted or replaced meanwhile is fine; never through a symlink.
         blockstore.touch_file(p)
 
 
@@ -46,8 +55,11 @@ def _ignore_pool_job(_job: object) -> None:
 class Recency:
     """Pending hits of one tier, flushed to mtimes through ``io``'s write queue."""
 
-    def __init__(self, io: IOPool) -> None:
+    def __init__(self, io: IOPool, blocks: blockstore.BlockStore | None = None) -> None:
         self._io = io
+        #: the store whose files are touched (one native call per flush), or
+        #: None: one Python touch per file
+        self._blocks = blocks
         self._lock = threading.Lock()
         self._recent: dict[str, None] = {}  # files hit since the last flush, in order
         self._flushed = time.monotonic()
@@ -74,9 +86,9 @@ class Recency:
             job_id = ("recency", self._seq)
         if take:
             try:
-                self._io.submit(job_id, "write", [partial(_bump_mtimes, take)], on_done=_ignore_pool_job)
+                self._io.submit(job_id, "write", [partial(_bump_mtimes, take, self._blocks)], on_done=_ignore_pool_job)
             except IOPoolClosedError:  # the tier is closing: do it here
-                _bump_mtimes(take)
+                _bump_mtimes(take, self._blocks)
 
     def _take_locked(self) -> list[str]:
         paths = list(self._recent)
@@ -88,4 +100,4 @@ class Recency:
         """Bump the mtime of every file hit since the last flush, once each."""
         with self._lock:
             paths = self._take_locked()
-        _bump_mtimes(paths)
+        _bump_mtimes(paths, self._blocks)
