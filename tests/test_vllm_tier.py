@@ -647,3 +647,18 @@ def test_no_exception_from_fstier_reaches_vllms_scheduler(tmp_path: Path, monkey
         monkeypatch.undo()
         (res,) = tier.get_finished_jobs()
         assert (res.job_id, res.success) == (7, False)
+
+
+def test_read_threads_default_to_vllms_sixteen_unless_set(tmp_path: Path) -> None:
+    """Under vLLM the reads in flight match vLLM's own fs tier (16 per
+    queue) unless the options or the YAML's tier section set them."""
+    from fstier.integrations._vllm_config import VLLM_READ_THREADS, tier_config_from_options
+
+    assert VLLM_READ_THREADS == 16
+    root = str(tmp_path)
+    assert tier_config_from_options({"root_dir": root}).read_threads == 16
+    assert tier_config_from_options({"root_dir": root, "read_threads": 4}).read_threads == 4
+    assert tier_config_from_options({"root_dir": root, "n_read_threads": 5}).read_threads == 5
+    yaml = tmp_path / "fstier.yaml"
+    yaml.write_text(f"tier:\n  root_dir: {root}\n  read_threads: 3\n")
+    assert tier_config_from_options({"config": str(yaml)}).read_threads == 3

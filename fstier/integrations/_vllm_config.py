@@ -3,7 +3,8 @@
 
 * :func:`tier_config_from_options`: the ``secondary_tiers`` entry's keys
   (vLLM's own removed): ``config``'s ``tier:`` section, then inline tier
-  fields over it, vLLM's thread-count spellings and size letters accepted;
+  fields over it, vLLM's thread-count spellings and size letters accepted,
+  :data:`VLLM_READ_THREADS` read threads unless set;
   the first bad option is one :class:`~fstier.errors.ConfigError`.
 * :func:`engine_mapper`: the :class:`~fstier.file_mapper.FileMapper` of a
   vLLM deployment: vLLM's fields that change a row's bytes, the row size,
@@ -35,6 +36,11 @@ __all__ = ["engine_mapper", "tier_config_from_options"]
 _VLLM_KEYS = frozenset({"locality", "enable_kv_events"})
 #: vLLM fs-tier spellings accepted for the same fstier field.
 _ALIASES = {"n_read_threads": "read_threads", "n_write_threads": "write_threads"}
+#: Read threads under vLLM unless the options or the YAML set them: vLLM's
+#: own fs tier runs 16 per queue, and with vLLM's many small load jobs the
+#: reads in flight bound a cold load (64 KiB rows: 0.62x of vLLM's fs tier
+#: with 8, 1.10x with 16; docs/performance.md "Reads in flight").
+VLLM_READ_THREADS = 16
 
 
 # ------------------------------------------------------------------ options
@@ -53,7 +59,7 @@ def tier_config_from_options(options: Mapping[str, Any]) -> TierConfig:
                 opts[key] = parse_size(value, vllm_letters=True)
             except ValueError as exc:
                 raise ConfigError(f"FstierTier options: tier.max_bytes: {exc}") from None
-    return tier_config_from_engine_options(
+    tier = tier_config_from_engine_options(
         opts,
         who="FstierTier",
         engine="vLLM",
@@ -61,6 +67,9 @@ def tier_config_from_options(options: Mapping[str, Any]) -> TierConfig:
         aliases=_ALIASES,
         doc="docs/vllm.md",
     )
+    if "read_threads" not in tier.model_fields_set:
+        tier = tier.model_copy(update={"read_threads": VLLM_READ_THREADS})
+    return tier
 
 
 # ---------------------------------------------------------------- namespace
