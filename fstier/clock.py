@@ -1,0 +1,119 @@
+"""The clock the tier's timers read: one seam, so a test moves time instead
+of sleeping.
+
+Everything of fstier that measures time passing (the circuit breaker's
+cool-down, the write budget's speed sample, the eviction lease, the
+recency flush interval, the I/O pool's watchdog) reads a :class:`Clock`
+handed to it, never :func:`time.monotonic` directly. Production uses
+:data:`SYSTEM_CLOCK` (a :class:`MonotonicClock`); a test builds a
+:class:`ManualClock` and calls :meth:`ManualClock.advance`.
+
+- ``monotonic()``: seconds on a clock that never goes back (deadlines,
+  cool-downs, intervals).
+- ``time()``: wall-clock seconds since the epoch (what is compared with file
+  mtimes written by other processes and hosts).
+- ``wait(event, timeout)``: block until ``event`` is set (True) or
+  ``timeout`` seconds of *this clock* passed (False); a background thread
+  that waits for a deadline waits here, so a manual clock wakes it.
+
+This module lives at the package's top level (beside :mod:`fstier.errors`)
+because both the tier and the storage layer's pool read it, and ``io/``
+imports nothing of the tier. It imports only the standard library. Every
+call is O(1).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Protocol
+
+__all__ = ["SYSTEM_CLOCK", "Clock", "ManualClock", "MonotonicClock"]
+
+
+class Clock(Protocol):
+    """What fstier's timers read (see the module docstring)."""
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never goes back."""
+        ...
+
+    def time(self) -> float:
+        """Wall-clock seconds since the epoch."""
+        ...
+
+    def wait(self, event: threading.Event, timeout: float | None) -> bool:
+        """Block until ``event`` is set (True) or ``timeout`` seconds of this
+        clock passed (False); ``None`` waits for the event alone."""
+        ...
+
+
+class MonotonicClock:
+    """The real clock: :func:`time.monotonic`, :func:`time.time` and
+    :meth:`threading.Event.wait`."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def time(self) -> float:
+        return time.time()
+
+    def wait(self, event: threading.Event, timeout: float | None) -> bool:
+        return event.wait(timeout)
+
+    def __repr__(self) -> str:
+        return "MonotonicClock()"
+
+
+#: The clock every part uses unless it is handed another one.
+SYSTEM_CLOCK: Clock = MonotonicClock()
+
+#: How often (real seconds) :meth:`ManualClock.wait` looks at its event
+#: between two :meth:`ManualClock.advance` calls.
+_POLL_S = 0.002
+
+
+class ManualClock:
+    """A clock that moves only when told to (tests): :meth:`advance` moves
+    both ``monotonic()`` and ``time()`` and wakes every :meth:`wait` whose
+    timeout has now passed. Thread-safe.
+
+    ``time()`` starts at the real wall time of construction (``wall``
+    overrides it), so files the test writes meanwhile have comparable
+    mtimes; ``monotonic()`` starts at ``start``.
+    """
+
+    def __init__(self, start: float = 1000.0, wall: float | None = None) -> None:
+        self._mono = float(start)
+        self._wall = time.time() if wall is None else float(wall)
+        self._cond = threading.Condition()
+
+    def monotonic(self) -> float:
+        with self._cond:
+            return self._mono
+
+    def time(self) -> float:
+        with self._cond:
+            return self._wall
+
+    def advance(self, seconds: float) -> None:
+        """Let ``seconds`` (>= 0) pass on this clock."""
+        if not seconds >= 0:
+            raise ValueError(f"ManualClock.advance({seconds!r}): time only moves forward")
+        with self._cond:
+            self._mono += seconds
+            self._wall += seconds
+            self._cond.notify_all()
+
+    def wait(self, event: threading.Event, timeout: float | None) -> bool:
+        with self._cond:
+            deadline = None if timeout is None else self._mono + max(0.0, timeout)
+            while not event.is_set():
+                if deadline is not None and self._mono >= deadline:
+                    return False
+                # An advance() wakes this at once; a set() is seen within _POLL_S.
+                self._cond.wait(_POLL_S)
+            return True
+
+    def __repr__(self) -> str:
+        return f"ManualClock(monotonic={self._mono!r}, time={self._wall!r})"

@@ -1,0 +1,55 @@
+"""fstier.clock: the real clock reads the system's, a manual clock moves
+only when advanced and wakes the waits whose time has come."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from fstier.clock import SYSTEM_CLOCK, Clock, ManualClock, MonotonicClock
+
+
+def test_the_system_clock_reads_the_real_clocks() -> None:
+    before_m, before_w = time.monotonic(), time.time()
+    assert before_m <= SYSTEM_CLOCK.monotonic() <= time.monotonic()
+    assert before_w <= SYSTEM_CLOCK.time() <= time.time()
+    ev = threading.Event()
+    assert SYSTEM_CLOCK.wait(ev, 0.0) is False
+    ev.set()
+    assert SYSTEM_CLOCK.wait(ev, None) is True
+    assert isinstance(SYSTEM_CLOCK, MonotonicClock)
+
+
+def test_a_manual_clock_moves_only_when_advanced() -> None:
+    clock: Clock = ManualClock(start=5.0, wall=100.0)
+    assert (clock.monotonic(), clock.time()) == (5.0, 100.0)
+    time.sleep(0.01)
+    assert (clock.monotonic(), clock.time()) == (5.0, 100.0)
+    assert isinstance(clock, ManualClock)
+    clock.advance(2.5)
+    assert (clock.monotonic(), clock.time()) == (7.5, 102.5)
+    with pytest.raises(ValueError, match="only moves forward"):
+        clock.advance(-1)
+
+
+def test_a_manual_wait_ends_on_advance_or_on_the_event() -> None:
+    clock = ManualClock()
+    ev = threading.Event()
+    got: list[bool] = []
+    t = threading.Thread(target=lambda: got.append(clock.wait(ev, 10.0)))
+    t.start()
+    clock.advance(9.0)
+    t.join(0.2)
+    assert t.is_alive()  # 9 of its 10 seconds passed
+    clock.advance(1.0)
+    t.join(5)
+    assert got == [False]
+
+    t = threading.Thread(target=lambda: got.append(clock.wait(ev, None)))
+    t.start()
+    ev.set()
+    t.join(5)
+    assert got == [False, True]
+    assert clock.wait(ev, 0.0) is True  # a set event wins over an expired timeout
