@@ -12,9 +12,11 @@ handed to it, never :func:`time.monotonic` directly. Production uses
   cool-downs, intervals).
 - ``time()``: wall-clock seconds since the epoch (what is compared with file
   mtimes written by other processes and hosts).
-- ``wait(event, timeout)``: block until ``event`` is set (True) or
-  ``timeout`` seconds of *this clock* passed (False); a background thread
-  that waits for a deadline waits here, so a manual clock wakes it.
+- ``wait(waitable, timeout)``: ``waitable.wait`` (a
+  :class:`threading.Event`, or a :class:`threading.Condition` whose lock
+  the caller holds) until it is set or notified (True) or ``timeout``
+  seconds of *this clock* passed (False); a background thread that waits
+  for a deadline waits here, so a manual clock moves it too.
 
 This module lives at the package's top level (beside :mod:`fstier.errors`)
 because both the tier and the storage layer's pool read it, and ``io/``
@@ -28,7 +30,13 @@ import threading
 import time
 from typing import Protocol
 
-__all__ = ["SYSTEM_CLOCK", "Clock", "ManualClock", "MonotonicClock"]
+__all__ = ["SYSTEM_CLOCK", "Clock", "ManualClock", "MonotonicClock", "Waitable"]
+
+
+class Waitable(Protocol):
+    """A :class:`threading.Event` or a held :class:`threading.Condition`."""
+
+    def wait(self, timeout: float | None = None) -> bool: ...
 
 
 class Clock(Protocol):
@@ -42,15 +50,15 @@ class Clock(Protocol):
         """Wall-clock seconds since the epoch."""
         ...
 
-    def wait(self, event: threading.Event, timeout: float | None) -> bool:
-        """Block until ``event`` is set (True) or ``timeout`` seconds of this
-        clock passed (False); ``None`` waits for the event alone."""
+    def wait(self, waitable: Waitable, timeout: float | None) -> bool:
+        """``waitable.wait`` until set or notified (True) or until ``timeout``
+        seconds of this clock passed (False); ``None`` waits for it alone."""
         ...
 
 
 class MonotonicClock:
-    """The real clock: :func:`time.monotonic`, :func:`time.time` and
-    :meth:`threading.Event.wait`."""
+    """The real clock: :func:`time.monotonic`, :func:`time.time`, and the
+    waitable's own timed ``wait``."""
 
     def monotonic(self) -> float:
         return time.monotonic()
@@ -58,8 +66,8 @@ class MonotonicClock:
     def time(self) -> float:
         return time.time()
 
-    def wait(self, event: threading.Event, timeout: float | None) -> bool:
-        return event.wait(timeout)
+    def wait(self, waitable: Waitable, timeout: float | None) -> bool:
+        return waitable.wait(timeout)
 
     def __repr__(self) -> str:
         return "MonotonicClock()"
@@ -68,15 +76,15 @@ class MonotonicClock:
 #: The clock every part uses unless it is handed another one.
 SYSTEM_CLOCK: Clock = MonotonicClock()
 
-#: How often (real seconds) :meth:`ManualClock.wait` looks at its event
-#: between two :meth:`ManualClock.advance` calls.
+#: How often (real seconds) :meth:`ManualClock.wait` looks at this clock
+#: while its waitable is neither set nor notified.
 _POLL_S = 0.002
 
 
 class ManualClock:
     """A clock that moves only when told to (tests): :meth:`advance` moves
-    both ``monotonic()`` and ``time()`` and wakes every :meth:`wait` whose
-    timeout has now passed. Thread-safe.
+    both ``monotonic()`` and ``time()``; a :meth:`wait` whose timeout has
+    now passed returns False within a few real milliseconds. Thread-safe.
 
     ``time()`` starts at the real wall time of construction (``wall``
     overrides it), so files the test writes meanwhile have comparable
@@ -86,34 +94,32 @@ class ManualClock:
     def __init__(self, start: float = 1000.0, wall: float | None = None) -> None:
         self._mono = float(start)
         self._wall = time.time() if wall is None else float(wall)
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
 
     def monotonic(self) -> float:
-        with self._cond:
+        with self._lock:
             return self._mono
 
     def time(self) -> float:
-        with self._cond:
+        with self._lock:
             return self._wall
 
     def advance(self, seconds: float) -> None:
         """Let ``seconds`` (>= 0) pass on this clock."""
         if not seconds >= 0:
             raise ValueError(f"ManualClock.advance({seconds!r}): time only moves forward")
-        with self._cond:
+        with self._lock:
             self._mono += seconds
             self._wall += seconds
-            self._cond.notify_all()
 
-    def wait(self, event: threading.Event, timeout: float | None) -> bool:
-        with self._cond:
-            deadline = None if timeout is None else self._mono + max(0.0, timeout)
-            while not event.is_set():
-                if deadline is not None and self._mono >= deadline:
-                    return False
-                # An advance() wakes this at once; a set() is seen within _POLL_S.
-                self._cond.wait(_POLL_S)
-            return True
+    def wait(self, waitable: Waitable, timeout: float | None) -> bool:
+        deadline = None if timeout is None else self.monotonic() + max(0.0, timeout)
+        # A set or notify ends the real wait at once; an advance() is seen
+        # within _POLL_S. (A held Condition's lock is released while waiting.)
+        while not waitable.wait(_POLL_S):
+            if deadline is not None and self.monotonic() >= deadline:
+                return False
+        return True
 
     def __repr__(self) -> str:
         return f"ManualClock(monotonic={self._mono!r}, time={self._wall!r})"

@@ -53,3 +53,28 @@ def test_a_manual_wait_ends_on_advance_or_on_the_event() -> None:
     t.join(5)
     assert got == [False, True]
     assert clock.wait(ev, 0.0) is True  # a set event wins over an expired timeout
+
+
+def test_a_manual_wait_on_a_condition_ends_on_notify_or_advance() -> None:
+    clock = ManualClock()
+    cond = threading.Condition()
+    got: list[bool] = []
+
+    def waiter() -> None:
+        with cond:
+            got.append(clock.wait(cond, 3.0))
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.05)  # real time passes; the manual clock does not
+    assert t.is_alive()
+    deadline = time.monotonic() + 5
+    while t.is_alive() and time.monotonic() < deadline:
+        with cond:
+            cond.notify_all()
+        t.join(0.01)
+    t = threading.Thread(target=waiter)
+    t.start()
+    clock.advance(3.0)
+    t.join(5)
+    assert got == [True, False]
