@@ -78,3 +78,46 @@ def test_a_manual_wait_on_a_condition_ends_on_notify_or_advance() -> None:
     clock.advance(3.0)
     t.join(5)
     assert got == [True, False]
+
+
+def test_the_pool_watchdog_runs_on_the_injected_clock() -> None:
+    """An op hung past io_timeout_s times out when the pool's clock says so,
+    not when real time passes: none of this test's waits is a sleep."""
+    from fstier.io.pool import OP_TIMED_OUT, IOPool
+
+    clock = ManualClock()
+    release, running = threading.Event(), threading.Event()
+
+    def hung() -> int:
+        running.set()
+        release.wait(10)
+        return 1
+
+    pool = IOPool(1, 1, io_timeout_s=30.0, clock=clock)
+    try:
+        pool.submit("hung", "read", [hung])
+        assert running.wait(5)
+        assert pool.wait_idle(0.2) is False and pool.timeouts == 0  # 0.2 real s: no timeout
+        clock.advance(29.9)
+        assert pool.wait_idle(0.1) is False and pool.timeouts == 0
+        clock.advance(0.1)
+        assert pool.wait_idle(5)
+        (job,) = pool.get_finished()
+        assert job.results == [OP_TIMED_OUT] and pool.stuck_threads == 1
+    finally:
+        release.set()
+        pool.shutdown()
+
+
+def test_the_breaker_cools_down_on_the_injected_clock() -> None:
+    from fstier.tier.admission import Breaker
+    from fstier.tier.metrics import TierMetrics
+
+    clock = ManualClock()
+    breaker = Breaker(1, 5.0, TierMetrics(), clock=clock)
+    breaker.failure("EIO")
+    assert breaker.state == "open" and not breaker.allow()
+    clock.advance(4.99)
+    assert breaker.state == "open"
+    clock.advance(0.01)
+    assert breaker.state == "half_open" and breaker.allow()
