@@ -32,11 +32,8 @@ from typing import Protocol
 
 __all__ = ["SYSTEM_CLOCK", "Clock", "ManualClock", "MonotonicClock", "Waitable"]
 
-
-class Waitable(Protocol):
-    """A :class:`threading.Event` or a held :class:`threading.Condition`."""
-
-    def wait(self, timeout: float | None = None) -> bool: ...
+#: What a timer waits on: an event, or a condition whose lock the caller holds.
+Waitable = threading.Event | threading.Condition
 
 
 class Clock(Protocol):
