@@ -238,7 +238,7 @@ class FsTier:
         # Every outcome, even one decided at once (empty, degraded, slot busy,
         # backpressure), is taken under one lock after the duplicate-id check:
         # otherwise a second job "J" that finishes at once would report a
-        # result for a "J" still in flight (issue 15 item 9).
+        # result for a "J" still in flight (test_manager.py pins it).
         with self._lock:
             self._jobs.check_unique(job_id)
             if n == 0:

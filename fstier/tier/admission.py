@@ -175,8 +175,9 @@ class WriteBudget:
 #: Causes that say the device or mount is failing: only these count toward
 #: the circuit breaker. Anything about one file (a FIFO, socket or directory
 #: planted at a block path, a permission, a name) is that file's problem: the
-#: key is a miss, and the tier keeps serving every other key (issue 15 item 7:
-#: eight planted FIFOs used to degrade the whole tier). A full disk (ENOSPC,
+#: key is a miss, and the tier keeps serving every other key (eight planted
+#: FIFOs used to degrade the whole tier:
+#: test_planted_non_regular_files_are_misses_not_breaker_failures). A full disk (ENOSPC,
 #: EDQUOT) is not failing either: loads still work and eviction frees space.
 DEVICE_CAUSES = frozenset({
     "timeout", "EIO", "EROFS", "ESTALE", "ENOTCONN", "ENODEV", "ENOMEDIUM", "ESHUTDOWN",
