@@ -83,18 +83,18 @@ def test_a_hung_probe_returns_within_the_deadline(tmp_path: Path, native_io: str
         if t.blocks.batched:
             native.fault("stat", delay_s=3.0, times=1)
         else:
-            import fstier.tier.lookup as lk
+            import fstier.io.blockstore as bs
 
-            real = lk.is_block_file
+            real = bs._present_python
             calls = []
 
-            def slow(p: str) -> bool:
+            def slow(paths, prefix):
                 if not calls:
-                    calls.append(p)
+                    calls.append(paths)
                     time.sleep(3.0)
-                return real(p)
+                return real(paths, prefix)
 
-            monkeypatch.setattr(lk, "is_block_file", slow)
+            monkeypatch.setattr(bs, "_present_python", slow)
         try:
             t0 = time.monotonic()
             assert t.lookup(ks) == 0

@@ -26,7 +26,7 @@ from manager_support import (
 )
 
 from fstier.errors import MetricsUnavailableError, PoolError, TierClosedError
-from fstier.io import blockstore, posix
+from fstier.io import posix
 from fstier.manager import BlockRemoved, BlockStored, FsTier, JobResult
 from fstier.slots.host_pool import HostBlockPool
 
@@ -106,7 +106,7 @@ def test_partial_load_keeps_prefix_and_lookup_stops_reporting_corrupt_key(tmp_pa
 
 
 def test_transient_load_error_is_not_a_hit_again_until_stored(tmp_path: Path, monkeypatch) -> None:
-    with open_tier(tmp_path / "root") as tier:
+    with open_tier(tmp_path / "root", native_io="off") as tier:  # faults through the Python seam
         ks = keys(0, 4)
         store(tier, "s", ks)
         bad_path = str(tier.mapper.path_for(ks[1]))
@@ -277,7 +277,7 @@ def test_payload_bytes_are_key_specific(tmp_path: Path) -> None:
 
 def test_store_keys_completed_is_a_prefix_of_keys_on_disk(tmp_path: Path, monkeypatch) -> None:
     """keys[:keys_completed] must all be on disk: an engine advertises them."""
-    with open_tier(tmp_path / "root") as tier:
+    with open_tier(tmp_path / "root", native_io="off") as tier:  # faults through the Python seam
         ks = keys(0, 4)
         bad_name = str(tier.mapper.path_for(ks[1]).name)
         real_link = posix.FS.link_at
@@ -312,8 +312,14 @@ def test_hits_bump_recency_once_per_file_per_flush(tmp_path: Path, monkeypatch) 
         for p in paths:
             os.utime(p, ns=(old, old))
         calls: list[str] = []
-        real_touch = posix.touch_file
-        monkeypatch.setattr(blockstore, "touch_file", lambda p: (calls.append(p), real_touch(p))[1])
+        # The flush's batch of paths, on both I/O paths (the native one touches
+        # the batch in one call, with no per-file Python to spy on).
+        from fstier.tier import recency
+
+        real_bump = recency._bump_mtimes
+        monkeypatch.setattr(
+            recency, "_bump_mtimes", lambda ps, blocks=None: (calls.extend(ps), real_bump(ps, blocks))[1]
+        )
         for j in range(20):
             assert load(tier, f"l{j}", ks).success
         tier.run_capacity_pass()  # flushes pending recency first
@@ -321,22 +327,32 @@ def test_hits_bump_recency_once_per_file_per_flush(tmp_path: Path, monkeypatch) 
         assert all(p.stat().st_mtime_ns > old + 3000 * 10**9 for p in paths)
 
 
-def test_recency_flush_runs_as_background_write_job(tmp_path: Path, monkeypatch) -> None:
+def test_recency_flush_runs_as_background_write_job(tmp_path: Path) -> None:
     """When a flush is due, the mtime writes go to the write queue as their own
     job: no load waits for them and the engine never sees that job."""
-    import fstier.tier.recency as recency_mod
+    from fstier.clock import ManualClock
+    from fstier.tier.recency import FLUSH_S
 
-    monkeypatch.setattr(recency_mod, "FLUSH_S", 0.0)
-    with open_tier(tmp_path / "root") as tier:
+    clock = ManualClock()
+    with open_tier(tmp_path / "root", clock=clock) as tier:
         ks = keys(0, 3)
         store(tier, "s", ks)
         old = tier.mapper.path_for(ks[0]).stat().st_mtime_ns - 3600 * 10**9
         for k in ks:
             os.utime(tier.mapper.path_for(k), ns=(old, old))
+        clock.advance(FLUSH_S)  # the next hit finds a flush due
         tier.submit_load("l", ks, [0, 1, 2])
         assert tier.drain(30)
         results = tier.get_finished()
         assert [r.job_id for r in results] == ["l"] and results[0].success
+        # The first batch of hits found the flush due and its job wrote those
+        # files: on the native path the 3 keys are one batch, noted at once; on
+        # the Python path each key is its own batch (the first to finish
+        # wins), and the other two hits wait for the next flush (FLUSH_S of
+        # the tier's clock).
+        bumped = [tier.mapper.path_for(k).stat().st_mtime_ns > old + 3000 * 10**9 for k in ks]
+        assert sum(bumped) == (3 if tier.blocks.batched else 1), bumped
+        tier.flush_recency()
         assert all(tier.mapper.path_for(k).stat().st_mtime_ns > old + 3000 * 10**9 for k in ks)
 
 

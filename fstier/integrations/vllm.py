@@ -33,8 +33,8 @@ How vLLM's world maps onto fstier
       call (native ``lookup_batch``, the GIL released once per batch),
       bounded by ``io_timeout_s``.
     * **Jobs.** ``submit_store``/``submit_load`` become one FsTier job each
-      (cut into at most one native batch per I/O thread on the dual-queue
-      pool; one op per row on the Python path); ``get_finished_jobs``
+      (cut into batches on the dual-queue pool: one op per batch of rows on
+      the native I/O path, one per row on the Python path); ``get_finished_jobs``
       turns FsTier results into vLLM ``JobResult``s with ``successful_keys``
       for the loaded prefix of a partial load, ``transfer_time`` and
       ``transfer_bytes``. Every load is verified (size, header, key,

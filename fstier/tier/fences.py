@@ -75,7 +75,7 @@ class Fences:
                     # The provider's fence outlives the engine's free(): without
                     # it, alloc() hands the slot out again, new bytes are staged
                     # into it, and the stuck read overwrites them
-                    # (test_manager_faults.py::test_timeout_fences_slot_until_late_return_and_trips_breaker).
+                    # (test_late_read_never_reaches_a_reallocated_slot).
                     self._pool.fence(slot)
                 held[slot] = n + 1
         log.warning(

@@ -3,10 +3,10 @@
 A lookup answers from :class:`LookupCache` (present/absent answers that
 live ``tier.lookup_cache_ttl_s``, and the *bad* set: keys whose load failed,
 never a hit again until stored again) and probes the rest of a batch on the
-filesystem in ONE call: on the native path one ``lookup_batch`` (GIL
-released once for the whole batch; :func:`fstier.io.native.lookup_batch`),
-on the Python path one pass of ``lstat`` calls (:func:`present_below`; the
-slow path, logged once). A regular file is a hit; a FIFO, socket,
+filesystem in ONE call, :meth:`~fstier.io.blockstore.BlockStore.present_many`:
+on the native path one ``lookup_batch`` (GIL released once for the whole
+batch), on the Python path one pass of ``fstatat`` calls (the slow path,
+logged once). A regular file is a hit; a FIFO, socket,
 directory or symlink at a block path, or a path whose fan-out directory is
 a symlink, is a miss (the load would not follow it either). While the
 circuit breaker is open every key is absent (no system call).
@@ -20,9 +20,8 @@ never holds an engine's thread longer than the per-I/O deadline
 
 :class:`Lookup` counts what it answers in the tier's metrics (keys looked
 up, hits, misses, lookup seconds). Costs per batch: one cache pass under
-one lock, one probe call for the uncached keys (native: one ``fstatat``
-per key plus one directory open per run of keys sharing a fan-out
-directory), two thread hand-offs. Memory is bounded: at most 2**20
+one lock, one probe call for the uncached keys (native: one ``openat2``
+and one ``fstat`` per key), two thread hand-offs. Memory is bounded: at most 2**20
 answers and 2**18 bad keys.
 """
 
@@ -30,20 +29,18 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from fstier.io import native
 from fstier.io.blockstore import BlockStore
 from fstier.io.pool import IOPool, PoolJob
 from fstier.keys import BlockKey
 from fstier.tier.admission import Breaker
 from fstier.tier.metrics import TierMetrics
 
-__all__ = ["Lookup", "LookupCache", "is_block_file", "present_below"]
+__all__ = ["Lookup", "LookupCache"]
 
 log = logging.getLogger("fstier.manager")
 
@@ -124,50 +121,6 @@ class LookupCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
-
-
-def is_block_file(path: str) -> bool:
-    """True when ``path`` is a regular file (not followed if a symlink). A
-    FIFO, socket or directory planted at a block path is a miss here, not a
-    hit whose load then fails; lstat costs what ``os.path.exists`` does."""
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except (OSError, ValueError):
-        return False
-
-
-def _is_real_dir(path: str) -> bool:
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except (OSError, ValueError):
-        return False
-
-
-def present_below(base: str, paths: Sequence[str], *, prefix: bool = False) -> list[bool]:
-    """The Python path's presence probe, with the native one's answers:
-    whether a regular file is at each path below ``base``, with no symlink
-    in any directory component between ``base`` and the file (each distinct
-    directory is checked once per call). With ``prefix`` the answers stop
-    after the first miss."""
-    cut = len(base) + 1
-    dirs: dict[str, bool] = {"": True}
-    out: list[bool] = []
-    for p in paths:
-        rel_dir = p[cut:].rpartition("/")[0]
-        good = dirs.get(rel_dir)
-        if good is None:
-            good, walked = True, base
-            for part in rel_dir.split("/"):
-                walked = f"{walked}/{part}"
-                if not _is_real_dir(walked):
-                    good = False
-                    break
-            dirs[rel_dir] = good
-        hit = good and is_block_file(p)
-        out.append(hit)
-        if prefix and not hit:
-            break
-    return out
 
 
 # ---------------------------------------------------------------- the probe
@@ -256,8 +209,7 @@ class Lookup:
         todo = [i for i in range(end) if states[i] is None and keys[i].group_idx < ngroups]
         if not todo:
             return out, False
-        path = self._blocks.path
-        found = self._probe([path(keys[i]) for i in todo], prefix)
+        found = self._probe([keys[i] for i in todo], prefix)
         if found is None:  # the probe ran past the deadline: uncached keys are absent
             return out, True
         hits: list[BlockKey] = []
@@ -270,12 +222,12 @@ class Lookup:
         return out, True
 
     # -- the probe call, on the lookup thread ------------------------------------
-    def _probe(self, paths: list[str], prefix: bool) -> list[bool] | None:
-        """One probe of ``paths`` on the lookup thread; None if it did not
+    def _probe(self, keys: list[BlockKey], prefix: bool) -> list[bool] | None:
+        """One probe of ``keys`` on the lookup thread; None if it did not
         answer within the deadline (a hung mount), counted as a timeout."""
         pool = self._executor()
         if pool is None:  # closed: nothing is probed any more
-            return [False] * len(paths)
+            return [False] * len(keys)
         done = threading.Event()
         got: list[object] = []
 
@@ -283,7 +235,7 @@ class Lookup:
             got.append(pj.results[0])
             done.set()
 
-        pool.submit("lookup", "read", [lambda: self._probe_now(paths, prefix)], on_done=finished)
+        pool.submit("lookup", "read", [lambda: self._probe_now(keys, prefix)], on_done=finished)
         # The pool's watchdog ends the op at the deadline; the extra second
         # covers its wake-up, never a hung call.
         wait = None if self._timeout is None else self._timeout + 1.0
@@ -293,21 +245,19 @@ class Lookup:
             self._breaker.failure("timeout")
             log.warning(
                 "fstier: presence probe of %d key(s) under %s did not answer within "
-                "io_timeout_s=%s (%r); they count as misses", len(paths), self._base, self._timeout, r,
+                "io_timeout_s=%s (%r); they count as misses", len(keys), self._base, self._timeout, r,
             )
             return None
         return got[0]
 
-    def _probe_now(self, paths: list[str], prefix: bool) -> list[bool]:
-        if self._blocks.batched:
-            return native.lookup_batch(self._base, paths, prefix=prefix)
-        if not self._logged_slow:
+    def _probe_now(self, keys: list[BlockKey], prefix: bool) -> list[bool]:
+        if not self._blocks.batched and not self._logged_slow:
             self._logged_slow = True
             log.info(
-                "fstier: presence is probed on the Python I/O path (%s): one lstat per key, the "
+                "fstier: presence is probed on the Python I/O path (%s): one fstatat per key, the "
                 "slow path", self._blocks.io_path.reason,
             )
-        return present_below(self._base, paths, prefix=prefix)
+        return self._blocks.present_many(keys, prefix=prefix)
 
     def _executor(self) -> IOPool | None:
         with self._lock:
