@@ -189,9 +189,7 @@ class FsTier:
     # ------------------------------------------------------------------ lookup
     def lookup(self, keys: Sequence[BlockKey]) -> int:
         """Number of leading ``keys`` whose blocks are present (0 while
-        degraded): cached answers, the rest probed in one call on the lookup
-        thread (one native ``lookup_batch``), waited for at most
-        ``io_timeout_s`` (then a miss)."""
+        degraded); probed as :meth:`present` does."""
         self._check_open()
         check_keys(keys, len(self._payload_len), "lookup")
         if not keys:
