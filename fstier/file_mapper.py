@@ -277,14 +277,6 @@ class FileMapper:
             "fields": self.fields,
         }
 
-    def ensure_manifest(self) -> None:
-        """Create the namespace directory and write ``config.json`` once
-        (:func:`fstier.io.manifest.ensure_manifest`; kept here for one
-        release: FileMapper itself only names things)."""
-        from fstier.io.manifest import ensure_manifest
-
-        ensure_manifest(self)
-
     # -- paths ------------------------------------------------------------
     def expected_payload_bytes(self, group_idx: int) -> int:
         """Payload length of a full file of group ``group_idx``."""
@@ -299,16 +291,3 @@ class FileMapper:
                 f"{self.num_groups} group(s)"
             )
         return self.blocks_dir / encode(key)
-
-    def ensure_parent(self, path: str | Path) -> None:
-        """Create ``path``'s directories under the namespace without following
-        a symlink (:class:`fstier.io.blockstore.NamespaceDirs`; kept here for
-        one release: FileMapper itself opens no file descriptor)."""
-        from fstier.io.blockstore import NamespaceDirs
-
-        # One walker per mapper, so callers of this old entry point keep its
-        # memory of directories already made (strings only, no fd).
-        dirs = self.__dict__.get("_dirs")
-        if dirs is None:
-            dirs = self.__dict__.setdefault("_dirs", NamespaceDirs(self))
-        dirs.ensure(path)

@@ -360,7 +360,7 @@ def test_planted_usage_file_turns_sharing_off_not_the_tier(tmp_path: Path, caplo
 
 
 def test_inspect_does_not_count_the_usage_files_as_strays(tmp_path: Path) -> None:
-    from fstier.cli.scan import scan_root
+    from fstier.tier.scan import scan_root
 
     root = tmp_path / "root"
     with open_tier(root, max_bytes="1MiB") as tier:

@@ -20,9 +20,10 @@ from manager_support import TINY_GROUP, key, payload_for
 from fstier.errors import ConfigError
 from fstier.file_mapper import FileMapper, encode
 from fstier.io import native
-from fstier.io.blockstore import BlockStore, IOOptions, LoadStatus, StoreStatus
+from fstier.io.blockstore import BlockStore
 from fstier.io.capabilities import RootCapabilities, probe_o_direct
 from fstier.io.fsops import aligned_buffer, is_temp_name
+from fstier.io.iotypes import IOOptions, LoadStatus, StoreStatus
 from fstier.io.manifest import ensure_manifest
 from fstier.io.native import NativeStatus
 from fstier.keys import BlockKey

@@ -7,7 +7,7 @@ creates fan-out directories without following a symlink
 (:class:`NamespaceDirs`), recovers when they were removed under it (an
 operator's ``rm -rf``, gc of empty directories), builds each block's header,
 and stores, loads, checks and removes blocks through the per-file path of
-:mod:`fstier.io.blockio`.
+:mod:`fstier.io._blockio`.
 
 API shape (the seam between backends)
     Per key: :meth:`BlockStore.store`, :meth:`~BlockStore.load`,
@@ -16,7 +16,7 @@ API shape (the seam between backends)
     :meth:`~BlockStore.present_many`, which take a batch of keys and return
     one answer per key in order. The backend is a constructor argument,
     chosen once: native (:mod:`fstier.io.native`: the whole batch in one
-    call, GIL released) or Python, key by key (:mod:`fstier.io.blockio`).
+    call, GIL released) or Python, key by key (:mod:`fstier.io._blockio`).
     Either way the contract is the same: the same outcomes, the same files,
     the same promises (exact-length buffers, no symlink followed, atomic
     publication, the one validator); ``tests/test_contract_block_store.py``
@@ -37,9 +37,6 @@ Costs
     known to exist are remembered only to skip ``mkdir`` calls: the memory
     grants nothing, since every store resolves its directory again without
     following a symlink.
-
-The per-file API (``IOOptions``, ``store_block``, ``load_block``, ...) is
-re-exported here from :mod:`fstier.io.blockio`.
 """
 
 from __future__ import annotations
@@ -57,27 +54,17 @@ from typing import TYPE_CHECKING
 from fstier.errors import FstierError, PathSafetyError
 from fstier.file_mapper import FileMapper, decode, encode
 from fstier.io import fsops, native
+from fstier.io._blockio import load_block, store_block, store_block_at
 from fstier.io.blockfile import BlockHeader, ChecksumKind, payload_checksum
-from fstier.io.blockio import (
-    BatchLoadResult,
-    FileCheck,
+from fstier.io.capabilities import RootCapabilities
+from fstier.io.iotypes import (
     IOOptions,
     LoadOutcome,
     LoadRequest,
-    LoadStatus,
     StoreOutcome,
     StoreRequest,
     StoreStatus,
-    load_block,
-    load_blocks,
-    read_header,
-    store_block,
-    store_block_at,
-    store_blocks,
-    touch_file,
-    verify_file,
 )
-from fstier.io.capabilities import RootCapabilities
 from fstier.io.manifest import ensure_manifest
 from fstier.io.tree import FileKind, iter_namespace_files
 from fstier.keys import BlockKey
@@ -85,27 +72,7 @@ from fstier.keys import BlockKey
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig
 
-__all__ = [
-    "BatchLoadResult",
-    "BlockStore",
-    "FileCheck",
-    "IOOptions",
-    "LoadOutcome",
-    "LoadRequest",
-    "LoadStatus",
-    "NamespaceDirs",
-    "StoreOutcome",
-    "StoreRequest",
-    "StoreStatus",
-    "load_block",
-    "load_blocks",
-    "read_header",
-    "store_block",
-    "store_block_at",
-    "store_blocks",
-    "touch_file",
-    "verify_file",
-]
+__all__ = ["BlockStore", "NamespaceDirs"]
 
 log = logging.getLogger("fstier.manager")
 

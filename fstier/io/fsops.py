@@ -81,6 +81,7 @@ __all__ = [
     "pwritev_all",
     "split_parent",
     "temp_path_for",
+    "touch_file",
     "unlink_if",
     "unlink_if_same",
 ]
@@ -540,3 +541,34 @@ def preadv_all(fd: int, bufs: list[memoryview], offset: int) -> int:
         total += n
         bufs = advance(bufs, n)
     return total
+
+
+def touch_file(path: str | Path) -> bool:
+    """Set a block file's mtime to now (its LRU recency) without following a
+    symlink anywhere on its path. False when it is gone or refused.
+
+    Only a regular file with one link is touched: fstier publishes every
+    block with exactly one name, so a second link is someone else's path to
+    the same inode (a ``cp -al`` backup outside the root), whose metadata
+    fstier must not change. The check and the update go through one fd."""
+    parent, name = split_parent(path)
+    try:
+        dir_fd = FS.open(parent, O_DIR_FLAGS)
+    except OSError:
+        return False
+    try:
+        fd = os.open(name, os.O_RDONLY | O_NOFOLLOW | O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        close_quietly(dir_fd)
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            return False
+        os.utime(fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        close_quietly(fd)
+        close_quietly(dir_fd)

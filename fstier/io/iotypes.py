@@ -31,7 +31,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from fstier.io.capabilities import DirectIOSupport
 
 __all__ = [
-    "BatchLoadResult",
     "IOOptions",
     "LoadOutcome",
     "LoadRequest",
@@ -138,9 +137,6 @@ class LoadRequest:
     key: BlockKey
     namespace_digest: bytes
     payload_len: int
-    #: Unused, kept for callers that pass it: no path is ever resolved
-    #: through a symlink, so nothing outside the root can be removed.
-    root: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,16 +153,3 @@ class LoadOutcome:
     @property
     def ok(self) -> bool:
         return self.status is LoadStatus.LOADED
-
-
-@dataclass(frozen=True, slots=True)
-class BatchLoadResult:
-    """A batched load: the first ``num_loaded`` blocks verified; ``outcomes``
-    has one entry per attempted block (the last one is the failure, if any)."""
-
-    num_loaded: int
-    outcomes: list[LoadOutcome]
-
-    @property
-    def complete(self) -> bool:
-        return self.num_loaded == len(self.outcomes) and all(o.ok for o in self.outcomes)

@@ -163,6 +163,9 @@ class IOPool:
                 f"got {io_timeout_s}"
             )
         self.io_timeout_s = io_timeout_s
+        #: threads per queue (callers cut jobs into this many batches)
+        self.read_threads = read_threads
+        self.write_threads = write_threads
         self._name = name
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)  # workers wait here

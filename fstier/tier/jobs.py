@@ -35,7 +35,8 @@ from functools import partial
 from typing import Literal
 
 from fstier.io.blockfile import HEADER_SIZE, padded_len
-from fstier.io.blockstore import BlockStore, LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
+from fstier.io.blockstore import BlockStore
+from fstier.io.iotypes import LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
 from fstier.tier.admission import WriteBudget

@@ -36,7 +36,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from fstier.io.blockstore import BlockStore, LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
+from fstier.io.blockstore import BlockStore
+from fstier.io.iotypes import LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
 from fstier.io.pool import OP_CANCELLED, OP_EXPIRED, OP_TIMED_OUT
 from fstier.keys import BlockKey
 from fstier.tier.admission import BAD_FILE_CAUSES, Breaker, Failure

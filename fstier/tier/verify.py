@@ -189,8 +189,8 @@ def _namespaces(root: Path, only: str | None) -> Iterator[Path]:
 
 def _check_one(path: str, full: bool, expect: _Expect) -> tuple[str, int, os.stat_result | None]:
     """``(reason or '', size, stat)``; reason ``gone`` when the file vanished."""
+    from fstier.io.blockcheck import verify_file
     from fstier.io.blockfile import Expected
-    from fstier.io.blockstore import verify_file
     from fstier.io.fsops import FS
 
     try:

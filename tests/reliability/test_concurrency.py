@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from fstier.io.posix import verify_file
+from fstier.io.blockcheck import verify_file
 
 from . import _workers
 from ._support import Tier, block_files, key_for, temp_files
