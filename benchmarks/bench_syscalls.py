@@ -1,7 +1,7 @@
 """bench_syscalls: system calls per stored and per loaded block file, counted by strace.
 
 Runs a child that stores (then, separately, loads) N block files through
-``fstier.io.posix.store_block`` / ``load_block`` under ``strace -f -c``, once
+``fstier.io._blockio.store_block`` / ``load_block`` under ``strace -f -c``, once
 with a small N and once with a large one; the difference divided by the
 difference in N is the per-file count, free of interpreter start-up.
 

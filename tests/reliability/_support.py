@@ -1,7 +1,7 @@
 """Shared helpers of the reliability suite, importable by pytest modules
 (``from ._support import ...``) and by the subprocess scripts beside it
 (``import _support``): a tiny deterministic model, deterministic payloads,
-store/load wrappers around :mod:`fstier.io.posix`, a fault-injecting
+store/load wrappers around :mod:`fstier.io._blockio`, a fault-injecting
 ``FS`` replacement and the checks every test repeats (visible blocks verify,
 no temp files, fd counts)."""
 

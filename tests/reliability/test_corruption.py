@@ -2,7 +2,7 @@
 files are misses (CORRUPT, file removed) and never load wrong bytes.
 
 Every case writes the damaged bytes at the key's real path and loads through
-:func:`fstier.io.posix.load_block` with checksums on. ``TALLY`` accumulates
+:func:`fstier.io._blockio.load_block` with checksums on. ``TALLY`` accumulates
 the published figures: corruptions tried, detected, and wrong bytes loaded.
 The default run cuts a strided subset of truncation lengths and bit
 positions; ``-m slow`` tries every one.
