@@ -64,6 +64,11 @@ MANIFEST_NAME = "config.json"
 #: A block file's name, as :meth:`FileMapper.path_for` writes it: the key's
 #: hash in hex (8..64 bytes) and its group.
 BLOCK_NAME_RE = re.compile(r"^([0-9a-f]{16,128})-g([0-9]{1,5})\.bin$")
+#: THE namespace-directory rule: ``<safe model name, at most 64
+#: characters>-<16 hex digits>``, how :class:`FileMapper` names a namespace
+#: (inspect, verify, gc and the CLI's ROOT check all ask
+#: :func:`is_namespace_name`).
+NAMESPACE_NAME_RE = re.compile(r"^.{1,64}-[0-9a-f]{16}$")
 _MAX_NAME = 64
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -103,6 +108,11 @@ def safe_model_name(name: str) -> str:
     if safe.startswith("."):
         safe = "_" + safe[1:]
     return safe or "model"
+
+
+def is_namespace_name(name: str) -> bool:
+    """Whether ``name`` is a namespace directory's name (:data:`NAMESPACE_NAME_RE`)."""
+    return NAMESPACE_NAME_RE.match(name) is not None
 
 
 # ------------------------------------------------------------- the path codec

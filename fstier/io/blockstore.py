@@ -66,7 +66,7 @@ from fstier.io.iotypes import (
     StoreStatus,
 )
 from fstier.io.manifest import ensure_manifest
-from fstier.io.tree import FileKind, iter_namespace_files
+from fstier.io.tree import iter_namespace_files
 from fstier.keys import BlockKey
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -108,9 +108,8 @@ class NamespaceDirs:
         (opened with no symlink on its path; the caller closes it) and
         whether this call created it. The walk starts at the deepest
         directory already made and goes through the syscall seam."""
-        # Strings, not pathlib: with 4096 x 256 fan-out directories most new
-        # keys create one, and Path parsing cost more than the mkdirs
-        # (issue 14).
+        # Strings, not pathlib: Path parsing cost more than the mkdirs
+        # (docs/performance.md, "No pathlib on the store and load paths").
         key = os.fspath(path).rpartition("/")[0]
         if key in self._made:
             return None
@@ -365,7 +364,8 @@ class BlockStore:
             outcome = store_block(request, self.options)
         else:
             # The directory was just made (or checked): store through the
-            # fd that walk opened, with no second resolution (issue 14).
+            # fd that walk opened, with no second resolution
+            # (test_posix.py::test_store_block_at_a_directory_fd).
             dir_fd, fresh = opened
             try:
                 outcome = store_block_at(
@@ -442,9 +442,9 @@ class BlockStore:
         through directory fds (no symlink followed) and one unlink per file."""
         removed: list[tuple[BlockKey, int]] = []
         for e in iter_namespace_files(self.mapper.namespace_dir, on_error):
-            if e.kind != FileKind.BLOCK or e.block_hex is None or e.group_idx is None:
+            key = e.key
+            if key is None:
                 continue
-            key = BlockKey(bytes.fromhex(e.block_hex), e.group_idx)
             if e.path != self.path(key):
                 continue  # another rank's subtree
             if fsops.unlink_if(e.path, lambda _st: False, on_error) == "removed":

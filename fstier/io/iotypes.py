@@ -91,10 +91,11 @@ class StoreStatus(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class StoreRequest:
-    """Write ``header`` then ``payload`` to ``path``. ``payload`` holds at least
-    ``header.payload_len`` bytes; when it holds the padded length and is
-    writable (a pool slot), the padding tail is zeroed in place and the slot is
-    written directly (O_DIRECT capable)."""
+    """Write ``header`` then exactly ``header.payload_len`` bytes of
+    ``payload`` to ``path`` (the caller's buffer is only read, never written:
+    the file's zero padding after the payload comes from a bounce page).
+    Whole pages of a 4096-aligned payload go to the file directly (O_DIRECT
+    capable)."""
 
     path: str | Path
     header: BlockHeader

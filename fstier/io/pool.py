@@ -158,7 +158,7 @@ class IOPool:
                 f"{read_threads} and {write_threads}"
             )
         # inf or nan would make the watchdog's wait raise and the thread die,
-        # silently disabling every deadline (issue 15 item 5).
+        # silently disabling every deadline (test_pool.py::test_io_timeout_must_be_finite).
         if io_timeout_s is not None and not (0 < io_timeout_s <= threading.TIMEOUT_MAX):
             raise ValueError(
                 f"IOPool io_timeout_s must be > 0 and finite (or None for no deadline), "
