@@ -39,11 +39,13 @@ __all__ = [
     "BLOCK_NAME_RE",
     "BLOCK_SUFFIX",
     "MANIFEST_NAME",
+    "NAMESPACE_NAME_RE",
     "NAMESPACE_VERSION",
     "FileMapper",
     "canonical_json",
     "decode",
     "encode",
+    "is_namespace_name",
     "is_parallel_agnostic",
     "parallel_identity",
     "safe_model_name",
@@ -149,9 +151,6 @@ def canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-_canonical_json = canonical_json
-
-
 class FileMapper:
     """Maps :class:`BlockKey` to paths for one (model, parallel layout, tier) config."""
 
@@ -219,7 +218,7 @@ class FileMapper:
         self.agnostic = agnostic
         self.fields = fields
         self._payload_bytes = payload_bytes
-        self.digest = hashlib.sha256(_canonical_json(self.fields)).hexdigest()[:16]
+        self.digest = hashlib.sha256(canonical_json(self.fields)).hexdigest()[:16]
         self.digest_bytes = bytes.fromhex(self.digest)
         self.namespace = f"{safe_model_name(model_name)}-{self.digest}"
         self.namespace_dir = self.root / self.namespace

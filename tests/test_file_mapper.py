@@ -327,3 +327,18 @@ def test_path_for_is_the_codec_under_the_blocks_dir(tmp_path: Path) -> None:
         m = FileMapper(make_config(tmp_path, groups=groups, **over))
         assert m.path_for(KEY) == m.blocks_dir / encode(KEY)
         assert decode(m.path_for(KEY).relative_to(m.blocks_dir).as_posix()) == KEY
+
+
+def test_one_namespace_directory_rule(tmp_path: Path) -> None:
+    """FileMapper names its namespace so that the one rule
+    (file_mapper.is_namespace_name) recognises it, whatever the model name;
+    inspect, verify, gc and the CLI's ROOT check all ask that rule."""
+    from fstier.file_mapper import is_namespace_name
+
+    for name in ("acme/llama-tiny", "x" * 200, ".hidden", "ü/ñ"):
+        cfg = make_config(tmp_path, model={"name": name, "dtype": "float16", "groups": [
+            {"kind": "full_attention", "block_size": 16, "num_layers": 2, "num_kv_heads": 8, "head_size": 64}]})
+        assert is_namespace_name(FileMapper(cfg).namespace_dir.name), name
+    assert not is_namespace_name("lost+found")
+    assert not is_namespace_name("model-0123456789abcdeg")  # not 16 hex digits
+    assert not is_namespace_name("x" * 65 + "-0123456789abcdef")  # longer than FileMapper writes
