@@ -182,37 +182,66 @@ def _unsafe(path: Path, exc: OSError) -> Exception:
 NATIVE_MIN_BATCH = 4
 
 
-def _present_python(paths: Sequence[str], prefix: bool) -> list[bool]:
-    """:meth:`BlockStore.present_many` on the Python path: each fan-out
-    directory opened once with no symlink on its path (through the syscall
-    seam), then one ``fstatat`` (no follow) per name in it."""
-    fs = fsops.FS
-    out: list[bool] = []
-    dirs: dict[str, int] = {}
+_PATH_DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _present_python(base: str, paths: Sequence[str], prefix: bool) -> list[bool]:
+    """:meth:`BlockStore.present_many` on the Python path: ``base`` (the
+    blocks directory) opened once with no symlink on its path (through the
+    syscall seam), each fan-out directory opened once below it with
+    ``O_NOFOLLOW`` (one fd open at a time: a batch never runs out of
+    descriptors), then one ``fstatat`` (no follow) per name in it."""
+    n = len(paths)
+    out = [False] * n
     try:
-        for p in paths:
-            d, _, name = p.rpartition("/")
-            fd = dirs.get(d)
-            if fd is None:
-                try:
-                    fd = fs.open(d, _DIR_FLAGS)
-                except (OSError, ValueError):
-                    fd = -1
-                dirs[d] = fd
-            ok = False
-            if fd >= 0:
-                try:
-                    ok = stat.S_ISREG(fs.stat_at(fd, name).st_mode)
-                except (OSError, ValueError):
-                    ok = False
-            out.append(ok)
-            if prefix and not ok:
-                break
+        base_fd = fsops.FS.open(base, _DIR_FLAGS)
+    except (OSError, ValueError):
+        return out
+    cut = len(base) + 1
+    try:
+        for d, idx in _runs(paths, cut) if prefix else _groups(paths, cut):
+            try:
+                dfd = os.open(d, _PATH_DIR_FLAGS, dir_fd=base_fd) if d and "/" not in d else fsops.FS.open(
+                    f"{base}/{d}" if d else base, _DIR_FLAGS
+                )
+            except (OSError, ValueError):
+                if prefix:
+                    break
+                continue
+            try:
+                for i in idx:
+                    try:
+                        out[i] = stat.S_ISREG(os.stat(paths[i].rpartition("/")[2], dir_fd=dfd, follow_symlinks=False).st_mode)
+                    except (OSError, ValueError):
+                        out[i] = False
+                    if prefix and not out[i]:
+                        return out
+            finally:
+                os.close(dfd)
     finally:
-        for fd in dirs.values():
-            if fd >= 0:
-                fsops.close_quietly(fd)
+        os.close(base_fd)
     return out
+
+
+def _groups(paths: Sequence[str], cut: int) -> list[tuple[str, list[int]]]:
+    """Keys grouped by directory (each directory opened once)."""
+    groups: dict[str, list[int]] = {}
+    for i, p in enumerate(paths):
+        groups.setdefault(p[cut:].rpartition("/")[0], []).append(i)
+    return list(groups.items())
+
+
+def _runs(paths: Sequence[str], cut: int) -> list[tuple[str, list[int]]]:
+    """Keys in their own order, consecutive keys of one directory together
+    (a prefix probe stops at the first absent key)."""
+    runs: list[tuple[str, list[int]]] = []
+    for i, p in enumerate(paths):
+        d = p[cut:].rpartition("/")[0]
+        if runs and runs[-1][0] == d:
+            runs[-1][1].append(i)
+        else:
+            runs.append((d, [i]))
+    return runs
 
 
 class BlockStore:
@@ -427,7 +456,7 @@ class BlockStore:
         if self._native:
             got = native.lookup_batch(prefix_, paths, prefix=prefix)
         else:
-            got = _present_python(paths, prefix)
+            got = _present_python(prefix_, paths, prefix)
         if len(got) < n:
             got.extend([False] * (n - len(got)))
         return got
