@@ -34,20 +34,16 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
-from fstier.io.blockfile import HEADER_SIZE, padded_len
-from fstier.io.blockstore import BlockStore, LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
+from fstier.io.blockfile import block_file_size
+from fstier.io.blockstore import BlockStore
+from fstier.io.iotypes import LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
 from fstier.tier.admission import WriteBudget
 from fstier.tier.lookup import LookupCache
 from fstier.tier.recency import Recency
 
-__all__ = ["Job", "JobOps", "JobTable", "file_bytes"]
-
-
-def file_bytes(payload_len: int) -> int:
-    """Bytes a block file of ``payload_len`` occupies (header + padded payload)."""
-    return HEADER_SIZE + padded_len(payload_len)
+__all__ = ["Job", "JobOps", "JobTable"]
 
 
 @dataclass(slots=True)
@@ -142,7 +138,7 @@ class JobOps:
         bounds = job.bounds = self._blocks.batch_bounds(len(job.keys), threads)
         spans = list(zip(bounds[:-1], bounds[1:], strict=True))
         if job.kind == "store":
-            sizes = [file_bytes(b) for b in job.op_bytes]
+            sizes = [block_file_size(b) for b in job.op_bytes]
             job.op_reserved = [sum(sizes[a:b]) for a, b in spans]
         else:
             job.op_reserved = [0] * len(spans)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.errors import IOPoolClosedError
-from fstier.io import blockstore, native
+from fstier.io import blockstore, fsops, native
 from fstier.io.pool import IOPool
 
 __all__ = ["FLUSH_S", "MAX_PENDING", "Recency"]
@@ -45,7 +45,7 @@ def _bump_mtimes(paths: Sequence[str], blocks: blockstore.BlockStore | None = No
         native.touch_batch(os.fspath(blocks.mapper.blocks_dir), paths)
         return
     for p in paths:
-        blockstore.touch_file(p)
+        fsops.touch_file(p)
 
 
 def _ignore_pool_job(_job: object) -> None:
