@@ -6,8 +6,10 @@ error a user without LMCache gets."""
 
 from __future__ import annotations
 
-from importlib import metadata
+import json
+import re
 import threading
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,6 @@ from fstier.integrations.lmcache_space import Layout, LentSlots, SpaceId, space_
 from fstier.io.pool import IOPool
 from fstier.keys import BlockKey
 from fstier.manager import FsTier
-
 
 
 def _have_lmcache() -> bool:
@@ -167,6 +168,17 @@ def test_adapter_params_are_checked_by_field() -> None:
         tier_config_from_adapter_params({"root_dir": "/tmp", "checksum": "md5"})
     cfg = tier_config_from_adapter_params({"root_dir": "/tmp", "max_bytes": "2GiB"})
     assert cfg.max_bytes == 2 << 30
+
+
+def test_the_server_line_in_the_docs_builds_a_valid_config(tmp_path: Path) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "lmcache.md").read_text()
+    m = re.search(r"--l2-adapter '(\{.*?\})'\n", doc, re.S)
+    assert m is not None, "docs/lmcache.md shows no --l2-adapter line"
+    spec = json.loads(m.group(1))
+    assert spec["type"] == "plugin" and spec["class_name"] == "FstierL2Adapter"
+    assert spec["module_path"] == "fstier.integrations.lmcache"
+    params = {**spec["adapter_params"], "root_dir": str(tmp_path)}
+    assert tier_config_from_adapter_params(params).max_bytes == 2 << 40
 
 
 @pytest.mark.skipif(HAVE_LMCACHE, reason="LMCache is installed here")

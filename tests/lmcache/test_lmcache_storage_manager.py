@@ -74,3 +74,5 @@ def test_new_process_loads_byte_identical_and_damage_is_a_miss_unlike_fs(tmp_pat
     assert ctl[str(INTACT)] == stored[str(INTACT)]
     assert ctl[str(CORRUPT)][0] is not None and ctl[str(CORRUPT)][0] != stored[str(CORRUPT)][0]
     assert ctl[str(FOREIGN)][0] is not None  # and a chunk of another layout too
+    # (docs/lmcache.md's table: fs misses a truncated or missing file.)
+    assert ctl[str(TRUNCATED)][0] is None and ctl[str(MISSING)][0] is None
