@@ -17,9 +17,11 @@ key; that is why this harness makes its own keys.)
     make bench-lmcache                      # 256 KiB and 2 MiB chunks
     python benchmarks/bench_lmcache.py --sizes-kib 256 --rounds 9 --json out.json
 
-Prints one table per size: median MB/s of store and load per adapter, and
-fstier's ratio to the best of LMCache's adapters; the load average before
-and after is printed with it.
+Prints one table: per size and adapter, the median MB/s of store and load
+(wall clock, from submit to the eventfd's result), the median process CPU
+seconds per GB moved (every thread of the process: a cost that machine load
+does not inflate), and fstier's ratio to the best of LMCache's adapters;
+the load average before and after is printed with it.
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ class Bench:
         self.adapter = create_l2_adapter(cfg, l1_memory_desc=data.create_l1_memory_desc(self.buf, ALIGN))
         self.store_mbps: list[float] = []
         self.load_mbps: list[float] = []
+        self.store_cpu: list[float] = []  # process CPU seconds per GB (every thread)
+        self.load_cpu: list[float] = []
         self.bad = 0
 
     def round(self, r: int) -> None:
@@ -101,23 +105,25 @@ class Bench:
         src = data.make_memory_objects(self.buf, n, size, 0, fill_offset=r)
         dst = data.make_memory_objects(self.buf, n, size, n * size, fill_offset=r + 128)
         keys = _keys(n, r, self.name)
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         tid = a.submit_store_task(keys, src)
         done: dict[int, Any] = {}
         while tid not in done:
             assert data.wait_eventfd(a.get_store_event_fd(), 60), f"{self.name}: store timed out"
             done.update(a.pop_completed_store_tasks())
-        t1 = time.perf_counter()
+        c1, t1 = time.process_time(), time.perf_counter()
         assert done[tid].is_successful(), f"{self.name}: store failed"
         tid = a.submit_load_task(keys, dst)
         bits = None
         while bits is None:
             assert data.wait_eventfd(a.get_load_event_fd(), 60), f"{self.name}: load timed out"
             bits = a.query_load_result(tid)
-        t2 = time.perf_counter()
+        c2, t2 = time.process_time(), time.perf_counter()
         nbytes = n * size
         self.store_mbps.append(nbytes / (t1 - t0) / 1e6)
         self.load_mbps.append(nbytes / (t2 - t1) / 1e6)
+        self.store_cpu.append((c1 - c0) / nbytes * 1e9)
+        self.load_cpu.append((c2 - c1) / nbytes * 1e9)
         ok = bits.popcount() == n and all(
             bytes(s.byte_array) == bytes(d.byte_array) for s, d in zip(src, dst, strict=True)
         )
@@ -144,8 +150,8 @@ def run(sizes_kib: list[int], keys: int, rounds: int, warmup: int, names: list[s
                         b.round(r)
                     if r < warmup:
                         for b in benches:
-                            b.store_mbps.clear()
-                            b.load_mbps.clear()
+                            for series in (b.store_mbps, b.load_mbps, b.store_cpu, b.load_cpu):
+                                series.clear()
             finally:
                 for b in benches:
                     b.close()
@@ -153,6 +159,8 @@ def run(sizes_kib: list[int], keys: int, rounds: int, warmup: int, names: list[s
                 b.name: {
                     "store_mbps": statistics.median(b.store_mbps),
                     "load_mbps": statistics.median(b.load_mbps),
+                    "store_cpu_s_per_gb": statistics.median(b.store_cpu),
+                    "load_cpu_s_per_gb": statistics.median(b.load_cpu),
                     "rounds_with_bad_bytes": b.bad,
                 }
                 for b in benches
@@ -166,14 +174,14 @@ def table(res: dict[str, Any], keys: int) -> str:
         f"load average before {res['load_before'][0]:.2f}, after {res['load_after'][0]:.2f} "
         f"({res['cpus']} CPUs); {keys} chunks per task; median MB/s",
         "",
-        "| chunk | adapter | store MB/s | load MB/s | bad rounds |",
-        "| --- | --- | ---: | ---: | ---: |",
+        "| chunk | adapter | store MB/s | load MB/s | store CPU s/GB | load CPU s/GB | bad rounds |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for kib, per in res["sizes"].items():
         for name, r in per.items():
             lines.append(
                 f"| {kib} KiB | {name} | {r['store_mbps']:.0f} | {r['load_mbps']:.0f} | "
-                f"{r['rounds_with_bad_bytes']} |"
+                f"{r['store_cpu_s_per_gb']:.2f} | {r['load_cpu_s_per_gb']:.2f} | {r['rounds_with_bad_bytes']} |"
             )
         own = {n: r for n, r in per.items() if n not in FSTIER}
         for fname in (n for n in FSTIER if n in per and own):
@@ -182,7 +190,7 @@ def table(res: dict[str, Any], keys: int) -> str:
             bl = max(r["load_mbps"] for r in own.values())
             lines.append(
                 f"| {kib} KiB | {fname} / best LMCache | {f['store_mbps'] / bs:.2f}x | "
-                f"{f['load_mbps'] / bl:.2f}x | |"
+                f"{f['load_mbps'] / bl:.2f}x | | | |"
             )
     return "\n".join(lines)
 

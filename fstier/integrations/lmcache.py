@@ -245,6 +245,7 @@ else:
             self._done_lookup: dict[int, Any] = {}
             self._done_load: dict[int, Any] = {}
             self._closed = False
+            self._efd_closed = False
             log.info("fstier: LMCache L2 adapter at %s", self.tier_config.root_dir)
 
         # -- event fds ----------------------------------------------------
@@ -258,8 +259,12 @@ else:
             return int(self._efd["load"].fileno())
 
         def _signal(self, kind: str) -> None:
-            """FsTier's ``on_finished``: wake LMCache's controller (only signals)."""
-            with contextlib.suppress(OSError, ValueError):  # closed meanwhile
+            """FsTier's ``on_finished``: wake LMCache's controller (only signals).
+            Never after close: the fd number may name another file by then (a
+            late I/O call returning after its tier closed still signals)."""
+            if self._efd_closed:
+                return
+            with contextlib.suppress(OSError, ValueError):
                 self._efd[kind].notify()
 
         # -- namespaces ---------------------------------------------------
@@ -543,6 +548,7 @@ else:
                     space.tier.close()
                 except Exception:
                     log.exception("fstier: closing %s failed", space.tier.mapper.namespace)
+            self._efd_closed = True
             for efd in self._efd.values():
                 with contextlib.suppress(OSError):
                     efd.close()

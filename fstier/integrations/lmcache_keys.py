@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from fstier.tier.scan import iter_namespace_dirs, iter_namespace_files, read_manifest
 from fstier.keys import BlockKey
 from fstier.tier.jobs import file_bytes
+from fstier.tier.scan import iter_namespace_dirs, iter_namespace_files, read_manifest
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig
