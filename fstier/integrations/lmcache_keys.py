@@ -12,7 +12,8 @@ for :class:`~fstier.integrations.lmcache.FstierL2Adapter`.
   operator): each key's file in every open namespace of its model,
   ``kv_rank`` and salt, through :meth:`~fstier.io.blockstore.BlockStore.remove`
   (one ``unlink`` per key: LMCache calls it from its eviction thread, never
-  on a store or load); the bytes leave the tier's shared usage count.
+  on a store or load); the shared usage count catches up at the capacity
+  thread's next pass.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from fstier.keys import BlockKey
-from fstier.tier.jobs import file_bytes
-from fstier.tier.scan import iter_namespace_dirs, iter_namespace_files, read_manifest
+from fstier.tier import scan
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig
@@ -33,13 +33,13 @@ __all__ = ["list_keys", "remove_keys"]
 
 def _lmcache_namespaces(tier: TierConfig, model_name: str | None) -> Iterable[tuple[Any, dict[str, Any]]]:
     try:
-        entries = sorted(iter_namespace_dirs(tier.root_dir))
+        entries = sorted(scan.iter_namespace_dirs(tier.root_dir))
     except OSError:
         return
     for path, is_dir in entries:
         if not is_dir:
             continue
-        manifest, _why = read_manifest(path)
+        manifest = scan.check_namespace(path).manifest
         if manifest is None:
             continue
         f = manifest.fields
@@ -65,13 +65,13 @@ def list_keys(tier: TierConfig, model_name: str | None, page_size: int, cursor: 
     found: list[tuple[str, Any]] = []
     for path, f in _lmcache_namespaces(tier, model_name):
         size = int(f.get("payload_bytes", 0))
-        for e in iter_namespace_files(path):
-            if e.kind != "block" or e.block_hex is None or e.group_idx is None or e.rank is None:
+        for e in scan.iter_namespace_files(path):
+            if e.kind != "block" or e.key is None or e.rank is None:
                 continue
             kv_rank = ObjectKey.ComputeKVRank(
                 int(f["kv_world_size"]), e.rank, int(f["kv_local_world_size"]), int(f["kv_local_rank"])
             )
-            key = EncodedObjectKey(e.block_hex, str(f["model"]), kv_rank, e.group_idx, str(f["cache_salt"]))
+            key = EncodedObjectKey(e.key.hex, str(f["model"]), kv_rank, e.key.group_idx, str(f["cache_salt"]))
             found.append((e.path, KeyEntry(key, size)))
     found.sort(key=lambda t: t[0])
     page = tuple(entry for _, entry in found[start : start + page_size])
@@ -94,7 +94,6 @@ def remove_keys(
             bkey = BlockKey(k.chunk_hash, int(k.object_group_id))
             if bkey.group_idx >= tier.mapper.num_groups or not tier.blocks.remove(bkey):
                 continue
-            tier.capacity.add(-file_bytes(sid.layout.nbytes))
             removed.append(make_key(k.chunk_hash, k.model_name, k.kv_rank, k.object_group_id, k.cache_salt))
             sizes.append(sid.layout.nbytes)
     return removed, sizes
