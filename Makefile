@@ -59,6 +59,7 @@ test: $(DEV_STAMP) $(VLLM_STAMP) $(VENV)/.fstier-native-built docs
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
 	if [ $$rc -ne 0 ]; then exit $$rc; fi; done
 	$(MAKE) test-sglang
+	$(MAKE) test-lmcache
 
 # The documentation site, strict: a warning (a broken link, a docstring
 # reference to a name that does not exist) fails the build.
@@ -156,6 +157,44 @@ bench-sglang: $(SGL_STAMP)
 
 clean-sglang:
 	rm -rf $(SGL_VENV)
+
+# ---- issue 32: LMCache L2 storage backend -----------------------------------
+# `make test-lmcache` builds .venv-lmcache, separate from .venv (LMCache 0.5.6's
+# own pins: numpy <= 2.2.6, opentelemetry <= 1.40): torch==2.13.0 first, then
+# requirements-lmcache.txt (LMCache, its raw_block I/O wheel and everything
+# its multiprocess server, storage manager and benchmarks import, every
+# version pinned) with --no-deps under a torch==2.13.0 constraint, then fstier
+# (editable, no deps); then it runs tests/lmcache with FSTIER_REQUIRE_LMCACHE=1,
+# so a broken LMCache install fails instead of skipping. DO_NOT_TRACK=1: no
+# usage report from LMCache. `make bench-lmcache` runs benchmarks/bench_lmcache.py.
+LMC_VENV ?= .venv-lmcache
+LMC_BIN := $(LMC_VENV)/bin
+LMC_STAMP := $(LMC_VENV)/.lmcache-installed
+LMC_PIP = PIP_CONSTRAINT=$(abspath $(LMC_VENV))/constraints.txt $(LMC_BIN)/python -m pip install --quiet
+
+.PHONY: install-lmcache test-lmcache bench-lmcache clean-lmcache
+
+$(LMC_STAMP): requirements-lmcache.txt pyproject.toml
+	test -x $(LMC_BIN)/python || $(PY) -m venv $(LMC_VENV)
+	$(LMC_BIN)/python -m pip install --quiet --upgrade pip
+	$(LMC_BIN)/python -m pip install --quiet torch==2.13.0
+	echo "torch==2.13.0" > $(LMC_VENV)/constraints.txt
+	$(LMC_PIP) --no-deps -r requirements-lmcache.txt
+	$(LMC_PIP) --no-deps -e .
+	DO_NOT_TRACK=1 $(LMC_BIN)/python -c "import lmcache.v1.distributed.storage_manager, fstier.integrations.lmcache"
+	touch $(LMC_STAMP)
+
+install-lmcache: $(LMC_STAMP)
+
+test-lmcache: $(LMC_STAMP)
+	DO_NOT_TRACK=1 FSTIER_REQUIRE_LMCACHE=1 $(LMC_BIN)/python -m pytest -q -p no:cacheprovider tests/lmcache; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+
+bench-lmcache: $(LMC_STAMP)
+	DO_NOT_TRACK=1 $(LMC_BIN)/python benchmarks/bench_lmcache.py
+
+clean-lmcache:
+	rm -rf $(LMC_VENV)
 
 # ---- issue 25: real shared filesystems (GlusterFS and MooseFS, two client
 # hosts in network namespaces). Needs root, /dev/fuse and apt; installs the

@@ -20,6 +20,7 @@ never blocks in it:
   ``hold_fenced_results=True`` (a provider that cannot stop the engine from
   reusing a slot it freed: an engine's own rows) :meth:`get_finished` holds
   back the result of a job holding a fenced slot until the slot is released.
+- ``on_finished(kind)`` signals that a "store"/"load" result waits in ``get_finished()``.
 - Capacity (:mod:`~fstier.tier.capacity`): with ``max_bytes``, a thread
   keeps the root under its high watermark by evicting LRU files.
 - ``take_events()``: :class:`BlockStored` / :class:`BlockRemoved`;
@@ -37,7 +38,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from fstier.clock import SYSTEM_CLOCK, Clock
@@ -93,6 +94,7 @@ class FsTier:
         mapper: FileMapper | None = None,
         *,
         hold_fenced_results: bool = False, clock: Clock = SYSTEM_CLOCK,
+        on_finished: Callable[[str], None] | None = None,
     ) -> None:
         if isinstance(config, FstierConfig) and mapper is None:
             self.config: FstierConfig | None = config
@@ -129,12 +131,14 @@ class FsTier:
         self._events: list[TierEvent] = []
         self._fences = Fences(pool, self._idle)
         self._closed = False
+        self._on_finished = on_finished
 
         # The parts (fstier.tier), each owning one concept.
         self._cache = LookupCache(tier.lookup_cache_ttl_s)
         self._breaker = Breaker(tier.breaker_failures, tier.breaker_cooldown_s, metrics, clock=clock)
         self._budget = WriteBudget(tier.max_write_queue_seconds, metrics, clock=clock)
-        self._io = IOPool(tier.read_threads, tier.write_threads, tier.io_timeout_s, clock=clock)
+        wake = None if on_finished is None else lambda k: on_finished("store" if k == "write" else "load")
+        self._io = IOPool(tier.read_threads, tier.write_threads, tier.io_timeout_s, clock=clock, on_complete=wake)
         self._io.on_late(self._fences.on_late)
         self._lookup = Lookup(
             self._cache, self.blocks, self.mapper.num_groups, tier.io_timeout_s,
@@ -215,6 +219,8 @@ class FsTier:
 
     def _finish_now_locked(self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str) -> None:
         self._finished.append(JobResult(job_id, kind, n == 0, 0, n, 0, 0.0, None if n == 0 else cause))
+        if self._on_finished is not None:  # refused at once: wake the caller too
+            self._on_finished(kind)
 
     def submit_store(self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]) -> None:
         """Queue the store of ``slots[i]`` as ``keys[i]``'s file. Never blocks;
@@ -408,11 +414,8 @@ class FsTier:
                 self._events.append(BlockRemoved(tuple(k for k, _ in removed), "cleared"))
         log.info("fstier: cleared %d block file(s) under %s", len(removed), self.mapper.blocks_dir)
         if errors:
-            raise StorageError(
-                f"clear: {len(errors)} file(s) under {self.mapper.blocks_dir} not removed, "
-                f"first: {errors[0]}",
-                errors[0].errno,
-            )
+            where = f"{len(errors)} file(s) under {self.mapper.blocks_dir}"
+            raise StorageError(f"clear: {where} not removed, first: {errors[0]}", errors[0].errno)
         return len(removed)
 
     # ------------------------------------------------------------------ close
@@ -435,8 +438,7 @@ class FsTier:
             self.capacity.close()
 
     def __del__(self) -> None:
-        # Threads are daemons; this only avoids leaking a private pool when
-        # a caller forgets close(). Never raise from a finalizer.
+        # Threads are daemons: this only names a forgotten close(). Never raise here.
         try:
             if not getattr(self, "_closed", True):
                 log.warning("fstier: FsTier garbage-collected without close()")
@@ -444,7 +446,5 @@ class FsTier:
             pass
 
     def __repr__(self) -> str:
-        return (
-            f"FsTier(root={str(self.mapper.root)!r}, namespace={self.mapper.namespace!r}, "
-            f"breaker={self._breaker.state})"
-        )
+        m = self.mapper
+        return f"FsTier(root={str(m.root)!r}, namespace={m.namespace!r}, breaker={self._breaker.state})"

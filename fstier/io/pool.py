@@ -24,6 +24,12 @@ the operations of one job are spread across threads and run in parallel.
   When the stuck call finally returns, its result is dropped and the
   ``on_late(job_id, op_index)`` callbacks fire, so the owner can release the
   buffer that the late call may still have been writing into.
+- ``on_complete(kind)`` (optional) is called as each job is published, with
+  the pool's lock held, so that a caller woken by it always finds the job in
+  :meth:`IOPool.get_finished`, and again (no lock held) after a timed-out
+  op's late return and its ``on_late`` callbacks, when an owner may release
+  a result it held back. It must only signal (an eventfd write, a
+  Condition's notify), never block or call back into the pool.
 """
 
 from __future__ import annotations
@@ -149,6 +155,7 @@ class IOPool:
         io_timeout_s: float | None = 30.0,
         *,
         on_late: LateCallback | None = None,
+        on_complete: Callable[[str], None] | None = None,
         name: str = "fstier-io",
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
@@ -178,6 +185,7 @@ class IOPool:
         self._workers: list[_Worker] = []
         self._finished: list[PoolJob] = []
         self._late_callbacks: list[LateCallback] = [on_late] if on_late else []
+        self._on_complete = on_complete
         self._active_jobs = 0
         self._stuck = 0
         self._timeouts = 0
@@ -325,6 +333,11 @@ class IOPool:
         self._active_jobs -= 1
         if self._active_jobs == 0:
             self._idle.notify_all()
+        if self._on_complete is not None:
+            try:
+                self._on_complete(job.kind)
+            except Exception:
+                log.exception("on_complete callback failed for job %r", job.job_id)
         return done
 
     def _next(self, worker: _Worker) -> tuple[_Job, int] | None:
@@ -394,6 +407,11 @@ class IOPool:
                         cb(job.job_id, index)
                     except Exception:
                         log.exception("on_late callback failed for job %r", job.job_id)
+                if self._on_complete is not None:
+                    try:
+                        self._on_complete(job.kind)
+                    except Exception:
+                        log.exception("on_complete callback failed for job %r", job.job_id)
                 return  # a replacement thread already serves the queues
 
     @staticmethod

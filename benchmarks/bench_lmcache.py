@@ -1,0 +1,219 @@
+"""Store and load throughput of LMCache L2 adapters on one harness:
+fstier (``FstierL2Adapter``, checksums on) against LMCache's own disk
+adapters ``fs``, ``fs_native`` and ``raw_block`` (a file-backed device), in
+one process, rounds interleaved so every adapter sees the same machine load.
+
+Each adapter is built by LMCache's own factory (``create_l2_adapter``) over
+an L1 buffer and memory objects made by LMCache's ``lmcache bench l2``
+helpers (``make_aligned_tensor``, ``make_memory_objects``,
+``create_l1_memory_desc``, ``wait_eventfd``); a round stores ``--keys``
+new chunks in one task, waits on the adapter's store eventfd, then loads
+them into other objects and waits on the load eventfd, and checks every
+byte. The keys are a real server's: one model, one ``kv_rank``, 32-byte
+chunk hashes. (``lmcache bench l2`` itself gives every key its own
+``kv_rank``, which fstier maps, as LMCache's keys say, to a namespace per
+key; that is why this harness makes its own keys.)
+
+    make bench-lmcache                      # 256 KiB and 2 MiB chunks
+    python benchmarks/bench_lmcache.py --sizes-kib 256 --rounds 9 --json out.json
+
+Prints one table: per size and adapter, the median MB/s of store and load
+(wall clock, from submit to the eventfd's result), the median process CPU
+seconds per GB moved (every thread of the process: a cost that machine load
+does not inflate), and fstier's ratio to the best of LMCache's adapters;
+the load average before and after is printed with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("LMCACHE_DISABLE_BANNER", "1")
+
+ADAPTERS = ("fstier", "fstier_buffered", "fs", "fs_native", "raw_block")
+#: fstier's variants: its defaults (``o_direct: auto``: direct I/O where the
+#: root allows it, so reads come from the device) and buffered I/O, the page
+#: cache regime LMCache's own adapters run in by default.
+FSTIER = {"fstier": {}, "fstier_buffered": {"o_direct": "off"}}
+ALIGN = 4096
+
+
+def _spec(name: str, work: Path, size: int, max_keys: int) -> dict[str, Any]:
+    d = work / name
+    if name in FSTIER:
+        d.mkdir()
+        return {
+            "type": "plugin", "module_path": "fstier.integrations.lmcache",
+            "class_name": "FstierL2Adapter",
+            "adapter_params": {"root_dir": str(d), "checksum": "xxh3", **FSTIER[name]},
+        }
+    if name in ("fs", "fs_native"):
+        d.mkdir()
+        return {"type": name, "base_path": str(d)}
+    if name == "raw_block":
+        slot = size + 4096  # one 4 KiB header per slot
+        dev = work / "raw_block.img"
+        with open(dev, "wb") as f:
+            f.truncate((64 << 20) + slot * (max_keys + 8))
+        return {"type": "raw_block", "device_path": str(dev), "slot_bytes": slot,
+                "meta_total_bytes": 16 << 20}
+    raise ValueError(f"unknown adapter {name!r}; choose from {', '.join(ADAPTERS)}")
+
+
+def _keys(n: int, round_no: int, salt: str) -> list[Any]:
+    from lmcache.v1.distributed.api import ObjectKey
+
+    rank = ObjectKey.ComputeKVRank(1, 0, 1, 0)
+    return [
+        ObjectKey(hashlib.blake2b(f"{salt}:{round_no}:{i}".encode(), digest_size=32).digest(),
+                  "bench/model", rank)
+        for i in range(n)
+    ]
+
+
+class Bench:
+    """One adapter with its L1 buffer: store and load rounds."""
+
+    def __init__(self, name: str, spec: dict[str, Any], size: int, keys: int) -> None:
+        from lmcache.cli.commands.bench.l2_adapter_bench import data
+        from lmcache.v1.distributed.l2_adapters import create_l2_adapter
+        from lmcache.v1.distributed.l2_adapters.config import get_l2_adapter_config_class
+
+        self.name, self.size, self.n, self.data = name, size, keys, data
+        self.buf = data.make_aligned_tensor(2 * keys * size, ALIGN)
+        cfg = get_l2_adapter_config_class(spec["type"]).from_dict(spec)
+        self.adapter = create_l2_adapter(cfg, l1_memory_desc=data.create_l1_memory_desc(self.buf, ALIGN))
+        self.store_mbps: list[float] = []
+        self.load_mbps: list[float] = []
+        self.store_cpu: list[float] = []  # process CPU seconds per GB (every thread)
+        self.load_cpu: list[float] = []
+        self.bad = 0
+
+    def round(self, r: int) -> None:
+        a, data, n, size = self.adapter, self.data, self.n, self.size
+        src = data.make_memory_objects(self.buf, n, size, 0, fill_offset=r)
+        dst = data.make_memory_objects(self.buf, n, size, n * size, fill_offset=r + 128)
+        keys = _keys(n, r, self.name)
+        c0, t0 = time.process_time(), time.perf_counter()
+        tid = a.submit_store_task(keys, src)
+        done: dict[int, Any] = {}
+        while tid not in done:
+            assert data.wait_eventfd(a.get_store_event_fd(), 60), f"{self.name}: store timed out"
+            done.update(a.pop_completed_store_tasks())
+        c1, t1 = time.process_time(), time.perf_counter()
+        assert done[tid].is_successful(), f"{self.name}: store failed"
+        tid = a.submit_load_task(keys, dst)
+        bits = None
+        while bits is None:
+            assert data.wait_eventfd(a.get_load_event_fd(), 60), f"{self.name}: load timed out"
+            bits = a.query_load_result(tid)
+        c2, t2 = time.process_time(), time.perf_counter()
+        nbytes = n * size
+        self.store_mbps.append(nbytes / (t1 - t0) / 1e6)
+        self.load_mbps.append(nbytes / (t2 - t1) / 1e6)
+        self.store_cpu.append((c1 - c0) / nbytes * 1e9)
+        self.load_cpu.append((c2 - c1) / nbytes * 1e9)
+        ok = bits.popcount() == n and all(
+            bytes(s.byte_array) == bytes(d.byte_array) for s, d in zip(src, dst, strict=True)
+        )
+        self.bad += 0 if ok else 1
+
+    def close(self) -> None:
+        self.adapter.close()
+
+
+def run(sizes_kib: list[int], keys: int, rounds: int, warmup: int, names: list[str], workdir: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"load_before": os.getloadavg(), "cpus": os.cpu_count(), "sizes": {}}
+    with tempfile.TemporaryDirectory(prefix="bench-lmcache-", dir=workdir) as tmp:
+        for kib in sizes_kib:
+            size = kib << 10
+            work = Path(tmp) / f"{kib}k"
+            work.mkdir()
+            total = keys * (rounds + warmup)
+            benches = [Bench(n, _spec(n, work, size, total), size, keys) for n in names]
+            order = list(benches)
+            try:
+                for r in range(warmup + rounds):
+                    random.Random(r).shuffle(order)
+                    for b in order:
+                        b.round(r)
+                    if r < warmup:
+                        for b in benches:
+                            for series in (b.store_mbps, b.load_mbps, b.store_cpu, b.load_cpu):
+                                series.clear()
+            finally:
+                for b in benches:
+                    b.close()
+            out["sizes"][kib] = {
+                b.name: {
+                    "store_mbps": statistics.median(b.store_mbps),
+                    "load_mbps": statistics.median(b.load_mbps),
+                    "store_cpu_s_per_gb": statistics.median(b.store_cpu),
+                    "load_cpu_s_per_gb": statistics.median(b.load_cpu),
+                    "rounds_with_bad_bytes": b.bad,
+                }
+                for b in benches
+            }
+    out["load_after"] = os.getloadavg()
+    return out
+
+
+def table(res: dict[str, Any], keys: int) -> str:
+    lines = [
+        f"load average before {res['load_before'][0]:.2f}, after {res['load_after'][0]:.2f} "
+        f"({res['cpus']} CPUs); {keys} chunks per task; median MB/s",
+        "",
+        "| chunk | adapter | store MB/s | load MB/s | store CPU s/GB | load CPU s/GB | bad rounds |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for kib, per in res["sizes"].items():
+        for name, r in per.items():
+            lines.append(
+                f"| {kib} KiB | {name} | {r['store_mbps']:.0f} | {r['load_mbps']:.0f} | "
+                f"{r['store_cpu_s_per_gb']:.2f} | {r['load_cpu_s_per_gb']:.2f} | {r['rounds_with_bad_bytes']} |"
+            )
+        own = {n: r for n, r in per.items() if n not in FSTIER}
+        for fname in (n for n in FSTIER if n in per and own):
+            f = per[fname]
+            bs = max(r["store_mbps"] for r in own.values())
+            bl = max(r["load_mbps"] for r in own.values())
+            lines.append(
+                f"| {kib} KiB | {fname} / best LMCache | {f['store_mbps'] / bs:.2f}x | "
+                f"{f['load_mbps'] / bl:.2f}x | | | |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes-kib", default="256,2048", help="chunk sizes in KiB (default 256,2048)")
+    p.add_argument("--keys", type=int, default=16, help="chunks per store/load task (default 16)")
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--adapters", default=",".join(ADAPTERS))
+    p.add_argument("--workdir", default=None, help="directory for the roots (default: the temp dir)")
+    p.add_argument("--json", default=None, help="also write the results here")
+    a = p.parse_args(argv)
+    res = run(
+        [int(x) for x in a.sizes_kib.split(",")], a.keys, a.rounds, a.warmup,
+        a.adapters.split(","), a.workdir,
+    )
+    print(table(res, a.keys))
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=2))
+    return 1 if any(r["rounds_with_bad_bytes"] for per in res["sizes"].values() for r in per.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,554 @@
+"""fstier as LMCache's L2 storage backend: ``FstierL2Adapter``.
+
+LMCache (0.5.x) keeps chunks in an L1 arena of shared memory and pushes them
+to L2 adapters; a third-party adapter is loaded by LMCache's own ``plugin``
+type::
+
+    lmcache server ... --l2-adapter '{"type": "plugin",
+        "module_path": "fstier.integrations.lmcache",
+        "class_name": "FstierL2Adapter",
+        "adapter_params": {"root_dir": "/mnt/kv", "max_bytes": "2TiB"}}'
+
+``adapter_params`` are fstier's options (docs/lmcache.md): ``root_dir``
+(required, here or in the YAML), ``config`` (an fstier YAML whose ``tier:``
+section gives defaults) and any ``tier`` field inline; anything else is a
+:class:`~fstier.errors.ConfigError` naming the key, raised when LMCache
+builds the adapter (``FstierL2AdapterConfig.from_dict``).
+
+How LMCache's world maps onto fstier (:mod:`fstier.integrations.lmcache_space`)
+    * One chunk is one block file, ``BlockKey(chunk_hash, group=object_group_id)``,
+      in the namespace of its model, ``kv_rank``, ``cache_salt`` and value
+      layout: one :class:`~fstier.manager.FsTier` per namespace, opened on
+      first use (at most :data:`MAX_SPACES`). A file of another layout is
+      never found; MLA files are shared across TP sizes because LMCache's
+      MLA ``kv_rank`` is; other files are rank-private.
+    * **Store / load**: the L1 objects are lent to FsTier in place
+      (:class:`~fstier.integrations.lmcache_space.LentSlots`); an LMCache
+      task is one FsTier job per namespace it touches, cut by FsTier into
+      one GIL-free native call per I/O thread. A load keeps FsTier's loaded
+      prefix per namespace: a missing, short, corrupt or foreign file fails
+      its chunk and every later chunk of that job (each load is checked:
+      size, header, key, namespace, checksum), so LMCache serves a shorter
+      prefix, never a wrong byte. A key LMCache's object does not describe
+      (a narrowed object, an unknown dtype, a group >= ``MAX_GROUPS``) fails.
+    * **Lookup and lock**: one ``FsTier.present`` batch per namespace,
+      answered at once; hits are touched (LRU recency), which is the lock: a
+      file evicted before its load is a load miss, served as a shorter
+      prefix. Unlock has nothing to release.
+    * **Completion**: FsTier signals each finished job
+      (``FsTier(on_finished=...)``) on LMCache's store or load eventfd; the
+      results are collected when LMCache asks (``pop_completed_store_tasks``,
+      ``query_load_result``), each returned once. No thread polls.
+    * **Capacity**: fstier's ``max_bytes`` and eviction; LMCache is told
+      what was stored (files this process wrote), accessed (loaded) and
+      deleted (evicted, corrupt, or :meth:`delete`) through its
+      ``_notify_keys_*`` calls, and ``max_bytes`` is the adapter's
+      ``max_capacity_bytes``.
+
+Importing :mod:`fstier` never imports LMCache; importing this module does.
+Without LMCache, or with a version outside :data:`SUPPORTED_LMCACHE`,
+constructing ``FstierL2Adapter`` raises :class:`LmcacheUnavailableError`.
+No LMCache call receives an exception from a task: failures are failed
+tasks and cleared bits (and log lines).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+from fstier.errors import ConfigError, FstierError
+from fstier.integrations._options import tier_config_from_engine_options
+from fstier.integrations.lmcache_keys import list_keys, remove_keys
+from fstier.integrations.lmcache_space import (
+    MAX_GROUPS,
+    Layout,
+    LentSlots,
+    SpaceId,
+    space_mapper,
+)
+from fstier.keys import BlockKey
+from fstier.tier.records import BlockRemoved, BlockStored
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fstier.config import TierConfig
+    from fstier.manager import FsTier, JobResult
+
+__all__ = [
+    "MAX_SPACES",
+    "SUPPORTED_LMCACHE",
+    "FstierL2Adapter",
+    "FstierL2AdapterConfig",
+    "LmcacheUnavailableError",
+    "check_lmcache",
+]
+
+log = logging.getLogger("fstier.lmcache")
+
+#: LMCache releases whose L2 adapter interface this module implements.
+SUPPORTED_LMCACHE = ("0.5",)
+#: Namespaces (model x kv_rank x cache_salt x layout) open at once in one
+#: adapter; each is one FsTier with its own I/O threads. Keys of a further
+#: namespace miss and are not stored (logged once).
+MAX_SPACES = 64
+_DOC = "docs/lmcache.md"
+
+
+class LmcacheUnavailableError(FstierError):
+    """LMCache is not installed, not importable, or of an unsupported version."""
+
+
+_IMPORT_ERROR: BaseException | None = None
+
+
+def check_lmcache() -> str:
+    """The installed LMCache version if ``FstierL2Adapter`` supports it,
+    else :class:`LmcacheUnavailableError` naming what is installed."""
+    try:
+        version = metadata.version("lmcache")
+    except metadata.PackageNotFoundError:
+        raise LmcacheUnavailableError(
+            "FstierL2Adapter needs LMCache (0.5.x); it is not installed: see docs/lmcache.md "
+            "for the CPU install (`make test-lmcache` builds .venv-lmcache)"
+        ) from None
+    if not version.startswith(tuple(v + "." for v in SUPPORTED_LMCACHE)):
+        raise LmcacheUnavailableError(
+            f"FstierL2Adapter supports LMCache {', '.join(v + '.x' for v in SUPPORTED_LMCACHE)}; "
+            f"{version} is installed"
+        )
+    if _IMPORT_ERROR is not None:
+        raise LmcacheUnavailableError(
+            f"LMCache {version} is installed but its L2 adapter modules do not import: {_IMPORT_ERROR}"
+        )
+    return version
+
+
+def tier_config_from_adapter_params(params: Any) -> TierConfig:
+    """The :class:`~fstier.config.TierConfig` of ``adapter_params``."""
+    if not isinstance(params, dict):
+        raise ConfigError(
+            f"FstierL2Adapter adapter_params: expected a JSON object such as "
+            f'{{"root_dir": "/mnt/kv"}}, got {type(params).__name__}; see {_DOC}'
+        )
+    return tier_config_from_engine_options(
+        params, who="FstierL2Adapter", engine="LMCache", engine_keys=(), aliases={}, doc=_DOC
+    )
+
+
+@dataclass(eq=False)
+class _Space:
+    """One open namespace: its id, tier and lent slots."""
+
+    sid: SpaceId
+    tier: FsTier
+    slots: LentSlots
+
+    def object_key(self, key: BlockKey, make: Any) -> Any:
+        s = self.sid
+        return make(key.block_hash, s.model_name, s.kv_rank, key.group_idx, s.cache_salt)
+
+
+@dataclass(eq=False)
+class _Task:
+    """One LMCache store or load task: its FsTier jobs (one per namespace)."""
+
+    kind: str
+    n: int
+    pending: int = 0
+    failed: bool = False
+    nbytes: int = 0
+    ok: list[int] = field(default_factory=list)
+    accessed: list[Any] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Part:
+    task_id: int
+    space: _Space
+    positions: list[int]
+    slots: list[int]
+    keys: list[Any]
+
+
+# ------------------------------------------------------------------ adapter
+try:
+    from lmcache.lmcache_native import Bitmap
+    from lmcache.v1.distributed.api import ObjectKey
+    from lmcache.v1.distributed.internal_api import L2StoreResult
+    from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
+    from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase
+    from lmcache.v1.platform import create_event_notifier
+except Exception as exc:  # LMCache missing or of another layout: fail at construction
+    _IMPORT_ERROR = exc
+
+    class FstierL2AdapterConfig:  # type: ignore[no-redef,unused-ignore]
+        """Placeholder: LMCache is missing or not importable."""
+
+        @classmethod
+        def from_dict(cls, d: dict[str, Any]) -> Any:
+            check_lmcache()
+            raise LmcacheUnavailableError(str(_IMPORT_ERROR))  # pragma: no cover
+
+    class FstierL2Adapter:  # type: ignore[no-redef,unused-ignore]
+        """Placeholder: LMCache is missing or not importable; constructing says so."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            check_lmcache()
+            raise LmcacheUnavailableError(str(_IMPORT_ERROR))  # pragma: no cover
+
+else:
+
+    class FstierL2AdapterConfig(L2AdapterConfigBase):  # type: ignore[no-redef,misc,unused-ignore]
+        """``adapter_params`` parsed (LMCache's plugin loader finds this class
+        by name and calls :meth:`from_dict`)."""
+
+        def __init__(self, tier: TierConfig) -> None:
+            self.tier = tier
+
+        @classmethod
+        def from_dict(cls, d: dict[str, Any]) -> FstierL2AdapterConfig:
+            check_lmcache()
+            return cls(tier_config_from_adapter_params(d))
+
+        @classmethod
+        def help(cls) -> str:
+            return (
+                "fstier L2 adapter (adapter_params): root_dir (required), config (an fstier "
+                "YAML with a tier: section), any fstier tier field (max_bytes, checksum, "
+                f"read_threads, write_threads, ...); see {_DOC}"
+            )
+
+    class FstierL2Adapter(L2AdapterInterface):  # type: ignore[no-redef,misc,unused-ignore]
+        """fstier as an LMCache L2 adapter (see the module docstring)."""
+
+        def __init__(self, config: Any, l1_memory_desc: Any = None) -> None:
+            check_lmcache()
+            if not isinstance(config, FstierL2AdapterConfig):
+                config = FstierL2AdapterConfig.from_dict(config)
+            self.tier_config: TierConfig = config.tier
+            super().__init__(max_capacity_bytes=config.tier.max_bytes or 0)
+            self._efd = {k: create_event_notifier() for k in ("store", "lookup", "load")}
+            self._spaces: dict[SpaceId, _Space] = {}
+            self._refused: set[SpaceId] = set()
+            self._spaces_lock = threading.Lock()
+            self._lock = threading.Lock()  # tasks, parts, results
+            self._collect_lock = threading.Lock()
+            self._ids = itertools.count()
+            self._tasks: dict[int, _Task] = {}
+            self._parts: dict[tuple[str, int, int], _Part] = {}
+            self._done_store: dict[int, Any] = {}
+            self._done_lookup: dict[int, Any] = {}
+            self._done_load: dict[int, Any] = {}
+            self._closed = False
+            self._efd_closed = False
+            log.info("fstier: LMCache L2 adapter at %s", self.tier_config.root_dir)
+
+        # -- event fds ----------------------------------------------------
+        def get_store_event_fd(self) -> int:
+            return int(self._efd["store"].fileno())
+
+        def get_lookup_and_lock_event_fd(self) -> int:
+            return int(self._efd["lookup"].fileno())
+
+        def get_load_event_fd(self) -> int:
+            return int(self._efd["load"].fileno())
+
+        def _signal(self, kind: str) -> None:
+            """FsTier's ``on_finished``: wake LMCache's controller (only signals).
+            Never after close: the fd number may name another file by then (a
+            late I/O call returning after its tier closed still signals)."""
+            if self._efd_closed:
+                return
+            with contextlib.suppress(OSError, ValueError):
+                self._efd[kind].notify()
+
+        # -- namespaces ---------------------------------------------------
+        def _space(self, key: Any, layout: Layout | None) -> _Space | None:
+            """The open namespace of ``key`` under ``layout`` (opened on first use)."""
+            if layout is None or not 0 <= int(key.object_group_id) < MAX_GROUPS:
+                return None
+            sid = SpaceId.of(key, layout)
+            space = self._spaces.get(sid)
+            if space is not None:
+                return space
+            with self._spaces_lock:
+                space = self._spaces.get(sid)
+                if space is not None or self._closed or sid in self._refused:
+                    return space
+                if len(self._spaces) >= MAX_SPACES:
+                    self._refused.add(sid)
+                    log.error(
+                        "fstier: LMCache namespace (%s, kv_rank %#x, salt %r, shapes %s) not "
+                        "opened: %d are open already (MAX_SPACES); its keys miss",
+                        sid.model_name, sid.kv_rank, sid.cache_salt, layout.shapes, MAX_SPACES,
+                    )
+                    return None
+                from fstier.manager import FsTier
+
+                slots = LentSlots(layout.nbytes)
+                try:
+                    mapper = space_mapper(sid, self.tier_config)
+                    tier = FsTier(
+                        self.tier_config, slots, mapper, hold_fenced_results=True,
+                        on_finished=self._signal,
+                    )
+                except Exception:
+                    self._refused.add(sid)
+                    log.exception("fstier: cannot open the LMCache namespace of %s", sid)
+                    return None
+                space = _Space(sid, tier, slots)
+                self._spaces[sid] = space
+                log.info(
+                    "fstier: LMCache namespace %s (%s, kv_rank %#x, %s, %d bytes per chunk)",
+                    mapper.namespace, sid.model_name, sid.kv_rank,
+                    "MLA" if layout.mla else "MHA", layout.nbytes,
+                )
+                return space
+
+        def _open_spaces(self) -> list[_Space]:
+            with self._spaces_lock:
+                return list(self._spaces.values())
+
+        # -- store / load ---------------------------------------------------
+        def _submit(self, kind: str, keys: list[Any], objects: list[Any]) -> int:
+            task_id = next(self._ids)
+            task = _Task(kind, len(keys), ok=[0] * len(keys))
+            with self._lock:
+                self._tasks[task_id] = task
+            parts: dict[_Space, list[int]] = {}
+            try:
+                if len(keys) != len(objects):
+                    raise ValueError(f"{len(keys)} keys but {len(objects)} objects")
+                for i, (k, o) in enumerate(zip(keys, objects, strict=True)):
+                    space = self._space(k, Layout.of_object(o))
+                    if space is None:
+                        task.failed = True
+                    else:
+                        parts.setdefault(space, []).append(i)
+            except Exception:
+                log.exception("fstier: LMCache %s task of %d key(s) refused", kind, len(keys))
+                task.failed, parts = True, {}
+            with self._lock:
+                task.pending = len(parts)
+            for n, (space, positions) in enumerate(parts.items()):
+                self._submit_part(kind, task_id, n, space, positions, keys, objects)
+            with self._lock:
+                done = task.pending == 0 and self._tasks.pop(task_id, None) is not None
+            if done:
+                self._finish(task_id, task)
+            return task_id
+
+        def _submit_part(
+            self, kind: str, task_id: int, n: int, space: _Space, positions: list[int],
+            keys: list[Any], objects: list[Any],
+        ) -> None:
+            job_id = (kind, task_id, n)
+            slots: list[int] | None = None
+            try:
+                bkeys = [BlockKey(keys[i].chunk_hash, keys[i].object_group_id) for i in positions]
+                slots = space.slots.lend([objects[i].byte_array for i in positions])
+                if slots is None:
+                    raise ValueError("an L1 object is not a writable buffer of its layout's size")
+                part = _Part(task_id, space, positions, slots, [keys[i] for i in positions])
+                with self._lock:
+                    self._parts[job_id] = part
+                if kind == "store":
+                    space.tier.submit_store(job_id, bkeys, slots)
+                else:
+                    space.tier.submit_load(job_id, bkeys, slots)
+            except Exception as exc:
+                log.error("fstier: LMCache %s of %d chunk(s) refused: %s", kind, len(positions), exc)
+                with self._lock:
+                    self._parts.pop(job_id, None)
+                    task = self._tasks[task_id]
+                    task.failed = True
+                    task.pending -= 1
+                if slots is not None:
+                    space.slots.release(slots)
+
+        def _collect(self) -> None:
+            """Take every tier's finished jobs and events; finish the tasks
+            they complete and tell LMCache what was stored or removed."""
+            stored: list[Any] = []
+            deleted: list[Any] = []
+            sizes_stored: list[int] = []
+            sizes_deleted: list[int] = []
+            finished: list[tuple[int, _Task]] = []
+            with self._collect_lock:
+                for space in self._open_spaces():
+                    try:
+                        results = space.tier.get_finished()
+                        events = space.tier.take_events()
+                    except Exception:
+                        log.exception("fstier: collecting LMCache results failed")
+                        continue
+                    for r in results:
+                        done = self._route(r)
+                        if done is not None:
+                            finished.append(done)
+                    size = space.sid.layout.nbytes
+                    for ev in events:
+                        okeys = [space.object_key(k, ObjectKey) for k in ev.keys]
+                        if isinstance(ev, BlockStored):
+                            stored += okeys
+                            sizes_stored += [size] * len(okeys)
+                        elif isinstance(ev, BlockRemoved):
+                            deleted += okeys
+                            sizes_deleted += [size] * len(okeys)
+            if stored:
+                self._notify_keys_stored(stored, sizes_stored)
+            if deleted:
+                self._notify_keys_deleted(deleted, sizes_deleted)
+            for task_id, task in finished:
+                self._finish(task_id, task)
+
+        def _route(self, r: JobResult) -> tuple[int, _Task] | None:
+            """Apply one FsTier result to its task; the task when it is complete."""
+            with self._lock:
+                part = self._parts.pop(r.job_id, None)  # type: ignore[call-overload]
+                if part is None:
+                    return None
+                task = self._tasks.get(part.task_id)
+                if task is None:
+                    return None
+                for j in range(r.keys_completed):
+                    task.ok[part.positions[j]] = 1
+                if task.kind == "load":
+                    task.accessed += part.keys[: r.keys_completed]
+                task.nbytes += r.nbytes
+                task.failed |= not r.success
+                task.pending -= 1
+                done = task.pending == 0
+                if done:
+                    del self._tasks[part.task_id]
+            part.space.slots.release(part.slots)
+            return (part.task_id, task) if done else None
+
+        def _finish(self, task_id: int, task: _Task) -> None:
+            """Publish a complete task's result and wake LMCache."""
+            if task.kind == "store":
+                with self._lock:
+                    self._done_store[task_id] = L2StoreResult(not task.failed, task.nbytes)
+                self._signal("store")
+                return
+            bits = Bitmap(task.n)
+            for i, ok in enumerate(task.ok):
+                if ok:
+                    bits.set(i)
+            with self._lock:
+                self._done_load[task_id] = bits
+            if task.accessed:
+                self._notify_keys_accessed(task.accessed)
+            self._signal("load")
+
+        def submit_store_task(self, keys: list[Any], objects: list[Any]) -> int:
+            return self._submit("store", keys, objects)
+
+        def pop_completed_store_tasks(self) -> dict[int, Any]:
+            self._collect()
+            with self._lock:
+                out, self._done_store = self._done_store, {}
+            return out
+
+        def submit_load_task(self, keys: list[Any], objects: list[Any]) -> int:
+            return self._submit("load", keys, objects)
+
+        def query_load_result(self, task_id: int) -> Any:
+            self._collect()
+            with self._lock:
+                return self._done_load.pop(task_id, None)
+
+        # -- lookup -------------------------------------------------------
+        def submit_lookup_and_lock_task(self, keys: list[Any], group_layout_descs: Any) -> int:
+            """Answered at once: one ``present`` batch per namespace; hits are
+            touched (the lock; see the module docstring)."""
+            task_id = next(self._ids)
+            bits = Bitmap(len(keys))
+            try:
+                layouts: dict[int, Layout | None] = {}
+                for gid, desc in dict(group_layout_descs or {}).items():
+                    layouts[int(gid)] = Layout.of(desc.shapes, desc.dtypes)
+                parts: dict[_Space, list[int]] = {}
+                for i, k in enumerate(keys):
+                    space = self._space(k, layouts.get(int(k.object_group_id)))
+                    if space is not None:
+                        parts.setdefault(space, []).append(i)
+                for space, positions in parts.items():
+                    bkeys = [BlockKey(keys[i].chunk_hash, keys[i].object_group_id) for i in positions]
+                    present = space.tier.present(bkeys)
+                    for i, hit in zip(positions, present, strict=True):
+                        if hit:
+                            bits.set(i)
+                    space.tier.touch([b for b, hit in zip(bkeys, present, strict=True) if hit])
+            except Exception:
+                log.exception("fstier: LMCache lookup of %d key(s) failed; they miss", len(keys))
+                bits = Bitmap(len(keys))
+            with self._lock:
+                self._done_lookup[task_id] = bits
+            self._signal("lookup")
+            return task_id
+
+        def query_lookup_and_lock_result(self, task_id: int) -> Any:
+            with self._lock:
+                return self._done_lookup.pop(task_id, None)
+
+        def submit_unlock(self, keys: list[Any]) -> None:
+            """Nothing to release: a lookup's lock is a recency touch."""
+
+        # -- delete, list, status, close --------------------------------------
+        def delete(self, keys: list[Any]) -> None:
+            """Remove ``keys``' files in every open namespace of their model,
+            rank and salt; LMCache is told of those removed."""
+            try:
+                with self._spaces_lock:
+                    spaces = [(s.sid, s.tier) for s in self._spaces.values()]
+                removed, sizes = remove_keys(keys, spaces, ObjectKey)
+            except Exception:
+                log.exception("fstier: LMCache delete of %d key(s) failed", len(keys))
+                return
+            if removed:
+                self._notify_keys_deleted(removed, sizes)
+
+        def list_l2_keys(
+            self, model_name: str | None = None, page_size: int = 500, cursor: str | None = None
+        ) -> Any:
+            return list_keys(self.tier_config, model_name, page_size, cursor)
+
+        def report_status(self) -> dict[str, Any]:
+            spaces = self._open_spaces()
+            degraded = [s.tier.mapper.namespace for s in spaces if s.tier.degraded]
+            usage = next((s.tier.usage_bytes for s in spaces if s.tier.usage_bytes is not None), None)
+            return {
+                "is_healthy": not self._closed and not degraded,
+                "type": "FstierL2Adapter",
+                "root_dir": str(self.tier_config.root_dir),
+                "namespaces": [s.tier.mapper.namespace for s in spaces],
+                "degraded_namespaces": degraded,
+                "io_path": spaces[0].tier.io_path.backend if spaces else None,
+                "checksum": self.tier_config.checksum,
+                "max_bytes": self.tier_config.max_bytes,
+                "usage_bytes": usage,
+                "tasks_in_flight": len(self._tasks),
+            }
+
+        def close(self) -> None:
+            """Finish in-flight jobs, close every tier and the event fds. Idempotent."""
+            with self._spaces_lock:
+                if self._closed:
+                    return
+                self._closed = True
+                spaces = list(self._spaces.values())
+            for space in spaces:
+                try:
+                    space.tier.close()
+                except Exception:
+                    log.exception("fstier: closing %s failed", space.tier.mapper.namespace)
+            self._efd_closed = True
+            for efd in self._efd.values():
+                with contextlib.suppress(OSError):
+                    efd.close()

@@ -1,0 +1,237 @@
+"""LMCache's keys and values in fstier's terms: which namespace a chunk's
+file lives in, what it is called, and the memory FsTier moves it through.
+
+* :class:`Layout`: a value's shapes and dtypes (from the L1 memory object
+  on store and load, from the lookup's ``group_layout_descs`` hint on a
+  lookup) and its byte size. MLA values are ``[layers, tokens, latent]``
+  (3-D), others ``[2, layers, tokens, hidden]``.
+* :class:`SpaceId`: everything of an ``ObjectKey`` but the chunk hash and
+  the object group, plus the layout. :func:`space_mapper` digests it into
+  one fstier namespace: the model name, ``kv_rank``'s world size, local
+  world size and local rank, the ``cache_salt``, the layout, fstier's
+  format version and the tier's ``namespace_salt``; the global rank is the
+  namespace's ``r<rank>`` segment. A file written under another layout (or
+  salt, or parallel layout) is therefore never found, let alone loaded at
+  the wrong size. LMCache's MLA ``kv_rank`` leaves tensor parallelism out
+  (its world size is pipeline x decode-context stages), so MLA files are
+  shared by every TP size exactly where LMCache's keys are; other models'
+  files are rank-private, as their keys are.
+* One chunk is one block file: ``BlockKey(chunk_hash, group=object_group_id)``
+  (groups 0..:data:`MAX_GROUPS` - 1; every group of a namespace has the
+  namespace's layout, so the same payload size).
+* :class:`LentSlots`: the :class:`~fstier.slots.SlotProvider` of one
+  namespace: LMCache's L1 objects are lent to FsTier for one job each,
+  in place (no copy), and given back when its result is taken.
+
+Importing this module imports neither LMCache nor torch. Costs: a
+:class:`SpaceId` is built once per key (a few attribute reads); a mapper
+once per namespace.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fstier.config import DTYPE_SIZES
+from fstier.file_mapper import FileMapper
+from fstier.io.blockfile import FORMAT_VERSION
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fstier.config import TierConfig
+
+__all__ = ["MAX_GROUPS", "Layout", "LentSlots", "SpaceId", "space_mapper", "split_kv_rank"]
+
+#: Object groups a namespace holds (``object_group_id`` 0..MAX_GROUPS-1);
+#: a key of a higher group is a miss and is never stored.
+MAX_GROUPS = 64
+
+
+def split_kv_rank(kv_rank: int) -> tuple[int, int, int, int]:
+    """LMCache's packed ``kv_rank`` (``ObjectKey.ComputeKVRank``) as
+    ``(world_size, global_rank, local_world_size, local_rank)``."""
+    return (kv_rank >> 24) & 0xFF, (kv_rank >> 16) & 0xFF, (kv_rank >> 8) & 0xFF, kv_rank & 0xFF
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A value's tensors: ``shapes`` and ``dtypes`` (torch names, e.g.
+    ``float16``), and ``nbytes``, their total size."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    nbytes: int
+
+    @classmethod
+    def of(cls, shapes: Sequence[Any], dtypes: Sequence[Any]) -> Layout | None:
+        """The layout of ``shapes`` / ``dtypes`` (torch sizes and dtypes or
+        their plain forms), or None when it is empty, inconsistent or has a
+        dtype fstier does not know."""
+        if not shapes or len(shapes) != len(dtypes):
+            return None
+        shp = tuple(tuple(int(d) for d in s) for s in shapes)
+        names = tuple(str(d).removeprefix("torch.") for d in dtypes)
+        if any(n not in DTYPE_SIZES for n in names) or any(not s or min(s) < 1 for s in shp):
+            return None
+        total = 0
+        for s, n in zip(shp, names, strict=True):
+            count = 1
+            for d in s:
+                count *= d
+            total += count * DTYPE_SIZES[n]
+        return cls(shp, names, total)
+
+    @classmethod
+    def of_object(cls, obj: Any) -> Layout | None:
+        """The layout of an LMCache memory object (its metadata's
+        ``shapes``/``dtypes``, else ``shape``/``dtype``), or None when it has
+        none or its size is not the layout's (a narrowed object)."""
+        try:
+            meta = obj.metadata
+            shapes = meta.shapes if meta.shapes else [meta.shape]
+            dtypes = meta.dtypes if meta.dtypes else [meta.dtype]
+            layout = cls.of(shapes, dtypes)
+            return layout if layout is not None and layout.nbytes == int(obj.get_size()) else None
+        except Exception:
+            return None
+
+    @property
+    def mla(self) -> bool:
+        """True for LMCache's MLA value (``[layers, tokens, latent]``)."""
+        return all(len(s) == 3 for s in self.shapes)
+
+
+@dataclass(frozen=True, slots=True)
+class SpaceId:
+    """One namespace: an ``ObjectKey`` without its chunk hash and group,
+    and the value layout."""
+
+    model_name: str
+    kv_rank: int
+    cache_salt: str
+    layout: Layout
+
+    @classmethod
+    def of(cls, key: Any, layout: Layout) -> SpaceId:
+        return cls(key.model_name, int(key.kv_rank), key.cache_salt, layout)
+
+
+def space_fields(space: SpaceId, namespace_salt: str) -> dict[str, Any]:
+    """The digested fields of ``space``'s namespace (see the module docstring)."""
+    ws, _rank, lws, lrank = split_kv_rank(space.kv_rank)
+    lay = space.layout
+    return {
+        "engine": "lmcache",
+        "model": space.model_name,
+        "kv_world_size": ws,
+        "kv_local_world_size": lws,
+        "kv_local_rank": lrank,
+        "cache_salt": space.cache_salt,
+        "shapes": [list(s) for s in lay.shapes],
+        "dtypes": list(lay.dtypes),
+        "mla": lay.mla,
+        "payload_bytes": lay.nbytes,
+        "format_version": FORMAT_VERSION,
+        "namespace_salt": namespace_salt,
+    }
+
+
+def space_mapper(space: SpaceId, tier: TierConfig) -> FileMapper:
+    """The :class:`FileMapper` of ``space`` under ``tier``'s root."""
+    return FileMapper.for_engine(
+        tier.root_dir,
+        space.model_name,
+        space_fields(space, tier.namespace_salt),
+        agnostic=False,
+        rank=split_kv_rank(space.kv_rank)[1],
+        payload_bytes=[space.layout.nbytes] * MAX_GROUPS,
+    )
+
+
+class LentSlots:
+    """A :class:`~fstier.slots.SlotProvider` over buffers lent one job at a
+    time: :meth:`lend` gives each buffer a slot index (an LMCache L1 object's
+    bytes, in place), :meth:`release` takes them back once the job's result
+    is in. A fenced slot (a timed-out call may still touch it) keeps its
+    buffer until :meth:`unfence`, and its index is not reused meanwhile.
+    One lock; costs one dict operation per slot."""
+
+    def __init__(self, slot_bytes: int, num_slots: int = 1 << 20) -> None:
+        if slot_bytes <= 0 or num_slots <= 0:
+            raise ValueError(f"LentSlots: need slot_bytes > 0 and num_slots > 0, got {slot_bytes}, {num_slots}")
+        self._slot_bytes = slot_bytes
+        self._num_slots = num_slots
+        self._views: dict[int, memoryview] = {}
+        self._fenced: set[int] = set()
+        self._orphans: set[int] = set()  # released while fenced
+        self._next = 0
+        self._lock = threading.Lock()
+
+    @property
+    def num_slots(self) -> int:
+        return self._num_slots
+
+    @property
+    def slot_bytes(self) -> int:
+        return self._slot_bytes
+
+    def lend(self, buffers: Sequence[memoryview]) -> list[int] | None:
+        """Slot indices for ``buffers`` (each writable, exactly
+        ``slot_bytes`` long), or None when one is not or all slots are lent."""
+        views: list[memoryview] = []
+        for b in buffers:
+            v = b if b.format == "B" and b.ndim == 1 else b.cast("B")
+            if len(v) != self._slot_bytes or v.readonly or not v.contiguous:
+                return None
+            views.append(v)
+        out: list[int] = []
+        with self._lock:
+            if len(self._views) + len(views) > self._num_slots:
+                return None
+            for v in views:
+                while self._next in self._views:
+                    self._next = (self._next + 1) % self._num_slots
+                self._views[self._next] = v
+                out.append(self._next)
+                self._next = (self._next + 1) % self._num_slots
+        return out
+
+    def release(self, slots: Sequence[int]) -> None:
+        """Take back ``slots`` (a fenced one is kept until it is unfenced)."""
+        with self._lock:
+            for s in slots:
+                if s in self._fenced:
+                    self._orphans.add(s)
+                else:
+                    self._views.pop(s, None)
+
+    def slot_view(self, i: int) -> memoryview:
+        with self._lock:
+            return self._views[i]
+
+    def check_slots(self, slots: Sequence[int]) -> None:
+        with self._lock:
+            for s in slots:
+                if s not in self._views:
+                    raise ValueError(f"slot {s!r} is not lent to the tier")
+                if s in self._fenced:
+                    raise ValueError(f"slot {s} is fenced: a timed-out I/O call may still touch it")
+
+    def fence(self, i: int) -> None:
+        with self._lock:
+            self._fenced.add(i)
+
+    def unfence(self, i: int) -> None:
+        with self._lock:
+            self._fenced.discard(i)
+            if i in self._orphans:
+                self._orphans.discard(i)
+                self._views.pop(i, None)
+
+    @property
+    def lent(self) -> int:
+        """Slots lent now (fenced ones included)."""
+        with self._lock:
+            return len(self._views)

@@ -1,0 +1,309 @@
+"""FstierL2Adapter in process, built by LMCache's own ``plugin`` loader and
+fed LMCache's real memory objects, keys and bitmaps: options, the whole
+interface (event fds, each result once), namespaces (layout, rank, MLA),
+delete, list, capacity.
+
+Without LMCache these tests skip, unless ``FSTIER_REQUIRE_LMCACHE=1`` (set by
+``make test-lmcache``), where a missing LMCache fails them.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("DO_NOT_TRACK", "1")
+if os.environ.get("FSTIER_REQUIRE_LMCACHE") == "1":
+    import lmcache.v1.distributed.l2_adapters.base  # noqa: F401  (fail loudly in CI)
+else:
+    pytest.importorskip(
+        "lmcache.v1.distributed.l2_adapters.base",
+        reason="LMCache not installed (make test-lmcache builds .venv-lmcache with it)",
+    )
+
+import torch  # noqa: E402
+from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey  # noqa: E402
+from lmcache.v1.distributed.l2_adapters.plugin_l2_adapter import (  # noqa: E402
+    PluginL2AdapterConfig,
+    _create_plugin_adapter,
+)
+from lmcache.v1.memory_allocators.tensor_memory_allocator import TensorMemoryAllocator  # noqa: E402
+
+from fstier.errors import ConfigError  # noqa: E402
+from fstier.integrations.lmcache import FstierL2Adapter  # noqa: E402
+
+SHAPE = (2, 4, 256, 64)  # [kv, layers, tokens, hidden]: 256 KiB in float16
+MLA_SHAPE = (4, 256, 128)  # [layers, tokens, latent]
+ARENA = torch.empty(64 << 20, dtype=torch.uint8)
+ALLOC = TensorMemoryAllocator(ARENA)
+
+
+def build(root: Path, **params: Any) -> Any:
+    """The adapter as LMCache's plugin loader builds it."""
+    spec = {
+        "type": "plugin", "module_path": "fstier.integrations.lmcache",
+        "class_name": "FstierL2Adapter", "adapter_params": {"root_dir": str(root), **params},
+    }
+    return _create_plugin_adapter(PluginL2AdapterConfig.from_dict(spec))
+
+
+class Listener:
+    def __init__(self) -> None:
+        self.stored: list[Any] = []
+        self.accessed: list[Any] = []
+        self.deleted: list[Any] = []
+
+    def on_l2_keys_stored(self, keys: list[Any], sizes: list[int]) -> None:
+        self.stored += keys
+
+    def on_l2_keys_accessed(self, keys: list[Any]) -> None:
+        self.accessed += keys
+
+    def on_l2_keys_deleted(self, keys: list[Any]) -> None:
+        self.deleted += keys
+
+
+@pytest.fixture
+def adapters() -> Any:
+    made: list[Any] = []
+
+    def make(root: Path, **params: Any) -> Any:
+        a = build(root, **params)
+        a.listener = Listener()
+        a.register_listener(a.listener)
+        made.append(a)
+        return a
+
+    yield make
+    for a in made:
+        a.close()
+
+
+def keys(n: int, seed: int = 0, kv_rank: int | None = None, salt: str = "", group: int = 0) -> list[Any]:
+    rank = ObjectKey.ComputeKVRank(1, 0, 1, 0) if kv_rank is None else kv_rank
+    return [
+        ObjectKey(bytes([seed, i]) * 16, "org/model", rank, group, salt) for i in range(n)
+    ]
+
+
+def objects(n: int, shape: tuple[int, ...] = SHAPE, seed: int | None = 0) -> list[Any]:
+    out = []
+    for i in range(n):
+        o = ALLOC.allocate(torch.Size(shape), torch.float16)
+        assert o is not None
+        if seed is None:
+            o.tensor.zero_()
+        else:
+            g = torch.Generator().manual_seed(seed * 1000 + i)
+            o.tensor.copy_(torch.randn(shape, generator=g).half())
+        out.append(o)
+    return out
+
+
+def free(objs: list[Any]) -> None:
+    for o in objs:
+        o.ref_count_down()
+
+
+def wait_fd(fd: int, timeout: float = 30.0) -> None:
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    assert p.poll(int(timeout * 1000)), "event fd was not signalled"
+    os.eventfd_read(fd)
+
+
+def store(a: Any, ks: list[Any], objs: list[Any]) -> Any:
+    tid = a.submit_store_task(ks, objs)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        wait_fd(a.get_store_event_fd())
+        done = a.pop_completed_store_tasks()
+        if tid in done:
+            return done[tid]
+    raise AssertionError("store task never completed")
+
+
+def lookup(a: Any, ks: list[Any], shape: tuple[int, ...] = SHAPE) -> list[int]:
+    desc = MemoryLayoutDesc([torch.Size(shape)], [torch.float16])
+    tid = a.submit_lookup_and_lock_task(ks, {0: desc})
+    wait_fd(a.get_lookup_and_lock_event_fd())
+    bits = a.query_lookup_and_lock_result(tid)
+    assert bits is not None
+    assert a.query_lookup_and_lock_result(tid) is None, "a lookup result came twice"
+    a.submit_unlock(ks)
+    return list(bits.get_indices_list())
+
+
+def load(a: Any, ks: list[Any], objs: list[Any]) -> list[int]:
+    tid = a.submit_load_task(ks, objs)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        wait_fd(a.get_load_event_fd())
+        bits = a.query_load_result(tid)
+        if bits is not None:
+            assert a.query_load_result(tid) is None, "a load result came twice"
+            return list(bits.get_indices_list())
+    raise AssertionError("load task never completed")
+
+
+def raw(o: Any) -> bytes:
+    return bytes(o.byte_array)
+
+
+# ------------------------------------------------------------------ options
+def test_options_are_checked_like_every_fstier_config(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'root_dir': required"):
+        build(tmp_path, root_dir=None)
+    with pytest.raises(ConfigError, match=r"tier\.read_threads"):
+        build(tmp_path, read_threads=0)
+    with pytest.raises(ConfigError, match="option 'blocksize': unknown.*docs/lmcache.md"):
+        build(tmp_path, blocksize=4096)
+    with pytest.raises(ConfigError, match=r"tier\.max_bytes"):
+        build(tmp_path, max_bytes="lots")
+
+
+def test_plugin_loader_builds_the_adapter_with_its_config_class(adapters: Any, tmp_path: Path) -> None:
+    a = adapters(tmp_path, max_bytes="1GiB", checksum="xxh3")
+    assert isinstance(a, FstierL2Adapter)
+    assert a.tier_config.max_bytes == 1 << 30
+    # max_bytes is LMCache's max_capacity_bytes: usage-driven eviction on.
+    assert a.supports_global_eviction and a.get_usage().total_capacity_bytes == 1 << 30
+    fds = {a.get_store_event_fd(), a.get_lookup_and_lock_event_fd(), a.get_load_event_fd()}
+    assert len(fds) == 3
+    st = a.report_status()
+    assert st["is_healthy"] is True and st["type"] == "FstierL2Adapter"
+
+
+# ---------------------------------------------------------------- round trip
+def test_store_lookup_load_round_trip_each_result_once(adapters: Any, tmp_path: Path) -> None:
+    a = adapters(tmp_path)
+    ks, src = keys(6), objects(6)
+    res = store(a, ks, src)
+    assert res.is_successful() and res.bytes_transferred() == 6 * src[0].get_size()
+    assert a.pop_completed_store_tasks() == {}, "a store result came twice"
+    assert sorted(k.chunk_hash for k in a.listener.stored) == sorted(k.chunk_hash for k in ks)
+
+    b = adapters(tmp_path)  # another adapter on the same root: a restart
+    assert lookup(b, ks) == list(range(6))
+    dst = objects(6, seed=None)
+    assert load(b, ks, dst) == list(range(6))
+    assert [raw(o) for o in dst] == [raw(o) for o in src]
+    assert len(b.listener.accessed) == 6
+    # Storing what is there already skips (no bytes written, still success).
+    again = store(b, ks, src)
+    assert again.is_successful() and again.bytes_transferred() == 0
+    free(src + dst)
+
+
+def test_a_corrupt_chunk_shortens_the_loaded_prefix(adapters: Any, tmp_path: Path) -> None:
+    a = adapters(tmp_path, lookup_cache_ttl_s=0)
+    ks, src = keys(4, seed=1), objects(4, seed=1)
+    assert store(a, ks, src).is_successful()
+    victim = next(tmp_path.glob(f"*/r0/*/{ks[2].chunk_hash.hex()}-g0.bin"))
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0x01
+    victim.write_bytes(bytes(data))
+    dst = objects(4, seed=None)
+    assert load(a, ks, dst) == [0, 1]
+    assert [raw(o) for o in dst[:2]] == [raw(o) for o in src[:2]]
+    # The corrupt file was proven bad and removed; LMCache is told.
+    assert not victim.exists()
+    assert lookup(a, ks) == [0, 1, 3]
+    a.pop_completed_store_tasks()  # collects the tier's events
+    assert [k.chunk_hash for k in a.listener.deleted] == [ks[2].chunk_hash]
+    free(src + dst)
+
+
+def test_another_layout_salt_or_rank_is_a_miss(adapters: Any, tmp_path: Path) -> None:
+    a = adapters(tmp_path)
+    ks, src = keys(3, seed=2), objects(3, seed=2)
+    assert store(a, ks, src).is_successful()
+    # The same bytes per chunk under another shape: another namespace.
+    assert lookup(a, ks, shape=(2, 4, 128, 128)) == []
+    other = objects(3, shape=(2, 4, 128, 128), seed=None)
+    assert load(a, ks, other) == []
+    assert all(not any(raw(o)) for o in other)
+    assert lookup(a, keys(3, seed=2, salt="tenant-b")) == []
+    assert lookup(a, keys(3, seed=2, kv_rank=ObjectKey.ComputeKVRank(2, 1, 2, 1))) == []
+    free(src + other)
+
+
+def test_mha_ranks_are_private_and_mla_is_shared_where_lmcache_keys_are(
+    adapters: Any, tmp_path: Path
+) -> None:
+    a = adapters(tmp_path)
+    r0, r1 = ObjectKey.ComputeKVRank(2, 0, 2, 0), ObjectKey.ComputeKVRank(2, 1, 2, 1)
+    src = objects(2, seed=3)
+    assert store(a, keys(2, seed=3, kv_rank=r0), src).is_successful()
+    assert store(a, keys(2, seed=3, kv_rank=r1), src).is_successful()
+    # Each rank's chunk is its own file, under its rank's subtree (the
+    # namespace digests kv_rank's sizes and local rank, exactly LMCache's key).
+    ranks = sorted(p.parent.parent.name for p in tmp_path.rglob("*.bin"))
+    assert ranks == ["r0", "r0", "r1", "r1"]
+    # MLA: LMCache's kv_rank leaves TP out, so every TP rank names the same
+    # chunk, and fstier serves it from the same file.
+    mla_rank = ObjectKey.ComputeKVRank(1, 0, 1, 0)
+    mla = objects(2, shape=MLA_SHAPE, seed=4)
+    assert store(a, keys(2, seed=4, kv_rank=mla_rank), mla).is_successful()
+    b = adapters(tmp_path)
+    dst = objects(2, shape=MLA_SHAPE, seed=None)
+    assert load(b, keys(2, seed=4, kv_rank=mla_rank), dst) == [0, 1]
+    assert [raw(o) for o in dst] == [raw(o) for o in mla]
+    manifests = [p.read_text() for p in tmp_path.glob("*/config.json")]
+    assert sum('"mla":true' in m.replace(" ", "") for m in manifests) == 1
+    free(src + mla + dst)
+
+
+# -------------------------------------------------------- delete, list, capacity
+def test_list_and_delete_keys(adapters: Any, tmp_path: Path) -> None:
+    a = adapters(tmp_path)
+    ks, src = keys(5, seed=5, salt="s1"), objects(5, seed=5)
+    assert store(a, ks, src).is_successful()
+    page = a.list_l2_keys(page_size=3)
+    assert len(page.entries) == 3 and page.next_page_token is not None
+    rest = a.list_l2_keys(page_size=3, cursor=page.next_page_token)
+    assert rest.next_page_token is None
+    listed = [e.key.to_object_key() for e in (*page.entries, *rest.entries)]
+    assert sorted(listed, key=lambda k: k.chunk_hash) == sorted(ks, key=lambda k: k.chunk_hash)
+    assert {e.size_bytes for e in page.entries} == {src[0].get_size()}
+    assert a.list_l2_keys(model_name="other/model").entries == ()
+    a.delete(ks[:2])
+    assert sorted(k.chunk_hash for k in a.listener.deleted) == sorted(k.chunk_hash for k in ks[:2])
+    assert len(a.list_l2_keys().entries) == 3
+    free(src)
+
+
+def test_fstier_eviction_under_max_bytes_is_reported_to_lmcache(adapters: Any, tmp_path: Path) -> None:
+    a = adapters(tmp_path, max_bytes="1MiB")
+    assert a.get_usage().total_capacity_bytes == 1 << 20
+    ks, src = keys(8, seed=6), objects(8, seed=6)  # 8 x 256 KiB: twice the cap
+    # A store the root cannot take now fails at once (cause "capacity", no
+    # blocking) and wakes the capacity thread; the chunk is offered again
+    # here, as LMCache would on its next write of it.
+    deadline = time.monotonic() + 60
+    for i in range(8):
+        while not store(a, ks[i : i + 1], src[i : i + 1]).is_successful():
+            assert time.monotonic() < deadline, f"chunk {i} never stored"
+            time.sleep(0.1)
+    # The capacity thread brings the root back under max_bytes; every file
+    # it removed is a deletion LMCache heard of.
+    def settled() -> bool:
+        a.pop_completed_store_tasks()  # collects the tiers' events
+        files = list(tmp_path.rglob("*.bin"))
+        return (
+            sum(f.stat().st_size for f in files) <= 1 << 20
+            and len(files) == 8 - len(a.listener.deleted)
+        )
+
+    while not settled():
+        assert time.monotonic() < deadline, "the root never settled under max_bytes"
+        time.sleep(0.05)
+    assert a.listener.deleted
+    left = len(list(tmp_path.rglob("*.bin")))
+    assert a.get_usage().total_bytes_used == left * src[0].get_size()
+    free(src)

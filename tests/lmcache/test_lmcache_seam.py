@@ -1,0 +1,189 @@
+"""What FstierL2Adapter stands on that needs no LMCache (runs in every
+venv): the completion signal (``FsTier(on_finished=...)``,
+``IOPool(on_complete=...)``) that lets an engine sleep on an eventfd instead
+of polling, the lent slots, the namespace rules, the options, and the
+error a user without LMCache gets."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fstier.config import TierConfig
+from fstier.errors import ConfigError
+from fstier.integrations.lmcache import LmcacheUnavailableError, tier_config_from_adapter_params
+from fstier.integrations.lmcache_space import Layout, LentSlots, SpaceId, space_mapper
+from fstier.io.pool import IOPool
+from fstier.keys import BlockKey
+from fstier.manager import FsTier
+
+
+def _have_lmcache() -> bool:
+    # The installed distribution, not find_spec: this folder (tests/lmcache)
+    # is itself an importable namespace package named lmcache.
+    try:
+        metadata.version("lmcache")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+HAVE_LMCACHE = _have_lmcache()
+
+
+class Signals:
+    """An ``on_finished`` that records kinds and wakes a waiter (only signals)."""
+
+    def __init__(self) -> None:
+        self.kinds: list[str] = []
+        self.cond = threading.Condition()
+
+    def __call__(self, kind: str) -> None:
+        with self.cond:
+            self.kinds.append(kind)
+            self.cond.notify_all()
+
+    def wait(self, kind: str, timeout: float = 30.0) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: kind in self.kinds, timeout), f"no {kind!r} signal"
+            self.kinds.remove(kind)
+
+
+def _tier(root: Path, sig: Signals, nbytes: int = 8192, **tier: object) -> tuple[FsTier, LentSlots]:
+    cfg = TierConfig(root_dir=root, **tier)  # type: ignore[arg-type]
+    layout = Layout.of([(2, nbytes // 4)], ["float16"])
+    assert layout is not None
+    slots = LentSlots(layout.nbytes)
+    mapper = space_mapper(SpaceId("m", 0x01000100, "", layout), cfg)
+    return FsTier(cfg, slots, mapper, hold_fenced_results=True, on_finished=sig), slots
+
+
+def test_a_finished_job_is_signalled_and_then_found_in_get_finished(tmp_path: Path) -> None:
+    """The signal comes once the result can be taken: a caller woken by it
+    never finds an empty get_finished() (no polling, no sleep)."""
+    sig = Signals()
+    tier, slots = _tier(tmp_path, sig)
+    try:
+        bufs = [np.full(8192, i, dtype=np.uint8) for i in range(4)]
+        keys = [BlockKey(bytes([i]) * 32) for i in range(4)]
+        ids = slots.lend([memoryview(b) for b in bufs])
+        assert ids is not None
+        tier.submit_store("s", keys, ids)
+        sig.wait("store")
+        (res,) = tier.get_finished()
+        assert res.job_id == "s" and res.success and res.keys_completed == 4
+        slots.release(ids)
+        out = [np.zeros(8192, dtype=np.uint8) for _ in range(4)]
+        ids = slots.lend([memoryview(b) for b in out])
+        assert ids is not None
+        tier.submit_load("l", keys, ids)
+        sig.wait("load")
+        (res,) = tier.get_finished()
+        assert res.job_id == "l" and res.keys_completed == 4
+        assert all((o == b).all() for o, b in zip(out, bufs, strict=True))
+        # A job refused at once is signalled too (here: nothing to do).
+        tier.submit_load("empty", [], [])
+        sig.wait("load")
+        assert [r.job_id for r in tier.get_finished()] == ["empty"]
+    finally:
+        tier.close()
+
+
+def test_iopool_on_complete_runs_once_the_job_is_published() -> None:
+    seen: list[tuple[str, int]] = []
+    pool: IOPool | None = None
+
+    def on_complete(kind: str) -> None:
+        assert pool is not None
+        # Called with the pool's lock held: only signal. The job is
+        # already published (checked after, from the waiter).
+        seen.append((kind, len(seen)))
+        done.set()
+
+    done = threading.Event()
+    pool = IOPool(1, 1, 5.0, on_complete=on_complete)
+    try:
+        pool.submit("j", "write", [lambda: 1])
+        assert done.wait(10)
+        assert [j.job_id for j in pool.get_finished()] == ["j"]
+        assert seen == [("write", 0)]
+    finally:
+        pool.shutdown()
+
+
+def test_lent_slots_lend_release_and_fence() -> None:
+    slots = LentSlots(16, num_slots=4)
+    a, b = bytearray(16), bytearray(16)
+    ids = slots.lend([memoryview(a), memoryview(b)])
+    assert ids == [0, 1] and slots.lent == 2
+    slots.check_slots(ids)
+    slots.slot_view(1)[:] = b"x" * 16
+    assert bytes(b) == b"x" * 16
+    assert slots.lend([memoryview(bytearray(8))]) is None  # wrong size
+    assert slots.lend([memoryview(bytes(16))]) is None  # read-only
+    slots.fence(0)
+    with pytest.raises(ValueError, match="fenced"):
+        slots.check_slots([0])
+    slots.release(ids)
+    assert slots.lent == 1  # the fenced slot keeps its buffer
+    assert slots.lend([memoryview(bytearray(16))] * 3) == [2, 3, 1]  # 0 is not reused
+    slots.unfence(0)
+    assert slots.lent == 3
+    with pytest.raises(ValueError, match="not lent"):
+        slots.check_slots([0])
+
+
+def test_namespaces_digest_layout_rank_and_salt(tmp_path: Path) -> None:
+    cfg = TierConfig(root_dir=tmp_path)
+    mha = Layout.of([(2, 4, 256, 64)], ["torch.float16"])
+    other = Layout.of([(2, 4, 128, 128)], ["float16"])
+    mla = Layout.of([(4, 256, 576)], ["bfloat16"])
+    assert mha is not None and other is not None and mla is not None
+    assert mha.nbytes == other.nbytes == 2 * 4 * 256 * 64 * 2 and not mha.mla and mla.mla
+    assert Layout.of([(2, 3)], ["complex64"]) is None and Layout.of([], []) is None
+
+    def ns(kv_rank: int, layout: Layout, salt: str = "") -> tuple[str, Path]:
+        m = space_mapper(SpaceId("org/m", kv_rank, salt, layout), cfg)
+        return m.namespace, m.blocks_dir
+
+    r0, r1 = 0x02000200, 0x02010201  # world 2: ranks 0 and 1
+    assert ns(r0, mha)[0] != ns(r0, other)[0]  # same bytes, another layout
+    assert ns(r0, mha)[0] != ns(r0, mha, "tenant")[0]
+    assert ns(r0, mha)[0] != ns(0x01000100, mha)[0]  # another world size
+    assert ns(r1, mha)[1].name == "r1" and ns(r0, mha)[1].name == "r0"
+
+
+def test_adapter_params_are_checked_by_field() -> None:
+    with pytest.raises(ConfigError, match="'root_dir': required"):
+        tier_config_from_adapter_params({})
+    with pytest.raises(ConfigError, match="expected a JSON object"):
+        tier_config_from_adapter_params(["/mnt/kv"])
+    with pytest.raises(ConfigError, match=r"tier\.checksum"):
+        tier_config_from_adapter_params({"root_dir": "/tmp", "checksum": "md5"})
+    cfg = tier_config_from_adapter_params({"root_dir": "/tmp", "max_bytes": "2GiB"})
+    assert cfg.max_bytes == 2 << 30
+
+
+def test_the_server_line_in_the_docs_builds_a_valid_config(tmp_path: Path) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "lmcache.md").read_text()
+    m = re.search(r"--l2-adapter '(\{.*?\})'\n", doc, re.S)
+    assert m is not None, "docs/lmcache.md shows no --l2-adapter line"
+    spec = json.loads(m.group(1))
+    assert spec["type"] == "plugin" and spec["class_name"] == "FstierL2Adapter"
+    assert spec["module_path"] == "fstier.integrations.lmcache"
+    params = {**spec["adapter_params"], "root_dir": str(tmp_path)}
+    assert tier_config_from_adapter_params(params).max_bytes == 2 << 40
+
+
+@pytest.mark.skipif(HAVE_LMCACHE, reason="LMCache is installed here")
+def test_without_lmcache_the_adapter_says_what_is_missing(tmp_path: Path) -> None:
+    from fstier.integrations.lmcache import FstierL2Adapter
+
+    with pytest.raises(LmcacheUnavailableError, match="needs LMCache .*not installed"):
+        FstierL2Adapter({"root_dir": str(tmp_path)})
