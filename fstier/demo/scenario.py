@@ -220,7 +220,7 @@ class DemoScenario:
         self.tiers: list[Any] = []
         cleanup.append(self.close)
         # First, while this process has one thread (start_forkserver's rule):
-        # HostBlockPool imports torch, which starts threads.
+        # torch, which the demo loads for its ranks, starts threads.
         start_forkserver()
         from fstier.slots.host_pool import HostBlockPool
 
