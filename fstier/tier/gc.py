@@ -43,11 +43,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from fstier.file_mapper import decode
 from fstier.io.fsops import unlink_if_same
 from fstier.io.heldtree import empty_held_dir, held_tree_size, open_held_dir, rmdir_if_same
 from fstier.io.tree import FileKind, TreeFile, check_namespace, iter_root
-from fstier.keys import BlockKey
 
 __all__ = [
     "DEFAULT_MAX_CANDIDATES",
@@ -57,8 +55,6 @@ __all__ = [
     "ForeignNamespace",
     "collect_garbage",
     "remove_foreign_namespaces",
-    "is_block_name",
-    "key_from_block_name",
     "scan_usage",
 ]
 
@@ -157,17 +153,6 @@ def _rmdir_held(root_fd: int, path: Path, fd: int, on_error: Callable[[OSError],
     if result == "replaced" and on_error is not None:
         on_error(OSError(errno.ESTALE, "replaced while it was removed; the new directory is left alone", str(path)))
     return result in ("removed", "gone")
-
-
-def is_block_name(name: str) -> bool:
-    """True for final block file names written by fstier (``<hex>-g<group>.bin``)."""
-    return decode(name) is not None
-
-
-def key_from_block_name(name: str) -> BlockKey | None:
-    """The key named by a block file name, or None for any other name
-    (:func:`fstier.file_mapper.decode`)."""
-    return decode(name)
 
 
 @dataclass(frozen=True, slots=True)
