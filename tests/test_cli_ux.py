@@ -465,7 +465,8 @@ def test_demo_says_its_root_was_temporary(monkeypatch: pytest.MonkeyPatch, tmp_p
     roots: list[Path] = []
 
     class FakeDemo:  # the real cases run in tests/test_demo.py; only the root matters here
-        def __init__(self, opts: Any, root: Path) -> None:
+        def __init__(self, opts: Any, root: Path, cleanup: list[Any]) -> None:
+            cleanup.append(self.close)  # as DemoScenario registers itself
             roots.append(root)
             self.report = demo_mod.DemoReport(root=str(root), layout="cross-layer")
             self.report.cases.append(demo_mod.CaseResult("share", "hit", "hit", 1, 1, True))
