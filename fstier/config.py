@@ -1,7 +1,8 @@
 """Typed configuration: the model, its parallel layout and the tier.
 
 Everything is a pydantic v2 model with ``extra="forbid"``; :func:`load_config`
-reads YAML with ``yaml.safe_load``. Every problem becomes one
+reads YAML through :mod:`fstier.config_file` (regular files only, never
+blocking, size, depth and integer limits). Every problem becomes one
 :class:`~fstier.errors.ConfigError` whose one-line message names the field
 path, the bad value and what is expected, e.g.
 ``tier.read_threads: must be >= 1, got 0``. Sizes accept units ("512MiB",
@@ -17,7 +18,6 @@ import stat
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from fstier.config_file import cut, read_config_text, shown, yaml_document
 from fstier.errors import ConfigError
 from fstier.units import parse_size
 
@@ -71,7 +72,7 @@ def _normalize_dtype(value: object) -> object:
         name = value.strip().removeprefix("torch.")
         name = _DTYPE_ALIASES.get(name, name)
         if name not in DTYPE_SIZES:
-            raise ValueError(f"unknown dtype {value!r}; expected one of {sorted(DTYPE_SIZES)}")
+            raise ValueError(f"unknown dtype {shown(value)}; expected one of {sorted(DTYPE_SIZES)}")
         return name
     return value
 
@@ -85,7 +86,7 @@ def _file_mode(value: object) -> object:
         try:
             return int(value, 8)
         except ValueError:
-            raise ValueError(f"expected an octal file mode such as '0644', got {value!r}") from None
+            raise ValueError(f"expected an octal file mode such as '0644', got {shown(value)}") from None
     return value
 
 
@@ -291,18 +292,18 @@ class TierConfig(BaseModel):
             return value  # created on first use
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise ValueError(f"{str(value)!r} is a symlink loop") from None
+                raise ValueError(f"{shown(str(value))} is a symlink loop") from None
             if exc.errno == errno.ENOTDIR:
                 # A file where a parent directory should be: FileMapper reports
                 # it as a StorageError naming tier.root_dir when it creates the
                 # namespace (tests/test_file_mapper.py), like any unwritable root.
                 return value
             raise ValueError(
-                f"cannot reach {str(value)!r}: {exc.strerror or exc}; "
+                f"cannot reach {shown(str(value))}: {exc.strerror or exc}; "
                 "choose a directory this user can enter, or fix the parents' permissions"
             ) from None
         if not stat.S_ISDIR(st.st_mode):
-            raise ValueError(f"must be a directory, but {str(value)!r} is a file")
+            raise ValueError(f"must be a directory, but {shown(str(value))} is a file")
         return value
 
     @field_validator("max_bytes", mode="after")
@@ -337,10 +338,11 @@ class FstierConfig(BaseModel):
 
 def format_validation_error(exc: ValidationError, source: str) -> str:
     """One line for a pydantic :class:`ValidationError`: each failed field as
-    ``<path>: <what is wrong>, got <value>``, prefixed by ``source``."""
+    ``<path>: <what is wrong>, got <value>``, prefixed by ``source``; keys
+    and values cut (:func:`fstier.config_file.shown`)."""
     parts = []
     for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"]) or "<top>"
+        path = ".".join(map(_key, err["loc"])) or "<top>"
         kind = err["type"]
         value = err.get("input")
         if kind == "extra_forbidden":
@@ -349,7 +351,7 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
         if kind == "missing":
             parts.append(f"{path}: required field is missing")
             continue
-        msg = str(err["msg"])
+        msg = cut(str(err["msg"]), 300)
         msg = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
         msg = (
             msg.replace("Input should be greater than or equal to", "must be >=")
@@ -359,11 +361,18 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
             .replace("Input should be", "must be")
         )
         if value is not None and not isinstance(value, dict | list) and "got " not in msg:
-            parts.append(f"{path}: {msg}, got {value!r}")
+            parts.append(f"{path}: {msg}, got {shown(value)}")
         else:
             parts.append(f"{path}: {msg}")
     prefix = f"{source}: " if source else ""
     return prefix + "; ".join(parts)
+
+
+def _key(part: object) -> str:
+    """One element of a field path (a long or odd key cut)."""
+    if isinstance(part, int) or (isinstance(part, str) and len(part) <= 64):
+        return str(part)
+    return shown(part, 32)
 
 
 def parse_config(data: Any, source: str = "") -> FstierConfig:
@@ -380,26 +389,6 @@ def parse_config(data: Any, source: str = "") -> FstierConfig:
 
 
 def load_config(path: str | os.PathLike[str]) -> FstierConfig:
-    """Read and validate a YAML config file. Raises :class:`ConfigError`."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file {str(p)!r}: not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {str(p)!r}: is a directory, expected a YAML file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config file {str(p)!r}: cannot read: {exc}") from None
-    return parse_config(yaml_document(text, p), source=str(p))
-
-
-def yaml_document(text: str, source: str | os.PathLike[str]) -> Any:
-    """Parse YAML ``text`` read from ``source``; a syntax error is one
-    :class:`ConfigError` naming the file, line and column."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{source}: invalid YAML{where}: {problem}") from None
+    """Read and validate a YAML config file (:mod:`fstier.config_file`'s
+    rules). Raises :class:`ConfigError`."""
+    return parse_config(yaml_document(read_config_text(path), path), source=str(path))

@@ -148,16 +148,33 @@ def test_permissions_for_real_as_nobody() -> None:
 
 
 # -- 2. Ctrl-C ----------------------------------------------------------------------------
+#: Run a Python child the way a terminal starts a command: SIGINT at its
+#: default disposition, whatever this process has. A background job (`nohup
+#: make test &`, many CI runners) inherits SIGINT *ignored*, Python keeps an
+#: inherited SIG_IGN, and the demo then rightly never saw the Ctrl-C (it ran
+#: to the end and exited 0: both test_ctrl_c_during_demo_* cases failed so).
+AS_FROM_A_TERMINAL = (
+    sys.executable, "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])",
+)
+
+
 def _interrupt_demo(tmp_path: Path, ready: str) -> tuple[subprocess.CompletedProcess[str], int]:
-    """Start ``fstier demo`` in its own process group (as a terminal would
-    run it), wait for ``ready``, then Ctrl-C the whole group."""
+    """Start ``fstier demo`` in its own process group as a terminal would
+    run it, from a parent that ignores SIGINT as a background job does, wait
+    for ``ready``, then Ctrl-C the whole group."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fstier.cli", "demo"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True, env=env, cwd=REPO,
-    )
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        proc = subprocess.Popen(
+            [*AS_FROM_A_TERMINAL, "-m", "fstier.cli", "demo"], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, start_new_session=True, env=env, cwd=REPO,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         roots = list(tmp.glob("fstier-demo-*"))
@@ -448,7 +465,8 @@ def test_demo_says_its_root_was_temporary(monkeypatch: pytest.MonkeyPatch, tmp_p
     roots: list[Path] = []
 
     class FakeDemo:  # the real cases run in tests/test_demo.py; only the root matters here
-        def __init__(self, opts: Any, root: Path) -> None:
+        def __init__(self, opts: Any, root: Path, cleanup: list[Any]) -> None:
+            cleanup.append(self.close)  # as DemoScenario registers itself
             roots.append(root)
             self.report = demo_mod.DemoReport(root=str(root), layout="cross-layer")
             self.report.cases.append(demo_mod.CaseResult("share", "hit", "hit", 1, 1, True))

@@ -4,7 +4,9 @@ ranks check against and the demo's exit codes."""
 
 from __future__ import annotations
 
+import glob
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -230,3 +232,114 @@ def test_the_demo_starts_its_forkserver_while_it_has_one_thread(tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr
     counts = [int(ln.rsplit(" ", 1)[1]) for ln in proc.stderr.splitlines() if ln.startswith("threads at start_forkserver:")]
     assert counts and counts[0] == 1, proc.stderr
+
+
+#: Run in a fresh interpreter: start the demo's forkserver with a Ctrl-C
+#: landing while multiprocessing spawns its Nth helper process (1: the
+#: resource tracker, 2: the server).
+_FORKSERVER_INTERRUPT_SCRIPT = """
+import os, signal, sys
+import multiprocessing.util as util
+from fstier.demo.processes import start_forkserver
+
+which, calls = int(sys.argv[1]), []
+real = util.spawnv_passfds
+def spawn(*args, **kwargs):
+    calls.append(args)
+    if len(calls) == which:
+        os.kill(os.getpid(), signal.SIGINT)
+    return real(*args, **kwargs)
+util.spawnv_passfds = spawn
+try:
+    start_forkserver()
+except KeyboardInterrupt:
+    print("interrupted after spawn", len(calls))
+else:
+    print("lost after spawn", len(calls))
+"""
+
+
+@pytest.mark.parametrize("which", [1, 2])
+def test_ctrl_c_while_the_forkserver_starts_is_never_lost(which: int) -> None:
+    """multiprocessing's resource tracker, started first, blocks SIGINT for
+    its spawn and then unblocks it: while start_forkserver had SIGINT
+    ignored, a Ctrl-C pending then (or arriving during the server's spawn)
+    was discarded and the demo ran on (before the fix: "lost" both times)."""
+    proc = subprocess.run([sys.executable, "-c", _FORKSERVER_INTERRUPT_SCRIPT, str(which)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "interrupted after spawn 2", proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
+#: Run ``fstier demo`` in a fresh interpreter with its cases replaced by a
+#: Ctrl-C delivered at an awkward instant: inside a finalizer (Python prints
+#: "Exception ignored" and goes on) or inside the cleanup.
+_AWKWARD_CTRL_C_SCRIPT = """
+import os, signal, sys
+import fstier.demo.scenario as scenario
+from fstier.demo.processes import RankProcesses
+
+where = sys.argv[1]
+
+def ctrl_c_here():
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(100000):  # the handler runs at the first check in here
+        pass
+
+class Victim:
+    def __del__(self):
+        ctrl_c_here()
+
+def run(self, status=None):
+    if where == "finalizer":
+        Victim()
+
+real_close = RankProcesses.close
+def close(self):
+    if where == "cleanup":
+        ctrl_c_here()
+    return real_close(self)
+
+scenario.DemoScenario.run = run
+RankProcesses.close = close
+from fstier.cli import main
+sys.argv = ["fstier", "demo"]
+main()
+"""
+
+
+@pytest.mark.parametrize("where", ["finalizer", "cleanup"])
+def test_ctrl_c_at_an_awkward_instant_still_exits_130(tmp_path: Path, where: str) -> None:
+    """Every Ctrl-C is counted before it is raised, and the count is checked
+    when the demo ends: one swallowed inside a finalizer, or one that landed
+    while the cleanup held it (the cleanup used to ignore SIGINT), still ends
+    the demo with exit 130, and the cleanup completes (before: exit 0)."""
+    from test_cli_ux import AS_FROM_A_TERMINAL
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    child = subprocess.Popen([*AS_FROM_A_TERMINAL, "-c", _AWKWARD_CTRL_C_SCRIPT, where], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    _, err = child.communicate(timeout=300)
+    assert child.returncode == 130, err
+    assert err.rstrip().splitlines()[-1] == "interrupted (Ctrl-C)", err
+    if where == "cleanup":
+        assert [ln for ln in err.splitlines() if ln.strip()] == ["interrupted (Ctrl-C)"], err
+    assert list(tmp_path.glob("fstier-demo-*")) == [], "the temporary root was left behind"
+    assert glob.glob(f"/dev/shm/fstier-{child.pid}-*") == [], "the shared pool segment outlived the demo"
+
+
+def test_an_inherited_sig_ign_is_kept() -> None:
+    """A demo started with SIGINT ignored (``nohup``, a background job) keeps
+    ignoring it: the recorder installs nothing and holds nothing."""
+    import signal
+
+    from fstier.demo import processes
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with processes.ctrl_c_recorded(), processes.sigint_deferred():
+            assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

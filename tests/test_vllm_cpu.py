@@ -208,6 +208,39 @@ def test_row_copier_refuses_jobs_that_do_not_add_up(
         copier.transfer(np.array([0, 1, 2]), sizes, firsts, np.array(chunks), to_cpu=True)
 
 
+@pytest.mark.parametrize(
+    ("blocks", "chunks", "words"),
+    [
+        ([0, -1, 2], [0, 1, 2], "engine block id -1 is outside 0..7"),
+        ([0, 1, 8], [0, 1, 2], "engine block id 8 is outside 0..7"),
+        ([0, 1, 2], [0, -8, 2], "chunk id -8 is outside 0..7"),
+        ([0, 1, 2], [0, 1, 9], "chunk id 9 is outside 0..7"),
+    ],
+)
+@pytest.mark.parametrize("to_cpu", [True, False])
+def test_row_copier_refuses_ids_outside_the_tensors(
+    blocks: list[int], chunks: list[int], words: str, to_cpu: bool
+) -> None:
+    """A negative id used to wrap (Python indexing) and copy another
+    block's bytes, and the job reported success; now the job fails and no
+    byte of it is copied (the good ids before the bad one included)."""
+    lay = Layout([128], num_blocks=8, num_chunks=8, bpc=1)
+    copier = RowCopier(lay.engine, lay.cpu, 1, [[GroupLayer(0, 128)]])
+    eng0, base0 = lay.snapshot()
+    with pytest.raises(ValueError, match=words):
+        copier.transfer(np.array(blocks), [3], [0], np.array(chunks), to_cpu=to_cpu)
+    assert torch.equal(lay.base, base0) and torch.equal(lay.engine[0], eng0[0])
+
+
+def test_row_copier_refuses_negative_sizes_and_block_indices() -> None:
+    lay = Layout([128], num_blocks=8, num_chunks=8, bpc=2)
+    copier = RowCopier(lay.engine, lay.cpu, 2, [[GroupLayer(0, 128)], [GroupLayer(0, 128)]])
+    with pytest.raises(ValueError, match="negative group size or block index"):
+        copier.transfer(np.array([0, 1]), [3, -1], [0, 0], np.array([0, 1]), to_cpu=True)
+    with pytest.raises(ValueError, match="negative group size or block index"):
+        copier.transfer(np.array([0, 1]), [2, 0], [-1, 0], np.array([0, 1]), to_cpu=True)
+
+
 def test_row_copier_refuses_a_layout_it_cannot_copy() -> None:
     lay = Layout([128], num_blocks=8, num_chunks=8, bpc=2)
     with pytest.raises(ValueError, match="expected page 128 x 1 blocks per chunk"):
@@ -298,6 +331,12 @@ def test_spec_loaded_by_vllm_gives_a_cpu_worker_that_fills_the_primary_rows(tmp_
             assert worker.submit_store(13, GPULoadStoreSpec([1, 2], [2], [0]), CPULoadStoreSpec([1]))
             (res,) = worker.get_finished()
             assert (res.job_id, res.success) == (13, False)
+            # a negative id fails the job; no row is written
+            before = rows.copy()
+            assert worker.submit_store(14, GPULoadStoreSpec([2, -1], [2], [0]), CPULoadStoreSpec([5, 6]))
+            assert worker.submit_load(15, CPULoadStoreSpec([5, -3]), GPULoadStoreSpec([2, 3], [2], [0]))
+            assert [(r.job_id, r.success) for r in worker.get_finished()] == [(14, False), (15, False)]
+            assert np.array_equal(rows, before)
             worker.shutdown()
             worker.shutdown()
         finally:

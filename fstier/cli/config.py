@@ -20,9 +20,7 @@ FILE (``-`` reads stdin) is one of three documents, told apart by shape:
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -30,6 +28,14 @@ import click
 from fstier.cli.exits import ReportFailed
 from fstier.cli.options import json_option
 from fstier.cli.output import emit_report, make_console
+from fstier.config_file import (
+    cut,
+    json_document,
+    read_config_stream,
+    read_config_text,
+    shown,
+    yaml_document,
+)
 from fstier.errors import ConfigError
 
 
@@ -39,29 +45,14 @@ def config_group() -> None:
 
 
 def _read_document(file: str) -> tuple[Any, str]:
-    """The parsed document of FILE (or stdin for ``-``) and its source name."""
-    from fstier.config import yaml_document
-
+    """The parsed document of FILE (or stdin for ``-``) and its source name,
+    read and parsed within :mod:`fstier.config_file`'s limits."""
     if file == "-":
-        text, source = sys.stdin.read(), "<stdin>"
+        text, source = read_config_stream(sys.stdin.buffer), "<stdin>"
     else:
-        p = Path(file)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"config file {file!r}: not found") from None
-        except IsADirectoryError:
-            raise ConfigError(f"config file {file!r}: is a directory, expected YAML or JSON") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"config file {file!r}: cannot read: {exc}") from None
-        source = file
+        text, source = read_config_text(file), cut(file, 256)
     if text.lstrip().startswith(("{", "[")):
-        try:
-            return json.loads(text), source
-        except json.JSONDecodeError as exc:
-            raise ConfigError(
-                f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-            ) from None
+        return json_document(text, source), source
     return yaml_document(text, source), source
 
 
@@ -91,7 +82,7 @@ def _tier_only(data: dict[str, Any], source: str) -> Any:
 
     unknown = sorted(str(k) for k in data if k not in ("tier", "model", "parallel"))
     if unknown:
-        raise ConfigError(f"{source}: {unknown[0]}: unknown section; expected tier, model, parallel")
+        raise ConfigError(f"{source}: {shown(unknown[0])}: unknown section; expected tier, model, parallel")
     try:
         return TierOnly.model_validate({"tier": data["tier"]}).tier
     except ValidationError as exc:
@@ -150,14 +141,14 @@ def vllm_tiers(data: Any, source: str) -> list[tuple[str, Any]]:
         if entry.get("module_path") != "fstier.integrations.vllm":
             raise ConfigError(
                 f"{label}: module_path: must be 'fstier.integrations.vllm' for type FstierTier, "
-                f"got {entry.get('module_path')!r} (vLLM would not find the tier)"
+                f"got {shown(entry.get('module_path'))} (vLLM would not find the tier)"
             )
         locality = entry.get("locality")
         if locality is not None and locality not in ("LOCAL", "REMOTE"):
-            raise ConfigError(f"{label}: locality: expected LOCAL or REMOTE, got {locality!r}")
+            raise ConfigError(f"{label}: locality: expected LOCAL or REMOTE, got {shown(locality)}")
         events = entry.get("enable_kv_events")
         if events is not None and not isinstance(events, bool):
-            raise ConfigError(f"{label}: enable_kv_events: expected true or false, got {events!r}")
+            raise ConfigError(f"{label}: enable_kv_events: expected true or false, got {shown(events)}")
         options = {k: v for k, v in entry.items() if k not in _ENTRY_KEYS}
         try:
             out.append((label, tier_config_from_options(options)))

@@ -14,6 +14,7 @@ from fstier.cli.exits import ReportFailed, RuntimeFailure
 from fstier.cli.options import json_option
 from fstier.cli.output import display, emit_report, fmt_size, make_console
 from fstier.config import load_config
+from fstier.demo.processes import ctrl_c_recorded
 from fstier.demo.scenario import CaseResult, DemoOptions, DemoReport, run_demo
 
 __all__ = ["CaseResult", "DemoOptions", "DemoReport", "demo_cmd", "run_demo"]
@@ -54,12 +55,15 @@ def demo_cmd(root: str | None, config_file: str | None, per_layer: bool, as_json
         per_layer=per_layer,
         progress=show_progress,
     )
-    report = run_demo(opts)
-    verdict = None if report.ok else "some outcomes differ from what is expected (see cases)"
-    if as_json:
-        emit_report(report.to_json(), verdict)
-    else:
-        _print_demo(report)
+    # The report is printed inside the recorder too: a Ctrl-C up to the
+    # last line still ends the command with exit 130 (demo.processes).
+    with ctrl_c_recorded():
+        report = run_demo(opts)
+        verdict = None if report.ok else "some outcomes differ from what is expected (see cases)"
+        if as_json:
+            emit_report(report.to_json(), verdict)
+        else:
+            _print_demo(report)
     if verdict is not None:
         # The table's last line (or the JSON document's ``error``) says it.
         raise ReportFailed(verdict, shown=True)

@@ -16,25 +16,32 @@ The checks, in order, each one line (``ok``, ``warn`` or ``fail``):
    root); a root owned by another UID is reported with the fix.
 
 Everything it creates is removed again, also when a check fails; it never
-touches anything else under the root. Cost: a handful of syscalls and one
+touches anything else under the root: the scratch directory has a name of
+its own (host, pid, random), is held by its fd from ``mkdir`` on, and only
+the files it made there, then the directory itself while it is still the
+one held, are removed. Cost: a handful of syscalls and one
 4 KiB file. No torch, numpy only through the O_DIRECT probe's I/O module.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
-import shutil
+import secrets
 import socket
 import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fstier.config import TierConfig
+from fstier.io.heldtree import open_held_dir, rmdir_if_same
 
 __all__ = ["RootCheck", "check_root"]
 
 _PAYLOAD = b"fstier root check\n".ljust(4096, b"\0")
+#: The files the write check makes in its scratch directory.
+_TMP, _FINAL = ".probe.tmp", "probe.bin"
 
 
 @dataclass(frozen=True)
@@ -72,12 +79,11 @@ def check_root(tier: TierConfig) -> list[RootCheck]:
         return out
     out.append(RootCheck("create", "ok", f"{root} {'exists' if existed else 'created'}"))
 
-    scratch = root / f".fstier-check.{socket.gethostname()}.{os.getpid()}"
     try:
-        failed = _write_check(root, scratch, tier, out)
-    finally:
-        with contextlib.suppress(OSError):
-            shutil.rmtree(scratch)
+        failed = _scratch_checks(root, tier, out)
+    except OSError as exc:
+        out.append(_write_failed(root, exc))
+        failed = True
     if failed:
         return out
     out.append(_space_check(root, tier))
@@ -85,38 +91,82 @@ def check_root(tier: TierConfig) -> list[RootCheck]:
     return out
 
 
-def _write_check(root: Path, scratch: Path, tier: TierConfig, out: list[RootCheck]) -> bool:
-    """Checks 2 and 3; True when the write check failed."""
+def _scratch_name() -> str:
+    """A name no one else uses: host, pid and 8 random hex digits."""
+    return f".fstier-check.{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}"
+
+
+def _write_failed(root: Path, exc: OSError) -> RootCheck:
+    return RootCheck(
+        "write", "fail",
+        f"tier.root_dir {str(root)!r}: cannot create, write, rename or remove a file under it "
+        f"({exc.strerror or exc}); fix its permissions (owner, mode, read-only or immutable "
+        "mount) or choose another root_dir",
+    )
+
+
+def _scratch_checks(root: Path, tier: TierConfig, out: list[RootCheck]) -> bool:
+    """Checks 2 and 3 in a scratch directory made here and held by its fd
+    from then on: every file is made, read and removed relative to that fd,
+    and only what this made is removed (names it made, then the directory
+    if it is still the one held and empty). An existing directory of the
+    same name is never touched (tests/test_held_removal.py)."""
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.mkdir(scratch, 0o755)
-        tmp, final = scratch / ".probe.tmp", scratch / "probe.bin"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        name = _scratch_name()
+        os.mkdir(name, 0o755, dir_fd=root_fd)  # EEXIST: someone else's; fails the check
+        held = open_held_dir(root_fd, name)
+        try:
+            with os.scandir(held) as it:
+                replaced = next(it, None) is not None
+            if replaced:
+                raise OSError(errno.EEXIST, "the scratch directory was replaced by another one", name)
+            return _write_check(root, held, tier, out)
+        finally:
+            for made in (_TMP, _FINAL):
+                with contextlib.suppress(OSError):
+                    os.unlink(made, dir_fd=held)
+            with contextlib.suppress(OSError):
+                rmdir_if_same(root_fd, name, held)
+            os.close(held)
+    finally:
+        os.close(root_fd)
+
+
+def _write_check(root: Path, held: int, tier: TierConfig, out: list[RootCheck]) -> bool:
+    """Checks 2 and 3 in the held scratch directory; True when the write
+    check failed."""
+    try:
+        fd = os.open(_TMP, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=held)
         try:
             os.write(fd, _PAYLOAD)
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.rename(tmp, final)
-        if final.read_bytes() != _PAYLOAD:
+        os.rename(_TMP, _FINAL, src_dir_fd=held, dst_dir_fd=held)
+        fd = os.open(_FINAL, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=held)
+        try:
+            back = os.read(fd, len(_PAYLOAD) + 1)
+        finally:
+            os.close(fd)
+        if back != _PAYLOAD:
             raise OSError(0, "the file read back differs from what was written")
-        os.unlink(final)
+        os.unlink(_FINAL, dir_fd=held)
     except OSError as exc:
-        out.append(RootCheck(
-            "write", "fail",
-            f"tier.root_dir {str(root)!r}: cannot create, write, rename or remove a file under it "
-            f"({exc.strerror or exc}); fix its permissions (owner, mode, read-only or immutable "
-            "mount) or choose another root_dir",
-        ))
+        out.append(_write_failed(root, exc))
         return True
     out.append(RootCheck("write", "ok", "created, wrote, synced, renamed, read back and removed a 4 KiB file"))
 
     from fstier.errors import DirectIOUnsupportedError
     from fstier.io import probe_o_direct
 
+    # The probe runs in the held directory (its /proc/self/fd link), not in
+    # whatever the scratch path names by now.
+    through = f"/proc/self/fd/{held}"
     try:
-        support = probe_o_direct(scratch, tier.o_direct)
+        support = probe_o_direct(through, tier.o_direct)
     except DirectIOUnsupportedError as exc:
-        out.append(RootCheck("o_direct", "fail", str(exc)))
+        out.append(RootCheck("o_direct", "fail", str(exc).replace(through, str(root))))
         return False
     if support.enabled or tier.o_direct == "off":
         out.append(RootCheck("o_direct", "ok", f"o_direct: {tier.o_direct}: {support.reason}"))

@@ -34,7 +34,6 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,8 +42,7 @@ from fstier.config import FstierConfig, ModelSpec, ParallelSpec, TierConfig
 from fstier.demo.processes import (
     DemoError,
     RankProcesses,
-    ignore_sigint,
-    restore_sigint,
+    ctrl_c_recorded,
     sigint_deferred,
     start_forkserver,
 )
@@ -215,7 +213,12 @@ class DemoScenario:
     every case into :attr:`report`, ``close()`` stops the rank processes and
     releases the pool (:func:`run_demo` drives it)."""
 
-    def __init__(self, opts: DemoOptions, root: Path) -> None:
+    def __init__(self, opts: DemoOptions, root: Path, cleanup: list[Any]) -> None:
+        # close() is registered before anything exists to close, so a Ctrl-C
+        # at any instant of construction leaves nothing behind (close()
+        # handles a half-built scenario).
+        self.tiers: list[Any] = []
+        cleanup.append(self.close)
         # First, while this process has one thread (start_forkserver's rule):
         # torch, which the demo loads for its ranks, starts threads.
         start_forkserver()
@@ -240,28 +243,25 @@ class DemoScenario:
             for g in range(len(m.groups))
         )
         self.pool = HostBlockPool(2 * self.num_files, slot_bytes)
-        try:
-            self.ranks = RankProcesses(NUM_RANKS)
-        except BaseException:  # Ctrl-C included: no /dev/shm segment may outlive us
-            self.pool.close()
-            raise
-        self.tiers: list[Any] = []
+        self.ranks = RankProcesses(NUM_RANKS)
         self._deps = 0
         self._rng = random.Random(1234)
 
     def close(self) -> None:
-        # A second Ctrl-C while cleaning up would interrupt it half-way and
-        # leave rank processes, temp files or the /dev/shm segment behind;
-        # cleanup takes seconds at most, so it is not interruptible.
-        previous = ignore_sigint()
-        try:
+        """Close the tiers, stop the ranks, release the pool: whatever of
+        them exists. Held (a Ctrl-C meanwhile is counted, not raised: one
+        arriving half-way would leave ranks, temp files or the /dev/shm
+        segment behind); idempotent."""
+        with sigint_deferred():
             for t in self.tiers:
                 with contextlib.suppress(Exception):
                     t.close()
-            self.ranks.close()
-            self.pool.close()
-        finally:
-            restore_sigint(previous)
+            self.tiers.clear()
+            ranks, pool = getattr(self, "ranks", None), getattr(self, "pool", None)
+            if ranks is not None:
+                ranks.close()
+            if pool is not None:
+                pool.close()
 
     # -- plumbing -----------------------------------------------------------------------
     def _config(self, model: ModelSpec, tp: int) -> FstierConfig:
@@ -521,46 +521,56 @@ class _LoadOutcome:
     cause: str | None
 
 
-@contextlib.contextmanager
-def _root_dir(root: Path | None, config: FstierConfig | None) -> Iterator[Path]:
-    if root is not None:
-        root.mkdir(parents=True, exist_ok=True)
-        yield root
-        return
-    if config is not None:
-        cfg_root = Path(config.tier.root_dir)
+def _root_dir(opts: DemoOptions, cleanup: list[Any]) -> Path:
+    """The demo's root; a temporary one is registered for removal the
+    moment it exists (held: no Ctrl-C between its mkdtemp and that)."""
+    if opts.root is not None:
+        opts.root.mkdir(parents=True, exist_ok=True)
+        return opts.root
+    if opts.config is not None:
+        cfg_root = Path(opts.config.tier.root_dir)
         cfg_root.mkdir(parents=True, exist_ok=True)
-        yield cfg_root
-        return
-    tmp = Path(tempfile.mkdtemp(prefix="fstier-demo-"))
-    try:
-        yield tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        return cfg_root
+    with sigint_deferred():
+        tmp = Path(tempfile.mkdtemp(prefix="fstier-demo-"))
+        cleanup.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
+    return tmp
 
 
 def run_demo(opts: DemoOptions) -> DemoReport:
-    """Run every case; the report says whether each outcome matched."""
+    """Run every case; the report says whether each outcome matched. A
+    Ctrl-C at any instant raises KeyboardInterrupt once everything it made
+    is gone (fstier.demo.processes' Ctrl-C rules)."""
     if opts.config is not None:
         _check_demo_model(opts.config.model)
     t0 = time.perf_counter()
-    start_forkserver()  # before any thread (the progress display runs one)
-    with _root_dir(opts.root, opts.config) as root:
-        status: Any = None
-        if opts.progress:
-            from rich.console import Console
-
-            status = Console(stderr=True).status("fstier demo: starting 4 rank processes...")
-            status.start()
+    with ctrl_c_recorded():
+        start_forkserver()  # before any thread (the progress display runs one)
+        # What to undo, last first. The cleanup below is inline in the
+        # finally, inside a try: a Ctrl-C at its first instruction is caught
+        # there and the cleanup runs again (each step is idempotent, held).
+        cleanup: list[Any] = []
         try:
-            demo = DemoScenario(opts, root)
-            try:
-                demo.run(status)
-            finally:
-                demo.close()
+            root = _root_dir(opts, cleanup)
+            status: Any = None
+            if opts.progress:
+                from rich.console import Console
+
+                with sigint_deferred():
+                    status = Console(stderr=True).status("fstier demo: starting 4 rank processes...")
+                    status.start()
+                    cleanup.append(status.stop)
+            demo = DemoScenario(opts, root, cleanup)
+            demo.run(status)
         finally:
-            if status is not None:
-                status.stop()
+            while cleanup:
+                try:
+                    with sigint_deferred():
+                        while cleanup:
+                            cleanup[-1]()
+                            cleanup.pop()
+                except KeyboardInterrupt:
+                    pass  # counted: ctrl_c_recorded raises it again
         demo.report.seconds = time.perf_counter() - t0
         demo.report.root_temporary = opts.root is None and opts.config is None
         return demo.report

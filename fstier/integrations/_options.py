@@ -19,7 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from fstier.config import TierConfig, format_validation_error, yaml_document
+from fstier.config import TierConfig, format_validation_error
+from fstier.config_file import read_config_text, shown, yaml_document
 from fstier.errors import ConfigError
 
 __all__ = ["tier_config_from_engine_options"]
@@ -40,16 +41,10 @@ class _TierOnly(BaseModel):
 def _yaml_tier_section(path: object, who: str, engine: str) -> dict[str, Any]:
     if not isinstance(path, str | Path):
         raise ConfigError(
-            f"{who} option 'config': expected a path to an fstier YAML file, got {path!r}"
+            f"{who} option 'config': expected a path to an fstier YAML file, got {shown(path)}"
         )
     p = Path(path).expanduser()
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{who} option 'config': {str(p)!r} not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{who} option 'config': cannot read {str(p)!r}: {exc}") from None
-    data = yaml_document(text, p)
+    data = yaml_document(read_config_text(p, f"{who} option 'config':"), p)
     if not isinstance(data, dict) or not isinstance(data.get("tier"), dict):
         raise ConfigError(
             f"{p}: {who} reads the file's 'tier:' mapping ({engine} supplies the model and "
@@ -58,7 +53,7 @@ def _yaml_tier_section(path: object, who: str, engine: str) -> dict[str, Any]:
     unknown = sorted(str(k) for k in data if k not in _YAML_SECTIONS)
     if unknown:
         raise ConfigError(
-            f"{p}: {unknown[0]}: unknown section; expected tier (model and parallel are "
+            f"{p}: {shown(unknown[0])}: unknown section; expected tier (model and parallel are "
             f"ignored under {engine})"
         )
     ignored = sorted(k for k in data if k != "tier")
@@ -94,7 +89,7 @@ def tier_config_from_engine_options(
         key = aliases.get(key, key)
         if key not in fields:
             raise ConfigError(
-                f"{who} option {raw_key!r}: unknown; expected root_dir, config, a tier "
+                f"{who} option {shown(raw_key)}: unknown; expected root_dir, config, a tier "
                 f"field ({', '.join(sorted(f for f in fields if f != 'root_dir'))}) or one of "
                 f"{engine}'s keys ({', '.join(sorted({*engine_keys, *aliases}))}); see {doc}"
             )

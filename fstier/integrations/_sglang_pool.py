@@ -15,8 +15,8 @@ what their files are called.
   size, storage format tag, tp/pp/attention-cp sizes, fstier's format
   version and the salt; the rank segment is the tp, attention-cp and pp rank
   together unless the KV is rank-replicated.
-* :func:`page_hash`: SGLang's page key (64 hex digits, else any string,
-  named by its SHA-256) as a :class:`~fstier.keys.BlockKey` hash.
+* :func:`page_hash`: SGLang's page key (exactly 64 lowercase hex digits;
+  anything else is no page) as a :class:`~fstier.keys.BlockKey` hash.
 
 Importing this module imports neither SGLang nor torch (torch is imported
 when a pool is measured).
@@ -24,7 +24,7 @@ when a pool is measured).
 
 from __future__ import annotations
 
-import hashlib
+import re
 from typing import TYPE_CHECKING, Any
 
 from fstier.errors import ConfigError
@@ -41,17 +41,20 @@ __all__ = ["SUPPORTED_LAYOUTS", "PoolGeometry", "page_hash", "pool_mapper"]
 SUPPORTED_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 
 
+#: SGLang's page key: a SHA-256 as 64 lowercase hex digits, exactly.
+_PAGE_KEY = re.compile(r"[0-9a-f]{64}")
+
+
 def page_hash(key: object) -> bytes | None:
-    """SGLang's page key as a BlockKey hash: its 64 hex digits as bytes; any
-    other string is named by its SHA-256. None for a non-string."""
-    if not isinstance(key, str):
-        return None
-    if len(key) == 64:
-        try:
-            return bytes.fromhex(key)
-        except ValueError:
-            pass
-    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+    """SGLang's page key as a BlockKey hash: the 32 bytes its 64 lowercase
+    hex digits spell; None for anything else (a miss, never another page's
+    file). Strict on purpose: ``bytes.fromhex`` also takes upper case and
+    skips whitespace, so ``"AB.."`` or a key with a space in it named the
+    file of another key and loaded that page's bytes as its own
+    (tests/sglang/test_sglang_backend.py::test_keys_name_files_exactly)."""
+    if isinstance(key, str) and _PAGE_KEY.fullmatch(key):
+        return bytes.fromhex(key)
+    return None
 
 
 class PoolGeometry:

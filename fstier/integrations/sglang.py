@@ -66,6 +66,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from fstier.config_file import shown
 from fstier.errors import ConfigError, KeyFormatError
 from fstier.file_mapper import FileMapper
 from fstier.integrations._blocking import BlockingJobs
@@ -279,12 +280,17 @@ else:
             return self.fstier
 
         def _keys_of(self, keys: Sequence[Any]) -> list[bytes]:
-            """Page hashes of ``keys`` up to the first one fstier cannot name."""
+            """Page hashes of ``keys`` up to the first one that is not a page
+            key (:func:`page_hash`): that page and the pages after it miss,
+            the pages before it are served."""
             out: list[bytes] = []
             for k in keys:
                 h = page_hash(k)
                 if h is None:
-                    log.warning("fstier: SGLang key %r is not a string; it and later pages fail", k)
+                    log.warning(
+                        "fstier: SGLang key %s is not a page key (64 lowercase hex digits); it "
+                        "and the %d page(s) after it miss", shown(k), len(keys) - len(out) - 1,
+                    )
                     break
                 out.append(h)
             return out

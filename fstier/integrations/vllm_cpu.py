@@ -41,8 +41,11 @@ Invariants and costs
       verdict (tp left out of a tier's namespace) does not hold for the CPU
       backend's rows, so on CPU the spec withdraws it before any tier sees
       the config: tp=2 and tp=1 never share files (they would load wrong KV).
-    * **Failures are job failures.** A copy that raises fails its job
-      (``success=False``); the engine never receives the exception. A layout
+    * **Failures are job failures.** A job is checked whole before a byte
+      is copied (its sizes add up, every block and chunk id lies inside the
+      tensors: a negative id never wraps to another block); a bad job, or a
+      copy that raises, fails (``success=False``); the engine never receives
+      the exception. A layout
       this worker cannot copy (vLLM's ``canonical_layout``, page sizes that
       do not match the primary rows) is refused at start-up, loudly.
 
@@ -176,6 +179,13 @@ class RowCopier:
         self.cpu = list(cpu)
         self.blocks_per_chunk = blocks_per_chunk
         self.groups = [list(g) for g in groups]
+        #: per group, how many engine blocks and primary chunks every one of
+        #: its tensors has: the bounds every id of a job is checked against
+        self._limits = [
+            (min((int(engine[x.tensor_idx].shape[0]) for x in layers), default=0),
+             min((int(cpu[x.tensor_idx].shape[0]) for x in layers), default=0))
+            for layers in self.groups
+        ]
 
     def transfer(
         self,
@@ -186,24 +196,44 @@ class RowCopier:
         to_cpu: bool,
     ) -> int:
         """Copy one job (engine -> rows if ``to_cpu``, else rows -> engine);
-        returns the bytes copied. Raises ValueError for specs that do not add
-        up (the worker turns it into a failed job)."""
+        returns the bytes copied. The whole job is checked before a byte is
+        copied: specs that do not add up and ids outside the tensors (a
+        negative id would wrap to another block) raise ValueError, and the
+        worker turns it into a failed job
+        (tests/test_vllm_cpu.py::test_row_copier_refuses_ids_outside_the_tensors)."""
+        nbytes = 0
+        for g, runs in self._plan(engine_blocks, group_sizes, block_indices, chunk_ids):
+            for layer in self.groups[g]:
+                for run in runs:
+                    nbytes += self._copy_run(layer, run, to_cpu)
+        return nbytes
+
+    def _plan(
+        self,
+        engine_blocks: np.ndarray,
+        group_sizes: Sequence[int],
+        block_indices: Sequence[int],
+        chunk_ids: np.ndarray,
+    ) -> list[tuple[int, list[Run]]]:
+        """Each group's runs, every id checked (see :meth:`transfer`)."""
         bpc = self.blocks_per_chunk
-        engine_blocks = np.asarray(engine_blocks, dtype=np.int64)
-        chunk_ids = np.asarray(chunk_ids, dtype=np.int64)
+        engine_blocks = np.asarray(engine_blocks, dtype=np.int64).reshape(-1)
+        chunk_ids = np.asarray(chunk_ids, dtype=np.int64).reshape(-1)
         if len(group_sizes) != len(self.groups) or len(block_indices) != len(self.groups):
             raise ValueError(
                 f"job names {len(group_sizes)} group sizes and {len(block_indices)} block "
                 f"indices for {len(self.groups)} KV cache groups"
             )
+        if any(int(n) < 0 for n in group_sizes) or any(int(f) < 0 for f in block_indices):
+            raise ValueError(f"negative group size or block index in {list(group_sizes)} / {list(block_indices)}")
         if sum(group_sizes) != len(engine_blocks):
             raise ValueError(
                 f"group sizes add up to {sum(group_sizes)}, but the job has "
                 f"{len(engine_blocks)} engine blocks"
             )
+        plan: list[tuple[int, list[Run]]] = []
         e_off = 0
         c_off = 0
-        nbytes = 0
         for g, (size, first) in enumerate(zip(group_sizes, block_indices, strict=True)):
             if size == 0:
                 continue
@@ -215,16 +245,19 @@ class RowCopier:
                     f"group {g}: {size} blocks from logical block {first} need {n_chunks} "
                     f"chunks, the job has {len(chunk_ids) - c_off} left"
                 )
+            blocks = engine_blocks[e_off : e_off + size]
+            num_blocks, num_chunks = self._limits[g]
+            for what, ids, limit in (("engine block", blocks, num_blocks), ("chunk", chunks, num_chunks)):
+                bad = ids[(ids < 0) | (ids >= limit)]
+                if len(bad):
+                    raise ValueError(f"group {g}: {what} id {int(bad[0])} is outside 0..{limit - 1}")
             pos = (chunks[:, None] * bpc + np.arange(bpc, dtype=np.int64)).ravel()[skip : skip + size]
-            runs = plan_runs(engine_blocks[e_off : e_off + size], pos)
-            for layer in self.groups[g]:
-                for run in runs:
-                    nbytes += self._copy_run(layer, run, to_cpu)
+            plan.append((g, plan_runs(blocks, pos)))
             e_off += size
             c_off += n_chunks
         if c_off != len(chunk_ids):
             raise ValueError(f"the job has {len(chunk_ids)} chunks, its groups use {c_off}")
-        return nbytes
+        return plan
 
     def _copy_run(self, layer: GroupLayer, run: Run, to_cpu: bool) -> int:
         """One run of one layer: up to three strided copies (a head inside a

@@ -117,13 +117,19 @@ def _refuse(path: Path, why: str) -> NamespaceMismatchError:
     )
 
 
-def read_manifest_bytes(path: Path) -> bytes | None:
+def read_manifest_bytes(path: Path, dir_fd: int | None = None) -> bytes | None:
     """The bytes of a manifest file, or None if there is none. A symlink,
     FIFO or other non-regular file, or one over the size cap, is refused with
-    :class:`NamespaceMismatchError`; I/O errors are ``OSError``."""
+    :class:`NamespaceMismatchError`; I/O errors are ``OSError``. With
+    ``dir_fd`` (the namespace directory, held), the file is opened in that
+    directory, ``path`` only names it in messages."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
         # O_NONBLOCK: a FIFO must not block the open (FsTier start, the CLI).
-        fd = open_nofollow(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        if dir_fd is None:
+            fd = open_nofollow(path, flags)
+        else:
+            fd = os.open(path.name, flags | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -180,13 +186,14 @@ def parse_manifest(path: Path, raw: bytes) -> Manifest:
     return manifest
 
 
-def read_manifest(namespace_dir: Path) -> Manifest | None:
-    """The checked manifest of ``namespace_dir``, None when it has none.
+def read_manifest(namespace_dir: Path, dir_fd: int | None = None) -> Manifest | None:
+    """The checked manifest of ``namespace_dir`` (read through ``dir_fd``,
+    that directory held, when given), None when it has none.
 
     Raises :class:`NamespaceMismatchError` when the manifest is not one
     fstier wrote for this directory (see the module docstring)."""
     path = namespace_dir / MANIFEST_NAME
-    raw = read_manifest_bytes(path)
+    raw = read_manifest_bytes(path, dir_fd)
     if raw is None:
         return None
     manifest = parse_manifest(path, raw)

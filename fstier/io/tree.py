@@ -193,10 +193,11 @@ def iter_namespace_dirs(root: Path) -> Iterator[tuple[Path, bool]]:
             yield Path(entry.path), entry.is_dir(follow_symlinks=False)
 
 
-def check_namespace(path: Path) -> NamespaceDir:
-    """Read and check ``path``'s manifest; never raises for a bad one."""
+def check_namespace(path: Path, dir_fd: int | None = None) -> NamespaceDir:
+    """Read and check ``path``'s manifest (through ``dir_fd``, the directory
+    held, when given); never raises for a bad one."""
     try:
-        manifest = read_manifest(path)
+        manifest = read_manifest(path, dir_fd)
     except NamespaceMismatchError as exc:
         return NamespaceDir(path, None, str(exc))
     except OSError as exc:

@@ -28,11 +28,13 @@ capacity thread) runs.
   moved (someone loaded or replaced it since the scan) it is kept.
 - **Foreign namespaces** (another fstier format version, e.g. v1 after the
   upgrade to v2) are never part of a pass: :func:`remove_foreign_namespaces`
-  removes them whole, only when asked (``fstier gc --remove-foreign``).
+  removes them whole, only when asked (``fstier gc --remove-foreign``),
+  holding each checked directory by its fd (:mod:`fstier.io.heldtree`).
 """
 
 from __future__ import annotations
 
+import errno
 import heapq
 import os
 import time
@@ -42,7 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fstier.io.fsops import unlink_if_same
-from fstier.io.tree import FileKind, TreeFile, check_namespace, iter_namespace_dirs, iter_root
+from fstier.io.heldtree import empty_held_dir, held_tree_size, open_held_dir, rmdir_if_same
+from fstier.io.tree import FileKind, TreeFile, check_namespace, iter_root
 
 __all__ = [
     "DEFAULT_MAX_CANDIDATES",
@@ -71,21 +74,6 @@ class ForeignNamespace:
     removed: bool
 
 
-def _tree_size(path: Path, on_error: Callable[[OSError], None] | None) -> tuple[int, int]:
-    files = size = 0
-    for dirpath, _dirs, names in os.walk(path, onerror=on_error, followlinks=False):
-        for name in names:
-            try:
-                st = os.lstat(os.path.join(dirpath, name))
-            except OSError as exc:
-                if on_error is not None:
-                    on_error(exc)
-                continue
-            files += 1
-            size += st.st_size
-    return files, size
-
-
 def remove_foreign_namespaces(
     root: str | os.PathLike[str],
     *,
@@ -95,50 +83,76 @@ def remove_foreign_namespaces(
     """Remove every namespace directory under ``root`` whose manifest is a
     valid fstier manifest of ANOTHER format version (see
     :func:`fstier.io.tree.check_namespace`). Only those: a directory with a
-    missing, forged or unreadable manifest is not fstier's to remove. The
-    removal never follows a symlink (``shutil.rmtree``'s fd-based walk)."""
+    missing, forged or unreadable manifest is not fstier's to remove.
+
+    Each directory is opened once (:mod:`fstier.io.heldtree`), its manifest
+    read through that fd, and what is removed is what that fd holds: a
+    directory renamed into the checked name afterwards is never touched
+    (tests/test_held_removal.py). Nothing is followed through a symlink."""
     out: list[ForeignNamespace] = []
     try:
-        entries = list(iter_namespace_dirs(Path(root)))
+        # The root itself may be a link the operator chose (/mnt/kv -> /data/kv).
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
-        if on_error is not None:
+        if on_error is not None and not isinstance(exc, FileNotFoundError):
+            exc.filename = os.fspath(root)
             on_error(exc)
         return out
-    for path, is_dir in entries:
-        if not is_dir:
-            continue
-        ns = check_namespace(path)
-        if ns.foreign_version is None:
-            continue
-        files, size = _tree_size(path, on_error)
-        removed = False
-        if not dry_run:
-            errors = _rmtree(path)
-            for err in errors:
-                if on_error is not None:
-                    on_error(err)
-            removed = not errors
-        out.append(ForeignNamespace(str(path), ns.foreign_version, files, size, removed))
+    try:
+        try:
+            with os.scandir(root_fd) as it:
+                names = [e.name for e in it if e.is_dir(follow_symlinks=False)]
+        except OSError as exc:
+            if on_error is not None:
+                exc.filename = os.fspath(root)
+                on_error(exc)
+            return out
+        for name in sorted(names):
+            found = _remove_if_foreign(root_fd, Path(root) / name, dry_run, on_error)
+            if found is not None:
+                out.append(found)
+    finally:
+        os.close(root_fd)
     return out
 
 
-def _rmtree(path: Path) -> list[OSError]:
-    """``shutil.rmtree`` (fd-based: never follows a symlink), errors collected."""
-    import shutil
-    import sys
+def _remove_if_foreign(
+    root_fd: int, path: Path, dry_run: bool, on_error: Callable[[OSError], None] | None
+) -> ForeignNamespace | None:
+    """Check the directory ``path`` (an entry of ``root_fd``) through its
+    own fd and, if it is a foreign namespace, remove what that fd holds."""
+    try:
+        fd = open_held_dir(root_fd, path.name)
+    except OSError as exc:
+        # ENOENT: gone meanwhile; ELOOP/ENOTDIR: swapped for a link or file.
+        if on_error is not None and not isinstance(exc, FileNotFoundError):
+            exc.filename = str(path)
+            on_error(exc)
+        return None
+    try:
+        ns = check_namespace(path, dir_fd=fd)
+        if ns.foreign_version is None:
+            return None
+        files, size = held_tree_size(fd, str(path), on_error)
+        removed = False
+        if not dry_run:
+            removed = empty_held_dir(fd, str(path), on_error) == 0 and _rmdir_held(root_fd, path, fd, on_error)
+        return ForeignNamespace(str(path), ns.foreign_version, files, size, removed)
+    finally:
+        os.close(fd)
 
-    errors: list[OSError] = []
 
-    def keep(_func: object, _path: object, exc: object) -> None:
-        err = exc[1] if isinstance(exc, tuple) else exc
-        if isinstance(err, OSError):
-            errors.append(err)
-
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=keep)
-    else:
-        shutil.rmtree(path, onerror=keep)
-    return errors
+def _rmdir_held(root_fd: int, path: Path, fd: int, on_error: Callable[[OSError], None] | None) -> bool:
+    try:
+        result = rmdir_if_same(root_fd, path.name, fd)
+    except OSError as exc:
+        result = "error"
+        if on_error is not None:
+            exc.filename = str(path)
+            on_error(exc)
+    if result == "replaced" and on_error is not None:
+        on_error(OSError(errno.ESTALE, "replaced while it was removed; the new directory is left alone", str(path)))
+    return result in ("removed", "gone")
 
 
 @dataclass(frozen=True, slots=True)

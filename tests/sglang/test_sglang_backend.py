@@ -272,6 +272,41 @@ def test_a_missing_fragment_fails_its_page(tmp_path: Path, closing: Any) -> None
     assert b.batch_get_v1(keys, idx) == [True, False, False, False]
 
 
+def test_keys_name_files_exactly(tmp_path: Path, closing: Any) -> None:
+    """A page key is 64 lowercase hex digits, exactly. bytes.fromhex also
+    took upper case and skipped whitespace: a page never stored, under a
+    key that differs only so, loaded another page's bytes and reported
+    success, and a key with spaces (31 bytes) failed the good pages before
+    it. Now such a key misses, with the pages after it, and nothing more."""
+    pool = sgl.mha_pool("page_first")
+    b = closing(sgl.fstier_backend(tmp_path, pool, options=NOCACHE))
+    idx = _alloc(pool, 3)
+    sgl.fill_pages(pool, idx, seed=11)
+    want = sgl.page_bytes(pool, idx)
+    keys = sgl.page_keys(3, "exact")
+    assert b.batch_set_v1(keys, idx) == [True] * 3
+    ps = pool.page_size
+    for variant in (keys[0].upper(), keys[0][:62] + "  ", keys[0][:30] + " " + keys[0][30:32] + " " + keys[0][32:62],
+                    keys[0] + "\n", " " + keys[0], keys[0][:63] + "G"):
+        pool.kv_buffer.view(-1).view(torch.uint8).zero_()
+        assert b.batch_get_v1([variant], idx[:ps]) == [False], repr(variant)
+        assert sgl.page_bytes(pool, idx[:ps]) == [bytes(len(want[0]))], "another page's bytes were loaded"
+        assert b.batch_exists([variant]) == 0 and not b.exists(variant)
+    bad = keys[1][:62] + "  "  # fromhex: 31 bytes
+    pool.kv_buffer.view(-1).view(torch.uint8).zero_()
+    assert b.batch_get_v1([keys[0], keys[2], bad, keys[1]], _pages(idx, ps, [0, 2, 1, 1])) == [True, True, False, False]
+    assert sgl.page_bytes(pool, idx[:ps]) == want[:1] and sgl.page_bytes(pool, idx[2 * ps:]) == want[2:]
+    assert b.batch_exists([keys[0], keys[2], bad, keys[1]]) == 2
+    assert b.batch_exists([keys[0], None, keys[1]]) == 1  # type: ignore[list-item]
+    assert b.batch_set_v1([keys[2], bad], _pages(idx, ps, [2, 1])) == [True, False]
+    assert b.batch_set([keys[2], bad], [pool.get_data_page(idx[2 * ps]), pool.get_data_page(idx[ps])]) is False
+    assert _files(tmp_path) and all(p.name[:64] in keys for p in _files(tmp_path))
+
+
+def _pages(idx: Any, ps: int, order: list[int]) -> Any:
+    return torch.cat([idx[i * ps : (i + 1) * ps] for i in order])
+
+
 def test_bad_host_indices_fail_the_batch_not_sglang(tmp_path: Path, closing: Any) -> None:
     pool = sgl.mha_pool("page_first")
     b = closing(sgl.fstier_backend(tmp_path, pool))
