@@ -173,15 +173,22 @@ class SharedFs:
         self.fault("link-up-a")
 
 
-def _listed() -> list[str]:
+def _listed(requires: tuple[str, ...] = ()) -> list[str]:
     env = _env()
-    return list(env["filesystems"]) if env is not None else list(FILESYSTEMS)
+    if env is None:
+        return list(FILESYSTEMS)
+    return [fs for fs, d in env["filesystems"].items() if all(r in d for r in requires)]
 
 
 def pytest_generate_tests(metafunc: Any) -> None:
-    """``sfs`` runs on every filesystem the env lists; with ``fault`` too, on
-    every (filesystem, fault) pair."""
+    """``sfs`` runs on every filesystem the env lists (those whose entry has
+    every key of the module's ``SFS_REQUIRES``); with ``fault`` too, on every
+    (filesystem, fault) pair."""
     if "sfs" not in metafunc.fixturenames:
+        return
+    requires = tuple(getattr(metafunc.module, "SFS_REQUIRES", ()))
+    if requires:
+        metafunc.parametrize("sfs", _listed(requires), indirect=True)
         return
     if "fault" in metafunc.fixturenames:
         env = _env()

@@ -28,10 +28,12 @@ PKGS="glusterfs-server glusterfs-client moosefs-master moosefs-chunkserver moose
 # What `up` stands up (FSTIER_SHAREDFS_FILESYSTEMS narrows it for a quick
 # run on one); env.json lists exactly these, and the tests run on each.
 ALL_FS="glusterfs moosefs cephfs"
-# CephFS: a second data pool with a pool quota, for the ENOSPC tests (a test
-# points its directory at it with the ceph.dir.layout.pool xattr).
+# CephFS: a second data pool for the ENOSPC tests (a test points its
+# directory at it with the ceph.dir.layout.pool xattr); `ceph-quota-on` gives
+# it a quota of what it holds now plus CEPH_FULL_POOL_BYTES, `ceph-quota-off`
+# lifts it (which also resumes any op paused on the full pool).
 CEPH_FULL_POOL=fstier_full
-CEPH_FULL_POOL_BYTES=$((24 << 20))
+CEPH_FULL_POOL_BYTES=$((8 << 20))
 BASE=/var/tmp
 PREFIX=fstier-sharedfs-
 
@@ -168,7 +170,8 @@ cmd_up() {
       \"kill\": \"ceph-osd-kill\", \"start\": \"ceph-osd-start\",
       \"faults\": {\"osd\": [\"ceph-osd-kill\", \"ceph-osd-start\"],
                  \"mds\": [\"ceph-mds-kill\", \"ceph-mds-start\"]},
-      \"full_pool\": \"$CEPH_FULL_POOL\", \"full_pool_bytes\": $CEPH_FULL_POOL_BYTES}")
+      \"full_pool\": \"$CEPH_FULL_POOL\", \"full_pool_bytes\": $CEPH_FULL_POOL_BYTES,
+      \"full_pool_quota\": [\"ceph-quota-on\", \"ceph-quota-off\"]}")
                 ;;
             *) log "unknown filesystem $fs (FSTIER_SHAREDFS_FILESYSTEMS)"; return 1 ;;
         esac
@@ -321,6 +324,10 @@ mon osd down out interval = 0
 osd crush chooseleaf type = 0
 objecter tick interval = 1
 objecter timeout = 2
+# Pool usage reaches the monitors sooner: a pool quota turns into ENOSPC
+# after ~5 s instead of ~13 s.
+mgr stats period = 1
+mon mgr digest period = 1
 [mon]
 mon data = $c/mon/\$cluster-\$id
 [mgr]
@@ -359,8 +366,7 @@ EOF
             && ceph_cli "$dir" osd pool create cephfs_data 32 \
             && ceph_cli "$dir" osd pool create "$CEPH_FULL_POOL" 8 \
             && ceph_cli "$dir" fs new fstierfs cephfs_metadata cephfs_data \
-            && ceph_cli "$dir" fs add_data_pool fstierfs "$CEPH_FULL_POOL" \
-            && ceph_cli "$dir" osd pool set-quota "$CEPH_FULL_POOL" max_bytes "$CEPH_FULL_POOL_BYTES"
+            && ceph_cli "$dir" fs add_data_pool fstierfs "$CEPH_FULL_POOL"
     } >"$c/pools.out" 2>&1 || { cat "$c/pools.out" >&2; log "ceph pools / fs new failed"; return 1; }
     ns_exec "$nss" ceph-mds -c "$c/ceph.conf" -i a >"$c/mds.out" 2>&1 \
         || { cat "$c/mds.out" >&2; log "ceph-mds did not start"; return 1; }
@@ -403,7 +409,8 @@ ceph_start() {
     nss=$(awk '{print $1}' "$dir/namespaces")
     if [[ $type == osd ]]; then id=0; else id=a; fi
     [[ -n $(ceph_pid "$dir" "$type") ]] && return 0
-    ns_exec "$nss" "ceph-$type" -c "$dir/ceph/ceph.conf" -i "$id"
+    # Its output goes to a file: `serve` answers on stdout.
+    ns_exec "$nss" "ceph-$type" -c "$dir/ceph/ceph.conf" -i "$id" >>"$dir/ceph/restart.out" 2>&1
 }
 
 # ------------------------------------------------------------------ faults
@@ -446,6 +453,15 @@ cmd_fault() {
         ceph-osd-start) ceph_start "$dir" osd ;;
         ceph-mds-kill) ceph_kill "$dir" mds ;;
         ceph-mds-start) ceph_start "$dir" mds ;;
+        ceph-quota-on)
+            local stored
+            stored=$(ceph_cli "$dir" df --format json 2>/dev/null | python3 -c "
+import json, sys
+print(next(p['stats']['stored'] for p in json.load(sys.stdin)['pools'] if p['name'] == '$CEPH_FULL_POOL'))") \
+                || return 1
+            ceph_cli "$dir" osd pool set-quota "$CEPH_FULL_POOL" max_bytes $((stored + CEPH_FULL_POOL_BYTES)) >/dev/null 2>&1
+            ;;
+        ceph-quota-off) ceph_cli "$dir" osd pool set-quota "$CEPH_FULL_POOL" max_bytes 0 >/dev/null 2>&1 ;;
         link-down-a) ip -n "$nsa" link set eth0 down ;;
         link-up-a) ip -n "$nsa" link set eth0 up ;;
         *) die "unknown fault $what" ;;

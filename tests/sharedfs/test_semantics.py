@@ -15,9 +15,10 @@ only what fstier relies on:
   on host b (never a partial file), and a rename-replace shows the new
   inode's bytes to a new open on b.
 - Recency: ``utime`` on a (ns) is seen on b, as eviction reads it.
-- An in-place rewrite of the same size, read by a new open on b: recorded
-  (ceph-fuse serves stale pages for over a minute; fstier never rewrites a
-  file in place: count files and leases are replaced by rename).
+- In-place rewrites of the same size through a long-lived fd, read by new
+  opens on b: recorded (ceph-fuse serves the old bytes from the second
+  rewrite on; fstier never rewrites a file in place: count files and leases
+  are new names).
 """
 
 from __future__ import annotations
@@ -172,15 +173,24 @@ def test_rename_publication_and_utime_across_hosts(sfs: SharedFs) -> None:
     os.utime(a / "pub", ns=(t_ns, t_ns))
     seen_utime = _poll(lambda: os.stat(b / "pub").st_mtime_ns == t_ns, 30)
     mtime_b = os.stat(b / "pub").st_mtime_ns
-    # An in-place rewrite of the same size (fstier never does this).
+    # In-place rewrites of the same size through one long-lived fd on a, b
+    # holding an fd too (fstier never does this; a count or lease shared
+    # that way would be read stale).
     inplace = a / "inplace"
-    inplace.write_bytes(body1)
-    assert _read(b / "inplace") == body1 or _poll(lambda: _read(b / "inplace") == body1, 30) is not None
-    with open(b / "inplace", "rb") as held:  # b holds an fd, as a reader would
-        assert held.read() == body1
-        with open(inplace, "r+b") as f:
-            f.write(body2)
-        seen_inplace = _poll(lambda: _read(b / "inplace") == body2, 5)
+    fa = os.open(inplace, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.pwrite(fa, b"1" * PAGE, 0)
+        assert _poll(lambda: _read(b / "inplace") == b"1" * PAGE, 30) is not None
+        fb = os.open(b / "inplace", os.O_RDONLY)
+        try:
+            seen_inplace = []
+            for v in (b"2", b"3"):
+                os.pwrite(fa, v * PAGE, 0)
+                seen_inplace.append(_poll(lambda v=v: _read(b / "inplace") == v * PAGE, 3))
+        finally:
+            os.close(fb)
+    finally:
+        os.close(fa)
 
     def ms(x: float | None) -> str:
         return "not within the wait" if x is None else f"{x * 1000:.0f} ms"
@@ -188,6 +198,9 @@ def test_rename_publication_and_utime_across_hosts(sfs: SharedFs) -> None:
     _note(sfs, "new file (rename) seen on b", ms(seen_new))
     _note(sfs, "rename-replace seen by a new open on b", ms(seen_replace))
     _note(sfs, "utime on a seen on b", ms(seen_utime) + ("" if mtime_b == t_ns else f" (b shows {mtime_b})"))
-    _note(sfs, "same-size in-place rewrite, b holding an fd, seen by a new open on b", ms(seen_inplace) if seen_inplace is not None else "stale after 5 s")
+    _note(
+        sfs, "same-size in-place rewrites (a's fd kept open), seen by a new open on b",
+        ", ".join("stale after 3 s" if x is None else ms(x) for x in seen_inplace),
+    )
     assert seen_new is not None and seen_replace is not None
     assert seen_utime is not None and mtime_b == t_ns
