@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from manager_support import FILE_BYTES, fill, keys, load, open_tier, store, temp_files, tiny_config
 
+from fstier.clock import ManualClock
 from fstier.io import posix
 from fstier.manager import FsTier
 from fstier.slots.host_pool import HostBlockPool
@@ -25,26 +26,35 @@ def _eio(*_a, **_k):
 
 def test_backpressure_drops_stores_and_never_blocks_the_caller(tmp_path: Path, monkeypatch) -> None:
     real = posix.FS.pwritev
+    clock = ManualClock()
+    writer_may_go = threading.Event()
+    writer_may_go.set()
 
     def slow_pwritev(fd, bufs, offset):
-        time.sleep(0.05)  # a slow mount: ~160 KB/s for these 8 KiB files
+        # A slow mount: each write takes 0.05 s of the tier's clock (~160
+        # KB/s for these 8 KiB files); the gate holds the writer so the
+        # queue is still full when the next stores are submitted.
+        writer_may_go.wait(10)
+        clock.advance(0.05)
         return real(fd, bufs, offset)
 
     monkeypatch.setattr(posix.FS, "pwritev", slow_pwritev)
-    with open_tier(tmp_path / "root", max_write_queue_seconds=0.2, write_threads=1) as tier:
+    with open_tier(tmp_path / "root", clock=clock, native_io="off", max_write_queue_seconds=0.2, write_threads=1) as tier:
         assert store(tier, "warm", keys(0, 2)).success  # measures the slow speed
         speed = tier.metrics.snapshot()["fstier_write_bytes_per_second"]
         assert speed < 1e6
         accepted_slots = list(range(8))
         fill(tier, keys(100, 8), accepted_slots)
+        writer_may_go.clear()
         t0 = time.perf_counter()
         tier.submit_store("big", keys(100, 8), accepted_slots)  # idle queue: admitted
         for j in range(5):
             tier.submit_store(f"more{j}", keys(200 + 4 * j, 4), list(range(8 + 4 * j, 12 + 4 * j)))
         submit_s = time.perf_counter() - t0
-        assert submit_s < 0.1  # 8 queued writes take >= 0.4 s; the caller did not wait
+        assert submit_s < 0.1  # the writer is held; the caller did not wait for it
         drops = [r for r in tier.get_finished() if r.cause == "backpressure"]
         assert len(drops) == 5 and all(not r.success and r.keys_failed == 4 for r in drops)
+        writer_may_go.set()
         tier.drain()
         done = {r.job_id: r for r in tier.get_finished()}
         assert done["big"].success
@@ -57,7 +67,8 @@ def test_backpressure_drops_stores_and_never_blocks_the_caller(tmp_path: Path, m
 
 def test_breaker_trips_on_eio_degrades_and_recovers(tmp_path: Path, monkeypatch, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="fstier.manager")
-    with open_tier(tmp_path / "root", breaker_failures=3, breaker_cooldown_s=0.3) as tier:
+    clock = ManualClock()
+    with open_tier(tmp_path / "root", clock=clock, native_io="off", breaker_failures=3, breaker_cooldown_s=0.3) as tier:
         ks = keys(0, 4)
         assert store(tier, "s", ks).success
         monkeypatch.setattr(posix.FS, "preadv", _eio)
@@ -71,7 +82,9 @@ def test_breaker_trips_on_eio_degrades_and_recovers(tmp_path: Path, monkeypatch,
         assert fast["s2"].cause == "degraded" and fast["l9"].cause == "degraded"
         assert not fast["l9"].success and fast["l9"].keys_failed == 4
         monkeypatch.undo()
-        time.sleep(0.35)  # the cool-down is wall time by design
+        clock.advance(0.29)
+        assert tier.breaker_state == "open"
+        clock.advance(0.01)  # the cool-down has passed
         assert tier.breaker_state == "half_open" and not tier.degraded
         res = load(tier, "probe", ks[1:2])
         assert res.success and tier.breaker_state == "closed"
@@ -85,14 +98,15 @@ def test_breaker_trips_on_eio_degrades_and_recovers(tmp_path: Path, monkeypatch,
 
 
 def test_breaker_half_open_failure_reopens(tmp_path: Path, monkeypatch) -> None:
-    with open_tier(tmp_path / "root", breaker_failures=2, breaker_cooldown_s=0.2) as tier:
+    clock = ManualClock()
+    with open_tier(tmp_path / "root", clock=clock, native_io="off", breaker_failures=2, breaker_cooldown_s=0.2) as tier:
         ks = keys(0, 2)
         store(tier, "s", ks)
         monkeypatch.setattr(posix.FS, "preadv", _eio)
         load(tier, "a", ks[:1])
         load(tier, "b", ks[:1])
         assert tier.breaker_state == "open"
-        time.sleep(0.25)
+        clock.advance(0.2)
         assert tier.breaker_state == "half_open"
         load(tier, "c", ks[:1])  # one failed probe is enough to reopen
         assert tier.breaker_state == "open"
@@ -118,7 +132,7 @@ def test_hold_fenced_results_publishes_a_timed_out_job_only_once_its_slot_is_rel
     real_preadv, real_open = posix.FS.preadv, posix.FS.open
     pool = HostBlockPool(16, FILE_BYTES)
     pool.alloc(16)
-    tier = FsTier(tiny_config(tmp_path / "root", io_timeout_s=0.2), pool, hold_fenced_results=True)
+    tier = FsTier(tiny_config(tmp_path / "root", native_io="off", io_timeout_s=0.2), pool, hold_fenced_results=True)
     try:
         ks = keys(0, 2)
         store(tier, "s", ks)
@@ -166,7 +180,7 @@ def test_timeout_fences_slot_until_late_return_and_trips_breaker(tmp_path: Path,
     release = threading.Event()
     real = posix.FS.preadv
     with open_tier(
-        tmp_path / "root", io_timeout_s=0.2, breaker_failures=2, breaker_cooldown_s=30
+        tmp_path / "root", io_timeout_s=0.2, breaker_failures=2, breaker_cooldown_s=30, native_io="off"
     ) as tier:
         # Never leave a hung thread behind, even when an assertion fails.
         monkeypatch.setattr(tier, "close", _releasing(tier.close, release))
@@ -221,7 +235,7 @@ def test_a_job_behind_hung_calls_fails_within_the_deadline_without_fencing_unrun
     release = threading.Event()
     with open_tier(
         tmp_path / "root", io_timeout_s=0.5, read_threads=1, write_threads=1,
-        breaker_failures=100,
+        breaker_failures=100, native_io="off",
     ) as tier:
         monkeypatch.setattr(tier, "close", _releasing(tier.close, release))
         ks = keys(0, 8)
@@ -241,7 +255,7 @@ def test_a_job_behind_hung_calls_fails_within_the_deadline_without_fencing_unrun
 
 def test_failed_store_reports_errno_and_leaves_no_temp(tmp_path: Path, monkeypatch) -> None:
     root = tmp_path / "root"
-    with open_tier(root) as tier:
+    with open_tier(root, native_io="off") as tier:
 
         def enospc(*_a, **_k):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -258,7 +272,7 @@ def test_failed_store_reports_errno_and_leaves_no_temp(tmp_path: Path, monkeypat
 
 @pytest.mark.parametrize("fault", ["EMFILE", "EACCES"])
 def test_load_errors_are_failed_jobs_not_exceptions(tmp_path: Path, monkeypatch, fault: str) -> None:
-    with open_tier(tmp_path / "root") as tier:
+    with open_tier(tmp_path / "root", native_io="off") as tier:
         store(tier, "s", keys(0, 2))
         code = getattr(errno, fault)
 
@@ -281,7 +295,7 @@ def test_wait_timeouts_accept_inf_and_refuse_nan(tmp_path: Path, monkeypatch) ->
         return real(fd, bufs, offset)
 
     monkeypatch.setattr(posix.FS, "pwritev", slow)
-    with open_tier(tmp_path / "root") as tier:
+    with open_tier(tmp_path / "root", native_io="off") as tier:
         fill(tier, keys(0, 1), [0])
         tier.submit_store("s", keys(0, 1), [0])
         threading.Timer(0.2, release.set).start()
@@ -316,7 +330,7 @@ def test_a_block_that_vanishes_between_open_and_read_is_a_miss(tmp_path: Path, m
     """Another host evicting a block this host just opened: GlusterFS fails
     the read ENOENT (it logged a warning and counted a device error), kernel
     NFS ESTALE (which counted toward the breaker). Both are a miss."""
-    with open_tier(tmp_path / "root", breaker_failures=1) as tier:
+    with open_tier(tmp_path / "root", native_io="off", breaker_failures=1) as tier:
         ks = keys(0, 2)
         store(tier, "s", ks)
         err = getattr(errno, code)

@@ -15,12 +15,13 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from fstier.clock import SYSTEM_CLOCK, Clock, ManualClock
 from fstier.io import fsops, posix
 from fstier.manager import FsTier, JobResult
 from fstier.slots.host_pool import HostBlockPool
@@ -37,13 +38,15 @@ from ._support import (
 )
 
 
-def _tier(root: Path, **tier: Any) -> FsTier:
+def _tier(root: Path, clock: Clock = SYSTEM_CLOCK, **tier: Any) -> FsTier:
     kw: dict[str, Any] = {"read_threads": 2, "write_threads": 2, "lookup_cache_ttl_s": 0, **tier}
-    return FsTier.from_config(tiny_config(root, **kw))
+    return FsTier.from_config(tiny_config(root, **kw), clock=clock)
 
 
 @pytest.fixture
 def ops(monkeypatch: pytest.MonkeyPatch) -> FaultyOps:
+    """The Python path's syscall seam, faulty: a tier that takes it runs
+    the Python backend (``native_io="off"``)."""
     faulty = FaultyOps()
     monkeypatch.setattr(fsops, "FS", faulty)
     return faulty
@@ -52,7 +55,9 @@ def ops(monkeypatch: pytest.MonkeyPatch) -> FaultyOps:
 _job = iter(range(10**9))
 
 
-def _run(tier: FsTier, kind: str, keys: list[Any], fill: bool = True) -> tuple[JobResult, list[bytes]]:
+def _run(
+    tier: FsTier, kind: str, keys: list[Any], fill: bool = True, after_submit: Callable[[], None] | None = None
+) -> tuple[JobResult, list[bytes]]:
     pool: HostBlockPool = tier.pool
     slots = pool.alloc(len(keys))
     n = tier.payload_bytes(keys[0])
@@ -63,6 +68,8 @@ def _run(tier: FsTier, kind: str, keys: list[Any], fill: bool = True) -> tuple[J
                 pool.slot_view(s)[:n] = payload_for(k, n)
         jid = next(_job)
         (tier.submit_store if kind == "store" else tier.submit_load)(jid, keys, slots)
+        if after_submit is not None:
+            after_submit()
         assert tier.drain(30)
         results = [r for r in tier.get_finished() if r.job_id == jid]
         assert len(results) == 1
@@ -81,12 +88,22 @@ def tier(tmp_path: Path) -> Iterator[FsTier]:
     t.close()
 
 
+@pytest.fixture
+def py_tier(tmp_path: Path) -> Iterator[FsTier]:
+    """A tier on the Python backend, whose system calls ``ops`` sees."""
+    t = _tier(tmp_path / "root", native_io="off")
+    yield t
+    t.close()
+
+
 # ------------------------------------------------------------------ row 23
 def test_hung_io_fails_trips_breaker_and_recovers(tmp_path: Path, ops: FaultyOps, caplog: pytest.LogCaptureFixture) -> None:
-    t = _tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=2, breaker_cooldown_s=0.5)
+    clock = ManualClock()
+    t = _tier(tmp_path / "root", clock, native_io="off", io_timeout_s=0.2, breaker_failures=2, breaker_cooldown_s=0.5)
     release = threading.Event()
     try:
         def hang(real: Any, fd: int, bufs: Any, off: int) -> int:
+            clock.advance(0.2)  # the call outlives its job's deadline
             release.wait(10)
             return int(real(fd, bufs, off))
 
@@ -107,7 +124,7 @@ def test_hung_io_fails_trips_breaker_and_recovers(tmp_path: Path, ops: FaultyOps
         ops.hooks.clear()
         release.set()
         assert t.wait_fences_released(10)
-        time.sleep(0.6)  # cool-down -> half-open
+        clock.advance(0.5)  # cool-down -> half-open
         r4, _ = _run(t, "store", [key_for(4)])
         assert r4.success and t.breaker_state == "closed"
         r5, got = _run(t, "load", [key_for(4)])
@@ -120,7 +137,7 @@ def test_hung_io_fails_trips_breaker_and_recovers(tmp_path: Path, ops: FaultyOps
 
 
 def test_hung_read_is_a_failed_load_not_wrong_bytes(tmp_path: Path, ops: FaultyOps) -> None:
-    t = _tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=5)
+    t = _tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=5, native_io="off")
     release = threading.Event()
     try:
         key = key_for(1)
@@ -159,7 +176,8 @@ def test_corrupt_counter_and_event(tier: FsTier) -> None:
 
 # ------------------------------------------------------------------ rows 10, 16
 @pytest.mark.parametrize("code", [errno.EMFILE, errno.ENOSPC, errno.EIO, errno.ESTALE])
-def test_errno_faults_fail_jobs_cleanly(tier: FsTier, ops: FaultyOps, code: int, caplog: pytest.LogCaptureFixture) -> None:
+def test_errno_faults_fail_jobs_cleanly(py_tier: FsTier, ops: FaultyOps, code: int, caplog: pytest.LogCaptureFixture) -> None:
+    tier = py_tier
     good = key_for(100)
     assert _run(tier, "store", [good])[0].success
     fds = fd_count()
@@ -304,7 +322,7 @@ def test_late_read_never_reaches_a_reallocated_slot(tmp_path: Path, ops: FaultyO
     and B is stored and loaded. Before the pool knew of the fence, alloc()
     handed the same slot back and B's file was published holding A's bytes
     with a valid checksum: a later load reported success with wrong bytes."""
-    t = _tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=100)
+    t = _tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=100, native_io="off")
     pool: HostBlockPool = t.pool
     release = threading.Event()
     returned = threading.Event()
@@ -354,7 +372,7 @@ def test_late_read_never_reaches_a_reallocated_slot(tmp_path: Path, ops: FaultyO
 def test_timed_out_store_keeps_its_slot_off_the_free_list(tmp_path: Path, ops: FaultyOps) -> None:
     """A timed-out store may still be reading its slot (and would publish
     whatever it reads under its key): the slot is fenced in the pool too."""
-    t = _tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=100)
+    t = _tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=100, native_io="off")
     pool: HostBlockPool = t.pool
     release = threading.Event()
     try:
@@ -450,7 +468,7 @@ def test_planted_non_regular_files_are_misses_not_breaker_failures(tmp_path: Pat
 def test_device_errors_still_trip_the_breaker(tmp_path: Path, ops: FaultyOps) -> None:
     """The other side of row 25: EIO and EROFS say the mount is failing."""
     for code in (errno.EIO, errno.EROFS):
-        t = _tier(tmp_path / f"root{code}", breaker_failures=2, breaker_cooldown_s=60)
+        t = _tier(tmp_path / f"root{code}", breaker_failures=2, breaker_cooldown_s=60, native_io="off")
         try:
             ops.hooks["open"] = raise_errno(code)
             _run(t, "store", [key_for(1)])
