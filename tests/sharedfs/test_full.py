@@ -201,7 +201,7 @@ def test_full_pool_never_publishes_a_failed_store(sfs: SharedFs, full_dir: Path,
         # and host b's first read of a file host a wrote waits the same way.
         f.fill(release=sfs.undo)
         view = f.tier.usage_bytes
-        counted = int(f.tier.metrics.stored_blocks.value())
+        counted = int(f.tier.metrics.stored_blocks.value)
     finally:
         f.close()
     on_disk = scan_usage(full_dir).block_bytes
@@ -242,7 +242,7 @@ def test_directory_quota_is_edquot(sfs: SharedFs) -> None:
         f = _Filler(d)
         try:
             f.fill()
-            counted = int(f.tier.metrics.stored_blocks.value())
+            counted = int(f.tier.metrics.stored_blocks.value)
         finally:
             f.close()
         on_disk = scan_usage(d).block_bytes
