@@ -7,7 +7,7 @@ the Ceph OSD, the Ceph MDS) or host a's link goes down for 10 s, then it
 comes back. Expected: every job ends (as a failure while the fault lasts)
 within ``io_timeout_s`` plus a margin, with 0 wrong bytes; no job call on the
 caller's thread (submit, get_finished, take_events) takes more than 1 s and
-no lookup more than ``io_timeout_s``; the breaker opens and closes again;
+no lookup more than ``io_timeout_s`` (plus a wake-up); the breaker opens and closes again;
 stores and loads succeed again within 30 s of the recovery.
 """
 
@@ -31,6 +31,10 @@ MARGIN_S = 3.0
 FAULT_S = 10.0
 RECOVERY_LIMIT_S = 30.0
 MAX_CALL_S = 1.0
+#: a lookup on a dead mount answers at io_timeout_s (the caller waits for the
+#: lookup thread that long at most); this covers the wake-up on a loaded
+#: 2-core VM (seen: 1-5 ms)
+LOOKUP_SLACK_S = 0.25
 JOB_KEYS = 4
 
 
@@ -255,7 +259,7 @@ def _check(sfs: SharedFs, what: str, run: Run) -> None:
     assert run.failed_jobs > 0, "the fault failed no job: it was not injected"
     assert run.breaker_opened
     assert run.max_call_s <= MAX_CALL_S, run
-    assert run.max_lookup_s <= IO_TIMEOUT_S, run
+    assert run.max_lookup_s <= IO_TIMEOUT_S + LOOKUP_SLACK_S, run
     assert run.max_failed_job_s <= IO_TIMEOUT_S + MARGIN_S, run
     assert run.store_ok_after is not None and run.store_ok_after <= RECOVERY_LIMIT_S, run
     assert run.load_ok_after is not None and run.load_ok_after <= RECOVERY_LIMIT_S, run
