@@ -76,7 +76,20 @@ cmd_install() {
 # ------------------------------------------------------------------ helpers
 ns_exec() { local ns=$1; shift; nsenter --net="/run/netns/$ns" "$@"; }
 
-is_mounted() { mountpoint -q "$1"; }
+# From the mount table, never a stat of the path: a stat of a FUSE mount
+# whose server died blocks forever (test_faults' MDS kill left one).
+is_mounted() { awk -v m="$1" '$5 == m { f = 1 } END { exit !f }' /proc/self/mountinfo; }
+
+# Abort the FUSE connection of mount $1 (every request blocked on it fails
+# ENOTCONN), so that nothing waits on a FUSE server that hangs.
+fuse_abort() {
+    local dev
+    dev=$(awk -v m="$1" '$5 == m { print $3 }' /proc/self/mountinfo)
+    [[ -n $dev ]] || return 0
+    [[ -d /sys/fs/fuse/connections/${dev#*:} ]] \
+        || mount -t fusectl fusectl /sys/fs/fuse/connections 2>/dev/null
+    echo 1 >"/sys/fs/fuse/connections/${dev#*:}/abort" 2>/dev/null
+}
 
 # A FUSE mount is ready when it answers a stat and lists its root.
 fuse_ready() { is_mounted "$1" && timeout 5 ls "$1" >/dev/null 2>&1 && timeout 5 stat -f "$1" >/dev/null 2>&1; }
@@ -409,8 +422,10 @@ ceph_start() {
     nss=$(awk '{print $1}' "$dir/namespaces")
     if [[ $type == osd ]]; then id=0; else id=a; fi
     [[ -n $(ceph_pid "$dir" "$type") ]] && return 0
-    # Its output goes to a file: `serve` answers on stdout.
-    ns_exec "$nss" "ceph-$type" -c "$dir/ceph/ceph.conf" -i "$id" >>"$dir/ceph/restart.out" 2>&1
+    # Its output goes to a file (`serve` answers on stdout); setsid: out of
+    # the tests' process group, which run.sh's cleanup SIGTERMs (a restarted
+    # MDS killed that way left both clients hanging).
+    ns_exec "$nss" setsid "ceph-$type" -c "$dir/ceph/ceph.conf" -i "$id" >>"$dir/ceph/restart.out" 2>&1
 }
 
 # ------------------------------------------------------------------ faults
@@ -447,7 +462,7 @@ cmd_fault() {
             rm -f "$dir/mfs/cs/.mfschunkserver.lock"
             ;;
         mfs-start)
-            ns_exec "$nss" mfschunkserver -c "$dir/mfs/cs.cfg" start >>"$dir/mfs/cs.out" 2>&1
+            ns_exec "$nss" setsid mfschunkserver -c "$dir/mfs/cs.cfg" start >>"$dir/mfs/cs.out" 2>&1
             ;;
         ceph-osd-kill) ceph_kill "$dir" osd ;;
         ceph-osd-start) ceph_start "$dir" osd ;;
@@ -495,17 +510,15 @@ cmd_down() {
     [[ -f $dir/namespaces ]] && read -r nss nsa nsb <"$dir/namespaces"
     # Bring links back up so that a clean unmount is possible.
     [[ -n $nsa ]] && ip -n "$nsa" link set eth0 up 2>/dev/null
-    # Clients first: unmount the FUSE mounts (lazily: a hung one must not
-    # block), then stop the servers.
+    # Clients first: detach the FUSE mounts lazily (a plain umount of a
+    # mount whose server hangs blocks), then stop the servers.
     local mounts=() m
     [[ -f $dir/mounts ]] && mapfile -t mounts <"$dir/mounts"
     local i
     for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do
         m=${mounts[i]}
         [[ $m == "$dir/disk" ]] && continue
-        if is_mounted "$m"; then
-            timeout 10 umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
-        fi
+        is_mounted "$m" && umount -l "$m" 2>/dev/null
     done
     if [[ -n $nss ]] && [[ -S $dir/gluster/glusterd.socket ]]; then
         gl "$dir" volume stop "$(vol_of "$dir")" force >/dev/null 2>&1
@@ -528,6 +541,7 @@ cmd_down() {
     for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do
         m=${mounts[i]}
         if is_mounted "$m"; then
+            [[ $m == "$dir/disk" ]] || fuse_abort "$m"
             timeout 20 umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
         fi
     done
