@@ -117,3 +117,50 @@ def test_cli_from_the_other_host(sfs: SharedFs) -> None:
         assert len(survivors) == 4
         res = load(a, "l", survivors)
         assert res.success, res
+
+
+def _damage(tier, ks) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """Damage four stored files through host a's mount, each a different way;
+    returns {how: key}."""
+    corrupt, short, foreign, hole = ks[:4]
+    p = {k: Path(tier.blocks.path(k)) for k in ks}
+    with open(p[corrupt], "r+b") as f:  # one payload byte flipped
+        f.seek(4096)
+        b = f.read(1)
+        f.seek(4096)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with open(p[short], "r+b") as f:  # cut inside the payload
+        f.truncate(4096 + 64)
+    # Another key's valid file under this key's name.
+    p[foreign].write_bytes(p[ks[5]].read_bytes())
+    # A hole where the payload was: what a write lost to a full pool left
+    # (the header written, the rest never reached the disk).
+    head = p[hole].read_bytes()[:4096]
+    size = p[hole].stat().st_size
+    with open(p[hole], "r+b") as f:
+        f.truncate(4096)
+        f.truncate(size)
+    assert p[hole].read_bytes()[:4096] == head
+    return {"corrupt": corrupt, "short": short, "foreign": foreign, "hole": hole}
+
+
+def test_damaged_files_from_a_are_misses_on_b(sfs: SharedFs) -> None:
+    """Corrupt, short, foreign and holed files written through host a: each
+    is a miss on host b (never wrong bytes: load() checks every loaded
+    slot), and the intact ones beside them load byte-exact."""
+    ks = keys(400, 8)
+    with open_tier(sfs.a) as a:
+        assert store(a, "s", ks).success
+        bad = _damage(a, ks)
+    with open_tier(sfs.b) as b:
+        causes = {}
+        for how, k in bad.items():
+            res = load(b, f"l-{how}", [k])
+            assert not res.success and res.keys_completed == 0, (how, res)
+            causes[how] = res.cause
+        good = [k for k in ks if k not in bad.values()]
+        res = load(b, "l-good", good)
+        assert res.success and res.keys_completed == len(good), res
+        # A bad file is not a hit again (removed, or remembered as bad).
+        assert b.present(list(bad.values())) == [False] * len(bad)
+    assert all(c is not None and c.startswith(("corrupt", "bad_file", "miss")) for c in causes.values()), causes
