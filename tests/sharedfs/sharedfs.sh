@@ -84,7 +84,8 @@ cmd_up() {
     mkdir -p "$dir" || die "cannot create $dir"
     local id
     id=$(basename "$dir" | sed "s/^$PREFIX//")
-    echo "${FSTIER_SHAREDFS_OWNER:-$PPID}" >"$dir/owner"
+    # Written whole then renamed: a sweep never reads an empty owner.
+    echo "${FSTIER_SHAREDFS_OWNER:-$PPID}" >"$dir/owner.tmp" && mv "$dir/owner.tmp" "$dir/owner"
     local nss="fst${id}s" nsa="fst${id}a" nsb="fst${id}b"
     echo "$nss $nsa $nsb" >"$dir/namespaces"
     # A private /24 per run, chosen from the id, only inside the namespaces.
@@ -351,7 +352,11 @@ cmd_sweep() {
     for d in "$BASE/$PREFIX"*; do
         [[ -d $d ]] || continue
         owner=$(cat "$d/owner" 2>/dev/null)
-        if [[ -n $owner ]] && kill -0 "$owner" 2>/dev/null; then
+        if [[ -z $owner ]]; then
+            # A run between its mkdir and writing its owner (a live one) has
+            # no owner yet: only a dir left that way for 10 minutes is dead.
+            [[ -n $(find "$d" -maxdepth 0 -mmin +10 2>/dev/null) ]] || continue
+        elif kill -0 "$owner" 2>/dev/null; then
             continue
         fi
         log "removing leftovers of a dead run: $d"
