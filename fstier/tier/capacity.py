@@ -56,6 +56,9 @@ _REMOVED_BATCH = 64
 _WATCH_S = 0.5
 #: A scan that raced stores is repeated after at least this long.
 _RECHECK_MIN_S = 2.0
+#: Once no instance's count has moved for this long, a count that moved since
+#: the last full scan is made exact by one more (the settled rescan).
+_QUIET_S = 2.0
 
 
 class Capacity:
@@ -87,6 +90,7 @@ class Capacity:
         self._usage_known = False
         self._resynced = time.monotonic()
         self._recheck_at: float | None = None
+        self._scan_s = 0.0  # how long the last full scan took
         self._usage_lock = threading.Lock()
         self._removed_pending = 0  # evicted bytes not yet subtracted from the count
         self._removed_in_pass = 0
@@ -263,6 +267,7 @@ class Capacity:
                 usage = shared.end_scan(token, report.final_bytes, mine)
                 self._usage_known = True
                 self._resynced = time.monotonic()
+                self._scan_s = report.seconds
                 # Stores during the walk may be counted twice: scan again
                 # once things are quieter, so the count ends exact.
                 self._recheck_at = (
@@ -280,10 +285,22 @@ class Capacity:
 
     def _rescan_due(self) -> bool:
         now = time.monotonic()
+        shared = self._shared
         return (
             now - self._resynced >= _RESYNC_INTERVAL_S
             or (self._recheck_at is not None and now >= self._recheck_at)
-            or (self._shared is not None and self._shared.rescan_wanted)
+            or (shared is not None and shared.rescan_wanted)
+            # Settled: the count moved by deltas since the last scan (each a
+            # little off: stores the walk saw twice, another host's late
+            # count) and nothing moves now; one walk makes it exact, at most
+            # one walk per ten walks' time (test_settled_count_is_rescanned).
+            or (
+                shared is not None
+                and self._usage_known
+                and shared.changed_since_scan
+                and shared.quiet_s() >= _QUIET_S
+                and now - self._resynced >= max(_RECHECK_MIN_S, 10 * self._scan_s)
+            )
         )
 
     def _loop(self) -> None:
