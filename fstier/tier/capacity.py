@@ -162,6 +162,22 @@ class Capacity:
         if usage > self.max_bytes * self._tier.high_watermark:
             self._wake.set()
 
+    def reserve(self, nbytes: int) -> None:
+        """Count an admitted store's ``nbytes`` now, before it is written
+        (every instance sees stores in flight); :meth:`settle` when it ends."""
+        if self._shared is None or self.max_bytes is None or nbytes <= 0:
+            return
+        usage = self._shared.reserve(nbytes)
+        self.metrics.usage_bytes.set(usage)
+        if usage > self.max_bytes * self._tier.high_watermark:
+            self._wake.set()
+
+    def settle(self, reserved: int, stored: int) -> None:
+        """A store that :meth:`reserve` counted ``reserved`` bytes for ended
+        with ``stored`` bytes on disk: the rest is given back."""
+        if self._shared is not None and self.max_bytes is not None and reserved > 0:
+            self.metrics.usage_bytes.set(self._shared.settle(reserved, stored))
+
     def wake(self) -> None:
         """Ask the thread for a pass now."""
         self._wake.set()

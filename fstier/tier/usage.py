@@ -25,9 +25,20 @@ returns fresh.
   scan found; stores count from just *before* that scan and removals from
   just *after* it, so a store or removal racing the walk can only make the
   view too high (it evicts a little early), never too low (which would let
-  the root overshoot); a scan that raced is repeated later. Between scans
-  only deltas matter, so an instance that died keeps contributing nothing
-  new, and a new instance counts from when it is first seen.
+  the root overshoot); a scan that raced is repeated later. Removals are
+  ordered with scans by the eviction lease (below): every scan runs under
+  it, and a holder publishes its count before giving it back, so the counts
+  read when a scan starts hold every removal made before it, and a removal
+  published after it is of a file it counted (the time-based settling this
+  replaced took another host's evictions just after a scan for files the
+  scan had missed: the view stayed 25 MiB high on GlusterFS and stores were
+  dropped while the disk had room). Between scans only deltas matter, so an
+  instance that died keeps contributing nothing new, and a new instance
+  counts from when it is first seen.
+- A store counts from when it is admitted (:meth:`SharedUsage.reserve`),
+  not when it ends, so every instance sees stores in flight; what it did not
+  store is given back as removed when it ends (:meth:`SharedUsage.settle`).
+  A scan counts stores in flight at its start on top of what it walked.
 - The hot path does no I/O: :meth:`SharedUsage.add` and
   :meth:`SharedUsage.read` touch memory under a thread lock held for a few
   instructions, and :meth:`SharedUsage.add` wakes a background thread
@@ -136,7 +147,8 @@ LEASE_S = 30.0
 #: A holder renews its lease this often while a pass runs.
 RENEW_S = 5.0
 #: How late another instance's count may reach a reader (publish + refresh
-#: + a FUSE mount's 1 s caches), with margin.
+#: + a FUSE mount's 1 s caches), with margin: a scan that saw counts move
+#: this close to its start may have raced them (it is repeated).
 SETTLE_S = 2.0
 #: Wait at most this long for a rescan after a bad count asked for one.
 _RESCAN_MIN_INTERVAL_S = 10.0
@@ -187,6 +199,7 @@ class SharedUsage:
         #: bytes this instance stored and removed since it started
         self._stored = 0
         self._removed = 0
+        self._inflight = 0  # reserved for stores not ended yet (in _stored)
         self._gen = 0
         self._published: tuple[int, int] | None = None
         self._published_at = 0.0
@@ -207,7 +220,6 @@ class SharedUsage:
         self._last_add = -1e18  # when this instance's count last moved
         #: the count moved since the last full scan (a settled rescan makes it exact)
         self.changed_since_scan = False
-        self._freeze_until = -1e18
         self._rescan_asked = -1e18
         self._warned: set[str] = set()
         #: the lease this instance holds: its fd and (dev, ino); None when not held
@@ -327,13 +339,30 @@ class SharedUsage:
         self._wake.set()  # publish now (the thread coalesces a burst)
         return view
 
+    def reserve(self, nbytes: int) -> int:
+        """Count a store in flight (it counts as stored from now on: others
+        see it); :meth:`settle` when it ends. Returns the new view."""
+        with self._lock:
+            self._inflight += nbytes
+        return self.add(nbytes)
+
+    def settle(self, reserved: int, stored: int) -> int:
+        """A store :meth:`reserve` counted ``reserved`` bytes for ended with
+        ``stored`` on disk: the rest counts as removed. Returns the new view."""
+        with self._lock:
+            self._inflight = max(0, self._inflight - reserved)
+        return self.add(-max(0, reserved - stored)) if reserved > stored else self.read()
+
     # ---------------------------------------------------------------- scans
     def begin_scan(self) -> ScanToken:
         """Call just before a full scan: refreshes the others' counts (on
         the calling thread, the capacity thread) and returns what they were."""
         self.refresh()
         with self._lock:
-            return ScanToken((self._stored, self._removed), dict(self._others), self._clock())
+            # Stores in flight are not on disk yet: the walk may miss them,
+            # so they count on top of it (as stores made after the token).
+            own = (self._stored - self._inflight, self._removed)
+            return ScanToken(own, dict(self._others), self._clock())
 
     def end_scan(self, token: ScanToken, scanned: int, removed_by_scan: int) -> int:
         """A full scan that began at ``token`` left ``scanned`` bytes on disk
@@ -346,16 +375,12 @@ class SharedUsage:
         the new view."""
         self.refresh()
         with self._lock:
-            # Others' counts reach us late (publish + refresh + the mount's
-            # cache): any activity seen near the walk may have raced it.
+            # Others' stores reach us late (publish + refresh): any activity
+            # seen near the walk may have raced it.
             self.scan_raced = (
                 (self._stored, self._removed - removed_by_scan) != token.own
                 or self._last_activity >= token.at - SETTLE_S
             )
-            # Others' removals published during the next SETTLE_S may be of
-            # files this walk already missed: they are not subtracted (the
-            # view stays high, never low) until then.
-            self._freeze_until = self._clock() + SETTLE_S
             self._base = max(0, scanned)
             self._own_base = (token.own[0], self._removed)
             # Claims refused as impossible: the scan is the truth, and what
@@ -522,10 +547,6 @@ class SharedUsage:
                 self._last_activity = now
                 self.changed_since_scan = True
             self._others.update(good)
-            if now < self._freeze_until:
-                for inst, (_stored, removed) in good.items():
-                    b_stored = self._others_base.get(inst, (0, 0))[0]
-                    self._others_base[inst] = (b_stored, removed)
             dead = []
             for inst, beat in beats.items():
                 last_beat = self._liveness.get(inst)
