@@ -1,9 +1,13 @@
 """Fixtures for the tests on real shared filesystems (``make test-sharedfs``).
 
-``tests/sharedfs/run.sh`` stands up GlusterFS and MooseFS, each mounted by two
-FUSE clients in two network namespaces ("host a" and "host b"), and points
-``FSTIER_SHAREDFS_ENV`` at a JSON file naming the mounts. Without it these
-tests are skipped (``make test`` on a machine without the setup), unless
+``tests/sharedfs/run.sh`` stands up GlusterFS, MooseFS and CephFS, each
+mounted by two FUSE clients in two network namespaces ("host a" and "host
+b"), and points ``FSTIER_SHAREDFS_ENV`` at a JSON file naming the mounts.
+The env's ``filesystems`` is the one list: every test taking the ``sfs``
+fixture runs once per filesystem in it, and a test taking ``sfs`` and
+``fault`` once per (filesystem, fault) it names (``sfs.faults``: the data
+servers on each, and CephFS's MDS). Without the env these tests are skipped
+(``make test`` on a machine without the setup), unless
 ``FSTIER_REQUIRE_SHAREDFS=1`` (set by run.sh) turns that into a failure.
 """
 
@@ -17,7 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +29,8 @@ import pytest
 
 ENV = os.environ.get("FSTIER_SHAREDFS_ENV")
 REQUIRED = os.environ.get("FSTIER_REQUIRE_SHAREDFS") == "1"
-FILESYSTEMS = ("glusterfs", "moosefs")
+#: what run.sh stands up; the env file's list decides what runs
+FILESYSTEMS = ("glusterfs", "moosefs", "cephfs")
 #: figures the tests measured, printed at the end of the run (docs cite them)
 FIGURES: dict[str, dict[str, Any]] = {}
 
@@ -121,7 +126,9 @@ def _faulter() -> Iterator[Faulter | None]:
 @dataclass
 class SharedFs:
     """One shared filesystem seen from two hosts: ``a`` and ``b`` are the same
-    directory through host a's and host b's mount."""
+    directory through host a's and host b's mount. ``faults`` maps a fault's
+    name to its (inject, undo) commands; ``info`` is the env's entry (CephFS
+    names its pool with a quota there)."""
 
     name: str
     a: Path
@@ -130,18 +137,33 @@ class SharedFs:
     start_cmd: str
 
     faulter: Faulter
+    faults: dict[str, tuple[str, str]] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
     servers_down: bool = False
+    _undo: list[str] = field(default_factory=list)
 
     def fault(self, what: str) -> None:
         self.faulter.run(what)
 
     def kill_servers(self) -> None:
-        """Kill the data servers (GlusterFS bricks, the MooseFS chunkserver)."""
-        self.servers_down = True
-        self.fault(self.kill_cmd)
+        """Kill the data servers (GlusterFS bricks, the MooseFS chunkserver,
+        the Ceph OSD)."""
+        self.inject(self.kill_cmd, self.start_cmd)
 
     def start_servers(self) -> None:
-        self.fault(self.start_cmd)
+        self.undo()
+
+    def inject(self, what: str, undo: str) -> None:
+        """Run fault ``what``; ``undo`` runs at :meth:`undo` or, at the
+        latest, when the test ends."""
+        self._undo.append(undo)
+        self.servers_down = True
+        self.fault(what)
+
+    def undo(self) -> None:
+        while self._undo:
+            self.fault(self._undo[-1])
+            self._undo.pop()
         self.servers_down = False
 
     def link_down_a(self) -> None:
@@ -151,7 +173,29 @@ class SharedFs:
         self.fault("link-up-a")
 
 
-@pytest.fixture(params=FILESYSTEMS)
+def _listed() -> list[str]:
+    env = _env()
+    return list(env["filesystems"]) if env is not None else list(FILESYSTEMS)
+
+
+def pytest_generate_tests(metafunc: Any) -> None:
+    """``sfs`` runs on every filesystem the env lists; with ``fault`` too, on
+    every (filesystem, fault) pair."""
+    if "sfs" not in metafunc.fixturenames:
+        return
+    if "fault" in metafunc.fixturenames:
+        env = _env()
+        pairs = (
+            [(fs, f) for fs, d in env["filesystems"].items() for f in d.get("faults", {"servers": None})]
+            if env is not None
+            else [(fs, "servers") for fs in FILESYSTEMS]
+        )
+        metafunc.parametrize(("sfs", "fault"), pairs, indirect=["sfs"], ids=[f"{a}-{b}" for a, b in pairs])
+    else:
+        metafunc.parametrize("sfs", _listed(), indirect=True)
+
+
+@pytest.fixture
 def sfs(request: Any, _faulter: Faulter | None) -> Iterator[SharedFs]:
     env = _env()
     if env is None:
@@ -163,15 +207,17 @@ def sfs(request: Any, _faulter: Faulter | None) -> Iterator[SharedFs]:
     a = Path(fs["a"]) / sub
     a.mkdir()
     assert _faulter is not None
-    shared = SharedFs(request.param, a, Path(fs["b"]) / sub, fs["kill"], fs["start"], _faulter)
+    faults = {k: (v[0], v[1]) for k, v in fs.get("faults", {}).items()}
+    shared = SharedFs(
+        request.param, a, Path(fs["b"]) / sub, fs["kill"], fs["start"], _faulter, faults, dict(fs)
+    )
     try:
         yield shared
     finally:
         # Whatever a fault test left: bring everything back for the next test.
         try:
             shared.link_up_a()
-            if shared.servers_down:
-                shared.start_servers()
+            shared.undo()
             wait_usable(a.parent, 60)
         finally:
             shutil.rmtree(a, ignore_errors=True)

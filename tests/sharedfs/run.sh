@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# `make test-sharedfs`: install the Debian packages, stand up GlusterFS and
-# MooseFS (servers + two client hosts in network namespaces), run
-# tests/sharedfs, and ALWAYS tear everything down: on success, on failure, on
-# Ctrl-C or SIGTERM, and on the time limit. Leftovers of an earlier run whose
-# driver died (SIGKILL) are removed first.
+# `make test-sharedfs`: install the Debian packages, stand up GlusterFS,
+# MooseFS and CephFS (servers + two client hosts in network namespaces), run
+# tests/sharedfs on each, and ALWAYS tear everything down: on success, on
+# failure, on Ctrl-C or SIGTERM, and on the time limit. Leftovers of an
+# earlier run whose driver died (SIGKILL) are removed first; a live run of
+# another checkout (its owner pid alive) is left alone.
 #
 #   tests/sharedfs/run.sh PYTHON [pytest args...]
 #
-# Environment: FSTIER_SHAREDFS_TIME_LIMIT (seconds for the tests, default 600).
+# pytest args naming test files (tests/...) replace the default tests/sharedfs.
+# Environment: FSTIER_SHAREDFS_TIME_LIMIT (seconds for the tests, default 600);
+# FSTIER_SHAREDFS_FILESYSTEMS (default "glusterfs moosefs cephfs") to stand
+# up and test fewer.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -52,10 +56,12 @@ trap 'exit 129' HUP
 echo "test-sharedfs: set up after $((SECONDS - t0)) s" >&2
 
 cd "$repo" || exit 1
+targets=(tests/sharedfs)
+for a in "$@"; do [[ $a == tests/* ]] && targets=(); done
 # setsid: the tests (and every process they start) form one process group
 # that cleanup can end; `wait` returns at once when a signal arrives.
 FSTIER_SHAREDFS_ENV="$dir/env.json" FSTIER_REQUIRE_SHAREDFS=1 \
-    setsid timeout -k 15 "$limit" "$py" -m pytest -q -p no:cacheprovider tests/sharedfs "$@" &
+    setsid timeout -k 15 "$limit" "$py" -m pytest -q -p no:cacheprovider "${targets[@]}" "$@" &
 tests_pid=$!
 wait "$tests_pid"
 rc=$?

@@ -1,24 +1,37 @@
 #!/usr/bin/env bash
-# Real shared filesystems for fstier's tests: GlusterFS and MooseFS, each with
-# its servers in one network namespace and two FUSE clients ("hosts" a and b)
-# in two others, all on a private bridge that exists only inside those
-# namespaces (nothing is addressed in the root namespace).
+# Real shared filesystems for fstier's tests: GlusterFS, MooseFS and CephFS,
+# each with its servers in one network namespace and two FUSE clients
+# ("hosts" a and b) in two others, all on a private bridge that exists only
+# inside those namespaces (nothing is addressed in the root namespace).
+# FSTIER_SHAREDFS_FILESYSTEMS (default: all three) names the ones `up`
+# stands up; DIR/env.json lists them, with the faults each one offers.
 #
 #   sharedfs.sh install          install the Debian packages (idempotent)
 #   sharedfs.sh up DIR           stand everything up under the new DIR; writes DIR/env.json
 #   sharedfs.sh down DIR         tear down what DIR records (idempotent, never fails)
 #   sharedfs.sh sweep            tear down leftovers of runs whose owner died
 #   sharedfs.sh fault DIR WHAT   gluster-kill | gluster-start | mfs-kill | mfs-start
-#                                | link-down-a | link-up-a
+#                                | ceph-osd-kill | ceph-osd-start | ceph-mds-kill
+#                                | ceph-mds-start | link-down-a | link-up-a
 #   sharedfs.sh serve DIR        run the faults named on stdin, one a line (the tests)
 #
 # Every process this script starts runs inside one of its own namespaces, so
 # teardown kills exactly `ip netns pids` of those namespaces; mounts and loop
 # devices are recorded in DIR and undone in reverse order. Names carry a
-# per-run id so two runs on one machine never collide.
+# per-run id so two runs on one machine never collide; every file a daemon
+# writes (Ceph's admin sockets, pid files, logs, cluster log) lives under DIR;
+# `sweep` tears down only runs whose owner pid is gone.
 set -uo pipefail
 
-PKGS="glusterfs-server glusterfs-client moosefs-master moosefs-chunkserver moosefs-client moosefs-cli xfsprogs"
+PKGS="glusterfs-server glusterfs-client moosefs-master moosefs-chunkserver moosefs-client moosefs-cli xfsprogs
+      ceph-mon ceph-mgr ceph-osd ceph-mds ceph-fuse"
+# What `up` stands up (FSTIER_SHAREDFS_FILESYSTEMS narrows it for a quick
+# run on one); env.json lists exactly these, and the tests run on each.
+ALL_FS="glusterfs moosefs cephfs"
+# CephFS: a second data pool with a pool quota, for the ENOSPC tests (a test
+# points its directory at it with the ceph.dir.layout.pool xattr).
+CEPH_FULL_POOL=fstier_full
+CEPH_FULL_POOL_BYTES=$((24 << 20))
 BASE=/var/tmp
 PREFIX=fstier-sharedfs-
 
@@ -41,7 +54,8 @@ wait_for() {
 
 cmd_install() {
     local missing=0 p
-    for p in glusterd glusterfs gluster mfsmaster mfschunkserver mfsmount mfssetgoal mkfs.xfs; do
+    for p in glusterd glusterfs gluster mfsmaster mfschunkserver mfsmount mfssetgoal mkfs.xfs \
+        ceph ceph-mon ceph-mgr ceph-osd ceph-mds ceph-fuse monmaptool; do
         command -v "$p" >/dev/null 2>&1 || missing=1
     done
     if ((missing == 0)); then
@@ -50,9 +64,10 @@ cmd_install() {
     fi
     log "installing: $PKGS"
     export DEBIAN_FRONTEND=noninteractive
-    timeout 300 apt-get update -q >/dev/null || die "apt-get update failed"
+    # A second run installing at the same time waits for dpkg's lock.
+    timeout 300 apt-get -o DPkg::Lock::Timeout=240 update -q >/dev/null || die "apt-get update failed"
     # shellcheck disable=SC2086
-    timeout 600 apt-get install -y -q --no-install-recommends $PKGS >/dev/null \
+    timeout 600 apt-get -o DPkg::Lock::Timeout=240 install -y -q --no-install-recommends $PKGS >/dev/null \
         || die "apt-get install failed"
 }
 
@@ -65,6 +80,24 @@ is_mounted() { mountpoint -q "$1"; }
 fuse_ready() { is_mounted "$1" && timeout 5 ls "$1" >/dev/null 2>&1 && timeout 5 stat -f "$1" >/dev/null 2>&1; }
 
 record() { echo "$2" >>"$1/$3"; }
+
+filesystems() {
+    local fs
+    for fs in ${FSTIER_SHAREDFS_FILESYSTEMS:-$ALL_FS}; do
+        echo "$fs"
+    done
+}
+
+# One XFS loop filesystem holds the GlusterFS brick and the MooseFS chunks.
+ensure_disk() {
+    local dir=$1
+    is_mounted "$dir/disk" && return 0
+    truncate -s 4G "$dir/disk.img" || return 1
+    mkfs.xfs -q -f -i size=512 "$dir/disk.img" || return 1
+    mkdir -p "$dir/disk"
+    mount -o loop "$dir/disk.img" "$dir/disk" || return 1
+    record "$dir" "$dir/disk" mounts
+}
 
 # Per run: the volume name and glusterd's CLI socket (the default socket and
 # brick pid directory are machine-wide).
@@ -111,28 +144,46 @@ cmd_up() {
         ip -n "$peer" link set eth0 up
     done
 
-    # One XFS loop filesystem holds the GlusterFS brick and the MooseFS chunks.
-    truncate -s 4G "$dir/disk.img" || return 1
-    mkfs.xfs -q -f -i size=512 "$dir/disk.img" || return 1
-    mkdir -p "$dir/disk"
-    mount -o loop "$dir/disk.img" "$dir/disk" || return 1
-    record "$dir" "$dir/disk" mounts
-
-    up_gluster "$dir" "$nss" "$nsa" "$nsb" "$srv" || return 1
-    up_moosefs "$dir" "$nss" "$nsa" "$nsb" "$srv" || return 1
-
-    cat >"$dir/env.json" <<EOF
+    local fs entries=()
+    for fs in $(filesystems); do
+        case $fs in
+            glusterfs | moosefs) ensure_disk "$dir" || return 1 ;;
+        esac
+        case $fs in
+            glusterfs)
+                up_gluster "$dir" "$nss" "$nsa" "$nsb" "$srv" || return 1
+                entries+=("\"glusterfs\": {\"a\": \"$dir/mnt/gluster-a\", \"b\": \"$dir/mnt/gluster-b\",
+      \"kill\": \"gluster-kill\", \"start\": \"gluster-start\",
+      \"faults\": {\"bricks\": [\"gluster-kill\", \"gluster-start\"]}}")
+                ;;
+            moosefs)
+                up_moosefs "$dir" "$nss" "$nsa" "$nsb" "$srv" || return 1
+                entries+=("\"moosefs\": {\"a\": \"$dir/mnt/mfs-a\", \"b\": \"$dir/mnt/mfs-b\",
+      \"kill\": \"mfs-kill\", \"start\": \"mfs-start\",
+      \"faults\": {\"chunkserver\": [\"mfs-kill\", \"mfs-start\"]}}")
+                ;;
+            cephfs)
+                up_ceph "$dir" "$nss" "$nsa" "$nsb" "$srv" "$net" || return 1
+                entries+=("\"cephfs\": {\"a\": \"$dir/mnt/ceph-a\", \"b\": \"$dir/mnt/ceph-b\",
+      \"kill\": \"ceph-osd-kill\", \"start\": \"ceph-osd-start\",
+      \"faults\": {\"osd\": [\"ceph-osd-kill\", \"ceph-osd-start\"],
+                 \"mds\": [\"ceph-mds-kill\", \"ceph-mds-start\"]},
+      \"full_pool\": \"$CEPH_FULL_POOL\", \"full_pool_bytes\": $CEPH_FULL_POOL_BYTES}")
+                ;;
+            *) log "unknown filesystem $fs (FSTIER_SHAREDFS_FILESYSTEMS)"; return 1 ;;
+        esac
+    done
+    local joined
+    joined=$(printf ',\n    %s' "${entries[@]}")
+    cat >"$dir/env.json.tmp" <<EOF
 {
   "script": "$(readlink -f "$0")",
   "dir": "$dir",
-  "filesystems": {
-    "glusterfs": {"a": "$dir/mnt/gluster-a", "b": "$dir/mnt/gluster-b",
-                  "kill": "gluster-kill", "start": "gluster-start"},
-    "moosefs": {"a": "$dir/mnt/mfs-a", "b": "$dir/mnt/mfs-b",
-                "kill": "mfs-kill", "start": "mfs-start"}
+  "filesystems": {${joined#,}
   }
 }
 EOF
+    mv "$dir/env.json.tmp" "$dir/env.json"
     log "up: $dir/env.json"
 }
 
@@ -219,6 +270,142 @@ EOF
     rm -f "$dir/mnt/mfs-a/.probe"
 }
 
+# CephFS: one mon, one mgr, one OSD (BlueStore on a sparse file), one MDS in
+# the server namespace, no cephx (a private network inside namespaces), and a
+# ceph-fuse client per host. Every daemon and every mkfs runs in the server
+# namespace (they bind to its address); every `ceph` call is bounded (with no
+# mon it would wait forever).
+ceph_cli() {
+    local dir=$1 nss
+    shift
+    nss=$(awk '{print $1}' "$dir/namespaces")
+    timeout 30 nsenter --net="/run/netns/$nss" ceph -c "$dir/ceph/ceph.conf" --connect-timeout 10 "$@"
+}
+
+ceph_mds_active() { ceph_cli "$1" mds stat 2>/dev/null | grep -q 'up:active'; }
+ceph_osd_up() { ceph_cli "$1" osd stat 2>/dev/null | grep -q '1 up'; }
+
+up_ceph() {
+    local dir=$1 nss=$2 nsa=$3 nsb=$4 srv=$5 net=$6
+    local c="$dir/ceph"
+    mkdir -p "$c/mon/ceph-a" "$c/mgr/ceph-x" "$c/osd/ceph-0" "$c/mds/ceph-a" "$c/run" "$c/log" \
+        "$dir/mnt/ceph-a" "$dir/mnt/ceph-b"
+    local fsid
+    fsid=$(cat /proc/sys/kernel/random/uuid)
+    # The settings are those of ../shared notes' single-node cluster: one copy,
+    # memory caps, and faster objecter/MDS ticks (Ceph's 5 s/10 s/5 s make
+    # recovery after a fault and a first read on the other client wait
+    # seconds longer).
+    cat >"$c/ceph.conf" <<EOF
+[global]
+fsid = $fsid
+mon host = [v2:$srv:3300,v1:$srv:6789]
+mon initial members = a
+public network = $net/24
+ms bind ipv6 = false
+auth cluster required = none
+auth service required = none
+auth client required = none
+run dir = $c/run
+admin socket = $c/run/\$cluster-\$name.asok
+pid file = $c/run/\$name.pid
+log file = $c/log/\$name.log
+mon cluster log file = $c/log/\$cluster.\$channel.log
+keyring = $c/keyring
+osd pool default size = 1
+osd pool default min size = 1
+osd pool default pg autoscale mode = off
+mon allow pool size one = true
+mon warn on pool no redundancy = false
+mon osd down out interval = 0
+osd crush chooseleaf type = 0
+objecter tick interval = 1
+objecter timeout = 2
+[mon]
+mon data = $c/mon/\$cluster-\$id
+[mgr]
+mgr data = $c/mgr/\$cluster-\$id
+[osd]
+osd data = $c/osd/\$cluster-\$id
+osd objectstore = bluestore
+bluestore block create = true
+bluestore block size = $((8 << 30))
+bluestore fsck on mount = false
+osd memory target = $((896 << 20))
+[mds]
+mds data = $c/mds/\$cluster-\$id
+mds cache memory limit = $((128 << 20))
+mds tick interval = 0.2
+EOF
+    touch "$c/keyring"
+    log "ceph: mon, mgr, osd, mds"
+    monmaptool --create --fsid "$fsid" --addv a "[v2:$srv:3300,v1:$srv:6789]" "$c/monmap" >/dev/null \
+        || { log "monmaptool failed"; return 1; }
+    ns_exec "$nss" ceph-mon -c "$c/ceph.conf" --mkfs -i a --monmap "$c/monmap" >"$c/mon.out" 2>&1 \
+        || { cat "$c/mon.out" >&2; log "ceph-mon --mkfs failed"; return 1; }
+    ns_exec "$nss" ceph-mon -c "$c/ceph.conf" -i a || { log "ceph-mon did not start"; return 1; }
+    wait_for 30 "ceph mon answers" ceph_cli "$dir" mon stat || return 1
+    ns_exec "$nss" ceph-mgr -c "$c/ceph.conf" -i x || { log "ceph-mgr did not start"; return 1; }
+    local uuid osd
+    uuid=$(cat /proc/sys/kernel/random/uuid)
+    osd=$(ceph_cli "$dir" osd new "$uuid") || { log "ceph osd new failed"; return 1; }
+    [[ $osd == 0 ]] || { log "ceph osd new gave id '$osd', expected 0"; return 1; }
+    ns_exec "$nss" ceph-osd -c "$c/ceph.conf" -i 0 --mkfs --osd-uuid "$uuid" >"$c/osd-mkfs.out" 2>&1 \
+        || { cat "$c/osd-mkfs.out" >&2; return 1; }
+    ns_exec "$nss" ceph-osd -c "$c/ceph.conf" -i 0 >>"$c/osd-mkfs.out" 2>&1 \
+        || { cat "$c/osd-mkfs.out" >&2; log "ceph-osd did not start"; return 1; }
+    {
+        ceph_cli "$dir" osd pool create cephfs_metadata 16 \
+            && ceph_cli "$dir" osd pool create cephfs_data 32 \
+            && ceph_cli "$dir" osd pool create "$CEPH_FULL_POOL" 8 \
+            && ceph_cli "$dir" fs new fstierfs cephfs_metadata cephfs_data \
+            && ceph_cli "$dir" fs add_data_pool fstierfs "$CEPH_FULL_POOL" \
+            && ceph_cli "$dir" osd pool set-quota "$CEPH_FULL_POOL" max_bytes "$CEPH_FULL_POOL_BYTES"
+    } >"$c/pools.out" 2>&1 || { cat "$c/pools.out" >&2; log "ceph pools / fs new failed"; return 1; }
+    ns_exec "$nss" ceph-mds -c "$c/ceph.conf" -i a >"$c/mds.out" 2>&1 \
+        || { cat "$c/mds.out" >&2; log "ceph-mds did not start"; return 1; }
+    wait_for 60 "ceph OSD up" ceph_osd_up "$dir" || return 1
+    wait_for 60 "ceph MDS active" ceph_mds_active "$dir" || return 1
+    local x ns
+    for x in a b; do
+        if [[ $x == a ]]; then ns=$nsa; else ns=$nsb; fi
+        ns_exec "$ns" ceph-fuse -c "$c/ceph.conf" --id "$x" "$dir/mnt/ceph-$x" >"$c/fuse-$x.out" 2>&1 \
+            || { cat "$c/fuse-$x.out" >&2; return 1; }
+        record "$dir" "$dir/mnt/ceph-$x" mounts
+        wait_for 60 "CephFS mount $x" fuse_ready "$dir/mnt/ceph-$x" || return 1
+    done
+    wait_for 60 "CephFS a -> b" \
+        bash -c "echo probe >'$dir/mnt/ceph-a/.probe' && sync '$dir/mnt/ceph-a/.probe' && cat '$dir/mnt/ceph-b/.probe'" \
+        || return 1
+    rm -f "$dir/mnt/ceph-a/.probe"
+}
+
+# The pid of a Ceph daemon of this run (TYPE: osd, mds), not a zombie.
+ceph_pid() {
+    local dir=$1 type=$2 nss pid
+    nss=$(awk '{print $1}' "$dir/namespaces")
+    for pid in $(ip netns pids "$nss" 2>/dev/null); do
+        [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) == Z ]] && continue
+        if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "ceph-$type -c $dir/ceph/ceph.conf"; then
+            echo "$pid"
+        fi
+    done
+}
+
+ceph_kill() {
+    local dir=$1 type=$2 pid
+    for pid in $(ceph_pid "$dir" "$type"); do kill -9 "$pid" 2>/dev/null; done
+    wait_for 10 "ceph-$type gone" test -z "$(ceph_pid "$dir" "$type")"
+}
+
+ceph_start() {
+    local dir=$1 type=$2 id nss
+    nss=$(awk '{print $1}' "$dir/namespaces")
+    if [[ $type == osd ]]; then id=0; else id=a; fi
+    [[ -n $(ceph_pid "$dir" "$type") ]] && return 0
+    ns_exec "$nss" "ceph-$type" -c "$dir/ceph/ceph.conf" -i "$id"
+}
+
 # ------------------------------------------------------------------ faults
 mfs_cs_pid() {
     local dir=$1 nss pid
@@ -255,6 +442,10 @@ cmd_fault() {
         mfs-start)
             ns_exec "$nss" mfschunkserver -c "$dir/mfs/cs.cfg" start >>"$dir/mfs/cs.out" 2>&1
             ;;
+        ceph-osd-kill) ceph_kill "$dir" osd ;;
+        ceph-osd-start) ceph_start "$dir" osd ;;
+        ceph-mds-kill) ceph_kill "$dir" mds ;;
+        ceph-mds-start) ceph_start "$dir" mds ;;
         link-down-a) ip -n "$nsa" link set eth0 down ;;
         link-up-a) ip -n "$nsa" link set eth0 up ;;
         *) die "unknown fault $what" ;;
@@ -304,6 +495,12 @@ cmd_down() {
         gl "$dir" volume stop "$(vol_of "$dir")" force >/dev/null 2>&1
     fi
     if [[ -n $nss ]]; then
+        # Ceph's daemons hold nothing worth a clean stop here, and a SIGTERMed
+        # MDS takes over 5 s: kill them outright.
+        local t pid
+        for t in mds osd mgr mon; do
+            for pid in $(ceph_pid "$dir" "$t"); do kill -9 "$pid" 2>/dev/null; done
+        done
         kill_ns_pids TERM "$nss" "$nsa" "$nsb"
         local end=$((SECONDS + 10))
         while ns_has_pids "$nss" "$nsa" "$nsb" && ((SECONDS < end)); do sleep 0.2; done
@@ -336,6 +533,7 @@ cmd_down() {
         mkdir -p "$FSTIER_SHAREDFS_KEEP_LOGS"
         cp -r "$dir/gluster/log" "$FSTIER_SHAREDFS_KEEP_LOGS/gluster-log" 2>/dev/null
         cp "$dir"/mfs/*.out "$FSTIER_SHAREDFS_KEEP_LOGS/" 2>/dev/null
+        cp -r "$dir/ceph/log" "$FSTIER_SHAREDFS_KEEP_LOGS/ceph-log" 2>/dev/null
     fi
     local left=0
     for m in "${mounts[@]}"; do is_mounted "$m" && left=1; done
