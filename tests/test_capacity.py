@@ -587,6 +587,45 @@ def test_lease_expiry_is_the_readers_observation_not_the_holders_clock(tmp_path:
         holder.close()
 
 
+def test_leftovers_and_dead_counts_go_after_an_hour_of_the_readers_time(tmp_path: Path) -> None:
+    """A lease set aside by a process killed mid-takeover, an old temp, and
+    a count whose generation never moves are removed after STALE_S of the
+    reader's own clock, not before; a live instance's count never is."""
+    from fstier.tier.usage import STALE_S, USAGE_DIR_NAME, SharedUsage
+
+    root = tmp_path / "root"
+    d = root / USAGE_DIR_NAME
+    d.mkdir(parents=True)
+    junk = [d / ".evict.lease.old.h-1-ab.cd", d / ".h-1-ab.count.tmp.0011"]
+    for p in junk:
+        p.touch()
+    dead = d / "h-1-dead0000.7.4096.0.cnt"
+    dead.touch()
+    clock = _Clock()
+    reader = SharedUsage(root, background=False, clock=clock)
+    live = SharedUsage(root, background=False, clock=clock)
+    try:
+        reader.refresh()
+        clock.t += STALE_S - 1
+        live.add(4096)
+        live.refresh()
+        reader.refresh()
+        assert all(p.exists() for p in [*junk, dead])
+        clock.t += 2
+        live.add(4096)  # a new generation: alive
+        live.refresh()
+        reader.refresh()
+        assert not any(p.exists() for p in [*junk, dead])
+        assert len(list(d.glob(f"{live.instance}.*.cnt"))) == 1
+        clock.t += STALE_S + 1
+        live.refresh(force=True)  # a heartbeat
+        reader.refresh()
+        assert len(list(d.glob(f"{live.instance}.*.cnt"))) == 1
+    finally:
+        reader.close()
+        live.close()
+
+
 def test_planted_removal_claim_does_not_pin_the_count_at_zero(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -130,6 +130,8 @@ COUNT_SUFFIX = ".cnt"
 _COUNT_NAME = re.compile(r"^([A-Za-z0-9_-][A-Za-z0-9._-]{0,199})\.(\d{1,20})\.(\d{1,20})\.(\d{1,20})\.cnt$")
 #: fstier < 0.6's count files (one line of text each; read, never written)
 _LEGACY_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}\.count$")
+#: leftovers of a process killed mid-step: a lease set aside, fstier < 0.6's temps
+_LEFTOVER_NAME = re.compile(r"^\.(evict\.lease\.old\.|.*\.tmp\.)")
 _MAX_FILE = 256
 _MAX_ABS = 1 << 60
 _MAX_SUM = 1 << 62
@@ -211,6 +213,9 @@ class SharedUsage:
         self._refused: dict[str, tuple[int, int]] = {}
         #: per other instance: its last generation (or legacy mtime) and when it moved
         self._liveness: dict[str, tuple[int, float]] = {}
+        #: leftover names and when this instance first saw them
+        self._leftovers: dict[str, float] = {}
+        self._scanned = False  # no claim is judged before this instance's first scan
         self._own_base = (0, 0)
         self._base = 0
         self.rescan_wanted = False
@@ -395,6 +400,7 @@ class SharedUsage:
             self._refused.clear()
             self.rescan_wanted = False
             self.changed_since_scan = self.scan_raced
+            self._scanned = True
             return self._sum_locked()
 
     def quiet_s(self) -> float:
@@ -491,8 +497,12 @@ class SharedUsage:
         seen: dict[str, tuple[int, int]] = {}
         beats: dict[str, int] = {}
         files: dict[str, list[str]] = {}
+        leftovers: list[str] = []
         for name in names:
             if name in own:
+                continue
+            if _LEFTOVER_NAME.match(name):
+                leftovers.append(name)
                 continue
             m = _COUNT_NAME.match(name)
             if m is not None:
@@ -535,7 +545,7 @@ class SharedUsage:
                 for i, v in self._others.items() if i not in good
             )
             for inst, value in list(good.items()):
-                if value[1] - self._others_base.get(inst, (0, 0))[1] > stored_since:
+                if self._scanned and value[1] - self._others_base.get(inst, (0, 0))[1] > stored_since:
                     del good[inst]
                     self._refused[inst] = value
                     self._want_rescan(
@@ -554,6 +564,13 @@ class SharedUsage:
                     self._liveness[inst] = (beat, now)
                 elif now - last_beat[1] > STALE_S:
                     dead.append(inst)
+        # A leftover seen for an hour of this reader's time: its maker is gone.
+        seen_now = {name: self._leftovers.get(name, now) for name in leftovers[:1000]}
+        self._leftovers = seen_now
+        for name, first in seen_now.items():
+            if now - first > STALE_S:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dfd)
         # Not moved for an hour of this reader's time: its owner is gone.
         # Its last value stays in this view (a delta of zero from now on).
         for inst in dead:
