@@ -106,7 +106,7 @@ def test_partial_load_keeps_prefix_and_lookup_stops_reporting_corrupt_key(tmp_pa
 
 
 def test_transient_load_error_is_not_a_hit_again_until_stored(tmp_path: Path, monkeypatch) -> None:
-    with open_tier(tmp_path / "root") as tier:
+    with open_tier(tmp_path / "root", native_io="off") as tier:  # faults through the Python seam
         ks = keys(0, 4)
         store(tier, "s", ks)
         bad_path = str(tier.mapper.path_for(ks[1]))
@@ -277,7 +277,7 @@ def test_payload_bytes_are_key_specific(tmp_path: Path) -> None:
 
 def test_store_keys_completed_is_a_prefix_of_keys_on_disk(tmp_path: Path, monkeypatch) -> None:
     """keys[:keys_completed] must all be on disk: an engine advertises them."""
-    with open_tier(tmp_path / "root") as tier:
+    with open_tier(tmp_path / "root", native_io="off") as tier:  # faults through the Python seam
         ks = keys(0, 4)
         bad_name = str(tier.mapper.path_for(ks[1]).name)
         real_link = posix.FS.link_at

@@ -31,7 +31,7 @@ def test_backpressure_drops_stores_and_never_blocks_the_caller(tmp_path: Path, m
         return real(fd, bufs, offset)
 
     monkeypatch.setattr(posix.FS, "pwritev", slow_pwritev)
-    with open_tier(tmp_path / "root", max_write_queue_seconds=0.2, write_threads=1) as tier:
+    with open_tier(tmp_path / "root", native_io="off", max_write_queue_seconds=0.2, write_threads=1) as tier:
         assert store(tier, "warm", keys(0, 2)).success  # measures the slow speed
         speed = tier.metrics.snapshot()["fstier_write_bytes_per_second"]
         assert speed < 1e6
@@ -57,7 +57,7 @@ def test_backpressure_drops_stores_and_never_blocks_the_caller(tmp_path: Path, m
 
 def test_breaker_trips_on_eio_degrades_and_recovers(tmp_path: Path, monkeypatch, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="fstier.manager")
-    with open_tier(tmp_path / "root", breaker_failures=3, breaker_cooldown_s=0.3) as tier:
+    with open_tier(tmp_path / "root", native_io="off", breaker_failures=3, breaker_cooldown_s=0.3) as tier:
         ks = keys(0, 4)
         assert store(tier, "s", ks).success
         monkeypatch.setattr(posix.FS, "preadv", _eio)
@@ -85,7 +85,7 @@ def test_breaker_trips_on_eio_degrades_and_recovers(tmp_path: Path, monkeypatch,
 
 
 def test_breaker_half_open_failure_reopens(tmp_path: Path, monkeypatch) -> None:
-    with open_tier(tmp_path / "root", breaker_failures=2, breaker_cooldown_s=0.2) as tier:
+    with open_tier(tmp_path / "root", native_io="off", breaker_failures=2, breaker_cooldown_s=0.2) as tier:
         ks = keys(0, 2)
         store(tier, "s", ks)
         monkeypatch.setattr(posix.FS, "preadv", _eio)
@@ -118,7 +118,7 @@ def test_hold_fenced_results_publishes_a_timed_out_job_only_once_its_slot_is_rel
     real_preadv, real_open = posix.FS.preadv, posix.FS.open
     pool = HostBlockPool(16, FILE_BYTES)
     pool.alloc(16)
-    tier = FsTier(tiny_config(tmp_path / "root", io_timeout_s=0.2), pool, hold_fenced_results=True)
+    tier = FsTier(tiny_config(tmp_path / "root", native_io="off", io_timeout_s=0.2), pool, hold_fenced_results=True)
     try:
         ks = keys(0, 2)
         store(tier, "s", ks)
@@ -166,7 +166,7 @@ def test_timeout_fences_slot_until_late_return_and_trips_breaker(tmp_path: Path,
     release = threading.Event()
     real = posix.FS.preadv
     with open_tier(
-        tmp_path / "root", io_timeout_s=0.2, breaker_failures=2, breaker_cooldown_s=30
+        tmp_path / "root", io_timeout_s=0.2, breaker_failures=2, breaker_cooldown_s=30, native_io="off"
     ) as tier:
         # Never leave a hung thread behind, even when an assertion fails.
         monkeypatch.setattr(tier, "close", _releasing(tier.close, release))
@@ -221,7 +221,7 @@ def test_a_job_behind_hung_calls_fails_within_the_deadline_without_fencing_unrun
     release = threading.Event()
     with open_tier(
         tmp_path / "root", io_timeout_s=0.5, read_threads=1, write_threads=1,
-        breaker_failures=100,
+        breaker_failures=100, native_io="off",
     ) as tier:
         monkeypatch.setattr(tier, "close", _releasing(tier.close, release))
         ks = keys(0, 8)
@@ -241,7 +241,7 @@ def test_a_job_behind_hung_calls_fails_within_the_deadline_without_fencing_unrun
 
 def test_failed_store_reports_errno_and_leaves_no_temp(tmp_path: Path, monkeypatch) -> None:
     root = tmp_path / "root"
-    with open_tier(root) as tier:
+    with open_tier(root, native_io="off") as tier:
 
         def enospc(*_a, **_k):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -258,7 +258,7 @@ def test_failed_store_reports_errno_and_leaves_no_temp(tmp_path: Path, monkeypat
 
 @pytest.mark.parametrize("fault", ["EMFILE", "EACCES"])
 def test_load_errors_are_failed_jobs_not_exceptions(tmp_path: Path, monkeypatch, fault: str) -> None:
-    with open_tier(tmp_path / "root") as tier:
+    with open_tier(tmp_path / "root", native_io="off") as tier:
         store(tier, "s", keys(0, 2))
         code = getattr(errno, fault)
 
@@ -281,7 +281,7 @@ def test_wait_timeouts_accept_inf_and_refuse_nan(tmp_path: Path, monkeypatch) ->
         return real(fd, bufs, offset)
 
     monkeypatch.setattr(posix.FS, "pwritev", slow)
-    with open_tier(tmp_path / "root") as tier:
+    with open_tier(tmp_path / "root", native_io="off") as tier:
         fill(tier, keys(0, 1), [0])
         tier.submit_store("s", keys(0, 1), [0])
         threading.Timer(0.2, release.set).start()
@@ -316,7 +316,7 @@ def test_a_block_that_vanishes_between_open_and_read_is_a_miss(tmp_path: Path, m
     """Another host evicting a block this host just opened: GlusterFS fails
     the read ENOENT (it logged a warning and counted a device error), kernel
     NFS ESTALE (which counted toward the breaker). Both are a miss."""
-    with open_tier(tmp_path / "root", breaker_failures=1) as tier:
+    with open_tier(tmp_path / "root", native_io="off", breaker_failures=1) as tier:
         ks = keys(0, 2)
         store(tier, "s", ks)
         err = getattr(errno, code)

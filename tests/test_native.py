@@ -494,14 +494,19 @@ def test_bad_batches_raise_value_errors(tmp_path: Path) -> None:
     if native._ext is None:
         pytest.skip("native extension not built")
     buf = memoryview(bytearray(8))
+    base = os.fsencode(tmp_path)
     with pytest.raises(TypeError, match="lists or tuples"):
-        native._ext.lookup_batch(str(tmp_path), iter(["a"]), False)
+        native._ext.lookup_batch(base, iter([b"a"]), False)
+    with pytest.raises(TypeError, match="must be bytes"):  # paths are bytes end to end
+        native._ext.lookup_batch(base, ["a"], False)
+    with pytest.raises(TypeError):
+        native._ext.lookup_batch(str(tmp_path), [b"a"], False)
     with pytest.raises(ValueError, match="differ in length"):
-        native._ext.store_batch(str(tmp_path), ["a"], [], [0], [buf], DIGEST, 1, 0, 0o644, 0, 4096)
+        native._ext.store_batch(base, [b"a"], [], [0], [buf], DIGEST, 1, 0, 0o644, 0, 4096)
     with pytest.raises(ValueError, match="8..64 bytes"):
-        native._ext.store_batch(str(tmp_path), ["a"], [b"x"], [0], [buf], DIGEST, 1, 0, 0o644, 0, 4096)
+        native._ext.store_batch(base, [b"a"], [b"x"], [0], [buf], DIGEST, 1, 0, 0o644, 0, 4096)
     with pytest.raises(ValueError, match="relative path"):
-        native._ext.lookup_batch(str(tmp_path), ["/abs"], False)
+        native._ext.lookup_batch(base, [b"/abs"], False)
     with pytest.raises(BufferError):  # a load needs writable buffers
-        native._ext.load_batch(str(tmp_path), ["a"], [K1.block_hash], [0], [b"readonly"], DIGEST, 0, 4096)
+        native._ext.load_batch(base, [b"a"], [K1.block_hash], [0], [b"readonly"], DIGEST, 0, 4096)
 

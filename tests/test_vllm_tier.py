@@ -261,7 +261,9 @@ def test_disk_full_during_cascade_fails_the_store_and_recovers(
                 return real(fd, bufs, offset)  # type: ignore[arg-type]
 
             monkeypatch.setattr(posix.FS, "pwritev", pwritev)
-        with tiering_manager(offloading_config([tier_cfg(root, breaker_failures=1000)], num_chunks=16)) as m:
+        # the injected fault is in the Python path's syscall seam: run that backend
+        io = {} if mounted else {"native_io": "off"}
+        with tiering_manager(offloading_config([tier_cfg(root, breaker_failures=1000, **io)], num_chunks=16)) as m:
             tier = fstier_tier(m)
             failures = []
             real_finished = tier.get_finished_jobs

@@ -11,8 +11,8 @@ F_MKDIR: int
 F_NO_TMPFILE: int
 
 def store_batch(
-    base: str,
-    rels: Sequence[str],
+    base: bytes,
+    rels: Sequence[bytes],
     hashes: Sequence[bytes],
     groups: Sequence[int],
     payloads: Sequence[Any],
@@ -25,8 +25,8 @@ def store_batch(
     /,
 ) -> list[tuple[int, int, int, int, int]]: ...
 def load_batch(
-    base: str,
-    rels: Sequence[str],
+    base: bytes,
+    rels: Sequence[bytes],
     hashes: Sequence[bytes],
     groups: Sequence[int],
     buffers: Sequence[Any],
@@ -35,7 +35,7 @@ def load_batch(
     alignment: int,
     /,
 ) -> list[tuple[int, int, int, int, int, int]]: ...
-def lookup_batch(base: str, rels: Sequence[str], prefix: bool, /) -> bytes: ...
+def lookup_batch(base: bytes, rels: Sequence[bytes], prefix: bool, /) -> bytes: ...
 def xxh3_64(buf: Any, /) -> int: ...
 def xxh3_64_impl(buf: Any, impl: int, /) -> int: ...
 def crc32c(buf: Any, hw: bool = ..., /) -> int: ...

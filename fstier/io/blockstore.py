@@ -12,20 +12,21 @@ and stores, loads, checks and removes blocks through the per-file path of
 API shape (the seam between backends)
     Per key: :meth:`BlockStore.store`, :meth:`~BlockStore.load`,
     :meth:`~BlockStore.remove`, :meth:`~BlockStore.exists`; per batch:
-    :meth:`~BlockStore.store_many` and :meth:`~BlockStore.load_many`, which
-    take a batch of keys and buffers and return one outcome per key in
-    order. The batch methods choose the backend: with ``native_io`` selecting
-    the native path (:mod:`fstier.io.native`: the whole batch in one call,
-    GIL released) a batch runs there, else key by key on the Python path
-    (:mod:`fstier.io.blockio`). Either way the contract is the same: the same
-    outcomes, the same files, the same promises (exact-length buffers, no
-    symlink followed, atomic publication, the one validator). A native
-    batch hands the keys it cannot finish itself (a directory removed under
-    it: ENOENT; a file to replace) to the per-key Python path, which
-    re-creates directories and removes the old file. While the Python path's
-    syscall seam (``fsops.FS``) is patched (fault injection), batches run on
-    the Python path, whose calls the seam sees. :meth:`~BlockStore.batch_bounds`
-    says how a caller should cut a job into batches.
+    :meth:`~BlockStore.store_many`, :meth:`~BlockStore.load_many` and
+    :meth:`~BlockStore.present_many`, which take a batch of keys and return
+    one answer per key in order. The backend is a constructor argument,
+    chosen once: native (:mod:`fstier.io.native`: the whole batch in one
+    call, GIL released) or Python, key by key (:mod:`fstier.io.blockio`).
+    Either way the contract is the same: the same outcomes, the same files,
+    the same promises (exact-length buffers, no symlink followed, atomic
+    publication, the one validator); ``tests/test_contract_block_store.py``
+    runs every case on both. A native batch hands the keys it cannot finish
+    itself (a directory removed under it: ENOENT; a file to replace) to the
+    per-key Python path, which re-creates directories and removes the old
+    file. Fault injection: the Python path's calls go through the syscall
+    seam ``fsops.FS``, the native path's through :func:`fstier.io.native.fault`.
+    :meth:`~BlockStore.batch_bounds` says how a caller should cut a job into
+    batches.
 
 Costs
     A native batch: one call for the batch (~20 us of Python around it),
@@ -215,31 +216,58 @@ def _unsafe(path: Path, exc: OSError) -> Exception:
 NATIVE_MIN_BATCH = 4
 
 
-def _python_seam_untouched() -> bool:
-    """False while ``fsops.FS`` (the Python path's system-call seam) is
-    replaced or patched, e.g. by a test injecting faults there: batches then
-    take the Python path, whose calls the seam sees. The native path has its
-    own seam (``fstier.io.native.fault``)."""
+def _present_python(paths: Sequence[str], prefix: bool) -> list[bool]:
+    """:meth:`BlockStore.present_many` on the Python path: each fan-out
+    directory opened once with no symlink on its path (through the syscall
+    seam), then one ``fstatat`` (no follow) per name in it."""
     fs = fsops.FS
-    return type(fs) is fsops.OsOps and not vars(fs)
+    out: list[bool] = []
+    dirs: dict[str, int] = {}
+    try:
+        for p in paths:
+            d, _, name = p.rpartition("/")
+            fd = dirs.get(d)
+            if fd is None:
+                try:
+                    fd = fs.open(d, _DIR_FLAGS)
+                except (OSError, ValueError):
+                    fd = -1
+                dirs[d] = fd
+            ok = False
+            if fd >= 0:
+                try:
+                    ok = stat.S_ISREG(fs.stat_at(fd, name).st_mode)
+                except (OSError, ValueError):
+                    ok = False
+            out.append(ok)
+            if prefix and not ok:
+                break
+    finally:
+        for fd in dirs.values():
+            if fd >= 0:
+                fsops.close_quietly(fd)
+    return out
 
 
 class BlockStore:
-    """The block files of ``mapper``'s namespace, stored with ``options``.
+    """The block files of ``mapper``'s namespace, stored with ``options``,
+    batches run by ``backend`` (:func:`fstier.io.native.status` chooses it
+    from ``tier.native_io`` and ``FSTIER_NATIVE``;
+    :func:`~fstier.io.native.python_backend` and
+    :func:`~fstier.io.native.native_backend` name one). The backend is chosen
+    once, here: nothing a caller patches later changes it.
 
     ``blocks_per_file`` is what each header records as its page count (a
-    file's payload holds that many pages). ``native_io`` (``auto``, ``on``,
-    ``off``; :func:`fstier.io.native.status`) selects the backend of the
-    batch methods, logged once per process; None (the default) is the
-    Python path, nothing logged. :attr:`io_path` says which runs and why."""
+    file's payload holds that many pages). :attr:`io_path` says which
+    backend runs and why."""
 
     def __init__(
         self,
         mapper: FileMapper,
         options: IOOptions,
+        backend: native.NativeStatus,
         *,
         blocks_per_file: int = 1,
-        native_io: str | None = None,
     ) -> None:
         self.mapper = mapper
         self.options = options
@@ -247,8 +275,8 @@ class BlockStore:
         self._prefix = os.fspath(mapper.blocks_dir)
         self.dirs = NamespaceDirs(mapper)
         #: which path the batch methods run (fstier.io.native): "native" or "python"
-        self.io_path = native.status("off") if native_io is None else native.log_selection_once(native_io)
-        self._native = self.io_path.backend == "native"
+        self.io_path = backend
+        self._native = backend.backend == "native"
 
     @classmethod
     def for_tier(cls, mapper: FileMapper, tier: TierConfig) -> BlockStore:
@@ -260,14 +288,14 @@ class BlockStore:
         NamespaceDirs(mapper).ensure(f"{mapper.blocks_dir}/_")
         caps = RootCapabilities.probe(mapper.namespace_dir, tier.o_direct)
         return cls(
-            mapper, IOOptions.from_tier(tier, caps), blocks_per_file=tier.blocks_per_file,
-            native_io=tier.native_io,
+            mapper, IOOptions.from_tier(tier, caps), native.log_selection_once(tier.native_io),
+            blocks_per_file=tier.blocks_per_file,
         )
 
     @property
     def batched(self) -> bool:
-        """True when the batch methods run now as one native call per batch."""
-        return self._native and _python_seam_untouched()
+        """True when the batch methods run as one native call per batch."""
+        return self._native
 
     def batch_bounds(self, n: int, threads: int) -> tuple[int, ...]:
         """How to cut ``n`` keys into calls of the batch methods for
@@ -332,11 +360,28 @@ class BlockStore:
         )
 
     def store(self, key: BlockKey, payload: memoryview, *, replace: bool = False) -> StoreOutcome:
-        """Store exactly ``payload`` as ``key``'s file. SKIPPED when a file is
-        already there, unless ``replace`` (its last load failed without proof
-        of corruption: replace the file rather than skip onto it). Never
-        raises ``OSError`` for the store itself; a path refused as unsafe is
-        :class:`PathSafetyError`."""
+        """Store exactly ``payload`` as ``key``'s file (on this store's
+        backend). SKIPPED when a file is already there, unless ``replace``
+        (its last load failed without proof of corruption: replace the file
+        rather than skip onto it). Never raises ``OSError`` for the store
+        itself; a path refused as unsafe is :class:`PathSafetyError`."""
+        return self.store_many([(key, payload)], replace=[replace])[0]
+
+    def _store_guarded(self, key: BlockKey, payload: memoryview, replace: bool) -> StoreOutcome:
+        """:meth:`_store_one`, its refusal (:class:`PathSafetyError`: a
+        fan-out directory swapped for a symlink) or unexpected ``OSError``
+        turned into this key's FAILED outcome, so one key never fails the
+        keys stored beside it in a batch
+        (test_contract_block_store.py::test_one_refused_key_fails_alone)."""
+        try:
+            return self._store_one(key, payload, replace)
+        except OSError as exc:
+            return StoreOutcome(StoreStatus.FAILED, fsops.errno_name(exc), str(exc))
+        except FstierError as exc:
+            return StoreOutcome(StoreStatus.FAILED, type(exc).__name__, str(exc))
+
+    def _store_one(self, key: BlockKey, payload: memoryview, replace: bool) -> StoreOutcome:
+        """:meth:`store` on the Python path (and the native path's hand-back)."""
         header = self.header(key, payload)
         path = self.path(key)
         try:
@@ -375,7 +420,10 @@ class BlockStore:
     def load(self, key: BlockKey, buffer: memoryview) -> LoadOutcome:
         """Load ``key``'s file into exactly ``buffer`` (its length is the
         payload length the caller expects) and check it with the one
-        validator; a proven-corrupt file is removed."""
+        validator, on this store's backend; a proven-corrupt file is removed."""
+        return self.load_many([(key, buffer)])[0]
+
+    def _load_one(self, key: BlockKey, buffer: memoryview) -> LoadOutcome:
         return load_block(
             LoadRequest(self.path(key), buffer, key, self.mapper.digest_bytes, len(buffer)),
             self.options,
@@ -390,12 +438,32 @@ class BlockStore:
         return True
 
     def exists(self, key: BlockKey) -> bool:
-        """``key``'s file is a regular file (a FIFO, socket or directory
-        planted at its path is not; no symlink is followed)."""
-        try:
-            return stat.S_ISREG(os.lstat(self.path(key)).st_mode)
-        except (OSError, ValueError):
-            return False
+        """:meth:`present_many` of one key."""
+        return self.present_many([key])[0]
+
+    def present_many(self, keys: Sequence[BlockKey], *, prefix: bool = False) -> list[bool]:
+        """Per key, whether its block file is present: a regular file at
+        :meth:`path`, reached with no symlink in any component below the
+        root (a FIFO, socket, directory or symlink at the name is absent, and
+        so is a file reached through a symlinked fan-out directory). With
+        ``prefix`` probing stops at the first absent key (the rest answer
+        False). Never raises ``OSError``: what cannot be checked is absent.
+
+        Costs: native, ONE call for the batch with the GIL released (one
+        ``openat2`` + ``fstat`` per key); Python, one directory open per
+        distinct fan-out directory and one ``fstatat`` per key."""
+        n = len(keys)
+        if n == 0:
+            return []
+        prefix_ = self._prefix
+        paths = [f"{prefix_}/{encode(k)}" for k in keys]
+        if self._native:
+            got = native.lookup_batch(prefix_, paths, prefix=prefix)
+        else:
+            got = _present_python(paths, prefix)
+        if len(got) < n:
+            got.extend([False] * (n - len(got)))
+        return got
 
     def clear(self, on_error: Callable[[OSError], None] | None = None) -> list[tuple[BlockKey, int]]:
         """Remove every block file this store names: the files under
@@ -423,8 +491,8 @@ class BlockStore:
         """Store every ``(key, payload)``; one outcome per item, in order (a
         failure does not stop the batch). ``replace[i]``: as :meth:`store`'s."""
         flags = replace if replace is not None else [False] * len(items)
-        if not items or not self.batched:
-            return [self.store(k, p, replace=r) for (k, p), r in zip(items, flags, strict=True)]
+        if not items or not self._native:
+            return [self._store_guarded(k, p, r) for (k, p), r in zip(items, flags, strict=True)]
         keys = [k for k, _ in items]
         payloads = [p for _, p in items]
         outs = native.store_batch(
@@ -435,14 +503,14 @@ class BlockStore:
             if (out.status is StoreStatus.FAILED and out.cause == "ENOENT") or (
                 flags[j] and out.status is StoreStatus.SKIPPED
             ):
-                outs[j] = self.store(keys[j], payloads[j], replace=flags[j])
+                outs[j] = self._store_guarded(keys[j], payloads[j], flags[j])
         return outs
 
     def load_many(self, items: Sequence[tuple[BlockKey, memoryview]]) -> list[LoadOutcome]:
         """Load every ``(key, buffer)``; one outcome per item, in order (every
         key is attempted)."""
-        if not items or not self.batched:
-            return [self.load(k, b) for k, b in items]
+        if not items or not self._native:
+            return [self._load_one(k, b) for k, b in items]
         keys = [k for k, _ in items]
         return native.load_batch(
             self._prefix, [self.path(k) for k in keys], keys, [b for _, b in items],

@@ -13,7 +13,7 @@ module turns the extension's per-block tuples into
 with the same statuses, causes (errno names) and reasons, so every caller
 handles both paths with one code path.
 
-Selection (:func:`backend`): the native path when the extension imports
+Selection (:func:`status`): the native path when the extension imports
 and ``FSTIER_NATIVE`` is not ``0``; otherwise the Python path, with the
 reason (:func:`status`) logged once per process at tier start and shown by
 ``fstier bench``, vLLM's ``config_info`` and the ``fstier_native_io``
@@ -63,13 +63,14 @@ from fstier.keys import BlockKey
 
 __all__ = [
     "NativeStatus",
-    "backend",
     "clear_faults",
     "fault",
     "fault_count",
     "load_batch",
     "log_selection_once",
     "lookup_batch",
+    "native_backend",
+    "python_backend",
     "status",
     "store_batch",
     "xxh3_64",
@@ -109,11 +110,9 @@ def status(mode: str = "auto") -> NativeStatus:
     extension is required but does not import."""
     env = os.environ.get("FSTIER_NATIVE", "").strip()
     if env == "0":
-        return NativeStatus("python", "FSTIER_NATIVE=0 forces the Python I/O path",
-                            "xxh3-64 (xxhash package)")
+        return python_backend("FSTIER_NATIVE=0 forces the Python I/O path")
     if mode == "off":
-        return NativeStatus("python", "tier.native_io: off selects the Python I/O path",
-                            "xxh3-64 (xxhash package)")
+        return python_backend("tier.native_io: off selects the Python I/O path")
     if _ext is None:
         if env == "1" or mode == "on":
             why = "FSTIER_NATIVE=1" if env == "1" else "tier.native_io: on"
@@ -123,22 +122,30 @@ def status(mode: str = "auto") -> NativeStatus:
                 "(pip install --force-reinstall --no-binary fstier fstier), or set "
                 "tier.native_io to 'auto'"
             )
-        return NativeStatus(
-            "python",
-            f"native extension unavailable ({_import_error}); using the Python I/O path",
-            "xxh3-64 (xxhash package)",
+        return python_backend(
+            f"native extension unavailable ({_import_error}); using the Python I/O path"
         )
+    return native_backend()
+
+
+def python_backend(reason: str = "the Python I/O path, chosen by the caller") -> NativeStatus:
+    """The Python I/O path as a :class:`~fstier.io.blockstore.BlockStore`
+    backend (what ``native_io: off`` and ``FSTIER_NATIVE=0`` select)."""
+    return NativeStatus("python", reason, "xxh3-64 (xxhash package)")
+
+
+def native_backend() -> NativeStatus:
+    """The native I/O path as a backend, whatever ``FSTIER_NATIVE`` says
+    (tests, ``fstier bench``); :class:`~fstier.errors.ConfigError` when the
+    extension is not built."""
+    if _ext is None:
+        raise ConfigError(f"fstier's native extension does not import ({_import_error})")
     how = "openat2" if _settings.get("openat2") else "O_NOFOLLOW walk"
     return NativeStatus(
         "native",
         f"native extension loaded (a batch per call, GIL released, path resolution by {how})",
         f"xxh3-64 {_settings.get('xxh3_impl', '')}".strip(),
     )
-
-
-def backend() -> str:
-    """``"native"`` or ``"python"`` (see :func:`status`)."""
-    return status().backend
 
 
 _logged = False
@@ -210,15 +217,16 @@ def _flags(opts: IOOptions, *, mkdir: bool = False) -> int:
     return f
 
 
-def _split(base: str, paths: Sequence[str]) -> list[str]:
-    """Paths below ``base`` made relative to it (a path elsewhere is a bug)."""
+def _split(base: str, paths: Sequence[str]) -> list[bytes]:
+    """Paths below ``base`` made relative to it, as bytes (``os.fsencode``:
+    a root's path need not be UTF-8; a path elsewhere is a bug)."""
     cut = len(base) + 1
     prefix = base + "/"
-    rels = [p[cut:] for p in paths]
     for p in paths:
         if not p.startswith(prefix):
             raise ValueError(f"{p!r} is not below the base directory {base}")
-    return rels
+    enc = os.fsencode
+    return [enc(p[cut:]) for p in paths]
 
 
 # --------------------------------------------------------------------- store
@@ -244,16 +252,16 @@ def store_batch(
     ext = _require()
     rels = _split(base, paths)
     raw = ext.store_batch(
-        base, rels, [k.block_hash for k in keys], [k.group_idx for k in keys], list(payloads),
+        os.fsencode(base), rels, [k.block_hash for k in keys], [k.group_idx for k in keys], list(payloads),
         namespace_digest, page_count, _flags(opts, mkdir=True), opts.file_mode,
         created_ns if created_ns is not None else _now_ns(), opts.alignment,
     )
     out: list[StoreOutcome] = []
     refused = 0
-    for (st, err, nbytes, stage, tmpfile_err), rel in zip(raw, rels, strict=True):
+    for (st, err, nbytes, stage, tmpfile_err), path in zip(raw, paths, strict=True):
         refused = refused or tmpfile_err
         if st == 2:
-            name = rel.rpartition("/")[2]
+            name = path.rpartition("/")[2]
             out.append(StoreOutcome(
                 StoreStatus.FAILED, _errname(err), f"{_STAGES[stage]} {name}: {os.strerror(err)}"
             ))
@@ -287,7 +295,7 @@ def load_batch(
     ext = _require()
     rels = _split(base, paths)
     raw = ext.load_batch(
-        base, rels, [k.block_hash for k in keys], [k.group_idx for k in keys], list(buffers),
+        os.fsencode(base), rels, [k.block_hash for k in keys], [k.group_idx for k in keys], list(buffers),
         namespace_digest, _flags(opts), opts.alignment,
     )
     out: list[LoadOutcome] = []
@@ -336,10 +344,12 @@ def _corrupt_detail(why: str, size: int, path: str) -> str:
 
 # -------------------------------------------------------------------- lookup
 def lookup_batch(base: str, paths: Sequence[str], *, prefix: bool = False) -> list[bool]:
-    """Whether a regular file is at each path (a symlink, FIFO or directory
-    is not). With ``prefix`` the answer stops after the first miss."""
+    """Whether a regular file is at each path, resolved below ``base`` with
+    no symlink in any component (a symlink, FIFO, socket or directory is
+    not; nor is a file reached through a symlinked directory). One call,
+    GIL released. With ``prefix`` the answer stops after the first miss."""
     ext = _require()
-    got = ext.lookup_batch(base, _split(base, paths), prefix)
+    got = ext.lookup_batch(os.fsencode(base), _split(base, paths), prefix)
     return [b == 1 for b in got]
 
 

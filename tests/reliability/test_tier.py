@@ -44,6 +44,8 @@ def _tier(root: Path, **tier: Any) -> FsTier:
 
 @pytest.fixture
 def ops(monkeypatch: pytest.MonkeyPatch) -> FaultyOps:
+    """The Python path's syscall seam, faulty: a tier that takes it runs
+    the Python backend (``native_io="off"``)."""
     faulty = FaultyOps()
     monkeypatch.setattr(fsops, "FS", faulty)
     return faulty
@@ -81,9 +83,17 @@ def tier(tmp_path: Path) -> Iterator[FsTier]:
     t.close()
 
 
+@pytest.fixture
+def py_tier(tmp_path: Path) -> Iterator[FsTier]:
+    """A tier on the Python backend, whose system calls ``ops`` sees."""
+    t = _tier(tmp_path / "root", native_io="off")
+    yield t
+    t.close()
+
+
 # ------------------------------------------------------------------ row 23
 def test_hung_io_fails_trips_breaker_and_recovers(tmp_path: Path, ops: FaultyOps, caplog: pytest.LogCaptureFixture) -> None:
-    t = _tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=2, breaker_cooldown_s=0.5)
+    t = _tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=2, breaker_cooldown_s=0.5, native_io="off")
     release = threading.Event()
     try:
         def hang(real: Any, fd: int, bufs: Any, off: int) -> int:
@@ -120,7 +130,7 @@ def test_hung_io_fails_trips_breaker_and_recovers(tmp_path: Path, ops: FaultyOps
 
 
 def test_hung_read_is_a_failed_load_not_wrong_bytes(tmp_path: Path, ops: FaultyOps) -> None:
-    t = _tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=5)
+    t = _tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=5, native_io="off")
     release = threading.Event()
     try:
         key = key_for(1)
@@ -159,7 +169,8 @@ def test_corrupt_counter_and_event(tier: FsTier) -> None:
 
 # ------------------------------------------------------------------ rows 10, 16
 @pytest.mark.parametrize("code", [errno.EMFILE, errno.ENOSPC, errno.EIO, errno.ESTALE])
-def test_errno_faults_fail_jobs_cleanly(tier: FsTier, ops: FaultyOps, code: int, caplog: pytest.LogCaptureFixture) -> None:
+def test_errno_faults_fail_jobs_cleanly(py_tier: FsTier, ops: FaultyOps, code: int, caplog: pytest.LogCaptureFixture) -> None:
+    tier = py_tier
     good = key_for(100)
     assert _run(tier, "store", [good])[0].success
     fds = fd_count()
@@ -304,7 +315,7 @@ def test_late_read_never_reaches_a_reallocated_slot(tmp_path: Path, ops: FaultyO
     and B is stored and loaded. Before the pool knew of the fence, alloc()
     handed the same slot back and B's file was published holding A's bytes
     with a valid checksum: a later load reported success with wrong bytes."""
-    t = _tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=100)
+    t = _tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=100, native_io="off")
     pool: HostBlockPool = t.pool
     release = threading.Event()
     returned = threading.Event()
@@ -354,7 +365,7 @@ def test_late_read_never_reaches_a_reallocated_slot(tmp_path: Path, ops: FaultyO
 def test_timed_out_store_keeps_its_slot_off_the_free_list(tmp_path: Path, ops: FaultyOps) -> None:
     """A timed-out store may still be reading its slot (and would publish
     whatever it reads under its key): the slot is fenced in the pool too."""
-    t = _tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=100)
+    t = _tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=100, native_io="off")
     pool: HostBlockPool = t.pool
     release = threading.Event()
     try:
@@ -450,7 +461,7 @@ def test_planted_non_regular_files_are_misses_not_breaker_failures(tmp_path: Pat
 def test_device_errors_still_trip_the_breaker(tmp_path: Path, ops: FaultyOps) -> None:
     """The other side of row 25: EIO and EROFS say the mount is failing."""
     for code in (errno.EIO, errno.EROFS):
-        t = _tier(tmp_path / f"root{code}", breaker_failures=2, breaker_cooldown_s=60)
+        t = _tier(tmp_path / f"root{code}", breaker_failures=2, breaker_cooldown_s=60, native_io="off")
         try:
             ops.hooks["open"] = raise_errno(code)
             _run(t, "store", [key_for(1)])
