@@ -308,14 +308,15 @@ class Capacity:
             or (shared is not None and shared.rescan_wanted)
             # Settled: the count moved by deltas since the last scan (each a
             # little off: stores the walk saw twice, another host's late
-            # count) and nothing moves now; one walk makes it exact, at most
-            # one walk per ten walks' time (test_settled_count_is_rescanned).
+            # count) and nothing moves now; one walk makes it exact, once per
+            # quiet spell, at most one walk per two walks' time
+            # (test_settled_count_is_rescanned_exact).
             or (
                 shared is not None
                 and self._usage_known
                 and shared.changed_since_scan
                 and shared.quiet_s() >= _QUIET_S
-                and now - self._resynced >= max(_RECHECK_MIN_S, 10 * self._scan_s)
+                and now - self._resynced >= max(_RECHECK_MIN_S, 2 * self._scan_s)
             )
         )
 

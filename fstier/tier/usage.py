@@ -12,10 +12,10 @@ and a renamed-over or unlinked name's old entry, for a second or more, so
 every shared value is carried by a **name**, which a directory listing
 returns fresh.
 
-- ``<root>/.fstier-usage.d/<instance>.<gen>.<stored>.<removed>.cnt`` is an
-  empty file: ``stored`` and ``removed`` are the bytes this instance has
-  stored and removed since it started (both only grow), ``gen`` counts its
-  publications. Its owner publishes a new value by creating the new name
+- ``<root>/.fstier-usage.d/<instance>.<gen>.<stored>.<removed>.<inflight>.cnt``
+  is an empty file: ``stored`` and ``removed`` are the bytes this instance
+  has stored and removed since it started (both only grow), ``inflight`` the
+  part of ``stored`` not written yet, ``gen`` counts its publications. Its owner publishes a new value by creating the new name
   (``O_EXCL``: never through a planted link) and then unlinking the old
   one; a reader lists the directory, and of several names of one instance
   takes the largest value. fstier < 0.6's ``<instance>.count`` files (one
@@ -38,7 +38,10 @@ returns fresh.
 - A store counts from when it is admitted (:meth:`SharedUsage.reserve`),
   not when it ends, so every instance sees stores in flight; what it did not
   store is given back as removed when it ends (:meth:`SharedUsage.settle`).
-  A scan counts stores in flight at its start on top of what it walked.
+  A scan counts stores in flight at its start (this instance's and, from
+  their names, every other's) on top of what it walked: it may not have
+  seen their files (counting another host's in flight as walked left a
+  CephFS host's view 6% low).
 - The hot path does no I/O: :meth:`SharedUsage.add` and
   :meth:`SharedUsage.read` touch memory under a thread lock held for a few
   instructions, and :meth:`SharedUsage.add` wakes a background thread
@@ -126,8 +129,10 @@ ROOT_FILES = frozenset({USAGE_DIR_NAME, USAGE_FILE_NAME, EVICT_LOCK_NAME})
 
 LEASE_NAME = "evict.lease"
 COUNT_SUFFIX = ".cnt"
-#: a count's name: <host>-<pid>-<token>.<gen>.<stored>.<removed>.cnt
-_COUNT_NAME = re.compile(r"^([A-Za-z0-9_-][A-Za-z0-9._-]{0,199})\.(\d{1,20})\.(\d{1,20})\.(\d{1,20})\.cnt$")
+#: a count's name: <host>-<pid>-<token>.<gen>.<stored>.<removed>.<inflight>.cnt
+_COUNT_NAME = re.compile(
+    r"^([A-Za-z0-9_-][A-Za-z0-9._-]{0,199})\.(\d{1,20})\.(\d{1,20})\.(\d{1,20})\.(\d{1,20})\.cnt$"
+)
 #: fstier < 0.6's count files (one line of text each; read, never written)
 _LEGACY_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}\.count$")
 #: leftovers of a process killed mid-step: a lease set aside, fstier < 0.6's temps
@@ -203,7 +208,7 @@ class SharedUsage:
         self._removed = 0
         self._inflight = 0  # reserved for stores not ended yet (in _stored)
         self._gen = 0
-        self._published: tuple[int, int] | None = None
+        self._published: tuple[int, int, int] | None = None
         self._published_at = 0.0
         self._own_names: list[str] = []  # this instance's names to remove (the newest last)
         #: other instances' last good (stored, removed), and at this instance's base
@@ -211,6 +216,8 @@ class SharedUsage:
         self._others_base: dict[str, tuple[int, int]] = {}
         #: claims refused as impossible, taken as their baseline by the next scan
         self._refused: dict[str, tuple[int, int]] = {}
+        #: other instances' stores in flight (counted in their stored, maybe not on disk yet)
+        self._others_inflight: dict[str, int] = {}
         #: per other instance: its last generation (or legacy mtime) and when it moved
         self._liveness: dict[str, tuple[int, float]] = {}
         #: leftover names and when this instance first saw them
@@ -367,7 +374,11 @@ class SharedUsage:
             # Stores in flight are not on disk yet: the walk may miss them,
             # so they count on top of it (as stores made after the token).
             own = (self._stored - self._inflight, self._removed)
-            return ScanToken(own, dict(self._others), self._clock())
+            others = {
+                name: (stored - self._others_inflight.get(name, 0), removed)
+                for name, (stored, removed) in self._others.items()
+            }
+            return ScanToken(own, others, self._clock())
 
     def end_scan(self, token: ScanToken, scanned: int, removed_by_scan: int) -> int:
         """A full scan that began at ``token`` left ``scanned`` bytes on disk
@@ -438,12 +449,12 @@ class SharedUsage:
 
     def _publish(self, dfd: int, force: bool = False) -> None:
         with self._lock:
-            value = (self._stored, self._removed)
+            value = (self._stored, self._removed, self._inflight)
         now = self._clock()
         if not force and value == self._published and now - self._published_at < HEARTBEAT_S:
             return
         gen = self._gen + 1
-        name = f"{self.instance}.{gen}.{value[0]}.{value[1]}{COUNT_SUFFIX}"
+        name = f"{self.instance}.{gen}.{value[0]}.{value[1]}.{value[2]}{COUNT_SUFFIX}"
         try:
             os.close(os.open(name, _CREATE_FLAGS, self._mode, dir_fd=dfd))
         except OSError as exc:
@@ -498,6 +509,7 @@ class SharedUsage:
         beats: dict[str, int] = {}
         files: dict[str, list[str]] = {}
         leftovers: list[str] = []
+        newest: dict[str, tuple[int, int]] = {}  # per instance: its newest gen and its stores in flight
         for name in names:
             if name in own:
                 continue
@@ -510,6 +522,8 @@ class SharedUsage:
                 if inst == self.instance:
                     continue  # a name of ours that failed to be removed
                 gen, value = int(m.group(2)), (int(m.group(3)), int(m.group(4)))
+                if gen >= newest.get(inst, (-1, 0))[0]:
+                    newest[inst] = (gen, int(m.group(5)))
                 if not (0 <= value[0] <= _MAX_ABS and 0 <= value[1] <= _MAX_ABS):
                     self._want_rescan(f"{USAGE_DIR_NAME}/{name} holds no valid count")
                     continue
@@ -553,6 +567,7 @@ class SharedUsage:
                     )
             for inst in good:
                 self._refused.pop(inst, None)
+                self._others_inflight[inst] = min(good[inst][0], newest.get(inst, (0, 0))[1])
             if any(self._others.get(i) != v for i, v in good.items()):
                 self._last_activity = now
                 self.changed_since_scan = True
