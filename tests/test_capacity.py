@@ -514,7 +514,9 @@ def test_run_capacity_pass_takes_a_timeout_and_a_dead_holders_lease_expires(
 
     import fstier.tier.usage as usage
 
-    monkeypatch.setattr(usage, "LEASE_S", 1.0)
+    import fstier.tier.lease
+
+    monkeypatch.setattr(fstier.tier.lease, "LEASE_S", 1.0)
     root = tmp_path / "root"
     with open_tier(root, max_bytes=4 * FILE_BYTES) as tier:
         tier.capacity.stop()  # passes run only when this test asks

@@ -12,14 +12,13 @@ and a renamed-over or unlinked name's old entry, for a second or more, so
 every shared value is carried by a **name**, which a directory listing
 returns fresh.
 
-- ``<root>/.fstier-usage.d/<instance>.<gen>.<stored>.<removed>.<inflight>.cnt``
-  is an empty file: ``stored`` and ``removed`` are the bytes this instance
-  has stored and removed since it started (both only grow), ``inflight`` the
-  part of ``stored`` not written yet, ``gen`` counts its publications. Its owner publishes a new value by creating the new name
-  (``O_EXCL``: never through a planted link) and then unlinking the old
-  one; a reader lists the directory, and of several names of one instance
-  takes the largest value. fstier < 0.6's ``<instance>.count`` files (one
-  line, ``fstier-usage 2 <stored> <removed>``) are still read.
+- Each instance's count is an empty file's name
+  (:mod:`fstier.tier.countnames`): the bytes it stored and removed since it
+  started (both only grow), the part of those stored not written yet, and a
+  generation. Its owner creates the new name (``O_EXCL``: never through a
+  planted link) and then unlinks the old one; a reader lists the directory
+  and takes the largest value of each instance. fstier < 0.6's count files
+  are still read.
 - A reader's view is ``base + sum(stored_i - stored_i at base) -
   sum(removed_i - removed_i at base)``: ``base`` is the bytes its last full
   scan found; stores count from just *before* that scan and removals from
@@ -32,9 +31,7 @@ returns fresh.
   published after it is of a file it counted (the time-based settling this
   replaced took another host's evictions just after a scan for files the
   scan had missed: the view stayed 25 MiB high on GlusterFS and stores were
-  dropped while the disk had room). Between scans only deltas matter, so an
-  instance that died keeps contributing nothing new, and a new instance
-  counts from when it is first seen.
+  dropped while the disk had room). Between scans only deltas matter.
 - A store counts from when it is admitted (:meth:`SharedUsage.reserve`),
   not when it ends, so every instance sees stores in flight; what it did not
   store is given back as removed when it ends (:meth:`SharedUsage.settle`).
@@ -43,12 +40,11 @@ returns fresh.
   seen their files (counting another host's in flight as walked left a
   CephFS host's view 6% low).
 - The hot path does no I/O: :meth:`SharedUsage.add` and
-  :meth:`SharedUsage.read` touch memory under a thread lock held for a few
-  instructions, and :meth:`SharedUsage.add` wakes a background thread
-  (``fstier-usage``), which publishes this instance's count (one publication
-  at a time: changes made meanwhile are coalesced into the next; a new
-  generation every ``HEARTBEAT_S`` regardless) and then lists the others'
-  (also every ``REFRESH_S`` when idle); a hung mount stalls that thread only.
+  :meth:`SharedUsage.read` touch memory under a thread lock, and ``add``
+  wakes the ``fstier-usage`` thread, which publishes this instance's count
+  (coalescing changes; a new generation every ``HEARTBEAT_S`` regardless)
+  and lists the others' (every ``REFRESH_S`` when idle); a hung mount
+  stalls that thread only.
 - **Content is never trusted beyond what the disk shows.** A name that does
   not parse, a value outside 0..2^60 or one that went down is ignored (the
   instance keeps its last good value); so is a claim that more bytes were
@@ -60,37 +56,23 @@ returns fresh.
   the sum is clamped to ``[0, 2^62]``. Nothing here raises to a caller.
 - An instance whose generation has not moved for ``STALE_S`` of this
   reader's own monotonic time is gone: any reader removes its names.
-- **Eviction is one instance at a time per root through a lease,**
-  ``.fstier-usage.d/evict.lease``: taken by creating it with ``O_EXCL`` (one
-  winner, on every filesystem tried, also across hosts), renewed by its
-  holder bumping the file's mtime through the fd it created it with, given
-  back by unlinking it after the holder published its count (so the next
-  holder's scan sees every removal of this pass). Expiry is judged by each
-  reader's **own monotonic observation**: a lease whose (inode, mtime,
-  size) has not changed for ``LEASE_S`` of the reader's time belongs to a
-  dead or hung holder and is taken over (renamed aside, checked to be the
-  file judged, removed), whatever its content or the holder's clock say (a
-  lease of fstier < 0.6 claiming an expiry a year ahead was never taken
-  over). A lease that is not one fstier writes (not a regular file, a hard
-  link, too big, foreign content) or one an older fstier released is taken
-  at once. A holder that finds its lease taken stops its pass.
+- **Eviction is one instance at a time per root** through a lease,
+  ``.fstier-usage.d/evict.lease`` (:mod:`fstier.tier.lease`: an ``O_EXCL``
+  create, expiry judged by each reader's own clock); its holder publishes
+  its count before giving it back.
 - **The directory is re-resolved under the root every round**: the fd
   opened at start is used only while ``<root>/.fstier-usage.d`` still names
   it (``st_dev``/``st_ino``; opened ``O_NOFOLLOW|O_DIRECTORY``); moved away
-  or replaced, the old one is closed and never written again and a new one
-  is opened (or made) under the root. A directory that is not one fstier
-  can use at start (a symlink, a file, a FIFO, no permission) turns sharing
-  off for this instance with one warning: it counts its own stores until
-  its next scan (the behaviour before sharing existed).
+  or replaced, the old one is never written again and a new one is opened
+  (or made) under the root. One fstier cannot use at start (a symlink, a
+  FIFO, no permission) turns sharing off for this instance with one
+  warning: it counts its own stores until its next scan.
 
-Accuracy: while instances store, each sees the others' stores as soon as
-its own thread's next round lists them (about a millisecond on a local
-disk, one round trip on a network mount; at most ``REFRESH_S`` for an
-instance that does not store); a full scan (the capacity pass) is the truth
-and resets the base. Costs per instance: one create and one unlink per
-round while it stores (rounds run back to back, so a slow mount means
-fewer, larger rounds), one directory listing per round, two ``stat`` calls
-per round to re-resolve the directory, nothing on the caller's thread.
+Accuracy: each instance sees the others' stores at its thread's next
+round (a millisecond locally, a round trip on a network mount; at most
+``REFRESH_S`` when it does not store). Costs per round while storing
+(rounds run back to back): one create, one unlink, one listing, two
+``stat`` calls; nothing on the caller's thread.
 """
 
 from __future__ import annotations
@@ -109,8 +91,21 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from fstier.tier.countnames import (
+    MAX_COUNT,
+    count_name,
+    is_leftover,
+    is_legacy_name,
+    parse_count_name,
+    read_legacy_count,
+)
+from fstier.tier.lease import LEASE_NAME, LEASE_S, RENEW_S, EvictionLease
+
 __all__ = [
     "EVICT_LOCK_NAME",
+    "LEASE_NAME",
+    "LEASE_S",
+    "RENEW_S",
     "ROOT_FILES",
     "USAGE_DIR_NAME",
     "USAGE_FILE_NAME",
@@ -127,18 +122,7 @@ EVICT_LOCK_NAME = ".fstier-evict.lock"
 #: fstier's own entries at the top of a root (not strays for ``fstier inspect``)
 ROOT_FILES = frozenset({USAGE_DIR_NAME, USAGE_FILE_NAME, EVICT_LOCK_NAME})
 
-LEASE_NAME = "evict.lease"
-COUNT_SUFFIX = ".cnt"
-#: a count's name: <host>-<pid>-<token>.<gen>.<stored>.<removed>.<inflight>.cnt
-_COUNT_NAME = re.compile(
-    r"^([A-Za-z0-9_-][A-Za-z0-9._-]{0,199})\.(\d{1,20})\.(\d{1,20})\.(\d{1,20})\.(\d{1,20})\.cnt$"
-)
-#: fstier < 0.6's count files (one line of text each; read, never written)
-_LEGACY_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}\.count$")
-#: leftovers of a process killed mid-step: a lease set aside, fstier < 0.6's temps
-_LEFTOVER_NAME = re.compile(r"^\.(evict\.lease\.old\.|.*\.tmp\.)")
-_MAX_FILE = 256
-_MAX_ABS = 1 << 60
+_MAX_ABS = MAX_COUNT
 _MAX_SUM = 1 << 62
 
 #: Rounds of the background thread are at least this far apart.
@@ -149,10 +133,6 @@ REFRESH_S = 0.2
 HEARTBEAT_S = 30.0
 #: An instance whose generation has not moved for this long (the reader's time) is gone.
 STALE_S = 3600.0
-#: A lease unchanged for this long (the reader's time) belongs to a dead or hung holder.
-LEASE_S = 30.0
-#: A holder renews its lease this often while a pass runs.
-RENEW_S = 5.0
 #: How late another instance's count may reach a reader (publish + refresh
 #: + a FUSE mount's 1 s caches), with margin: a scan that saw counts move
 #: this close to its start may have raced them (it is repeated).
@@ -161,7 +141,6 @@ SETTLE_S = 2.0
 _RESCAN_MIN_INTERVAL_S = 10.0
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -177,8 +156,7 @@ class ScanToken:
 
     own: tuple[int, int]
     others: dict[str, tuple[int, int]]
-    #: the usage clock when it was taken
-    at: float
+    at: float  # the usage clock when it was taken
 
 
 class SharedUsage:
@@ -234,13 +212,7 @@ class SharedUsage:
         self.changed_since_scan = False
         self._rescan_asked = -1e18
         self._warned: set[str] = set()
-        #: the lease this instance holds: its fd and (dev, ino); None when not held
-        self._lease_fd: int | None = None
-        self._lease_id: tuple[int, int] | None = None
-        self._lease_renewed = 0.0
-        self._lease_mtime_ns = 0
-        #: another holder's lease as last observed: (dev, ino, mtime, size) and since when
-        self._lease_seen: tuple[tuple[int, int, int, int], float] | None = None
+        self._lease = EvictionLease(self.instance, file_mode, clock, self._warn_once)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -273,10 +245,8 @@ class SharedUsage:
         return fd
 
     def _dir(self) -> int | None:
-        """The usage directory's fd, only while ``<root>/.fstier-usage.d``
-        still names it; moved away or replaced, it is closed and a new one is
-        opened (or made) under the root. None when none is usable now (the
-        next call tries again); sharing off from the start stays off."""
+        """The usage directory's fd while ``<root>/.fstier-usage.d`` still
+        names it, else a new one opened there (None when none is usable now)."""
         if self._disabled:
             return None
         fd = self._dir_fd
@@ -299,7 +269,7 @@ class SharedUsage:
             # Our names and lease were in the old directory: publish anew.
             self._published = None
             self._own_names = []
-            self._drop_lease()
+            self._lease.drop()
         try:
             fd = self._open_dir()
         except OSError as exc:
@@ -324,11 +294,11 @@ class SharedUsage:
         with self._lock:
             return self._sum_locked()
 
-    def _stored_since_base_locked(self) -> int:
-        total = self._base + (self._stored - self._own_base[0])
-        for name, (stored, _removed) in self._others.items():
-            total += max(0, stored - self._others_base.get(name, (0, 0))[0])
-        return total
+    def _stored_since_base_locked(self, others: dict[str, tuple[int, int]]) -> int:
+        """What the last scan found plus every store since (by ``others`` too)."""
+        return self._base + (self._stored - self._own_base[0]) + sum(
+            max(0, stored - self._others_base.get(name, (0, 0))[0]) for name, (stored, _r) in others.items()
+        )
 
     def _sum_locked(self) -> int:
         total = self._base + (self._stored - self._own_base[0]) - (self._removed - self._own_base[1])
@@ -454,7 +424,7 @@ class SharedUsage:
         if not force and value == self._published and now - self._published_at < HEARTBEAT_S:
             return
         gen = self._gen + 1
-        name = f"{self.instance}.{gen}.{value[0]}.{value[1]}.{value[2]}{COUNT_SUFFIX}"
+        name = count_name(self.instance, gen, *value)
         try:
             os.close(os.open(name, _CREATE_FLAGS, self._mode, dir_fd=dfd))
         except OSError as exc:
@@ -474,31 +444,6 @@ class SharedUsage:
                 self._own_names.append(stale)  # try again next time
         self._own_names.append(name)
 
-    def _read_legacy(self, dfd: int, name: str) -> tuple[tuple[int, int] | None, int]:
-        """A count file of fstier < 0.6: its value (None when not valid) and
-        its mtime (its owner's heartbeat)."""
-        try:
-            fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
-        except OSError:
-            return None, 0
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_FILE:
-                self._want_rescan(f"{USAGE_DIR_NAME}/{name} is not a regular count file")
-                return None, 0
-            data = os.read(fd, _MAX_FILE + 1)
-        except OSError:
-            return None, 0
-        finally:
-            # GlusterFS fails the close (ESTALE, ENOENT) of a file its owner
-            # replaced meanwhile; what was read is still what was read.
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        value = _parse_legacy(data.decode("ascii", "replace")) if len(data) <= _MAX_FILE else None
-        if value is None:
-            self._want_rescan(f"{USAGE_DIR_NAME}/{name} holds no valid count")
-        return value, st.st_mtime_ns
-
     def _read_others(self, dfd: int) -> None:
         try:
             names = [e.name for e in os.scandir(dfd)]
@@ -513,24 +458,26 @@ class SharedUsage:
         for name in names:
             if name in own:
                 continue
-            if _LEFTOVER_NAME.match(name):
+            if is_leftover(name):
                 leftovers.append(name)
                 continue
-            m = _COUNT_NAME.match(name)
-            if m is not None:
-                inst = m.group(1)
+            parsed = parse_count_name(name)
+            if parsed is not None:
+                inst, gen, stored, removed, inflight = parsed
                 if inst == self.instance:
                     continue  # a name of ours that failed to be removed
-                gen, value = int(m.group(2)), (int(m.group(3)), int(m.group(4)))
+                value = (stored, removed)
                 if gen >= newest.get(inst, (-1, 0))[0]:
-                    newest[inst] = (gen, int(m.group(5)))
-                if not (0 <= value[0] <= _MAX_ABS and 0 <= value[1] <= _MAX_ABS):
+                    newest[inst] = (gen, inflight)
+                if not (stored <= _MAX_ABS and removed <= _MAX_ABS):
                     self._want_rescan(f"{USAGE_DIR_NAME}/{name} holds no valid count")
                     continue
                 beat = gen
-            elif _LEGACY_NAME.match(name):
+            elif is_legacy_name(name):
                 inst = name
-                legacy, beat = self._read_legacy(dfd, name)
+                legacy, beat, wrong = read_legacy_count(dfd, name)
+                if wrong is not None:
+                    self._want_rescan(f"{USAGE_DIR_NAME}/{name} {wrong}")
                 if legacy is None:
                     continue
                 value = legacy
@@ -552,12 +499,7 @@ class SharedUsage:
             # No instance can have removed more bytes since the base than the
             # scan found plus everything stored since: such a claim is not
             # what the disk shows (test_planted_removal_claim...).
-            stored_since = self._base + (self._stored - self._own_base[0]) + sum(
-                max(0, v[0] - self._others_base.get(i, (0, 0))[0]) for i, v in good.items()
-            ) + sum(
-                max(0, v[0] - self._others_base.get(i, (0, 0))[0])
-                for i, v in self._others.items() if i not in good
-            )
+            stored_since = self._stored_since_base_locked({**self._others, **good})
             for inst, value in list(good.items()):
                 if self._scanned and value[1] - self._others_base.get(inst, (0, 0))[1] > stored_since:
                     del good[inst]
@@ -595,145 +537,36 @@ class SharedUsage:
                     os.unlink(name, dir_fd=dfd)
 
     # ---------------------------------------------------------------- lease
-    def _lease_is_ours(self, dfd: int) -> bool:
-        if self._lease_fd is None:
-            return False
-        try:
-            st = os.stat(LEASE_NAME, dir_fd=dfd, follow_symlinks=False)
-        except OSError:
-            return False
-        return (st.st_dev, st.st_ino) == self._lease_id
-
-    def _drop_lease(self) -> None:
-        fd, self._lease_fd, self._lease_id = self._lease_fd, None, None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    def _renew(self) -> None:
-        assert self._lease_fd is not None
-        # Readers see the lease change (they never compare clocks): a new
-        # mtime each time, even from a clock that stands still or steps back.
-        self._lease_mtime_ns = max(time.time_ns(), self._lease_mtime_ns + 1_000_000)
-        with contextlib.suppress(OSError):
-            os.utime(self._lease_fd, ns=(self._lease_mtime_ns, self._lease_mtime_ns))
-        self._lease_renewed = self._clock()
-
-    def _create_lease(self, dfd: int) -> bool:
-        try:
-            fd = os.open(LEASE_NAME, _CREATE_FLAGS, self._mode, dir_fd=dfd)
-        except FileExistsError:
-            return False
-        except OSError as exc:
-            self._warn_once(f"lease:{exc.errno}", "fstier: cannot take the eviction lease in %s (%s); "
-                            "evicting without it", self.root / USAGE_DIR_NAME, exc)
-            return True  # the behaviour before the lease existed
-        st = os.fstat(fd)
-        self._lease_fd, self._lease_id = fd, (st.st_dev, st.st_ino)
-        self._lease_seen = None
-        with contextlib.suppress(OSError):
-            os.write(fd, f"fstier-lease 2 {self.instance}\n".encode())
-        self._renew()
-        return True
-
-    def _remove_lease_if(self, dfd: int, ident: tuple[int, int]) -> None:
-        """Remove the lease only while it is the file ``ident`` (dev, ino):
-        renamed aside first, so a lease another instance created meanwhile
-        is put back, never removed."""
-        aside = f".{LEASE_NAME}.old.{self.instance}.{secrets.token_hex(4)}"
-        try:
-            os.rename(LEASE_NAME, aside, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except OSError:
-            return  # gone already (its holder gave it back, or another taker won)
-        try:
-            st = os.stat(aside, dir_fd=dfd, follow_symlinks=False)
-            if (st.st_dev, st.st_ino) != ident:
-                with contextlib.suppress(OSError):
-                    os.link(aside, LEASE_NAME, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
-        except OSError:
-            pass
-        with contextlib.suppress(OSError):
-            os.unlink(aside, dir_fd=dfd)
-
-    def _judge_lease(self, dfd: int, st: os.stat_result) -> bool:
-        """Whether another instance's lease ``st`` may be taken over now:
-        not one fstier writes, released by an older fstier, or unchanged for
-        ``LEASE_S`` of this instance's own time."""
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_size > _MAX_FILE:
-            return True
-        if st.st_size:
-            text = ""
-            with contextlib.suppress(OSError):
-                fd = os.open(LEASE_NAME, _READ_FLAGS, dir_fd=dfd)
-                try:
-                    text = os.read(fd, _MAX_FILE).decode("ascii", "replace")
-                finally:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
-            parts = text.split()
-            if text and (not parts or parts[0] != "fstier-lease"):
-                return True  # foreign content: not a lease
-            if parts[:2] == ["fstier-lease", "1"] and parts[-1:] == ["0"]:
-                return True  # fstier < 0.6 gave it back
-        sig = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
-        now = self._clock()
-        if self._lease_seen is None or self._lease_seen[0] != sig:
-            self._lease_seen = (sig, now)  # renewed (or new) since we last looked
-            return False
-        return now - self._lease_seen[1] >= LEASE_S
-
     def try_lease(self) -> bool:
-        """Take (or renew) the root's eviction lease; False while another
-        live instance holds it. Never blocks on a lock."""
+        """Take (or renew) the root's eviction lease (:mod:`fstier.tier.lease`);
+        False while another live instance holds it. Never blocks on a lock."""
         if self._disabled:
             return True  # not shared: this instance is alone as far as it knows
         with self._io_lock:
             dfd = self._dir()
             if dfd is None:
                 return True  # no usable directory now: evict (the behaviour before sharing)
-            if self._lease_fd is not None:
-                if not self._lease_is_ours(dfd):
-                    self._drop_lease()
-                    return False  # taken over: this holder was judged dead
-                self._renew()
-                return True
-            try:
-                st = os.stat(LEASE_NAME, dir_fd=dfd, follow_symlinks=False)
-            except FileNotFoundError:
-                return self._create_lease(dfd)
-            except OSError:
-                return False
-            if not self._judge_lease(dfd, st):
-                return False
-            self._lease_seen = None
-            self._remove_lease_if(dfd, (st.st_dev, st.st_ino))
-            return self._create_lease(dfd)
+            return self._lease.take(dfd)
 
     @property
     def holds_lease(self) -> bool:
-        return self._lease_fd is not None
+        return self._lease.held
 
     def lease_lost(self) -> bool:
         """For a running pass: renew the lease when due; True when it was
         taken over (the pass must stop)."""
-        if self._disabled or self._lease_fd is None:
-            return False
-        if self._clock() - self._lease_renewed < RENEW_S:
+        if self._disabled or not self._lease.renewal_due():
             return False
         return not self.try_lease()
 
     def release_lease(self) -> None:
         """Publish this instance's count, then give the lease back: the next
         holder's scan sees every removal made under it."""
-        if self._lease_fd is None:
+        if not self._lease.held:
             return
         self.refresh(force=True)
         with self._io_lock:
-            dfd = self._dir()
-            ident = self._lease_id
-            self._drop_lease()
-            if dfd is not None and ident is not None:
-                self._remove_lease_if(dfd, ident)
+            self._lease.give_back(self._dir())
 
     @contextlib.contextmanager
     def evicting(self) -> Iterator[bool]:
@@ -765,16 +598,3 @@ class SharedUsage:
             if dfd is not None:
                 with contextlib.suppress(OSError):
                     os.close(dfd)
-
-
-def _parse_legacy(text: str) -> tuple[int, int] | None:
-    parts = text.split()
-    if len(parts) != 4 or parts[:2] != ["fstier-usage", "2"]:
-        return None
-    try:
-        stored, removed = int(parts[2]), int(parts[3])
-    except ValueError:
-        return None
-    if not (0 <= stored <= _MAX_ABS and 0 <= removed <= _MAX_ABS):
-        return None
-    return stored, removed
