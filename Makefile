@@ -18,7 +18,7 @@ DEV_STAMP := $(VENV)/.fstier-dev-installed
 VLLM_STAMP := $(VENV)/.vllm-installed
 VLLM_NODEPS := vllm==0.33.0 xgrammar==0.2.8 apache-tvm-ffi==0.1.11
 
-.PHONY: demo test reliability bench bench-vllm lint install install-vllm clean
+.PHONY: demo test docs reliability bench bench-vllm lint install install-vllm clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -52,13 +52,18 @@ demo: $(STAMP)
 # The suite runs twice (issue 20): on the native I/O path (FSTIER_NATIVE=1:
 # an extension that failed to build fails the run instead of silently
 # testing the fallback twice), then on the pure-Python path (FSTIER_NATIVE=0).
-test: $(DEV_STAMP) $(VLLM_STAMP) $(VENV)/.fstier-native-built
+test: $(DEV_STAMP) $(VLLM_STAMP) $(VENV)/.fstier-native-built docs
 	@for native in 1 0; do \
 	echo "== pytest with FSTIER_NATIVE=$$native"; \
 	FSTIER_NATIVE=$$native FSTIER_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -m "not slow"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
 	if [ $$rc -ne 0 ]; then exit $$rc; fi; done
 	$(MAKE) test-sglang
+
+# The documentation site, strict: a warning (a broken link, a docstring
+# reference to a name that does not exist) fails the build.
+docs: $(DEV_STAMP)
+	$(BIN)/mkdocs build --strict --quiet
 
 reliability: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -m slow tests/reliability
@@ -74,7 +79,7 @@ lint: $(DEV_STAMP) $(VLLM_STAMP)
 	$(BIN)/mypy fstier
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis site
 
 # ---- issue 20: fstier's native I/O extension (fstier/io/_native.c) --------
 # `pip install -e .` builds it in place (fresh venvs: $(STAMP)); this target

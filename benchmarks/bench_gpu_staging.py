@@ -33,8 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from fstier.config import ModelSpec, ParallelSpec  # noqa: E402
-from fstier.gpu_copy import HostBlockPool, RankStager  # noqa: E402
-from fstier.layout import CanonicalKVCaches, LoadStoreSpec, rank_page_mapping  # noqa: E402
+from fstier.gpu_copy import RankStager  # noqa: E402
+from fstier.layout import (  # noqa: E402
+    CanonicalKVCaches,
+    LoadStoreSpec,
+    PoolTensors,  # noqa: E402
+    rank_page_mapping,
+)
+from fstier.slots.host_pool import HostBlockPool  # noqa: E402
 
 HEADS, HEAD_SIZE = 8, 128  # 2 KiB per token row of K or V (fp16)
 #: page KiB -> (layers, block_size); page = layers * 2 * block_size * 2 KiB
@@ -94,8 +100,8 @@ def run_case(page_kib, kind, tp, kv, modes, batch_mib, repeats, shuffle, infligh
         slots_adj = pool.alloc(n)
         ref_slots = ref_pool.alloc(n)
         # CPU reference: the host stager on the same data, same poison.
-        pool.tensor.fill_(0x5A)
-        ref_pool.tensor.fill_(0x5A)
+        PoolTensors.of(pool).tensor.fill_(0x5A)
+        PoolTensors.of(ref_pool).tensor.fill_(0x5A)
         ref_caches = _caches(cpu_kv.clone(), kind)
         ref = RankStager(ref_caches, [mapping], ref_pool)
         ref.wait(ref.stage_out(spec_out, ref_slots))
@@ -104,7 +110,7 @@ def run_case(page_kib, kind, tp, kv, modes, batch_mib, repeats, shuffle, infligh
         ref_in.wait(ref_in.stage_in(ref_slots, spec_in))
         ref_in_rows = [t.clone() for t in ref_in.caches.tensors]
         # Baseline: the same bytes as one contiguous pinned <-> device copy.
-        host = pool.tensor.view(-1)[: n * share]
+        host = PoolTensors.of(pool).tensor.view(-1)[: n * share]
         dev = torch.empty(n * share, dtype=torch.uint8, device=DEVICE)
 
         def d2h():
@@ -124,11 +130,11 @@ def run_case(page_kib, kind, tp, kv, modes, batch_mib, repeats, shuffle, infligh
                 slots = [slots_adj[i] for i in perm]
             dev_kv = cpu_kv.to(DEVICE)
             st = RankStager(_caches(dev_kv, kind), [mapping], pool, cuda_copy=mode)
-            pool.tensor.fill_(0x5A)
+            PoolTensors.of(pool).tensor.fill_(0x5A)
             t_out = _median_s(lambda st=st, slots=slots: st.wait(st.stage_out(spec_out, slots)), repeats)
             # Correctness: the slots hold what the CPU stager wrote (same slot order).
             for k in range(n):
-                if not torch.equal(pool.slot_tensor(slots[k]), ref_pool.slot_tensor(ref_slots[k])):
+                if not torch.equal(PoolTensors.of(pool).slot_tensor(slots[k]), PoolTensors.of(ref_pool).slot_tensor(ref_slots[k])):
                     raise SystemExit(f"MISMATCH stage_out {page_kib}KiB {kind} tp{tp} {kv} {mode}: slot of block {ids[k]}")
             _sync()
             ops0 = st.stats.ops

@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import xxhash  # noqa: E402
 
 from fstier.config import parse_config  # noqa: E402
-from fstier.gpu_copy import HostBlockPool  # noqa: E402
 from fstier.keys import BlockKey  # noqa: E402
 from fstier.manager import FsTier  # noqa: E402
+from fstier.slots.host_pool import HostBlockPool  # noqa: E402
 from fstier.units import parse_size  # noqa: E402
 
 MIB = 1 << 20

@@ -56,7 +56,7 @@ import xxhash  # noqa: E402
 from _raw import RawBaseline, drop_caches  # noqa: E402
 
 from fstier.config import FstierConfig, ParallelSpec, parse_config  # noqa: E402
-from fstier.gpu_copy import HostBlockPool, RankStager  # noqa: E402
+from fstier.gpu_copy import RankStager  # noqa: E402
 from fstier.io.blockfile import padded_len  # noqa: E402
 from fstier.keys import BlockKey  # noqa: E402
 from fstier.layout import (  # noqa: E402
@@ -66,6 +66,7 @@ from fstier.layout import (  # noqa: E402
     rank_page_mapping,
 )
 from fstier.manager import FsTier, JobResult  # noqa: E402
+from fstier.slots.host_pool import HostBlockPool  # noqa: E402
 from fstier.units import parse_size  # noqa: E402
 
 HEADS = 8

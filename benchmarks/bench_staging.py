@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from fstier.config import ModelSpec, ParallelSpec  # noqa: E402
-from fstier.gpu_copy import HostBlockPool, RankStager  # noqa: E402
+from fstier.gpu_copy import RankStager  # noqa: E402
 from fstier.layout import (  # noqa: E402
     CanonicalKVCaches,
     LayerKVSpec,
@@ -33,6 +33,7 @@ from fstier.layout import (  # noqa: E402
     allocate_cross_layer_kv_caches,
     rank_page_mapping,
 )
+from fstier.slots.host_pool import HostBlockPool  # noqa: E402
 
 
 def _time(fn, repeats: int) -> float:

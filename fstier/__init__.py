@@ -3,14 +3,15 @@
 Public names are re-exported here: everything an engine needs to wire
 fstier end to end (docs/integration.md) is importable from ``fstier``,
 including the types that the public functions take and return. Names whose
-modules need torch or numpy (layout, gpu_copy, host_pool, manager) are
-imported lazily on first attribute access, so ``import fstier`` and
+modules need torch or numpy (layout, gpu_copy) or start the tier (manager,
+slots) are imported lazily on first attribute access, so ``import fstier`` and
 ``fstier --help`` stay cheap and torch-free.
 
 The package, by folder: ``config``, ``keys``, ``file_mapper`` (what a block
 is called and where its file lives); ``layout`` (canonical pages: how a
-rank's KV cache maps onto tp-independent file bytes); ``host_pool`` and
-``slots`` (the shared host memory where ranks and the tier meet);
+rank's KV cache maps onto tp-independent file bytes; ``PoolTensors``, a
+pool's slots as tensors); ``slots`` (the shared host memory where ranks and
+the tier meet, torch-free); ``clock`` (what the tier's timers read);
 ``gpu_copy`` (``RankStager``: device <-> host slots, per rank); ``io/`` (the
 block-file format and the POSIX store/load path); ``manager`` (``FsTier``:
 lookup, jobs, capacity, events, metrics); ``integrations/`` (engine
@@ -22,6 +23,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from fstier.clock import Clock
 from fstier.config import (
     FstierConfig,
     KVGroupSpec,
@@ -58,6 +60,7 @@ _LAZY = {
     "KVRef": "fstier.layout",
     "LayerKVSpec": "fstier.layout",
     "StateSpec": "fstier.layout",
+    "PoolTensors": "fstier.layout",
     "CopyStats": "fstier.gpu_copy",
     "TierEvent": "fstier.manager",
     "TierMetrics": "fstier.tier.metrics",
@@ -89,6 +92,7 @@ __all__ = [
     "BlockRemoved",
     "BlockStored",
     "CanonicalKVCaches",
+    "Clock",
     "ConfigError",
     "CopyStats",
     "CrossLayerKVCaches",
@@ -118,6 +122,7 @@ __all__ = [
     "PathSafetyError",
     "PoolError",
     "PoolExhaustedError",
+    "PoolTensors",
     "RankStager",
     "SlotProvider",
     "StateSpec",
@@ -160,6 +165,7 @@ if TYPE_CHECKING:  # pragma: no cover
         LoadStoreSpec,
         PageMapping,
         PageRun,
+        PoolTensors,
         StateSpec,
         allocate_cross_layer_kv_caches,
         rank_page_mapping,

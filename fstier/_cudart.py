@@ -6,7 +6,11 @@ with the copy engine: one ``cudaMemcpy2DAsync`` per uniform run of fragments
 stream. ``torch.Tensor.copy_`` cannot do that: a strided host side makes it
 copy through a temporary and synchronise. The library is the ``libcudart``
 torch itself loaded (found in ``/proc/self/maps``), so streams and pointers
-are the same objects torch uses. Nothing here is imported without CUDA.
+are the same objects torch uses. Also here: pinning host memory
+(:func:`pin_host`, portable and mapped, through torch's binding) and a
+tensor over raw device memory (:func:`device_view`), for
+:class:`~fstier.gpu_copy.PoolTensors` and the stager's cross-allocation
+views. The runtime is loaded on first use, never at import.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ import threading
 
 import torch
 
-__all__ = ["CudaRuntime", "cudart"]
+__all__ = ["CudaRuntime", "cudart", "device_view", "pin_host", "unpin_host"]
 
 #: cudaMemcpyDefault: the direction follows from the pointers (unified addressing).
 _MEMCPY_DEFAULT = 4
+#: cudaHostRegisterPortable | cudaHostRegisterMapped
+_REGISTER_PORTABLE_MAPPED = 0x1 | 0x2
 #: cudaDevAttrCanUseHostPointerForRegisteredMem
 _ATTR_HOST_POINTER_FOR_REGISTERED = 91
 
@@ -110,3 +116,33 @@ def cudart() -> CudaRuntime:
             torch.cuda.init()
             _instance = CudaRuntime(_find_library())
         return _instance
+
+
+def pin_host(ptr: int, size: int) -> bool:
+    """Register ``size`` bytes at ``ptr`` with CUDA, portable (pinned for every
+    context of this process) and mapped (kernels may read and write it in
+    place). False where CUDA refuses (the caller stays unpinned)."""
+    return int(torch.cuda.cudart().cudaHostRegister(ptr, size, _REGISTER_PORTABLE_MAPPED)) == 0
+
+
+def unpin_host(ptr: int) -> None:
+    """Undo :func:`pin_host` (before the memory is unmapped)."""
+    torch.cuda.cudart().cudaHostUnregister(ptr)
+
+
+class _RawDevice:
+    """``__cuda_array_interface__`` of ``size`` bytes of device memory at
+    ``ptr`` that something else owns (``owner`` is kept alive with it)."""
+
+    def __init__(self, ptr: int, size: int, owner: object = None) -> None:
+        self.owner = owner
+        self.__cuda_array_interface__ = {
+            "shape": (size,), "typestr": "|u1", "data": (ptr, False), "strides": None, "version": 3,
+        }
+
+
+def device_view(ptr: int, size: int, device: torch.device, owner: object = None) -> torch.Tensor:
+    """A uint8 tensor on ``device`` over ``size`` bytes at device address
+    ``ptr`` (no copy, no ownership: ``owner`` stays alive while it lives)."""
+    with torch.cuda.device(device):
+        return torch.as_tensor(_RawDevice(ptr, size, owner), device=device)

@@ -256,7 +256,8 @@ class TierConfig(BaseModel):
     fsync: Literal["none", "file", "file+dir"] = "none"
     file_mode: Annotated[int, BeforeValidator(_file_mode), Field(ge=0, le=0o777)] = 0o644
     max_bytes: OptSize = None
-    # Every float is finite and bounded (issue 15 item 5): inf or nan here
+    # Every float is finite and bounded (test_config.py's
+    # test_every_float_option_must_be_finite): inf or nan here
     # used to disable eviction (OverflowError in every capacity pass) or kill
     # the I/O watchdog (a wait longer than threading.TIMEOUT_MAX).
     low_watermark: float = Field(0.80, gt=0.0, lt=1.0, allow_inf_nan=False)

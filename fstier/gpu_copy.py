@@ -1,7 +1,8 @@
 """Staging between device KV caches and canonical pages in shared host memory.
 
-The host side is a :class:`~fstier.slots.host_pool.HostBlockPool` (shared, aligned,
-pinned when CUDA is there; re-exported here for older imports).
+The host side is a :class:`~fstier.slots.host_pool.HostBlockPool` (shared,
+aligned, torch-free); :class:`~fstier.layout.PoolTensors` views it as tensors
+in the process that stages and pins it there when CUDA is usable.
 
 :class:`RankStager` moves one rank's bytes: ``stage_out(spec, slots)`` gathers
 the rank's store runs of the blocks in ``spec`` into canonical positions in the
@@ -55,6 +56,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from fstier._cudart import cudart, device_view
 from fstier.copy_plan import (
     Plan,
     Staging,
@@ -68,10 +70,10 @@ from fstier.copy_plan import (
     unit_groups,
 )
 from fstier.errors import LayoutError
-from fstier.layout import CanonicalKVCaches, LoadStoreSpec, PageMapping
+from fstier.layout import CanonicalKVCaches, LoadStoreSpec, PageMapping, PoolTensors
 from fstier.slots.host_pool import HostBlockPool
 
-__all__ = ["CopyStats", "CudaCopy", "HostBlockPool", "RankStager"]
+__all__ = ["CopyStats", "CudaCopy", "RankStager"]
 
 #: How a CUDA stager moves bytes (see the module docstring).
 CudaCopy = Literal["auto", "dma", "kernel"]
@@ -113,20 +115,6 @@ class _Unit:
     src: torch.Tensor
     stage: tuple[int, int, int, int]
     dst: torch.Tensor | None = None
-
-
-class _RawDevice:
-    """``__cuda_array_interface__`` of ``size`` bytes of device memory at ``ptr``
-    that other tensors own (the registered KV tensors stay alive with the caches)."""
-
-    def __init__(self, ptr: int, size: int) -> None:
-        self.__cuda_array_interface__ = {
-            "shape": (size,),
-            "typestr": "|u1",
-            "data": (ptr, False),
-            "strides": None,
-            "version": 3,
-        }
 
 
 @dataclass
@@ -239,7 +227,8 @@ class RankStager:
         self._groups = group_plans(self.mappings, caches, pool.slot_bytes, blocks_per_file)
         #: blocks per group (the smallest of its tensors), checked against every spec
         self._num_blocks = [caches.num_blocks(g) for g in range(len(caches.group_refs))]
-        self._pool_i8 = pool.tensor.view(torch.int8).view(-1)
+        self._host = PoolTensors.of(pool)
+        self._pool_i8 = self._host.tensor.view(torch.int8).view(-1)
         devices = {t.device for t in caches.tensors}
         self.device = devices.pop() if len(devices) == 1 else torch.device("cpu")
         if devices:
@@ -247,7 +236,7 @@ class RankStager:
         self._cuda = self.device.type == "cuda"
         #: "host" (numpy, CPU tensors), "dma" or "kernel" (module docstring)
         self.copy_mode: str = (cuda_copy or _DEFAULT_CUDA_COPY) if self._cuda else (cuda_copy or "host")
-        if self._cuda and self.copy_mode == "auto" and not pool.pinned:
+        if self._cuda and self.copy_mode == "auto" and not self._host.pinned:
             self.copy_mode = "dma"  # kernels need the mapped pool; plain copies still work
         self._stream = torch.cuda.Stream(device=self.device) if self._cuda else None
         self._np_src: dict[tuple[int, str, int], np.ndarray] = {}
@@ -277,11 +266,9 @@ class RankStager:
         self._idx_dev: torch.Tensor | None = None
         self._rt: Any = None
         if self._cuda and self.copy_mode in ("dma", "auto"):
-            from fstier._cudart import cudart
-
             self._rt = cudart()
         if self.copy_mode in ("kernel", "auto"):
-            self._pool_dev = self.pool.device_tensor(self.device) if self._cuda else self.pool.tensor.view(-1)
+            self._pool_dev = self._host.device_tensor(self.device) if self._cuda else self._host.tensor.view(-1)
         self._staging: dict[tuple[int, str], Staging] = {}
         self._stage_bufs: dict[tuple[int, str], tuple[int, torch.Tensor, list[torch.Tensor]]] = {}
         self._dtype: dict[tuple[int, str], torch.dtype] = {}
@@ -321,9 +308,7 @@ class RankStager:
         else:
             # Layers in separate allocations at a fixed spacing: a raw view
             # spanning them (only the layers' own bytes are ever touched).
-            with torch.cuda.device(self.device):
-                raw = torch.as_tensor(_RawDevice(addr0, extent), device=self.device)
-            src = _typed(raw, dt, 0, shape, strides)
+            src = _typed(device_view(addr0, extent, self.device), dt, 0, shape, strides)
         dst = None
         if self.copy_mode in ("kernel", "auto"):
             dst = _typed(

@@ -26,7 +26,8 @@ another size fails the size check (fail closed). ``fstier.canonical`` holds the
 torch-free sizes and ids; this module agrees with it by construction.
 
 :class:`CanonicalKVCaches` registers engine tensors as unique int8
-``(num_blocks, row_bytes)`` views; :class:`LoadStoreSpec` names the blocks of a
+``(num_blocks, row_bytes)`` views; :class:`PoolTensors` views a torch-free host
+pool as tensors, pinned where CUDA is; :class:`LoadStoreSpec` names the blocks of a
 transfer; :func:`allocate_cross_layer_kv_caches` allocates one contiguous row
 per block for all layers of a page-size group.
 """
@@ -34,17 +35,23 @@ per block for all layers of a page-size group.
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import numpy as np
 import torch
 
 from fstier import canonical
+from fstier._cudart import cudart, device_view, pin_host, unpin_host
 from fstier.config import DTYPE_SIZES, KVGroupSpec, ParallelSpec
-from fstier.errors import LayoutError
+from fstier.errors import LayoutError, PoolError
 from fstier.page_runs import Fragments, PageRun, coalesce, intervals_tile, run_intervals
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fstier.slots.host_pool import HostBlockPool
 
 __all__ = [
     "CanonicalKVCaches",
@@ -55,6 +62,7 @@ __all__ = [
     "LoadStoreSpec",
     "PageMapping",
     "PageRun",
+    "PoolTensors",
     "StateSpec",
     "allocate_cross_layer_kv_caches",
     "rank_page_mapping",
@@ -347,6 +355,71 @@ class CanonicalKVCaches:
 
 # --------------------------------------------------------------------------- #
 # LoadStoreSpec
+class PoolTensors:
+    """A :class:`~fstier.slots.host_pool.HostBlockPool`'s slots as tensors of
+    this process (the host side of a copy; :class:`CanonicalKVCaches` is the
+    device side), pinned (portable and mapped) when CUDA is usable, so device
+    copies run asynchronously and kernels reach the slots in place. One per
+    pool and process (:meth:`of`); the pool's ``close()`` unpins it and drops
+    its tensors first. A child forked after its parent initialised CUDA
+    cannot use CUDA at all: it stays unpinned, as CPU-only."""
+
+    _of: weakref.WeakKeyDictionary[HostBlockPool, PoolTensors] = weakref.WeakKeyDictionary()
+    _of_lock = threading.Lock()
+
+    def __init__(self, pool: HostBlockPool) -> None:
+        self.name, self.num_slots, self.slot_bytes = pool.name, pool.num_slots, pool.slot_bytes
+        #: all slots as one uint8 ``(num_slots, slot_bytes)`` tensor sharing the memory
+        self.tensor = torch.frombuffer(pool.buffer, dtype=torch.uint8).view(pool.num_slots, pool.slot_bytes)
+        self._views: dict[int, torch.Tensor] = {}
+        self._closed = False
+        ok = torch.cuda.is_available() and not torch.cuda._is_in_bad_fork()
+        self.pinned = ok and pin_host(self.tensor.data_ptr(), self.tensor.numel())
+        pool.on_close(self._close)
+
+    @classmethod
+    def of(cls, pool: HostBlockPool) -> PoolTensors:
+        """The pool's tensors in this process (made, and pinned, once)."""
+        with cls._of_lock:
+            got = cls._of.get(pool)
+            if got is None:
+                got = cls._of[pool] = cls(pool)
+            return got
+
+    def slot_tensor(self, i: int) -> torch.Tensor:
+        """Slot ``i`` as a uint8 tensor sharing the memory."""
+        if self._closed or not 0 <= i < self.num_slots:
+            why = "is closed" if self._closed else f"has no slot {i} ({self.num_slots} slots)"
+            raise PoolError(f"HostBlockPool {self.name!r} {why}")
+        return self.tensor[i]
+
+    def device_tensor(self, device: torch.device | str | int | None = None) -> torch.Tensor:
+        """All slots as one CUDA uint8 ``(num_slots * slot_bytes,)`` tensor of the
+        mapped pinned memory itself: kernels on ``device`` read and write the
+        slots over the bus, without a copy. Needs a pinned pool."""
+        if not self.pinned:
+            raise PoolError(
+                f"HostBlockPool {self.name!r}: the slots are not registered with CUDA (no CUDA, "
+                "cudaHostRegister failed, or closed); device_tensor needs a pinned pool"
+            )
+        dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        idx = int(dev.index or 0)
+        if idx not in self._views:
+            flat = self.tensor.view(-1)
+            ptr = cudart().host_device_pointer(flat.data_ptr(), idx)
+            self._views[idx] = device_view(ptr, flat.numel(), dev, owner=self)
+        return self._views[idx]
+
+    def _close(self) -> None:
+        self._closed, self._views = True, {}
+        if self.pinned:
+            unpin_host(self.tensor.data_ptr())
+            self.pinned = False
+        self.tensor = torch.empty((0, self.slot_bytes), dtype=torch.uint8)
+
+
 # --------------------------------------------------------------------------- #
 
 

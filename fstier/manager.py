@@ -40,6 +40,7 @@ import time
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Literal
 
+from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.config import FstierConfig, TierConfig, load_config
 from fstier.errors import ConfigError, StorageError, TierClosedError
 from fstier.file_mapper import FileMapper
@@ -74,11 +75,10 @@ class FsTier:
 
     ``pool`` is the :class:`~fstier.slots.SlotProvider` whose slots jobs name
     (a :class:`~fstier.slots.host_pool.HostBlockPool`, or an engine's own rows);
-    each slot must hold the largest file payload. A slot at least the payload
-    padded to 4096 is used as the I/O buffer whole (its tail is zeroed on
-    store); a shorter or unaligned one is moved with exactly the payload's
-    bytes (the I/O layer pads from its own buffer), so nothing outside the
-    payload is ever written.
+    each slot must hold the largest file payload. A job moves exactly the
+    payload's bytes of a slot, never one beyond (test_path_safety.py pins it).
+    ``clock`` (:mod:`fstier.clock`) times the breaker, write budget, recency
+    and I/O deadlines (tests pass a ``ManualClock``).
 
     ``config`` is an :class:`FstierConfig` (the namespace comes from its
     model and parallel layout), or a :class:`TierConfig` together with a
@@ -92,7 +92,7 @@ class FsTier:
         pool: SlotProvider,
         mapper: FileMapper | None = None,
         *,
-        hold_fenced_results: bool = False,
+        hold_fenced_results: bool = False, clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if isinstance(config, FstierConfig) and mapper is None:
             self.config: FstierConfig | None = config
@@ -132,15 +132,15 @@ class FsTier:
 
         # The parts (fstier.tier), each owning one concept.
         self._cache = LookupCache(tier.lookup_cache_ttl_s)
-        self._breaker = Breaker(tier.breaker_failures, tier.breaker_cooldown_s, metrics)
-        self._budget = WriteBudget(tier.max_write_queue_seconds, metrics)
-        self._io = IOPool(tier.read_threads, tier.write_threads, tier.io_timeout_s)
+        self._breaker = Breaker(tier.breaker_failures, tier.breaker_cooldown_s, metrics, clock=clock)
+        self._budget = WriteBudget(tier.max_write_queue_seconds, metrics, clock=clock)
+        self._io = IOPool(tier.read_threads, tier.write_threads, tier.io_timeout_s, clock=clock)
         self._io.on_late(self._fences.on_late)
         self._lookup = Lookup(
             self._cache, self.blocks.path, self.mapper.num_groups, max(2, min(tier.read_threads, 16)),
             breaker=self._breaker, metrics=metrics,
         )
-        self._recency = Recency(self._io)
+        self._recency = Recency(self._io, clock=clock)
         self.capacity = Capacity(
             self.mapper.root, tier, metrics, on_evicted=self._on_evicted, before_pass=self._recency.flush
         )
@@ -154,17 +154,18 @@ class FsTier:
 
     @classmethod
     def from_config(
-        cls, config: str | os.PathLike[str] | FstierConfig, pool: SlotProvider | None = None
+        cls, config: str | os.PathLike[str] | FstierConfig, pool: SlotProvider | None = None,
+        *, clock: Clock = SYSTEM_CLOCK,
     ) -> FsTier:
         """Build from a YAML path or an :class:`FstierConfig`. Without ``pool``
         a private :class:`HostBlockPool` is created (slots of the largest
         payload, about 256 MiB in all) and closed by :meth:`close`."""
         cfg = config if isinstance(config, FstierConfig) else load_config(config)
         if pool is not None:
-            return cls(cfg, pool)
+            return cls(cfg, pool, clock=clock)
         own = private_pool(cfg)  # fstier.tier.private_pool: sized from the config
         try:
-            tier = cls(cfg, own)
+            tier = cls(cfg, own, clock=clock)
         except BaseException:
             own.close()
             raise
@@ -237,7 +238,7 @@ class FsTier:
         # Every outcome, even one decided at once (empty, degraded, slot busy,
         # backpressure), is taken under one lock after the duplicate-id check:
         # otherwise a second job "J" that finishes at once would report a
-        # result for a "J" still in flight (issue 15 item 9).
+        # result for a "J" still in flight (test_manager.py pins it).
         with self._lock:
             self._jobs.check_unique(job_id)
             if n == 0:

@@ -11,6 +11,7 @@ from typing import Any
 
 from conftest import make_config
 
+from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.config import FstierConfig
 from fstier.keys import BlockKey
 from fstier.manager import FsTier
@@ -74,13 +75,13 @@ def load(tier: FsTier, job: object, ks: list[BlockKey], first_slot: int = 0):
 
 
 @contextmanager
-def open_tier(root: Path, num_slots: int = 64, **tier_kw: Any) -> Iterator[FsTier]:
+def open_tier(root: Path, num_slots: int = 64, clock: Clock = SYSTEM_CLOCK, **tier_kw: Any) -> Iterator[FsTier]:
     cfg = tiny_config(root, **tier_kw)
     pool = HostBlockPool(num_slots, FILE_BYTES)
     # These tests name slots by index; FsTier refuses slots the caller does
     # not hold, so the test holds them all (alloc returns 0, 1, 2, ...).
     pool.alloc(num_slots)
-    tier = FsTier(cfg, pool)
+    tier = FsTier(cfg, pool, clock=clock)
     try:
         yield tier
     finally:

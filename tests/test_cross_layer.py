@@ -7,14 +7,16 @@ import torch
 
 from fstier.config import ModelSpec, ParallelSpec
 from fstier.errors import LayoutError
-from fstier.gpu_copy import HostBlockPool, RankStager
+from fstier.gpu_copy import RankStager
 from fstier.layout import (
     LayerKVSpec,
     LoadStoreSpec,
+    PoolTensors,
     StateSpec,
     allocate_cross_layer_kv_caches,
     rank_page_mapping,
 )
+from fstier.slots.host_pool import HostBlockPool
 
 B, H, D = 8, 4, 16
 MAMBA_STATES = (StateSpec((16, 4), "float32"), StateSpec((4, 16, 8), "float16"))
@@ -101,7 +103,7 @@ def test_hybrid_round_trip_through_files_one_copy_per_block_per_group(tmp_path):
         pool.free(slots)
         slots = pool.alloc(5)
         for s in slots:
-            pool.slot_tensor(s).zero_()
+            PoolTensors.of(pool).slot_tensor(s).zero_()
         for i, s in enumerate(slots):
             data = (tmp_path / f"{i}.bin").read_bytes()
             pool.slot_view(s)[: len(data)] = data

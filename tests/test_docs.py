@@ -82,3 +82,19 @@ def test_make_demo_installs_lean_and_the_readme_says_so(tmp_path: Path) -> None:
     readme = (REPO / "README.md").read_text()
     assert "installs torch==2.13.0 then fstier (no extras)" in readme
     assert "plus the extras dev, metrics and examples" in readme
+
+
+def test_make_test_builds_the_docs_strict_first(tmp_path: Path) -> None:
+    """The API reference is generated from the docstrings (mkdocs.yml,
+    docs/api.md); `make test` builds the site with --strict before pytest,
+    so a broken link or a reference to a name that is gone fails CI."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    test = _make_n("test", tmp_path)
+    assert "mkdocs build --strict" in test and test.index("mkdocs build --strict") < test.index("-m pytest"), test
+    config = (REPO / "mkdocs.yml").read_text()
+    assert "strict: true" in config and "api.md" in config and "mkdocstrings" in config

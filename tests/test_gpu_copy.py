@@ -12,14 +12,16 @@ import torch
 
 from fstier.config import ModelSpec, ParallelSpec
 from fstier.errors import LayoutError, PoolError, PoolExhaustedError
-from fstier.gpu_copy import HostBlockPool, RankStager
+from fstier.gpu_copy import RankStager
 from fstier.layout import (
     CanonicalKVCaches,
     LayerKVSpec,
     LoadStoreSpec,
+    PoolTensors,
     allocate_cross_layer_kv_caches,
     rank_page_mapping,
 )
+from fstier.slots.host_pool import HostBlockPool
 
 NUM_BLOCKS = 12
 
@@ -130,7 +132,7 @@ def test_tp2_rank_processes_store_tp4_rank_processes_load(layout):
             assert sorted(results) == [(r, mode, True) for r in range(tp)], results
             if mode == "out":
                 for s, b in zip(slots, blocks, strict=True):
-                    assert torch.equal(pool.slot_tensor(s)[: group.page_bytes].view(torch.int8), _canonical(full, b))
+                    assert torch.equal(PoolTensors.of(pool).slot_tensor(s)[: group.page_bytes].view(torch.int8), _canonical(full, b))
         pool.free(slots)
 
 
@@ -145,7 +147,7 @@ def _round_trip(kv, layout, a, b, device="cpu", cuda_copy=None, slots_order=None
         held = pool.alloc(6)
         slots = held[:4] if slots_order is None else [held[i] for i in slots_order]
         for s in slots:
-            pool.slot_tensor(s).fill_(0x5A)  # poison: every byte must be written
+            PoolTensors.of(pool).slot_tensor(s).fill_(0x5A)  # poison: every byte must be written
         for r in range(a):
             caches = _register(_shard(full, group, a, r).to(device), layout)
             mapping = rank_page_mapping(group, ParallelSpec(tp_size=a, rank=r), kind)
@@ -154,7 +156,7 @@ def _round_trip(kv, layout, a, b, device="cpu", cuda_copy=None, slots_order=None
             st.wait(bid)
             assert st.poll() == [bid] and st.in_flight == 0
         for s, bo in zip(slots, blocks_out, strict=True):
-            assert torch.equal(pool.slot_tensor(s)[: group.page_bytes].view(torch.int8), _canonical(full, bo))
+            assert torch.equal(PoolTensors.of(pool).slot_tensor(s)[: group.page_bytes].view(torch.int8), _canonical(full, bo))
         for r in range(b):
             shard = torch.zeros_like(_shard(full, group, b, r)).to(device)
             caches = _register(shard, layout)
@@ -213,7 +215,7 @@ def test_block_indices_skip_lands_the_right_pages():
         st.stage_out(LoadStoreSpec([4 + i for i in logical], [8], [0]), slots)
         for page in range(4):
             off = page * group.page_bytes
-            assert torch.equal(pool.slot_tensor(slots[1])[off : off + group.page_bytes].view(torch.int8), _canonical(full, 8 + page))
+            assert torch.equal(PoolTensors.of(pool).slot_tensor(slots[1])[off : off + group.page_bytes].view(torch.int8), _canonical(full, 8 + page))
         for start in (5, 6, 7):
             dest = torch.zeros_like(full)
             st_in = RankStager(_register(dest, "packed"), [rank_page_mapping(group, ParallelSpec())], pool, blocks_per_file=4)
@@ -301,7 +303,7 @@ def test_cuda_stage_calls_queue_and_return_while_the_device_is_busy(cuda_copy):
         assert call_s < 0.05, f"stage_out blocked for {call_s:.3f} s"
         st.wait(bid)
         for s, blk in zip(slots, range(8), strict=True):
-            assert torch.equal(pool.slot_tensor(s)[: group.page_bytes].view(torch.int8), _canonical(full.cpu(), blk))
+            assert torch.equal(PoolTensors.of(pool).slot_tensor(s)[: group.page_bytes].view(torch.int8), _canonical(full.cpu(), blk))
         dest = torch.zeros_like(full)
         st_in = RankStager(_register(dest, "packed"), [rank_page_mapping(group, ParallelSpec())], pool, cuda_copy=cuda_copy)
         st_in.wait(st_in.stage_in(slots, LoadStoreSpec([11, 10, 9, 8, 7, 6, 5, 4], [8], [0])))
@@ -330,7 +332,7 @@ def test_cuda_blocks_per_file_skip_matches_the_cpu_path(cuda_copy):
         st.wait(st.stage_out(LoadStoreSpec([4 + i for i in range(8)], [8], [0]), slots))
         for page in range(4):
             off = page * group.page_bytes
-            assert torch.equal(pool.slot_tensor(slots[1])[off : off + group.page_bytes].view(torch.int8), _canonical(full, 8 + page))
+            assert torch.equal(PoolTensors.of(pool).slot_tensor(slots[1])[off : off + group.page_bytes].view(torch.int8), _canonical(full, 8 + page))
         for start in (5, 6, 7):
             dest = torch.zeros_like(full).cuda()
             st_in = RankStager(_register(dest, "packed"), [rank_page_mapping(group, ParallelSpec())], pool, 4, cuda_copy=cuda_copy)
@@ -354,7 +356,7 @@ def test_pool_alignment_errors_and_cleanup():
     for i in range(3):
         view = pool.slot_view(i)
         assert len(view) == 8192
-        assert pool.slot_tensor(i).data_ptr() % 4096 == 0
+        assert PoolTensors.of(pool).slot_tensor(i).data_ptr() % 4096 == 0
         view.release()
     a = pool.alloc(2)
     with pytest.raises(PoolExhaustedError, match="asked for 2 slot"):
@@ -369,8 +371,8 @@ def test_pool_alignment_errors_and_cleanup():
     assert pool.num_free == 2
     other = HostBlockPool.attach(pool.name)
     assert (other.num_slots, other.slot_bytes) == (3, 8192)
-    pool.slot_tensor(2)[:4] = torch.tensor([1, 2, 3, 4], dtype=torch.uint8)
-    assert other.slot_tensor(2)[:4].tolist() == [1, 2, 3, 4]
+    PoolTensors.of(pool).slot_tensor(2)[:4] = torch.tensor([1, 2, 3, 4], dtype=torch.uint8)
+    assert PoolTensors.of(other).slot_tensor(2)[:4].tolist() == [1, 2, 3, 4]
     with pytest.raises(PoolError, match="reserved to the creating process"):
         other.alloc(1)
     other.close()
@@ -380,19 +382,19 @@ def test_pool_alignment_errors_and_cleanup():
     with pytest.raises(PoolError, match="no shared memory named"):
         HostBlockPool.attach(pool.name)
     with pytest.raises(PoolError, match="is closed"):
-        pool.slot_tensor(0)
+        PoolTensors.of(pool).slot_tensor(0)
 
 
 def test_attach_in_child_process_leaves_no_segment_and_no_tracker_noise(tmp_path):
     ctx = mp.get_context("spawn")
     with HostBlockPool(2, 4096) as pool:
-        pool.slot_tensor(1)[:3] = torch.tensor([9, 8, 7], dtype=torch.uint8)
+        PoolTensors.of(pool).slot_tensor(1)[:3] = torch.tensor([9, 8, 7], dtype=torch.uint8)
         p = ctx.Process(target=_child_touch, args=(pool.name, str(tmp_path / "out")))
         p.start()
         p.join(120)
         assert p.exitcode == 0
         assert (tmp_path / "out").read_bytes() == bytes([9, 8, 7])
-        assert pool.slot_tensor(1)[3].item() == 42
+        assert PoolTensors.of(pool).slot_tensor(1)[3].item() == 42
         name = pool.name
     assert name not in _shm_names()
 
@@ -401,7 +403,7 @@ def _child_touch(name, out):
     pool = HostBlockPool.attach(name)
     with open(out, "wb") as f:
         f.write(bytes(pool.slot_view(1)[:3]))
-    pool.slot_tensor(1)[3] = 42
+    PoolTensors.of(pool).slot_tensor(1)[3] = 42
     pool.close()
 
 
@@ -433,10 +435,10 @@ def test_evenly_spaced_layers_share_one_kernel(cuda_copy):
             caches = CanonicalKVCaches.register([[shard[i] for i in range(4)]])
             st = RankStager(caches, [mapping], pool, cuda_copy=cuda_copy)
             assert [len(st._units[(0, k)]) for k in ("store", "load")] == [units, units]
-            pool.tensor.fill_(0)
+            PoolTensors.of(pool).tensor.fill_(0)
             st.wait(st.stage_out(LoadStoreSpec([6, 2], [2], [0]), slots))
-            assert torch.equal(pool.slot_tensor(slots[0])[: group.page_bytes].view(torch.int8), _canonical(full, 6))
-            assert torch.equal(pool.slot_tensor(slots[1])[: group.page_bytes].view(torch.int8), _canonical(full, 2))
+            assert torch.equal(PoolTensors.of(pool).slot_tensor(slots[0])[: group.page_bytes].view(torch.int8), _canonical(full, 6))
+            assert torch.equal(PoolTensors.of(pool).slot_tensor(slots[1])[: group.page_bytes].view(torch.int8), _canonical(full, 2))
 
 
 @pytest.mark.parametrize(("tp", "ops"), [(1, 2), (2, 2), (4, 1)])
@@ -457,7 +459,7 @@ def test_auto_takes_the_copy_engine_for_big_dense_copies_and_kernels_for_thin_ro
         host = RankStager(_register(shard, "packed"), [mapping], ref)
         host.wait(host.stage_out(spec, ref_slots))
         for s, r in zip(slots, ref_slots, strict=True):
-            assert torch.equal(pool.slot_tensor(s), ref.slot_tensor(r))
+            assert torch.equal(PoolTensors.of(pool).slot_tensor(s), PoolTensors.of(ref).slot_tensor(r))
 
 
 def test_segment_of_a_sigkilled_creator_is_swept_by_the_next_pool():

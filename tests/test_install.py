@@ -139,3 +139,35 @@ if has_vllm:
             disagree.append(f"{n}: fstier {r.specifier or 'any'}, vLLM {theirs[n].specifier}, installed {v}")
 print(json.dumps({"file": fstier.__file__, "unsatisfied": unsatisfied, "disagree": disagree, "vllm": has_vllm}))
 """
+
+
+QUIET_METADATA = r'''
+import sys, warnings
+import setuptools.build_meta as backend
+meta_dir = sys.argv[1]  # the backend rewrites sys.argv for setup.py
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as caught:
+    out = backend.prepare_metadata_for_build_wheel(meta_dir)
+for w in caught:
+    if issubclass(w.category, DeprecationWarning) or "Deprecation" in w.category.__name__:
+        print("DEPRECATED", w.category.__name__, str(w.message).splitlines()[0])
+with open(f"{meta_dir}/{out}/METADATA") as f:
+    print("META", f.read().count("License-Expression: Apache-2.0"))
+'''
+
+
+def test_the_build_backend_prints_no_deprecation_of_ours(tmp_path: Path) -> None:
+    """``make demo`` on a fresh machine printed setuptools' ``project.license``
+    deprecation box four times (the TOML-table form); the SPDX string is
+    read as the license expression and nothing is deprecated."""
+    src = tmp_path / "src"
+    (src / "fstier").mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md", "setup.py"):
+        shutil.copy(REPO / name, src / name)
+    shutil.copy(REPO / "fstier" / "__init__.py", src / "fstier" / "__init__.py")
+    proc = subprocess.run(
+        [sys.executable, "-c", QUIET_METADATA, str(tmp_path)], capture_output=True, text=True, cwd=src, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "DEPRECATED" not in proc.stdout, proc.stdout
+    assert "META 1" in proc.stdout, proc.stdout

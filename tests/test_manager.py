@@ -321,22 +321,29 @@ def test_hits_bump_recency_once_per_file_per_flush(tmp_path: Path, monkeypatch) 
         assert all(p.stat().st_mtime_ns > old + 3000 * 10**9 for p in paths)
 
 
-def test_recency_flush_runs_as_background_write_job(tmp_path: Path, monkeypatch) -> None:
+def test_recency_flush_runs_as_background_write_job(tmp_path: Path) -> None:
     """When a flush is due, the mtime writes go to the write queue as their own
     job: no load waits for them and the engine never sees that job."""
-    import fstier.tier.recency as recency_mod
+    from fstier.clock import ManualClock
+    from fstier.tier.recency import FLUSH_S
 
-    monkeypatch.setattr(recency_mod, "FLUSH_S", 0.0)
-    with open_tier(tmp_path / "root") as tier:
+    clock = ManualClock()
+    with open_tier(tmp_path / "root", clock=clock) as tier:
         ks = keys(0, 3)
         store(tier, "s", ks)
         old = tier.mapper.path_for(ks[0]).stat().st_mtime_ns - 3600 * 10**9
         for k in ks:
             os.utime(tier.mapper.path_for(k), ns=(old, old))
+        clock.advance(FLUSH_S)  # the next hit finds a flush due
         tier.submit_load("l", ks, [0, 1, 2])
         assert tier.drain(30)
         results = tier.get_finished()
         assert [r.job_id for r in results] == ["l"] and results[0].success
+        # The first hit found the flush due and its job wrote that file; the
+        # other two hits wait for the next flush (FLUSH_S of the tier's clock).
+        bumped = [tier.mapper.path_for(k).stat().st_mtime_ns > old + 3000 * 10**9 for k in ks]
+        assert sum(bumped) == 1, bumped
+        tier.flush_recency()
         assert all(tier.mapper.path_for(k).stat().st_mtime_ns > old + 3000 * 10**9 for k in ks)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from manager_support import FILE_BYTES, fill, keys, load, open_tier, store, temp_files, tiny_config
 
+from fstier.clock import ManualClock
 from fstier.io import posix
 from fstier.manager import FsTier
 from fstier.slots.host_pool import HostBlockPool
@@ -25,26 +26,35 @@ def _eio(*_a, **_k):
 
 def test_backpressure_drops_stores_and_never_blocks_the_caller(tmp_path: Path, monkeypatch) -> None:
     real = posix.FS.pwritev
+    clock = ManualClock()
+    writer_may_go = threading.Event()
+    writer_may_go.set()
 
     def slow_pwritev(fd, bufs, offset):
-        time.sleep(0.05)  # a slow mount: ~160 KB/s for these 8 KiB files
+        # A slow mount: each write takes 0.05 s of the tier's clock (~160
+        # KB/s for these 8 KiB files); the gate holds the writer so the
+        # queue is still full when the next stores are submitted.
+        writer_may_go.wait(10)
+        clock.advance(0.05)
         return real(fd, bufs, offset)
 
     monkeypatch.setattr(posix.FS, "pwritev", slow_pwritev)
-    with open_tier(tmp_path / "root", native_io="off", max_write_queue_seconds=0.2, write_threads=1) as tier:
+    with open_tier(tmp_path / "root", clock=clock, native_io="off", max_write_queue_seconds=0.2, write_threads=1) as tier:
         assert store(tier, "warm", keys(0, 2)).success  # measures the slow speed
         speed = tier.metrics.snapshot()["fstier_write_bytes_per_second"]
         assert speed < 1e6
         accepted_slots = list(range(8))
         fill(tier, keys(100, 8), accepted_slots)
+        writer_may_go.clear()
         t0 = time.perf_counter()
         tier.submit_store("big", keys(100, 8), accepted_slots)  # idle queue: admitted
         for j in range(5):
             tier.submit_store(f"more{j}", keys(200 + 4 * j, 4), list(range(8 + 4 * j, 12 + 4 * j)))
         submit_s = time.perf_counter() - t0
-        assert submit_s < 0.1  # 8 queued writes take >= 0.4 s; the caller did not wait
+        assert submit_s < 0.1  # the writer is held; the caller did not wait for it
         drops = [r for r in tier.get_finished() if r.cause == "backpressure"]
         assert len(drops) == 5 and all(not r.success and r.keys_failed == 4 for r in drops)
+        writer_may_go.set()
         tier.drain()
         done = {r.job_id: r for r in tier.get_finished()}
         assert done["big"].success
@@ -57,7 +67,8 @@ def test_backpressure_drops_stores_and_never_blocks_the_caller(tmp_path: Path, m
 
 def test_breaker_trips_on_eio_degrades_and_recovers(tmp_path: Path, monkeypatch, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="fstier.manager")
-    with open_tier(tmp_path / "root", native_io="off", breaker_failures=3, breaker_cooldown_s=0.3) as tier:
+    clock = ManualClock()
+    with open_tier(tmp_path / "root", clock=clock, native_io="off", breaker_failures=3, breaker_cooldown_s=0.3) as tier:
         ks = keys(0, 4)
         assert store(tier, "s", ks).success
         monkeypatch.setattr(posix.FS, "preadv", _eio)
@@ -71,7 +82,9 @@ def test_breaker_trips_on_eio_degrades_and_recovers(tmp_path: Path, monkeypatch,
         assert fast["s2"].cause == "degraded" and fast["l9"].cause == "degraded"
         assert not fast["l9"].success and fast["l9"].keys_failed == 4
         monkeypatch.undo()
-        time.sleep(0.35)  # the cool-down is wall time by design
+        clock.advance(0.29)
+        assert tier.breaker_state == "open"
+        clock.advance(0.01)  # the cool-down has passed
         assert tier.breaker_state == "half_open" and not tier.degraded
         res = load(tier, "probe", ks[1:2])
         assert res.success and tier.breaker_state == "closed"
@@ -85,14 +98,15 @@ def test_breaker_trips_on_eio_degrades_and_recovers(tmp_path: Path, monkeypatch,
 
 
 def test_breaker_half_open_failure_reopens(tmp_path: Path, monkeypatch) -> None:
-    with open_tier(tmp_path / "root", native_io="off", breaker_failures=2, breaker_cooldown_s=0.2) as tier:
+    clock = ManualClock()
+    with open_tier(tmp_path / "root", clock=clock, native_io="off", breaker_failures=2, breaker_cooldown_s=0.2) as tier:
         ks = keys(0, 2)
         store(tier, "s", ks)
         monkeypatch.setattr(posix.FS, "preadv", _eio)
         load(tier, "a", ks[:1])
         load(tier, "b", ks[:1])
         assert tier.breaker_state == "open"
-        time.sleep(0.25)
+        clock.advance(0.2)
         assert tier.breaker_state == "half_open"
         load(tier, "c", ks[:1])  # one failed probe is enough to reopen
         assert tier.breaker_state == "open"

@@ -1,12 +1,14 @@
 """The tier and the operator's commands run where torch cannot be imported
 (docs/deployment.md: the gc CronJob's image needs no torch). Only the
-engine-side staging (layout, gpu_copy, HostBlockPool) and ``fstier demo``
-need it, and the demo says so in one line.
+engine-side staging (layout, gpu_copy: pinning and slot tensors) and
+``fstier demo`` need it, and the demo says so in one line.
 
 Real processes, a real root: a ``sitecustomize`` makes every ``import torch``
 fail in the child processes, which then store and load blocks with FsTier
 over plain rows (RowSlots on a bytearray) and run ``config validate
---check-root``, ``inspect``, ``verify``, ``gc`` and ``--help``."""
+--check-root``, ``inspect``, ``verify``, ``gc`` and ``--help``;
+``FsTier.from_config`` (its own shared-memory HostBlockPool) and ``fstier
+config validate`` of a vLLM document load neither torch nor an engine."""
 
 from __future__ import annotations
 
@@ -54,6 +56,38 @@ print("stored and loaded 4 blocks without torch")
 '''
 
 
+#: FsTier.from_config with its private HostBlockPool, then `fstier config
+#: validate` of a vLLM --kv-transfer-config, in one process: neither loads
+#: torch (blocked) nor vLLM/SGLang (installed, so only sys.modules can tell).
+FROM_CONFIG_AND_VALIDATE = r'''
+import sys
+from fstier import FsTier
+from fstier.cli import main
+from fstier.keys import BlockKey
+from fstier.slots.host_pool import HostBlockPool
+
+tier = FsTier.from_config(sys.argv[1])
+assert isinstance(tier.pool, HostBlockPool)
+keys = [BlockKey(bytes([i]) * 16, 0) for i in range(2)]
+slots = tier.pool.alloc(4)
+n = tier.payload_bytes(keys[0])
+tier.pool.slot_view(slots[1])[:n] = bytes([7]) * n
+tier.submit_store("s", keys, slots[:2]); tier.drain()
+assert all(r.success for r in tier.get_finished())
+tier.submit_load("l", keys, slots[2:]); tier.drain()
+(res,) = tier.get_finished()
+assert res.success and bytes(tier.pool.slot_view(slots[3])[:n]) == bytes([7]) * n
+tier.close()
+try:
+    main(["config", "validate", sys.argv[2]])
+except SystemExit as exc:
+    assert exc.code in (0, None), exc.code
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "vllm", "sglang"))
+assert heavy == [], heavy
+print("from_config and config validate without torch or an engine")
+'''
+
+
 def _env(tmp_path: Path) -> dict[str, str]:
     blocker = tmp_path / "blocker"
     blocker.mkdir(exist_ok=True)
@@ -86,6 +120,27 @@ def test_tier_and_operator_commands_run_without_torch(tmp_path: Path) -> None:
         assert res.returncode == 0, (argv, res.stderr[-2000:])
     doc = json.loads(_run(tmp_path, *FSTIER, "inspect", str(root), "--json").stdout)
     assert doc["total_files"] == 1  # gc kept one 8 KiB file
+
+
+def test_from_config_and_vllm_config_validate_load_neither_torch_nor_vllm(tmp_path: Path) -> None:
+    """FsTier.from_config used to import torch through its private pool (it
+    pinned memory and made slot tensors), and ``config validate`` imported
+    vLLM to check FstierTier's options."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"tier: {{root_dir: {tmp_path / 'kv'}, read_threads: 1, write_threads: 1}}\n"
+        "model: {name: acme/m, groups: [{block_size: 4, num_kv_heads: 1, head_size: 8}]}\n"
+    )
+    kv = tmp_path / "kv.json"
+    kv.write_text(json.dumps({
+        "kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 30, "secondary_tiers": [
+            {"type": "FstierTier", "module_path": "fstier.integrations.vllm", "root_dir": str(tmp_path / "v"),
+             "max_bytes": "1G", "n_read_threads": 2}]},
+    }))
+    proc = _run(tmp_path, sys.executable, "-c", FROM_CONFIG_AND_VALIDATE, str(cfg), str(kv))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "from_config and config validate without torch or an engine" in proc.stdout, proc.stdout
 
 
 def test_demo_without_torch_says_what_to_install(tmp_path: Path) -> None:

@@ -507,7 +507,8 @@ def test_a_timed_out_load_is_held_back_until_the_late_call_returned(
         release.wait(10)  # a hung NFS read, until the test lets it go
         return real(fd, bufs, offset)  # type: ignore[arg-type]
 
-    with tiering_manager(offloading_config([tier_cfg(root, io_timeout_s=0.2)])) as m:
+    # The hung read is in the Python path's seam: this tier runs the Python backend.
+    with tiering_manager(offloading_config([tier_cfg(root, io_timeout_s=0.2, native_io="off")])) as m:
         tier = fstier_tier(m)
         monkeypatch.setattr(posix.FS, "preadv", hung_preadv)
         tier.submit_load(TransferJob(job_id=9, keys=keys, chunk_ids=np.array([3]),

@@ -107,7 +107,7 @@ def vllm_tiers(data: Any, source: str) -> list[tuple[str, Any]]:
     """Every FstierTier entry of a vLLM JSON document, validated as FstierTier
     would, as ``(label, TierConfig)``; raises ConfigError naming the first
     problem (including the keys without which vLLM does not start)."""
-    from fstier.integrations.vllm import tier_config_from_options
+    from fstier.integrations._vllm_config import tier_config_from_options  # no vLLM import
 
     entries: Any = data
     where = source

@@ -102,7 +102,8 @@ def gc_cmd(
     stale temp files, with the same code as FsTier's capacity manager."""
     limit = parse_size_option(max_bytes, "--max-bytes")
     # Checked before ROOT: nan/inf used to pass "<= 0" and crash the pass with
-    # OverflowError (issue 15 item 5). Same bounds as tier.temp_max_age_s.
+    # OverflowError (test_gc_temp_max_age_must_be_finite_and_in_range). Same
+    # bounds as tier.temp_max_age_s.
     if not 0 < temp_max_age <= MAX_TEMP_AGE_SECONDS:
         raise UsageFailure(
             f"--temp-max-age: must be a finite number of seconds in (0, {MAX_TEMP_AGE_SECONDS:.0f}], "

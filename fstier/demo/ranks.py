@@ -205,7 +205,7 @@ class _Deployment:
 def _setup(msg: Setup, pools: dict[str, Any]) -> _Deployment:
     import torch
 
-    from fstier.gpu_copy import HostBlockPool, RankStager
+    from fstier.gpu_copy import RankStager
     from fstier.layout import (
         CanonicalKVCaches,
         LayerKVSpec,
@@ -213,6 +213,7 @@ def _setup(msg: Setup, pools: dict[str, Any]) -> _Deployment:
         allocate_cross_layer_kv_caches,
         rank_page_mapping,
     )
+    from fstier.slots.host_pool import HostBlockPool
 
     model = ModelSpec.model_validate(msg.model)
     par = ParallelSpec.model_validate(msg.parallel)

@@ -217,7 +217,7 @@ class DemoScenario:
 
     def __init__(self, opts: DemoOptions, root: Path) -> None:
         # First, while this process has one thread (start_forkserver's rule):
-        # HostBlockPool imports torch, which starts threads.
+        # torch, which the demo loads for its ranks, starts threads.
         start_forkserver()
         from fstier.slots.host_pool import HostBlockPool
 

@@ -13,7 +13,10 @@
   the rows parallelism-agnostic.
 
 Importing this module never imports vLLM (``engine_mapper`` reads the
-canonical format id from vLLM when the layout is canonical).
+canonical format id from vLLM when the layout is canonical), so ``fstier
+config validate`` checks FstierTier's options with
+:func:`tier_config_from_options` from here without vLLM installed
+(tests/test_torch_free.py pins it).
 """
 
 from __future__ import annotations

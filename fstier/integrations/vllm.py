@@ -31,7 +31,8 @@ How vLLM's world maps onto fstier
       batch at ``on_schedule_end`` (vLLM's ``AsyncLookupManager``), which
       asks :meth:`FsTier.present` (cached answers, parallel ``stat``).
     * **Jobs.** ``submit_store``/``submit_load`` become one FsTier job each
-      (one I/O op per row on the dual-queue pool); ``get_finished_jobs``
+      (cut into batches on the dual-queue pool: one op per batch of rows on
+      the native I/O path, one per row on the Python path); ``get_finished_jobs``
       turns FsTier results into vLLM ``JobResult``s with ``successful_keys``
       for the loaded prefix of a partial load, ``transfer_time`` and
       ``transfer_bytes``. Every load is verified (size, header, key,

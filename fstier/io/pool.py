@@ -36,6 +36,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.errors import IOPoolClosedError
 
 __all__ = ["OP_CANCELLED", "OP_EXPIRED", "OP_TIMED_OUT", "IOPool", "LateCallback", "PoolJob"]
@@ -149,6 +150,7 @@ class IOPool:
         *,
         on_late: LateCallback | None = None,
         name: str = "fstier-io",
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if read_threads < 1 or write_threads < 1:
             raise ValueError(
@@ -163,6 +165,7 @@ class IOPool:
                 f"got {io_timeout_s}"
             )
         self.io_timeout_s = io_timeout_s
+        self._clock = clock  # deadlines and the watchdog's waits (tests: a ManualClock)
         self._name = name
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)  # workers wait here
@@ -211,7 +214,7 @@ class IOPool:
         if kind not in _KINDS:
             raise ValueError(f"IOPool.submit kind must be 'read' or 'write', got {kind!r}")
         ops = list(ops)
-        job = _Job(job_id, kind, ops, [_PENDING] * len(ops), len(ops), time.monotonic(), on_done)
+        job = _Job(job_id, kind, ops, [_PENDING] * len(ops), len(ops), self._clock.monotonic(), on_done)
         done: PoolJob | None = None
         with self._lock:
             if self._closed:
@@ -313,7 +316,7 @@ class IOPool:
 
     def _complete(self, job: _Job) -> PoolJob:
         """Publish a finished job (lock held)."""
-        done = PoolJob(job.job_id, job.kind, list(job.results), time.monotonic() - job.started)
+        done = PoolJob(job.job_id, job.kind, list(job.results), self._clock.monotonic() - job.started)
         if job.on_done is None:
             self._finished.append(done)
         self._active_jobs -= 1
@@ -433,7 +436,7 @@ class IOPool:
                     w.running and not w.running.timed_out for w in self._workers
                 ):
                     return
-                now = time.monotonic()
+                now = self._clock.monotonic()
                 earliest: float | None = None
                 for w in list(self._workers):
                     run = w.running
@@ -466,6 +469,6 @@ class IOPool:
                     earliest = head
                 wait = timeout if earliest is None else max(0.001, earliest - now)
                 if not callbacks:
-                    self._tick.wait(wait)
+                    self._clock.wait(self._tick, wait)
             for cb, done in callbacks:
                 self._call_done(cb, done)

@@ -2,18 +2,18 @@
 
 :class:`HostBlockPool` is ``num_slots`` 4096-aligned slots in one named POSIX
 shared-memory segment (``/dev/shm/fstier-<pid>-<token>``), prefaulted at
-creation because first touch is slow on these machines, and pinned with
-``cudaHostRegister`` when CUDA is available so device copies run
-asynchronously (registered portable and mapped:
-:meth:`HostBlockPool.device_tensor` lets kernels read and write slots in
-place). The creating process (the scheduler side, which owns ``FsTier``)
-allocates and frees slots; rank processes :meth:`HostBlockPool.attach`
-by name and only read and write slot bytes. A 4096-byte header in front of the
-slots records the geometry so attach needs nothing but the name.
+creation because first touch is slow on these machines. The creating
+process (the scheduler side, which owns ``FsTier``) allocates and frees
+slots; rank processes :meth:`HostBlockPool.attach` by name and only read
+and write slot bytes. A 4096-byte header in front of the slots records the
+geometry so attach needs nothing but the name.
 
-:class:`~fstier.manager.FsTier` moves bytes between files and slots;
-:class:`~fstier.gpu_copy.RankStager` moves bytes between device KV caches and
-slots. Both import the pool from here.
+This module imports neither torch nor numpy: :class:`~fstier.manager.FsTier`
+moves bytes between files and slots through :meth:`HostBlockPool.slot_view`.
+The staging side (:class:`fstier.gpu_copy.PoolTensors`) views the same
+memory as tensors and pins it with ``cudaHostRegister`` in the process that
+stages; it hooks :meth:`HostBlockPool.on_close` to unpin before the mapping
+goes (tests/test_torch_free.py pins that this module loads no torch).
 
 Crash reclamation: a segment whose creator was killed (SIGKILL, the OOM
 killer) keeps its ``/dev/shm`` entry, and a crash-looping engine would fill
@@ -40,9 +40,7 @@ import stat
 import struct
 import threading
 import weakref
-from collections.abc import Sequence
-
-import torch
+from collections.abc import Callable, Sequence
 
 from fstier.errors import PoolError, PoolExhaustedError
 
@@ -53,8 +51,8 @@ _SHM_DIR = "/dev/shm"
 _PREFIX = "fstier-"
 _MAGIC = b"FSTIERPOOL1\0"
 _HEADER = struct.Struct("<12sQQQ")  # magic, num_slots, slot_bytes, creator pid
-#: cudaHostRegisterPortable | cudaHostRegisterMapped
-_REGISTER_PORTABLE_MAPPED = 0x1 | 0x2
+#: Bytes zeroed per step of the prefault (one reused buffer).
+_PREFAULT_CHUNK = 1 << 20
 
 
 def _round_up(n: int, a: int = ALIGN) -> int:
@@ -177,7 +175,10 @@ class HostBlockPool:
             mm[: _HEADER.size] = _HEADER.pack(_MAGIC, num_slots, slot_bytes, os.getpid())
             self._setup(name, mm, num_slots, slot_bytes, owner=True)
             # Prefault: writing every page now keeps first-touch faults off the hot path.
-            self._u8.zero_()
+            zeros = bytes(_PREFAULT_CHUNK)
+            for off in range(ALIGN, size, _PREFAULT_CHUNK):
+                end = min(size, off + _PREFAULT_CHUNK)
+                mm[off:end] = zeros[: end - off]
         except BaseException:  # a Ctrl-C during the (slow) prefault included
             self._lock_fd = None
             os.close(fd)
@@ -215,8 +216,10 @@ class HostBlockPool:
             raise PoolError(f"HostBlockPool.attach: {name!r} is not an fstier pool (bad header)")
         self = cls.__new__(cls)
         self._setup(name, mm, int(num_slots), int(slot_bytes), owner=False)
-        # Map the pages into this process now (reads only, the data stays).
-        self._u8[:, ::ALIGN].sum()
+        # Map the pages into this process now (reads only, the data stays):
+        # one byte of every page.
+        with memoryview(mm) as whole:
+            bytes(whole[ALIGN::ALIGN])
         self._free = []
         self._allocated = set()
         self._fenced = set()
@@ -232,17 +235,7 @@ class HostBlockPool:
         self.owner = owner
         self._mm: mmap.mmap | None = mm
         self._lock = threading.Lock()
-        flat = torch.frombuffer(mm, dtype=torch.uint8, offset=ALIGN, count=num_slots * slot_bytes)
-        self._u8: torch.Tensor = flat.view(num_slots, slot_bytes)
-        self._pinned = False
-        self._device_views: dict[int, torch.Tensor] = {}
-        # A child forked after its parent initialised CUDA cannot use CUDA at
-        # all (torch raises on first use); it attaches unpinned, as CPU-only.
-        if torch.cuda.is_available() and not torch.cuda._is_in_bad_fork():
-            # Portable: pinned for every context of this process; mapped: kernels
-            # may read and write the slots in place (RankStager's "kernel" copy).
-            rc = torch.cuda.cudart().cudaHostRegister(flat.data_ptr(), flat.numel(), _REGISTER_PORTABLE_MAPPED)
-            self._pinned = int(rc) == 0
+        self._on_close: list[Callable[[], None]] = []
 
     # -- slots ------------------------------------------------------------
     def alloc(self, n: int = 1) -> list[int]:
@@ -324,63 +317,34 @@ class HostBlockPool:
         start = ALIGN + i * self.slot_bytes
         return memoryview(mm)[start : start + self.slot_bytes]
 
-    def slot_tensor(self, i: int) -> torch.Tensor:
-        """Slot ``i`` as a uint8 tensor sharing the memory."""
-        self._check_slot(i)
-        self._live()
-        return self._u8[i]
-
     @property
-    def tensor(self) -> torch.Tensor:
-        """All slots as one uint8 ``(num_slots, slot_bytes)`` tensor."""
+    def buffer(self) -> memoryview:
+        """Writable view of all slots, ``num_slots * slot_bytes`` bytes, slot
+        ``i`` at ``i * slot_bytes`` (4096-aligned): what the staging side
+        views as tensors. Keeps the mapping alive while it lives."""
+        mm = self._live()
+        return memoryview(mm)[ALIGN : ALIGN + self.num_slots * self.slot_bytes]
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` when :meth:`close` runs, before the mapping is
+        released (the staging side unpins the memory and drops its views)."""
         self._live()
-        return self._u8
-
-    @property
-    def pinned(self) -> bool:
-        return self._pinned
-
-    def device_tensor(self, device: torch.device | str | int | None = None) -> torch.Tensor:
-        """All slots as one CUDA uint8 ``(num_slots * slot_bytes,)`` tensor of the
-        mapped pinned memory itself: kernels on ``device`` read and write the
-        slots over the bus, without a copy. Needs a pinned pool."""
-        self._live()
-        if not self._pinned:
-            raise PoolError(
-                f"HostBlockPool {self.name!r}: the slots are not registered with CUDA (no CUDA, or "
-                "cudaHostRegister failed); device_tensor needs a pinned pool"
-            )
-        dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-        if dev.type == "cuda" and dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        idx = int(dev.index or 0)
-        view = self._device_views.get(idx)
-        if view is None:
-            from fstier._cudart import cudart
-
-            flat = self._u8.view(-1)
-            ptr = cudart().host_device_pointer(flat.data_ptr(), idx)
-            with torch.cuda.device(idx):
-                view = torch.as_tensor(_MappedSlots(ptr, flat.numel(), self), device=dev)
-            self._device_views[idx] = view
-        return view
+        self._on_close.append(callback)
 
     def close(self) -> None:
         """Release this process's mapping; the creator also unlinks the segment. Idempotent."""
         mm, self._mm = self._mm, None
         if mm is None:
             return
-        self._device_views = {}
-        if self._pinned:
-            torch.cuda.cudart().cudaHostUnregister(self._u8.data_ptr())
-            self._pinned = False
+        callbacks, self._on_close = self._on_close, []
+        for cb in callbacks:
+            cb()
         if self.owner and self._finalizer is not None:
             self._finalizer()  # unlink now (the name is gone for new attachers), drop the lock
             self._lock_fd = None
-        del self._u8
-        self._u8 = torch.empty((0, self.slot_bytes), dtype=torch.uint8)
-        # Views handed out (slot_view, slot_tensor) keep the mapping alive until
-        # they are dropped; mmap refuses to close under them, which is safe.
+        # Views handed out (slot_view, buffer, tensors over them) keep the
+        # mapping alive until they are dropped; mmap refuses to close under
+        # them, which is safe.
         with contextlib.suppress(BufferError):
             mm.close()
 
@@ -422,20 +386,6 @@ class HostBlockPool:
         if self._mm is None:
             raise PoolError(f"HostBlockPool {self.name!r} is closed")
         return self._mm
-
-
-class _MappedSlots:
-    """``__cuda_array_interface__`` of the pool's mapped memory (keeps the pool alive)."""
-
-    def __init__(self, ptr: int, size: int, owner: HostBlockPool) -> None:
-        self.owner = owner
-        self.__cuda_array_interface__ = {
-            "shape": (size,),
-            "typestr": "|u1",
-            "data": (ptr, False),
-            "strides": None,
-            "version": 3,
-        }
 
 
 def _check_name(name: str) -> None:

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.tier.metrics import TierMetrics
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,10 +57,13 @@ class Breaker:
 
     CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 
-    def __init__(self, threshold: int, cooldown_s: float, metrics: TierMetrics) -> None:
+    def __init__(
+        self, threshold: int, cooldown_s: float, metrics: TierMetrics, *, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.threshold = threshold
         self.cooldown_s = cooldown_s
         self._metrics = metrics
+        self._clock = clock
         self._state = self.CLOSED
         self._failures = 0
         self._open_until = 0.0
@@ -69,7 +72,7 @@ class Breaker:
     @property
     def state(self) -> str:
         with self._lock:
-            self._tick(time.monotonic())
+            self._tick(self._clock.monotonic())
             return self._state
 
     def _tick(self, now: float) -> None:
@@ -80,7 +83,7 @@ class Breaker:
     def allow(self) -> bool:
         """False while open (degraded)."""
         with self._lock:
-            self._tick(time.monotonic())
+            self._tick(self._clock.monotonic())
             return self._state != self.OPEN
 
     def success(self) -> None:
@@ -93,7 +96,7 @@ class Breaker:
 
     def failure(self, cause: str) -> None:
         with self._lock:
-            now = time.monotonic()
+            now = self._clock.monotonic()
             self._tick(now)
             self._failures += 1
             if self._state == self.HALF_OPEN or (
@@ -117,9 +120,10 @@ class WriteBudget:
     write queue was non-empty, so it measures the pool's aggregate throughput
     whatever the number of writer threads and jobs in flight."""
 
-    def __init__(self, max_queue_s: float, metrics: TierMetrics) -> None:
+    def __init__(self, max_queue_s: float, metrics: TierMetrics, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.max_queue_s = max_queue_s
         self._metrics = metrics
+        self._clock = clock
         self.speed = _PRIOR_WRITE_BPS
         self._measured = False
         self.queued = 0
@@ -135,7 +139,7 @@ class WriteBudget:
             if self.queued > 0 and self.queued + nbytes > self.max_queue_s * self.speed:
                 return False
             if self.queued == 0:
-                self._busy_since = time.perf_counter()
+                self._busy_since = self._clock.monotonic()
                 self._busy_bytes = 0
             self.queued += nbytes
             self._metrics.queued_store_bytes.set(self.queued)
@@ -147,7 +151,7 @@ class WriteBudget:
         with self._lock:
             self.queued = max(0, self.queued - reserved)
             self._busy_bytes += written
-            now = time.perf_counter()
+            now = self._clock.monotonic()
             elapsed = now - self._busy_since
             if self._busy_bytes > 0 and elapsed >= _MIN_SAMPLE_S and (
                 self.queued == 0 or elapsed >= 0.25
@@ -171,8 +175,9 @@ class WriteBudget:
 #: Causes that say the device or mount is failing: only these count toward
 #: the circuit breaker. Anything about one file (a FIFO, socket or directory
 #: planted at a block path, a permission, a name) is that file's problem: the
-#: key is a miss, and the tier keeps serving every other key (issue 15 item 7:
-#: eight planted FIFOs used to degrade the whole tier). A full disk (ENOSPC,
+#: key is a miss, and the tier keeps serving every other key (eight planted
+#: FIFOs used to degrade the whole tier:
+#: test_planted_non_regular_files_are_misses_not_breaker_failures). A full disk (ENOSPC,
 #: EDQUOT) is not failing either: loads still work and eviction frees space.
 DEVICE_CAUSES = frozenset({
     "timeout", "EIO", "EROFS", "ESTALE", "ENOTCONN", "ENODEV", "ENOMEDIUM", "ESHUTDOWN",

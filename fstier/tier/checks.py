@@ -63,7 +63,8 @@ def check_job(
         raise ValueError(f"job {job_id!r}: a slot appears twice; one slot per key")
     # The provider knows which slots the caller holds now: a slot that was
     # never allocated, or was freed, may be handed to someone else at any
-    # time, so moving bytes through it is refused (issue 15 item 10).
+    # time, so moving bytes through it is refused
+    # (test_slots_not_currently_allocated_are_refused).
     try:
         pool.check_slots(slots)
     except ValueError as exc:

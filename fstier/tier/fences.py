@@ -60,7 +60,8 @@ class Fences:
                 self._fenced[slot] = owner
                 # The provider's fence outlives the engine's free(): without
                 # it, alloc() hands the slot out again, new bytes are staged
-                # into it, and the stuck read overwrites them (issue 15 item 1).
+                # into it, and the stuck read overwrites them
+                # (test_late_read_never_reaches_a_reallocated_slot).
                 self._pool.fence(slot)
         log.warning(
             "fstier: %s of %r timed out after %.1fs; slot %d fenced until the call returns",

@@ -280,7 +280,7 @@ def collect_garbage(
     if max_bytes is not None and max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes}")
     # inf made int(temp_max_age_s * 1e9) raise OverflowError in every pass,
-    # silently disabling eviction (issue 15 item 5).
+    # silently disabling eviction (test_collect_garbage_refuses_non_finite_temp_age).
     if not (isinstance(temp_max_age_s, int | float) and 0 < temp_max_age_s <= 1e10):
         raise ValueError(
             f"temp_max_age_s must be a finite number of seconds > 0, got {temp_max_age_s!r}"

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
+from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.errors import IOPoolClosedError
 from fstier.io import blockstore
 from fstier.io.pool import IOPool
@@ -46,11 +46,12 @@ def _ignore_pool_job(_job: object) -> None:
 class Recency:
     """Pending hits of one tier, flushed to mtimes through ``io``'s write queue."""
 
-    def __init__(self, io: IOPool) -> None:
+    def __init__(self, io: IOPool, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self._io = io
+        self._clock = clock
         self._lock = threading.Lock()
         self._recent: dict[str, None] = {}  # files hit since the last flush, in order
-        self._flushed = time.monotonic()
+        self._flushed = self._clock.monotonic()
         self._seq = 0
 
     def note(self, path: Path | str) -> None:
@@ -61,7 +62,7 @@ class Recency:
             self._recent[os.fspath(path)] = None
             due = (
                 len(self._recent) >= MAX_PENDING
-                or time.monotonic() - self._flushed >= FLUSH_S
+                or self._clock.monotonic() - self._flushed >= FLUSH_S
             )
             paths = self._take_locked() if due else []
             self._seq += 1
@@ -75,7 +76,7 @@ class Recency:
     def _take_locked(self) -> list[str]:
         paths = list(self._recent)
         self._recent = {}
-        self._flushed = time.monotonic()
+        self._flushed = self._clock.monotonic()
         return paths
 
     def flush(self) -> None:

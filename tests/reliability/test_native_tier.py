@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from fstier.clock import SYSTEM_CLOCK, Clock, ManualClock
 from fstier.host_pool import HostBlockPool
 from fstier.io import blockstore, native
 from fstier.manager import FsTier
@@ -40,8 +41,8 @@ def _native_on(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     native.clear_faults()
 
 
-def _native_tier(root: Path, **kw: object) -> FsTier:
-    t = _tier(root, **kw)
+def _native_tier(root: Path, clock: Clock = SYSTEM_CLOCK, **kw: object) -> FsTier:
+    t = _tier(root, clock, **kw)
     assert t.io_path.backend == "native"
     return t
 
@@ -152,18 +153,28 @@ def test_estale_mid_read_is_a_miss_and_keeps_the_file(tmp_path: Path) -> None:
 def test_hung_native_store_times_out_fences_and_recovers(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Row 23: a batch stuck in a system call is a timed-out job; the breaker
     trips; every slot of the stuck batch stays fenced until it returns."""
-    t = _native_tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=2, breaker_cooldown_s=0.5)
+    clock = ManualClock()
+    t = _native_tier(tmp_path / "root", clock, io_timeout_s=0.2, breaker_failures=2, breaker_cooldown_s=0.5)
     pool: HostBlockPool = t.pool
+
+    def outlive_the_deadline() -> None:
+        # The batch is taken off the queue (running, stuck in the delayed
+        # write), then its job's 0.2 s deadline passes on the tier's clock.
+        deadline = time.monotonic() + 10
+        while t._io.queue_depth("write") and time.monotonic() < deadline:
+            time.sleep(0.001)  # a worker thread picking the op up: real time
+        clock.advance(0.2)
+
     try:
         native.fault("write", delay_s=1.5, times=2)
         with caplog.at_level(logging.WARNING):
-            r1, _ = _run(t, "store", [key_for(1)])
-            r2, _ = _run(t, "store", [key_for(2)])
+            r1, _ = _run(t, "store", [key_for(1)], after_submit=outlive_the_deadline)
+            r2, _ = _run(t, "store", [key_for(2)], after_submit=outlive_the_deadline)
         assert (r1.success, r1.cause) == (False, "timeout")
         assert (r2.success, r2.cause) == (False, "timeout")
         assert t.degraded and len(pool.fenced) == 2
         assert t.wait_fences_released(10) and pool.fenced == frozenset()
-        time.sleep(0.6)
+        clock.advance(0.5)  # cool-down -> half-open
         native.clear_faults()
         r4, _ = _run(t, "store", [key_for(4)])
         assert r4.success and t.breaker_state == "closed"

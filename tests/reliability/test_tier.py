@@ -15,12 +15,13 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from fstier.clock import SYSTEM_CLOCK, Clock, ManualClock
 from fstier.io import fsops, posix
 from fstier.manager import FsTier, JobResult
 from fstier.slots.host_pool import HostBlockPool
@@ -37,9 +38,9 @@ from ._support import (
 )
 
 
-def _tier(root: Path, **tier: Any) -> FsTier:
+def _tier(root: Path, clock: Clock = SYSTEM_CLOCK, **tier: Any) -> FsTier:
     kw: dict[str, Any] = {"read_threads": 2, "write_threads": 2, "lookup_cache_ttl_s": 0, **tier}
-    return FsTier.from_config(tiny_config(root, **kw))
+    return FsTier.from_config(tiny_config(root, **kw), clock=clock)
 
 
 @pytest.fixture
@@ -54,7 +55,9 @@ def ops(monkeypatch: pytest.MonkeyPatch) -> FaultyOps:
 _job = iter(range(10**9))
 
 
-def _run(tier: FsTier, kind: str, keys: list[Any], fill: bool = True) -> tuple[JobResult, list[bytes]]:
+def _run(
+    tier: FsTier, kind: str, keys: list[Any], fill: bool = True, after_submit: Callable[[], None] | None = None
+) -> tuple[JobResult, list[bytes]]:
     pool: HostBlockPool = tier.pool
     slots = pool.alloc(len(keys))
     n = tier.payload_bytes(keys[0])
@@ -65,6 +68,8 @@ def _run(tier: FsTier, kind: str, keys: list[Any], fill: bool = True) -> tuple[J
                 pool.slot_view(s)[:n] = payload_for(k, n)
         jid = next(_job)
         (tier.submit_store if kind == "store" else tier.submit_load)(jid, keys, slots)
+        if after_submit is not None:
+            after_submit()
         assert tier.drain(30)
         results = [r for r in tier.get_finished() if r.job_id == jid]
         assert len(results) == 1
@@ -93,10 +98,12 @@ def py_tier(tmp_path: Path) -> Iterator[FsTier]:
 
 # ------------------------------------------------------------------ row 23
 def test_hung_io_fails_trips_breaker_and_recovers(tmp_path: Path, ops: FaultyOps, caplog: pytest.LogCaptureFixture) -> None:
-    t = _tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=2, breaker_cooldown_s=0.5, native_io="off")
+    clock = ManualClock()
+    t = _tier(tmp_path / "root", clock, native_io="off", io_timeout_s=0.2, breaker_failures=2, breaker_cooldown_s=0.5)
     release = threading.Event()
     try:
         def hang(real: Any, fd: int, bufs: Any, off: int) -> int:
+            clock.advance(0.2)  # the call outlives its job's deadline
             release.wait(10)
             return int(real(fd, bufs, off))
 
@@ -117,7 +124,7 @@ def test_hung_io_fails_trips_breaker_and_recovers(tmp_path: Path, ops: FaultyOps
         ops.hooks.clear()
         release.set()
         assert t.wait_fences_released(10)
-        time.sleep(0.6)  # cool-down -> half-open
+        clock.advance(0.5)  # cool-down -> half-open
         r4, _ = _run(t, "store", [key_for(4)])
         assert r4.success and t.breaker_state == "closed"
         r5, got = _run(t, "load", [key_for(4)])
