@@ -512,9 +512,8 @@ def test_run_capacity_pass_takes_a_timeout_and_a_dead_holders_lease_expires(
     from the lease not changing (LEASE_S cut to 1 s here)."""
     import time
 
-    import fstier.tier.usage as usage
-
     import fstier.tier.lease
+    import fstier.tier.usage as usage
 
     monkeypatch.setattr(fstier.tier.lease, "LEASE_S", 1.0)
     root = tmp_path / "root"
@@ -534,16 +533,6 @@ def test_run_capacity_pass_takes_a_timeout_and_a_dead_holders_lease_expires(
     assert not lease.exists()  # given back by unlinking it
 
 
-class _Clock:
-    """A monotonic clock the test moves."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def test_lease_expiry_is_the_readers_observation_not_the_holders_clock(tmp_path: Path) -> None:
     """A lease claiming an expiry a year ahead was never taken over (no
     instance evicted, every store dropped once full); one claiming an expiry
@@ -552,20 +541,21 @@ def test_lease_expiry_is_the_readers_observation_not_the_holders_clock(tmp_path:
     and a holder that keeps renewing keeps it however long that is."""
     import time
 
+    from fstier.clock import ManualClock
     from fstier.tier.usage import LEASE_NAME, LEASE_S, RENEW_S, USAGE_DIR_NAME, SharedUsage
 
     root = tmp_path / "root"
     d = root / USAGE_DIR_NAME
     d.mkdir(parents=True)
     (d / LEASE_NAME).write_text(f"fstier-lease 1 ghost-1-dead {time.time_ns() + 365 * 86400 * 10**9}\n")
-    clock = _Clock()
+    clock = ManualClock()
     reader = SharedUsage(root, background=False, clock=clock)
     holder = SharedUsage(root, background=False, clock=clock)
     try:
         assert not reader.try_lease()  # first seen now
-        clock.t += LEASE_S - 1
+        clock.advance(LEASE_S - 1)
         assert not reader.try_lease()
-        clock.t += 2  # unchanged for LEASE_S of the reader's time
+        clock.advance(2)  # unchanged for LEASE_S of the reader's time
         assert reader.try_lease()
         assert reader.instance in (d / LEASE_NAME).read_text()
         reader.release_lease()
@@ -574,13 +564,13 @@ def test_lease_expiry_is_the_readers_observation_not_the_holders_clock(tmp_path:
         # over ten LEASE_S, and it keeps renewing through lease_lost().
         assert holder.try_lease()
         for _ in range(int(10 * LEASE_S / RENEW_S)):
-            clock.t += RENEW_S
+            clock.advance(RENEW_S)
             assert not holder.lease_lost()
             assert not reader.try_lease()
         # It hangs: after LEASE_S without a change, the reader takes over
         # and the holder learns it lost the lease (its pass stops).
         assert not reader.try_lease()
-        clock.t += LEASE_S + 1
+        clock.advance(LEASE_S + 1)
         assert reader.try_lease()
         assert holder.lease_lost()
         assert not holder.holds_lease
@@ -593,6 +583,7 @@ def test_leftovers_and_dead_counts_go_after_an_hour_of_the_readers_time(tmp_path
     """A lease set aside by a process killed mid-takeover, an old temp, and
     a count whose generation never moves are removed after STALE_S of the
     reader's own clock, not before; a live instance's count never is."""
+    from fstier.clock import ManualClock
     from fstier.tier.usage import STALE_S, USAGE_DIR_NAME, SharedUsage
 
     root = tmp_path / "root"
@@ -603,23 +594,23 @@ def test_leftovers_and_dead_counts_go_after_an_hour_of_the_readers_time(tmp_path
         p.touch()
     dead = d / "h-1-dead0000.7.4096.0.0.cnt"
     dead.touch()
-    clock = _Clock()
+    clock = ManualClock()
     reader = SharedUsage(root, background=False, clock=clock)
     live = SharedUsage(root, background=False, clock=clock)
     try:
         reader.refresh()
-        clock.t += STALE_S - 1
+        clock.advance(STALE_S - 1)
         live.add(4096)
         live.refresh()
         reader.refresh()
         assert all(p.exists() for p in [*junk, dead])
-        clock.t += 2
+        clock.advance(2)
         live.add(4096)  # a new generation: alive
         live.refresh()
         reader.refresh()
         assert not any(p.exists() for p in [*junk, dead])
         assert len(list(d.glob(f"{live.instance}.*.cnt"))) == 1
-        clock.t += STALE_S + 1
+        clock.advance(STALE_S + 1)
         live.refresh(force=True)  # a heartbeat
         reader.refresh()
         assert len(list(d.glob(f"{live.instance}.*.cnt"))) == 1

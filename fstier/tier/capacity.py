@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.config import TierConfig
 from fstier.tier.gc import GcReport, collect_garbage
 from fstier.tier.metrics import TierMetrics
@@ -77,6 +78,7 @@ class Capacity:
         on_evicted: Callable[[str], None],
         before_pass: Callable[[], None],
         background: bool = True,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._tier = tier
         self.max_bytes = tier.max_bytes
@@ -84,7 +86,7 @@ class Capacity:
         self._on_evicted = on_evicted
         self._before_pass = before_pass
         self._shared: SharedUsage | None = (
-            SharedUsage(root, tier.file_mode) if self.max_bytes is not None else None
+            SharedUsage(root, tier.file_mode, clock=clock) if self.max_bytes is not None else None
         )
         self._root = root
         self._usage_known = False
@@ -146,10 +148,12 @@ class Capacity:
         )
 
     def _over_high(self) -> bool:
+        # This instance's stores in flight are not on disk yet: a pass now
+        # would evict for them and race their writes.
         return (
             self._shared is not None
             and self.max_bytes is not None
-            and self._shared.read() > self.max_bytes * self._tier.high_watermark
+            and self._shared.read() - self._shared.inflight > self.max_bytes * self._tier.high_watermark
         )
 
     def add(self, delta: int) -> None:
@@ -164,19 +168,19 @@ class Capacity:
 
     def reserve(self, nbytes: int) -> None:
         """Count an admitted store's ``nbytes`` now, before it is written
-        (every instance sees stores in flight); :meth:`settle` when it ends."""
-        if self._shared is None or self.max_bytes is None or nbytes <= 0:
-            return
-        usage = self._shared.reserve(nbytes)
-        self.metrics.usage_bytes.set(usage)
-        if usage > self.max_bytes * self._tier.high_watermark:
-            self._wake.set()
+        (every instance's admission sees stores in flight); :meth:`settle`
+        when it ends. No pass starts for bytes not on disk yet."""
+        if self._shared is not None and self.max_bytes is not None and nbytes > 0:
+            self.metrics.usage_bytes.set(self._shared.reserve(nbytes))
 
     def settle(self, reserved: int, stored: int) -> None:
         """A store that :meth:`reserve` counted ``reserved`` bytes for ended
-        with ``stored`` bytes on disk: the rest is given back."""
+        with ``stored`` bytes on disk: the rest is given back; a pass starts
+        when the root is now over the high watermark."""
         if self._shared is not None and self.max_bytes is not None and reserved > 0:
             self.metrics.usage_bytes.set(self._shared.settle(reserved, stored))
+            if self._over_high():
+                self._wake.set()
 
     def wake(self) -> None:
         """Ask the thread for a pass now."""

@@ -24,17 +24,14 @@ returns fresh.
   scan found; stores count from just *before* that scan and removals from
   just *after* it, so a store or removal racing the walk can only make the
   view too high (it evicts a little early), never too low (which would let
-  the root overshoot); a scan that raced is repeated later. Removals are
-  ordered with scans by the eviction lease (below): every scan runs under
-  it, and a holder publishes its count before giving it back, so the counts
-  read when a scan starts hold every removal made before it, and a removal
-  published after it is of a file it counted (the time-based settling this
-  replaced took another host's evictions just after a scan for files the
-  scan had missed: the view stayed 25 MiB high on GlusterFS and stores were
-  dropped while the disk had room). Between scans only deltas matter.
-- A store counts from when it is admitted (:meth:`SharedUsage.reserve`),
-  not when it ends, so every instance sees stores in flight; what it did not
-  store is given back as removed when it ends (:meth:`SharedUsage.settle`).
+  the root overshoot); a scan that raced is repeated later. The eviction
+  lease orders removals with scans: every scan runs under it and a holder
+  publishes its count before giving it back, so a removal published after
+  a scan began is of a file it counted (a time-based allowance took another
+  host's evictions for files a scan had missed: views 25 MiB high).
+- A store counts from its admission (:meth:`SharedUsage.reserve`), so every
+  instance sees stores in flight; what it did not store is given back as
+  removed when it ends (:meth:`SharedUsage.settle`).
   A scan counts stores in flight at its start (this instance's and, from
   their names, every other's) on top of what it walked: it may not have
   seen their files (counting another host's in flight as walked left a
@@ -68,11 +65,9 @@ returns fresh.
   FIFO, no permission) turns sharing off for this instance with one
   warning: it counts its own stores until its next scan.
 
-Accuracy: each instance sees the others' stores at its thread's next
-round (a millisecond locally, a round trip on a network mount; at most
-``REFRESH_S`` when it does not store). Costs per round while storing
-(rounds run back to back): one create, one unlink, one listing, two
-``stat`` calls; nothing on the caller's thread.
+Each instance sees the others' stores at its thread's next round. Costs
+per round while storing (rounds run back to back): one create, one unlink,
+one listing, two ``stat`` calls; nothing on the caller's thread.
 """
 
 from __future__ import annotations
@@ -86,11 +81,11 @@ import secrets
 import socket
 import stat
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.tier.countnames import (
     MAX_COUNT,
     count_name,
@@ -163,8 +158,8 @@ class SharedUsage:
     """The usage count of one root shared by every instance on it, and the
     root's eviction lease (see the module docstring).
 
-    ``clock`` is the monotonic clock that times lease expiry, staleness and
-    settling (tests pass a fake one)."""
+    ``clock`` (:mod:`fstier.clock`) times lease expiry, staleness and
+    quiet spells (tests pass a :class:`~fstier.clock.ManualClock`)."""
 
     def __init__(
         self,
@@ -172,11 +167,11 @@ class SharedUsage:
         file_mode: int = 0o644,
         *,
         background: bool = True,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.root = Path(root)
         self._mode = file_mode
-        self._clock = clock
+        self._clock = clock.monotonic
         self.instance = f"{_safe_host()}-{os.getpid()}-{secrets.token_hex(4)}"
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()  # one publisher/reader at a time
@@ -212,7 +207,7 @@ class SharedUsage:
         self.changed_since_scan = False
         self._rescan_asked = -1e18
         self._warned: set[str] = set()
-        self._lease = EvictionLease(self.instance, file_mode, clock, self._warn_once)
+        self._lease = EvictionLease(self.instance, file_mode, clock.monotonic, self._warn_once)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -383,6 +378,10 @@ class SharedUsage:
             self.changed_since_scan = self.scan_raced
             self._scanned = True
             return self._sum_locked()
+
+    @property
+    def inflight(self) -> int:  # this instance's stores counted, maybe not on disk
+        return self._inflight
 
     def quiet_s(self) -> float:
         """Seconds since this instance's or any other's count last moved."""
