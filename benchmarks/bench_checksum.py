@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import xxhash
 
-from fstier._units import parse_size
 from fstier.io import native
+from fstier.units import parse_size
 
 
 def _rate(fn: Callable[[], object], nbytes: int, seconds: float) -> float:

@@ -45,6 +45,9 @@ import aiofiles.os  # noqa: E402
 import xxhash  # noqa: E402
 from _raw import RawBaseline, aligned  # noqa: E402
 
+from fstier.cli.bench import _bench_blocks  # noqa: E402
+from fstier.io import native  # noqa: E402
+from fstier.io._blockio import load_block, store_block  # noqa: E402
 from fstier.io.aio import AsyncBlockIO  # noqa: E402
 from fstier.io.blockfile import (  # noqa: E402
     HEADER_SIZE,
@@ -55,18 +58,10 @@ from fstier.io.blockfile import (  # noqa: E402
     padded_len,
     payload_checksum,
 )
+from fstier.io.capabilities import probe_o_direct  # noqa: E402
 from fstier.io.fsops import temp_path_for  # noqa: E402
+from fstier.io.iotypes import IOOptions, LoadRequest, LoadStatus, StoreRequest, StoreStatus  # noqa: E402
 from fstier.io.pool import IOPool  # noqa: E402
-from fstier.io.posix import (  # noqa: E402
-    IOOptions,
-    LoadRequest,
-    LoadStatus,
-    StoreRequest,
-    StoreStatus,
-    load_block,
-    probe_o_direct,
-    store_block,
-)
 from fstier.keys import BlockKey  # noqa: E402
 
 DIGEST = b"benchio!"
@@ -258,26 +253,18 @@ async def _aio_pool_path(
     root.mkdir()
     bufs = [aligned(padded_len(size), PATTERN) for _ in range(count)]
     keys = [_key(i) for i in range(count)]
-    paths = [root / f"{k.hex}-g0.bin" for k in keys]
+    blocks = _bench_blocks(root, size, opts, native.status())
     pool = IOPool(threads // 2 or 1, threads - threads // 2, io_timeout_s=None, name="bench-aio")
     try:
-        aio = AsyncBlockIO(pool, opts)
+        aio = AsyncBlockIO(blocks, pool)
         t0 = time.perf_counter()
-        reqs = []
-        for k, p, b in zip(keys, paths, bufs, strict=True):
-            h = BlockHeader(
-                k, DIGEST, size, 1, size, ChecksumKind.XXH3_64, payload_checksum(b[:size])
-            )
-            reqs.append(StoreRequest(p, h, b))
-        outs = await aio.store(reqs)
+        outs = await aio.store([(k, b[:size]) for k, b in zip(keys, bufs, strict=True)])
         t_store = time.perf_counter() - t0
         assert all(o.status is StoreStatus.STORED for o in outs)
         t0 = time.perf_counter()
-        res = await aio.load(
-            [LoadRequest(p, b, k, DIGEST, size) for k, p, b in zip(keys, paths, bufs, strict=True)]
-        )
+        res = await aio.load([(k, b[:size]) for k, b in zip(keys, bufs, strict=True)])
         t_load = time.perf_counter() - t0
-        assert res.num_loaded == count
+        assert all(o.status is LoadStatus.LOADED for o in res)
     finally:
         pool.shutdown()
         shutil.rmtree(root)

@@ -31,6 +31,7 @@ from pathlib import Path
 from _raw import drop_caches  # the benchmarks dir is sys.path[0] for a script
 
 from fstier.config import parse_config
+from fstier.io.blockstore import NamespaceDirs
 from fstier.keys import BlockKey
 from fstier.manager import FsTier
 from fstier.slots.host_pool import HostBlockPool
@@ -80,7 +81,7 @@ def run(sizes: list[int], root: Path, repeat: int) -> list[dict[str, object]]:
             paths = [str(tier.mapper.path_for(k)) for k in keys]
             # keys[:largest] exist; keys[largest:] never do.
             for p in paths[:largest]:
-                tier.mapper.ensure_parent(Path(p))
+                NamespaceDirs(tier.mapper).ensure(Path(p))
                 open(p, "wb").close()
         for n in sizes:
             cases = {

@@ -1,3 +1,4 @@
+
 """Disk usage with several FsTier instances on one root, each with max_bytes.
 
 ``--procs`` real processes (default 5) each open their own FsTier on one root
@@ -120,8 +121,9 @@ def run(
     max_bytes = max_files * FILE_BYTES
     # Create the namespace once so that the writers start together.
     from fstier.file_mapper import FileMapper
+    from fstier.io.manifest import ensure_manifest
 
-    FileMapper(_config(root, max_files)).ensure_manifest()
+    ensure_manifest(FileMapper(_config(root, max_files)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
     children = [
         subprocess.Popen(

@@ -53,6 +53,7 @@ from fstier.io.blockfile import (
     encode_header_into,
     payload_checksum,
 )
+from fstier.io.manifest import ensure_manifest
 from fstier.keys import BlockKey
 
 PAGE = 4096  # one 4 KiB canonical page per file: files are 8 KiB on disk
@@ -124,7 +125,7 @@ def _gen_worker(args: tuple[str, int, int, int, bytes]) -> int:
 
 def generate(root: Path, files: int, procs: int) -> dict[str, Any]:
     mapper = FileMapper(scale_config(root))
-    mapper.ensure_manifest()
+    ensure_manifest(mapper)
     t0 = time.perf_counter()
     chunk = 50_000
     jobs = [

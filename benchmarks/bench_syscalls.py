@@ -1,7 +1,7 @@
 """bench_syscalls: system calls per stored and per loaded block file, counted by strace.
 
 Runs a child that stores (then, separately, loads) N block files through
-``fstier.io.posix.store_block`` / ``load_block`` under ``strace -f -c``, once
+``fstier.io._blockio.store_block`` / ``load_block`` under ``strace -f -c``, once
 with a small N and once with a large one; the difference divided by the
 difference in N is the per-file count, free of interpreter start-up.
 
@@ -31,12 +31,12 @@ _CHILD = r"""
 import os, sys
 sys.path.insert(0, os.environ["FSTIER_SRC"])
 from pathlib import Path
-from fstier.io import posix
+from fstier.io import _blockio, fsops, iotypes
 from fstier.io.blockfile import header_for_payload
 from fstier.keys import BlockKey
 mode, n, d, size, direct = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
-opts = posix.IOOptions(o_direct=direct)
-buf = posix.aligned_buffer(size)
+opts = iotypes.IOOptions(o_direct=direct)
+buf = fsops.aligned_buffer(size)
 data = bytes(range(256)) * (size // 256)
 buf[:size] = data
 digest = b"\x5a" * 8
@@ -44,9 +44,9 @@ for i in range(n):
     key = BlockKey(i.to_bytes(16, "big"), 0)
     path = d / f"{key.hex}-g0.bin"
     if mode == "store":
-        out = posix.store_block(posix.StoreRequest(path, header_for_payload(key, digest, data, 1, size), buf), opts)
+        out = _blockio.store_block(iotypes.StoreRequest(path, header_for_payload(key, digest, data, 1, size), buf), opts)
     else:
-        out = posix.load_block(posix.LoadRequest(path, buf, key, digest, size), opts)
+        out = _blockio.load_block(iotypes.LoadRequest(path, buf, key, digest, size), opts)
     assert out.ok, out
 """
 

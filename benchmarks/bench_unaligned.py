@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _raw import drop_caches  # noqa: E402
 
-from fstier.io import posix  # noqa: E402
+from fstier.io import _blockio, capabilities, fsops, iotypes  # noqa: E402
 from fstier.io.blockfile import header_for_payload  # noqa: E402
 from fstier.keys import BlockKey  # noqa: E402
 
@@ -48,8 +48,8 @@ def _size(text: str) -> int:
 def run_once(d: Path, n: int, count: int, threads: int, direct: bool) -> tuple[float, float]:
     """(store GB/s, cold load GB/s) for ``count`` rows of ``n`` bytes."""
     d.mkdir(parents=True)
-    opts = posix.IOOptions(o_direct=direct)
-    rows = [posix.aligned_buffer(n + 4096) for _ in range(threads)]
+    opts = iotypes.IOOptions(o_direct=direct)
+    rows = [fsops.aligned_buffer(n + 4096) for _ in range(threads)]
     data = os.urandom(n)
     for r in rows:
         r[:n] = data
@@ -57,12 +57,12 @@ def run_once(d: Path, n: int, count: int, threads: int, direct: bool) -> tuple[f
     header = [header_for_payload(k, DIGEST, data, 1, n) for k in keys]
 
     def store(i: int) -> None:
-        out = posix.store_block(posix.StoreRequest(d / f"{i}.bin", header[i], rows[i % threads][:n]), opts)
+        out = _blockio.store_block(iotypes.StoreRequest(d / f"{i}.bin", header[i], rows[i % threads][:n]), opts)
         if not out.ok:
             raise RuntimeError(out)
 
     def load(i: int) -> None:
-        out = posix.load_block(posix.LoadRequest(d / f"{i}.bin", rows[i % threads][:n], keys[i], DIGEST, n), opts)
+        out = _blockio.load_block(iotypes.LoadRequest(d / f"{i}.bin", rows[i % threads][:n], keys[i], DIGEST, n), opts)
         if not out.ok:
             raise RuntimeError(out)
 
@@ -87,7 +87,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="fstier-unaligned-", dir=os.environ.get("BENCH_DIR", os.getcwd())))
-    support = posix.probe_o_direct(base, "auto")
+    support = capabilities.probe_o_direct(base, "auto")
     if not support.enabled:
         sys.exit(f"bench_unaligned: no O_DIRECT under {base} ({support.reason})")
     rows = []

@@ -5,7 +5,7 @@ reads YAML with ``yaml.safe_load``. Every problem becomes one
 :class:`~fstier.errors.ConfigError` whose one-line message names the field
 path, the bad value and what is expected, e.g.
 ``tier.read_threads: must be >= 1, got 0``. Sizes accept units ("512MiB",
-"2TB", "870Gi"; see :mod:`fstier._units`). This module must not import
+"2TB", "870Gi"; see :mod:`fstier.units`). This module must not import
 torch: the CLI imports it.
 """
 

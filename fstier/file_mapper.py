@@ -39,11 +39,13 @@ __all__ = [
     "BLOCK_NAME_RE",
     "BLOCK_SUFFIX",
     "MANIFEST_NAME",
+    "NAMESPACE_NAME_RE",
     "NAMESPACE_VERSION",
     "FileMapper",
     "canonical_json",
     "decode",
     "encode",
+    "is_namespace_name",
     "is_parallel_agnostic",
     "parallel_identity",
     "safe_model_name",
@@ -64,6 +66,11 @@ MANIFEST_NAME = "config.json"
 #: A block file's name, as :meth:`FileMapper.path_for` writes it: the key's
 #: hash in hex (8..64 bytes) and its group.
 BLOCK_NAME_RE = re.compile(r"^([0-9a-f]{16,128})-g([0-9]{1,5})\.bin$")
+#: THE namespace-directory rule: ``<safe model name, at most 64
+#: characters>-<16 hex digits>``, how :class:`FileMapper` names a namespace
+#: (inspect, verify, gc and the CLI's ROOT check all ask
+#: :func:`is_namespace_name`).
+NAMESPACE_NAME_RE = re.compile(r"^.{1,64}-[0-9a-f]{16}$")
 _MAX_NAME = 64
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -105,6 +112,11 @@ def safe_model_name(name: str) -> str:
     return safe or "model"
 
 
+def is_namespace_name(name: str) -> bool:
+    """Whether ``name`` is a namespace directory's name (:data:`NAMESPACE_NAME_RE`)."""
+    return NAMESPACE_NAME_RE.match(name) is not None
+
+
 # ------------------------------------------------------------- the path codec
 def encode(key: BlockKey) -> str:
     """THE path codec, key -> file: ``key``'s block file relative to the
@@ -137,9 +149,6 @@ def decode(name: str) -> BlockKey | None:
 def canonical_json(obj: Any) -> bytes:
     """Sorted keys, no spaces, ASCII: what the namespace digest is taken over."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
-
-_canonical_json = canonical_json
 
 
 class FileMapper:
@@ -209,7 +218,7 @@ class FileMapper:
         self.agnostic = agnostic
         self.fields = fields
         self._payload_bytes = payload_bytes
-        self.digest = hashlib.sha256(_canonical_json(self.fields)).hexdigest()[:16]
+        self.digest = hashlib.sha256(canonical_json(self.fields)).hexdigest()[:16]
         self.digest_bytes = bytes.fromhex(self.digest)
         self.namespace = f"{safe_model_name(model_name)}-{self.digest}"
         self.namespace_dir = self.root / self.namespace
@@ -277,14 +286,6 @@ class FileMapper:
             "fields": self.fields,
         }
 
-    def ensure_manifest(self) -> None:
-        """Create the namespace directory and write ``config.json`` once
-        (:func:`fstier.io.manifest.ensure_manifest`; kept here for one
-        release: FileMapper itself only names things)."""
-        from fstier.io.manifest import ensure_manifest
-
-        ensure_manifest(self)
-
     # -- paths ------------------------------------------------------------
     def expected_payload_bytes(self, group_idx: int) -> int:
         """Payload length of a full file of group ``group_idx``."""
@@ -299,16 +300,3 @@ class FileMapper:
                 f"{self.num_groups} group(s)"
             )
         return self.blocks_dir / encode(key)
-
-    def ensure_parent(self, path: str | Path) -> None:
-        """Create ``path``'s directories under the namespace without following
-        a symlink (:class:`fstier.io.blockstore.NamespaceDirs`; kept here for
-        one release: FileMapper itself opens no file descriptor)."""
-        from fstier.io.blockstore import NamespaceDirs
-
-        # One walker per mapper, so callers of this old entry point keep its
-        # memory of directories already made (strings only, no fd).
-        dirs = self.__dict__.get("_dirs")
-        if dirs is None:
-            dirs = self.__dict__.setdefault("_dirs", NamespaceDirs(self))
-        dirs.ensure(path)

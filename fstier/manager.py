@@ -44,8 +44,8 @@ from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.config import FstierConfig, TierConfig, load_config
 from fstier.errors import ConfigError, StorageError, TierClosedError
 from fstier.file_mapper import FileMapper
-from fstier.io import blockstore
-from fstier.io.pool import IOPool
+from fstier.io import BlockStore, IOPool
+from fstier.io.blockfile import block_file_size
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
 from fstier.tier.admission import Admission, Breaker, WriteBudget
@@ -53,7 +53,7 @@ from fstier.tier.capacity import Capacity
 from fstier.tier.checks import check_job, check_keys, check_pool, wait_timeout
 from fstier.tier.fences import Fences
 from fstier.tier.gc import GcReport
-from fstier.tier.jobs import JobOps, JobTable, file_bytes
+from fstier.tier.jobs import JobOps, JobTable
 from fstier.tier.lookup import Lookup, LookupCache
 from fstier.tier.metrics import TierMetrics
 from fstier.tier.outcomes import Judge
@@ -111,7 +111,7 @@ class FsTier:
         self._payload_len = [self.mapper.expected_payload_bytes(g) for g in range(self.mapper.num_groups)]
         check_pool(pool, max(self._payload_len))
         #: key -> file end to end (namespace, directories, recovery, headers, I/O)
-        self.blocks = blockstore.BlockStore.for_tier(self.mapper, tier)
+        self.blocks = BlockStore.for_tier(self.mapper, tier)
         self.io_options = self.blocks.options
         #: which block I/O path runs (fstier.io.native): "native" or "python"
         self.io_path = self.blocks.io_path
@@ -245,7 +245,7 @@ class FsTier:
                 self._finish_now_locked(job_id, kind, 0, "")
                 return
             busy = self._fences.busy(slots_t)
-            cause = self._admission.refuse(kind, n, sum(map(file_bytes, op_bytes)), slot_busy=busy)
+            cause = self._admission.refuse(kind, n, sum(map(block_file_size, op_bytes)), slot_busy=busy)
             if cause is not None:
                 self._finish_now_locked(job_id, kind, n, cause)
                 return

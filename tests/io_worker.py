@@ -17,9 +17,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import contextlib
 
+from fstier.io._blockio import store_block  # noqa: E402
 from fstier.io.blockfile import encode_header, header_for_payload, padded_len  # noqa: E402
-from fstier.io.fsops import temp_path_for  # noqa: E402
-from fstier.io.posix import IOOptions, StoreRequest, aligned_buffer, store_block  # noqa: E402
+from fstier.io.fsops import (
+    aligned_buffer,  # noqa: E402
+    temp_path_for,  # noqa: E402
+)
+from fstier.io.iotypes import IOOptions, StoreRequest  # noqa: E402
 from fstier.keys import BlockKey  # noqa: E402
 
 DIGEST = b"\x5a" * 8

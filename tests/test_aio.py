@@ -1,95 +1,99 @@
-"""AsyncBlockIO: async store/load/exists on real files, never blocking the loop."""
+"""AsyncBlockIO: async store/load/presence through a BlockStore on real
+files, never blocking the loop, on both backends."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from fstier.io import posix
+import pytest
+from conftest import make_config
+from manager_support import TINY_GROUP, payload_for
+
+from fstier.errors import ConfigError
+from fstier.file_mapper import FileMapper
+from fstier.io import fsops, native
 from fstier.io.aio import AsyncBlockIO
-from fstier.io.blockfile import header_for_payload, padded_len
+from fstier.io.blockstore import BlockStore
+from fstier.io.fsops import aligned_buffer
+from fstier.io.iotypes import IOOptions, LoadStatus, StoreStatus
+from fstier.io.manifest import ensure_manifest
 from fstier.io.pool import IOPool
-from fstier.io.posix import (
-    IOOptions,
-    LoadRequest,
-    LoadStatus,
-    StoreRequest,
-    StoreStatus,
-    aligned_buffer,
-)
+from fstier.keys import BlockKey
 
-sys.path.insert(0, str(Path(__file__).parent))
-import io_worker  # noqa: E402
-
-N = io_worker.PAYLOAD
-DIGEST = io_worker.DIGEST
+N = 3 * 4096 + 100
 
 
-def _store_reqs(root: Path, n: int) -> list[StoreRequest]:
-    reqs = []
-    for i in range(n):
-        key = io_worker.key_of(i)
-        data = io_worker.payload_of(key, i)
-        slot = aligned_buffer(padded_len(N))
-        slot[:N] = data
-        reqs.append(
-            StoreRequest(
-                io_worker.path_of(root, key), header_for_payload(key, DIGEST, data, 1, N), slot
-            )
-        )
-    return reqs
+def _key(i: int) -> BlockKey:
+    return BlockKey(bytes([i]) * 16, 0)
 
 
-def _load_reqs(root: Path, n: int) -> list[LoadRequest]:
-    return [
-        LoadRequest(
-            io_worker.path_of(root, io_worker.key_of(i)),
-            aligned_buffer(padded_len(N)),
-            io_worker.key_of(i),
-            DIGEST,
-            N,
-        )
-        for i in range(n)
-    ]
+def _blocks(root: Path, backend: native.NativeStatus) -> BlockStore:
+    group = {**TINY_GROUP, "kind": "mamba", "page_size_bytes": N}
+    mapper = FileMapper(make_config(root, groups=[group]))
+    ensure_manifest(mapper)
+    bs = BlockStore(mapper, IOOptions(), backend)
+    bs.ensure_namespace()
+    return bs
 
 
-def test_store_load_exists_round_trip(tmp_path: Path) -> None:
+@pytest.fixture(params=["python", "native"])
+def blocks(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BlockStore]:
+    if request.param == "python":
+        backend = native.python_backend()
+    else:
+        try:
+            backend = native.native_backend()
+        except ConfigError as exc:
+            pytest.skip(f"native extension not built: {exc}")
+    yield _blocks(tmp_path / "root", backend)
+
+
+def _items(n: int, start: int = 0) -> list[tuple[BlockKey, memoryview]]:
+    out = []
+    for i in range(start, start + n):
+        buf = aligned_buffer(N + 4096)
+        buf[:N] = payload_for(_key(i), N)
+        out.append((_key(i), buf[:N]))
+    return out
+
+
+def _bufs(n: int) -> list[memoryview]:
+    return [aligned_buffer(N + 4096)[:N] for _ in range(n)]
+
+
+def test_store_load_present_round_trip(blocks: BlockStore) -> None:
     async def main() -> None:
-        async with AsyncBlockIO(opts=IOOptions(), read_threads=3, write_threads=2) as aio:
-            outs = await aio.store(_store_reqs(tmp_path, 6))
-            assert [o.status for o in outs] == [StoreStatus.STORED] * 6
-            assert await aio.exists(
-                [io_worker.path_of(tmp_path, io_worker.key_of(i)) for i in (0, 5, 9)]
-            ) == [
-                True,
-                True,
-                False,
-            ]
-            reqs = _load_reqs(tmp_path, 6)
-            res = await aio.load(reqs)
-            assert res.num_loaded == 6 and res.complete
-            for i, r in enumerate(reqs):
-                assert bytes(r.buffer[:N]) == io_worker.payload_of(io_worker.key_of(i), i)
-            # A hole in the middle: the prefix before it counts.
-            io_worker.path_of(tmp_path, io_worker.key_of(3)).unlink()
-            res = await aio.load(_load_reqs(tmp_path, 6))
-            assert res.num_loaded == 3 and res.outcomes[3].status is LoadStatus.MISSING
+        async with AsyncBlockIO(blocks, read_threads=3, write_threads=2) as aio:
+            outs = await aio.store(_items(9))
+            assert [o.status for o in outs] == [StoreStatus.STORED] * 9
+            assert await aio.present([_key(0), _key(5), _key(20)]) == [True, True, False]
+            bufs = _bufs(9)
+            res = await aio.load([(_key(i), bufs[i]) for i in range(9)])
+            assert [o.status for o in res] == [LoadStatus.LOADED] * 9
+            assert all(bytes(bufs[i]) == payload_for(_key(i), N) for i in range(9))
+            # a hole in the middle: one outcome per item, in order
+            assert blocks.remove(_key(3))
+            res = await aio.load([(_key(i), b) for i, b in enumerate(_bufs(9))])
+            assert [o.status for o in res].index(LoadStatus.MISSING) == 3
+            assert sum(o.status is LoadStatus.LOADED for o in res) == 8
+            assert await aio.read_manifest() == blocks.mapper.manifest()
 
     asyncio.run(main())
 
 
-def test_loop_is_not_blocked_by_slow_io(tmp_path: Path, monkeypatch) -> None:
-    real = posix.FS.pwritev
+def test_loop_is_not_blocked_by_slow_io(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocks = _blocks(tmp_path / "root", native.python_backend())  # the delay is in the Python seam
+    real = fsops.FS.pwritev
 
     def slow(fd, bufs, off):  # type: ignore[no-untyped-def]
         time.sleep(0.3)
         return real(fd, bufs, off)
 
-    monkeypatch.setattr(posix.FS, "pwritev", slow)
+    monkeypatch.setattr(fsops.FS, "pwritev", slow)
 
     async def main() -> int:
         ticks = 0
@@ -101,8 +105,8 @@ def test_loop_is_not_blocked_by_slow_io(tmp_path: Path, monkeypatch) -> None:
                 ticks += 1
 
         task = asyncio.create_task(ticker())
-        async with AsyncBlockIO(read_threads=1, write_threads=2) as aio:
-            outs = await aio.store(_store_reqs(tmp_path, 2))
+        async with AsyncBlockIO(blocks, read_threads=1, write_threads=2) as aio:
+            outs = await aio.store(_items(2))
         task.cancel()
         assert all(o.status is StoreStatus.STORED for o in outs)
         return ticks
@@ -110,29 +114,29 @@ def test_loop_is_not_blocked_by_slow_io(tmp_path: Path, monkeypatch) -> None:
     assert asyncio.run(main()) >= 10  # the loop kept running during 0.3 s of I/O
 
 
-def test_timeout_becomes_error_outcome_and_shared_pool_stays_open(
-    tmp_path: Path, monkeypatch
-) -> None:
+def test_timeout_becomes_error_outcome_and_shared_pool_stays_open(blocks: BlockStore) -> None:
     release = threading.Event()
-    real = posix.FS.preadv
-
-    def hang(fd, bufs, off):  # type: ignore[no-untyped-def]
-        release.wait(5)
-        return real(fd, bufs, off)
-
     pool = IOPool(1, 1, io_timeout_s=0.2)
     try:
 
         async def main() -> None:
-            aio = AsyncBlockIO(pool, IOOptions())
-            await aio.store(_store_reqs(tmp_path, 1))
-            monkeypatch.setattr(posix.FS, "preadv", hang)
-            res = await aio.load(_load_reqs(tmp_path, 1))
-            assert res.num_loaded == 0
-            assert (res.outcomes[0].status, res.outcomes[0].cause) == (
-                LoadStatus.ERROR,
-                "ETIMEDOUT",
-            )
+            aio = AsyncBlockIO(blocks, pool)
+            await aio.store(_items(1))
+            if blocks.batched:
+                native.fault("read", delay_s=1.0)
+            else:
+                real = fsops.FS.preadv
+
+                def hang(fd, bufs, off):  # type: ignore[no-untyped-def]
+                    release.wait(5)
+                    return real(fd, bufs, off)
+
+                fsops.FS.preadv = hang  # type: ignore[method-assign]
+            try:
+                res = await aio.load([(_key(0), _bufs(1)[0])])
+            finally:
+                vars(fsops.FS).pop("preadv", None)
+            assert [(o.status, o.cause) for o in res] == [(LoadStatus.ERROR, "ETIMEDOUT")]
             await aio.aclose()
             assert not pool.closed  # a shared pool belongs to its owner
 
@@ -140,14 +144,16 @@ def test_timeout_becomes_error_outcome_and_shared_pool_stays_open(
     finally:
         release.set()
         pool.shutdown()
+        native.clear_faults()
 
 
-def test_read_manifest_with_aiofiles(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({"digest": "abc"}))
+def test_read_manifest_is_none_when_the_namespace_is_gone(blocks: BlockStore) -> None:
+    import shutil
+
+    shutil.rmtree(blocks.mapper.namespace_dir)
 
     async def main() -> None:
-        async with AsyncBlockIO() as aio:
-            assert await aio.read_manifest(tmp_path) == {"digest": "abc"}
-            assert await aio.read_manifest(tmp_path / "nope") is None
+        async with AsyncBlockIO(blocks) as aio:
+            assert await aio.read_manifest() is None
 
     asyncio.run(main())

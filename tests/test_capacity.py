@@ -15,7 +15,7 @@ import pytest
 from manager_support import FILE_BYTES, fill, key, keys, open_tier, store, valid_namespace
 
 from fstier.manager import BlockRemoved
-from fstier.tier.gc import collect_garbage, key_from_block_name, scan_usage
+from fstier.tier.gc import collect_garbage, scan_usage
 
 NS = 1_000_000_000
 
@@ -119,13 +119,6 @@ def test_temp_and_nfs_files_swept_by_age_only(tmp_path: Path) -> None:
     assert rep.temp_removed == 2 and rep.temp_removed_bytes == 20
     assert not old_tmp.exists() and not old_nfs.exists()
     assert new_tmp.exists() and other.exists()  # live temp and foreign file kept
-
-
-def test_key_from_block_name() -> None:
-    k = key(7)
-    assert key_from_block_name(f"{k.hex}-g0.bin") == k
-    assert key_from_block_name("config.json") is None
-    assert key_from_block_name(f".{k.hex}-g0.bin.tmp.h.1.2.aa") is None
 
 
 def test_argument_errors_are_clear(tmp_path: Path) -> None:
@@ -360,7 +353,7 @@ def test_planted_usage_file_turns_sharing_off_not_the_tier(tmp_path: Path, caplo
 
 
 def test_inspect_does_not_count_the_usage_files_as_strays(tmp_path: Path) -> None:
-    from fstier.cli.scan import scan_root
+    from fstier.tier.scan import scan_root
 
     root = tmp_path / "root"
     with open_tier(root, max_bytes="1MiB") as tier:

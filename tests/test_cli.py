@@ -19,8 +19,12 @@ from conftest import make_config
 from fstier.cli import main
 from fstier.config import FstierConfig, load_config
 from fstier.file_mapper import FileMapper
+from fstier.io._blockio import store_block
 from fstier.io.blockfile import HEADER_SIZE, header_for_payload
-from fstier.io.posix import IOOptions, StoreRequest, aligned_buffer, store_block
+from fstier.io.blockstore import NamespaceDirs
+from fstier.io.fsops import aligned_buffer
+from fstier.io.iotypes import IOOptions, StoreRequest
+from fstier.io.manifest import ensure_manifest
 from fstier.keys import BlockKey, prefix_keys
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +50,7 @@ def write_yaml(path: Path, data: dict[str, Any]) -> Path:
 def store_blocks(cfg: FstierConfig, n: int, *, seed: int = 0) -> list[Path]:
     """Write ``n`` real block files of group 0 through the io layer."""
     mapper = FileMapper(cfg)
-    mapper.ensure_manifest()
+    ensure_manifest(mapper)
     nbytes = mapper.expected_payload_bytes(0)
     page = nbytes // cfg.tier.blocks_per_file
     buf = aligned_buffer(nbytes)
@@ -55,7 +59,7 @@ def store_blocks(cfg: FstierConfig, n: int, *, seed: int = 0) -> list[Path]:
         buf[:nbytes] = bytes([(i + seed) % 256]) * nbytes
         header = header_for_payload(key, mapper.digest_bytes, buf[:nbytes], cfg.tier.blocks_per_file, page)
         path = mapper.path_for(key)
-        mapper.ensure_parent(path)
+        NamespaceDirs(mapper).ensure(path)
         out = store_block(StoreRequest(path, header, buf), IOOptions())
         assert out.ok, out
         paths.append(path)
@@ -68,7 +72,7 @@ SMALL_GROUP = [{"kind": "full_attention", "block_size": 16, "num_layers": 1, "nu
 # -- import cost ---------------------------------------------------------------
 #: What no help text and no config check may import: torch, numpy, the I/O
 #: layer, the staging modules, and the demo (its engine imports torch).
-HEAVY = ("torch", "numpy", "fstier.io", "fstier.manager", "fstier.gpu_copy", "fstier.layout", "fstier.host_pool", "fstier.slots.host_pool", "fstier.cli.demo", "fstier.demo")
+HEAVY = ("torch", "numpy", "fstier.io", "fstier.manager", "fstier.gpu_copy", "fstier.layout", "fstier.slots.host_pool", "fstier.cli.demo", "fstier.demo")
 
 
 @pytest.mark.parametrize(
@@ -268,7 +272,7 @@ def test_verify_finds_and_fixes_bad_files(tmp_path: Path) -> None:
         f.write(b"\xff")
     foreign_key = BlockKey(b"\xab" * 16, 0)
     foreign = FileMapper(cfg).path_for(foreign_key)
-    FileMapper(cfg).ensure_parent(foreign)
+    NamespaceDirs(FileMapper(cfg)).ensure(foreign)
     foreign.write_bytes(paths[3].read_bytes())
 
     res = run_cli("verify", str(root), "--json", "--headers-only")
@@ -306,7 +310,7 @@ def test_verify_truncated_file_and_wrong_namespace(tmp_path: Path) -> None:
         f.truncate(HEADER_SIZE + 10)
     # b's file moved into a's namespace: its header names another digest.
     moved = FileMapper(a).blocks_dir / pb[0].relative_to(FileMapper(b).blocks_dir)
-    FileMapper(a).ensure_parent(moved)
+    NamespaceDirs(FileMapper(a)).ensure(moved)
     os.replace(pb[0], moved)
     doc = json.loads(run_cli("verify", str(root), "--json").output)
     reasons = sorted(bad["reason"] for bad in doc["bad"])
@@ -375,10 +379,10 @@ def test_inspect_memory_does_not_grow_with_file_count(tmp_path: Path) -> None:
         root = tmp_path / f"root{n}"
         cfg = make_config(root, groups=SMALL_GROUP)
         mapper = FileMapper(cfg)
-        mapper.ensure_manifest()
+        ensure_manifest(mapper)
         for i in range(n):
             path = mapper.path_for(BlockKey(i.to_bytes(4, "big") * 4, 0))
-            mapper.ensure_parent(path)
+            NamespaceDirs(mapper).ensure(path)
             path.touch()
         return root
 

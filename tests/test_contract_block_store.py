@@ -20,9 +20,10 @@ from manager_support import TINY_GROUP, key, payload_for
 from fstier.errors import ConfigError
 from fstier.file_mapper import FileMapper, encode
 from fstier.io import native
-from fstier.io.blockstore import BlockStore, IOOptions, LoadStatus, StoreStatus
+from fstier.io.blockstore import BlockStore
 from fstier.io.capabilities import RootCapabilities, probe_o_direct
 from fstier.io.fsops import aligned_buffer, is_temp_name
+from fstier.io.iotypes import IOOptions, LoadStatus, StoreStatus
 from fstier.io.manifest import ensure_manifest
 from fstier.io.native import NativeStatus
 from fstier.keys import BlockKey
@@ -275,3 +276,22 @@ def test_a_root_path_that_is_not_utf8_works(tmp_path: Path, backend: NativeStatu
     bufs = [aligned_buffer(N)[:N] for _ in items]
     assert [o.status for o in bs.load_many([(k, b) for (k, _), b in zip(items, bufs, strict=True)])] == [LoadStatus.LOADED] * 5
     assert all(bytes(b) == payload_for(k, N) for (k, _), b in zip(items, bufs, strict=True))
+
+
+def test_present_many_of_a_big_batch_needs_few_descriptors(tmp_path: Path, backend: NativeStatus) -> None:
+    """256 keys in 256 fan-out directories answered under a descriptor
+    limit of the process's open fds + 16: the Python backend holds one
+    fan-out directory open at a time (it once held one per directory)."""
+    import resource
+
+    (tmp_path / "root").mkdir()
+    bs = _make_store(tmp_path / "root", backend, False, True)
+    ks = [_spread(i) for i in range(256)]
+    assert [o.status for o in bs.store_many([(k, _payload(i)) for i, k in enumerate(ks)])] == [StoreStatus.STORED] * 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 16, hard))
+    try:
+        got = bs.present_many(ks)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert got == [True] * 256

@@ -22,7 +22,9 @@ from fstier.file_mapper import (
     parallel_identity,
     safe_model_name,
 )
+from fstier.io.blockstore import NamespaceDirs
 from fstier.io.fsops import is_temp_name
+from fstier.io.manifest import ensure_manifest
 from fstier.keys import BlockKey
 
 FULL = {"kind": "full_attention", "block_size": 16, "num_layers": 2, "num_kv_heads": 8, "head_size": 64}
@@ -183,8 +185,8 @@ def test_hostile_model_names_stay_under_root(tmp_path: Path, name: str) -> None:
     root = (tmp_path / "root").resolve()
     for p in (m.namespace_dir, m.path_for(KEY)):
         assert Path(os.path.realpath(p)).is_relative_to(root)
-    m.ensure_manifest()
-    m.ensure_parent(m.path_for(KEY))
+    ensure_manifest(m)
+    NamespaceDirs(m).ensure(m.path_for(KEY))
     assert list(tmp_path.iterdir()) == [tmp_path / "root"]
 
 
@@ -198,33 +200,33 @@ def test_nul_and_empty_names_rejected(tmp_path: Path) -> None:
 
 def test_manifest_written_once_atomically_and_mismatch_refused(tmp_path: Path) -> None:
     m = FileMapper(make_config(tmp_path))
-    m.ensure_manifest()
+    ensure_manifest(m)
     manifest = m.namespace_dir / "config.json"
     data = json.loads(manifest.read_text())
     assert data["digest"] == m.digest and data["fields"]["model"] == "acme/llama-tiny"
     assert data["parallel_agnostic"] is True
     mtime = manifest.stat().st_mtime_ns
-    FileMapper(make_config(tmp_path, parallel={"tp_size": 4, "rank": 3})).ensure_manifest()
+    ensure_manifest(FileMapper(make_config(tmp_path, parallel={"tp_size": 4, "rank": 3})))
     assert manifest.stat().st_mtime_ns == mtime  # same namespace: left alone
     assert not [p for p in m.namespace_dir.iterdir() if is_temp_name(p.name)]
     data["fields"]["dtype"] = "float32"
     manifest.write_text(json.dumps(data))
     with pytest.raises(NamespaceMismatchError, match="differ"):
-        m.ensure_manifest()
+        ensure_manifest(m)
     manifest.write_text("{not json")
     with pytest.raises(NamespaceMismatchError, match="unreadable"):
-        m.ensure_manifest()
+        ensure_manifest(m)
 
 
 def test_symlinked_subdirectory_is_refused(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     m = FileMapper(make_config(tmp_path / "root"))
-    m.ensure_manifest()
+    ensure_manifest(m)
     path = m.path_for(KEY)
     path.parent.symlink_to(outside)  # the fan-out directory (format v2: one level)
     with pytest.raises(PathSafetyError, match="symlink"):
-        m.ensure_parent(path)
+        NamespaceDirs(m).ensure(path)
     assert list(outside.iterdir()) == []
 
 
@@ -254,7 +256,7 @@ def test_unwritable_root_is_a_storage_error_naming_it(tmp_path: Path) -> None:
     (ro / "blocker").write_text("a file where the root's parent should be")
     m = FileMapper(make_config(ro / "blocker" / "root"))
     with pytest.raises(StorageError, match="tier.root_dir") as info:
-        m.ensure_manifest()
+        ensure_manifest(m)
     assert "blocker" in str(info.value) and "choose another root_dir" in str(info.value)
     assert isinstance(info.value, OSError)
 
@@ -266,10 +268,8 @@ def test_namespace_dirs_recreate_removed_fanout_levels(tmp_path: Path) -> None:
     with ENOENT."""
     import shutil
 
-    from fstier.io.blockstore import NamespaceDirs
-
     mapper = FileMapper(make_config(tmp_path / "root"))
-    mapper.ensure_manifest()
+    ensure_manifest(mapper)
     dirs = NamespaceDirs(mapper)
     a = mapper.path_for(BlockKey(bytes.fromhex("abcdef") + bytes(29), 0))
     b = mapper.path_for(BlockKey(bytes.fromhex("abc001") + bytes(29), 0))
@@ -282,8 +282,6 @@ def test_namespace_dirs_recreate_removed_fanout_levels(tmp_path: Path) -> None:
     dirs.ensure(mapper.namespace_dir / "x")  # the namespace itself: nothing to make
     with pytest.raises(ValueError, match="not under the namespace"):
         dirs.ensure(tmp_path / "elsewhere" / "x")
-    mapper.ensure_parent(a)  # the mapper's old entry point still makes them
-    assert a.parent.is_dir()
 
 
 def test_file_mapper_is_pure_naming(tmp_path: Path) -> None:
@@ -329,3 +327,18 @@ def test_path_for_is_the_codec_under_the_blocks_dir(tmp_path: Path) -> None:
         m = FileMapper(make_config(tmp_path, groups=groups, **over))
         assert m.path_for(KEY) == m.blocks_dir / encode(KEY)
         assert decode(m.path_for(KEY).relative_to(m.blocks_dir).as_posix()) == KEY
+
+
+def test_one_namespace_directory_rule(tmp_path: Path) -> None:
+    """FileMapper names its namespace so that the one rule
+    (file_mapper.is_namespace_name) recognises it, whatever the model name;
+    inspect, verify, gc and the CLI's ROOT check all ask that rule."""
+    from fstier.file_mapper import is_namespace_name
+
+    for name in ("acme/llama-tiny", "x" * 200, ".hidden", "ü/ñ"):
+        cfg = make_config(tmp_path, model={"name": name, "dtype": "float16", "groups": [
+            {"kind": "full_attention", "block_size": 16, "num_layers": 2, "num_kv_heads": 8, "head_size": 64}]})
+        assert is_namespace_name(FileMapper(cfg).namespace_dir.name), name
+    assert not is_namespace_name("lost+found")
+    assert not is_namespace_name("model-0123456789abcdeg")  # not 16 hex digits
+    assert not is_namespace_name("x" * 65 + "-0123456789abcdef")  # longer than FileMapper writes

@@ -13,10 +13,10 @@ from conftest import make_config
 
 from fstier.cli import main
 from fstier.file_mapper import FANOUT_HEX, NAMESPACE_VERSION, canonical_json
-from fstier.host_pool import HostBlockPool
 from fstier.io.blockfile import FORMAT_VERSION
 from fstier.keys import BlockKey
 from fstier.manager import FsTier
+from fstier.slots.host_pool import HostBlockPool
 
 
 def _v1_namespace(root: Path) -> tuple[Path, Path]:

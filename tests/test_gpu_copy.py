@@ -473,7 +473,7 @@ def test_segment_of_a_sigkilled_creator_is_swept_by_the_next_pool():
 
     code = (
         "import sys, time\n"
-        "from fstier.host_pool import HostBlockPool\n"
+        "from fstier.slots.host_pool import HostBlockPool\n"
         "p = HostBlockPool(4, 1 << 20)\n"
         "print(p.name, flush=True)\n"
         "time.sleep(600)\n"

@@ -26,7 +26,7 @@ from manager_support import (
 )
 
 from fstier.errors import MetricsUnavailableError, PoolError, TierClosedError
-from fstier.io import blockstore, posix
+from fstier.io import fsops
 from fstier.manager import BlockRemoved, BlockStored, FsTier, JobResult
 from fstier.slots.host_pool import HostBlockPool
 
@@ -110,14 +110,14 @@ def test_transient_load_error_is_not_a_hit_again_until_stored(tmp_path: Path, mo
         ks = keys(0, 4)
         store(tier, "s", ks)
         bad_path = str(tier.mapper.path_for(ks[1]))
-        real_open = posix.FS.open
+        real_open = fsops.FS.open
 
         def flaky_open(path, flags, mode=0o600):
             if str(path) == bad_path:
                 raise OSError(errno.EIO, os.strerror(errno.EIO))
             return real_open(path, flags, mode)
 
-        monkeypatch.setattr(posix.FS, "open", flaky_open)
+        monkeypatch.setattr(fsops.FS, "open", flaky_open)
         res = load(tier, "l", ks)
         assert (res.keys_completed, res.cause) == (1, "EIO")
         monkeypatch.undo()
@@ -280,7 +280,7 @@ def test_store_keys_completed_is_a_prefix_of_keys_on_disk(tmp_path: Path, monkey
     with open_tier(tmp_path / "root", native_io="off") as tier:  # faults through the Python seam
         ks = keys(0, 4)
         bad_name = str(tier.mapper.path_for(ks[1]).name)
-        real_link = posix.FS.link_at
+        real_link = fsops.FS.link_at
 
         # Publication is where a full directory refuses a new name.
         def link_at(fd, dir_fd, name):
@@ -288,7 +288,7 @@ def test_store_keys_completed_is_a_prefix_of_keys_on_disk(tmp_path: Path, monkey
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             return real_link(fd, dir_fd, name)
 
-        monkeypatch.setattr(posix.FS, "link_at", link_at)
+        monkeypatch.setattr(fsops.FS, "link_at", link_at)
         res = store(tier, "s", ks)
         monkeypatch.undo()
         assert not res.success and res.cause == "ENOSPC"
@@ -312,8 +312,8 @@ def test_hits_bump_recency_once_per_file_per_flush(tmp_path: Path, monkeypatch) 
         for p in paths:
             os.utime(p, ns=(old, old))
         calls: list[str] = []
-        real_touch = posix.touch_file
-        monkeypatch.setattr(blockstore, "touch_file", lambda p: (calls.append(p), real_touch(p))[1])
+        real_touch = fsops.touch_file
+        monkeypatch.setattr(fsops, "touch_file", lambda p: (calls.append(p), real_touch(p))[1])
         for j in range(20):
             assert load(tier, f"l{j}", ks).success
         tier.run_capacity_pass()  # flushes pending recency first

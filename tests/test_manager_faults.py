@@ -15,7 +15,7 @@ import pytest
 from manager_support import FILE_BYTES, fill, keys, load, open_tier, store, temp_files, tiny_config
 
 from fstier.clock import ManualClock
-from fstier.io import posix
+from fstier.io import fsops
 from fstier.manager import FsTier
 from fstier.slots.host_pool import HostBlockPool
 
@@ -25,7 +25,7 @@ def _eio(*_a, **_k):
 
 
 def test_backpressure_drops_stores_and_never_blocks_the_caller(tmp_path: Path, monkeypatch) -> None:
-    real = posix.FS.pwritev
+    real = fsops.FS.pwritev
     clock = ManualClock()
     writer_may_go = threading.Event()
     writer_may_go.set()
@@ -38,7 +38,7 @@ def test_backpressure_drops_stores_and_never_blocks_the_caller(tmp_path: Path, m
         clock.advance(0.05)
         return real(fd, bufs, offset)
 
-    monkeypatch.setattr(posix.FS, "pwritev", slow_pwritev)
+    monkeypatch.setattr(fsops.FS, "pwritev", slow_pwritev)
     with open_tier(tmp_path / "root", clock=clock, native_io="off", max_write_queue_seconds=0.2, write_threads=1) as tier:
         assert store(tier, "warm", keys(0, 2)).success  # measures the slow speed
         speed = tier.metrics.snapshot()["fstier_write_bytes_per_second"]
@@ -71,7 +71,7 @@ def test_breaker_trips_on_eio_degrades_and_recovers(tmp_path: Path, monkeypatch,
     with open_tier(tmp_path / "root", clock=clock, native_io="off", breaker_failures=3, breaker_cooldown_s=0.3) as tier:
         ks = keys(0, 4)
         assert store(tier, "s", ks).success
-        monkeypatch.setattr(posix.FS, "preadv", _eio)
+        monkeypatch.setattr(fsops.FS, "preadv", _eio)
         for j in range(3):
             assert load(tier, f"l{j}", ks[:1]).cause == "EIO"
         assert tier.degraded and tier.breaker_state == "open"
@@ -102,7 +102,7 @@ def test_breaker_half_open_failure_reopens(tmp_path: Path, monkeypatch) -> None:
     with open_tier(tmp_path / "root", clock=clock, native_io="off", breaker_failures=2, breaker_cooldown_s=0.2) as tier:
         ks = keys(0, 2)
         store(tier, "s", ks)
-        monkeypatch.setattr(posix.FS, "preadv", _eio)
+        monkeypatch.setattr(fsops.FS, "preadv", _eio)
         load(tier, "a", ks[:1])
         load(tier, "b", ks[:1])
         assert tier.breaker_state == "open"
@@ -129,7 +129,7 @@ def test_hold_fenced_results_publishes_a_timed_out_job_only_once_its_slot_is_rel
     """For a provider that cannot stop the engine reusing a freed slot: the
     timed-out job's result waits for the late call; other jobs do not wait."""
     release = threading.Event()
-    real_preadv, real_open = posix.FS.preadv, posix.FS.open
+    real_preadv, real_open = fsops.FS.preadv, fsops.FS.open
     pool = HostBlockPool(16, FILE_BYTES)
     pool.alloc(16)
     tier = FsTier(tiny_config(tmp_path / "root", native_io="off", io_timeout_s=0.2), pool, hold_fenced_results=True)
@@ -150,8 +150,8 @@ def test_hold_fenced_results_publishes_a_timed_out_job_only_once_its_slot_is_rel
                 release.wait(10)  # a hung NFS read
             return real_preadv(fd, bufs, offset)
 
-        monkeypatch.setattr(posix.FS, "open", tracking_open)
-        monkeypatch.setattr(posix.FS, "preadv", hanging_preadv)
+        monkeypatch.setattr(fsops.FS, "open", tracking_open)
+        monkeypatch.setattr(fsops.FS, "preadv", hanging_preadv)
         tier.submit_load("hang", ks[:1], [5])
         tier.drain()
         assert tier.fenced_slots == frozenset({5})
@@ -178,7 +178,7 @@ def _releasing(close, release: threading.Event):
 
 def test_timeout_fences_slot_until_late_return_and_trips_breaker(tmp_path: Path, monkeypatch) -> None:
     release = threading.Event()
-    real = posix.FS.preadv
+    real = fsops.FS.preadv
     with open_tier(
         tmp_path / "root", io_timeout_s=0.2, breaker_failures=2, breaker_cooldown_s=30, native_io="off"
     ) as tier:
@@ -188,7 +188,7 @@ def test_timeout_fences_slot_until_late_return_and_trips_breaker(tmp_path: Path,
         store(tier, "s", ks)
         hung = str(tier.mapper.path_for(ks[0]))
         hung_fds: set[int] = set()
-        real_open = posix.FS.open
+        real_open = fsops.FS.open
 
         def tracking_open(path, flags, mode=0o600):
             fd = real_open(path, flags, mode)
@@ -201,8 +201,8 @@ def test_timeout_fences_slot_until_late_return_and_trips_breaker(tmp_path: Path,
                 release.wait(10)  # a hung NFS read
             return real(fd, bufs, offset)
 
-        monkeypatch.setattr(posix.FS, "open", tracking_open)
-        monkeypatch.setattr(posix.FS, "preadv", hanging_preadv)
+        monkeypatch.setattr(fsops.FS, "open", tracking_open)
+        monkeypatch.setattr(fsops.FS, "preadv", hanging_preadv)
         tier.submit_load("hang", ks[:2], [5, 6])
         tier.drain()
         (res,) = tier.get_finished()
@@ -240,7 +240,7 @@ def test_a_job_behind_hung_calls_fails_within_the_deadline_without_fencing_unrun
         monkeypatch.setattr(tier, "close", _releasing(tier.close, release))
         ks = keys(0, 8)
         store(tier, "s", ks)
-        monkeypatch.setattr(posix.FS, "preadv", lambda *a: release.wait(30) and 0)
+        monkeypatch.setattr(fsops.FS, "preadv", lambda *a: release.wait(30) and 0)
         t0 = time.monotonic()
         tier.submit_load("hang", ks, list(range(10, 18)))
         assert tier.drain(timeout=20)
@@ -260,7 +260,7 @@ def test_failed_store_reports_errno_and_leaves_no_temp(tmp_path: Path, monkeypat
         def enospc(*_a, **_k):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-        monkeypatch.setattr(posix.FS, "pwritev", enospc)
+        monkeypatch.setattr(fsops.FS, "pwritev", enospc)
         res = store(tier, "s", keys(0, 3))
         assert (res.success, res.keys_failed, res.cause) == (False, 3, "ENOSPC")
         assert tier.metrics.snapshot()["fstier_failures_total"] == {"ENOSPC": 3}
@@ -279,7 +279,7 @@ def test_load_errors_are_failed_jobs_not_exceptions(tmp_path: Path, monkeypatch,
         def fail(*_a, **_k):
             raise OSError(code, os.strerror(code))
 
-        monkeypatch.setattr(posix.FS, "open", fail)
+        monkeypatch.setattr(fsops.FS, "open", fail)
         res = load(tier, "l", keys(0, 2))
         assert (res.keys_completed, res.cause) == (0, fault)
 
@@ -288,13 +288,13 @@ def test_wait_timeouts_accept_inf_and_refuse_nan(tmp_path: Path, monkeypatch) ->
     """drain(inf) with a job in flight raised OverflowError from threading's
     wait (a sibling of issue 15 item 5): inf means no limit."""
     release = threading.Event()
-    real = posix.FS.pwritev
+    real = fsops.FS.pwritev
 
     def slow(fd, bufs, offset):
         release.wait(5)
         return real(fd, bufs, offset)
 
-    monkeypatch.setattr(posix.FS, "pwritev", slow)
+    monkeypatch.setattr(fsops.FS, "pwritev", slow)
     with open_tier(tmp_path / "root", native_io="off") as tier:
         fill(tier, keys(0, 1), [0])
         tier.submit_store("s", keys(0, 1), [0])
@@ -338,7 +338,7 @@ def test_a_block_that_vanishes_between_open_and_read_is_a_miss(tmp_path: Path, m
         def vanished(*_a, **_k):
             raise OSError(err, os.strerror(err))
 
-        monkeypatch.setattr(posix.FS, "preadv", vanished)
+        monkeypatch.setattr(fsops.FS, "preadv", vanished)
         res = load(tier, "l", ks)
         assert (res.success, res.keys_completed, res.cause) == (False, 0, "miss")
         assert tier.breaker_state == "closed"

@@ -23,7 +23,7 @@ import pytest
 import xxhash
 
 from fstier.errors import ConfigError
-from fstier.io import blockstore, fsops, native
+from fstier.io import _blockio, blockcheck, fsops, native
 from fstier.io.blockfile import (
     HEADER_SIZE,
     BlockHeader,
@@ -32,7 +32,9 @@ from fstier.io.blockfile import (
     header_for_payload,
     padded_len,
 )
-from fstier.io.blockstore import (
+from fstier.io.capabilities import RootCapabilities, probe_o_direct
+from fstier.io.fsops import aligned_buffer, is_temp_name
+from fstier.io.iotypes import (
     IOOptions,
     LoadOutcome,
     LoadRequest,
@@ -41,8 +43,6 @@ from fstier.io.blockstore import (
     StoreRequest,
     StoreStatus,
 )
-from fstier.io.capabilities import RootCapabilities, probe_o_direct
-from fstier.io.fsops import aligned_buffer, is_temp_name
 from fstier.keys import BlockKey
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -141,7 +141,7 @@ class IOPath:
             return native.store_batch(str(self.root), [str(path)], [key], [slot[:N]], DIGEST, 1, opts)[0]
         path.parent.mkdir(exist_ok=True)
         header = header_for_payload(key, DIGEST, data, 1, N, checksum=opts.checksum)
-        return blockstore.store_block(StoreRequest(path, header, slot), opts)
+        return _blockio.store_block(StoreRequest(path, header, slot), opts)
 
     def load(self, key: BlockKey, opts: IOOptions, buf: memoryview | None = None
              ) -> tuple[LoadOutcome, memoryview]:
@@ -150,7 +150,7 @@ class IOPath:
         path = self.path(key)
         if self.name == "native":
             return native.load_batch(str(self.root), [str(path)], [key], [buf[:N]], DIGEST, opts)[0], buf
-        return blockstore.load_block(LoadRequest(path, buf, key, DIGEST, N), opts), buf
+        return _blockio.load_block(LoadRequest(path, buf, key, DIGEST, N), opts), buf
 
     def fail(self, op: str, code: int = 0, *, times: int = -1, after: bool = False,
              short: int = 0, delay_s: float = 0.0) -> list[int]:
@@ -244,7 +244,7 @@ def test_round_trip_and_skip(io: IOPath, opts: IOOptions) -> None:
     res, buf = io.load(K1, opts)
     assert res.status is LoadStatus.LOADED and res.nbytes == N
     assert bytes(buf[:N]) == io_worker.payload_of(K1, 3)
-    assert blockstore.verify_file(io.path(K1), True, key=K1, namespace_digest=DIGEST).ok
+    assert blockcheck.verify_file(io.path(K1), True, key=K1, namespace_digest=DIGEST).ok
     assert temps(io.root) == []
 
 
@@ -296,7 +296,7 @@ def test_wrong_namespace_is_corrupt(io: IOPath) -> None:
     io.store(K1, opts)
     path = io.path(K1)
     raw = bytearray(path.read_bytes())
-    h = blockstore.read_header(path)
+    h = blockcheck.read_header(path)
     other = BlockHeader(h.key, b"\x01" * 8, h.payload_len, h.page_count, h.page_bytes,
                         h.checksum_kind, h.payload_checksum, h.created_ns)
     raw[:HEADER_SIZE] = encode_header(other)
@@ -308,7 +308,7 @@ def test_wrong_namespace_is_corrupt(io: IOPath) -> None:
 def test_checksum_off_skips_payload_check(io: IOPath) -> None:
     opts = IOOptions(checksum=False)
     io.store(K1, opts)
-    assert blockstore.read_header(io.path(K1)).checksum_kind == ChecksumKind.NONE
+    assert blockcheck.read_header(io.path(K1)).checksum_kind == ChecksumKind.NONE
     with open(io.path(K1), "r+b") as fh:
         fh.seek(HEADER_SIZE + 5)
         fh.write(b"\xff")

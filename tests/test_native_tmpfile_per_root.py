@@ -26,9 +26,9 @@ import pytest
 
 from fstier.io import native
 from fstier.io.blockfile import padded_len
-from fstier.io.blockstore import IOOptions, StoreStatus
 from fstier.io.capabilities import RootCapabilities
 from fstier.io.fsops import O_TMPFILE, aligned_buffer, is_temp_name
+from fstier.io.iotypes import IOOptions, StoreStatus
 from fstier.keys import BlockKey
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from manager_support import keys, load, open_tier, store
 
-from fstier.io import posix
+from fstier.io import _blockio, fsops, iotypes
 from fstier.io.blockfile import padded_len
+from fstier.io.manifest import ensure_manifest
 from fstier.keys import BlockKey
 from fstier.tier.gc import collect_garbage
 
@@ -147,7 +148,7 @@ def test_store_and_load_at_any_alignment_touch_only_the_payload(tmp_path: Path) 
     n = 3 * 4096 + 123
     key = BlockKey(b"\x01" * 16, 0)
     digest = b"\x5a" * 8
-    backing = posix.aligned_buffer(n + 2 * 4096)
+    backing = fsops.aligned_buffer(n + 2 * 4096)
     data = bytes((i * 7) & 0xFF for i in range(n))
     for direct in (False, True):
         for off in (0, 1, 4095):
@@ -157,16 +158,16 @@ def test_store_and_load_at_any_alignment_touch_only_the_payload(tmp_path: Path) 
             backing[off : off + n] = data
             header = header_for_payload(key, digest, data, 1, n)
             path = d / "x.bin"
-            opts = posix.IOOptions(o_direct=direct)
-            out = posix.store_block(posix.StoreRequest(path, header, backing[off : off + n]), opts)
+            opts = iotypes.IOOptions(o_direct=direct)
+            out = _blockio.store_block(iotypes.StoreRequest(path, header, backing[off : off + n]), opts)
             assert out.ok, out
             assert bytes(backing[:off]) == b"\xcc" * off
             assert bytes(backing[off + n :]) == b"\xcc" * (len(backing) - off - n)
             assert path.stat().st_size == 4096 + padded_len(n)
             assert path.read_bytes()[4096 + n :] == bytes(padded_len(n) - n)
             backing[:] = b"\xdd" * len(backing)
-            res = posix.load_block(
-                posix.LoadRequest(path, backing[off : off + n], key, digest, n), opts
+            res = _blockio.load_block(
+                iotypes.LoadRequest(path, backing[off : off + n], key, digest, n), opts
             )
             assert res.ok, res
             assert bytes(backing[off : off + n]) == data
@@ -256,7 +257,7 @@ def test_hostile_manifest_is_refused_by_name_everywhere(tmp_path: Path, content:
     ns.mkdir(parents=True)
     (ns / "config.json").write_bytes(content.encode("latin-1"))
     with pytest.raises(NamespaceMismatchError, match="config.json: unreadable manifest"):
-        FileMapper(tiny_config(root)).ensure_manifest()
+        ensure_manifest(FileMapper(tiny_config(root)))
     for cmd in ("inspect", "verify"):
         res = CliRunner().invoke(main, [cmd, str(root), "--json"])
         assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
@@ -274,26 +275,35 @@ def test_symlinked_manifest_is_not_followed(tmp_path: Path, outside: Path) -> No
     from fstier.file_mapper import FileMapper
 
     good_root = tmp_path / "good"
-    FileMapper(tiny_config(good_root)).ensure_manifest()
+    ensure_manifest(FileMapper(tiny_config(good_root)))
     ns = _namespace_of(tmp_path / "root")
     ns.mkdir(parents=True)
     (ns / "config.json").symlink_to(_namespace_of(good_root) / "config.json")
     with pytest.raises(NamespaceMismatchError, match="symlink"):
-        FileMapper(tiny_config(tmp_path / "root")).ensure_manifest()
+        ensure_manifest(FileMapper(tiny_config(tmp_path / "root")))
 
 
 def test_async_manifest_read_does_not_hang_on_a_fifo(tmp_path: Path) -> None:
     import asyncio
 
-    from fstier.errors import NamespaceMismatchError
-    from fstier.io.aio import AsyncBlockIO
+    from manager_support import tiny_config
 
-    os.mkfifo(tmp_path / "config.json")
+    from fstier.errors import NamespaceMismatchError
+    from fstier.file_mapper import FileMapper
+    from fstier.io import native
+    from fstier.io.aio import AsyncBlockIO
+    from fstier.io.blockstore import BlockStore
+    from fstier.io.iotypes import IOOptions
+
+    mapper = FileMapper(tiny_config(tmp_path / "root"))
+    mapper.namespace_dir.mkdir(parents=True)
+    os.mkfifo(mapper.namespace_dir / "config.json")
+    blocks = BlockStore(mapper, IOOptions(), native.python_backend())
 
     async def main() -> object:
-        async with AsyncBlockIO() as aio:
+        async with AsyncBlockIO(blocks) as aio:
             try:
-                return await asyncio.wait_for(aio.read_manifest(tmp_path), 10)
+                return await asyncio.wait_for(aio.read_manifest(), 10)
             except NamespaceMismatchError as exc:
                 return exc
 

@@ -1,5 +1,5 @@
 """posix store/load on real files: O_DIRECT on and off, the corruption matrix,
-injected faults through the ``posix.FS`` seam, and real concurrent processes."""
+injected faults through the ``fsops.FS`` seam, and real concurrent processes."""
 
 from __future__ import annotations
 
@@ -17,26 +17,13 @@ from typing import Any
 import pytest
 
 from fstier.errors import DirectIOUnsupportedError
-from fstier.io import posix
+from fstier.io import _blockio, fsops
+from fstier.io._blockio import load_block, store_block
+from fstier.io.blockcheck import read_header, verify_file
 from fstier.io.blockfile import HEADER_SIZE, header_for_payload, padded_len
-from fstier.io.capabilities import RootCapabilities
-from fstier.io.fsops import is_temp_name
-from fstier.io.posix import (
-    FS,
-    IOOptions,
-    LoadRequest,
-    LoadStatus,
-    StoreRequest,
-    StoreStatus,
-    aligned_buffer,
-    buffer_address,
-    load_block,
-    load_blocks,
-    probe_o_direct,
-    read_header,
-    store_block,
-    verify_file,
-)
+from fstier.io.capabilities import RootCapabilities, probe_o_direct
+from fstier.io.fsops import FS, aligned_buffer, buffer_address, is_temp_name
+from fstier.io.iotypes import IOOptions, LoadRequest, LoadStatus, StoreRequest, StoreStatus
 from fstier.keys import BlockKey
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -171,7 +158,7 @@ def _refuse_direct_open(monkeypatch: pytest.MonkeyPatch) -> None:
     real = FS.open
 
     def fake(path: Any, flags: int, mode: int = 0o600) -> int:
-        if flags & posix.O_DIRECT:
+        if flags & fsops.O_DIRECT:
             raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
         return real(path, flags, mode)
 
@@ -369,23 +356,6 @@ def test_symlink_at_final_path(tmp_path: Path, opts: IOOptions) -> None:
     link.symlink_to(target)
     assert store(root, K1, opts, version=5).status is StoreStatus.STORED
     assert not link.is_symlink() and target.read_bytes() == before  # never written through
-
-
-def test_load_blocks_stops_at_first_bad(tmp_path: Path) -> None:
-    opts = IOOptions()
-    keys = [io_worker.key_of(i) for i in range(4)]
-    for k in keys:
-        store(tmp_path, k, opts)
-    os.truncate(io_worker.path_of(tmp_path, keys[2]), 10)
-    bufs = [aligned_buffer(padded_len(N)) for _ in keys]
-    reqs = [
-        LoadRequest(io_worker.path_of(tmp_path, k), b, k, DIGEST, N)
-        for k, b in zip(keys, bufs, strict=False)
-    ]
-    res = load_blocks(reqs, opts)
-    assert res.num_loaded == 2 and len(res.outcomes) == 3 and not res.complete
-    assert res.outcomes[2].status is LoadStatus.CORRUPT
-    assert bytes(bufs[1][:N]) == io_worker.payload_of(keys[1], 0)
 
 
 # ------------------------------------------------------- injected faults
@@ -613,11 +583,11 @@ def test_store_block_at_a_directory_fd(tmp_path: Path, opts: IOOptions) -> None:
     header = header_for_payload(K1, DIGEST, data, 1, N)
     dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        out = posix.store_block_at(dfd, path.name, header, slot, opts, fresh=True)
+        out = _blockio.store_block_at(dfd, path.name, header, slot, opts, fresh=True)
         assert out.status is StoreStatus.STORED
-        assert posix.store_block_at(dfd, path.name, header, slot, opts).status is StoreStatus.SKIPPED
+        assert _blockio.store_block_at(dfd, path.name, header, slot, opts).status is StoreStatus.SKIPPED
         with pytest.raises(ValueError, match="payload holds 10 bytes"):
-            posix.store_block_at(dfd, path.name, header, slot[:10], opts)
+            _blockio.store_block_at(dfd, path.name, header, slot[:10], opts)
     finally:
         os.close(dfd)
     res, buf = load(tmp_path, K1, opts)

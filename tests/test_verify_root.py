@@ -21,6 +21,7 @@ import fstier
 from fstier import BlockKey, FsTier, VerifyReport, verify_root
 from fstier.file_mapper import FileMapper, canonical_json
 from fstier.io.blockfile import HEADER_SIZE
+from fstier.io.blockstore import NamespaceDirs
 from fstier.slots.host_pool import HostBlockPool
 from fstier.tier.scan import ScanReport, inspect_root
 
@@ -99,7 +100,7 @@ def _root_with_everything(tmp_path: Path) -> Tree:
     _flip(paths[1], HEADER_SIZE + 100)  # payload: only a full check sees it
     _flip(paths[2], 3)  # header magic
     wrong_key = mapper.path_for(BlockKey(b"\xab" * 16, 0))
-    mapper.ensure_parent(wrong_key)
+    NamespaceDirs(mapper).ensure(wrong_key)
     shutil.copyfile(paths[3], wrong_key)
     v1_block = _v1_namespace(root)
     no_manifest = root / "nomanifest-0123456789abcdef"
@@ -114,7 +115,7 @@ def _root_with_everything(tmp_path: Path) -> Tree:
     outside = tmp_path / "outside.bin"
     outside.write_bytes(b"junk")
     link = mapper.path_for(BlockKey(b"\xcd" * 16, 0))
-    mapper.ensure_parent(link)
+    NamespaceDirs(mapper).ensure(link)
     link.symlink_to(outside)
     return Tree(
         root, mapper, [paths[0], paths[3], paths[4], paths[5]], paths[1], paths[2], wrong_key,
@@ -234,12 +235,9 @@ def test_inspect_root_counts_what_verify_checks(tmp_path: Path) -> None:
 
 def test_verify_root_is_public() -> None:
     assert fstier.verify_root is verify_root and fstier.VerifyReport is VerifyReport
-    from fstier.cli.scan import inspect_root as old_inspect
-    from fstier.cli.verify import VerifyReport as OldPath
     from fstier.tier.verify import verify_root as home
 
-    # The old import paths of the CLI's modules still name the same objects.
-    assert OldPath is VerifyReport and home is verify_root and old_inspect is inspect_root
+    assert home is verify_root
 
 
 def test_the_docs_example_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,7 +22,7 @@ import pytest
 
 from fstier.errors import ConfigError
 from fstier.integrations import vllm as fv
-from fstier.io import posix
+from fstier.io import fsops
 from tests._vllm_helpers import (
     END,
     FSTIER_TIER,
@@ -251,7 +251,7 @@ def test_disk_full_during_cascade_fails_the_store_and_recovers(
     try:
         keys = keys_for(8, 12)  # 12 x (64 KiB + 4 KiB) = 816 KiB > 512 KiB of tmpfs
         if not mounted:
-            real = posix.FS.pwritev
+            real = fsops.FS.pwritev
             count = {"n": 0}
 
             def pwritev(fd: int, bufs: object, offset: int) -> int:
@@ -260,7 +260,7 @@ def test_disk_full_during_cascade_fails_the_store_and_recovers(
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 return real(fd, bufs, offset)  # type: ignore[arg-type]
 
-            monkeypatch.setattr(posix.FS, "pwritev", pwritev)
+            monkeypatch.setattr(fsops.FS, "pwritev", pwritev)
         # the injected fault is in the Python path's syscall seam: run that backend
         io = {} if mounted else {"native_io": "off"}
         with tiering_manager(offloading_config([tier_cfg(root, breaker_failures=1000, **io)], num_chunks=16)) as m:
@@ -501,7 +501,7 @@ def test_a_timed_out_load_is_held_back_until_the_late_call_returned(
     with tiering_manager(offloading_config([tier_cfg(root)])) as m:
         store_request(m, "s", keys)
     release = threading.Event()
-    real = posix.FS.preadv
+    real = fsops.FS.preadv
 
     def hung_preadv(fd: int, bufs: object, offset: int) -> int:
         release.wait(10)  # a hung NFS read, until the test lets it go
@@ -510,7 +510,7 @@ def test_a_timed_out_load_is_held_back_until_the_late_call_returned(
     # The hung read is in the Python path's seam: this tier runs the Python backend.
     with tiering_manager(offloading_config([tier_cfg(root, io_timeout_s=0.2, native_io="off")])) as m:
         tier = fstier_tier(m)
-        monkeypatch.setattr(posix.FS, "preadv", hung_preadv)
+        monkeypatch.setattr(fsops.FS, "preadv", hung_preadv)
         tier.submit_load(TransferJob(job_id=9, keys=keys, chunk_ids=np.array([3]),
                                      is_promotion=True, req_context=ReqContext(req_id="x")))
         deadline = time.monotonic() + 10

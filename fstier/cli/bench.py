@@ -3,13 +3,11 @@
 Both sides run in the same process, on the same directory, with the same
 number of threads, block size and block count, alternating round by round so
 that drift of the device hits both equally. The fstier side is the real
-path FsTier runs: the native extension (:mod:`fstier.io.native`, batches of
-:data:`BATCH` blocks per GIL-free call) when it is built and not disabled
-(``FSTIER_NATIVE=0``), else the Python path,
-:func:`fstier.io.blockstore.store_block` (header, checksum, temp file,
-rename, O_DIRECT when the probe allows) and
-:func:`~fstier.io.blockstore.load_block` (size, header, key, namespace and
-xxh3 checks); the result names the path and why (``io_path``). The raw side is the floor
+path FsTier runs: a :class:`~fstier.io.blockstore.BlockStore` (header,
+checksum, atomic publication, O_DIRECT when the probe allows; on load size,
+header, key, namespace and xxh3 checks) on the backend ``FSTIER_NATIVE``
+selects (native: batches of :data:`BATCH` blocks per GIL-free call; Python:
+one block per call); the result names the path and why (``io_path``). The raw side is the floor
 we compare against: ``open(O_CREAT|O_DIRECT)``, one ``pwrite`` of the padded
 length, ``close``; and ``open(O_DIRECT)``, one ``preadv``, ``close``.
 
@@ -42,12 +40,14 @@ from fstier.cli.exits import UsageFailure
 from fstier.cli.options import json_option, parse_size_option
 from fstier.cli.output import display, emit_report, fmt_size, make_console
 from fstier.cli.progress import progress_bar, show_progress
-from fstier.file_mapper import encode
+from fstier.config import parse_config
+from fstier.file_mapper import FileMapper
 from fstier.io import native
-from fstier.io.blockfile import HEADER_SIZE, BlockHeader, header_for_payload, padded_len
-from fstier.io.blockstore import IOOptions, LoadRequest, StoreRequest, load_block, store_block
+from fstier.io.blockfile import HEADER_SIZE, padded_len
+from fstier.io.blockstore import BlockStore
 from fstier.io.capabilities import probe_o_direct
 from fstier.io.fsops import aligned_buffer
+from fstier.io.iotypes import IOOptions
 from fstier.keys import BlockKey
 
 __all__ = ["BenchRow", "bench_files", "run_bench"]
@@ -73,29 +73,6 @@ def _key(i: int) -> BlockKey:
     return BlockKey(i.to_bytes(8, "big") + b"fstbench", 0)
 
 
-def _fstier_path(base: Path, key: BlockKey) -> Path:
-    return base / encode(key)
-
-
-class _Buffers:
-    """Prefaulted aligned buffers lent to one operation at a time, so a load
-    never reads into a buffer another thread is checksumming."""
-
-    def __init__(self, count: int, nbytes: int, fill: bytes) -> None:
-        self._q: queue.SimpleQueue[memoryview] = queue.SimpleQueue()
-        for _ in range(count):
-            b = aligned_buffer(nbytes)
-            b[: len(fill)] = fill
-            self._q.put(b)
-
-    def run(self, op: Callable[[memoryview], bool]) -> bool:
-        buf = self._q.get()
-        try:
-            return op(buf)
-        finally:
-            self._q.put(buf)
-
-
 def _parallel(ex: ThreadPoolExecutor, jobs: Sequence[Callable[[], bool]]) -> float:
     t0 = time.perf_counter()
     for ok in ex.map(lambda f: f(), jobs):
@@ -104,41 +81,46 @@ def _parallel(ex: ThreadPoolExecutor, jobs: Sequence[Callable[[], bool]]) -> flo
     return time.perf_counter() - t0
 
 
-def _f_store(path: Path, header: BlockHeader, opts: IOOptions, buf: memoryview) -> bool:
-    return store_block(StoreRequest(path, header, buf), opts).ok
-
-
-def _f_load(path: Path, key: BlockKey, nbytes: int, opts: IOOptions, buf: memoryview) -> bool:
-    return load_block(LoadRequest(path, buf, key, _DIGEST, nbytes), opts).ok
-
-
-#: blocks per native call (a job's share of one I/O thread)
+#: blocks per batch-method call on the native backend (a job's share of one
+#: I/O thread); the Python backend runs one key per call, as FsTier cuts it
 BATCH = 4
 
 
-def _n_store(paths: list[Path], keys: list[BlockKey], nbytes: int, opts: IOOptions,
-             bufs: list[memoryview]) -> bool:
-    base = os.fspath(paths[0].parents[1])
-    outs = native.store_batch(base, [os.fspath(p) for p in paths], keys,
-                              [b[:nbytes] for b in bufs[: len(keys)]], _DIGEST, 1, opts)
+def _bench_blocks(root: Path, block_bytes: int, opts: IOOptions, backend: native.NativeStatus) -> BlockStore:
+    """The block store the fstier side runs: a namespace of one group whose
+    files hold ``block_bytes`` of payload, under ``root``."""
+    cfg = parse_config({
+        "tier": {"root_dir": str(root)},
+        "model": {"name": "fstier/bench", "dtype": "float16", "groups": [{
+            "kind": "mamba", "block_size": 1, "num_layers": 1, "num_kv_heads": 1, "head_size": 8,
+            "page_size_bytes": block_bytes,
+        }]},
+        "parallel": {},
+    })
+    blocks = BlockStore(FileMapper(cfg), opts, backend)
+    blocks.ensure_namespace()
+    return blocks
+
+
+def _f_store(blocks: BlockStore, keys: list[BlockKey], nbytes: int, bufs: list[memoryview]) -> bool:
+    outs = blocks.store_many([(k, b[:nbytes]) for k, b in zip(keys, bufs, strict=False)])
     return all(o.ok for o in outs)
 
 
-def _n_load(paths: list[Path], keys: list[BlockKey], nbytes: int, opts: IOOptions,
-            bufs: list[memoryview]) -> bool:
-    base = os.fspath(paths[0].parents[1])
-    outs = native.load_batch(base, [os.fspath(p) for p in paths], keys,
-                             [b[:nbytes] for b in bufs[: len(keys)]], _DIGEST, opts)
+def _f_load(blocks: BlockStore, keys: list[BlockKey], nbytes: int, bufs: list[memoryview]) -> bool:
+    outs = blocks.load_many([(k, b[:nbytes]) for k, b in zip(keys, bufs, strict=False)])
     return all(o.ok for o in outs)
 
 
-class _BatchBuffers:
-    """Like :class:`_Buffers`, lending :data:`BATCH` buffers at a time."""
+class _Buffers:
+    """Prefaulted aligned buffers lent :data:`BATCH` at a time to one
+    operation, so a load never reads into a buffer another thread is
+    checksumming."""
 
-    def __init__(self, count: int, nbytes: int, fill: bytes) -> None:
+    def __init__(self, count: int, nbytes: int, fill: bytes, per: int = BATCH) -> None:
         self._q: queue.SimpleQueue[list[memoryview]] = queue.SimpleQueue()
         for _ in range(count):
-            group = [aligned_buffer(nbytes) for _ in range(BATCH)]
+            group = [aligned_buffer(nbytes) for _ in range(per)]
             for b in group:
                 b[: len(fill)] = fill
             self._q.put(group)
@@ -191,25 +173,21 @@ def run_bench(
         opts = IOOptions(o_direct=support.enabled, alignment=support.alignment)
         direct = support.enabled
         path_now = native.status()
-        use_native = path_now.backend == "native"
         n = min(num_blocks, 1 << 16)
         payload = padded_len(block_bytes)
         fill = bytes(range(256)) * (min(block_bytes, 1 << 16) // 256)
         pool = _Buffers(threads, payload, fill)
-        batch_pool = _BatchBuffers(threads, payload, fill) if use_native else None
-        raw_pool = _Buffers(threads, HEADER_SIZE + payload, fill)
-        reference = bytearray(block_bytes)
-        reference[: len(fill)] = fill
-        headers = [header_for_payload(_key(i), _DIGEST, reference, 1, block_bytes) for i in range(n)]
+        raw_pool = _Buffers(threads, HEADER_SIZE + payload, fill, per=1)
+        keys = [_key(i) for i in range(n)]
         samples: dict[str, list[tuple[float, float]]] = {"store": [], "load": []}
         with ThreadPoolExecutor(max_workers=threads) as ex:
             for rnd in range(rounds + 1):  # round 0 is the warm-up
                 fdir = work / f"f{rnd}"
                 rdir = work / f"r{rnd}"
                 rdir.mkdir()
-                paths = [_fstier_path(fdir, _key(i)) for i in range(n)]
-                for p in paths:
-                    p.parent.mkdir(parents=True, exist_ok=True)
+                blocks = _bench_blocks(fdir, block_bytes, opts, path_now)
+                b = blocks.batch_bounds(n, max(1, n // BATCH))
+                spans = list(zip(b[:-1], b[1:], strict=True))
                 raw_paths = [rdir / f"{i:06d}.raw" for i in range(n)]
 
                 def done(seconds: float) -> float:
@@ -217,25 +195,15 @@ def run_bench(
                         on_files(n)
                     return seconds
 
-                raw_store = done(_parallel(ex, [partial(raw_pool.run, partial(_raw_write, p, direct=direct)) for p in raw_paths]))
-                if batch_pool is not None:
-                    spans = [(a, min(n, a + BATCH)) for a in range(0, n, BATCH)]
-                    f_store = done(_parallel(ex, [
-                        partial(batch_pool.run, partial(_n_store, paths[a:b], [_key(i) for i in range(a, b)],
-                                                        block_bytes, opts)) for a, b in spans]))
-                else:
-                    f_store = done(_parallel(
-                        ex, [partial(pool.run, partial(_f_store, p, h, opts)) for p, h in zip(paths, headers, strict=True)]
-                    ))
-                raw_load = done(_parallel(ex, [partial(raw_pool.run, partial(_raw_read, p, direct=direct)) for p in raw_paths]))
-                if batch_pool is not None:
-                    f_load = done(_parallel(ex, [
-                        partial(batch_pool.run, partial(_n_load, paths[a:b], [_key(i) for i in range(a, b)],
-                                                        block_bytes, opts)) for a, b in spans]))
-                else:
-                    f_load = done(_parallel(
-                        ex, [partial(pool.run, partial(_f_load, p, _key(i), block_bytes, opts)) for i, p in enumerate(paths)]
-                    ))
+                def raw(op: Callable[..., bool], p: Path, bufs: list[memoryview]) -> bool:
+                    return op(p, bufs[0], direct=direct)
+
+                raw_store = done(_parallel(ex, [partial(raw_pool.run, partial(raw, _raw_write, p)) for p in raw_paths]))
+                f_store = done(_parallel(ex, [
+                    partial(pool.run, partial(_f_store, blocks, keys[lo:hi], block_bytes)) for lo, hi in spans]))
+                raw_load = done(_parallel(ex, [partial(raw_pool.run, partial(raw, _raw_read, p)) for p in raw_paths]))
+                f_load = done(_parallel(ex, [
+                    partial(pool.run, partial(_f_load, blocks, keys[lo:hi], block_bytes)) for lo, hi in spans]))
                 if rnd:
                     total = n * block_bytes
                     samples["store"].append((total / f_store / 1e9, total / raw_store / 1e9))

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import stat
 from pathlib import Path
 
 from fstier.cli.exits import RootRefused
 from fstier.cli.output import display
-from fstier.file_mapper import MANIFEST_NAME
+from fstier.file_mapper import MANIFEST_NAME, is_namespace_name
 
 __all__ = ["check_root_shape", "existing_root", "fstier_root"]
 
@@ -49,8 +48,6 @@ def existing_root(root: str) -> Path:
     return Path(os.path.realpath(p))
 
 
-#: ``<safe model name>-<16 hex digits>``: how FileMapper names a namespace.
-_NAMESPACE_NAME = re.compile(r"^.+-[0-9a-f]{16}$")
 _MANIFEST = MANIFEST_NAME
 #: Entries a fresh volume or a shared mount holds before fstier wrote
 #: anything (ext4's lost+found; hidden names such as NetApp's .snapshot are
@@ -78,7 +75,7 @@ def fstier_root(root: str) -> Path:
 
 def check_root_shape(p: Path, root: str) -> None:
     shown = display(repr(root))
-    if os.path.lexists(p / _MANIFEST) and _NAMESPACE_NAME.match(p.resolve().name):
+    if os.path.lexists(p / _MANIFEST) and is_namespace_name(p.resolve().name):
         parent = display(str(p.resolve().parent))
         raise RootRefused(
             f"ROOT {shown} is a namespace directory (it holds {_MANIFEST}), one level too deep; "

@@ -3,85 +3,48 @@ dual-queue thread pool and its asyncio facade.
 
 This is the storage side of fstier: it moves the bytes of host slots to and
 from block files and knows nothing of GPUs, ranks or layouts (those are
-``layout`` and ``gpu_copy``, the engine side). ``blockfile`` is the format,
-``blockstore`` the store and load path, ``capabilities`` what a root's
-filesystem can do (O_DIRECT, O_TMPFILE), ``fsops`` the syscall seam every
-file operation goes through, ``tree`` and ``manifest`` what in a root is
-fstier's, ``pool`` the threads that run the block store, ``aio`` the same
-for asyncio callers; ``FsTier`` (``manager``) drives them. ``posix`` is the
-old import path of the block store, kept for one release.
+``layout`` and ``gpu_copy``, the engine side). Its one face is
+:class:`BlockStore` (``blockstore``): the only way to store, load, check
+presence of, remove and walk a namespace's blocks, on the backend it is
+given (native: ``native``, one GIL-free call per batch; Python:
+``_blockio``, key by key). ``blockfile`` is the format, ``blockcheck`` the
+check of a stored file, ``iotypes`` the options and outcomes, ``capabilities``
+what a root's filesystem can do (O_DIRECT, O_TMPFILE), ``fsops`` the
+syscall seam every Python-path file operation goes through and the atomic
+small-file write, ``tree`` and ``manifest`` what in a root is fstier's,
+``pool`` the threads that run the block store, ``aio`` the same for asyncio
+callers; ``FsTier`` (``manager``) drives them.
 
+This package exports the names below, each defined in one module.
 ``fstier.io`` is torch-free: importing it never imports torch.
 """
 
 from __future__ import annotations
 
 from fstier.io.aio import AsyncBlockIO
-from fstier.io.blockfile import (
-    FORMAT_VERSION,
-    HEADER_SIZE,
-    BlockHeader,
-    ChecksumKind,
-    decode_header,
-    encode_header,
-    header_for_payload,
-    padded_len,
-    payload_checksum,
-)
-from fstier.io.blockstore import (
-    BatchLoadResult,
-    FileCheck,
-    IOOptions,
-    LoadOutcome,
-    LoadRequest,
-    LoadStatus,
-    StoreOutcome,
-    StoreRequest,
-    StoreStatus,
-    load_block,
-    load_blocks,
-    read_header,
-    store_block,
-    store_blocks,
-    verify_file,
-)
-from fstier.io.capabilities import DirectIOSupport, RootCapabilities, probe_o_direct
-from fstier.io.fsops import FS, aligned_buffer
-from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool, PoolJob
+from fstier.io.blockcheck import FileCheck, verify_file
+from fstier.io.blockfile import FORMAT_VERSION, HEADER_SIZE, BlockHeader
+from fstier.io.blockstore import BlockStore
+from fstier.io.capabilities import RootCapabilities, probe_o_direct
+from fstier.io.fsops import aligned_buffer
+from fstier.io.iotypes import IOOptions, LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
+from fstier.io.pool import IOPool
 
 __all__ = [
     "FORMAT_VERSION",
-    "FS",
     "HEADER_SIZE",
-    "OP_CANCELLED",
-    "OP_TIMED_OUT",
     "AsyncBlockIO",
-    "BatchLoadResult",
     "BlockHeader",
-    "ChecksumKind",
-    "DirectIOSupport",
+    "BlockStore",
     "FileCheck",
     "IOOptions",
     "IOPool",
     "LoadOutcome",
-    "LoadRequest",
     "LoadStatus",
-    "PoolJob",
     "RootCapabilities",
     "StoreOutcome",
-    "StoreRequest",
     "StoreStatus",
     "aligned_buffer",
-    "decode_header",
-    "encode_header",
-    "header_for_payload",
-    "load_block",
-    "load_blocks",
-    "padded_len",
-    "payload_checksum",
     "probe_o_direct",
-    "read_header",
-    "store_block",
-    "store_blocks",
     "verify_file",
 ]

@@ -1,10 +1,13 @@
-"""An asyncio facade over the I/O pool: ``await io.store(reqs)``, ``load``, ``exists``.
+"""An asyncio facade over a :class:`~fstier.io.blockstore.BlockStore`:
+``await io.store(items)``, ``load``, ``present``, ``read_manifest``.
 
-The block I/O itself runs on :class:`~fstier.io.pool.IOPool` threads, exactly
-the code path :class:`~fstier.manager.FsTier` uses, and each pool job's
-completion is handed back to the event loop with
-``loop.call_soon_threadsafe``: the loop never blocks on a system call. The
-operations of one call run in parallel across the pool's threads.
+The block I/O runs on :class:`~fstier.io.pool.IOPool` threads through the
+store's batch methods (``store_many``, ``load_many``, ``present_many``), cut
+into batches by :meth:`~fstier.io.blockstore.BlockStore.batch_bounds` as
+:class:`~fstier.manager.FsTier` cuts its jobs: on the native backend one
+GIL-free call per thread's batch, on the Python backend one key per op.
+Each pool job's completion is handed back to the event loop with
+``loop.call_soon_threadsafe``: the loop never blocks on a system call.
 
 The namespace manifest is read with ``asyncio.to_thread`` through the one
 hardened manifest reader (:mod:`fstier.io.manifest`: no symlinks, no blocking on
@@ -22,23 +25,12 @@ import contextlib
 import itertools
 from collections.abc import Callable, Sequence
 from functools import partial
-from pathlib import Path
 from typing import Any
 
-from fstier.io import fsops
-from fstier.io.blockstore import (
-    BatchLoadResult,
-    IOOptions,
-    LoadOutcome,
-    LoadRequest,
-    LoadStatus,
-    StoreOutcome,
-    StoreRequest,
-    StoreStatus,
-    load_block,
-    store_block,
-)
+from fstier.io.blockstore import BlockStore
+from fstier.io.iotypes import LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
 from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool, PoolJob
+from fstier.keys import BlockKey
 
 __all__ = ["AsyncBlockIO"]
 
@@ -57,7 +49,7 @@ def _failure_cause(result: Any) -> tuple[str, str]:
 
 
 class AsyncBlockIO:
-    """Async store/load/exists of block files on an :class:`IOPool`.
+    """Async store/load/presence of ``blocks``' files on an :class:`IOPool`.
 
     Pass a ``pool`` to share one with an ``FsTier``; otherwise a private pool
     with ``read_threads``/``write_threads`` is created and closed by
@@ -66,16 +58,16 @@ class AsyncBlockIO:
 
     def __init__(
         self,
+        blocks: BlockStore,
         pool: IOPool | None = None,
-        opts: IOOptions | None = None,
         *,
         read_threads: int = 4,
         write_threads: int = 2,
         io_timeout_s: float | None = 30.0,
     ) -> None:
+        self.blocks = blocks
         self._owns_pool = pool is None
         self.pool = pool if pool is not None else IOPool(read_threads, write_threads, io_timeout_s)
-        self.opts = opts if opts is not None else IOOptions()
         self._ids = itertools.count()
 
     async def _run(self, kind: str, ops: Sequence[Callable[[], Any]]) -> PoolJob:
@@ -90,49 +82,60 @@ class AsyncBlockIO:
         self.pool.submit(("aio", next(self._ids)), kind, ops, on_done=done)
         return await fut
 
-    async def store(self, reqs: Sequence[StoreRequest]) -> list[StoreOutcome]:
-        """Store every request in parallel; one outcome per request."""
-        opts = self.opts
-        job = await self._run("write", [partial(store_block, r, opts) for r in reqs])
+    async def _batches(self, kind: str, n: int, run: Callable[[int, int], Any]) -> list[tuple[int, int, Any]]:
+        threads = self.pool.read_threads if kind == "read" else self.pool.write_threads
+        b = self.blocks.batch_bounds(n, threads)
+        spans = list(zip(b[:-1], b[1:], strict=True))
+        job = await self._run(kind, [partial(run, lo, hi) for lo, hi in spans])
+        return [(lo, hi, r) for (lo, hi), r in zip(spans, job.results, strict=True)]
+
+    async def store(
+        self, items: Sequence[tuple[BlockKey, memoryview]], *, replace: Sequence[bool] | None = None
+    ) -> list[StoreOutcome]:
+        """Store every ``(key, payload)`` (exactly the payload's bytes) in
+        parallel; one outcome per item, in order."""
+        flags = list(replace) if replace is not None else [False] * len(items)
+        blocks = self.blocks
+
+        def run(lo: int, hi: int) -> list[StoreOutcome]:
+            return blocks.store_many(items[lo:hi], replace=flags[lo:hi])
+
         out: list[StoreOutcome] = []
-        for r in job.results:
-            if isinstance(r, StoreOutcome):
-                out.append(r)
+        for lo, hi, r in await self._batches("write", len(items), run):
+            if isinstance(r, list):
+                out.extend(r)
             else:
                 cause, detail = _failure_cause(r)
-                out.append(StoreOutcome(StoreStatus.FAILED, cause, detail))
+                out.extend(StoreOutcome(StoreStatus.FAILED, cause, detail) for _ in range(lo, hi))
         return out
 
-    async def load(self, reqs: Sequence[LoadRequest]) -> BatchLoadResult:
-        """Load every request in parallel; ``num_loaded`` counts the leading
-        blocks that verified (a prefix hit, as an engine wants it)."""
-        opts = self.opts
-        job = await self._run("read", [partial(load_block, r, opts) for r in reqs])
-        outcomes: list[LoadOutcome] = []
-        for r in job.results:
-            if isinstance(r, LoadOutcome):
-                outcomes.append(r)
+    async def load(self, items: Sequence[tuple[BlockKey, memoryview]]) -> list[LoadOutcome]:
+        """Load every ``(key, buffer)`` in parallel (each buffer exactly the
+        payload length expected); one outcome per item, in order. Only a
+        LOADED buffer holds verified bytes."""
+        blocks = self.blocks
+
+        def run(lo: int, hi: int) -> list[LoadOutcome]:
+            return blocks.load_many(items[lo:hi])
+
+        out: list[LoadOutcome] = []
+        for lo, hi, r in await self._batches("read", len(items), run):
+            if isinstance(r, list):
+                out.extend(r)
             else:
                 cause, detail = _failure_cause(r)
-                outcomes.append(LoadOutcome(LoadStatus.ERROR, cause, detail))
-        num = 0
-        while num < len(outcomes) and outcomes[num].ok:
-            num += 1
-        return BatchLoadResult(num, outcomes)
+                out.extend(LoadOutcome(LoadStatus.ERROR, cause, detail) for _ in range(lo, hi))
+        return out
 
-    async def exists(self, paths: Sequence[str | Path]) -> list[bool]:
-        """Whether each path holds a regular file (an lstat, off the loop)."""
+    async def present(self, keys: Sequence[BlockKey]) -> list[bool]:
+        """Per key, whether its block file is present
+        (:meth:`~fstier.io.blockstore.BlockStore.present_many`, one batch,
+        off the loop); a key whose check failed is absent."""
+        job = await self._run("read", [partial(self.blocks.present_many, keys)])
+        (r,) = job.results
+        return r if isinstance(r, list) else [False] * len(keys)
 
-        def probe(p: str | Path) -> bool:
-            try:
-                return fsops.FS.lstat(p).st_mode & 0o170000 == 0o100000
-            except OSError:
-                return False
-
-        job = await self._run("read", [partial(probe, p) for p in paths])
-        return [r is True for r in job.results]
-
-    async def read_manifest(self, namespace_dir: str | Path) -> dict[str, Any] | None:
+    async def read_manifest(self) -> dict[str, Any] | None:
         """The namespace's ``config.json`` as a dict, or None when absent.
 
         Read off the loop like every manifest read (:mod:`fstier.io.manifest`):
@@ -142,7 +145,7 @@ class AsyncBlockIO:
         from fstier.file_mapper import MANIFEST_NAME
         from fstier.io.manifest import parse_json_object, read_manifest_bytes
 
-        path = Path(namespace_dir) / MANIFEST_NAME
+        path = self.blocks.mapper.namespace_dir / MANIFEST_NAME
         raw = await asyncio.to_thread(read_manifest_bytes, path)
         if raw is None:
             return None

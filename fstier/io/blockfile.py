@@ -1,4 +1,4 @@
-"""The on-disk block file format, version 1 (specified byte by byte in docs/format.md).
+"""The on-disk block file format, version 2 (specified byte by byte in docs/format.md).
 
 A block file is a 4096-byte little-endian header followed by the payload
 (canonical pages), zero-padded to a multiple of 4096 so that the whole file can
@@ -57,6 +57,7 @@ __all__ = [
     "decode_header",
     "encode_header",
     "encode_header_into",
+    "block_file_size",
     "header_for_payload",
     "padded_len",
     "payload_checksum",
@@ -106,6 +107,13 @@ class BlockHeader:
 def padded_len(n: int) -> int:
     """``n`` rounded up to a multiple of 4096 (the on-disk payload length)."""
     return (n + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+
+
+def block_file_size(payload_len: int) -> int:
+    """Bytes a block file of ``payload_len`` occupies: THE payload -> file
+    size rule (header + payload padded to 4096), for the validator, the
+    write budget and the usage count alike."""
+    return HEADER_SIZE + padded_len(payload_len)
 
 
 def payload_checksum(buf: bytes | bytearray | memoryview) -> int:
@@ -289,9 +297,9 @@ def check_block(h: BlockHeader, expect: Expected, *, file_size: int | None = Non
     ``unknown_group``, ``wrong_page_count``. Magic, version and the header
     checksum were checked by :func:`decode_header`; the payload checksum is
     :func:`check_payload`. O(1), no I/O."""
-    if file_size is not None and file_size != HEADER_SIZE + padded_len(h.payload_len):
+    if file_size is not None and file_size != block_file_size(h.payload_len):
         raise BlockCorruptError(
-            "bad_size", f"file is {file_size} bytes, expected {HEADER_SIZE + padded_len(h.payload_len)}"
+            "bad_size", f"file is {file_size} bytes, expected {block_file_size(h.payload_len)}"
         )
     if expect.key is not None and h.key != expect.key:
         raise BlockCorruptError("wrong_key", f"file holds {h.key!r}, expected {expect.key!r}")

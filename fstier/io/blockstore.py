@@ -7,7 +7,7 @@ creates fan-out directories without following a symlink
 (:class:`NamespaceDirs`), recovers when they were removed under it (an
 operator's ``rm -rf``, gc of empty directories), builds each block's header,
 and stores, loads, checks and removes blocks through the per-file path of
-:mod:`fstier.io.blockio`.
+:mod:`fstier.io._blockio`.
 
 API shape (the seam between backends)
     Per key: :meth:`BlockStore.store`, :meth:`~BlockStore.load`,
@@ -16,7 +16,7 @@ API shape (the seam between backends)
     :meth:`~BlockStore.present_many`, which take a batch of keys and return
     one answer per key in order. The backend is a constructor argument,
     chosen once: native (:mod:`fstier.io.native`: the whole batch in one
-    call, GIL released) or Python, key by key (:mod:`fstier.io.blockio`).
+    call, GIL released) or Python, key by key (:mod:`fstier.io._blockio`).
     Either way the contract is the same: the same outcomes, the same files,
     the same promises (exact-length buffers, no symlink followed, atomic
     publication, the one validator); ``tests/test_contract_block_store.py``
@@ -37,9 +37,6 @@ Costs
     known to exist are remembered only to skip ``mkdir`` calls: the memory
     grants nothing, since every store resolves its directory again without
     following a symlink.
-
-The per-file API (``IOOptions``, ``store_block``, ``load_block``, ...) is
-re-exported here from :mod:`fstier.io.blockio`.
 """
 
 from __future__ import annotations
@@ -57,55 +54,25 @@ from typing import TYPE_CHECKING
 from fstier.errors import FstierError, PathSafetyError
 from fstier.file_mapper import FileMapper, decode, encode
 from fstier.io import fsops, native
+from fstier.io._blockio import load_block, store_block, store_block_at
 from fstier.io.blockfile import BlockHeader, ChecksumKind, payload_checksum
-from fstier.io.blockio import (
-    BatchLoadResult,
-    FileCheck,
+from fstier.io.capabilities import RootCapabilities
+from fstier.io.iotypes import (
     IOOptions,
     LoadOutcome,
     LoadRequest,
-    LoadStatus,
     StoreOutcome,
     StoreRequest,
     StoreStatus,
-    load_block,
-    load_blocks,
-    read_header,
-    store_block,
-    store_block_at,
-    store_blocks,
-    touch_file,
-    verify_file,
 )
-from fstier.io.capabilities import RootCapabilities
 from fstier.io.manifest import ensure_manifest
-from fstier.io.tree import FileKind, iter_namespace_files
+from fstier.io.tree import iter_namespace_files
 from fstier.keys import BlockKey
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig
 
-__all__ = [
-    "BatchLoadResult",
-    "BlockStore",
-    "FileCheck",
-    "IOOptions",
-    "LoadOutcome",
-    "LoadRequest",
-    "LoadStatus",
-    "NamespaceDirs",
-    "StoreOutcome",
-    "StoreRequest",
-    "StoreStatus",
-    "load_block",
-    "load_blocks",
-    "read_header",
-    "store_block",
-    "store_block_at",
-    "store_blocks",
-    "touch_file",
-    "verify_file",
-]
+__all__ = ["BlockStore", "NamespaceDirs"]
 
 log = logging.getLogger("fstier.manager")
 
@@ -141,9 +108,8 @@ class NamespaceDirs:
         (opened with no symlink on its path; the caller closes it) and
         whether this call created it. The walk starts at the deepest
         directory already made and goes through the syscall seam."""
-        # Strings, not pathlib: with 4096 x 256 fan-out directories most new
-        # keys create one, and Path parsing cost more than the mkdirs
-        # (issue 14).
+        # Strings, not pathlib: Path parsing cost more than the mkdirs
+        # (docs/performance.md, "No pathlib on the store and load paths").
         key = os.fspath(path).rpartition("/")[0]
         if key in self._made:
             return None
@@ -216,37 +182,66 @@ def _unsafe(path: Path, exc: OSError) -> Exception:
 NATIVE_MIN_BATCH = 4
 
 
-def _present_python(paths: Sequence[str], prefix: bool) -> list[bool]:
-    """:meth:`BlockStore.present_many` on the Python path: each fan-out
-    directory opened once with no symlink on its path (through the syscall
-    seam), then one ``fstatat`` (no follow) per name in it."""
-    fs = fsops.FS
-    out: list[bool] = []
-    dirs: dict[str, int] = {}
+_PATH_DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _present_python(base: str, paths: Sequence[str], prefix: bool) -> list[bool]:
+    """:meth:`BlockStore.present_many` on the Python path: ``base`` (the
+    blocks directory) opened once with no symlink on its path (through the
+    syscall seam), each fan-out directory opened once below it with
+    ``O_NOFOLLOW`` (one fd open at a time: a batch never runs out of
+    descriptors), then one ``fstatat`` (no follow) per name in it."""
+    n = len(paths)
+    out = [False] * n
     try:
-        for p in paths:
-            d, _, name = p.rpartition("/")
-            fd = dirs.get(d)
-            if fd is None:
-                try:
-                    fd = fs.open(d, _DIR_FLAGS)
-                except (OSError, ValueError):
-                    fd = -1
-                dirs[d] = fd
-            ok = False
-            if fd >= 0:
-                try:
-                    ok = stat.S_ISREG(fs.stat_at(fd, name).st_mode)
-                except (OSError, ValueError):
-                    ok = False
-            out.append(ok)
-            if prefix and not ok:
-                break
+        base_fd = fsops.FS.open(base, _DIR_FLAGS)
+    except (OSError, ValueError):
+        return out
+    cut = len(base) + 1
+    try:
+        for d, idx in _runs(paths, cut) if prefix else _groups(paths, cut):
+            try:
+                dfd = os.open(d, _PATH_DIR_FLAGS, dir_fd=base_fd) if d and "/" not in d else fsops.FS.open(
+                    f"{base}/{d}" if d else base, _DIR_FLAGS
+                )
+            except (OSError, ValueError):
+                if prefix:
+                    break
+                continue
+            try:
+                for i in idx:
+                    try:
+                        out[i] = stat.S_ISREG(os.stat(paths[i].rpartition("/")[2], dir_fd=dfd, follow_symlinks=False).st_mode)
+                    except (OSError, ValueError):
+                        out[i] = False
+                    if prefix and not out[i]:
+                        return out
+            finally:
+                os.close(dfd)
     finally:
-        for fd in dirs.values():
-            if fd >= 0:
-                fsops.close_quietly(fd)
+        os.close(base_fd)
     return out
+
+
+def _groups(paths: Sequence[str], cut: int) -> list[tuple[str, list[int]]]:
+    """Keys grouped by directory (each directory opened once)."""
+    groups: dict[str, list[int]] = {}
+    for i, p in enumerate(paths):
+        groups.setdefault(p[cut:].rpartition("/")[0], []).append(i)
+    return list(groups.items())
+
+
+def _runs(paths: Sequence[str], cut: int) -> list[tuple[str, list[int]]]:
+    """Keys in their own order, consecutive keys of one directory together
+    (a prefix probe stops at the first absent key)."""
+    runs: list[tuple[str, list[int]]] = []
+    for i, p in enumerate(paths):
+        d = p[cut:].rpartition("/")[0]
+        if runs and runs[-1][0] == d:
+            runs[-1][1].append(i)
+        else:
+            runs.append((d, [i]))
+    return runs
 
 
 class BlockStore:
@@ -398,7 +393,8 @@ class BlockStore:
             outcome = store_block(request, self.options)
         else:
             # The directory was just made (or checked): store through the
-            # fd that walk opened, with no second resolution (issue 14).
+            # fd that walk opened, with no second resolution
+            # (test_posix.py::test_store_block_at_a_directory_fd).
             dir_fd, fresh = opened
             try:
                 outcome = store_block_at(
@@ -460,7 +456,7 @@ class BlockStore:
         if self._native:
             got = native.lookup_batch(prefix_, paths, prefix=prefix)
         else:
-            got = _present_python(paths, prefix)
+            got = _present_python(prefix_, paths, prefix)
         if len(got) < n:
             got.extend([False] * (n - len(got)))
         return got
@@ -475,9 +471,9 @@ class BlockStore:
         through directory fds (no symlink followed) and one unlink per file."""
         removed: list[tuple[BlockKey, int]] = []
         for e in iter_namespace_files(self.mapper.namespace_dir, on_error):
-            if e.kind != FileKind.BLOCK or e.block_hex is None or e.group_idx is None:
+            key = e.key
+            if key is None:
                 continue
-            key = BlockKey(bytes.fromhex(e.block_hex), e.group_idx)
             if e.path != self.path(key):
                 continue  # another rank's subtree
             if fsops.unlink_if(e.path, lambda _st: False, on_error) == "removed":

@@ -68,6 +68,7 @@ __all__ = [
     "advance",
     "aligned_buffer",
     "atomic_write",
+    "atomic_write_at",
     "buffer_address",
     "byte_view",
     "close_quietly",
@@ -81,6 +82,7 @@ __all__ = [
     "pwritev_all",
     "split_parent",
     "temp_path_for",
+    "touch_file",
     "unlink_if",
     "unlink_if_same",
 ]
@@ -304,41 +306,46 @@ def fsync_dir(directory: Path) -> None:
 
 
 def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, fsync: str = "file") -> None:
-    """Write ``data`` to ``path`` atomically: temp file in the same directory,
-    full write loop, optional fsync (``none``, ``file``, ``file+dir``),
-    rename. The temp file is removed on any exception.
-
-    The directory is opened once without following a symlink in any
-    component, and the temp file is created, renamed and fsynced through
-    that fd, so a directory swapped for a symlink meanwhile cannot send the
-    file outside the root."""
-    tmp = temp_path_for(path).name
+    """Write ``data`` to ``path`` atomically (:func:`atomic_write_at` in
+    ``path``'s directory, opened once without following a symlink in any
+    component, so a directory swapped for a symlink meanwhile cannot send
+    the file outside the root)."""
     dfd = open_nofollow(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fd = os.open(
-            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd
-        )
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    n = os.write(fd, view)
-                    if n <= 0:
-                        raise OSError(errno.EIO, f"write returned {n} for {tmp}")
-                    view = view[n:]
-                if fsync in ("file", "file+dir"):
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp, dir_fd=dfd)
-            raise
-        if fsync == "file+dir":
-            os.fsync(dfd)
+        atomic_write_at(dfd, path.name, data, mode=mode, fsync=fsync)
     finally:
         os.close(dfd)
+
+
+def atomic_write_at(dir_fd: int, name: str, data: bytes, *, mode: int = 0o644, fsync: str = "file") -> None:
+    """THE atomic small-file write: ``data`` as ``name`` in the directory
+    ``dir_fd``, through a temp file named by :func:`temp_path_for` (so
+    :func:`is_temp_name` knows it and gc sweeps one a crash left behind),
+    full write loop, optional fsync (``none``, ``file``, ``file+dir``),
+    rename over ``name``. The temp file is removed on any exception. Every
+    small file fstier writes (manifests, usage counts, leases) goes
+    through here."""
+    tmp = temp_path_for(Path(name)).name
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                if n <= 0:
+                    raise OSError(errno.EIO, f"write returned {n} for {tmp}")
+                view = view[n:]
+            if fsync in ("file", "file+dir"):
+                os.fsync(fd)
+        finally:
+            os.close(fd)  # a deferred write error surfaces here: nothing is renamed then
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    if fsync == "file+dir":
+        os.fsync(dir_fd)
 
 
 # ---------------------------------------------------------------- the FS seam
@@ -540,3 +547,34 @@ def preadv_all(fd: int, bufs: list[memoryview], offset: int) -> int:
         total += n
         bufs = advance(bufs, n)
     return total
+
+
+def touch_file(path: str | Path) -> bool:
+    """Set a block file's mtime to now (its LRU recency) without following a
+    symlink anywhere on its path. False when it is gone or refused.
+
+    Only a regular file with one link is touched: fstier publishes every
+    block with exactly one name, so a second link is someone else's path to
+    the same inode (a ``cp -al`` backup outside the root), whose metadata
+    fstier must not change. The check and the update go through one fd."""
+    parent, name = split_parent(path)
+    try:
+        dir_fd = FS.open(parent, O_DIR_FLAGS)
+    except OSError:
+        return False
+    try:
+        fd = os.open(name, os.O_RDONLY | O_NOFOLLOW | O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        close_quietly(dir_fd)
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            return False
+        os.utime(fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        close_quietly(fd)
+        close_quietly(dir_fd)

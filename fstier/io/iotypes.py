@@ -31,7 +31,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from fstier.io.capabilities import DirectIOSupport
 
 __all__ = [
-    "BatchLoadResult",
     "IOOptions",
     "LoadOutcome",
     "LoadRequest",
@@ -92,10 +91,11 @@ class StoreStatus(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class StoreRequest:
-    """Write ``header`` then ``payload`` to ``path``. ``payload`` holds at least
-    ``header.payload_len`` bytes; when it holds the padded length and is
-    writable (a pool slot), the padding tail is zeroed in place and the slot is
-    written directly (O_DIRECT capable)."""
+    """Write ``header`` then exactly ``header.payload_len`` bytes of
+    ``payload`` to ``path`` (the caller's buffer is only read, never written:
+    the file's zero padding after the payload comes from a bounce page).
+    Whole pages of a 4096-aligned payload go to the file directly (O_DIRECT
+    capable)."""
 
     path: str | Path
     header: BlockHeader
@@ -138,9 +138,6 @@ class LoadRequest:
     key: BlockKey
     namespace_digest: bytes
     payload_len: int
-    #: Unused, kept for callers that pass it: no path is ever resolved
-    #: through a symlink, so nothing outside the root can be removed.
-    root: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,16 +154,3 @@ class LoadOutcome:
     @property
     def ok(self) -> bool:
         return self.status is LoadStatus.LOADED
-
-
-@dataclass(frozen=True, slots=True)
-class BatchLoadResult:
-    """A batched load: the first ``num_loaded`` blocks verified; ``outcomes``
-    has one entry per attempted block (the last one is the failure, if any)."""
-
-    num_loaded: int
-    outcomes: list[LoadOutcome]
-
-    @property
-    def complete(self) -> bool:
-        return self.num_loaded == len(self.outcomes) and all(o.ok for o in self.outcomes)

@@ -49,7 +49,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 from fstier.errors import ConfigError
-from fstier.io import blockio
+from fstier.io import _blockio
 from fstier.io.blockfile import FORMAT_VERSION
 from fstier.io.fsops import _HOST, unlink_if_same
 from fstier.io.iotypes import (
@@ -309,14 +309,14 @@ def load_batch(
         if status_ is LoadStatus.MISSING:
             out.append(LoadOutcome(LoadStatus.MISSING, "ENOENT"))
         elif why == "symlink":
-            removed = blockio._remove_planted_link(path)
+            removed = _blockio._remove_planted_link(path)
             out.append(LoadOutcome(
                 LoadStatus.CORRUPT, "symlink", f"{name}: a symlink on its path", removed=removed
             ))
         elif status_ is LoadStatus.CORRUPT:
             detail = _corrupt_detail(why, nbytes, path)
             removed = bool(ino) and unlink_if_same(
-                path, ino=ino, dev=dev, on_error=blockio._removal_failed
+                path, ino=ino, dev=dev, on_error=_blockio._removal_failed
             ) == "removed"
             out.append(LoadOutcome(LoadStatus.CORRUPT, why, detail, removed=removed))
         elif why == "not_regular":

@@ -158,13 +158,16 @@ class IOPool:
                 f"{read_threads} and {write_threads}"
             )
         # inf or nan would make the watchdog's wait raise and the thread die,
-        # silently disabling every deadline (issue 15 item 5).
+        # silently disabling every deadline (test_pool.py::test_io_timeout_must_be_finite).
         if io_timeout_s is not None and not (0 < io_timeout_s <= threading.TIMEOUT_MAX):
             raise ValueError(
                 f"IOPool io_timeout_s must be > 0 and finite (or None for no deadline), "
                 f"got {io_timeout_s}"
             )
         self.io_timeout_s = io_timeout_s
+        #: threads per queue (callers cut jobs into this many batches)
+        self.read_threads = read_threads
+        self.write_threads = write_threads
         self._clock = clock  # deadlines and the watchdog's waits (tests: a ManualClock)
         self._name = name
         self._lock = threading.Lock()

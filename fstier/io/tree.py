@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fstier.errors import NamespaceMismatchError
-from fstier.file_mapper import MANIFEST_NAME, NAMESPACE_VERSION, decode
+from fstier.file_mapper import MANIFEST_NAME, NAMESPACE_VERSION, decode, is_namespace_name
 from fstier.io.fsops import is_temp_name, open_nofollow
 from fstier.io.manifest import Manifest, read_manifest
+from fstier.keys import BlockKey
 
 __all__ = [
     "FileKind",
@@ -47,7 +48,6 @@ __all__ = [
 ]
 
 _RANK_DIR = re.compile(r"^r([0-9]{1,6})$")
-_NAMESPACE_DIR = re.compile(r"^.{1,64}-([0-9a-f]{16})$")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -71,25 +71,26 @@ class TreeFile:
     mtime_ns: int
     ino: int
     rank: int | None
-    block_hex: str | None
-    group_idx: int | None
+    #: the key a block file names (:func:`fstier.file_mapper.decode`, the
+    #: one name -> key rule); None for any other kind
+    key: BlockKey | None
 
 
-def classify(rel_dirs: tuple[str, ...], name: str, is_regular: bool) -> tuple[str, str | None, int | None]:
-    """``(kind, block_hex, group)`` of a file ``name`` in the namespace
-    subdirectory ``rel_dirs``: the one rule every reader of a root applies."""
+def classify(rel_dirs: tuple[str, ...], name: str, is_regular: bool) -> tuple[str, BlockKey | None]:
+    """``(kind, key)`` of a file ``name`` in the namespace subdirectory
+    ``rel_dirs``: the one rule every reader of a root applies."""
     if not is_regular:
-        return FileKind.OTHER, None, None
+        return FileKind.OTHER, None
     if is_temp_name(name):
-        return FileKind.TEMP, None, None
+        return FileKind.TEMP, None
     if name.startswith(".nfs"):
-        return FileKind.NFS, None, None
+        return FileKind.NFS, None
     dirs = rel_dirs[1:] if rel_dirs and _RANK_DIR.match(rel_dirs[0]) else rel_dirs
     # Exactly where FileMapper puts a block (the one codec decides).
     key = decode("/".join((*dirs, name))) if dirs else None
     if key is None:
-        return FileKind.OTHER, None, None
-    return FileKind.BLOCK, key.hex, key.group_idx
+        return FileKind.OTHER, None
+    return FileKind.BLOCK, key
 
 
 def iter_namespace_files(
@@ -150,9 +151,9 @@ def _walk_fd(
                 name = entry.name
                 if not rel and name == MANIFEST_NAME:
                     continue
-                kind, h, group = classify(rel, name, stat.S_ISREG(st.st_mode))
+                kind, key = classify(rel, name, stat.S_ISREG(st.st_mode))
                 yield TreeFile(
-                    f"{path}/{name}", name, kind, st.st_size, st.st_mtime_ns, st.st_ino, rank, h, group
+                    f"{path}/{name}", name, kind, st.st_size, st.st_mtime_ns, st.st_ino, rank, key
                 )
         for name in subdirs:
             try:
@@ -236,7 +237,7 @@ def iter_root(
     if first is None:
         return
     for path, is_dir in _chain(first, top):
-        if not is_dir or not _NAMESPACE_DIR.match(path.name):
+        if not is_dir or not is_namespace_name(path.name):
             continue
         ns = check_namespace(path)
         if not ns.valid:

@@ -41,10 +41,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from fstier.file_mapper import decode
 from fstier.io.fsops import unlink_if_same
 from fstier.io.tree import FileKind, TreeFile, check_namespace, iter_namespace_dirs, iter_root
-from fstier.keys import BlockKey
 
 __all__ = [
     "DEFAULT_MAX_CANDIDATES",
@@ -54,8 +52,6 @@ __all__ = [
     "ForeignNamespace",
     "collect_garbage",
     "remove_foreign_namespaces",
-    "is_block_name",
-    "key_from_block_name",
     "scan_usage",
 ]
 
@@ -143,17 +139,6 @@ def _rmtree(path: Path) -> list[OSError]:
     else:
         shutil.rmtree(path, onerror=keep)
     return errors
-
-
-def is_block_name(name: str) -> bool:
-    """True for final block file names written by fstier (``<hex>-g<group>.bin``)."""
-    return decode(name) is not None
-
-
-def key_from_block_name(name: str) -> BlockKey | None:
-    """The key named by a block file name, or None for any other name
-    (:func:`fstier.file_mapper.decode`)."""
-    return decode(name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,20 +34,16 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
-from fstier.io.blockfile import HEADER_SIZE, padded_len
-from fstier.io.blockstore import BlockStore, LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
+from fstier.io.blockfile import block_file_size
+from fstier.io.blockstore import BlockStore
+from fstier.io.iotypes import LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
 from fstier.tier.admission import WriteBudget
 from fstier.tier.lookup import LookupCache
 from fstier.tier.recency import Recency
 
-__all__ = ["Job", "JobOps", "JobTable", "file_bytes"]
-
-
-def file_bytes(payload_len: int) -> int:
-    """Bytes a block file of ``payload_len`` occupies (header + padded payload)."""
-    return HEADER_SIZE + padded_len(payload_len)
+__all__ = ["Job", "JobOps", "JobTable"]
 
 
 @dataclass(slots=True)
@@ -201,7 +197,7 @@ class JobOps:
                 job.last_end = time.perf_counter()
             for j, w in enumerate(written):
                 if job.op_open[lo + j]:
-                    reserved += file_bytes(job.op_bytes[lo + j])
+                    reserved += block_file_size(job.op_bytes[lo + j])
                     counted += w
                     job.op_open[lo + j] = False
         if job.kind == "store" and reserved:

@@ -36,12 +36,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from fstier.io.blockstore import BlockStore, LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
+from fstier.io.blockfile import block_file_size
+from fstier.io.blockstore import BlockStore
+from fstier.io.iotypes import LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
 from fstier.io.pool import OP_CANCELLED, OP_EXPIRED, OP_TIMED_OUT
 from fstier.keys import BlockKey
 from fstier.tier.admission import BAD_FILE_CAUSES, Breaker, Failure
 from fstier.tier.capacity import Capacity
-from fstier.tier.jobs import Job, JobOps, file_bytes
+from fstier.tier.jobs import Job, JobOps
 from fstier.tier.lookup import LookupCache
 from fstier.tier.metrics import TierMetrics
 
@@ -190,8 +192,8 @@ class Judge:
             # Admission counted the whole job (Admission.refuse): give back
             # what was not stored (skipped, failed).
             self._capacity.settle(
-                sum(file_bytes(b) for b in job.op_bytes),
-                sum(file_bytes(job.op_bytes[i]) for i in done["stored"]),
+                sum(block_file_size(b) for b in job.op_bytes),
+                sum(block_file_size(job.op_bytes[i]) for i in done["stored"]),
             )
         else:
             stored = ()
@@ -199,7 +201,7 @@ class Judge:
             if failed:
                 self._cache.mark_bad([keys[i] for i in failed])
             if removed:
-                self._capacity.add(-sum(file_bytes(self._payload_len[k.group_idx]) for k in removed))
+                self._capacity.add(-sum(block_file_size(self._payload_len[k.group_idx]) for k in removed))
             m.loaded_blocks.inc(prefix)
             m.loaded_bytes.inc(nbytes)
             m.load_misses.inc(n - prefix)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.errors import IOPoolClosedError
-from fstier.io import blockstore
+from fstier.io import fsops
 from fstier.io.pool import IOPool
 
 __all__ = ["FLUSH_S", "MAX_PENDING", "Recency"]
@@ -36,7 +36,7 @@ MAX_PENDING = 4096
 def _bump_mtimes(paths: Sequence[str]) -> None:
     for p in paths:
         # Evicted or replaced meanwhile is fine; never through a symlink.
-        blockstore.touch_file(p)
+        fsops.touch_file(p)
 
 
 def _ignore_pool_job(_job: object) -> None:

@@ -32,37 +32,33 @@ or torch here: the CLI prints what this returns.
 from __future__ import annotations
 
 import os
-import re
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fstier.file_mapper import MANIFEST_NAME
-from fstier.io import tree as _tree
+from fstier.file_mapper import MANIFEST_NAME, is_namespace_name
 from fstier.io.manifest import Manifest
-from fstier.io.tree import FileKind, check_namespace, iter_namespace_dirs
+from fstier.io.tree import (
+    FileKind,
+    TreeFile,
+    check_namespace,
+    iter_namespace_dirs,
+    iter_namespace_files,
+)
 from fstier.tier.usage import ROOT_FILES
 
 __all__ = [
-    "FileEntry",
     "NamespaceStats",
     "ScanReport",
     "Unreadable",
-    "NAMESPACE_NAME",
     "inspect_root",
     "is_namespace_dir",
     "checked_root",
     "iter_namespace_dirs",
-    "iter_namespace_files",
-    "read_manifest",
     "scan_root",
 ]
-
-#: A namespace directory's name: ``<safe model name>-<16 hex digits>``.
-NAMESPACE_NAME = re.compile(r"^.+-[0-9a-f]{16}$")
-
 
 def is_namespace_dir(path: Path) -> bool:
     """The one rule ``inspect``, ``verify`` and the ROOT check share: a
@@ -76,20 +72,7 @@ def is_namespace_dir(path: Path) -> bool:
         return False
     if not stat.S_ISDIR(st.st_mode):
         return False
-    return bool(NAMESPACE_NAME.match(path.name)) or os.path.lexists(path / "config.json")
-
-
-@dataclass(frozen=True, slots=True)
-class FileEntry:
-    """One file met by the walk: where it is and what its name says."""
-
-    path: str
-    kind: str
-    size: int
-    mtime: float
-    rank: int | None
-    block_hex: str | None
-    group_idx: int | None
+    return is_namespace_name(path.name) or os.path.lexists(path / "config.json")
 
 
 @dataclass(slots=True)
@@ -124,16 +107,17 @@ class NamespaceStats:
     nfs_files: int = 0
     other_files: int = 0
 
-    def add(self, entry: FileEntry) -> None:
+    def add(self, entry: TreeFile) -> None:
         if entry.kind == FileKind.BLOCK:
             self.files += 1
             self.bytes += entry.size
-            g = entry.group_idx if entry.group_idx is not None else 0
+            g = entry.key.group_idx if entry.key is not None else 0
             self.files_per_group[g] = self.files_per_group.get(g, 0) + 1
             if entry.rank is not None:
                 self.ranks.add(entry.rank)
-            self.oldest = entry.mtime if self.oldest is None else min(self.oldest, entry.mtime)
-            self.newest = entry.mtime if self.newest is None else max(self.newest, entry.mtime)
+            mtime = entry.mtime_ns / 1e9
+            self.oldest = mtime if self.oldest is None else min(self.oldest, mtime)
+            self.newest = mtime if self.newest is None else max(self.newest, mtime)
         elif entry.kind == FileKind.TEMP:
             self.temp_files += 1
             self.temp_bytes += entry.size
@@ -250,14 +234,6 @@ class ScanReport:
         }
 
 
-def read_manifest(namespace_dir: Path) -> tuple[Manifest | None, str | None]:
-    """The checked manifest of a namespace, or ``(None, reason)``: missing,
-    not a regular file, a symlink, too big, not JSON, wrong types, or not
-    this directory's (:func:`fstier.io.manifest.read_manifest`)."""
-    ns = check_namespace(namespace_dir)
-    return ns.manifest, ns.error
-
-
 def _stats_from_manifest(stats: NamespaceStats, manifest: Manifest) -> None:
     fields = manifest.typed_fields
     stats.model = fields.model
@@ -278,22 +254,6 @@ def _stats_from_manifest(stats: NamespaceStats, manifest: Manifest) -> None:
             setattr(stats, name, value)
 
 
-def iter_namespace_files(
-    namespace_dir: Path, on_error: Callable[[OSError], None] | None = None
-) -> Iterator[FileEntry]:
-    """Every file below ``namespace_dir`` except the manifest, one at a time,
-    classified by the shared rule (:func:`fstier.io.tree.classify`).
-
-    Directories vanishing mid-walk (gc or another host) are skipped; symlinks
-    and other non-regular entries are yielded as ``other`` without following.
-    A directory or entry that cannot be read is passed to ``on_error`` (its
-    ``filename`` names it) and skipped; without ``on_error`` the error is
-    raised.
-    """
-    for f in _tree.iter_namespace_files(namespace_dir, on_error):
-        yield FileEntry(f.path, f.kind, f.size, f.mtime_ns / 1e9, f.rank, f.block_hex, f.group_idx)
-
-
 def scan_namespace(
     namespace_dir: Path,
     unreadable: Unreadable | None = None,
@@ -302,8 +262,8 @@ def scan_namespace(
     """Counters for one namespace; unreadable parts go to ``unreadable`` (raised
     when it is None); ``on_file()`` is called per file met (progress)."""
     stats = NamespaceStats(namespace=namespace_dir.name, path=str(namespace_dir))
-    manifest, error = read_manifest(namespace_dir)
-    stats.manifest_error = error
+    ns = check_namespace(namespace_dir)
+    manifest, stats.manifest_error = ns.manifest, ns.error
     if manifest is None:
         return stats  # not fstier's: nothing in it is counted, checked or removed
     _stats_from_manifest(stats, manifest)
@@ -321,7 +281,7 @@ def checked_root(root: str | os.PathLike[str]) -> Path:
     manifest): a root one level too deep would report no namespaces at all,
     which reads as a healthy empty tier. Only one name is looked up."""
     path = Path(root)
-    if os.path.lexists(path / MANIFEST_NAME) and NAMESPACE_NAME.match(os.path.basename(os.path.realpath(path))):
+    if os.path.lexists(path / MANIFEST_NAME) and is_namespace_name(os.path.basename(os.path.realpath(path))):
         raise ValueError(
             f"{os.fspath(root)!r} is a namespace directory (it holds {MANIFEST_NAME}), one level too deep: "
             f"the root is its parent {os.fspath(path.parent)!r}"

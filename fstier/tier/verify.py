@@ -41,14 +41,8 @@ from typing import Any
 
 from fstier.file_mapper import decode
 from fstier.io.fsops import unlink_if_same
-from fstier.io.tree import FileKind, iter_namespace_dirs
-from fstier.tier.scan import (
-    Unreadable,
-    checked_root,
-    is_namespace_dir,
-    iter_namespace_files,
-    read_manifest,
-)
+from fstier.io.tree import FileKind, check_namespace, iter_namespace_dirs, iter_namespace_files
+from fstier.tier.scan import Unreadable, checked_root, is_namespace_dir
 from fstier.tier.usage import ROOT_FILES
 
 __all__ = ["BadFile", "NamespaceVerify", "VerifyReport", "count_blocks", "namespace_dir", "verify_root"]
@@ -168,9 +162,10 @@ class _Expect:
 def _expectations(namespace_dir: Path) -> tuple[_Expect | None, str | None]:
     """What the manifest says, or ``(None, reason)`` when the namespace is not
     fstier's: then nothing in it is checked or removed."""
-    manifest, error = read_manifest(namespace_dir)
+    ns = check_namespace(namespace_dir)
+    manifest = ns.manifest
     if manifest is None:
-        return None, error
+        return None, ns.error
     fields = manifest.typed_fields
     return _Expect(bytes.fromhex(manifest.digest), fields.file_page_bytes(), fields.blocks_per_file), None
 
@@ -189,8 +184,8 @@ def _namespaces(root: Path, only: str | None) -> Iterator[Path]:
 
 def _check_one(path: str, full: bool, expect: _Expect) -> tuple[str, int, os.stat_result | None]:
     """``(reason or '', size, stat)``; reason ``gone`` when the file vanished."""
+    from fstier.io.blockcheck import verify_file
     from fstier.io.blockfile import Expected
-    from fstier.io.blockstore import verify_file
     from fstier.io.fsops import FS
 
     try:
@@ -229,7 +224,7 @@ def count_blocks(root: str | os.PathLike[str], namespace: str | None = None) -> 
     only, for a progress bar's total)."""
     n = 0
     for ns_dir in _namespaces(Path(root), namespace):
-        if read_manifest(ns_dir)[0] is None:
+        if check_namespace(ns_dir).manifest is None:
             continue
         # Errors are ignored here: the checking walk meets and reports them.
         for entry in iter_namespace_files(ns_dir, on_error=lambda _exc: None):

@@ -19,6 +19,8 @@ from typing import Any
 
 import _support  # the script's directory is on sys.path
 
+from fstier.io.blockstore import NamespaceDirs
+
 
 def _status(out: Any) -> list[str]:
     return [str(out.status.value), out.cause]
@@ -70,7 +72,7 @@ def asuser(root: str, other: str) -> dict[str, Any]:
         return {"skip": f"cannot drop privileges: {exc}"}
     readable, locked = _support.key_for(1), _support.key_for(2)
     try:
-        tier.mapper.ensure_parent(tier.path(_support.key_for(4)))
+        NamespaceDirs(tier.mapper).ensure(tier.path(_support.key_for(4)))
         mkdir = "ok"
     except Exception as exc:
         mkdir = f"{type(exc).__name__}: {exc}"

@@ -1,7 +1,7 @@
 """Shared helpers of the reliability suite, importable by pytest modules
 (``from ._support import ...``) and by the subprocess scripts beside it
 (``import _support``): a tiny deterministic model, deterministic payloads,
-store/load wrappers around :mod:`fstier.io.posix`, a fault-injecting
+store/load wrappers around :mod:`fstier.io._blockio`, a fault-injecting
 ``FS`` replacement and the checks every test repeats (visible blocks verify,
 no temp files, fd counts)."""
 
@@ -20,11 +20,12 @@ import xxhash
 
 from fstier.config import FstierConfig, parse_config
 from fstier.file_mapper import FileMapper
-from fstier.io import fsops, posix
+from fstier.io import _blockio, fsops
 from fstier.io.blockfile import HEADER_SIZE, header_for_payload, padded_len
+from fstier.io.blockstore import NamespaceDirs
 from fstier.io.capabilities import RootCapabilities
 from fstier.io.fsops import is_temp_name
-from fstier.io.posix import (
+from fstier.io.iotypes import (
     IOOptions,
     LoadOutcome,
     LoadRequest,
@@ -32,6 +33,7 @@ from fstier.io.posix import (
     StoreRequest,
     StoreStatus,
 )
+from fstier.io.manifest import ensure_manifest
 from fstier.keys import BlockKey
 
 #: One full-attention group, 1 layer x 1 head x 8 dims x 16 tokens x fp16:
@@ -72,7 +74,7 @@ class Tier:
     def open(cls, root: Path | str, *, o_direct: bool = False, fsync: str = "none", **kw: Any) -> Tier:
         cfg = tiny_config(root, **kw)
         mapper = FileMapper(cfg)
-        mapper.ensure_manifest()
+        ensure_manifest(mapper)
         # Capabilities are the root's: a test switches this root to named
         # temps with ``tier.opts.capabilities.refuse_tmpfile()``.
         caps = RootCapabilities(root=mapper.root)
@@ -90,19 +92,19 @@ class Tier:
         data = payload_for(key, n) if payload is None else payload
         path = self.path(key)
         try:
-            self.mapper.ensure_parent(path)
+            NamespaceDirs(self.mapper).ensure(path)
         except OSError as exc:  # EMFILE and friends: a failed store, as in FsTier
             return StoreOutcome(StoreStatus.FAILED, errno.errorcode.get(exc.errno or 0, "OSError"))
-        buf = posix.aligned_buffer(n)
+        buf = fsops.aligned_buffer(n)
         buf[:n] = data
         header = header_for_payload(key, self.mapper.digest_bytes, data, 1, n)
-        return posix.store_block(StoreRequest(path, header, buf), self.opts)
+        return _blockio.store_block(StoreRequest(path, header, buf), self.opts)
 
     def load(self, key: BlockKey, path: Path | None = None) -> tuple[LoadOutcome, bytes]:
         n = self.payload_len
-        buf = posix.aligned_buffer(n)
+        buf = fsops.aligned_buffer(n)
         req = LoadRequest(path or self.path(key), buf, key, self.mapper.digest_bytes, n)
-        out = posix.load_block(req, self.opts)
+        out = _blockio.load_block(req, self.opts)
         return out, bytes(buf[:n])
 
     def file_bytes(self, key: BlockKey) -> bytes:
@@ -161,7 +163,7 @@ def oserror(code: int) -> OSError:
 
 @dataclass
 class FaultyOps(fsops.OsOps):
-    """A drop-in ``posix.FS`` whose methods can be wrapped per test.
+    """A drop-in ``fsops.FS`` whose methods can be wrapped per test.
 
     ``hooks[name]`` is called as ``hook(real, *args)`` instead of the real
     method ``real``; ``calls`` counts every call by name (thread-safe)."""

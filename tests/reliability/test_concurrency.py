@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from fstier.io.posix import verify_file
+from fstier.io.blockcheck import verify_file
 
 from . import _workers
 from ._support import Tier, block_files, key_for, temp_files
@@ -34,7 +34,7 @@ PRELOAD = [
 
 def _ctx(preload_io: bool = False) -> Any:
     if preload_io:
-        # Plain fork of this process, which has imported fstier.io.posix.
+        # Plain fork of this process, which has imported fstier.io.blockstore.
         return multiprocessing.get_context("fork")
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
@@ -116,7 +116,7 @@ def test_io_buffers_private_after_fork() -> None:
 
 def test_eight_processes_forked_after_io_import(tmp_path: Path) -> None:
     """The same workload, workers forked from a server that imported
-    fstier.io.posix (as an engine forking its workers would)."""
+    fstier.io.blockstore (as an engine forking its workers would)."""
     _mixed(tmp_path, 0.5, preload_io=True)
 
 

@@ -2,7 +2,7 @@
 files are misses (CORRUPT, file removed) and never load wrong bytes.
 
 Every case writes the damaged bytes at the key's real path and loads through
-:func:`fstier.io.posix.load_block` with checksums on. ``TALLY`` accumulates
+:func:`fstier.io._blockio.load_block` with checksums on. ``TALLY`` accumulates
 the published figures: corruptions tried, detected, and wrong bytes loaded.
 The default run cuts a strided subset of truncation lengths and bit
 positions; ``-m slow`` tries every one.
@@ -23,8 +23,10 @@ from hypothesis import strategies as st
 
 from fstier.errors import BlockCorruptError
 from fstier.io import blockfile
+from fstier.io.blockcheck import verify_file
 from fstier.io.blockfile import HEADER_SIZE, decode_header
-from fstier.io.posix import verify_file
+from fstier.io.blockstore import NamespaceDirs
+from fstier.io.manifest import ensure_manifest
 
 from ._support import Tally, Tier, key_for, payload_for
 
@@ -135,7 +137,7 @@ def test_valid_file_under_another_keys_name(tier: Tier) -> None:
         b = key_for(i)
         want = payload_for(b, tier.payload_len)
         b_path = tier.path(b)
-        tier.mapper.ensure_parent(b_path)
+        NamespaceDirs(tier.mapper).ensure(b_path)
         _try(tier, i, b_path, a_bytes, want, tally)
         assert verify_file(tier.path(key_for(1000 + i))).ok, "the source file is untouched"
     assert tally.detected == tally.tried == 8 and tally.wrong_bytes == 0
@@ -157,7 +159,7 @@ def test_namespace_mismatch_is_a_miss(tmp_path: Path, variant: str) -> None:
     """Same key hash, another namespace: other directory; the file copied
     across is refused by the embedded namespace digest (or length)."""
     from fstier.file_mapper import FileMapper
-    from fstier.io.posix import IOOptions
+    from fstier.io.iotypes import IOOptions
 
     from ._support import tiny_config
 
@@ -165,14 +167,14 @@ def test_namespace_mismatch_is_a_miss(tmp_path: Path, variant: str) -> None:
     over = NAMESPACE_VARIANTS[variant]
     cfg = tiny_config(tmp_path / "root", model=over.get("model"), **over.get("tier", {}))
     b = Tier(FileMapper(cfg), IOOptions())
-    b.mapper.ensure_manifest()
+    ensure_manifest(b.mapper)
     assert b.mapper.digest != a.mapper.digest
     key = key_for(7)
     assert a.store(key).status == "STORED"
     out, _ = b.load(key)
     assert out.status == "MISSING"
     b_path = b.path(key)
-    b.mapper.ensure_parent(b_path)
+    NamespaceDirs(b.mapper).ensure(b_path)
     b_path.write_bytes(a.path(key).read_bytes())
     out, got = b.load(key)
     TALLY.check_load(out, got, b"\x00" * len(got))

@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from fstier.cli import main as cli_main
-from fstier.io.posix import verify_file
+from fstier.io.blockcheck import verify_file
 from fstier.tier.gc import collect_garbage
 
 from ._support import Tier, block_files, key_for, payload_for, temp_files

@@ -1,4 +1,4 @@
-"""Rows 10-15 of the fault matrix, injected through the ``posix.FS`` seam and,
+"""Rows 10-15 of the fault matrix, injected through the ``fsops.FS`` seam and,
 where this machine allows mounting, on real filesystems: ENOSPC on a small
 tmpfs, O_DIRECT refused by a ramfs mount.
 
@@ -21,9 +21,11 @@ from typing import Any
 import pytest
 
 from fstier.errors import DirectIOUnsupportedError
-from fstier.io import fsops, posix
+from fstier.io import _blockio, capabilities, fsops, iotypes
+from fstier.io.blockcheck import verify_file
+from fstier.io.blockstore import NamespaceDirs
 from fstier.io.capabilities import RootCapabilities
-from fstier.io.posix import IOOptions, verify_file
+from fstier.io.iotypes import IOOptions
 
 from ._support import (
     FaultyOps,
@@ -299,7 +301,7 @@ def test_o_direct_refused_by_real_ramfs(tmp_path: Path, caplog: pytest.LogCaptur
         root = mnt / "root"
         root.mkdir()
         try:
-            probe = os.open(root / "p", os.O_CREAT | os.O_RDWR | posix.O_DIRECT, 0o600)
+            probe = os.open(root / "p", os.O_CREAT | os.O_RDWR | fsops.O_DIRECT, 0o600)
         except OSError as exc:
             assert exc.errno == errno.EINVAL
         else:
@@ -313,7 +315,7 @@ def test_o_direct_refused_by_real_ramfs(tmp_path: Path, caplog: pytest.LogCaptur
         warnings = [r for r in caplog.records if "O_DIRECT unavailable" in r.getMessage()]
         assert len(warnings) == 1, "the fallback must warn exactly once"
         with pytest.raises(DirectIOUnsupportedError, match="o_direct: on"):
-            posix.probe_o_direct(root, "on")
+            capabilities.probe_o_direct(root, "on")
         tier = Tier.open(root, o_direct=first.enabled)
         for i in range(4):
             key = key_for(i)
@@ -330,7 +332,7 @@ def test_o_direct_refusal_leaves_no_temp_file(tmp_path: Path) -> None:
     with _mounted("ramfs", tmp_path / "ram") as mnt:
         root = mnt / "root"
         root.mkdir()
-        assert not posix.probe_o_direct(root, "auto").enabled
+        assert not capabilities.probe_o_direct(root, "auto").enabled
         tier = Tier.open(root)
         forced = Tier(tier.mapper, IOOptions(o_direct=True))
         assert forced.store(key_for(9)).status == "STORED"
@@ -342,12 +344,12 @@ def test_tmpfs_o_direct_probe_agrees_with_kernel(tmp_path: Path) -> None:
     before; the probe must agree with what the kernel does either way."""
     with _mounted("tmpfs", tmp_path / "tmpfs", "size=4m") as mnt:
         try:
-            fd = os.open(mnt / "p", os.O_CREAT | os.O_RDWR | posix.O_DIRECT, 0o600)
+            fd = os.open(mnt / "p", os.O_CREAT | os.O_RDWR | fsops.O_DIRECT, 0o600)
             os.close(fd)
             accepts = True
         except OSError:
             accepts = False
-        assert posix.probe_o_direct(mnt, "auto").enabled == accepts
+        assert capabilities.probe_o_direct(mnt, "auto").enabled == accepts
 
 
 def test_o_direct_write_refused_after_open_falls_back(tier: Tier, ops: FaultyOps) -> None:
@@ -355,8 +357,8 @@ def test_o_direct_write_refused_after_open_falls_back(tier: Tier, ops: FaultyOps
     direct_fds: set[int] = set()
 
     def open_(real: Any, path: Any, flags: int, mode: int = 0o600) -> int:
-        fd = int(real(path, flags & ~posix.O_DIRECT, mode))
-        if flags & posix.O_DIRECT:
+        fd = int(real(path, flags & ~fsops.O_DIRECT, mode))
+        if flags & fsops.O_DIRECT:
             direct_fds.add(fd)
         else:
             direct_fds.discard(fd)
@@ -380,8 +382,8 @@ def test_unaligned_buffers_use_buffered_io(tier: Tier, ops: FaultyOps) -> None:
     seen: list[int] = []
 
     def open_(real: Any, path: Any, flags: int, mode: int = 0o600) -> int:
-        seen.append(flags & posix.O_DIRECT)
-        return int(real(path, flags & ~posix.O_DIRECT, mode))
+        seen.append(flags & fsops.O_DIRECT)
+        return int(real(path, flags & ~fsops.O_DIRECT, mode))
 
     ops.hooks["open"] = open_
     t = Tier(tier.mapper, IOOptions(o_direct=True))
@@ -390,9 +392,9 @@ def test_unaligned_buffers_use_buffered_io(tier: Tier, ops: FaultyOps) -> None:
     from fstier.io.blockfile import header_for_payload
 
     path = t.path(key)
-    t.mapper.ensure_parent(path)
+    NamespaceDirs(t.mapper).ensure(path)
     unaligned = memoryview(bytearray(b"x" + data))[1:]
     header = header_for_payload(key, t.mapper.digest_bytes, data, 1, len(data))
-    assert posix.store_block(posix.StoreRequest(path, header, unaligned), t.opts).status == "STORED"
+    assert _blockio.store_block(iotypes.StoreRequest(path, header, unaligned), t.opts).status == "STORED"
     assert seen and not any(seen)
     assert verify_file(path).ok and len(block_files(tier.mapper.root)) == 1

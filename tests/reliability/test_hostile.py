@@ -21,7 +21,9 @@ from fstier.config import load_config
 from fstier.errors import ConfigError, PathSafetyError
 from fstier.file_mapper import FileMapper
 from fstier.io import fsops
-from fstier.io.posix import verify_file
+from fstier.io.blockcheck import verify_file
+from fstier.io.blockstore import NamespaceDirs
+from fstier.io.manifest import ensure_manifest
 from fstier.tier.gc import collect_garbage
 
 from ._support import Tier, block_files, iter_files, key_for, payload_for, temp_files, tiny_config
@@ -45,7 +47,7 @@ def test_symlink_at_final_path_store_replaces_link_only(tmp_path: Path, outside:
     before = _snapshot(outside)
     key = key_for(0)
     path = tier.path(key)
-    tier.mapper.ensure_parent(path)
+    NamespaceDirs(tier.mapper).ensure(path)
     path.symlink_to(outside / "precious.txt")
     assert tier.store(key).status == "STORED"
     assert not path.is_symlink() and verify_file(path).ok
@@ -62,7 +64,7 @@ def test_symlink_at_final_path_load_refused(tmp_path: Path, outside: Path) -> No
     target.write_bytes(src.path(key).read_bytes())
     before = _snapshot(outside)
     path = tier.path(key)
-    tier.mapper.ensure_parent(path)
+    NamespaceDirs(tier.mapper).ensure(path)
     path.symlink_to(target)
     out, _ = tier.load(key)
     assert out.status != "LOADED" and out.cause == "symlink"
@@ -102,7 +104,7 @@ def test_symlink_at_subdirectory_refused(tmp_path: Path, outside: Path) -> None:
     fanout = path.parent  # <blocks>/abc (format v2: one fan-out level)
     fanout.symlink_to(outside, target_is_directory=True)
     with pytest.raises(PathSafetyError, match="symlink"):
-        tier.mapper.ensure_parent(path)
+        NamespaceDirs(tier.mapper).ensure(path)
     assert _snapshot(outside) == before and not (outside / path.name).exists()
 
 
@@ -112,7 +114,7 @@ def test_symlink_namespace_dir_refused(tmp_path: Path, outside: Path) -> None:
     mapper.root.mkdir(parents=True)
     mapper.namespace_dir.symlink_to(outside, target_is_directory=True)
     with pytest.raises(PathSafetyError, match="symlink"):
-        mapper.ensure_manifest()
+        ensure_manifest(mapper)
     assert sorted(os.listdir(outside)) == ["precious.txt"]
 
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from fstier.io.blockstore import NamespaceDirs
+
 from ._support import Tier, key_for, temp_files
 
 CHILD = Path(__file__).with_name("_child.py")
@@ -51,7 +53,7 @@ def test_permissions_as_nobody() -> None:
         tier = Tier.open(root)
         for i in (1, 2):
             assert tier.store(key_for(i)).status == "STORED"
-        tier.mapper.ensure_parent(tier.path(key_for(3)))  # the store itself must fail
+        NamespaceDirs(tier.mapper).ensure(tier.path(key_for(3)))  # the store itself must fail
         locked = tier.path(key_for(2))
         locked.chmod(0o000)
         r = _run("asuser", str(root), str(base / "other"))

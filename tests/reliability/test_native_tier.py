@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from fstier.clock import SYSTEM_CLOCK, Clock, ManualClock
-from fstier.host_pool import HostBlockPool
-from fstier.io import blockstore, native
+from fstier.io import blockcheck, native
 from fstier.manager import FsTier
+from fstier.slots.host_pool import HostBlockPool
 
 from ._support import block_files, fd_count, key_for, payload_for, temp_files
 from .test_tier import _run, _tier
@@ -87,7 +87,7 @@ def test_store_faults_in_a_batch_publish_nothing(tmp_path: Path, op: str, code: 
         native.clear_faults()
         assert not t.mapper.path_for(keys[1]).exists() and temp_files(t.mapper.root) == []
         for k in (keys[0], keys[2], keys[3]):
-            assert blockstore.verify_file(t.mapper.path_for(k)).ok
+            assert blockcheck.verify_file(t.mapper.path_for(k)).ok
         assert _run(t, "store", keys)[0].success
         r, got = _run(t, "load", keys)
         assert r.success and got == [payload_for(k, t.payload_bytes(k)) for k in keys]
@@ -179,7 +179,7 @@ def test_hung_native_store_times_out_fences_and_recovers(tmp_path: Path, caplog:
         r4, _ = _run(t, "store", [key_for(4)])
         assert r4.success and t.breaker_state == "closed"
         for f in block_files(t.mapper.root):
-            assert blockstore.verify_file(f).ok
+            assert blockcheck.verify_file(f).ok
     finally:
         t.close()
 

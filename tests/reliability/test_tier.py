@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from fstier.clock import SYSTEM_CLOCK, Clock, ManualClock
-from fstier.io import fsops, posix
+from fstier.io import blockcheck, fsops
+from fstier.io.blockstore import NamespaceDirs
 from fstier.manager import FsTier, JobResult
 from fstier.slots.host_pool import HostBlockPool
 
@@ -130,7 +131,7 @@ def test_hung_io_fails_trips_breaker_and_recovers(tmp_path: Path, ops: FaultyOps
         r5, got = _run(t, "load", [key_for(4)])
         assert r5.success and got[0] == payload_for(key_for(4), t.payload_bytes(key_for(4)))
         for f in block_files(t.mapper.root):
-            assert posix.verify_file(f).ok
+            assert blockcheck.verify_file(f).ok
     finally:
         release.set()
         t.close()
@@ -253,7 +254,7 @@ def test_fifo_at_a_block_path_is_a_miss_not_a_hung_thread(tmp_path: Path) -> Non
     try:
         key = key_for(1)
         path = t.mapper.path_for(key)
-        t.mapper.ensure_parent(path)
+        NamespaceDirs(t.mapper).ensure(path)
         os.mkfifo(path)
         t0 = time.monotonic()
         r, _ = _run(t, "load", [key])
@@ -393,7 +394,7 @@ def test_timed_out_store_keeps_its_slot_off_the_free_list(tmp_path: Path, ops: F
         assert t.wait_fences_released(10)
         assert pool.fenced == frozenset() and pool.num_free == 1  # the fenced slot came back
         for f in block_files(t.mapper.root):
-            assert posix.verify_file(f).ok
+            assert blockcheck.verify_file(f).ok
     finally:
         release.set()
         t.close()

@@ -1,5 +1,6 @@
 """One block file at a given path: stored atomically, loaded and checked (the
-Python backend of :class:`fstier.io.blockstore.BlockStore`).
+Python backend of :class:`fstier.io.blockstore.BlockStore`; private: callers
+go through ``BlockStore``).
 
 No path is ever resolved through a symlink: every path goes through
 :func:`fstier.io.fsops.open_nofollow` (``openat2`` with
@@ -54,7 +55,7 @@ Load path (:func:`load_block`), 3 system calls
 O_DIRECT and O_TMPFILE are decided per root by :mod:`fstier.io.capabilities`.
 Options, requests and outcomes are :mod:`fstier.io.iotypes`' (shared with the
 native backend); checking a stored file without loading it is
-:mod:`fstier.io.blockcheck`'s. Both are re-exported here.
+:mod:`fstier.io.blockcheck`'s.
 
 Every system call goes through :data:`fstier.io.fsops.FS`, so tests and the
 reliability suite can inject faults by swapping its methods.
@@ -68,12 +69,10 @@ import logging
 import os
 import stat
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 
 from fstier.errors import BlockCorruptError
 from fstier.io import fsops
-from fstier.io.blockcheck import FileCheck, read_header, verify_file
 from fstier.io.blockfile import (
     ALIGNMENT,
     HEADER_SIZE,
@@ -106,7 +105,6 @@ from fstier.io.fsops import (
     unlink_if_same,
 )
 from fstier.io.iotypes import (
-    BatchLoadResult,
     IOOptions,
     LoadOutcome,
     LoadRequest,
@@ -116,25 +114,7 @@ from fstier.io.iotypes import (
     StoreStatus,
 )
 
-__all__ = [
-    "BatchLoadResult",
-    "FileCheck",
-    "IOOptions",
-    "LoadOutcome",
-    "LoadRequest",
-    "LoadStatus",
-    "StoreOutcome",
-    "StoreRequest",
-    "StoreStatus",
-    "load_block",
-    "load_blocks",
-    "read_header",
-    "store_block",
-    "store_block_at",
-    "store_blocks",
-    "touch_file",
-    "verify_file",
-]
+__all__ = ["load_block", "store_block", "store_block_at"]
 
 log = logging.getLogger("fstier.io")
 
@@ -353,11 +333,6 @@ def _store_in(
     return out
 
 
-def store_blocks(reqs: Sequence[StoreRequest], opts: IOOptions) -> list[StoreOutcome]:
-    """Store every request (a failure does not stop the batch)."""
-    return [store_block(r, opts) for r in reqs]
-
-
 # ---------------------------------------------------------------------- load
 
 def _remove_planted_link(path: str | Path) -> bool:
@@ -517,46 +492,3 @@ def load_block(req: LoadRequest, opts: IOOptions) -> LoadOutcome:
     if direct and out.status is LoadStatus.ERROR and out.cause == "EINVAL":
         out = _load_once(req, buf, False, opts)
     return out
-
-
-def load_blocks(reqs: Sequence[LoadRequest], opts: IOOptions) -> BatchLoadResult:
-    """Load blocks in order, stopping at the first one that is not LOADED."""
-    outcomes: list[LoadOutcome] = []
-    for r in reqs:
-        out = load_block(r, opts)
-        outcomes.append(out)
-        if not out.ok:
-            return BatchLoadResult(len(outcomes) - 1, outcomes)
-    return BatchLoadResult(len(outcomes), outcomes)
-
-
-# ---------------------------------------------------------------- recency
-def touch_file(path: str | Path) -> bool:
-    """Set a block file's mtime to now (its LRU recency) without following a
-    symlink anywhere on its path. False when it is gone or refused.
-
-    Only a regular file with one link is touched: fstier publishes every
-    block with exactly one name, so a second link is someone else's path to
-    the same inode (a ``cp -al`` backup outside the root), whose metadata
-    fstier must not change. The check and the update go through one fd."""
-    parent, name = split_parent(path)
-    try:
-        dir_fd = fsops.FS.open(parent, O_DIR_FLAGS)
-    except OSError:
-        return False
-    try:
-        fd = os.open(name, os.O_RDONLY | O_NOFOLLOW | O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
-    except OSError:
-        close_quietly(dir_fd)
-        return False
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-            return False
-        os.utime(fd)
-        return True
-    except OSError:
-        return False
-    finally:
-        close_quietly(fd)
-        close_quietly(dir_fd)
