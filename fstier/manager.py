@@ -146,7 +146,7 @@ class FsTier:
         )
         self._recency = Recency(self._io, self.blocks, clock=clock)
         self.capacity = Capacity(
-            self.mapper.root, tier, metrics, on_evicted=self._on_evicted, before_pass=self._recency.flush
+            self.mapper.root, tier, metrics, on_evicted=self._on_evicted, before_pass=self._recency.flush, clock=clock
         )
         self._admission = Admission(self._breaker, self._budget, self.capacity, metrics)
         self._ops = JobOps(self.blocks, pool, self._cache, self._recency, self._budget, self._lock)

@@ -467,8 +467,8 @@ def test_no_write_through_a_planted_hard_link(tmp_path: Path) -> None:
 
 def test_deleted_or_truncated_count_files_do_not_let_the_root_grow(tmp_path: Path) -> None:
     """Truncating or deleting the count let the root grow to 1.4-1.75x
-    max_bytes until the next rescan; another instance's count file that
-    vanishes keeps its last value, and a truncated one asks for a rescan."""
+    max_bytes until the next rescan; another instance's count that vanishes
+    keeps its last value, and one that goes down asks for a rescan."""
     from fstier.tier.usage import USAGE_DIR_NAME
 
     root = tmp_path / "root"
@@ -480,38 +480,250 @@ def test_deleted_or_truncated_count_files_do_not_let_the_root_grow(tmp_path: Pat
         assert store(a, "a", keys(0, 10)).success
         _exchange(a, b)
         assert b.usage_bytes == 10 * FILE_BYTES
-        for f in (root / USAGE_DIR_NAME).glob("*.count"):
+        for f in (root / USAGE_DIR_NAME).glob("*.cnt"):
             f.unlink()
         b.capacity.refresh_usage()
         assert b.usage_bytes == 10 * FILE_BYTES  # still counted
         assert not b.capacity.rescan_wanted
-        a.capacity.refresh_usage(force=True)  # a's count file is back
-        assert len(list((root / USAGE_DIR_NAME).glob("*.count"))) >= 1
-        for f in (root / USAGE_DIR_NAME).glob("*.count"):
-            f.write_bytes(b"fstier-us")  # truncated
+        a.capacity.refresh_usage(force=True)  # a's count is back
+        names = list((root / USAGE_DIR_NAME).glob(f"{a.capacity._shared.instance}.*.cnt"))
+        assert len(names) == 1
+        names[0].unlink()
+        (root / USAGE_DIR_NAME / f"{a.capacity._shared.instance}.99.5.0.0.cnt").touch()  # went down
         b.capacity.refresh_usage()
         assert b.usage_bytes == 10 * FILE_BYTES
         assert b.capacity.rescan_wanted
 
 
-def test_run_capacity_pass_takes_a_timeout_and_a_dead_holders_lease_expires(tmp_path: Path) -> None:
+def test_run_capacity_pass_takes_a_timeout_and_a_dead_holders_lease_expires(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """run_capacity_pass() never returned while another process held the
-    evict lock, and while that holder was stuck nobody evicted."""
+    evict lock, and while that holder was stuck nobody evicted. A lease whose
+    written expiry lies a year ahead (a dead holder, a clock running fast)
+    was never taken over: expiry is now judged by this instance's own clock,
+    from the lease not changing (LEASE_S cut to 1 s here)."""
     import time
 
+    import fstier.tier.lease
     import fstier.tier.usage as usage
 
+    monkeypatch.setattr(fstier.tier.lease, "LEASE_S", 1.0)
     root = tmp_path / "root"
     with open_tier(root, max_bytes=4 * FILE_BYTES) as tier:
         tier.capacity.stop()  # passes run only when this test asks
         store(tier, "s", keys(0, 8))
         lease = root / usage.USAGE_DIR_NAME / usage.LEASE_NAME
-        until = time.time_ns() + 2_000_000_000
-        lease.write_text(f"fstier-lease 1 ghost-1-dead {until}\n")
+        year = time.time_ns() + 365 * 86400 * 10**9
+        lease.write_text(f"fstier-lease 1 ghost-1-dead {year}\n")
         t0 = time.monotonic()
         with pytest.raises(TimeoutError, match="eviction lease"):
             tier.run_capacity_pass(timeout=0.5)
         assert time.monotonic() - t0 < 5
-        time.sleep(max(0.0, (until - time.time_ns()) / 1e9) + 0.1)
-        report = tier.run_capacity_pass(timeout=10)  # the ghost's lease expired
+        report = tier.run_capacity_pass(timeout=10)  # the ghost's lease stopped changing
         assert report.removed_files > 0
+        assert time.monotonic() - t0 >= 1.0
+    assert not lease.exists()  # given back by unlinking it
+
+
+def test_lease_expiry_is_the_readers_observation_not_the_holders_clock(tmp_path: Path) -> None:
+    """A lease claiming an expiry a year ahead was never taken over (no
+    instance evicted, every store dropped once full); one claiming an expiry
+    in the past was taken from a live holder. Now: a lease is taken over
+    only after it stopped changing for LEASE_S of the reader's own clock,
+    and a holder that keeps renewing keeps it however long that is."""
+    import time
+
+    from fstier.clock import ManualClock
+    from fstier.tier.usage import LEASE_NAME, LEASE_S, RENEW_S, USAGE_DIR_NAME, SharedUsage
+
+    root = tmp_path / "root"
+    d = root / USAGE_DIR_NAME
+    d.mkdir(parents=True)
+    (d / LEASE_NAME).write_text(f"fstier-lease 1 ghost-1-dead {time.time_ns() + 365 * 86400 * 10**9}\n")
+    clock = ManualClock()
+    reader = SharedUsage(root, background=False, clock=clock)
+    holder = SharedUsage(root, background=False, clock=clock)
+    try:
+        assert not reader.try_lease()  # first seen now
+        clock.advance(LEASE_S - 1)
+        assert not reader.try_lease()
+        clock.advance(2)  # unchanged for LEASE_S of the reader's time
+        assert reader.try_lease()
+        assert reader.instance in (d / LEASE_NAME).read_text()
+        reader.release_lease()
+        assert not (d / LEASE_NAME).exists()
+        # A live holder renews (its mtime moves): never taken over, even
+        # over ten LEASE_S, and it keeps renewing through lease_lost().
+        assert holder.try_lease()
+        for _ in range(int(10 * LEASE_S / RENEW_S)):
+            clock.advance(RENEW_S)
+            assert not holder.lease_lost()
+            assert not reader.try_lease()
+        # It hangs: after LEASE_S without a change, the reader takes over
+        # and the holder learns it lost the lease (its pass stops).
+        assert not reader.try_lease()
+        clock.advance(LEASE_S + 1)
+        assert reader.try_lease()
+        assert holder.lease_lost()
+        assert not holder.holds_lease
+    finally:
+        reader.close()
+        holder.close()
+
+
+def test_leftovers_and_dead_counts_go_after_an_hour_of_the_readers_time(tmp_path: Path) -> None:
+    """A lease set aside by a process killed mid-takeover, an old temp, and
+    a count whose generation never moves are removed after STALE_S of the
+    reader's own clock, not before; a live instance's count never is."""
+    from fstier.clock import ManualClock
+    from fstier.tier.usage import STALE_S, USAGE_DIR_NAME, SharedUsage
+
+    root = tmp_path / "root"
+    d = root / USAGE_DIR_NAME
+    d.mkdir(parents=True)
+    junk = [d / ".evict.lease.old.h-1-ab.cd", d / ".h-1-ab.count.tmp.0011"]
+    for p in junk:
+        p.touch()
+    dead = d / "h-1-dead0000.7.4096.0.0.cnt"
+    dead.touch()
+    clock = ManualClock()
+    reader = SharedUsage(root, background=False, clock=clock)
+    live = SharedUsage(root, background=False, clock=clock)
+    try:
+        reader.refresh()
+        clock.advance(STALE_S - 1)
+        live.add(4096)
+        live.refresh()
+        reader.refresh()
+        assert all(p.exists() for p in [*junk, dead])
+        clock.advance(2)
+        live.add(4096)  # a new generation: alive
+        live.refresh()
+        reader.refresh()
+        assert not any(p.exists() for p in [*junk, dead])
+        assert len(list(d.glob(f"{live.instance}.*.cnt"))) == 1
+        clock.advance(STALE_S + 1)
+        live.refresh(force=True)  # a heartbeat
+        reader.refresh()
+        assert len(list(d.glob(f"{live.instance}.*.cnt"))) == 1
+    finally:
+        reader.close()
+        live.close()
+
+
+def test_a_scan_counts_other_instances_stores_in_flight_on_top(tmp_path: Path) -> None:
+    """Stores count from admission; another instance's store in flight when
+    a scan starts may not be on disk for the walk, so it counts on top of
+    the walk (taking it as walked left a CephFS host's view 6% low)."""
+    from fstier.tier.usage import SharedUsage
+
+    a = SharedUsage(tmp_path, background=False)
+    b = SharedUsage(tmp_path, background=False)
+    try:
+        b.end_scan(b.begin_scan(), 0, 0)
+        a.reserve(3000)  # admitted, nothing written yet
+        a.refresh()
+        b.end_scan(b.begin_scan(), 0, 0)  # the walk found nothing of it
+        assert b.read() == 3000
+        a.settle(3000, 2000)  # two of three files written
+        a.refresh()
+        b.refresh()
+        assert (a.read(), b.read()) == (2000, 2000)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_planted_removal_claim_does_not_pin_the_count_at_zero(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A planted count claiming 2^60 bytes removed pinned the root-wide count
+    at 0 and the root reached 3x max_bytes: a claim of more removed bytes
+    than the last scan found plus everything stored since is refused (and
+    asks for a rescan, which takes it as that file's baseline)."""
+    import fstier.tier.usage
+    from fstier.tier.usage import USAGE_DIR_NAME
+
+    # Planted after the scan has settled (removals published within
+    # SETTLE_S of a scan are taken as part of it).
+    monkeypatch.setattr(fstier.tier.usage, "SETTLE_S", 0.0)
+
+    root = tmp_path / "root"
+    with open_tier(root, max_bytes=20 * FILE_BYTES) as tier:
+        tier.capacity.stop()  # passes run only when this test asks
+        tier.run_capacity_pass()
+        d = root / USAGE_DIR_NAME
+        (d / "planted.count").write_text("fstier-usage 2 0 1152921504606846976\n")
+        (d / "ghost-1-0badcafe.1.0.1152921504606846976.0.cnt").touch()
+        assert store(tier, "s", keys(0, 10)).success
+        tier.capacity.refresh_usage()
+        assert tier.usage_bytes == 10 * FILE_BYTES  # was 0
+        assert tier.capacity.rescan_wanted
+        assert store(tier, "s2", keys(10, 12)).success
+        tier.capacity.refresh_usage()
+        assert tier.usage_bytes == 22 * FILE_BYTES
+        fill(tier, keys(50, 1), [40])
+        tier.submit_store("full", keys(50, 1), [40])
+        (res,) = tier.get_finished()
+        assert (res.success, res.cause) == (False, "capacity")  # full, as the disk is
+        report = tier.run_capacity_pass()
+        assert report.removed_files > 0
+        tier.capacity.refresh_usage()
+        on_disk = sum(p.stat().st_size for p in root.rglob("*.bin"))
+        assert tier.usage_bytes == on_disk <= 20 * FILE_BYTES
+        assert not tier.capacity.rescan_wanted  # the rescan took the claims as their baseline
+
+
+def test_usage_dir_moved_out_of_the_root_is_never_written_again(tmp_path: Path) -> None:
+    """.fstier-usage.d moved out of the root while a tier ran: the tier kept
+    publishing (and removing names) there through the directory fd it opened
+    at start. The directory is re-resolved under the root every round."""
+    import shutil
+
+    from fstier.tier.usage import LEASE_NAME, USAGE_DIR_NAME
+
+    root = tmp_path / "root"
+    with open_tier(root, max_bytes=20 * FILE_BYTES) as tier:
+        tier.capacity.stop()  # passes run only when this test asks
+        tier.run_capacity_pass()
+        assert store(tier, "s", keys(0, 3)).success
+        tier.capacity.refresh_usage()
+        moved = tmp_path / "moved"
+        os.rename(root / USAGE_DIR_NAME, moved)
+        (moved / "other-1-aa.1.0.0.0.cnt").touch()  # a name a reader might clean up
+        before = sorted((p.name, p.stat().st_mtime_ns) for p in moved.iterdir())
+        assert store(tier, "s2", keys(3, 3)).success
+        tier.capacity.refresh_usage()
+        tier.run_capacity_pass()
+        assert store(tier, "s3", keys(6, 3)).success
+        tier.capacity.refresh_usage()
+        tier.close()
+        assert sorted((p.name, p.stat().st_mtime_ns) for p in moved.iterdir()) == before
+        assert not (moved / LEASE_NAME).exists()
+        again = root / USAGE_DIR_NAME
+        assert again.is_dir() and not again.is_symlink()
+        assert any(p.name.startswith(tier.capacity._shared.instance) for p in again.iterdir())
+        shutil.rmtree(moved)
+
+
+def test_settled_count_is_rescanned_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The count follows stores and evictions by deltas; a delta the disk
+    did not see (here: a block removed behind fstier's back) stayed in it
+    until the 300 s resync (two MooseFS hosts ended 7.9% high). Once no
+    count moves for _QUIET_S, the capacity thread rescans."""
+    import fstier.tier.capacity as capacity
+
+    monkeypatch.setattr(capacity, "_QUIET_S", 0.5)
+    root = tmp_path / "root"
+    with open_tier(root, max_bytes=40 * FILE_BYTES) as tier:
+        deadline = time.monotonic() + 10
+        while tier.usage_bytes is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store(tier, "s", keys(0, 10)).success
+        assert tier.usage_bytes == 10 * FILE_BYTES
+        next(root.rglob("*.bin")).unlink()
+        deadline = time.monotonic() + 15
+        while tier.usage_bytes != 9 * FILE_BYTES and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert tier.usage_bytes == 9 * FILE_BYTES

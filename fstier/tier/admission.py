@@ -274,6 +274,12 @@ class Admission:
         elif not self._budget.admit(nbytes):
             cause = "backpressure"
         else:
+            # Counted in the root's shared usage from now on, before a byte is
+            # written, so every instance sees stores in flight: what is not
+            # stored is given back when the job ends (five writers on one
+            # root peaked at 1.23x max_bytes while their stores were in
+            # flight; test_many_instances_share_max_bytes).
+            self._capacity.reserve(nbytes)
             return None
         (self._metrics.drops if kind == "store" else self._metrics.failures).inc(cause, n)
         return cause

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.config import TierConfig
 from fstier.tier.gc import GcReport, collect_garbage
 from fstier.tier.metrics import TierMetrics
@@ -56,6 +57,9 @@ _REMOVED_BATCH = 64
 _WATCH_S = 0.5
 #: A scan that raced stores is repeated after at least this long.
 _RECHECK_MIN_S = 2.0
+#: Once no instance's count has moved for this long, a count that moved since
+#: the last full scan is made exact by one more (the settled rescan).
+_QUIET_S = 2.0
 
 
 class Capacity:
@@ -74,6 +78,7 @@ class Capacity:
         on_evicted: Callable[[str], None],
         before_pass: Callable[[], None],
         background: bool = True,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._tier = tier
         self.max_bytes = tier.max_bytes
@@ -81,12 +86,13 @@ class Capacity:
         self._on_evicted = on_evicted
         self._before_pass = before_pass
         self._shared: SharedUsage | None = (
-            SharedUsage(root, tier.file_mode) if self.max_bytes is not None else None
+            SharedUsage(root, tier.file_mode, clock=clock) if self.max_bytes is not None else None
         )
         self._root = root
         self._usage_known = False
         self._resynced = time.monotonic()
         self._recheck_at: float | None = None
+        self._scan_s = 0.0  # how long the last full scan took
         self._usage_lock = threading.Lock()
         self._removed_pending = 0  # evicted bytes not yet subtracted from the count
         self._removed_in_pass = 0
@@ -142,10 +148,12 @@ class Capacity:
         )
 
     def _over_high(self) -> bool:
+        # This instance's stores in flight are not on disk yet: a pass now
+        # would evict for them and race their writes.
         return (
             self._shared is not None
             and self.max_bytes is not None
-            and self._shared.read() > self.max_bytes * self._tier.high_watermark
+            and self._shared.read() - self._shared.inflight > self.max_bytes * self._tier.high_watermark
         )
 
     def add(self, delta: int) -> None:
@@ -157,6 +165,22 @@ class Capacity:
         self.metrics.usage_bytes.set(usage)
         if usage > self.max_bytes * self._tier.high_watermark:
             self._wake.set()
+
+    def reserve(self, nbytes: int) -> None:
+        """Count an admitted store's ``nbytes`` now, before it is written
+        (every instance's admission sees stores in flight); :meth:`settle`
+        when it ends. No pass starts for bytes not on disk yet."""
+        if self._shared is not None and self.max_bytes is not None and nbytes > 0:
+            self.metrics.usage_bytes.set(self._shared.reserve(nbytes))
+
+    def settle(self, reserved: int, stored: int) -> None:
+        """A store that :meth:`reserve` counted ``reserved`` bytes for ended
+        with ``stored`` bytes on disk: the rest is given back; a pass starts
+        when the root is now over the high watermark."""
+        if self._shared is not None and self.max_bytes is not None and reserved > 0:
+            self.metrics.usage_bytes.set(self._shared.settle(reserved, stored))
+            if self._over_high():
+                self._wake.set()
 
     def wake(self) -> None:
         """Ask the thread for a pass now."""
@@ -263,6 +287,7 @@ class Capacity:
                 usage = shared.end_scan(token, report.final_bytes, mine)
                 self._usage_known = True
                 self._resynced = time.monotonic()
+                self._scan_s = report.seconds
                 # Stores during the walk may be counted twice: scan again
                 # once things are quieter, so the count ends exact.
                 self._recheck_at = (
@@ -280,10 +305,23 @@ class Capacity:
 
     def _rescan_due(self) -> bool:
         now = time.monotonic()
+        shared = self._shared
         return (
             now - self._resynced >= _RESYNC_INTERVAL_S
             or (self._recheck_at is not None and now >= self._recheck_at)
-            or (self._shared is not None and self._shared.rescan_wanted)
+            or (shared is not None and shared.rescan_wanted)
+            # Settled: the count moved by deltas since the last scan (each a
+            # little off: stores the walk saw twice, another host's late
+            # count) and nothing moves now; one walk makes it exact, once per
+            # quiet spell, at most one walk per two walks' time
+            # (test_settled_count_is_rescanned_exact).
+            or (
+                shared is not None
+                and self._usage_known
+                and shared.changed_since_scan
+                and shared.quiet_s() >= _QUIET_S
+                and now - self._resynced >= max(_RECHECK_MIN_S, 2 * self._scan_s)
+            )
         )
 
     def _loop(self) -> None:

@@ -222,8 +222,12 @@ class Judge:
             m.stored_bytes.inc(nbytes)
             m.skipped_blocks.inc(len(done["skipped"]))
             m.store_seconds.observe(seconds)
-            if stored:
-                self._capacity.add(sum(block_file_size(job.op_bytes[i]) for i in done["stored"]))
+            # Admission counted the whole job (Admission.refuse): give back
+            # what was not stored (skipped, failed).
+            self._capacity.settle(
+                sum(block_file_size(b) for b in job.op_bytes),
+                sum(block_file_size(job.op_bytes[i]) for i in done["stored"]),
+            )
         else:
             stored = ()
             nbytes = sum(job.op_bytes[:prefix])

@@ -5,66 +5,69 @@ must see the bytes the others store. Each instance tracking only its own
 stores let five writers on one root reach several times ``max_bytes``
 between their rescans (``benchmarks/bench_multi_instance.py``).
 
-Design: one count file per instance, written only by its owner, summed by
-readers. No lock anywhere.
+Design: one count per instance, published only by its owner, summed by
+readers, no lock. Nothing shared is ever rewritten in place and re-read:
+network clients (GlusterFS, ceph-fuse) serve a rewritten file's old pages,
+and a renamed-over or unlinked name's old entry, for a second or more, so
+every shared value is carried by a **name**, which a directory listing
+returns fresh.
 
-- ``<root>/.fstier-usage.d/<instance>.count`` holds one line,
-  ``fstier-usage 2 <stored> <removed>``: the bytes this instance has stored
-  and removed since it started (both only grow). Only its owner writes it, and only
-  by writing a new temp file and renaming it over the name, so no write
-  ever goes through a hard link or a symlink planted there (the rename
-  replaces the name, never the inode it named), and a reader on another
-  host opens a new inode (GlusterFS keeps serving a rewritten file's old
-  bytes to a long-lived fd for over a minute; an ``flock``-guarded
-  read-modify-write lost half of two hosts' updates there).
+- Each instance's count is an empty file's name
+  (:mod:`fstier.tier.countnames`): the bytes it stored and removed since it
+  started (both only grow), the part of those stored not written yet, and a
+  generation. Its owner creates the new name (``O_EXCL``: never through a
+  planted link) and then unlinks the old one; a reader lists the directory
+  and takes the largest value of each instance. fstier < 0.6's count files
+  are still read.
 - A reader's view is ``base + sum(stored_i - stored_i at base) -
   sum(removed_i - removed_i at base)``: ``base`` is the bytes its last full
   scan found; stores count from just *before* that scan and removals from
   just *after* it, so a store or removal racing the walk can only make the
   view too high (it evicts a little early), never too low (which would let
-  the root overshoot); a scan that raced is repeated about 2 s later. Between
-  scans only deltas matter, so an instance that died keeps contributing
-  nothing new, and a new instance counts from when it is first seen.
+  the root overshoot); a scan that raced is repeated later. The eviction
+  lease orders removals with scans: every scan runs under it and a holder
+  publishes its count before giving it back, so a removal published after
+  a scan began is of a file it counted (a time-based allowance took another
+  host's evictions for files a scan had missed: views 25 MiB high).
+- A store counts from its admission (:meth:`SharedUsage.reserve`), so every
+  instance sees stores in flight; what it did not store is given back as
+  removed when it ends (:meth:`SharedUsage.settle`).
+  A scan counts stores in flight at its start (this instance's and, from
+  their names, every other's) on top of what it walked: it may not have
+  seen their files (counting another host's in flight as walked left a
+  CephFS host's view 6% low).
 - The hot path does no I/O: :meth:`SharedUsage.add` and
-  :meth:`SharedUsage.read` touch memory under a thread lock held for a few
-  instructions, and :meth:`SharedUsage.add` wakes a background thread
-  (``fstier-usage``), which publishes this instance's count (one write at a
-  time: changes made meanwhile are coalesced into the next; every
-  ``HEARTBEAT_S`` regardless) and then reads the others' files (also every
-  ``REFRESH_S`` when idle); a hung mount stalls that thread only.
-- Content is never trusted: a file that is not a regular file, is larger
-  than 256 bytes, does not parse, holds a value outside 0..2^60 or one that
-  went down is ignored
-  (the instance keeps its last good value) and asks for a rescan
-  (:attr:`SharedUsage.rescan_wanted`); a count file that vanished keeps its
-  last value; the sum is clamped to ``[0, 2^62]``. Nothing here raises to a
-  caller.
-- Count files not rewritten for ``STALE_S`` (their owner is gone) are
-  removed by any reader: only regular files with the count-file name.
-- Eviction is one instance at a time per root through a **lease**,
-  ``.fstier-usage.d/evict.lease`` (``fstier-lease 1 <owner> <expires-ns>``),
-  written the same way (temp + rename). An instance takes it when it is
-  absent, expired, unreadable or its own; the holder renews it while a pass
-  runs and gives it back after. A holder that dies or hangs stops renewing
-  and any other instance takes over after ``LEASE_S``; a holder that finds
-  the lease taken from it stops its pass. Two instances that take a free
-  lease in the same instant both evict once (over-eviction of one pass at
-  most, never wrong data: eviction unlinks only unchanged files).
-- A directory that is not one fstier can use (a symlink, a file, a FIFO, no
-  permission) turns sharing off for this instance with one warning: it
-  counts its own stores until its next scan (the behaviour before sharing
-  existed).
+  :meth:`SharedUsage.read` touch memory under a thread lock, and ``add``
+  wakes the ``fstier-usage`` thread, which publishes this instance's count
+  (coalescing changes; a new generation every ``HEARTBEAT_S`` regardless)
+  and lists the others' (every ``REFRESH_S`` when idle); a hung mount
+  stalls that thread only.
+- **Content is never trusted beyond what the disk shows.** A name that does
+  not parse, a value outside 0..2^60 or one that went down is ignored (the
+  instance keeps its last good value); so is a claim that more bytes were
+  removed since this reader's scan than that scan found plus everything
+  stored since (a planted ``removed`` of 2^60 pinned the view at 0 and let
+  the root reach 3x ``max_bytes``): either asks for a rescan
+  (:attr:`SharedUsage.rescan_wanted`), and the rescan takes the file's
+  claim as its new baseline. A count that vanished keeps its last value;
+  the sum is clamped to ``[0, 2^62]``. Nothing here raises to a caller.
+- An instance whose generation has not moved for ``STALE_S`` of this
+  reader's own monotonic time is gone: any reader removes its names.
+- **Eviction is one instance at a time per root** through a lease,
+  ``.fstier-usage.d/evict.lease`` (:mod:`fstier.tier.lease`: an ``O_EXCL``
+  create, expiry judged by each reader's own clock); its holder publishes
+  its count before giving it back.
+- **The directory is re-resolved under the root every round**: the fd
+  opened at start is used only while ``<root>/.fstier-usage.d`` still names
+  it (``st_dev``/``st_ino``; opened ``O_NOFOLLOW|O_DIRECTORY``); moved away
+  or replaced, the old one is never written again and a new one is opened
+  (or made) under the root. One fstier cannot use at start (a symlink, a
+  FIFO, no permission) turns sharing off for this instance with one
+  warning: it counts its own stores until its next scan.
 
-Accuracy: while instances store, each sees the others' stores as soon as
-its own thread's next round reads them (about a millisecond on a local
-disk, one round trip per file on a network mount; at most ``REFRESH_S``
-for an instance that does not store) plus the filesystem's own metadata
-cache (about 1 s on a default GlusterFS mount); a full scan (the capacity
-pass) is the truth and resets the base. Costs per instance: one small file
-written and renamed per round while it stores (rounds run back to back, so
-a slow mount means fewer, larger rounds), one directory listing and N small
-reads per round (N = instances on the root), nothing on the caller's
-thread.
+Each instance sees the others' stores at its thread's next round. Costs
+per round while storing (rounds run back to back): one create, one unlink,
+one listing, two ``stat`` calls; nothing on the caller's thread.
 """
 
 from __future__ import annotations
@@ -78,13 +81,26 @@ import secrets
 import socket
 import stat
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from fstier.clock import SYSTEM_CLOCK, Clock
+from fstier.tier.countnames import (
+    MAX_COUNT,
+    count_name,
+    is_leftover,
+    is_legacy_name,
+    parse_count_name,
+    read_legacy_count,
+)
+from fstier.tier.lease import LEASE_NAME, LEASE_S, RENEW_S, EvictionLease
+
 __all__ = [
     "EVICT_LOCK_NAME",
+    "LEASE_NAME",
+    "LEASE_S",
+    "RENEW_S",
     "ROOT_FILES",
     "USAGE_DIR_NAME",
     "USAGE_FILE_NAME",
@@ -101,34 +117,25 @@ EVICT_LOCK_NAME = ".fstier-evict.lock"
 #: fstier's own entries at the top of a root (not strays for ``fstier inspect``)
 ROOT_FILES = frozenset({USAGE_DIR_NAME, USAGE_FILE_NAME, EVICT_LOCK_NAME})
 
-LEASE_NAME = "evict.lease"
-COUNT_SUFFIX = ".count"
-#: a count file's name: <host>-<pid>-<token>.count (host made one safe component)
-_COUNT_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}\.count$")
-_MAX_FILE = 256
-_MAX_ABS = 1 << 60
+_MAX_ABS = MAX_COUNT
 _MAX_SUM = 1 << 62
 
 #: Rounds of the background thread are at least this far apart.
 MIN_ROUND_S = 0.001
 #: Read the other instances' counts this often.
 REFRESH_S = 0.2
-#: Rewrite the count file this often even when unchanged (others judge staleness by it).
+#: Publish a new generation this often even when unchanged (others judge liveness by it).
 HEARTBEAT_S = 30.0
-#: A count file not rewritten for this long belongs to a dead instance.
+#: An instance whose generation has not moved for this long (the reader's time) is gone.
 STALE_S = 3600.0
-#: An eviction lease lasts this long unless renewed.
-LEASE_S = 30.0
-#: A holder renews its lease this often while a pass runs.
-RENEW_S = 5.0
 #: How late another instance's count may reach a reader (publish + refresh
-#: + a FUSE mount's 1 s caches), with margin.
+#: + a FUSE mount's 1 s caches), with margin: a scan that saw counts move
+#: this close to its start may have raced them (it is repeated).
 SETTLE_S = 2.0
-#: Wait at most this long for a rescan after a bad count file asked for one.
+#: Wait at most this long for a rescan after a bad count asked for one.
 _RESCAN_MIN_INTERVAL_S = 10.0
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -144,13 +151,15 @@ class ScanToken:
 
     own: tuple[int, int]
     others: dict[str, tuple[int, int]]
-    #: time.monotonic() when it was taken
-    at: float
+    at: float  # the usage clock when it was taken
 
 
 class SharedUsage:
     """The usage count of one root shared by every instance on it, and the
-    root's eviction lease (see the module docstring)."""
+    root's eviction lease (see the module docstring).
+
+    ``clock`` (:mod:`fstier.clock`) times lease expiry, staleness and
+    quiet spells (tests pass a :class:`~fstier.clock.ManualClock`)."""
 
     def __init__(
         self,
@@ -158,33 +167,47 @@ class SharedUsage:
         file_mode: int = 0o644,
         *,
         background: bool = True,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.root = Path(root)
         self._mode = file_mode
+        self._clock = clock.monotonic
         self.instance = f"{_safe_host()}-{os.getpid()}-{secrets.token_hex(4)}"
-        self._name = self.instance + COUNT_SUFFIX
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()  # one publisher/reader at a time
         self._dir_fd: int | None = None
         #: bytes this instance stored and removed since it started
         self._stored = 0
         self._removed = 0
-        self._published: tuple[int, int] | None = None
+        self._inflight = 0  # reserved for stores not ended yet (in _stored)
+        self._gen = 0
+        self._published: tuple[int, int, int] | None = None
         self._published_at = 0.0
+        self._own_names: list[str] = []  # this instance's names to remove (the newest last)
         #: other instances' last good (stored, removed), and at this instance's base
         self._others: dict[str, tuple[int, int]] = {}
         self._others_base: dict[str, tuple[int, int]] = {}
+        #: claims refused as impossible, taken as their baseline by the next scan
+        self._refused: dict[str, tuple[int, int]] = {}
+        #: other instances' stores in flight (counted in their stored, maybe not on disk yet)
+        self._others_inflight: dict[str, int] = {}
+        #: per other instance: its last generation (or legacy mtime) and when it moved
+        self._liveness: dict[str, tuple[int, float]] = {}
+        #: leftover names and when this instance first saw them
+        self._leftovers: dict[str, float] = {}
+        self._scanned = False  # no claim is judged before this instance's first scan
         self._own_base = (0, 0)
         self._base = 0
         self.rescan_wanted = False
         #: the last scan raced stores or removals (its count may be high)
         self.scan_raced = False
-        self._last_activity = 0.0  # monotonic time another instance's count last moved
-        self._freeze_until = 0.0
-        self._rescan_asked = 0.0
+        self._last_activity = -1e18  # when another instance's count last moved
+        self._last_add = -1e18  # when this instance's count last moved
+        #: the count moved since the last full scan (a settled rescan makes it exact)
+        self.changed_since_scan = False
+        self._rescan_asked = -1e18
         self._warned: set[str] = set()
-        self._lease_until = 0.0  # monotonic time our lease runs out (0: not held)
-        self._lease_renewed = 0.0
+        self._lease = EvictionLease(self.instance, file_mode, clock.monotonic, self._warn_once)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -196,7 +219,9 @@ class SharedUsage:
                 "counts its own stores until its next capacity pass. Remove whatever is at "
                 "%s to share it again", self.root, exc.strerror or exc, self.root / USAGE_DIR_NAME,
             )
+            self._disabled = True
             return
+        self._disabled = False
         if background:
             self._thread = threading.Thread(target=self._run, name="fstier-usage", daemon=True)
             self._thread.start()
@@ -214,15 +239,61 @@ class SharedUsage:
             raise
         return fd
 
+    def _dir(self) -> int | None:
+        """The usage directory's fd while ``<root>/.fstier-usage.d`` still
+        names it, else a new one opened there (None when none is usable now)."""
+        if self._disabled:
+            return None
+        fd = self._dir_fd
+        try:
+            now = os.stat(self.root / USAGE_DIR_NAME, follow_symlinks=False)
+            if fd is not None:
+                held = os.fstat(fd)
+                if stat.S_ISDIR(now.st_mode) and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+                    return fd
+        except OSError:
+            pass
+        if fd is not None:
+            self._dir_fd = None
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            self._warn_once(
+                "moved", "fstier: %s was moved or replaced; using a new one under the root",
+                self.root / USAGE_DIR_NAME,
+            )
+            # Our names and lease were in the old directory: publish anew.
+            self._published = None
+            self._own_names = []
+            self._lease.drop()
+        try:
+            fd = self._open_dir()
+        except OSError as exc:
+            self._warn_once(f"open:{exc.errno}", "fstier: cannot use %s (%s); retrying",
+                            self.root / USAGE_DIR_NAME, exc)
+            return None
+        self._dir_fd = fd
+        return fd
+
+    def _warn_once(self, key: str, msg: str, *args: object) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(msg, *args)
+
     @property
     def shared(self) -> bool:
-        return self._dir_fd is not None
+        return not self._disabled
 
     # ------------------------------------------------------------- hot path
     def read(self) -> int:
         """The root's usage as this instance sees it (memory only)."""
         with self._lock:
             return self._sum_locked()
+
+    def _stored_since_base_locked(self, others: dict[str, tuple[int, int]]) -> int:
+        """What the last scan found plus every store since (by ``others`` too)."""
+        return self._base + (self._stored - self._own_base[0]) + sum(
+            max(0, stored - self._others_base.get(name, (0, 0))[0]) for name, (stored, _r) in others.items()
+        )
 
     def _sum_locked(self) -> int:
         total = self._base + (self._stored - self._own_base[0]) - (self._removed - self._own_base[1])
@@ -240,8 +311,24 @@ class SharedUsage:
             else:
                 self._removed = min(_MAX_ABS, self._removed - delta)
             view = self._sum_locked()
+            self._last_add = self._clock()
+            self.changed_since_scan = True
         self._wake.set()  # publish now (the thread coalesces a burst)
         return view
+
+    def reserve(self, nbytes: int) -> int:
+        """Count a store in flight (it counts as stored from now on: others
+        see it); :meth:`settle` when it ends. Returns the new view."""
+        with self._lock:
+            self._inflight += nbytes
+        return self.add(nbytes)
+
+    def settle(self, reserved: int, stored: int) -> int:
+        """A store :meth:`reserve` counted ``reserved`` bytes for ended with
+        ``stored`` on disk: the rest counts as removed. Returns the new view."""
+        with self._lock:
+            self._inflight = max(0, self._inflight - reserved)
+        return self.add(-max(0, reserved - stored)) if reserved > stored else self.read()
 
     # ---------------------------------------------------------------- scans
     def begin_scan(self) -> ScanToken:
@@ -249,7 +336,14 @@ class SharedUsage:
         the calling thread, the capacity thread) and returns what they were."""
         self.refresh()
         with self._lock:
-            return ScanToken((self._stored, self._removed), dict(self._others), time.monotonic())
+            # Stores in flight are not on disk yet: the walk may miss them,
+            # so they count on top of it (as stores made after the token).
+            own = (self._stored - self._inflight, self._removed)
+            others = {
+                name: (stored - self._others_inflight.get(name, 0), removed)
+                for name, (stored, removed) in self._others.items()
+            }
+            return ScanToken(own, others, self._clock())
 
     def end_scan(self, token: ScanToken, scanned: int, removed_by_scan: int) -> int:
         """A full scan that began at ``token`` left ``scanned`` bytes on disk
@@ -262,30 +356,40 @@ class SharedUsage:
         the new view."""
         self.refresh()
         with self._lock:
-            # Others' counts reach us late (publish + refresh + the mount's
-            # cache): any activity seen near the walk may have raced it.
+            # Others' stores reach us late (publish + refresh): any activity
+            # seen near the walk may have raced it.
             self.scan_raced = (
                 (self._stored, self._removed - removed_by_scan) != token.own
                 or self._last_activity >= token.at - SETTLE_S
             )
-            # Others' removals published during the next SETTLE_S may be of
-            # files this walk already missed: they are not subtracted (the
-            # view stays high, never low) until then.
-            self._freeze_until = time.monotonic() + SETTLE_S
             self._base = max(0, scanned)
             self._own_base = (token.own[0], self._removed)
+            # Claims refused as impossible: the scan is the truth, and what
+            # they claim now is their baseline (test_planted_removal_claim...).
+            self._others.update(self._refused)
             self._others_base = {
                 name: (token.others.get(name, (0, 0))[0], removed)
                 for name, (_stored, removed) in self._others.items()
             }
+            for name, value in self._refused.items():
+                self._others_base[name] = value
+            self._refused.clear()
             self.rescan_wanted = False
+            self.changed_since_scan = self.scan_raced
+            self._scanned = True
             return self._sum_locked()
 
+    @property
+    def inflight(self) -> int:  # this instance's stores counted, maybe not on disk
+        return self._inflight
+
+    def quiet_s(self) -> float:
+        """Seconds since this instance's or any other's count last moved."""
+        return self._clock() - max(self._last_add, self._last_activity)
+
     def _want_rescan(self, why: str) -> None:
-        now = time.monotonic()
-        if why not in self._warned:
-            self._warned.add(why)
-            log.warning("fstier: %s; ignoring it and rescanning %s", why, self.root)
+        now = self._clock()
+        self._warn_once(why, "fstier: %s; ignoring it and rescanning %s", why, self.root)
         if now - self._rescan_asked >= _RESCAN_MIN_INTERVAL_S:
             self._rescan_asked = now
             self.rescan_wanted = True
@@ -303,161 +407,165 @@ class SharedUsage:
 
     def refresh(self, *, force: bool = False) -> None:
         """Publish this instance's count if it changed (or for a heartbeat;
-        ``force``: in any case, e.g. after its file was removed) and read the
+        ``force``: in any case, e.g. after its name was removed) and read the
         others'. Never raises for filesystem trouble."""
-        dfd = self._dir_fd
-        if dfd is None:
-            return
         with self._io_lock:
+            dfd = self._dir()
+            if dfd is None:
+                return
             self._publish(dfd, force)
             self._read_others(dfd)
 
     def _publish(self, dfd: int, force: bool = False) -> None:
         with self._lock:
-            value = (self._stored, self._removed)
-        now = time.monotonic()
+            value = (self._stored, self._removed, self._inflight)
+        now = self._clock()
         if not force and value == self._published and now - self._published_at < HEARTBEAT_S:
             return
-        if self._write_file(dfd, self._name, f"fstier-usage 2 {value[0]} {value[1]}\n"):
-            self._published = value
-            self._published_at = now
-
-    def _write_file(self, dfd: int, name: str, text: str) -> bool:
-        """Write ``text`` as a new file and rename it over ``name`` (both in
-        the directory fd): never through a planted link, never in place."""
-        tmp = f".{name}.tmp.{secrets.token_hex(4)}"
+        gen = self._gen + 1
+        name = count_name(self.instance, gen, *value)
         try:
-            fd = os.open(tmp, _CREATE_FLAGS, self._mode, dir_fd=dfd)
-            try:
-                data = text.encode()
-                if os.write(fd, data) != len(data):
-                    raise OSError(errno.EIO, "short write")
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-                raise
-            os.close(fd)  # a deferred write error surfaces here: nothing is renamed then
-            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            return True
+            os.close(os.open(name, _CREATE_FLAGS, self._mode, dir_fd=dfd))
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dfd)
-            key = f"write:{name}:{exc.errno}"
-            if key not in self._warned:
-                self._warned.add(key)
-                log.warning("fstier: cannot write %s: %s", self.root / USAGE_DIR_NAME / name, exc)
-            return False
-
-    def _read_file(self, dfd: int, name: str) -> tuple[str | None, float]:
-        """The text of a regular file of at most 256 bytes (None for anything
-        else: absent, a link, a FIFO, a directory, too big) and its mtime."""
-        try:
-            fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
-        except OSError:
-            return None, 0.0
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_FILE:
-                return None, st.st_mtime
-            data = os.read(fd, _MAX_FILE + 1)
-            if len(data) > _MAX_FILE:
-                return None, st.st_mtime
-            return data.decode("ascii", "replace"), st.st_mtime
-        except OSError:
-            return None, 0.0
-        finally:
-            # GlusterFS fails the close (ESTALE, ENOENT) of a file its owner
-            # replaced meanwhile; what was read is still what was read.
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            self._warn_once(f"write:{exc.errno}", "fstier: cannot publish the usage count in %s: %s",
+                            self.root / USAGE_DIR_NAME, exc)
+            return
+        self._gen = gen
+        self._published = value
+        self._published_at = now
+        old, self._own_names = self._own_names, []
+        for stale in old:
+            try:
+                os.unlink(stale, dir_fd=dfd)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                self._own_names.append(stale)  # try again next time
+        self._own_names.append(name)
 
     def _read_others(self, dfd: int) -> None:
         try:
             names = [e.name for e in os.scandir(dfd)]
         except OSError:
             return
-        now = time.time()
+        own = set(self._own_names)
         seen: dict[str, tuple[int, int]] = {}
+        beats: dict[str, int] = {}
+        files: dict[str, list[str]] = {}
+        leftovers: list[str] = []
+        newest: dict[str, tuple[int, int]] = {}  # per instance: its newest gen and its stores in flight
         for name in names:
-            if name == self._name or not _COUNT_NAME.match(name):
+            if name in own:
                 continue
-            text, mtime = self._read_file(dfd, name)  # never raises
-            if text is None:
-                if mtime:  # present but not a count file fstier could have written
-                    self._want_rescan(f"{USAGE_DIR_NAME}/{name} is not a regular count file")
+            if is_leftover(name):
+                leftovers.append(name)
                 continue
-            value = _parse_count(text)
-            last = self._others.get(name)
-            if value is None or (last is not None and (value[0] < last[0] or value[1] < last[1])):
-                self._want_rescan(f"{USAGE_DIR_NAME}/{name} holds no valid count")
+            parsed = parse_count_name(name)
+            if parsed is not None:
+                inst, gen, stored, removed, inflight = parsed
+                if inst == self.instance:
+                    continue  # a name of ours that failed to be removed
+                value = (stored, removed)
+                if gen >= newest.get(inst, (-1, 0))[0]:
+                    newest[inst] = (gen, inflight)
+                if not (stored <= _MAX_ABS and removed <= _MAX_ABS):
+                    self._want_rescan(f"{USAGE_DIR_NAME}/{name} holds no valid count")
+                    continue
+                beat = gen
+            elif is_legacy_name(name):
+                inst = name
+                legacy, beat, wrong = read_legacy_count(dfd, name)
+                if wrong is not None:
+                    self._want_rescan(f"{USAGE_DIR_NAME}/{name} {wrong}")
+                if legacy is None:
+                    continue
+                value = legacy
+            else:
                 continue
-            if now - mtime > STALE_S:
-                # Its owner stopped rewriting it an hour ago: gone. Its last
-                # value stays in this view (a delta of zero from now on).
+            files.setdefault(inst, []).append(name)
+            if inst not in seen or value > seen[inst]:
+                seen[inst] = value
+            beats[inst] = max(beat, beats.get(inst, beat))
+        with self._lock:
+            now = self._clock()
+            good: dict[str, tuple[int, int]] = {}
+            for inst, value in seen.items():
+                last = self._others.get(inst)
+                if last is not None and (value[0] < last[0] or value[1] < last[1]):
+                    self._want_rescan(f"{USAGE_DIR_NAME}/{inst} holds no valid count (it went down)")
+                    continue
+                good[inst] = value
+            # No instance can have removed more bytes since the base than the
+            # scan found plus everything stored since: such a claim is not
+            # what the disk shows (test_planted_removal_claim...).
+            stored_since = self._stored_since_base_locked({**self._others, **good})
+            for inst, value in list(good.items()):
+                if self._scanned and value[1] - self._others_base.get(inst, (0, 0))[1] > stored_since:
+                    del good[inst]
+                    self._refused[inst] = value
+                    self._want_rescan(
+                        f"{USAGE_DIR_NAME}/{inst} claims more bytes removed than the root held"
+                    )
+            for inst in good:
+                self._refused.pop(inst, None)
+                self._others_inflight[inst] = min(good[inst][0], newest.get(inst, (0, 0))[1])
+            if any(self._others.get(i) != v for i, v in good.items()):
+                self._last_activity = now
+                self.changed_since_scan = True
+            self._others.update(good)
+            dead = []
+            for inst, beat in beats.items():
+                last_beat = self._liveness.get(inst)
+                if last_beat is None or last_beat[0] != beat:
+                    self._liveness[inst] = (beat, now)
+                elif now - last_beat[1] > STALE_S:
+                    dead.append(inst)
+        # A leftover seen for an hour of this reader's time: its maker is gone.
+        seen_now = {name: self._leftovers.get(name, now) for name in leftovers[:1000]}
+        self._leftovers = seen_now
+        for name, first in seen_now.items():
+            if now - first > STALE_S:
                 with contextlib.suppress(OSError):
                     os.unlink(name, dir_fd=dfd)
-            seen[name] = value
-        with self._lock:
-            now_m = time.monotonic()
-            if any(self._others.get(name) != v for name, v in seen.items()):
-                self._last_activity = now_m
-            self._others.update(seen)
-            if now_m < self._freeze_until:
-                for name, (_stored, removed) in seen.items():
-                    b_stored = self._others_base.get(name, (0, 0))[0]
-                    self._others_base[name] = (b_stored, removed)
+        # Not moved for an hour of this reader's time: its owner is gone.
+        # Its last value stays in this view (a delta of zero from now on).
+        for inst in dead:
+            self._liveness.pop(inst, None)
+            for name in files.get(inst, ()):
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dfd)
 
     # ---------------------------------------------------------------- lease
-    def _lease_text(self, until_ns: int) -> str:
-        return f"fstier-lease 1 {self.instance} {until_ns}\n"
-
-    def _lease_holder(self, dfd: int) -> tuple[str | None, int]:
-        text, _ = self._read_file(dfd, LEASE_NAME)
-        if text is None:
-            return None, 0
-        parts = text.split()
-        if len(parts) != 4 or parts[:2] != ["fstier-lease", "1"] or not parts[3].isdigit():
-            return None, 0
-        return parts[2], int(parts[3])
-
     def try_lease(self) -> bool:
-        """Take (or renew) the root's eviction lease; False while another
-        live instance holds it. Never blocks on a lock."""
-        dfd = self._dir_fd
-        if dfd is None:
+        """Take (or renew) the root's eviction lease (:mod:`fstier.tier.lease`);
+        False while another live instance holds it. Never blocks on a lock."""
+        if self._disabled:
             return True  # not shared: this instance is alone as far as it knows
-        holder, until_ns = self._lease_holder(dfd)
-        now_ns = time.time_ns()
-        if holder is not None and holder != self.instance and until_ns > now_ns:
-            return False
-        until = now_ns + int(LEASE_S * 1e9)
-        if not self._write_file(dfd, LEASE_NAME, self._lease_text(until)):
-            return True  # cannot write the lease here: evict anyway (the old behaviour)
-        holder, _ = self._lease_holder(dfd)
-        if holder != self.instance:
-            return False  # another instance renamed its lease over ours
-        self._lease_until = time.monotonic() + LEASE_S
-        self._lease_renewed = time.monotonic()
-        return True
+        with self._io_lock:
+            dfd = self._dir()
+            if dfd is None:
+                return True  # no usable directory now: evict (the behaviour before sharing)
+            return self._lease.take(dfd)
+
+    @property
+    def holds_lease(self) -> bool:
+        return self._lease.held
 
     def lease_lost(self) -> bool:
         """For a running pass: renew the lease when due; True when it was
         taken over (the pass must stop)."""
-        if self._dir_fd is None or not self._lease_until:
-            return False
-        now = time.monotonic()
-        if now - self._lease_renewed < RENEW_S:
+        if self._disabled or not self._lease.renewal_due():
             return False
         return not self.try_lease()
 
     def release_lease(self) -> None:
-        dfd = self._dir_fd
-        if dfd is None or not self._lease_until:
+        """Publish this instance's count, then give the lease back: the next
+        holder's scan sees every removal made under it."""
+        if not self._lease.held:
             return
-        self._lease_until = 0.0
-        holder, _ = self._lease_holder(dfd)
-        if holder == self.instance:
-            self._write_file(dfd, LEASE_NAME, self._lease_text(0))
+        self.refresh(force=True)
+        with self._io_lock:
+            self._lease.give_back(self._dir())
 
     @contextlib.contextmanager
     def evicting(self) -> Iterator[bool]:
@@ -479,24 +587,13 @@ class SharedUsage:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(10.0)
-        dfd, self._dir_fd = self._dir_fd, None
-        if dfd is None:
-            return
+        with contextlib.suppress(Exception):
+            self.release_lease()
+        with contextlib.suppress(Exception):
+            self.refresh(force=True)
         with self._io_lock:
-            with contextlib.suppress(Exception):
-                self._publish(dfd, force=True)
-            with contextlib.suppress(OSError):
-                os.close(dfd)
-
-
-def _parse_count(text: str) -> tuple[int, int] | None:
-    parts = text.split()
-    if len(parts) != 4 or parts[:2] != ["fstier-usage", "2"]:
-        return None
-    try:
-        stored, removed = int(parts[2]), int(parts[3])
-    except ValueError:
-        return None
-    if not (0 <= stored <= _MAX_ABS and 0 <= removed <= _MAX_ABS):
-        return None
-    return stored, removed
+            dfd, self._dir_fd = self._dir_fd, None
+            self._disabled = True
+            if dfd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(dfd)

@@ -166,7 +166,9 @@ def test_many_instances_share_max_bytes(tmp_path: Path) -> None:
     """Issue 15 item 6: five processes, each with its own FsTier and
     max_bytes of 300 files on one root, storing ~17x max_bytes. Each used to
     count only its own stores (peak 2.86x max_bytes); with the shared count
-    sampled usage stays within 1.25x and settles below max_bytes."""
+    sampled usage stays within 1.25x and settles below max_bytes (stores
+    count from admission, so every instance sees those in flight: 1.05x at
+    load average 10-12, 1.11x and 1.17x at load average 27 on a 2-core VM)."""
     import subprocess
     import sys
 

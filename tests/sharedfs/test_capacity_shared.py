@@ -81,6 +81,7 @@ def test_two_hosts_share_max_bytes(sfs: SharedFs) -> None:
         "count error per host (%)": [round(100 * e, 2) for e in errors],
         "stored blocks": [v["stored"] for v in views],
         "dropped (capacity)": [v["dropped"] for v in views],
+        "failed (other causes)": [v["failed_causes"] for v in views],
     }
     assert all(v["failed"] == 0 for v in views), views
     assert all(v["stored"] > 0 for v in views), views

@@ -1,0 +1,93 @@
+"""The names in ``<root>/.fstier-usage.d/`` (:mod:`fstier.tier.usage`) and
+reading fstier < 0.6's count files.
+
+- ``<instance>.<gen>.<stored>.<removed>.<inflight>.cnt``: one instance's
+  count, carried by an empty file's name (:func:`count_name`,
+  :func:`parse_count_name`); values are decimal, at most 20 digits.
+- ``<name>.count``: fstier < 0.6's count, one line
+  ``fstier-usage 2 <stored> <removed>`` rewritten by temp + rename; read by
+  :func:`read_legacy_count` (regular files of at most 256 bytes, opened
+  ``O_NOFOLLOW|O_NONBLOCK``), never written.
+- Leftovers of a process killed mid-step (:func:`is_leftover`): a lease set
+  aside while being taken over or given back, fstier < 0.6's temps.
+
+Nothing here raises for what a file holds: bad content is ``None``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import stat
+
+__all__ = [
+    "COUNT_SUFFIX",
+    "MAX_COUNT",
+    "count_name",
+    "is_leftover",
+    "is_legacy_name",
+    "parse_count_name",
+    "read_legacy_count",
+]
+
+COUNT_SUFFIX = ".cnt"
+#: the largest stored or removed byte count believed (2^60)
+MAX_COUNT = 1 << 60
+_COUNT_NAME = re.compile(
+    r"^([A-Za-z0-9_-][A-Za-z0-9._-]{0,199})\.(\d{1,20})\.(\d{1,20})\.(\d{1,20})\.(\d{1,20})\.cnt$"
+)
+_LEGACY_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}\.count$")
+_LEFTOVER_NAME = re.compile(r"^\.(evict\.lease\.old\.|.*\.tmp\.)")
+_MAX_FILE = 256
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def count_name(instance: str, gen: int, stored: int, removed: int, inflight: int) -> str:
+    return f"{instance}.{gen}.{stored}.{removed}.{inflight}{COUNT_SUFFIX}"
+
+
+def parse_count_name(name: str) -> tuple[str, int, int, int, int] | None:
+    """(instance, gen, stored, removed, inflight) of a count's name, or None."""
+    m = _COUNT_NAME.match(name)
+    if m is None:
+        return None
+    return m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5))
+
+
+def is_legacy_name(name: str) -> bool:
+    return _LEGACY_NAME.match(name) is not None
+
+
+def is_leftover(name: str) -> bool:
+    return _LEFTOVER_NAME.match(name) is not None
+
+
+def read_legacy_count(dfd: int, name: str) -> tuple[tuple[int, int] | None, int, str | None]:
+    """A count file of fstier < 0.6: its value (None when not valid), its
+    mtime (its owner's heartbeat) and what is wrong with it (None when
+    nothing, or when it could not be read at all: gone, a transient error)."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
+    except OSError:
+        return None, 0, None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_FILE:
+            return None, 0, "is not a regular count file"
+        data = os.read(fd, _MAX_FILE + 1)
+    except OSError:
+        return None, 0, None
+    finally:
+        # GlusterFS fails the close (ESTALE, ENOENT) of a file its owner
+        # replaced meanwhile; what was read is still what was read.
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    parts = data.decode("ascii", "replace").split() if len(data) <= _MAX_FILE else []
+    value = None
+    if len(parts) == 4 and parts[:2] == ["fstier-usage", "2"]:
+        with contextlib.suppress(ValueError):
+            stored, removed = int(parts[2]), int(parts[3])
+            if 0 <= stored <= MAX_COUNT and 0 <= removed <= MAX_COUNT:
+                value = (stored, removed)
+    return value, st.st_mtime_ns, None if value is not None else "holds no valid count"

@@ -1,0 +1,161 @@
+"""One "host" of the two-host engine-like capacity workload
+(``test_capacity_workload.py``): a tier with ``max_bytes`` on its own mount
+of the shared root, looping like an engine serving prompts.
+
+    python _workload_host.py ROOT MAX_BYTES SECONDS HOST_ID PEER_ID
+
+Each round: store a new 16-block prompt and wait for it; look up a recent
+prompt of this host or (half the time) of the peer, load the hit prefix and
+check every loaded byte; sleep 50 ms. Prints ``drained`` when its last job
+ended, waits for a line on stdin (the peer drained too), waits ``SETTLE_S``
+and prints one JSON line: its view of the root's usage, its counts and the
+tier's capacity metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from conftest import make_config  # noqa: E402
+
+import fstier  # noqa: E402
+from fstier.keys import BlockKey  # noqa: E402
+from fstier.manager import FsTier  # noqa: E402
+from fstier.slots.host_pool import HostBlockPool  # noqa: E402
+
+#: 4 layers x 8 KV heads x 128 head size, fp16, 16 tokens: 256 KiB pages
+GROUP = {"kind": "full_attention", "block_size": 16, "num_layers": 4, "num_kv_heads": 8, "head_size": 128}
+PAGE = 16 * 4 * 8 * 128 * 2 * 2
+PROMPT_BLOCKS = 16
+#: a host's recent prompts the lookups pick from
+RECENT = 8
+#: after both hosts drained: publication, a FUSE mount's 1 s caches and the
+#: capacity thread's quiet rescan (fstier.tier.capacity) all fit in this
+SETTLE_S = 8.0
+
+
+def prompt_keys(host: int, prompt: int) -> list[BlockKey]:
+    base = host * 10_000_000 + prompt * PROMPT_BLOCKS
+    return [BlockKey(i.to_bytes(4, "big") * 4, 0) for i in range(base, base + PROMPT_BLOCKS)]
+
+
+def fill_byte(k: BlockKey) -> int:
+    return k.block_hash[3] ^ k.block_hash[2] ^ 0x5A
+
+
+def _trace(tier: FsTier, path: str) -> None:
+    """Diagnostics (``FSTIER_WORKLOAD_TRACE=PREFIX``): this instance's
+    shared-count state every 0.25 s, as JSON lines."""
+    u = tier.capacity._shared
+    t0 = time.monotonic()
+    with open(path, "w") as f:
+        while True:
+            snap = tier.metrics.snapshot()
+            f.write(json.dumps({
+                "t": round(time.monotonic() - t0, 2), "view": tier.usage_bytes,
+                "own": [u._stored, u._removed] if u else None,
+                "base": u._base if u else None, "own_base": u._own_base if u else None,
+                "others": u._others if u else None, "others_base": u._others_base if u else None,
+                "lease": u.holds_lease if u else None,
+                "evicted": snap.get("fstier_evicted_bytes_total"),
+                "dropped": snap.get("fstier_store_dropped_blocks_total"),
+            }) + "\n")
+            f.flush()
+            time.sleep(0.25)
+
+
+def main() -> None:
+    root, max_bytes, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    me, peer = int(sys.argv[4]), int(sys.argv[5])
+    # The tests' tree, not an installed fstier (PYTHONPATH must name it).
+    here = Path(__file__).resolve().parents[2]
+    assert Path(fstier.__file__).resolve().is_relative_to(here), (fstier.__file__, here)
+    cfg = make_config(
+        Path(root), groups=[dict(GROUP)],
+        tier={"max_bytes": max_bytes, "write_threads": 4, "read_threads": 4, "io_timeout_s": 30},
+    )
+    pool = HostBlockPool(2 * PROMPT_BLOCKS, PAGE)
+    store_slots = pool.alloc(PROMPT_BLOCKS)
+    load_slots = pool.alloc(PROMPT_BLOCKS)
+    tier = FsTier(cfg, pool)
+    rng = random.Random(me)
+    stats = {
+        "stored": 0, "dropped": 0, "store_failed": 0, "loaded": 0, "load_missed": 0,
+        "load_failed": 0, "wrong_bytes": 0, "lookups": 0, "lookup_hits": 0,
+    }
+    causes: dict[str, int] = {}
+    job = 0
+
+    def wait(jid: int) -> list:  # type: ignore[type-arg]
+        while True:
+            done = [r for r in tier.get_finished() if r.job_id == jid]
+            if done:
+                return done
+            time.sleep(0.002)
+
+    trace = os.environ.get("FSTIER_WORKLOAD_TRACE")
+    if trace:
+        threading.Thread(target=_trace, args=(tier, f"{trace}-{Path(root).parent.parent.name}-{Path(root).name}-{me}.jsonl"), daemon=True).start()
+    prompt = 0
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            ks = prompt_keys(me, prompt)
+            for k, s in zip(ks, store_slots, strict=True):
+                pool.slot_view(s)[:PAGE] = bytes([fill_byte(k)]) * PAGE
+            job += 1
+            tier.submit_store(job, ks, store_slots)
+            (r,) = wait(job)
+            stats["stored"] += r.keys_completed
+            if r.cause == "capacity":
+                stats["dropped"] += r.keys_failed
+            elif not r.success:
+                stats["store_failed"] += r.keys_failed
+                causes[f"store:{r.cause}"] = causes.get(f"store:{r.cause}", 0) + r.keys_failed
+            prompt += 1
+            # A recent prompt of this host or the peer's (about as far along).
+            who = peer if rng.random() < 0.5 else me
+            want = prompt_keys(who, max(0, prompt - 1 - rng.randrange(RECENT)))
+            stats["lookups"] += 1
+            n = tier.lookup(want)
+            if n:
+                stats["lookup_hits"] += 1
+                job += 1
+                tier.submit_load(job, want[:n], load_slots[:n])
+                (r,) = wait(job)
+                stats["loaded"] += r.keys_completed
+                if r.cause == "miss" or (r.cause or "").startswith("ENOENT"):
+                    stats["load_missed"] += r.keys_failed  # evicted meanwhile
+                elif not r.success:
+                    stats["load_failed"] += r.keys_failed
+                    causes[f"load:{r.cause}"] = causes.get(f"load:{r.cause}", 0) + r.keys_failed
+                for k, s in zip(want[: r.keys_completed], load_slots, strict=False):
+                    if bytes(pool.slot_view(s)[:PAGE]) != bytes([fill_byte(k)]) * PAGE:
+                        stats["wrong_bytes"] += 1
+            time.sleep(0.05)
+        tier.drain(120)
+        tier.get_finished()
+        print("drained", flush=True)
+        sys.stdin.readline()
+        time.sleep(SETTLE_S)
+        snap = tier.metrics.snapshot()
+        print(json.dumps({
+            "usage": tier.usage_bytes, **stats, "causes": causes,
+            "evicted_bytes": snap.get("fstier_evicted_bytes_total"),
+            "dropped_total": snap.get("fstier_store_dropped_blocks_total"),
+        }), flush=True)
+    finally:
+        tier.close()
+        pool.close()
+
+
+if __name__ == "__main__":
+    main()
