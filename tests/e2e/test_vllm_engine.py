@@ -82,6 +82,23 @@ def same_output(a: dict[str, Any], b: dict[str, Any]) -> None:
     assert a["logprobs"] == b["logprobs"], f"logprobs differ: {a['logprobs']} vs {b['logprobs']}"
 
 
+# On a PARTIAL hit the engine computes the rest of the prompt over the loaded
+# prefix, a different prefill split than the baseline's one pass, and on CPUs
+# without AVX-512 (vLLM's _C_AVX2 kernels) that split changes the last digits:
+# a 256-token hit read logprobs up to 0.004 apart, a 512-token hit up to 0.028,
+# while every FULL hit (no recompute) matched the baseline bit for bit. The
+# loaded bytes are checked by size, header, key and payload checksum before
+# vLLM sees them; a wrong block would change the greedy tokens. So a partial
+# hit must give the baseline's tokens exactly and its logprobs within 0.05.
+PARTIAL_HIT_LOGPROB_TOL = 0.05
+
+
+def same_output_partial_hit(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a["tokens"] == b["tokens"], f"tokens differ: {a['tokens']} vs {b['tokens']}"
+    worst = max(abs(x - y) for x, y in zip(a["logprobs"], b["logprobs"], strict=True))
+    assert worst <= PARTIAL_HIT_LOGPROB_TOL, f"logprobs differ by {worst}: {a['logprobs']} vs {b['logprobs']}"
+
+
 @pytest.fixture(scope="module")
 def baseline(model: str, prompt: list[int], work: Path) -> dict[str, Any]:
     """No offloading at all (also compiles vLLM's logprobs kernel once)."""
@@ -156,7 +173,7 @@ def test_second_engine_shares_the_root_while_the_first_runs(
     assert rb["num_cached_tokens"] == 2 * BLOCK, (
         f"engine B hit {rb['num_cached_tokens']} tokens of engine A's 2 blocks ({2 * BLOCK})"
     )
-    same_output(rb, baseline)
+    same_output_partial_hit(rb, baseline)
 
 
 def test_corrupt_block_file_is_a_partial_hit_with_the_same_output(
@@ -180,7 +197,7 @@ def test_corrupt_block_file_is_a_partial_hit_with_the_same_output(
     assert 2 * BLOCK <= res["num_cached_tokens"] < FULL_HIT, (
         f"with one corrupt block file the hit was {res['num_cached_tokens']} tokens"
     )
-    same_output(res, baseline)
+    same_output_partial_hit(res, baseline)
     # The corrupt file was proven bad, removed, and stored again from the
     # recomputed KV: the same payload as before the flip (the 4096-byte
     # header holds per-write fields).
