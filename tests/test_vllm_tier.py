@@ -448,7 +448,7 @@ def test_yaml_without_tier_section_or_with_unknown_section(tmp_path: Path) -> No
         fv.tier_config_from_options({"config": str(a)})
     b = tmp_path / "b.yaml"
     b.write_text(f"tier:\n  root_dir: {tmp_path}\ntierr: {{}}\n")
-    with pytest.raises(ConfigError, match="tierr: unknown section"):
+    with pytest.raises(ConfigError, match="'tierr': unknown section"):
         fv.tier_config_from_options({"config": str(b)})
     c = tmp_path / "c.yaml"
     c.write_text(f"tier:\n  root_dir: {tmp_path}\nmodel:\n  name: ignored\n")

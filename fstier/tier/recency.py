@@ -8,7 +8,7 @@ metadata write per interval, not one per hit (a SETATTR round trip on NFS).
 The writes run as their own job on the I/O pool's write queue, so no load
 waits for them; every process's eviction and ``fstier gc`` read them.
 Hits of a batch are noted under one lock (:meth:`Recency.note_many`); on
-the native path a flush is ONE call (:func:`fstier.io.native.touch_batch`,
+the native path a flush is ONE call (:meth:`BlockStore.touch_many`,
 GIL released), on the Python path one touch per file. Either way no
 symlink is followed and a file with a second link is left alone
 (test_recency_batch.py).
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.errors import IOPoolClosedError
-from fstier.io import blockstore, fsops, native
+from fstier.io import blockstore, fsops
 from fstier.io.pool import IOPool
 
 __all__ = ["FLUSH_S", "MAX_PENDING", "Recency"]
@@ -41,8 +41,8 @@ MAX_PENDING = 4096
 def _bump_mtimes(paths: Sequence[str], blocks: blockstore.BlockStore | None = None) -> None:
     """Evicted or replaced meanwhile is fine; never through a symlink. One
     native call for the batch when ``blocks`` runs the native path."""
-    if blocks is not None and blocks.batched and paths:
-        native.touch_batch(os.fspath(blocks.mapper.blocks_dir), paths)
+    if blocks is not None:
+        blocks.touch_many(paths)
         return
     for p in paths:
         fsops.touch_file(p)
