@@ -199,7 +199,7 @@ clean-lmcache:
 # ---- real shared filesystems (GlusterFS, MooseFS and CephFS, two client
 # hosts in network namespaces). Needs root, /dev/fuse and apt; installs the
 # Debian packages, stands everything up, runs tests/sharedfs and always tears
-# it all down (also on failure, Ctrl-C and its 600 s test limit).
+# it all down (also on failure, Ctrl-C and its 1500 s test limit).
 .PHONY: test-sharedfs
 test-sharedfs: $(DEV_STAMP)
 	tests/sharedfs/run.sh $(BIN)/python
