@@ -100,7 +100,8 @@ class EvictionLease:
         return (st.st_dev, st.st_ino) == self._id
 
     def _renew(self) -> None:
-        assert self._fd is not None
+        if self._fd is None:  # not holding the lease: nothing to renew
+            return
         self._mtime_ns = max(time.time_ns(), self._mtime_ns + 1_000_000)
         with contextlib.suppress(OSError):
             os.utime(self._fd, ns=(self._mtime_ns, self._mtime_ns))
