@@ -41,16 +41,13 @@ class Clock(Protocol):
 
     def monotonic(self) -> float:
         """Seconds on a clock that never goes back."""
-        ...
 
     def time(self) -> float:
         """Wall-clock seconds since the epoch."""
-        ...
 
     def wait(self, waitable: Waitable, timeout: float | None) -> bool:
         """``waitable.wait`` until set or notified (True) or until ``timeout``
         seconds of this clock passed (False); ``None`` waits for it alone."""
-        ...
 
 
 class MonotonicClock:
