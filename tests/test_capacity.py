@@ -61,6 +61,26 @@ def test_lru_eviction_removes_oldest_down_to_low_watermark(tmp_path: Path) -> No
     assert rep.removed_files == 0  # below the high watermark: nothing to do
 
 
+def test_slow_walk_polls_should_stop_in_time(tmp_path: Path) -> None:
+    """A pass renews its eviction lease where it polls ``should_stop``. That
+    was every 1024 files: on ceph-fuse, walking another host's fresh files
+    (tens of ms a stat) went 75 s between polls, the lease (30 s) lapsed,
+    and a second host evicted beside a holder that was still walking."""
+    import fstier.tier.gc as gc
+
+    for i in range(100):
+        _block(tmp_path, i, 100)
+    polls: list[float] = []
+    t0 = time.monotonic()
+    rep = collect_garbage(
+        tmp_path, 1_000_000,
+        on_file=lambda: time.sleep(0.01),  # a 1 s walk of 100 files
+        should_stop=lambda: bool(polls.append(time.monotonic() - t0)),
+    )
+    assert rep.complete and rep.scanned_files == 100
+    assert len(polls) >= 1 and polls[0] <= gc.STOP_POLL_S + 0.3, polls
+
+
 def test_dry_run_removes_nothing(tmp_path: Path) -> None:
     paths = [_block(tmp_path, i, 1000, age_s=10 - i) for i in range(4)]
     rep = collect_garbage(tmp_path, 2000, low_watermark=0.5, dry_run=True)
