@@ -121,6 +121,19 @@ class Capacity:
         one fstier can use)."""
         return self._shared is not None and self._shared.shared
 
+    @property
+    def settled(self) -> bool:
+        """Whether the count is a scan's, exact: this instance's last complete
+        scan raced no store or removal and no instance's count moved since
+        (memory only). A steady store workload leaves it False (every walk
+        races stores); once every instance is idle the settled rescan makes
+        it True within ``_QUIET_S`` plus a walk of the root per instance."""
+        shared = self._shared
+        return (
+            shared is not None and self._usage_known
+            and not shared.changed_since_scan and not shared.scan_raced
+        )
+
     def refresh_usage(self, *, force: bool = False) -> None:
         """Publish this instance's count now and read every other instance's
         (what the background refresh does every few seconds), through the
