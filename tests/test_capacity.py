@@ -747,3 +747,30 @@ def test_settled_count_is_rescanned_exact(tmp_path: Path, monkeypatch: pytest.Mo
         while tier.usage_bytes != 9 * FILE_BYTES and time.monotonic() < deadline:
             time.sleep(0.05)
         assert tier.usage_bytes == 9 * FILE_BYTES
+
+
+def test_admission_counts_the_job_above_the_high_watermark(tmp_path: Path) -> None:
+    """Admission dropped a store only once the root was over max_bytes, so
+    each of N instances admitting at once could add a whole job on top
+    (five processes peaked at 1.11-1.23x max_bytes). Above the high
+    watermark a job that would take the root over max_bytes is dropped
+    too; below it any job is admitted (never refused for good)."""
+    from conftest import make_config
+
+    from fstier.tier.capacity import Capacity
+    from fstier.tier.metrics import TierMetrics
+
+    tier = make_config(tmp_path / "root", tier={"max_bytes": 100_000}).tier
+    (tmp_path / "root").mkdir()
+    cap = Capacity(tmp_path / "root", tier, TierMetrics(), on_evicted=lambda p: None,
+                   before_pass=lambda: None, background=False)
+    try:
+        cap.reserve(50_000)
+        assert not cap.root_full(49_000) and not cap.root_full(60_000)  # below high: admitted
+        cap.reserve(46_000)  # 96,000: above the high watermark (95,000)
+        assert cap.root_full(5_000)  # would reach 101,000
+        assert not cap.root_full(4_000) and not cap.root_full()
+        cap.reserve(5_000)
+        assert cap.root_full()  # over max_bytes: every store is dropped
+    finally:
+        cap.close()

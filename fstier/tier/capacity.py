@@ -152,12 +152,19 @@ class Capacity:
         thread rescans at its next round."""
         return self._shared is not None and self._shared.rescan_wanted
 
-    def root_full(self) -> bool:
-        """The root is over ``max_bytes`` (a store must be dropped)."""
-        return (
-            self._shared is not None
-            and self.max_bytes is not None
-            and self._shared.read() > self.max_bytes
+    def root_full(self, nbytes: int = 0) -> bool:
+        """A store of ``nbytes`` must be dropped: the root is over
+        ``max_bytes``, or above the high watermark (a pass is due or
+        running) and the job would take it over ``max_bytes``. Counting the
+        job itself keeps N instances admitting at once within their unseen
+        jobs of ``max_bytes``; below the high watermark any job is admitted,
+        so a job larger than the gap to ``max_bytes`` is never refused for
+        good (test_admission_counts_the_job_above_the_high_watermark)."""
+        if self._shared is None or self.max_bytes is None:
+            return False
+        view = self._shared.read()
+        return view > self.max_bytes or (
+            view + nbytes > self.max_bytes and view > self.max_bytes * self._tier.high_watermark
         )
 
     def _over_high(self) -> bool:
