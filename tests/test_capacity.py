@@ -774,3 +774,50 @@ def test_admission_counts_the_job_above_the_high_watermark(tmp_path: Path) -> No
         assert cap.root_full()  # over max_bytes: every store is dropped
     finally:
         cap.close()
+
+
+def test_a_settled_scan_is_shared(tmp_path: Path) -> None:
+    """Each instance made its count exact by its own walk of the root, one
+    after another under the lease: on ceph-fuse a walk over another host's
+    fresh files took 74 s. A scan that raced nothing is shared: an instance
+    whose counts are all still what it saw takes its bytes as its own scan
+    (never when its own count moved since)."""
+    from fstier.clock import ManualClock
+    from fstier.tier.usage import SETTLE_S, USAGE_DIR_NAME, SharedUsage
+
+    clock = ManualClock()
+    a = SharedUsage(tmp_path, background=False, clock=clock)
+    b = SharedUsage(tmp_path, background=False, clock=clock)
+    try:
+        for u in (a, b):
+            u.end_scan(u.begin_scan(), 0, 0)
+        a.add(1000)
+        b.add(500)
+        for u in (a, b, a):
+            u.refresh()
+        assert (a.read(), b.read()) == (1500, 1500)
+        # 300 bytes of blocks removed behind fstier's back: a's quiet scan sees 1200.
+        clock.advance(SETTLE_S + 1)
+        b.add(100)  # b's count moved, not published yet when a scans
+        a.end_scan(a.begin_scan(), 1200, 0)
+        assert a.read() == 1200 and not a.scan_raced
+        a.refresh()
+        assert len(list((tmp_path / USAGE_DIR_NAME).glob(f"{a.instance}.*.scn"))) == 1
+        b.refresh()  # b's own count is not what a saw: not taken
+        assert b.read() == 1600 and b.scans_adopted == 0
+        a.refresh()
+        clock.advance(SETTLE_S + 1)
+        a.end_scan(a.begin_scan(), 1300, 0)  # a quiet scan of what is there now
+        assert not a.scan_raced
+        a.refresh()
+        assert len(list((tmp_path / USAGE_DIR_NAME).glob(f"{a.instance}.*.scn"))) == 1
+        b.refresh()
+        assert b.read() == 1300 and b.scans_adopted == 1 and not b.changed_since_scan
+        b.add(50)  # deltas count on top of the adopted scan
+        b.refresh()
+        a.refresh()
+        assert (a.read(), b.read()) == (1350, 1350)
+        assert b.scans_adopted == 1  # a's scan is not b's counts any more: not taken again
+    finally:
+        a.close()
+        b.close()

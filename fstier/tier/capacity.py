@@ -328,7 +328,12 @@ class Capacity:
         shared = self._shared
         return (
             now - self._resynced >= _RESYNC_INTERVAL_S
-            or (self._recheck_at is not None and now >= self._recheck_at)
+            # (a raced scan; not once another instance's settled scan was
+            # taken as this one's: test_a_settled_scan_is_shared)
+            or (
+                self._recheck_at is not None and now >= self._recheck_at
+                and (shared is None or shared.scan_raced)
+            )
             or (shared is not None and shared.rescan_wanted)
             # Settled: the count moved by deltas since the last scan (each a
             # little off: stores the walk saw twice, another host's late

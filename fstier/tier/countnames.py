@@ -8,6 +8,11 @@ reading fstier < 0.6's count files.
   ``fstier-usage 2 <stored> <removed>`` rewritten by temp + rename; read by
   :func:`read_legacy_count` (regular files of at most 256 bytes, opened
   ``O_NOFOLLOW|O_NONBLOCK``), never written.
+- ``<instance>.<bytes>.<digest>.scn``: a settled scan an instance shares
+  (:func:`scan_name`, :func:`parse_scan_name`): the block bytes its walk
+  found while no count moved, and a digest of every instance's count it
+  saw then (:func:`counts_digest`); another instance whose counts are the
+  same takes it as its own scan.
 - Leftovers of a process killed mid-step (:func:`is_leftover`): a lease set
   aside while being taken over or given back, fstier < 0.6's temps.
 
@@ -17,6 +22,7 @@ Nothing here raises for what a file holds: bad content is ``None``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import stat
@@ -24,19 +30,25 @@ import stat
 __all__ = [
     "COUNT_SUFFIX",
     "MAX_COUNT",
+    "SCAN_SUFFIX",
     "count_name",
+    "counts_digest",
     "is_leftover",
     "is_legacy_name",
     "parse_count_name",
+    "parse_scan_name",
     "read_legacy_count",
+    "scan_name",
 ]
 
 COUNT_SUFFIX = ".cnt"
+SCAN_SUFFIX = ".scn"
 #: the largest stored or removed byte count believed (2^60)
 MAX_COUNT = 1 << 60
 _COUNT_NAME = re.compile(
     r"^([A-Za-z0-9_-][A-Za-z0-9._-]{0,199})\.(\d{1,20})\.(\d{1,20})\.(\d{1,20})\.(\d{1,20})\.cnt$"
 )
+_SCAN_NAME = re.compile(r"^([A-Za-z0-9_-][A-Za-z0-9._-]{0,199})\.(\d{1,20})\.([0-9a-f]{32})\.scn$")
 _LEGACY_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}\.count$")
 _LEFTOVER_NAME = re.compile(r"^\.(evict\.lease\.old\.|.*\.tmp\.)")
 _MAX_FILE = 256
@@ -53,6 +65,24 @@ def parse_count_name(name: str) -> tuple[str, int, int, int, int] | None:
     if m is None:
         return None
     return m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5))
+
+
+def counts_digest(counts: dict[str, tuple[int, int]]) -> str:
+    """A digest of every instance's (stored, removed), order-free."""
+    text = "\n".join(f"{inst} {stored} {removed}" for inst, (stored, removed) in sorted(counts.items()))
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def scan_name(instance: str, nbytes: int, digest: str) -> str:
+    return f"{instance}.{nbytes}.{digest}{SCAN_SUFFIX}"
+
+
+def parse_scan_name(name: str) -> tuple[str, int, str] | None:
+    """(instance, bytes, digest) of a shared scan's name, or None."""
+    m = _SCAN_NAME.match(name)
+    if m is None:
+        return None
+    return m.group(1), int(m.group(2)), m.group(3)
 
 
 def is_legacy_name(name: str) -> bool:

@@ -51,6 +51,15 @@ returns fresh.
   (:attr:`SharedUsage.rescan_wanted`), and the rescan takes the file's
   claim as its new baseline. A count that vanished keeps its last value;
   the sum is clamped to ``[0, 2^62]``. Nothing here raises to a caller.
+- **A settled scan is shared.** A scan that raced nothing, with no store
+  in flight anywhere, is published as a name too (``<instance>.<bytes>.
+  <digest>.scn``, :mod:`fstier.tier.countnames`): the bytes it found and a
+  digest of every instance's (stored, removed) it saw. Another instance
+  whose own view of every count has that same digest takes those bytes as
+  its own scan's (exact: no count moved since, so the disk still holds
+  them): one walk per quiet spell per root, not one per instance (on
+  ceph-fuse a walk over another host's fresh files took 74 s;
+  test_a_settled_scan_is_shared). The owner's next count removes the name.
 - An instance whose generation has not moved for ``STALE_S`` of this
   reader's own monotonic time is gone: any reader removes its names.
 - **Eviction is one instance at a time per root** through a lease,
@@ -88,11 +97,15 @@ from pathlib import Path
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.tier.countnames import (
     MAX_COUNT,
+    SCAN_SUFFIX,
     count_name,
+    counts_digest,
     is_leftover,
     is_legacy_name,
     parse_count_name,
+    parse_scan_name,
     read_legacy_count,
+    scan_name,
 )
 from fstier.tier.lease import LEASE_NAME, LEASE_S, RENEW_S, EvictionLease
 
@@ -205,6 +218,10 @@ class SharedUsage:
         self._last_add = -1e18  # when this instance's count last moved
         #: the count moved since the last full scan (a settled rescan makes it exact)
         self.changed_since_scan = False
+        #: a settled scan to share: (bytes, digest of every count it saw)
+        self._scan_to_share: tuple[int, str] | None = None
+        #: settled scans of other instances taken as this instance's own
+        self.scans_adopted = 0
         self._rescan_asked = -1e18
         self._warned: set[str] = set()
         self._lease = EvictionLease(self.instance, file_mode, clock.monotonic, self._warn_once)
@@ -377,7 +394,15 @@ class SharedUsage:
             self.rescan_wanted = False
             self.changed_since_scan = self.scan_raced
             self._scanned = True
+            self._scan_to_share = None
+            if not self.scan_raced and self._inflight == 0 and not any(self._others_inflight.values()):
+                self._scan_to_share = (self._base, counts_digest(self._counts_locked()))
+                self._wake.set()
             return self._sum_locked()
+
+    def _counts_locked(self) -> dict[str, tuple[int, int]]:
+        """Every instance's (stored, removed) as this one sees it."""
+        return {**self._others, self.instance: (self._stored, self._removed)}
 
     @property
     def inflight(self) -> int:  # this instance's stores counted, maybe not on disk
@@ -414,6 +439,7 @@ class SharedUsage:
             if dfd is None:
                 return
             self._publish(dfd, force)
+            self._share_scan(dfd)
             self._read_others(dfd)
 
     def _publish(self, dfd: int, force: bool = False) -> None:
@@ -443,6 +469,43 @@ class SharedUsage:
                 self._own_names.append(stale)  # try again next time
         self._own_names.append(name)
 
+    def _share_scan(self, dfd: int) -> None:
+        """Publish the settled scan :meth:`end_scan` left, while every count
+        is still what it saw (this instance's own published)."""
+        with self._lock:
+            pending, self._scan_to_share = self._scan_to_share, None
+            if pending is None or self._published != (self._stored, self._removed, 0):
+                return
+            if counts_digest(self._counts_locked()) != pending[1]:
+                return  # a count moved since the scan: nothing to share
+        for old in [n for n in self._own_names if n.endswith(SCAN_SUFFIX)]:
+            with contextlib.suppress(OSError):
+                os.unlink(old, dir_fd=dfd)
+            self._own_names.remove(old)
+        name = scan_name(self.instance, *pending)
+        try:
+            os.close(os.open(name, _CREATE_FLAGS, self._mode, dir_fd=dfd))
+        except OSError:
+            return
+        self._own_names.insert(0, name)  # the next count published removes it
+
+    def _adopt_scan_locked(self, scans: dict[str, tuple[int, str]]) -> None:
+        """Take another instance's settled scan as this one's (see the module
+        docstring) when every count is still what that scan saw."""
+        if not (self._scanned and (self.changed_since_scan or self.scan_raced)) or self._refused:
+            return
+        if self._inflight or any(self._others_inflight.values()):
+            return
+        digest = counts_digest(self._counts_locked())
+        for nbytes, seen in scans.values():
+            if seen == digest and nbytes <= _MAX_SUM:
+                self._base = nbytes
+                self._own_base = (self._stored, self._removed)
+                self._others_base = dict(self._others)
+                self.changed_since_scan = self.scan_raced = False
+                self.scans_adopted += 1
+                return
+
     def _read_others(self, dfd: int) -> None:
         try:
             names = [e.name for e in os.scandir(dfd)]
@@ -454,11 +517,18 @@ class SharedUsage:
         files: dict[str, list[str]] = {}
         leftovers: list[str] = []
         newest: dict[str, tuple[int, int]] = {}  # per instance: its newest gen and its stores in flight
+        scans: dict[str, tuple[int, str]] = {}
         for name in names:
             if name in own:
                 continue
             if is_leftover(name):
                 leftovers.append(name)
+                continue
+            shared_scan = parse_scan_name(name)
+            if shared_scan is not None:
+                if shared_scan[0] != self.instance:
+                    scans[shared_scan[0]] = shared_scan[1:]
+                    files.setdefault(shared_scan[0], []).append(name)
                 continue
             parsed = parse_count_name(name)
             if parsed is not None:
@@ -513,6 +583,8 @@ class SharedUsage:
                 self._last_activity = now
                 self.changed_since_scan = True
             self._others.update(good)
+            if scans:
+                self._adopt_scan_locked(scans)
             dead = []
             for inst, beat in beats.items():
                 last_beat = self._liveness.get(inst)
