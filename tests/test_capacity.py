@@ -821,3 +821,41 @@ def test_a_settled_scan_is_shared(tmp_path: Path) -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_a_store_whose_fsync_fails_is_never_published_or_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full CephFS pool fails a buffered store at ``fsync`` (ENOSPC) after
+    its write succeeded: the job fails ``ENOSPC``, no file is published, and
+    the shared usage count and ``stored_blocks`` stay where the disk is (both
+    I/O paths: the native seam or the Python one)."""
+    import errno as errno_mod
+
+    from fstier.io import native
+    from fstier.io.fsops import FS
+
+    root = tmp_path / "root"
+    with open_tier(root, max_bytes=400 * FILE_BYTES, fsync="file", o_direct="off") as tier:
+        deadline = time.monotonic() + 10
+        while tier.usage_bytes is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store(tier, "ok", keys(0, 4)).success
+        if tier.blocks.batched:
+            native.fault("fsync", errno_mod.ENOSPC, times=-1)
+        else:
+            def full(fd: int) -> None:
+                raise OSError(errno_mod.ENOSPC, os.strerror(errno_mod.ENOSPC))
+
+            monkeypatch.setattr(FS, "fsync", full)
+        try:
+            res = store(tier, "full", keys(10, 8))
+        finally:
+            native.clear_faults()
+            monkeypatch.undo()
+        assert (res.success, res.keys_completed) == (False, 0) and res.cause == "ENOSPC", res
+        tier.capacity.refresh_usage()
+        on_disk = scan_usage(root)
+        assert (on_disk.block_files, on_disk.temp_files) == (4, 0)
+        assert tier.usage_bytes == on_disk.block_bytes == 4 * FILE_BYTES
+        assert tier.metrics.stored_blocks.value == 4
