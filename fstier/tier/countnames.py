@@ -26,9 +26,11 @@ import hashlib
 import os
 import re
 import stat
+from dataclasses import dataclass, field
 
 __all__ = [
     "COUNT_SUFFIX",
+    "Listing",
     "MAX_COUNT",
     "SCAN_SUFFIX",
     "count_name",
@@ -38,6 +40,7 @@ __all__ = [
     "parse_count_name",
     "parse_scan_name",
     "read_legacy_count",
+    "read_listing",
     "scan_name",
 ]
 
@@ -121,3 +124,67 @@ def read_legacy_count(dfd: int, name: str) -> tuple[tuple[int, int] | None, int,
             if 0 <= stored <= MAX_COUNT and 0 <= removed <= MAX_COUNT:
                 value = (stored, removed)
     return value, st.st_mtime_ns, None if value is not None else "holds no valid count"
+
+
+@dataclass
+class Listing:
+    """What one listing of the directory holds, per other instance: its
+    largest (stored, removed), its newest generation (or legacy mtime), its
+    names, its newest name's stores in flight and its shared scan; plus
+    leftovers and the names whose content is bad (each with why)."""
+
+    counts: dict[str, tuple[int, int]] = field(default_factory=dict)
+    beats: dict[str, int] = field(default_factory=dict)
+    files: dict[str, list[str]] = field(default_factory=dict)
+    inflight: dict[str, int] = field(default_factory=dict)
+    scans: dict[str, tuple[int, str]] = field(default_factory=dict)
+    leftovers: list[str] = field(default_factory=list)
+    bad: list[tuple[str, str]] = field(default_factory=list)
+
+
+def read_listing(dfd: int, names: list[str], skip: set[str], instance: str) -> Listing:
+    """Classify ``names`` (a listing of the directory ``dfd``): every
+    instance's count but ``instance``'s own and those in ``skip``; reads only
+    fstier < 0.6's count files. Never raises for what a name or file holds."""
+    out = Listing()
+    newest: dict[str, int] = {}
+    for name in names:
+        if name in skip:
+            continue
+        if is_leftover(name):
+            out.leftovers.append(name)
+            continue
+        shared_scan = parse_scan_name(name)
+        if shared_scan is not None:
+            if shared_scan[0] != instance:
+                out.scans[shared_scan[0]] = shared_scan[1:]
+                out.files.setdefault(shared_scan[0], []).append(name)
+            continue
+        parsed = parse_count_name(name)
+        if parsed is not None:
+            inst, gen, stored, removed, inflight = parsed
+            if inst == instance:
+                continue  # a name of ours that failed to be removed
+            value = (stored, removed)
+            if gen >= newest.get(inst, -1):
+                newest[inst] = gen
+                out.inflight[inst] = inflight
+            if not (stored <= MAX_COUNT and removed <= MAX_COUNT):
+                out.bad.append((name, "holds no valid count"))
+                continue
+            beat = gen
+        elif is_legacy_name(name):
+            inst = name
+            legacy, beat, wrong = read_legacy_count(dfd, name)
+            if wrong is not None:
+                out.bad.append((name, wrong))
+            if legacy is None:
+                continue
+            value = legacy
+        else:
+            continue
+        out.files.setdefault(inst, []).append(name)
+        if inst not in out.counts or value > out.counts[inst]:
+            out.counts[inst] = value
+        out.beats[inst] = max(beat, out.beats.get(inst, beat))
+    return out

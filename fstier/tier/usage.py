@@ -66,7 +66,8 @@ returns fresh.
   ``.fstier-usage.d/evict.lease`` (:mod:`fstier.tier.lease`: an ``O_EXCL``
   create, expiry judged by each reader's own clock); its holder publishes
   its count before giving it back.
-- **The directory is re-resolved under the root every round**: the fd
+- **The directory is re-resolved under the root every round**
+  (:mod:`fstier.tier.usagedir`): the fd
   opened at start is used only while ``<root>/.fstier-usage.d`` still names
   it (``st_dev``/``st_ino``; opened ``O_NOFOLLOW|O_DIRECTORY``); moved away
   or replaced, the old one is never written again and a new one is opened
@@ -82,13 +83,11 @@ one listing, two ``stat`` calls; nothing on the caller's thread.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import re
 import secrets
 import socket
-import stat
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -100,14 +99,11 @@ from fstier.tier.countnames import (
     SCAN_SUFFIX,
     count_name,
     counts_digest,
-    is_leftover,
-    is_legacy_name,
-    parse_count_name,
-    parse_scan_name,
-    read_legacy_count,
+    read_listing,
     scan_name,
 )
 from fstier.tier.lease import LEASE_NAME, LEASE_S, RENEW_S, EvictionLease
+from fstier.tier.usagedir import USAGE_DIR_NAME, UsageDir
 
 __all__ = [
     "EVICT_LOCK_NAME",
@@ -122,7 +118,6 @@ __all__ = [
 
 log = logging.getLogger("fstier.manager")
 
-USAGE_DIR_NAME = ".fstier-usage.d"
 #: fstier < 0.4 kept one count here under ``flock`` (no longer written)
 USAGE_FILE_NAME = ".fstier-usage"
 #: fstier < 0.4's eviction lock (no longer used)
@@ -148,7 +143,6 @@ SETTLE_S = 2.0
 #: Wait at most this long for a rescan after a bad count asked for one.
 _RESCAN_MIN_INTERVAL_S = 10.0
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -188,7 +182,6 @@ class SharedUsage:
         self.instance = f"{_safe_host()}-{os.getpid()}-{secrets.token_hex(4)}"
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()  # one publisher/reader at a time
-        self._dir_fd: int | None = None
         #: bytes this instance stored and removed since it started
         self._stored = 0
         self._removed = 0
@@ -229,8 +222,9 @@ class SharedUsage:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         try:
-            self._dir_fd = self._open_dir()
+            self._usage_dir: UsageDir | None = UsageDir(self.root, self._warn_once, self._dir_replaced)
         except OSError as exc:
+            self._usage_dir = None
             log.warning(
                 "fstier: usage of %s is not shared with other instances (%s); each instance "
                 "counts its own stores until its next capacity pass. Remove whatever is at "
@@ -243,53 +237,16 @@ class SharedUsage:
             self._thread = threading.Thread(target=self._run, name="fstier-usage", daemon=True)
             self._thread.start()
 
-    def _open_dir(self) -> int:
-        path = self.root / USAGE_DIR_NAME
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o755)
-        fd = os.open(path, _DIR_FLAGS)
-        try:
-            if not stat.S_ISDIR(os.fstat(fd).st_mode):
-                raise OSError(errno.ENOTDIR, "not a directory")
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
     def _dir(self) -> int | None:
-        """The usage directory's fd while ``<root>/.fstier-usage.d`` still
-        names it, else a new one opened there (None when none is usable now)."""
-        if self._disabled:
-            return None
-        fd = self._dir_fd
-        try:
-            now = os.stat(self.root / USAGE_DIR_NAME, follow_symlinks=False)
-            if fd is not None:
-                held = os.fstat(fd)
-                if stat.S_ISDIR(now.st_mode) and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
-                    return fd
-        except OSError:
-            pass
-        if fd is not None:
-            self._dir_fd = None
-            with contextlib.suppress(OSError):
-                os.close(fd)
-            self._warn_once(
-                "moved", "fstier: %s was moved or replaced; using a new one under the root",
-                self.root / USAGE_DIR_NAME,
-            )
-            # Our names and lease were in the old directory: publish anew.
-            self._published = None
-            self._own_names = []
-            self._lease.drop()
-        try:
-            fd = self._open_dir()
-        except OSError as exc:
-            self._warn_once(f"open:{exc.errno}", "fstier: cannot use %s (%s); retrying",
-                            self.root / USAGE_DIR_NAME, exc)
-            return None
-        self._dir_fd = fd
-        return fd
+        """The usage directory's fd (:class:`~fstier.tier.usagedir.UsageDir`:
+        re-resolved under the root), None when none is usable now."""
+        return None if self._disabled or self._usage_dir is None else self._usage_dir.fd()
+
+    def _dir_replaced(self) -> None:
+        # Our names and lease were in the old directory: publish anew.
+        self._published = None
+        self._own_names = []
+        self._lease.drop()
 
     def _warn_once(self, key: str, msg: str, *args: object) -> None:
         if key not in self._warned:
@@ -511,51 +468,10 @@ class SharedUsage:
             names = [e.name for e in os.scandir(dfd)]
         except OSError:
             return
-        own = set(self._own_names)
-        seen: dict[str, tuple[int, int]] = {}
-        beats: dict[str, int] = {}
-        files: dict[str, list[str]] = {}
-        leftovers: list[str] = []
-        newest: dict[str, tuple[int, int]] = {}  # per instance: its newest gen and its stores in flight
-        scans: dict[str, tuple[int, str]] = {}
-        for name in names:
-            if name in own:
-                continue
-            if is_leftover(name):
-                leftovers.append(name)
-                continue
-            shared_scan = parse_scan_name(name)
-            if shared_scan is not None:
-                if shared_scan[0] != self.instance:
-                    scans[shared_scan[0]] = shared_scan[1:]
-                    files.setdefault(shared_scan[0], []).append(name)
-                continue
-            parsed = parse_count_name(name)
-            if parsed is not None:
-                inst, gen, stored, removed, inflight = parsed
-                if inst == self.instance:
-                    continue  # a name of ours that failed to be removed
-                value = (stored, removed)
-                if gen >= newest.get(inst, (-1, 0))[0]:
-                    newest[inst] = (gen, inflight)
-                if not (stored <= _MAX_ABS and removed <= _MAX_ABS):
-                    self._want_rescan(f"{USAGE_DIR_NAME}/{name} holds no valid count")
-                    continue
-                beat = gen
-            elif is_legacy_name(name):
-                inst = name
-                legacy, beat, wrong = read_legacy_count(dfd, name)
-                if wrong is not None:
-                    self._want_rescan(f"{USAGE_DIR_NAME}/{name} {wrong}")
-                if legacy is None:
-                    continue
-                value = legacy
-            else:
-                continue
-            files.setdefault(inst, []).append(name)
-            if inst not in seen or value > seen[inst]:
-                seen[inst] = value
-            beats[inst] = max(beat, beats.get(inst, beat))
+        listing = read_listing(dfd, names, set(self._own_names), self.instance)
+        for name, why in listing.bad:
+            self._want_rescan(f"{USAGE_DIR_NAME}/{name} {why}")
+        seen, beats, files, scans = listing.counts, listing.beats, listing.files, listing.scans
         with self._lock:
             now = self._clock()
             good: dict[str, tuple[int, int]] = {}
@@ -578,7 +494,7 @@ class SharedUsage:
                     )
             for inst in good:
                 self._refused.pop(inst, None)
-                self._others_inflight[inst] = min(good[inst][0], newest.get(inst, (0, 0))[1])
+                self._others_inflight[inst] = min(good[inst][0], listing.inflight.get(inst, 0))
             if any(self._others.get(i) != v for i, v in good.items()):
                 self._last_activity = now
                 self.changed_since_scan = True
@@ -593,7 +509,7 @@ class SharedUsage:
                 elif now - last_beat[1] > STALE_S:
                     dead.append(inst)
         # A leftover seen for an hour of this reader's time: its maker is gone.
-        seen_now = {name: self._leftovers.get(name, now) for name in leftovers[:1000]}
+        seen_now = {name: self._leftovers.get(name, now) for name in listing.leftovers[:1000]}
         self._leftovers = seen_now
         for name, first in seen_now.items():
             if now - first > STALE_S:
@@ -664,8 +580,6 @@ class SharedUsage:
         with contextlib.suppress(Exception):
             self.refresh(force=True)
         with self._io_lock:
-            dfd, self._dir_fd = self._dir_fd, None
             self._disabled = True
-            if dfd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(dfd)
+            if self._usage_dir is not None:
+                self._usage_dir.close()
