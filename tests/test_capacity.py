@@ -811,6 +811,8 @@ def test_a_settled_scan_is_shared(tmp_path: Path) -> None:
         assert not a.scan_raced
         a.refresh()
         assert len(list((tmp_path / USAGE_DIR_NAME).glob(f"{a.instance}.*.scn"))) == 1
+        a.refresh(force=True)  # the same count anew (a lease given back, a heartbeat): the scan stays
+        assert len(list((tmp_path / USAGE_DIR_NAME).glob(f"{a.instance}.*.scn"))) == 1
         b.refresh()
         assert b.read() == 1300 and b.scans_adopted == 1 and not b.changed_since_scan
         b.add(50)  # deltas count on top of the adopted scan

@@ -134,6 +134,11 @@ class Capacity:
             and not shared.changed_since_scan and not shared.scan_raced
         )
 
+    @property
+    def scans_adopted(self) -> int:
+        """Settled scans of other instances this one took as its own."""
+        return 0 if self._shared is None else self._shared.scans_adopted
+
     def refresh_usage(self, *, force: bool = False) -> None:
         """Publish this instance's count now and read every other instance's
         (what the background refresh does every few seconds), through the

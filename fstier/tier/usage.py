@@ -59,7 +59,8 @@ returns fresh.
   its own scan's (exact: no count moved since, so the disk still holds
   them): one walk per quiet spell per root, not one per instance (on
   ceph-fuse a walk over another host's fresh files took 74 s;
-  test_a_settled_scan_is_shared). The owner's next count removes the name.
+  test_a_settled_scan_is_shared). The owner's next count that moved
+  removes the name.
 - An instance whose generation has not moved for ``STALE_S`` of this
   reader's own monotonic time is gone: any reader removes its names.
 - **Eviction is one instance at a time per root** through a lease,
@@ -414,9 +415,13 @@ class SharedUsage:
                             self.root / USAGE_DIR_NAME, exc)
             return
         self._gen = gen
+        moved = value != self._published
         self._published = value
         self._published_at = now
-        old, self._own_names = self._own_names, []
+        # A shared scan stays while the count it saw does (a heartbeat or a
+        # lease given back publishes the same value anew).
+        old = [n for n in self._own_names if moved or not n.endswith(SCAN_SUFFIX)]
+        self._own_names = [n for n in self._own_names if n not in old]
         for stale in old:
             try:
                 os.unlink(stale, dir_fd=dfd)
@@ -444,7 +449,7 @@ class SharedUsage:
             os.close(os.open(name, _CREATE_FLAGS, self._mode, dir_fd=dfd))
         except OSError:
             return
-        self._own_names.insert(0, name)  # the next count published removes it
+        self._own_names.insert(0, name)  # the next count that moved removes it
 
     def _adopt_scan_locked(self, scans: dict[str, tuple[int, str]]) -> None:
         """Take another instance's settled scan as this one's (see the module

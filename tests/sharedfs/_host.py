@@ -86,6 +86,7 @@ def main() -> None:
             "usage": tier.usage_bytes, "stored": stored, "dropped": dropped, "failed": failed,
             "failed_causes": causes, "settle_s": round(time.monotonic() - t0, 1),
             "settled": tier.capacity.settled,
+            "scans_adopted": tier.capacity.scans_adopted,
         }), flush=True)
     finally:
         tier.close()
