@@ -88,6 +88,7 @@ def test_two_hosts_share_max_bytes(sfs: SharedFs) -> None:
         "on disk after drain (MiB)": round(on_disk / 2**20, 1),
         "count error per host (%)": [round(100 * e, 2) for e in errors],
         "settled after (s)": [v["settle_s"] if v["settled"] else None for v in views],
+        "shared scans taken": [v["scans_adopted"] for v in views],
         "stored blocks": [v["stored"] for v in views],
         "dropped (capacity, backpressure)": [v["dropped"] for v in views],
         "failed (other causes)": [v["failed_causes"] for v in views],
