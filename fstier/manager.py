@@ -240,7 +240,8 @@ class FsTier:
         self._reap()
         n = len(keys)
         keys_t, slots_t = tuple(keys), tuple(slots)
-        op_bytes = tuple(self._payload_len[k.group_idx] for k in keys_t)
+        plen = self._payload_len
+        op_bytes = (plen[0],) * n if len(plen) == 1 else tuple(plen[k.group_idx] for k in keys_t)
         # Every outcome, even one decided at once (empty, degraded, slot busy,
         # backpressure), is taken under one lock after the duplicate-id check:
         # otherwise a second job "J" that finishes at once would report a
@@ -251,15 +252,18 @@ class FsTier:
                 self._finish_now_locked(job_id, kind, 0, "")
                 return
             busy = self._fences.busy(slots_t)
-            cause = self._admission.refuse(kind, n, sum(map(block_file_size, op_bytes)), slot_busy=busy)
+            file_bytes = block_file_size(plen[0]) * n if len(plen) == 1 else sum(map(block_file_size, op_bytes))
+            cause = self._admission.refuse(kind, n, file_bytes, slot_busy=busy)
             if cause is not None:
                 self._finish_now_locked(job_id, kind, n, cause)
                 return
             job = self._jobs.open(job_id, kind, keys_t, slots_t, op_bytes)
-        # The block store cuts the job into batches: one native call per I/O
-        # thread (GIL released), or one key per op on the Python path.
-        threads = self.tier_config.write_threads if kind == "store" else self.tier_config.read_threads
-        self._io.submit(job.pool_id, "write" if kind == "store" else "read", self._ops.ops(job, threads))
+        # The block store cuts the job into batches: one native call per
+        # spare I/O thread (GIL released; one call for the whole job when
+        # queued ops already keep every thread busy: each call costs its
+        # fixed Python once), or one key per op on the Python path.
+        queue = "write" if kind == "store" else "read"
+        self._io.submit(job.pool_id, queue, self._ops.ops(job, max(1, self._io.spare_threads(queue))))
 
     def touch(self, keys: Sequence[BlockKey]) -> None:
         """Mark ``keys`` recently used (LRU recency) without a system call
@@ -303,10 +307,22 @@ class FsTier:
                     self._finished.append(result)
                 self._idle.notify_all()
 
+    def has_news(self) -> bool:
+        """Whether :meth:`get_finished` or :meth:`take_events` may return
+        something now (a result, a held result, an event, or a finished pool
+        job not yet judged). Takes no lock: an engine polling every
+        scheduler step skips both calls while nothing happened; something
+        that happens after the read is seen by the next poll."""
+        return bool(self._finished or self._held or self._events or self._io.has_finished())
+
     def get_finished(self) -> list[JobResult]:
         """Results of jobs finished since the last call (never blocks); with
         ``hold_fenced_results``, a job's result comes once none of its slots
-        is fenced (held results first, in the order they finished)."""
+        is fenced (held results first, in the order they finished).
+        Polling with nothing finished takes no lock (an engine calls this
+        every scheduler step)."""
+        if not (self._finished or self._held or self._io.has_finished()):
+            return []
         self._reap()
         with self._lock:
             out, self._finished = self._finished, []
@@ -317,7 +333,10 @@ class FsTier:
         return out
 
     def take_events(self) -> list[TierEvent]:
-        """Stored/removed events since the last call, in order."""
+        """Stored/removed events since the last call, in order (no lock
+        taken when there is none and no job finished)."""
+        if not (self._events or self._io.has_finished()):
+            return []
         self._reap()
         with self._lock:
             out, self._events = self._events, []

@@ -137,7 +137,10 @@ class JobOps:
         return one pool op per batch."""
         bounds = job.bounds = self._blocks.batch_bounds(len(job.keys), threads)
         spans = list(zip(bounds[:-1], bounds[1:], strict=True))
-        if job.kind == "store":
+        if job.kind == "store" and len(set(job.op_bytes)) == 1:  # one payload size: no per-key sum
+            size = block_file_size(job.op_bytes[0])
+            job.op_reserved = [size * (b - a) for a, b in spans]
+        elif job.kind == "store":
             sizes = [block_file_size(b) for b in job.op_bytes]
             job.op_reserved = [sum(sizes[a:b]) for a, b in spans]
         else:
