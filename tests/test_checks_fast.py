@@ -138,7 +138,17 @@ def test_a_job_queued_behind_busy_threads_is_one_batch(tmp_path: Path) -> None:
         if not tier.blocks.batched:
             pytest.skip("one key per op on the Python path")
         gate = threading.Event()
-        tier._io.submit("hold", "write", [gate.wait] * 4)  # 2 running, 2 queued
+        started = threading.Semaphore(0)
+
+        def hold() -> None:
+            started.release()
+            gate.wait()
+
+        # All 4 threads (2 read threads steal writes when idle) held, 2 more queued.
+        tier._io.submit("hold", "write", [hold] * 6)
+        for _ in range(4):
+            assert started.acquire(timeout=10)
+        assert tier._io.spare_threads("write") == 0
         ks = keys(0, 16)
         tier.submit_store("big", ks, list(range(16)))
         (job,) = [j for j in tier._jobs._by_pool.values() if j.job_id == "big"]
@@ -158,10 +168,10 @@ def test_idle_poll_takes_no_lock_and_misses_nothing(tmp_path: Path) -> None:
         assert not tier.has_news()
         with tier._lock:  # a poll while the tier's lock is held returns at once
             got: list[object] = []
-            t = threading.Thread(target=lambda: got.append((tier.get_finished(), tier.take_events())))
+            t = threading.Thread(target=lambda: got.append(tier.get_finished()))
             t.start()
             t.join(5)
-            assert got == [([], [])]
+            assert got == [[]]
         ks = keys(0, 2)
         tier.submit_store("s", ks, [0, 1])
         assert tier._io.wait_idle(5)
