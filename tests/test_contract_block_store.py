@@ -134,6 +134,24 @@ def test_remove(store: BlockStore) -> None:
     assert not store.remove(key(9))
 
 
+def test_remove_many(store: BlockStore, tmp_path: Path) -> None:
+    """One answer per key, in order, across fan-out directories; a missing
+    file is False; a symlink at a block's name is removed, its target kept."""
+    keys = [_spread(i) for i in (1, 2, 3, 4)]
+    for i, k in zip((1, 2, 3, 4), keys, strict=True):
+        store.store(k, _payload(i))
+    target = tmp_path / "target"
+    target.write_bytes(b"not a block")
+    link = _spread(5)
+    Path(store.path(link)).parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(target, store.path(link))
+    got = store.remove_many([keys[0], _spread(9), keys[2], link, keys[1]])
+    assert got == [True, False, True, True, True]
+    assert [store.exists(k) for k in keys] == [False, False, False, True]
+    assert not os.path.lexists(store.path(link)) and target.read_bytes() == b"not a block"
+    assert store.remove_many([]) == []
+
+
 def test_directories_removed_under_the_store_are_made_again(store: BlockStore) -> None:
     import shutil
 

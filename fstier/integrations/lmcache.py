@@ -58,7 +58,6 @@ import contextlib
 import itertools
 import logging
 import threading
-from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
@@ -67,17 +66,19 @@ from fstier.integrations._options import tier_config_from_engine_options
 from fstier.integrations.lmcache_keys import list_keys, remove_keys
 from fstier.integrations.lmcache_space import (
     MAX_GROUPS,
+    L1Arena,
     Layout,
     LentSlots,
     SpaceId,
     space_mapper,
 )
+from fstier.integrations.lmcache_tasks import Notes, Part, Space, Task
 from fstier.keys import BlockKey
 from fstier.tier.records import BlockRemoved, BlockStored
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig
-    from fstier.manager import FsTier, JobResult
+    from fstier.manager import JobResult
 
 __all__ = [
     "MAX_SPACES",
@@ -96,6 +97,7 @@ SUPPORTED_LMCACHE = ("0.5",)
 #: adapter; each is one FsTier with its own I/O threads. Keys of a further
 #: namespace miss and are not stored (logged once).
 MAX_SPACES = 64
+_RESOLVED_MAX = 4096
 _DOC = "docs/lmcache.md"
 
 
@@ -138,41 +140,6 @@ def tier_config_from_adapter_params(params: Any) -> TierConfig:
     return tier_config_from_engine_options(
         params, who="FstierL2Adapter", engine="LMCache", engine_keys=(), aliases={}, doc=_DOC
     )
-
-
-@dataclass(eq=False)
-class _Space:
-    """One open namespace: its id, tier and lent slots."""
-
-    sid: SpaceId
-    tier: FsTier
-    slots: LentSlots
-
-    def object_key(self, key: BlockKey, make: Any) -> Any:
-        s = self.sid
-        return make(key.block_hash, s.model_name, s.kv_rank, key.group_idx, s.cache_salt)
-
-
-@dataclass(eq=False)
-class _Task:
-    """One LMCache store or load task: its FsTier jobs (one per namespace)."""
-
-    kind: str
-    n: int
-    pending: int = 0
-    failed: bool = False
-    nbytes: int = 0
-    ok: list[int] = field(default_factory=list)
-    accessed: list[Any] = field(default_factory=list)
-
-
-@dataclass(eq=False)
-class _Part:
-    task_id: int
-    space: _Space
-    positions: list[int]
-    slots: list[int]
-    keys: list[Any]
 
 
 # ------------------------------------------------------------------ adapter
@@ -233,19 +200,23 @@ else:
             self.tier_config: TierConfig = config.tier
             super().__init__(max_capacity_bytes=config.tier.max_bytes or 0)
             self._efd = {k: create_event_notifier() for k in ("store", "lookup", "load")}
-            self._spaces: dict[SpaceId, _Space] = {}
+            self._spaces: dict[SpaceId, Space] = {}
             self._refused: set[SpaceId] = set()
+            #: (model, kv_rank, salt, group ok, value signature) -> namespace:
+            #: a task's keys resolve with one dict lookup each (see _resolve)
+            self._resolved: dict[tuple[Any, ...], Space | None] = {}
             self._spaces_lock = threading.Lock()
             self._lock = threading.Lock()  # tasks, parts, results
             self._collect_lock = threading.Lock()
             self._ids = itertools.count()
-            self._tasks: dict[int, _Task] = {}
-            self._parts: dict[tuple[str, int, int], _Part] = {}
+            self._tasks: dict[int, Task] = {}
+            self._parts: dict[tuple[str, int, int], Part] = {}
             self._done_store: dict[int, Any] = {}
             self._done_lookup: dict[int, Any] = {}
             self._done_load: dict[int, Any] = {}
             self._closed = False
             self._efd_closed = False
+            self._arena = L1Arena.of(l1_memory_desc)
             log.info("fstier: LMCache L2 adapter at %s", self.tier_config.root_dir)
 
         # -- event fds ----------------------------------------------------
@@ -268,7 +239,7 @@ else:
                 self._efd[kind].notify()
 
         # -- namespaces ---------------------------------------------------
-        def _space(self, key: Any, layout: Layout | None) -> _Space | None:
+        def _space(self, key: Any, layout: Layout | None) -> Space | None:
             """The open namespace of ``key`` under ``layout`` (opened on first use)."""
             if layout is None or not 0 <= int(key.object_group_id) < MAX_GROUPS:
                 return None
@@ -301,7 +272,7 @@ else:
                     self._refused.add(sid)
                     log.exception("fstier: cannot open the LMCache namespace of %s", sid)
                     return None
-                space = _Space(sid, tier, slots)
+                space = Space(sid, tier, slots)
                 self._spaces[sid] = space
                 log.info(
                     "fstier: LMCache namespace %s (%s, kv_rank %#x, %s, %d bytes per chunk)",
@@ -310,22 +281,48 @@ else:
                 )
                 return space
 
-        def _open_spaces(self) -> list[_Space]:
+        def _open_spaces(self) -> list[Space]:
             with self._spaces_lock:
                 return list(self._spaces.values())
+
+        def _resolve(self, key: Any, obj: Any) -> Space | None:
+            """:meth:`_space` of ``key`` under ``obj``'s layout, memoised by
+            what decides it (the key's model, rank, salt and group range, and
+            the object's shapes, dtypes and size): a task's keys share one
+            answer, so a store or load costs one dict lookup per key, not a
+            layout parse and a namespace hash (test_lmcache_adapter.py::
+            test_a_task_of_mixed_layouts_and_ranks_splits_by_namespace)."""
+            meta = obj.metadata
+            shapes, dtypes = meta.shapes, meta.dtypes
+            sig = (
+                key.model_name, key.kv_rank, key.cache_salt,
+                0 <= key.object_group_id < MAX_GROUPS, meta.shape, meta.dtype,
+                tuple(shapes) if shapes else None, tuple(dtypes) if dtypes else None, obj.get_size(),
+            )
+            try:
+                return self._resolved[sig]
+            except KeyError:
+                pass
+            space = self._space(key, Layout.of_object(obj))
+            if space is not None or self._closed or len(self._spaces) >= MAX_SPACES:
+                # Not a namespace that failed to open for a moment: remember
+                # it (the memo is cleared when it grows past a bound).
+                if len(self._resolved) >= _RESOLVED_MAX:
+                    self._resolved.clear()
+                self._resolved[sig] = space
+            return space
 
         # -- store / load ---------------------------------------------------
         def _submit(self, kind: str, keys: list[Any], objects: list[Any]) -> int:
             task_id = next(self._ids)
-            task = _Task(kind, len(keys), ok=[0] * len(keys))
-            with self._lock:
-                self._tasks[task_id] = task
-            parts: dict[_Space, list[int]] = {}
+            task = Task(kind, len(keys), ok=[0] * len(keys))
+            parts: dict[Space, list[int]] = {}
             try:
                 if len(keys) != len(objects):
                     raise ValueError(f"{len(keys)} keys but {len(objects)} objects")
+                resolve = self._resolve
                 for i, (k, o) in enumerate(zip(keys, objects, strict=True)):
-                    space = self._space(k, Layout.of_object(o))
+                    space = resolve(k, o)
                     if space is None:
                         task.failed = True
                     else:
@@ -333,28 +330,37 @@ else:
             except Exception:
                 log.exception("fstier: LMCache %s task of %d key(s) refused", kind, len(keys))
                 task.failed, parts = True, {}
-            with self._lock:
-                task.pending = len(parts)
-            for n, (space, positions) in enumerate(parts.items()):
-                self._submit_part(kind, task_id, n, space, positions, keys, objects)
-            with self._lock:
-                done = task.pending == 0 and self._tasks.pop(task_id, None) is not None
+            # FsTier reaps finished jobs on submit too: the tiers are submitted
+            # to under the collect lock, so a reap and the publication of
+            # what it took are never split by a collection (a caller woken by
+            # a job's eventfd write then always finds its result:
+            # test_lmcache_adapter.py::test_results_reaped_by_a_submit_are_found).
+            with self._collect_lock:
+                with self._lock:
+                    self._tasks[task_id] = task
+                    task.pending = len(parts)
+                for n, (space, positions) in enumerate(parts.items()):
+                    self._submit_part(kind, task_id, n, space, positions, keys, objects)
+                with self._lock:
+                    done = task.pending == 0 and self._tasks.pop(task_id, None) is not None
+                if done:  # no job of it ran: nothing else signals its result
+                    self._publish(task_id, task, Notes())
             if done:
-                self._finish(task_id, task)
+                self._signal(kind)
             return task_id
 
         def _submit_part(
-            self, kind: str, task_id: int, n: int, space: _Space, positions: list[int],
+            self, kind: str, task_id: int, n: int, space: Space, positions: list[int],
             keys: list[Any], objects: list[Any],
         ) -> None:
             job_id = (kind, task_id, n)
             slots: list[int] | None = None
             try:
                 bkeys = [BlockKey(keys[i].chunk_hash, keys[i].object_group_id) for i in positions]
-                slots = space.slots.lend([objects[i].byte_array for i in positions])
+                slots = space.slots.lend([self._arena.bytes_of(objects[i]) for i in positions])
                 if slots is None:
                     raise ValueError("an L1 object is not a writable buffer of its layout's size")
-                part = _Part(task_id, space, positions, slots, [keys[i] for i in positions])
+                part = Part(task_id, space, positions, slots, [keys[i] for i in positions])
                 with self._lock:
                     self._parts[job_id] = part
                 if kind == "store":
@@ -372,42 +378,52 @@ else:
                     space.slots.release(slots)
 
         def _collect(self) -> None:
-            """Take every tier's finished jobs and events; finish the tasks
-            they complete and tell LMCache what was stored or removed."""
-            stored: list[Any] = []
-            deleted: list[Any] = []
-            sizes_stored: list[int] = []
-            sizes_deleted: list[int] = []
-            finished: list[tuple[int, _Task]] = []
+            """Take every tier's finished jobs and events, publish the tasks
+            they complete, and tell LMCache what was stored, removed or loaded."""
             with self._collect_lock:
-                for space in self._open_spaces():
-                    try:
-                        results = space.tier.get_finished()
-                        events = space.tier.take_events()
-                    except Exception:
-                        log.exception("fstier: collecting LMCache results failed")
-                        continue
-                    for r in results:
-                        done = self._route(r)
-                        if done is not None:
-                            finished.append(done)
-                    size = space.sid.layout.nbytes
-                    for ev in events:
-                        okeys = [space.object_key(k, ObjectKey) for k in ev.keys]
-                        if isinstance(ev, BlockStored):
-                            stored += okeys
-                            sizes_stored += [size] * len(okeys)
-                        elif isinstance(ev, BlockRemoved):
-                            deleted += okeys
-                            sizes_deleted += [size] * len(okeys)
-            if stored:
-                self._notify_keys_stored(stored, sizes_stored)
-            if deleted:
-                self._notify_keys_deleted(deleted, sizes_deleted)
-            for task_id, task in finished:
-                self._finish(task_id, task)
+                notes = self._collect_locked()
+            self._notify(notes)
 
-        def _route(self, r: JobResult) -> tuple[int, _Task] | None:
+        def _collect_locked(self) -> Notes:
+            """:meth:`_collect` under the collect lock: the results are
+            published here; what LMCache is to be told is returned. No eventfd
+            is written: each job's result was signalled when FsTier finished it."""
+            notes = Notes()
+            finished: list[tuple[int, Task]] = []
+            for space in self._open_spaces():
+                try:
+                    results = space.tier.get_finished()
+                    events = space.tier.take_events()
+                except Exception:
+                    log.exception("fstier: collecting LMCache results failed")
+                    continue
+                for r in results:
+                    done = self._route(r)
+                    if done is not None:
+                        finished.append(done)
+                size = space.sid.layout.nbytes
+                for ev in events:
+                    okeys = [space.object_key(k, ObjectKey) for k in ev.keys]
+                    if isinstance(ev, BlockStored):
+                        notes.stored += okeys
+                        notes.sizes_stored += [size] * len(okeys)
+                    elif isinstance(ev, BlockRemoved):
+                        notes.deleted += okeys
+                        notes.sizes_deleted += [size] * len(okeys)
+            for task_id, task in finished:
+                self._publish(task_id, task, notes)
+            return notes
+
+        def _notify(self, notes: Notes) -> None:
+            """Tell LMCache's listeners (never under the adapter's locks)."""
+            if notes.stored:
+                self._notify_keys_stored(notes.stored, notes.sizes_stored)
+            if notes.deleted:
+                self._notify_keys_deleted(notes.deleted, notes.sizes_deleted)
+            if notes.accessed:
+                self._notify_keys_accessed(notes.accessed)
+
+        def _route(self, r: JobResult) -> tuple[int, Task] | None:
             """Apply one FsTier result to its task; the task when it is complete."""
             with self._lock:
                 part = self._parts.pop(r.job_id, None)  # type: ignore[call-overload]
@@ -429,12 +445,12 @@ else:
             part.space.slots.release(part.slots)
             return (part.task_id, task) if done else None
 
-        def _finish(self, task_id: int, task: _Task) -> None:
-            """Publish a complete task's result and wake LMCache."""
+        def _publish(self, task_id: int, task: Task, notes: Notes) -> None:
+            """Make a complete task's result available (returned once)."""
             if task.kind == "store":
+                result = L2StoreResult(not task.failed, task.nbytes)
                 with self._lock:
-                    self._done_store[task_id] = L2StoreResult(not task.failed, task.nbytes)
-                self._signal("store")
+                    self._done_store[task_id] = result
                 return
             bits = Bitmap(task.n)
             for i, ok in enumerate(task.ok):
@@ -442,9 +458,7 @@ else:
                     bits.set(i)
             with self._lock:
                 self._done_load[task_id] = bits
-            if task.accessed:
-                self._notify_keys_accessed(task.accessed)
-            self._signal("load")
+            notes.accessed += task.accessed
 
         def submit_store_task(self, keys: list[Any], objects: list[Any]) -> int:
             return self._submit("store", keys, objects)
@@ -473,9 +487,14 @@ else:
                 layouts: dict[int, Layout | None] = {}
                 for gid, desc in dict(group_layout_descs or {}).items():
                     layouts[int(gid)] = Layout.of(desc.shapes, desc.dtypes)
-                parts: dict[_Space, list[int]] = {}
+                parts: dict[Space, list[int]] = {}
+                seen: dict[tuple[Any, ...], Space | None] = {}
                 for i, k in enumerate(keys):
-                    space = self._space(k, layouts.get(int(k.object_group_id)))
+                    owner = (k.model_name, k.kv_rank, k.cache_salt, k.object_group_id)
+                    try:
+                        space = seen[owner]
+                    except KeyError:
+                        space = seen[owner] = self._space(k, layouts.get(int(k.object_group_id)))
                     if space is not None:
                         parts.setdefault(space, []).append(i)
                 for space, positions in parts.items():

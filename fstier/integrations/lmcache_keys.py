@@ -10,10 +10,13 @@ for :class:`~fstier.integrations.lmcache.FstierL2Adapter`.
   an operator's call, not a hot path.
 * :func:`remove_keys`: LMCache's ``delete`` (its own eviction or an
   operator): each key's file in every open namespace of its model,
-  ``kv_rank`` and salt, through :meth:`~fstier.io.blockstore.BlockStore.remove`
-  (one ``unlink`` per key: LMCache calls it from its eviction thread, never
-  on a store or load); the shared usage count catches up at the capacity
-  thread's next pass.
+  ``kv_rank`` and salt, through
+  :meth:`~fstier.io.blockstore.BlockStore.remove_many`: one batch per
+  namespace (native: one GIL-free call; no Python syscall per key); the
+  shared usage count catches up at the capacity thread's next pass (it
+  over-counts until then). A presence answer
+  cached before the delete (``lookup_cache_ttl_s``) may still count a chunk
+  as a hit; its load then misses and LMCache serves a shorter prefix.
 """
 
 from __future__ import annotations
@@ -83,17 +86,24 @@ def remove_keys(
     keys: Iterable[Any], spaces: Iterable[tuple[Any, FsTier]], make_key: Callable[..., Any]
 ) -> tuple[list[Any], list[int]]:
     """Remove each LMCache key's file from every ``(space_id, tier)`` of
-    its model, rank and salt; ``(keys removed, their payload bytes)``."""
+    its model, rank and salt; ``(keys removed, their payload bytes)``. One
+    :meth:`~fstier.io.blockstore.BlockStore.remove_many` per namespace (native:
+    one GIL-free call). The shared usage count catches up at the capacity
+    thread's next pass."""
     by_owner: dict[tuple[str, int, str], list[tuple[Any, FsTier]]] = {}
     for sid, tier in spaces:
         by_owner.setdefault((sid.model_name, sid.kv_rank, sid.cache_salt), []).append((sid, tier))
-    removed: list[Any] = []
-    sizes: list[int] = []
+    batches: dict[int, tuple[Any, FsTier, list[Any]]] = {}
     for k in keys:
         for sid, tier in by_owner.get((k.model_name, int(k.kv_rank), k.cache_salt), []):
-            bkey = BlockKey(k.chunk_hash, int(k.object_group_id))
-            if bkey.group_idx >= tier.mapper.num_groups or not tier.blocks.remove(bkey):
-                continue
-            removed.append(make_key(k.chunk_hash, k.model_name, k.kv_rank, k.object_group_id, k.cache_salt))
-            sizes.append(sid.layout.nbytes)
+            if 0 <= int(k.object_group_id) < tier.mapper.num_groups:
+                batches.setdefault(id(tier), (sid, tier, []))[2].append(k)
+    removed: list[Any] = []
+    sizes: list[int] = []
+    for sid, tier, ks in batches.values():
+        bkeys = [BlockKey(k.chunk_hash, int(k.object_group_id)) for k in ks]
+        for k, ok in zip(ks, tier.blocks.remove_many(bkeys), strict=True):
+            if ok:
+                removed.append(make_key(k.chunk_hash, k.model_name, k.kv_rank, k.object_group_id, k.cache_salt))
+                sizes.append(sid.layout.nbytes)
     return removed, sizes

@@ -22,6 +22,9 @@ file lives in, what it is called, and the memory FsTier moves it through.
 * :class:`LentSlots`: the :class:`~fstier.slots.SlotProvider` of one
   namespace: LMCache's L1 objects are lent to FsTier for one job each,
   in place (no copy), and given back when its result is taken.
+* :class:`L1Arena`: an L1 object's bytes, in place: a slice of one view of
+  LMCache's L1 arena (``L1MemoryDesc``), built once; an object outside the
+  arena (or no arena described) gives its own ``byte_array``.
 
 Importing this module imports neither LMCache nor torch. Costs: a
 :class:`SpaceId` is built once per key (a few attribute reads); a mapper
@@ -42,7 +45,7 @@ from fstier.io.blockfile import FORMAT_VERSION
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig
 
-__all__ = ["MAX_GROUPS", "Layout", "LentSlots", "SpaceId", "space_mapper", "split_kv_rank"]
+__all__ = ["MAX_GROUPS", "L1Arena", "Layout", "LentSlots", "SpaceId", "space_mapper", "split_kv_rank"]
 
 #: Object groups a namespace holds (``object_group_id`` 0..MAX_GROUPS-1);
 #: a key of a higher group is a miss and is never stored.
@@ -235,3 +238,39 @@ class LentSlots:
         """Slots lent now (fenced ones included)."""
         with self._lock:
             return len(self._views)
+
+
+class L1Arena:
+    """LMCache's L1 arena as one writable byte view (``L1MemoryDesc``'s
+    ``ptr`` and ``size``), built once: :meth:`bytes_of` slices an object's
+    ``get_size()`` bytes from it, exactly ``byte_array``'s bytes, without
+    the ctypes array type and cast ``byte_array`` builds per call. Building
+    the view touches no memory; only the slices lent to a job are read or
+    written."""
+
+    def __init__(self, base: int, view: memoryview | None) -> None:
+        self._base = base
+        self._view = view
+
+    @classmethod
+    def of(cls, desc: Any) -> L1Arena:
+        """The arena ``desc`` describes (none: every object's own ``byte_array``)."""
+        try:
+            ptr, size = int(desc.ptr), int(desc.size)
+        except (AttributeError, TypeError, ValueError):
+            return cls(0, None)
+        if ptr <= 0 or size <= 0:
+            return cls(0, None)
+        import ctypes
+
+        return cls(ptr, memoryview((ctypes.c_ubyte * size).from_address(ptr)).cast("B"))
+
+    def bytes_of(self, obj: Any) -> memoryview:
+        """``obj.byte_array``'s bytes, in place."""
+        view = self._view
+        if view is not None:
+            off = int(obj.data_ptr) - self._base
+            end = off + int(obj.get_size())
+            if off >= 0 and end <= len(view):
+                return view[off:end]
+        return obj.byte_array  # type: ignore[no-any-return,unused-ignore]

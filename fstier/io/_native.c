@@ -1195,6 +1195,56 @@ static PyObject *py_touch_batch(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* Remove each block file's name, one call per batch: its directory resolved
+ * below the base with no symlink in any component (reused while the names
+ * share it), then unlinkat (a symlink at the name is removed itself, never
+ * followed; a directory there stays). Returns bytes (1: the name was
+ * unlinked; 0: nothing there, or it could not be removed). */
+static PyObject *py_remove_batch(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *base;
+    PyObject *rels;
+    if (!PyArg_ParseTuple(args, "yO", &base, &rels)) return NULL;
+    Py_ssize_t n = 0;
+    fx_item *items = items_from(rels, NULL, NULL, NULL, 0, &n);
+    if (!items) return NULL;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n);
+    if (!out) {
+        items_free(items, n);
+        return NULL;
+    }
+    uint8_t *res = (uint8_t *)PyBytes_AS_STRING(out);
+    memset(res, 0, (size_t)n);
+    Py_BEGIN_ALLOW_THREADS
+    int base_fd = open_base(base);
+    int dfd = -1;
+    char dir[PATH_MAX], held[PATH_MAX];
+    held[0] = 0;
+    for (Py_ssize_t i = 0; base_fd >= 0 && i < n; i++) {
+        const char *rel = items[i].rel;
+        const char *slash = strrchr(rel, '/');
+        size_t dlen = slash ? (size_t)(slash - rel) : 0;
+        if (dlen >= sizeof dir) continue;
+        memcpy(dir, rel, dlen);
+        dir[dlen] = 0;
+        if (dfd < 0 || strcmp(dir, held) != 0) {
+            if (dfd >= 0) close(dfd);
+            dfd = x_opendir(base_fd, dir);
+            memcpy(held, dir, dlen + 1);
+            if (dfd < 0) {
+                held[0] = 0;
+                continue;
+            }
+        }
+        if (x_unlinkat(dfd, slash ? slash + 1 : rel) == 0) res[i] = 1;
+    }
+    if (dfd >= 0) close(dfd);
+    if (base_fd >= 0) close(base_fd);
+    Py_END_ALLOW_THREADS
+    items_free(items, n);
+    return out;
+}
+
 static PyObject *py_xxh3_64(PyObject *self, PyObject *arg) {
     (void)self;
     Py_buffer b;
@@ -1375,6 +1425,8 @@ static PyMethodDef methods[] = {
      "[(status, errno, nbytes, reason, dev, ino)]"},
     {"touch_batch", py_touch_batch, METH_VARARGS,
      "touch_batch(base, rels) -> bytes (1: a regular file with one link had its mtime set to now)"},
+    {"remove_batch", py_remove_batch, METH_VARARGS,
+     "remove_batch(base, rels) -> bytes (1: the name was unlinked)"},
     {"lookup_batch", py_lookup_batch, METH_VARARGS,
      "lookup_batch(base, rels, prefix) -> bytes (1: a regular file is there)"},
     {"xxh3_64", py_xxh3_64, METH_O, "XXH3-64 (seed 0) of a buffer"},

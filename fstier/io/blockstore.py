@@ -12,8 +12,9 @@ and stores, loads, checks and removes blocks through the per-file path of
 API shape (the seam between backends)
     Per key: :meth:`BlockStore.store`, :meth:`~BlockStore.load`,
     :meth:`~BlockStore.remove`, :meth:`~BlockStore.exists`; per batch:
-    :meth:`~BlockStore.store_many`, :meth:`~BlockStore.load_many` and
-    :meth:`~BlockStore.present_many`, which take a batch of keys and return
+    :meth:`~BlockStore.store_many`, :meth:`~BlockStore.load_many`,
+    :meth:`~BlockStore.present_many` and :meth:`~BlockStore.remove_many`,
+    which take a batch of keys and return
     one answer per key in order. The backend is a constructor argument,
     chosen once: native (:mod:`fstier.io.native`: the whole batch in one
     call, GIL released) or Python, key by key (:mod:`fstier.io._blockio`).
@@ -433,6 +434,16 @@ class BlockStore:
         except FileNotFoundError:
             return False
         return True
+
+    def remove_many(self, keys: Sequence[BlockKey]) -> list[bool]:
+        """:meth:`remove` of each key; True where a file was removed. Native:
+        ONE call for the batch with the GIL released (no symlink followed
+        below the root); Python: one unlink per key."""
+        if not keys:
+            return []
+        if self._native:
+            return native.remove_batch(self._prefix, [self.path(k) for k in keys])
+        return [self.remove(k) for k in keys]
 
     def touch_many(self, paths: Sequence[str]) -> None:
         """Set each file's mtime to now (its LRU recency): only a regular

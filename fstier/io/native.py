@@ -363,6 +363,16 @@ def touch_batch(base: str, paths: Sequence[str]) -> list[bool]:
     return [b == 1 for b in got]
 
 
+def remove_batch(base: str, paths: Sequence[str]) -> list[bool]:
+    """Unlink each block file's name in one call, GIL released: each
+    directory resolved below ``base`` with no symlink in any component, the
+    name itself never followed (a symlink there is removed, a directory
+    stays). True where a name was removed."""
+    ext = _require()
+    got = ext.remove_batch(os.fsencode(base), _split(base, paths))
+    return [b == 1 for b in got]
+
+
 # ------------------------------------------------------------ fault seam
 def fault(
     op: str,

@@ -28,6 +28,7 @@ else:
 
 import torch  # noqa: E402
 from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey  # noqa: E402
+from lmcache.v1.distributed.internal_api import L1MemoryDesc  # noqa: E402
 from lmcache.v1.distributed.l2_adapters.plugin_l2_adapter import (  # noqa: E402
     PluginL2AdapterConfig,
     _create_plugin_adapter,
@@ -36,6 +37,8 @@ from lmcache.v1.memory_allocators.tensor_memory_allocator import TensorMemoryAll
 
 from fstier.errors import ConfigError  # noqa: E402
 from fstier.integrations.lmcache import FstierL2Adapter  # noqa: E402
+from fstier.io import fsops  # noqa: E402
+from fstier.tier.outcomes import Judge  # noqa: E402
 
 SHAPE = (2, 4, 256, 64)  # [kv, layers, tokens, hidden]: 256 KiB in float16
 MLA_SHAPE = (4, 256, 128)  # [layers, tokens, latent]
@@ -43,13 +46,14 @@ ARENA = torch.empty(64 << 20, dtype=torch.uint8)
 ALLOC = TensorMemoryAllocator(ARENA)
 
 
-def build(root: Path, **params: Any) -> Any:
-    """The adapter as LMCache's plugin loader builds it."""
+def build(root: Path, l1: Any = None, **params: Any) -> Any:
+    """The adapter as LMCache's plugin loader builds it (``l1``: the L1
+    arena's ``L1MemoryDesc``, as LMCache's server passes it)."""
     spec = {
         "type": "plugin", "module_path": "fstier.integrations.lmcache",
         "class_name": "FstierL2Adapter", "adapter_params": {"root_dir": str(root), **params},
     }
-    return _create_plugin_adapter(PluginL2AdapterConfig.from_dict(spec))
+    return _create_plugin_adapter(PluginL2AdapterConfig.from_dict(spec), l1_memory_desc=l1)
 
 
 class Listener:
@@ -72,8 +76,8 @@ class Listener:
 def adapters() -> Any:
     made: list[Any] = []
 
-    def make(root: Path, **params: Any) -> Any:
-        a = build(root, **params)
+    def make(root: Path, l1: Any = None, **params: Any) -> Any:
+        a = build(root, l1, **params)
         a.listener = Listener()
         a.register_listener(a.listener)
         made.append(a)
@@ -259,6 +263,88 @@ def test_mha_ranks_are_private_and_mla_is_shared_where_lmcache_keys_are(
     free(src + mla + dst)
 
 
+def test_a_task_of_mixed_layouts_and_ranks_splits_by_namespace(adapters: Any, tmp_path: Path) -> None:
+    """One task's keys resolve per key (memoised by rank and layout, never
+    by the task's first key): each chunk is in its own namespace."""
+    a = adapters(tmp_path)
+    r0, r1 = ObjectKey.ComputeKVRank(2, 0, 2, 0), ObjectKey.ComputeKVRank(2, 1, 2, 1)
+    ks = keys(2, seed=7, kv_rank=r0) + keys(2, seed=8, kv_rank=r1) + keys(2, seed=9, kv_rank=r0)
+    src = objects(4, seed=7) + objects(2, shape=MLA_SHAPE, seed=9)
+    for _ in range(2):  # the second task is answered from the memo
+        assert store(a, ks, src).is_successful()
+    assert len(a.report_status()["namespaces"]) == 3
+    assert sorted(p.parent.parent.name for p in tmp_path.rglob("*.bin")) == ["r0"] * 4 + ["r1"] * 2
+    dst = objects(4, seed=None) + objects(2, shape=MLA_SHAPE, seed=None)
+    assert load(adapters(tmp_path), ks, dst) == list(range(6))
+    assert [raw(o) for o in dst] == [raw(o) for o in src]
+    # A chunk offered under another layout of its size is another namespace: a miss.
+    other = objects(1, shape=(2, 4, 128, 128), seed=None)
+    dst2 = objects(5, seed=None)[:3] + objects(2, shape=MLA_SHAPE, seed=None)
+    assert load(a, ks[:1] + ks[1:], other + dst2) == [1, 2, 3, 4, 5]
+    free(src + dst + other + dst2)
+
+
+def test_results_reaped_by_a_submit_are_found(
+    adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FsTier reaps finished jobs on submit: a load result taken by another
+    thread's store submit, and still being judged when LMCache (woken by the
+    load's eventfd) asks, is found, not lost with its wake-up. Before the
+    tiers were submitted to under the adapter's collect lock, the query
+    returned None and no further signal came."""
+    import threading
+
+    a = adapters(tmp_path)
+    ks, src = keys(4, seed=10), objects(4, seed=10)
+    assert store(a, ks, src).is_successful()
+    entered, go = threading.Event(), threading.Event()
+    real = Judge.finish
+
+    def slow_finish(self: Judge, job: Any, results: Any) -> Any:
+        if job.kind == "load" and threading.current_thread().name == "store-submitter":
+            entered.set()
+            go.wait(10)
+        return real(self, job, results)
+
+    monkeypatch.setattr(Judge, "finish", slow_finish)
+    dst = objects(4, seed=None)
+    tid = a.submit_load_task(ks, dst)
+    wait_fd(a.get_load_event_fd())  # the job is done: LMCache would query now
+    more, more_src = keys(2, seed=11), objects(2, seed=11)
+    submitter = threading.Thread(target=a.submit_store_task, args=(more, more_src), name="store-submitter")
+    submitter.start()
+    assert entered.wait(10), "the store's submit did not reap the finished load"
+    got: list[Any] = []
+    query = threading.Thread(target=lambda: got.append(a.query_load_result(tid)))
+    query.start()
+    time.sleep(0.3)  # the query runs while the reaped result is being judged
+    go.set()
+    query.join(10)
+    submitter.join(10)
+    assert got and got[0] is not None, "the load's result was lost"
+    assert list(got[0].get_indices_list()) == [0, 1, 2, 3]
+    assert [raw(o) for o in dst] == [raw(o) for o in src]
+    free(src + dst + more_src)
+
+
+def test_objects_in_and_outside_the_l1_arena_round_trip(adapters: Any, tmp_path: Path) -> None:
+    """With LMCache's L1MemoryDesc, an object's bytes are sliced from the
+    arena's view; an object outside it takes its own byte_array."""
+    l1 = L1MemoryDesc(ARENA.data_ptr(), ARENA.numel(), 1)
+    a = adapters(tmp_path, l1)
+    outside = TensorMemoryAllocator(torch.empty(2 << 20, dtype=torch.uint8))
+    ks = keys(3, seed=12)
+    src = objects(2, seed=12)
+    extra = outside.allocate(torch.Size(SHAPE), torch.float16)
+    assert extra is not None
+    extra.tensor.copy_(torch.randn(SHAPE, generator=torch.Generator().manual_seed(5)).half())
+    assert store(a, ks, [*src, extra]).is_successful()
+    dst = [outside.allocate(torch.Size(SHAPE), torch.float16), *objects(2, seed=None)]
+    assert load(a, [ks[2], ks[0], ks[1]], dst) == [0, 1, 2]
+    assert [raw(o) for o in dst] == [raw(extra), raw(src[0]), raw(src[1])]
+    free(src + dst[1:])
+
+
 # -------------------------------------------------------- delete, list, capacity
 def test_list_and_delete_keys(adapters: Any, tmp_path: Path) -> None:
     a = adapters(tmp_path)
@@ -275,6 +361,26 @@ def test_list_and_delete_keys(adapters: Any, tmp_path: Path) -> None:
     a.delete(ks[:2])
     assert sorted(k.chunk_hash for k in a.listener.deleted) == sorted(k.chunk_hash for k in ks[:2])
     assert len(a.list_l2_keys().entries) == 3
+    free(src)
+
+
+def test_delete_is_one_batch_per_namespace(
+    adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LMCache's eviction thread deletes through one remove batch per
+    namespace: native, one GIL-free call and no Python unlink per key
+    (before, one ``unlink`` per key on every path)."""
+    a = adapters(tmp_path)
+    ks, src = keys(4, seed=13), objects(4, seed=13)
+    assert store(a, ks, src).is_successful()
+    unlinks: list[str] = []
+    real = fsops.FS.unlink
+    monkeypatch.setattr(fsops.FS, "unlink", lambda p: (unlinks.append(str(p)), real(p))[1])
+    a.delete([*ks[:3], keys(1, seed=14)[0]])  # the last one was never stored
+    assert sorted(k.chunk_hash for k in a.listener.deleted) == sorted(k.chunk_hash for k in ks[:3])
+    assert [p.name for p in tmp_path.rglob("*.bin")] == [f"{ks[3].chunk_hash.hex()}-g0.bin"]
+    native = a.report_status()["io_path"] == "native"
+    assert unlinks == [] if native else len(unlinks) == 4
     free(src)
 
 

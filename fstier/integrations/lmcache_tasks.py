@@ -1,0 +1,72 @@
+"""The book-keeping records of :class:`~fstier.integrations.lmcache.FstierL2Adapter`:
+an open namespace (:class:`Space`), an LMCache task (:class:`Task`), its
+FsTier job in one namespace (:class:`Part`), and what one collection of
+results tells LMCache's listeners (:class:`Notes`).
+
+Invariants: a :class:`Task`'s and a :class:`Part`'s mutable fields change
+only under the adapter's task lock; a task is complete when ``pending``
+reaches 0, and its result is then published once. Importing this module
+imports neither LMCache nor torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fstier.integrations.lmcache_space import LentSlots, SpaceId
+    from fstier.manager import FsTier
+
+__all__ = ["Notes", "Part", "Space", "Task"]
+
+
+@dataclass(eq=False)
+class Space:
+    """One open namespace: its id, tier and lent slots."""
+
+    sid: SpaceId
+    tier: FsTier
+    slots: LentSlots
+
+    def object_key(self, key: Any, make: Any) -> Any:
+        """LMCache's ``ObjectKey`` (built by ``make``) of a block key of this namespace."""
+        s = self.sid
+        return make(key.block_hash, s.model_name, s.kv_rank, key.group_idx, s.cache_salt)
+
+
+@dataclass(eq=False)
+class Task:
+    """One LMCache store or load task: its FsTier jobs (one per namespace).
+    ``ok[i]``: key i was stored or loaded."""
+
+    kind: str
+    n: int
+    pending: int = 0
+    failed: bool = False
+    nbytes: int = 0
+    ok: list[int] = field(default_factory=list)
+    accessed: list[Any] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Part:
+    """A task's FsTier job in one namespace: the task's key ``positions``
+    it moves, the slots lent for them and their LMCache keys."""
+
+    task_id: int
+    space: Space
+    positions: list[int]
+    slots: list[int]
+    keys: list[Any]
+
+
+@dataclass(eq=False)
+class Notes:
+    """What one collection tells LMCache's listeners once its locks are released."""
+
+    stored: list[Any] = field(default_factory=list)
+    sizes_stored: list[int] = field(default_factory=list)
+    deleted: list[Any] = field(default_factory=list)
+    sizes_deleted: list[int] = field(default_factory=list)
+    accessed: list[Any] = field(default_factory=list)
