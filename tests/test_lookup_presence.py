@@ -105,3 +105,19 @@ def test_a_hung_probe_returns_within_the_deadline(tmp_path: Path, native_io: str
         finally:
             if t.blocks.batched:
                 native.clear_faults()
+
+
+@PATHS
+def test_keys_after_a_prefix_miss_are_not_cached_as_misses(tmp_path: Path, native_io: str) -> None:
+    """lookup([k1, k0]) stops at k1 (absent) and never probes k0; a lookup of
+    [k0] right after must still find it (the keys after the stop were once
+    cached as misses for lookup_cache_ttl_s: found by test_manager_state.py's
+    state machine, k0 stored, restart, lookup [k1, k0] -> 0, lookup [k0] -> 0)."""
+    root = tmp_path / "root"
+    k0, k1 = keys(0, 2)
+    with open_tier(root, native_io=native_io) as tier:
+        assert store(tier, "s", [k0]).success
+    with open_tier(root, native_io=native_io, lookup_cache_ttl_s=60) as tier:
+        assert tier.lookup([k1, k0]) == 0
+        assert tier.lookup([k0]) == 1
+        assert tier.present([k1, k0]) == [False, True]

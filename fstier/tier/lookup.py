@@ -218,6 +218,11 @@ class Lookup:
         for i, hit in zip(todo, found, strict=False):
             out[i] = hit
             (hits if hit else misses).append(keys[i])
+            if prefix and not hit:
+                # The probe stopped here: the Falses after it were never
+                # checked and must not be cached as misses
+                # (test_manager_state.py's lookup after a longer lookup).
+                break
         self._cache.put_many(hits, True, now)
         self._cache.put_many(misses, False, now)
         return out, True
