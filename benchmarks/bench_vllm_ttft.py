@@ -29,7 +29,7 @@ own process, which sleeps 1 ms per idle step). The table names the I/O path
 each tier used (vLLM's ``vllm.fs_io_C`` or its Python path; fstier's native
 extension or its Python path).
 
-    .venv-e2e/bin/python benchmarks/bench_vllm_ttft.py [--lengths 2048,8192,32768]
+    .venv-e2e/bin/python benchmarks/bench_vllm_ttft.py [--lengths 2048,8192,16384,32768]
         [--layers 4] [--hidden 512] [--reps 3] [--dir /var/tmp/x] [--engine-mode inproc|mp]
         [--json out.json] [--plot docs/img/vllm_ttft.png]
     python benchmarks/bench_vllm_ttft.py --from-json out.json --plot docs/img/vllm_ttft.png
@@ -51,6 +51,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+# The engine before the restart prefills every prompt (minutes for 32k tokens
+# on 2 loaded cores: 480 s, the e2e tests' limit, was not enough at load 12).
+os.environ.setdefault("FSTIER_E2E_ENGINE_TIMEOUT", "2400")
 from tests.e2e._harness import run_engine  # noqa: E402
 
 CONFIGS = ("recompute", "fs", "fstier")
@@ -106,7 +109,7 @@ def engine_spec(model: str, prompts: list[list[int]], tier: str, root: Path | No
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lengths", default="2048,8192,32768")
+    ap.add_argument("--lengths", default="2048,8192,16384,32768")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--reps", type=int, default=3)
