@@ -31,6 +31,7 @@ extension or its Python path).
 
     .venv-e2e/bin/python benchmarks/bench_vllm_ttft.py [--lengths 2048,8192,16384,32768]
         [--layers 4] [--hidden 512] [--reps 3] [--dir /var/tmp/x] [--engine-mode inproc|mp]
+        [--work DIR (kept; a second run on it skips the store)]
         [--json out.json] [--plot docs/img/vllm_ttft.png]
     python benchmarks/bench_vllm_ttft.py --from-json out.json --plot docs/img/vllm_ttft.png
 """
@@ -114,6 +115,10 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=None, help="work directory on the disk to test")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="keep the model and the filled roots in this directory (made if missing) "
+                         "and reuse them: a later run with the same directory and settings (say, "
+                         "the other --engine-mode) skips the engine before the restart")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None)
     ap.add_argument("--engine-mode", choices=("inproc", "mp"), default="inproc",
@@ -134,10 +139,20 @@ def main() -> None:
     lengths = [int(x) for x in a.lengths.split(",")]
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if a.engine_mode == "mp" else "0"
     a.io_paths = io_paths()
-    work = Path(tempfile.mkdtemp(prefix="fstier-ttft-", dir=a.dir))
+    if a.work is not None:
+        a.work.mkdir(parents=True, exist_ok=True)
+    work = a.work.resolve() if a.work is not None else Path(tempfile.mkdtemp(prefix="fstier-ttft-", dir=a.dir))
+    # What the roots in `work` were filled with; the same model path too,
+    # since both tiers' namespaces hold the model's name.
+    stored_as = {"lengths": lengths, "reps": a.reps, "layers": a.layers, "hidden": a.hidden}
+    marker = work / "stored.json"
+    reuse = marker.exists()
+    if reuse and json.loads(marker.read_text()) != stored_as:
+        raise SystemExit(f"--work {work}: its roots were filled with {marker.read_text().strip()}, "
+                         f"not {json.dumps(stored_as)}; use another directory")
     try:
         max_len = max(lengths)
-        model = make_model(work / "model", a.layers, a.hidden, max_len)
+        model = str(work / "model") if reuse else make_model(work / "model", a.layers, a.hidden, max_len)
         vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
         rng = random.Random(7)
         prompts = {n: [[rng.randrange(3, vocab) for _ in range(n)] for _ in range(a.reps)] for n in lengths}
@@ -152,7 +167,12 @@ def main() -> None:
         # every full block of every prompt must be a file before the restart
         store["wait_files"] = sum((len(p) - 1) // BLOCK for p in flat)
         store["wait_files_s"] = 900
-        run_engine(store, work, "store")
+        if reuse:
+            print(f"reusing the roots in {work} (filled by an earlier run: {marker.read_text().strip()})")
+        else:
+            run_engine(store, work, "store")
+            if a.work is not None:
+                marker.write_text(json.dumps(stored_as))
         results: dict[str, dict[int, list[float]]] = {c: {n: [] for n in lengths} for c in CONFIGS}
         hits: dict[str, dict[int, list[int]]] = {c: {n: [] for n in lengths} for c in CONFIGS}
         for c in CONFIGS:
@@ -169,7 +189,8 @@ def main() -> None:
                     i += 1
         report(lengths, results, hits, a)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if a.work is None:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def report(lengths: list[int], results: dict[str, dict[int, list[float]]],
