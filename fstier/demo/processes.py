@@ -28,6 +28,11 @@ left behind. Three mechanisms keep it:
   the resource tracker that multiprocessing starts first, whose own
   ``SIG_UNBLOCK`` used to deliver a pending Ctrl-C into ``SIG_IGN``.
 
+The rule's one boundary: a Ctrl-C that arrives after the last count check
+(the report printed, the cleanup done, Python shutting down) can be lost;
+the demo then exits 0 with nothing left behind, as if the Ctrl-C had come a
+moment after it ended.
+
 Each helper acts on the main thread only (signals cannot be set elsewhere)
 and does nothing on another thread. Pinned by test_demo.py's
 test_ctrl_c_* and test_cli_ux.py's test_ctrl_c_during_demo_*.

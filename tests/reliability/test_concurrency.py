@@ -144,16 +144,21 @@ def test_concurrent_writers_of_one_key(tmp_path: Path) -> None:
 
 
 def test_read_during_replace(tmp_path: Path) -> None:
+    """Two processes replace one file (rename over it, or unlink + store)
+    while two load it: every load is the right bytes or a miss. Each worker
+    runs 0.4 s AND until it did 6 of its own ops, so a loaded machine that
+    schedules a worker late still exercises the race (the count floor once
+    failed at load average > 20 with a fixed 0.4 s window)."""
     root = tmp_path / "root"
     tier = Tier.open(root)
     assert tier.store(key_for(0, "hot")).status == "STORED"
     jobs: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
-        (_workers.replacer, (str(root), 1, 0.4)),
-        (_workers.replacer, (str(root), 2, 0.4)),
-        (_workers.reader, (str(root), 3, 0.4)),
-        (_workers.reader, (str(root), 4, 0.4)),
+        (_workers.replacer, (str(root), 1, 0.4, 6)),
+        (_workers.replacer, (str(root), 2, 0.4, 6)),
+        (_workers.reader, (str(root), 3, 0.4, 6)),
+        (_workers.reader, (str(root), 4, 0.4, 6)),
     ]
-    ops, errors, wrong = _merge(_run_all(jobs, tmp_path, 60))
+    ops, errors, wrong = _merge(_run_all(jobs, tmp_path, 120))
     assert errors == [], errors[:5]
     assert wrong == 0
     assert ops["load_LOADED"] > 5 and ops["replace"] > 5, ops
