@@ -32,8 +32,13 @@ extension or its Python path).
     .venv-e2e/bin/python benchmarks/bench_vllm_ttft.py [--lengths 2048,8192,16384,32768]
         [--layers 4] [--hidden 512] [--reps 3] [--dir /var/tmp/x] [--engine-mode inproc|mp]
         [--work DIR (kept; a second run on it skips the store)]
-        [--json out.json] [--plot docs/img/vllm_ttft.png]
-    python benchmarks/bench_vllm_ttft.py --from-json out.json --plot docs/img/vllm_ttft.png
+        [--configs recompute,fs,fstier] [--json out.json] [--plot docs/img/vllm_ttft.png]
+    python benchmarks/bench_vllm_ttft.py --from-json inproc.json,mp.json --plot docs/img/vllm_ttft.png
+
+``--work`` lets the second engine mode run on the roots the first filled
+(the store pass, which prefills every prompt, is the longest part of a run
+on a loaded CPU); ``--configs fs,fstier`` leaves out the recompute engine,
+the next longest. The published commands are in docs/performance.md.
 """
 
 from __future__ import annotations
