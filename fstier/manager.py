@@ -1,24 +1,21 @@
-"""FsTier: the engine-facing filesystem tier. This module is its face: jobs,
-results, fencing, events; its parts live in :mod:`fstier.tier` (one concept
-each), its files in :mod:`fstier.io` (:class:`~fstier.io.blockstore.BlockStore`:
-one key <-> one file). The engine's scheduler owns one :class:`FsTier` and
-never blocks in it:
+"""FsTier: the engine-facing filesystem tier. This module is its face: jobs, results,
+fencing, events; its parts live in :mod:`fstier.tier` (one concept each), its files in
+:mod:`fstier.io` (:class:`~fstier.io.blockstore.BlockStore`: one key <-> one file). The
+engine's scheduler owns one :class:`FsTier` and never blocks in it:
 
 - ``lookup(keys)`` counts the leading keys whose files exist
   (:mod:`~fstier.tier.lookup`); a key whose load failed is never a hit again
   until stored again, so a stale hit cannot livelock a request.
-- ``submit_store`` / ``submit_load`` queue one pool job, cut into batches by
-  the block store (:mod:`~fstier.tier.jobs`); ``get_finished()`` returns
-  :class:`JobResult` records (:mod:`~fstier.tier.outcomes` judges them). A
-  load keeps its loaded *prefix*: from the first key that did not load on,
-  keys are misses to recompute. A job that cannot run now
-  (:mod:`~fstier.tier.admission`: ``degraded``, ``slot_busy``, ``capacity``,
-  ``backpressure``) finishes at once with that cause, never blocking.
-- Fencing (:mod:`~fstier.tier.fences`): the slot of an op past
-  ``io_timeout_s`` stays fenced, here and at the slot provider, until the
-  stuck call returns; jobs naming it fail ``slot_busy``. With
-  ``hold_fenced_results=True`` (a provider that cannot stop the engine from
-  reusing a slot it freed: an engine's own rows) :meth:`get_finished` holds
+- ``submit_store`` / ``submit_load`` queue one pool job, cut into batches by the block
+  store (:mod:`~fstier.tier.jobs`); ``get_finished()`` returns :class:`JobResult` records
+  (:mod:`~fstier.tier.outcomes` judges them; an idle poll takes no lock). A load keeps
+  its loaded *prefix*: from the first key that did not load on, keys are misses to
+  recompute. A job that cannot run now (:mod:`~fstier.tier.admission`: ``degraded``,
+  ``slot_busy``, ``capacity``, ``backpressure``) finishes at once with that cause.
+- Fencing (:mod:`~fstier.tier.fences`): the slot of an op past ``io_timeout_s`` stays
+  fenced, here and at the slot provider, until the stuck call returns; jobs naming it
+  fail ``slot_busy``. With ``hold_fenced_results=True`` (a provider that cannot stop the
+  engine from reusing a slot it freed: an engine's own rows) :meth:`get_finished` holds
   back the result of a job holding a fenced slot until the slot is released.
 - ``on_finished(kind)`` signals that a "store"/"load" result waits in ``get_finished()``.
 - Capacity (:mod:`~fstier.tier.capacity`): with ``max_bytes``, a thread
@@ -26,10 +23,10 @@ never blocks in it:
 - ``take_events()``: :class:`BlockStored` / :class:`BlockRemoved`;
   ``metrics``: a :class:`~fstier.tier.metrics.TierMetrics`.
 
-Invariants: one :class:`~fstier.tier.jobs.Job` record per in-flight job;
-jobs, results, events and fences under ``FsTier._lock``; no byte an op
-writes after its job was reported reaches a later job; malformed keys and
-slots the caller does not hold are a ``ValueError`` (:mod:`~fstier.tier.checks`).
+Invariants: one :class:`~fstier.tier.jobs.Job` record per in-flight job; jobs, results,
+events and fences under ``FsTier._lock``; no byte an op writes after its job was reported
+reaches a later job; malformed keys and slots the caller does not hold are a
+``ValueError`` (:mod:`~fstier.tier.checks`).
 """
 
 from __future__ import annotations
@@ -46,7 +43,6 @@ from fstier.config import FstierConfig, TierConfig, load_config
 from fstier.errors import ConfigError, StorageError, TierClosedError
 from fstier.file_mapper import FileMapper
 from fstier.io import BlockStore, IOPool
-from fstier.io.blockfile import block_file_size
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
 from fstier.tier.admission import Admission, Breaker, WriteBudget
@@ -54,7 +50,7 @@ from fstier.tier.capacity import Capacity
 from fstier.tier.checks import check_job, check_keys, check_pool, wait_timeout
 from fstier.tier.fences import Fences
 from fstier.tier.gc import GcReport
-from fstier.tier.jobs import JobOps, JobTable
+from fstier.tier.jobs import JobOps, JobTable, payload_sizes
 from fstier.tier.lookup import Lookup, LookupCache
 from fstier.tier.metrics import TierMetrics
 from fstier.tier.outcomes import Judge
@@ -240,7 +236,7 @@ class FsTier:
         self._reap()
         n = len(keys)
         keys_t, slots_t = tuple(keys), tuple(slots)
-        op_bytes = tuple(self._payload_len[k.group_idx] for k in keys_t)
+        op_bytes, file_bytes = payload_sizes(self._payload_len, keys_t)
         # Every outcome, even one decided at once (empty, degraded, slot busy,
         # backpressure), is taken under one lock after the duplicate-id check:
         # otherwise a second job "J" that finishes at once would report a
@@ -251,25 +247,22 @@ class FsTier:
                 self._finish_now_locked(job_id, kind, 0, "")
                 return
             busy = self._fences.busy(slots_t)
-            cause = self._admission.refuse(kind, n, sum(map(block_file_size, op_bytes)), slot_busy=busy)
+            cause = self._admission.refuse(kind, n, file_bytes, slot_busy=busy)
             if cause is not None:
                 self._finish_now_locked(job_id, kind, n, cause)
                 return
             job = self._jobs.open(job_id, kind, keys_t, slots_t, op_bytes)
-        # The block store cuts the job into batches: one native call per I/O
-        # thread (GIL released), or one key per op on the Python path.
-        threads = self.tier_config.write_threads if kind == "store" else self.tier_config.read_threads
-        self._io.submit(job.pool_id, "write" if kind == "store" else "read", self._ops.ops(job, threads))
+        # One native call per spare I/O thread (one per job when all are busy); Python: per key.
+        queue = "write" if kind == "store" else "read"
+        self._io.submit(job.pool_id, queue, self._ops.ops(job, max(1, self._io.spare_threads(queue))))
 
     def touch(self, keys: Sequence[BlockKey]) -> None:
         """Mark ``keys`` recently used (LRU recency) without a system call
         here: their mtimes are bumped by the batched recency writes. Keys
         without a file are ignored."""
         self._check_open()
-        ngroups = len(self._payload_len)
-        for k in keys:
-            if k.group_idx < ngroups:
-                self._recency.note(self.blocks.path(k))
+        ngroups, path = len(self._payload_len), self.blocks.path
+        self._recency.note_many([path(k) for k in keys if k.group_idx < ngroups])  # one lock per batch
 
     def flush_recency(self) -> None:
         """Write pending hit recency to the files' mtimes now (it is otherwise
@@ -303,10 +296,17 @@ class FsTier:
                     self._finished.append(result)
                 self._idle.notify_all()
 
+    def has_news(self) -> bool:
+        """Whether :meth:`get_finished` or :meth:`take_events` may return something now.
+        No lock: a poll per scheduler step skips both while nothing happened."""
+        return bool(self._finished or self._held or self._events or self._io.has_finished())
+
     def get_finished(self) -> list[JobResult]:
         """Results of jobs finished since the last call (never blocks); with
         ``hold_fenced_results``, a job's result comes once none of its slots
         is fenced (held results first, in the order they finished)."""
+        if not (self._finished or self._held or self._io.has_finished()):
+            return []
         self._reap()
         with self._lock:
             out, self._finished = self._finished, []

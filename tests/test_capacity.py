@@ -61,6 +61,26 @@ def test_lru_eviction_removes_oldest_down_to_low_watermark(tmp_path: Path) -> No
     assert rep.removed_files == 0  # below the high watermark: nothing to do
 
 
+def test_slow_walk_polls_should_stop_in_time(tmp_path: Path) -> None:
+    """A pass renews its eviction lease where it polls ``should_stop``. That
+    was every 1024 files: on ceph-fuse, walking another host's fresh files
+    (tens of ms a stat) went 75 s between polls, the lease (30 s) lapsed,
+    and a second host evicted beside a holder that was still walking."""
+    import fstier.tier.gc as gc
+
+    for i in range(100):
+        _block(tmp_path, i, 100)
+    polls: list[float] = []
+    t0 = time.monotonic()
+    rep = collect_garbage(
+        tmp_path, 1_000_000,
+        on_file=lambda: time.sleep(0.01),  # a 1 s walk of 100 files
+        should_stop=lambda: bool(polls.append(time.monotonic() - t0)),
+    )
+    assert rep.complete and rep.scanned_files == 100
+    assert len(polls) >= 1 and polls[0] <= gc.STOP_POLL_S + 0.3, polls
+
+
 def test_dry_run_removes_nothing(tmp_path: Path) -> None:
     paths = [_block(tmp_path, i, 1000, age_s=10 - i) for i in range(4)]
     rep = collect_garbage(tmp_path, 2000, low_watermark=0.5, dry_run=True)
@@ -727,3 +747,117 @@ def test_settled_count_is_rescanned_exact(tmp_path: Path, monkeypatch: pytest.Mo
         while tier.usage_bytes != 9 * FILE_BYTES and time.monotonic() < deadline:
             time.sleep(0.05)
         assert tier.usage_bytes == 9 * FILE_BYTES
+
+
+def test_admission_counts_the_job_above_the_high_watermark(tmp_path: Path) -> None:
+    """Admission dropped a store only once the root was over max_bytes, so
+    each of N instances admitting at once could add a whole job on top
+    (five processes peaked at 1.11-1.23x max_bytes). Above the high
+    watermark a job that would take the root over max_bytes is dropped
+    too; below it any job is admitted (never refused for good)."""
+    from conftest import make_config
+
+    from fstier.tier.capacity import Capacity
+    from fstier.tier.metrics import TierMetrics
+
+    tier = make_config(tmp_path / "root", tier={"max_bytes": 100_000}).tier
+    (tmp_path / "root").mkdir()
+    cap = Capacity(tmp_path / "root", tier, TierMetrics(), on_evicted=lambda p: None,
+                   before_pass=lambda: None, background=False)
+    try:
+        cap.reserve(50_000)
+        assert not cap.root_full(49_000) and not cap.root_full(60_000)  # below high: admitted
+        cap.reserve(46_000)  # 96,000: above the high watermark (95,000)
+        assert cap.root_full(5_000)  # would reach 101,000
+        assert not cap.root_full(4_000) and not cap.root_full()
+        cap.reserve(5_000)
+        assert cap.root_full()  # over max_bytes: every store is dropped
+    finally:
+        cap.close()
+
+
+def test_a_settled_scan_is_shared(tmp_path: Path) -> None:
+    """Each instance made its count exact by its own walk of the root, one
+    after another under the lease: on ceph-fuse a walk over another host's
+    fresh files took 74 s. A scan that raced nothing is shared: an instance
+    whose counts are all still what it saw takes its bytes as its own scan
+    (never when its own count moved since)."""
+    from fstier.clock import ManualClock
+    from fstier.tier.usage import SETTLE_S, USAGE_DIR_NAME, SharedUsage
+
+    clock = ManualClock()
+    a = SharedUsage(tmp_path, background=False, clock=clock)
+    b = SharedUsage(tmp_path, background=False, clock=clock)
+    try:
+        for u in (a, b):
+            u.end_scan(u.begin_scan(), 0, 0)
+        a.add(1000)
+        b.add(500)
+        for u in (a, b, a):
+            u.refresh()
+        assert (a.read(), b.read()) == (1500, 1500)
+        # 300 bytes of blocks removed behind fstier's back: a's quiet scan sees 1200.
+        clock.advance(SETTLE_S + 1)
+        b.add(100)  # b's count moved, not published yet when a scans
+        a.end_scan(a.begin_scan(), 1200, 0)
+        assert a.read() == 1200 and not a.scan_raced
+        a.refresh()
+        assert len(list((tmp_path / USAGE_DIR_NAME).glob(f"{a.instance}.*.scn"))) == 1
+        b.refresh()  # b's own count is not what a saw: not taken
+        assert b.read() == 1600 and b.scans_adopted == 0
+        a.refresh()
+        clock.advance(SETTLE_S + 1)
+        a.end_scan(a.begin_scan(), 1300, 0)  # a quiet scan of what is there now
+        assert not a.scan_raced
+        a.refresh()
+        assert len(list((tmp_path / USAGE_DIR_NAME).glob(f"{a.instance}.*.scn"))) == 1
+        a.refresh(force=True)  # the same count anew (a lease given back, a heartbeat): the scan stays
+        assert len(list((tmp_path / USAGE_DIR_NAME).glob(f"{a.instance}.*.scn"))) == 1
+        b.refresh()
+        assert b.read() == 1300 and b.scans_adopted == 1 and not b.changed_since_scan
+        b.add(50)  # deltas count on top of the adopted scan
+        b.refresh()
+        a.refresh()
+        assert (a.read(), b.read()) == (1350, 1350)
+        assert b.scans_adopted == 1  # a's scan is not b's counts any more: not taken again
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_store_whose_fsync_fails_is_never_published_or_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full CephFS pool fails a buffered store at ``fsync`` (ENOSPC) after
+    its write succeeded: the job fails ``ENOSPC``, no file is published, and
+    the shared usage count and ``stored_blocks`` stay where the disk is (both
+    I/O paths: the native seam or the Python one)."""
+    import errno as errno_mod
+
+    from fstier.io import native
+    from fstier.io.fsops import FS
+
+    root = tmp_path / "root"
+    with open_tier(root, max_bytes=400 * FILE_BYTES, fsync="file", o_direct="off") as tier:
+        deadline = time.monotonic() + 10
+        while tier.usage_bytes is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store(tier, "ok", keys(0, 4)).success
+        if tier.blocks.batched:
+            native.fault("fsync", errno_mod.ENOSPC, times=-1)
+        else:
+            def full(fd: int) -> None:
+                raise OSError(errno_mod.ENOSPC, os.strerror(errno_mod.ENOSPC))
+
+            monkeypatch.setattr(FS, "fsync", full)
+        try:
+            res = store(tier, "full", keys(10, 8))
+        finally:
+            native.clear_faults()
+            monkeypatch.undo()
+        assert (res.success, res.keys_completed) == (False, 0) and res.cause == "ENOSPC", res
+        tier.capacity.refresh_usage()
+        on_disk = scan_usage(root)
+        assert (on_disk.block_files, on_disk.temp_files) == (4, 0)
+        assert tier.usage_bytes == on_disk.block_bytes == 4 * FILE_BYTES
+        assert tier.metrics.stored_blocks.value == 4

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -626,3 +627,61 @@ def test_o_tmpfile_refusal_is_per_root(tmp_path: Path, monkeypatch: pytest.Monke
     assert len(anonymous) == 2 and all(w.startswith(str(local)) for w in anonymous)
     assert len([r for r in caplog.records if "O_TMPFILE unavailable" in r.getMessage()]) == 1
     assert temps(nfs) == [] and temps(local) == []
+
+
+def test_enospc_probe_is_retried_not_final(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A probe that cannot write (a full CephFS pool: ENOSPC) found nothing
+    about O_DIRECT; it left the root buffered for the tier's life. Now the
+    root stays buffered only until a probe runs again from the store path
+    (both I/O paths: the tier's stores go through BlockStore.store_many);
+    with ``o_direct: on`` the configured O_DIRECT is used, not refused."""
+    from manager_support import keys, load, open_tier, store
+
+    import fstier.io.capabilities as capabilities
+
+    if not _direct_ok(tmp_path):
+        pytest.skip("tmp_path refuses O_DIRECT")
+    monkeypatch.setattr(capabilities, "REPROBE_S", 0.2)
+    real = FS.pwritev
+    full = {"on": True}
+
+    def fake(fd: int, bufs: Any, offset: int) -> int:
+        if full["on"]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, bufs, offset)
+
+    monkeypatch.setattr(FS, "pwritev", fake)
+    with caplog.at_level(logging.WARNING, logger="fstier.io"):
+        found = probe_o_direct(tmp_path, "auto")
+        assert (found.enabled, found.definitive) == (False, False) and "ENOSPC" in found.reason
+        assert probe_o_direct(tmp_path, "on").enabled  # no refusal: nothing was refused
+    assert any("could not be probed" in r.getMessage() for r in caplog.records)
+    root = tmp_path / "root"
+    with open_tier(root) as tier:
+        caps = tier.blocks.options.capabilities
+        assert caps is not None and tier.blocks.options.o_direct is False and caps.reprobe_at is not None
+        full["on"] = False
+        time.sleep(0.25)
+        assert store(tier, "s", keys(0, 4)).success
+        assert tier.blocks.options.o_direct is True and caps.reprobe_at is None
+        assert caps.o_direct.definitive and caps.o_direct.enabled
+        assert load(tier, "l", keys(0, 4)).success  # byte-exact (load checks every slot)
+    assert not [p for p in root.rglob("*") if ".fstier-odirect-probe" in p.name]
+
+
+def test_enospc_probe_keeps_retrying_while_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fstier.io.capabilities as capabilities
+
+    monkeypatch.setattr(capabilities, "REPROBE_S", 0.0)
+
+    def fake(fd: int, bufs: Any, offset: int) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(FS, "pwritev", fake)
+    caps = RootCapabilities.probe(tmp_path, "auto")
+    assert caps.reprobe_due()
+    found = caps.reprobe()
+    assert not found.enabled and caps.reprobe_at is not None  # still no finding: retried later
+    assert os.listdir(tmp_path) == []

@@ -410,6 +410,8 @@ else:
 
         def get_finished_jobs(self) -> Iterable[VllmJobResult]:
             out: list[VllmJobResult] = []
+            if not self._refused and not self.fstier.has_news():
+                return out  # polled every scheduler step: no lock while nothing happened
             # FsTier holds back a job whose rows are fenced (hold_fenced_results).
             try:
                 fresh = self.fstier.get_finished()

@@ -42,6 +42,7 @@ Costs
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -494,12 +495,24 @@ class BlockStore:
         return removed
 
     # ------------------------------------------------------------ batches
+    def _reprobe(self, caps: RootCapabilities) -> None:
+        """The root's O_DIRECT probe could not run (a full pool at start):
+        probe again (:meth:`RootCapabilities.reprobe`, on this I/O thread)
+        and store the way it found."""
+        dio = caps.reprobe()
+        opts = self.options
+        if (dio.enabled, dio.alignment) != (opts.o_direct, opts.alignment):
+            self.options = dataclasses.replace(opts, o_direct=dio.enabled, alignment=dio.alignment)
+
     def store_many(
         self, items: Sequence[tuple[BlockKey, memoryview]], *, replace: Sequence[bool] | None = None
     ) -> list[StoreOutcome]:
         """Store every ``(key, payload)``; one outcome per item, in order (a
         failure does not stop the batch). ``replace[i]``: as :meth:`store`'s."""
         flags = replace if replace is not None else [False] * len(items)
+        caps = self.options.capabilities
+        if caps is not None and caps.reprobe_due():
+            self._reprobe(caps)
         if not items or not self._native:
             return [self._store_guarded(k, p, r) for (k, p), r in zip(items, flags, strict=True)]
         keys = [k for k, _ in items]

@@ -14,6 +14,13 @@ O_DIRECT (:func:`probe_o_direct`)
     the open and refuse the write). ``auto`` falls back to buffered I/O with one
     warning; ``on`` raises :class:`~fstier.errors.DirectIOUnsupportedError`.
     A single operation whose buffer does not start aligned uses buffered I/O.
+    Only a refusal (``EINVAL``/``EOPNOTSUPP``, statx, wrong bytes) is a
+    finding; a probe that could not run (``ENOSPC`` on a full CephFS pool,
+    ``EDQUOT``, ``EACCES``, ``EIO``) says nothing about O_DIRECT: the root
+    runs buffered and :class:`RootCapabilities` probes again every
+    ``REPROBE_S`` from the store path until a probe runs (a full pool at start
+    left a root buffered for life: test_enospc_probe_is_retried_not_final);
+    with ``on`` such a root uses O_DIRECT as configured.
 
 O_TMPFILE (:attr:`RootCapabilities.tmpfile`)
     Stores publish an anonymous ``O_TMPFILE`` inode with ``linkat``; the
@@ -34,6 +41,7 @@ import logging
 import os
 import struct
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,11 +58,13 @@ from fstier.io.fsops import (
     temp_path_for,
 )
 
-__all__ = ["DirectIOSupport", "RootCapabilities", "probe_o_direct"]
+__all__ = ["REPROBE_S", "DirectIOSupport", "RootCapabilities", "probe_o_direct"]
 
 log = logging.getLogger("fstier.io")
 
 _PROBE_NAME = ".fstier-odirect-probe"
+#: A root whose O_DIRECT probe could not run (ENOSPC, EACCES, ...) probes again this often.
+REPROBE_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +75,8 @@ class DirectIOSupport:
     enabled: bool
     alignment: int
     reason: str
+    #: False when the probe could not run (ENOSPC, EACCES, ...): no finding, probe again later
+    definitive: bool = True
 
 
 def _statx_dioalign(fd: int) -> tuple[int, int] | None:
@@ -165,8 +177,15 @@ def probe_o_direct(directory: str | Path, mode: str = "auto") -> DirectIOSupport
     if mode == "off":
         return DirectIOSupport(False, ALIGNMENT, "o_direct: off")
     directory = Path(directory)
-    found, _definitive = _probe(directory)
+    found, definitive = _probe(directory)
     if found.enabled:
+        return found
+    if not definitive:
+        found = DirectIOSupport(mode == "on", ALIGNMENT, found.reason, definitive=False)
+        log.warning(
+            "O_DIRECT could not be probed under %s (%s); %s until a probe runs",
+            directory, found.reason, "using O_DIRECT as configured" if mode == "on" else "using buffered I/O",
+        )
         return found
     if mode == "on":
         raise DirectIOUnsupportedError(
@@ -185,17 +204,54 @@ class RootCapabilities:
     root). Thread-safe; one per root, held by whoever stores into it."""
 
     def __init__(
-        self, o_direct: DirectIOSupport | None = None, *, tmpfile: bool = True, root: str | Path = ""
+        self, o_direct: DirectIOSupport | None = None, *, tmpfile: bool = True, root: str | Path = "",
+        o_direct_mode: str = "auto",
     ) -> None:
         self.o_direct = o_direct if o_direct is not None else DirectIOSupport(False, ALIGNMENT, "not probed")
         self.root = str(root)
         self._tmpfile = tmpfile and bool(O_TMPFILE)
         self._lock = threading.Lock()
+        self._probe_lock = threading.Lock()  # one re-probe at a time
+        self._mode = o_direct_mode
+        #: when to probe O_DIRECT again (time.monotonic), None once a probe found out
+        self.reprobe_at: float | None = (
+            None if self.o_direct.definitive or o_direct is None else time.monotonic() + REPROBE_S
+        )
 
     @classmethod
     def probe(cls, directory: str | Path, o_direct: str = "auto") -> RootCapabilities:
-        """Probe ``directory`` (the root, or its namespace directory) once."""
-        return cls(probe_o_direct(directory, o_direct), root=directory)
+        """Probe ``directory`` (the root, or its namespace directory) once;
+        a probe that could not run is repeated by :meth:`reprobe`."""
+        return cls(probe_o_direct(directory, o_direct), root=directory, o_direct_mode=o_direct)
+
+    def reprobe_due(self) -> bool:
+        """Whether the O_DIRECT probe is to run again now (an attribute read
+        and, only while one is pending, a clock read)."""
+        at = self.reprobe_at
+        return at is not None and time.monotonic() >= at
+
+    def reprobe(self) -> DirectIOSupport:
+        """Probe O_DIRECT again (one thread at a time; others return the
+        current finding at once) and keep the finding; a probe that could
+        not run again is retried after ``REPROBE_S``. Never raises."""
+        if not self._probe_lock.acquire(blocking=False):
+            return self.o_direct
+        try:
+            if not self.reprobe_due():
+                return self.o_direct
+            try:
+                found, definitive = _probe(Path(self.root))
+            except Exception as exc:  # noqa: BLE001 - a probe bug must not fail a store
+                found, definitive = DirectIOSupport(False, ALIGNMENT, f"probe failed: {exc!r}"), False
+            if found.enabled or definitive:
+                self.o_direct = found
+                self.reprobe_at = None
+                log.info("O_DIRECT under %s probed again: %s", self.root, found.reason)
+            else:
+                self.reprobe_at = time.monotonic() + REPROBE_S
+            return self.o_direct
+        finally:
+            self._probe_lock.release()
 
     @property
     def tmpfile(self) -> bool:

@@ -241,6 +241,14 @@ class IOPool:
         if done is not None and on_done is not None:
             on_done(done)
 
+    def has_finished(self) -> bool:
+        """Whether :meth:`get_finished` has a job to return now. Read without
+        the lock (one atomic read of a list's length): an engine polling an
+        idle pool every scheduler step pays no lock; a job published after
+        the read is returned by the next poll, and ``on_complete`` fires only
+        after the job is in the list."""
+        return bool(self._finished)
+
     def get_finished(self) -> list[PoolJob]:
         """Jobs finished since the last call (never blocks)."""
         with self._lock:
@@ -251,6 +259,17 @@ class IOPool:
         """Block until every submitted job has finished; False on timeout."""
         with self._lock:
             return self._idle.wait_for(lambda: self._active_jobs == 0, timeout)
+
+    def spare_threads(self, kind: str) -> int:
+        """Threads of ``kind``'s priority less the ops of ``kind`` already
+        queued (0 when the queue is at least that deep). A hint, read without
+        the lock (a deque's length is one atomic read): a caller cutting a
+        job into batches cuts it into at most this many when threads are
+        free, and into one batch when the queue already keeps every thread
+        busy, so each op's fixed Python cost is paid once per whole job
+        (test_pool.py::test_spare_threads_counts_the_queue)."""
+        threads = self.read_threads if kind == "read" else self.write_threads
+        return max(0, threads - len(self._queues[kind]))
 
     def queue_depth(self, kind: str) -> int:
         """Operations of ``kind`` waiting for a thread."""

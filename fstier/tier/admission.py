@@ -265,9 +265,10 @@ class Admission:
             return "slot_busy"
         elif kind != "store":
             return None
-        elif self._capacity.root_full():
-            # The root is over max_bytes (counted across every instance on
-            # it) and eviction has not caught up: drop, as backpressure does.
+        elif self._capacity.root_full(nbytes):
+            # The job would take the root over max_bytes (counted across
+            # every instance on it) and eviction has not caught up: drop, as
+            # backpressure does.
             # A future miss, never data loss, never a blocked caller.
             self._capacity.wake()
             cause = "capacity"

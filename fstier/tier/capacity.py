@@ -121,6 +121,24 @@ class Capacity:
         one fstier can use)."""
         return self._shared is not None and self._shared.shared
 
+    @property
+    def settled(self) -> bool:
+        """Whether the count is a scan's, exact: this instance's last complete
+        scan raced no store or removal and no instance's count moved since
+        (memory only). A steady store workload leaves it False (every walk
+        races stores); once every instance is idle the settled rescan makes
+        it True within ``_QUIET_S`` plus a walk of the root per instance."""
+        shared = self._shared
+        return (
+            shared is not None and self._usage_known
+            and not shared.changed_since_scan and not shared.scan_raced
+        )
+
+    @property
+    def scans_adopted(self) -> int:
+        """Settled scans of other instances this one took as its own."""
+        return 0 if self._shared is None else self._shared.scans_adopted
+
     def refresh_usage(self, *, force: bool = False) -> None:
         """Publish this instance's count now and read every other instance's
         (what the background refresh does every few seconds), through the
@@ -139,12 +157,19 @@ class Capacity:
         thread rescans at its next round."""
         return self._shared is not None and self._shared.rescan_wanted
 
-    def root_full(self) -> bool:
-        """The root is over ``max_bytes`` (a store must be dropped)."""
-        return (
-            self._shared is not None
-            and self.max_bytes is not None
-            and self._shared.read() > self.max_bytes
+    def root_full(self, nbytes: int = 0) -> bool:
+        """A store of ``nbytes`` must be dropped: the root is over
+        ``max_bytes``, or above the high watermark (a pass is due or
+        running) and the job would take it over ``max_bytes``. Counting the
+        job itself keeps N instances admitting at once within their unseen
+        jobs of ``max_bytes``; below the high watermark any job is admitted,
+        so a job larger than the gap to ``max_bytes`` is never refused for
+        good (test_admission_counts_the_job_above_the_high_watermark)."""
+        if self._shared is None or self.max_bytes is None:
+            return False
+        view = self._shared.read()
+        return view > self.max_bytes or (
+            view + nbytes > self.max_bytes and view > self.max_bytes * self._tier.high_watermark
         )
 
     def _over_high(self) -> bool:
@@ -308,7 +333,12 @@ class Capacity:
         shared = self._shared
         return (
             now - self._resynced >= _RESYNC_INTERVAL_S
-            or (self._recheck_at is not None and now >= self._recheck_at)
+            # (a raced scan; not once another instance's settled scan was
+            # taken as this one's: test_a_settled_scan_is_shared)
+            or (
+                self._recheck_at is not None and now >= self._recheck_at
+                and (shared is None or shared.scan_raced)
+            )
             or (shared is not None and shared.rescan_wanted)
             # Settled: the count moved by deltas since the last scan (each a
             # little off: stores the walk saw twice, another host's late

@@ -14,11 +14,14 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Hashable, Sequence
+from operator import attrgetter
 
 from fstier.errors import PoolError
 from fstier.io.blockfile import padded_len
 from fstier.keys import BlockKey
-from fstier.slots.provider import SlotProvider
+from fstier.slots.provider import SlotProvider, plain_indices
+
+_GROUP = attrgetter("group_idx")
 
 __all__ = ["check_job", "check_keys", "check_pool", "wait_timeout"]
 
@@ -40,6 +43,8 @@ def check_keys(keys: Sequence[BlockKey], num_groups: int, what: str) -> None:
     group ``< num_groups``, or a ``ValueError`` naming the first that is
     not (``what`` names the call)."""
     _check_sequence(keys, "keys", what)
+    if len(keys) == 0 or (set(map(type, keys)) == {BlockKey} and max(map(_GROUP, keys)) < num_groups):
+        return  # C-level loops, no bytecode per key (test_checks_fast.py)
     for i, k in enumerate(keys):
         if not isinstance(k, BlockKey):
             raise ValueError(
@@ -70,7 +75,7 @@ def check_job(
         )
     check_keys(keys, num_groups, f"job {job_id!r}")
     num_slots = pool.num_slots
-    for s in slots:
+    for s in () if plain_indices(slots, num_slots) else slots:
         if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < num_slots:
             raise ValueError(
                 f"job {job_id!r}: slot {s!r} is not a slot index in 0..{num_slots - 1}"

@@ -60,6 +60,8 @@ __all__ = [
 
 #: Upper bound on eviction candidates held in memory by one pass (~100 B each).
 DEFAULT_MAX_CANDIDATES = 200_000
+#: A walk polls ``should_stop`` at least this often (checked every 16 files).
+STOP_POLL_S = 0.5
 
 
 
@@ -268,8 +270,12 @@ def collect_garbage(
 
     ``max_bytes=None`` only sweeps temp files. ``on_removed(path, size)`` is
     called after each block file is unlinked (FsTier turns it into a
-    ``BlockRemoved`` event). ``should_stop()`` is polled every 1024 files and
-    ends the pass early (FsTier's close). Never raises for per-file errors; they are counted
+    ``BlockRemoved`` event). ``should_stop()`` is polled every 1024 files or
+    every ``STOP_POLL_S`` of the walk, whichever comes first, and ends the
+    pass early (FsTier's close; a capacity pass renews its eviction lease
+    there, so a walk slowed to tens of ms per file, as on ceph-fuse over
+    another host's fresh files, never lets it lapse:
+    test_slow_walk_polls_should_stop_in_time). Never raises for per-file errors; they are counted
     in ``errors`` and, with ``on_error``, handed over (``exc.filename`` names the
     path) so that a caller can say which. ``on_file()`` is called for every
     file walked (progress). Victims are unlinked by ``unlink_threads``
@@ -326,10 +332,15 @@ def collect_garbage(
         # trim once the total is known. During the walk, trim only when the
         # cap is exceeded (drop the newest candidate).
         stopped = False
+        polled = time.monotonic()
         for seen, e in enumerate(_walk(root_s, count_error)):
-            if should_stop is not None and seen % 1024 == 1023 and should_stop():
-                stopped = True
-                break
+            if should_stop is not None and seen % 16 == 15:
+                now_s = time.monotonic()
+                if seen % 1024 == 1023 or now_s - polled >= STOP_POLL_S:
+                    polled = now_s
+                    if should_stop():
+                        stopped = True
+                        break
             if on_file is not None:
                 on_file()
             if e.kind == FileKind.BLOCK:

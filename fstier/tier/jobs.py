@@ -4,7 +4,9 @@
 One :class:`Job` per submitted store or load job, created by
 :meth:`fstier.manager.FsTier.submit_store` / ``submit_load``. The block store
 cuts it into batches (:meth:`fstier.io.blockstore.BlockStore.batch_bounds`:
-one native call per I/O thread, or one key per op on the Python path), and
+one native call per spare I/O thread (:meth:`fstier.io.pool.IOPool.spare_threads`:
+a job queued behind busy threads is one call), or one key per op on the
+Python path), and
 each batch is one op on the :class:`~fstier.io.pool.IOPool`: it moves its
 keys through ``BlockStore.store_many`` / ``load_many``, notes recency for
 keys that were already present (store) or loaded, and closes its keys'
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
@@ -43,7 +45,17 @@ from fstier.tier.admission import WriteBudget
 from fstier.tier.lookup import LookupCache
 from fstier.tier.recency import Recency
 
-__all__ = ["Job", "JobOps", "JobTable"]
+__all__ = ["Job", "JobOps", "JobTable", "payload_sizes"]
+
+
+def payload_sizes(payload_len: Sequence[int], keys: Sequence[BlockKey]) -> tuple[tuple[int, ...], int]:
+    """Each key's payload bytes (``payload_len`` by group) and the bytes of
+    their files in all. One group (the common model): a product, no loop
+    over the keys."""
+    if len(payload_len) == 1:
+        return (payload_len[0],) * len(keys), block_file_size(payload_len[0]) * len(keys)
+    op_bytes = tuple(payload_len[k.group_idx] for k in keys)
+    return op_bytes, sum(map(block_file_size, op_bytes))
 
 
 @dataclass(slots=True)
@@ -137,7 +149,10 @@ class JobOps:
         return one pool op per batch."""
         bounds = job.bounds = self._blocks.batch_bounds(len(job.keys), threads)
         spans = list(zip(bounds[:-1], bounds[1:], strict=True))
-        if job.kind == "store":
+        if job.kind == "store" and len(set(job.op_bytes)) == 1:  # one payload size: no per-key sum
+            size = block_file_size(job.op_bytes[0])
+            job.op_reserved = [size * (b - a) for a, b in spans]
+        elif job.kind == "store":
             sizes = [block_file_size(b) for b in job.op_bytes]
             job.op_reserved = [sum(sizes[a:b]) for a, b in spans]
         else:

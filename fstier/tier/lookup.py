@@ -80,14 +80,15 @@ class LookupCache:
                 self._entries = {k: v for k, v in self._entries.items() if v[1] > now}
                 if len(self._entries) + len(keys) > _CACHE_MAX_ENTRIES:
                     self._entries.clear()
-            for k in keys:
-                self._entries[k] = (present, expiry)
+            self._entries.update(dict.fromkeys(keys, (present, expiry)))  # one C-level loop per batch
 
     def stored(self, keys: Sequence[BlockKey], now: float) -> None:
         """Keys now present on disk (stored, or found present by a store)."""
         with self._lock:
-            for k in keys:
-                self._bad.pop(k, None)
+            bad = self._bad
+            if bad and not bad.keys().isdisjoint(keys):
+                for k in keys:
+                    bad.pop(k, None)
         self.put_many(keys, True, now)
 
     def mark_bad(self, keys: Sequence[BlockKey]) -> None:

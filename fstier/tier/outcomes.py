@@ -36,6 +36,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from fstier.io.blockfile import block_file_size
 from fstier.io.blockstore import BlockStore
@@ -80,6 +81,20 @@ class Verdict:
     @property
     def success(self) -> bool:
         return self.failed == 0
+
+
+_STATUS = attrgetter("status")
+_OUTCOME_TYPES = frozenset((StoreOutcome, LoadOutcome))
+
+
+def _all_one_success(outcomes: list[object]) -> str | None:
+    """What every outcome of a batch counts as (:data:`DONE`) when they are
+    all outcomes of one success status, decided with C-level loops; else
+    None (the caller judges key by key)."""
+    if not outcomes or not _OUTCOME_TYPES.issuperset(map(type, outcomes)):
+        return None
+    statuses = set(map(_STATUS, outcomes))
+    return DONE.get(statuses.pop()) if len(statuses) == 1 else None
 
 
 def _cause_of(result: object) -> str:
@@ -183,6 +198,11 @@ class Judge:
         for j, r in enumerate(results):
             span = job.keys_of_op(j)
             if isinstance(r, list) and len(r) == len(span):
+                what = _all_one_success(r)
+                if what is not None:  # the common batch: judged without a loop over its keys
+                    done[what].extend(span)
+                    ok_run = True
+                    continue
                 for i, o in zip(span, r, strict=True):
                     what = DONE.get(o.status) if isinstance(o, StoreOutcome | LoadOutcome) else None
                     if what is not None:
@@ -214,9 +234,20 @@ class Judge:
         prefix = failed[0] if failed else n
         keys, m = job.keys, self._metrics
         seconds = self._ops.seconds(job)
+        op_bytes = job.op_bytes
+        # One payload size for the whole job (one KV group): byte counts are
+        # products, not sums over keys.
+        each = op_bytes[0] if len(set(op_bytes)) == 1 else None
         if job.kind == "store":
-            stored = tuple(keys[i] for i in done["stored"])
-            nbytes = sum(job.op_bytes[i] for i in done["stored"])
+            ok = done["stored"]
+            stored = tuple(keys[i] for i in ok) if len(ok) < n else keys
+            if each is not None:
+                nbytes = each * len(ok)
+                reserved, written = block_file_size(each) * n, block_file_size(each) * len(ok)
+            else:
+                nbytes = sum(op_bytes[i] for i in ok)
+                reserved = sum(block_file_size(b) for b in op_bytes)
+                written = sum(block_file_size(op_bytes[i]) for i in ok)
             self._cache.stored([*stored, *(keys[i] for i in done["skipped"])], now)
             m.stored_blocks.inc(len(stored))
             m.stored_bytes.inc(nbytes)
@@ -224,13 +255,10 @@ class Judge:
             m.store_seconds.observe(seconds)
             # Admission counted the whole job (Admission.refuse): give back
             # what was not stored (skipped, failed).
-            self._capacity.settle(
-                sum(block_file_size(b) for b in job.op_bytes),
-                sum(block_file_size(job.op_bytes[i]) for i in done["stored"]),
-            )
+            self._capacity.settle(reserved, written)
         else:
             stored = ()
-            nbytes = sum(job.op_bytes[:prefix])
+            nbytes = each * prefix if each is not None else sum(op_bytes[:prefix])
             if failed:
                 self._cache.mark_bad([keys[i] for i in failed])
             if removed:

@@ -51,13 +51,24 @@ returns fresh.
   (:attr:`SharedUsage.rescan_wanted`), and the rescan takes the file's
   claim as its new baseline. A count that vanished keeps its last value;
   the sum is clamped to ``[0, 2^62]``. Nothing here raises to a caller.
+- **A settled scan is shared.** A scan that raced nothing, with no store
+  in flight anywhere, is published as a name too (``<instance>.<bytes>.
+  <digest>.scn``, :mod:`fstier.tier.countnames`): the bytes it found and a
+  digest of every instance's (stored, removed) it saw. Another instance
+  whose own view of every count has that same digest takes those bytes as
+  its own scan's (exact: no count moved since, so the disk still holds
+  them): one walk per quiet spell per root, not one per instance (on
+  ceph-fuse a walk over another host's fresh files took 74 s;
+  test_a_settled_scan_is_shared). The owner's next count that moved
+  removes the name.
 - An instance whose generation has not moved for ``STALE_S`` of this
   reader's own monotonic time is gone: any reader removes its names.
 - **Eviction is one instance at a time per root** through a lease,
   ``.fstier-usage.d/evict.lease`` (:mod:`fstier.tier.lease`: an ``O_EXCL``
   create, expiry judged by each reader's own clock); its holder publishes
   its count before giving it back.
-- **The directory is re-resolved under the root every round**: the fd
+- **The directory is re-resolved under the root every round**
+  (:mod:`fstier.tier.usagedir`): the fd
   opened at start is used only while ``<root>/.fstier-usage.d`` still names
   it (``st_dev``/``st_ino``; opened ``O_NOFOLLOW|O_DIRECTORY``); moved away
   or replaced, the old one is never written again and a new one is opened
@@ -73,13 +84,11 @@ one listing, two ``stat`` calls; nothing on the caller's thread.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import re
 import secrets
 import socket
-import stat
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -88,13 +97,14 @@ from pathlib import Path
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.tier.countnames import (
     MAX_COUNT,
+    SCAN_SUFFIX,
     count_name,
-    is_leftover,
-    is_legacy_name,
-    parse_count_name,
-    read_legacy_count,
+    counts_digest,
+    read_listing,
+    scan_name,
 )
 from fstier.tier.lease import LEASE_NAME, LEASE_S, RENEW_S, EvictionLease
+from fstier.tier.usagedir import USAGE_DIR_NAME, UsageDir
 
 __all__ = [
     "EVICT_LOCK_NAME",
@@ -109,7 +119,6 @@ __all__ = [
 
 log = logging.getLogger("fstier.manager")
 
-USAGE_DIR_NAME = ".fstier-usage.d"
 #: fstier < 0.4 kept one count here under ``flock`` (no longer written)
 USAGE_FILE_NAME = ".fstier-usage"
 #: fstier < 0.4's eviction lock (no longer used)
@@ -135,7 +144,6 @@ SETTLE_S = 2.0
 #: Wait at most this long for a rescan after a bad count asked for one.
 _RESCAN_MIN_INTERVAL_S = 10.0
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -175,7 +183,6 @@ class SharedUsage:
         self.instance = f"{_safe_host()}-{os.getpid()}-{secrets.token_hex(4)}"
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()  # one publisher/reader at a time
-        self._dir_fd: int | None = None
         #: bytes this instance stored and removed since it started
         self._stored = 0
         self._removed = 0
@@ -205,6 +212,10 @@ class SharedUsage:
         self._last_add = -1e18  # when this instance's count last moved
         #: the count moved since the last full scan (a settled rescan makes it exact)
         self.changed_since_scan = False
+        #: a settled scan to share: (bytes, digest of every count it saw)
+        self._scan_to_share: tuple[int, str] | None = None
+        #: settled scans of other instances taken as this instance's own
+        self.scans_adopted = 0
         self._rescan_asked = -1e18
         self._warned: set[str] = set()
         self._lease = EvictionLease(self.instance, file_mode, clock.monotonic, self._warn_once)
@@ -212,8 +223,9 @@ class SharedUsage:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         try:
-            self._dir_fd = self._open_dir()
+            self._usage_dir: UsageDir | None = UsageDir(self.root, self._warn_once, self._dir_replaced)
         except OSError as exc:
+            self._usage_dir = None
             log.warning(
                 "fstier: usage of %s is not shared with other instances (%s); each instance "
                 "counts its own stores until its next capacity pass. Remove whatever is at "
@@ -226,53 +238,16 @@ class SharedUsage:
             self._thread = threading.Thread(target=self._run, name="fstier-usage", daemon=True)
             self._thread.start()
 
-    def _open_dir(self) -> int:
-        path = self.root / USAGE_DIR_NAME
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o755)
-        fd = os.open(path, _DIR_FLAGS)
-        try:
-            if not stat.S_ISDIR(os.fstat(fd).st_mode):
-                raise OSError(errno.ENOTDIR, "not a directory")
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
     def _dir(self) -> int | None:
-        """The usage directory's fd while ``<root>/.fstier-usage.d`` still
-        names it, else a new one opened there (None when none is usable now)."""
-        if self._disabled:
-            return None
-        fd = self._dir_fd
-        try:
-            now = os.stat(self.root / USAGE_DIR_NAME, follow_symlinks=False)
-            if fd is not None:
-                held = os.fstat(fd)
-                if stat.S_ISDIR(now.st_mode) and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
-                    return fd
-        except OSError:
-            pass
-        if fd is not None:
-            self._dir_fd = None
-            with contextlib.suppress(OSError):
-                os.close(fd)
-            self._warn_once(
-                "moved", "fstier: %s was moved or replaced; using a new one under the root",
-                self.root / USAGE_DIR_NAME,
-            )
-            # Our names and lease were in the old directory: publish anew.
-            self._published = None
-            self._own_names = []
-            self._lease.drop()
-        try:
-            fd = self._open_dir()
-        except OSError as exc:
-            self._warn_once(f"open:{exc.errno}", "fstier: cannot use %s (%s); retrying",
-                            self.root / USAGE_DIR_NAME, exc)
-            return None
-        self._dir_fd = fd
-        return fd
+        """The usage directory's fd (:class:`~fstier.tier.usagedir.UsageDir`:
+        re-resolved under the root), None when none is usable now."""
+        return None if self._disabled or self._usage_dir is None else self._usage_dir.fd()
+
+    def _dir_replaced(self) -> None:
+        # Our names and lease were in the old directory: publish anew.
+        self._published = None
+        self._own_names = []
+        self._lease.drop()
 
     def _warn_once(self, key: str, msg: str, *args: object) -> None:
         if key not in self._warned:
@@ -377,7 +352,15 @@ class SharedUsage:
             self.rescan_wanted = False
             self.changed_since_scan = self.scan_raced
             self._scanned = True
+            self._scan_to_share = None
+            if not self.scan_raced and self._inflight == 0 and not any(self._others_inflight.values()):
+                self._scan_to_share = (self._base, counts_digest(self._counts_locked()))
+                self._wake.set()
             return self._sum_locked()
+
+    def _counts_locked(self) -> dict[str, tuple[int, int]]:
+        """Every instance's (stored, removed) as this one sees it."""
+        return {**self._others, self.instance: (self._stored, self._removed)}
 
     @property
     def inflight(self) -> int:  # this instance's stores counted, maybe not on disk
@@ -414,6 +397,7 @@ class SharedUsage:
             if dfd is None:
                 return
             self._publish(dfd, force)
+            self._share_scan(dfd)
             self._read_others(dfd)
 
     def _publish(self, dfd: int, force: bool = False) -> None:
@@ -431,9 +415,13 @@ class SharedUsage:
                             self.root / USAGE_DIR_NAME, exc)
             return
         self._gen = gen
+        moved = value != self._published
         self._published = value
         self._published_at = now
-        old, self._own_names = self._own_names, []
+        # A shared scan stays while the count it saw does (a heartbeat or a
+        # lease given back publishes the same value anew).
+        old = [n for n in self._own_names if moved or not n.endswith(SCAN_SUFFIX)]
+        self._own_names = [n for n in self._own_names if n not in old]
         for stale in old:
             try:
                 os.unlink(stale, dir_fd=dfd)
@@ -443,49 +431,52 @@ class SharedUsage:
                 self._own_names.append(stale)  # try again next time
         self._own_names.append(name)
 
+    def _share_scan(self, dfd: int) -> None:
+        """Publish the settled scan :meth:`end_scan` left, while every count
+        is still what it saw (this instance's own published)."""
+        with self._lock:
+            pending, self._scan_to_share = self._scan_to_share, None
+            if pending is None or self._published != (self._stored, self._removed, 0):
+                return
+            if counts_digest(self._counts_locked()) != pending[1]:
+                return  # a count moved since the scan: nothing to share
+        for old in [n for n in self._own_names if n.endswith(SCAN_SUFFIX)]:
+            with contextlib.suppress(OSError):
+                os.unlink(old, dir_fd=dfd)
+            self._own_names.remove(old)
+        name = scan_name(self.instance, *pending)
+        try:
+            os.close(os.open(name, _CREATE_FLAGS, self._mode, dir_fd=dfd))
+        except OSError:
+            return
+        self._own_names.insert(0, name)  # the next count that moved removes it
+
+    def _adopt_scan_locked(self, scans: dict[str, tuple[int, str]]) -> None:
+        """Take another instance's settled scan as this one's (see the module
+        docstring) when every count is still what that scan saw."""
+        if not (self._scanned and (self.changed_since_scan or self.scan_raced)) or self._refused:
+            return
+        if self._inflight or any(self._others_inflight.values()):
+            return
+        digest = counts_digest(self._counts_locked())
+        for nbytes, seen in scans.values():
+            if seen == digest and nbytes <= _MAX_SUM:
+                self._base = nbytes
+                self._own_base = (self._stored, self._removed)
+                self._others_base = dict(self._others)
+                self.changed_since_scan = self.scan_raced = False
+                self.scans_adopted += 1
+                return
+
     def _read_others(self, dfd: int) -> None:
         try:
             names = [e.name for e in os.scandir(dfd)]
         except OSError:
             return
-        own = set(self._own_names)
-        seen: dict[str, tuple[int, int]] = {}
-        beats: dict[str, int] = {}
-        files: dict[str, list[str]] = {}
-        leftovers: list[str] = []
-        newest: dict[str, tuple[int, int]] = {}  # per instance: its newest gen and its stores in flight
-        for name in names:
-            if name in own:
-                continue
-            if is_leftover(name):
-                leftovers.append(name)
-                continue
-            parsed = parse_count_name(name)
-            if parsed is not None:
-                inst, gen, stored, removed, inflight = parsed
-                if inst == self.instance:
-                    continue  # a name of ours that failed to be removed
-                value = (stored, removed)
-                if gen >= newest.get(inst, (-1, 0))[0]:
-                    newest[inst] = (gen, inflight)
-                if not (stored <= _MAX_ABS and removed <= _MAX_ABS):
-                    self._want_rescan(f"{USAGE_DIR_NAME}/{name} holds no valid count")
-                    continue
-                beat = gen
-            elif is_legacy_name(name):
-                inst = name
-                legacy, beat, wrong = read_legacy_count(dfd, name)
-                if wrong is not None:
-                    self._want_rescan(f"{USAGE_DIR_NAME}/{name} {wrong}")
-                if legacy is None:
-                    continue
-                value = legacy
-            else:
-                continue
-            files.setdefault(inst, []).append(name)
-            if inst not in seen or value > seen[inst]:
-                seen[inst] = value
-            beats[inst] = max(beat, beats.get(inst, beat))
+        listing = read_listing(dfd, names, set(self._own_names), self.instance)
+        for name, why in listing.bad:
+            self._want_rescan(f"{USAGE_DIR_NAME}/{name} {why}")
+        seen, beats, files, scans = listing.counts, listing.beats, listing.files, listing.scans
         with self._lock:
             now = self._clock()
             good: dict[str, tuple[int, int]] = {}
@@ -508,11 +499,13 @@ class SharedUsage:
                     )
             for inst in good:
                 self._refused.pop(inst, None)
-                self._others_inflight[inst] = min(good[inst][0], newest.get(inst, (0, 0))[1])
+                self._others_inflight[inst] = min(good[inst][0], listing.inflight.get(inst, 0))
             if any(self._others.get(i) != v for i, v in good.items()):
                 self._last_activity = now
                 self.changed_since_scan = True
             self._others.update(good)
+            if scans:
+                self._adopt_scan_locked(scans)
             dead = []
             for inst, beat in beats.items():
                 last_beat = self._liveness.get(inst)
@@ -521,7 +514,7 @@ class SharedUsage:
                 elif now - last_beat[1] > STALE_S:
                     dead.append(inst)
         # A leftover seen for an hour of this reader's time: its maker is gone.
-        seen_now = {name: self._leftovers.get(name, now) for name in leftovers[:1000]}
+        seen_now = {name: self._leftovers.get(name, now) for name in listing.leftovers[:1000]}
         self._leftovers = seen_now
         for name, first in seen_now.items():
             if now - first > STALE_S:
@@ -592,8 +585,6 @@ class SharedUsage:
         with contextlib.suppress(Exception):
             self.refresh(force=True)
         with self._io_lock:
-            dfd, self._dir_fd = self._dir_fd, None
             self._disabled = True
-            if dfd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(dfd)
+            if self._usage_dir is not None:
+                self._usage_dir.close()

@@ -171,9 +171,11 @@ def test_many_instances_share_max_bytes(tmp_path: Path) -> None:
     """Issue 15 item 6: five processes, each with its own FsTier and
     max_bytes of 300 files on one root, storing ~17x max_bytes. Each used to
     count only its own stores (peak 2.86x max_bytes); with the shared count
-    sampled usage stays within 1.25x and settles below max_bytes (stores
-    count from admission, so every instance sees those in flight: 1.05x at
-    load average 10-12, 1.11x and 1.17x at load average 27 on a 2-core VM)."""
+    sampled usage stays within 1.15x and settles below max_bytes. Stores
+    count from admission, so every instance sees those in flight (1.11x and
+    1.17x at load average 27 on a 2-core VM), and above the high watermark
+    a job that would take the root over max_bytes is dropped (1.01-1.04x at
+    load average 8-24, once 1.12x)."""
     import subprocess
     import sys
 
@@ -191,5 +193,5 @@ def test_many_instances_share_max_bytes(tmp_path: Path) -> None:
         f"samples={res['samples']} dropped={res['dropped']} ({res['dropped_fraction']:.0%})"
     )
     assert res["samples"] >= 100
-    assert res["peak_ratio"] <= 1.25, res
+    assert res["peak_ratio"] <= 1.15, res
     assert res["settled_ratio"] < 1.0, res

@@ -4,8 +4,11 @@ own mount of the shared root, storing new blocks for a while.
     python _host.py ROOT MAX_BYTES SECONDS SEED
 
 Prints ``drained`` when its last store ended, waits for a line on stdin
-(the other host drained too), then prints one JSON line: its view of the
-root's usage, and its counts of stored and dropped blocks.
+(the other host drained too), waits until its count is settled (a scan that
+raced nothing ran after the last change: ``Capacity.settled``; at most
+``SETTLE_LIMIT_S``), then prints one JSON line: its view of the root's
+usage, how long it took to settle, and its counts of stored and dropped
+blocks.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ from fstier.slots.host_pool import HostBlockPool  # noqa: E402
 GROUP = {"kind": "full_attention", "block_size": 16, "num_layers": 4, "num_kv_heads": 2, "head_size": 64}
 JOB_KEYS = 8
 SLOTS = 64
+#: Both hosts idle, each one's settled rescan walks the root under the
+#: eviction lease, one host at a time: on ceph-fuse a walk over the other
+#: host's fresh files takes seconds per thousand files.
+SETTLE_LIMIT_S = 90.0
 
 
 def main() -> None:
@@ -71,10 +78,15 @@ def main() -> None:
             stored += r.keys_completed
         print("drained", flush=True)
         sys.stdin.readline()
-        time.sleep(6.0)  # publish + refresh rounds, the 1 s mount caches, one re-scan
+        t0 = time.monotonic()
+        time.sleep(2.0)  # publish + refresh rounds, the 1 s mount caches
+        while not tier.capacity.settled and time.monotonic() - t0 < SETTLE_LIMIT_S:
+            time.sleep(0.1)
         print(json.dumps({
             "usage": tier.usage_bytes, "stored": stored, "dropped": dropped, "failed": failed,
-            "failed_causes": causes,
+            "failed_causes": causes, "settle_s": round(time.monotonic() - t0, 1),
+            "settled": tier.capacity.settled,
+            "scans_adopted": tier.capacity.scans_adopted,
         }), flush=True)
     finally:
         tier.close()

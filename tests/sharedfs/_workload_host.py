@@ -7,8 +7,9 @@ of the shared root, looping like an engine serving prompts.
 Each round: store a new 16-block prompt and wait for it; look up a recent
 prompt of this host or (half the time) of the peer, load the hit prefix and
 check every loaded byte; sleep 50 ms. Prints ``drained`` when its last job
-ended, waits for a line on stdin (the peer drained too), waits ``SETTLE_S``
-and prints one JSON line: its view of the root's usage, its counts and the
+ended, waits for a line on stdin (the peer drained too), waits until its count is
+settled (``SETTLE_S`` at least, ``SETTLE_LIMIT_S`` at most) and prints one
+JSON line: its view of the root's usage, its counts and the
 tier's capacity metrics.
 """
 
@@ -37,9 +38,12 @@ PAGE = 16 * 4 * 8 * 128 * 2 * 2
 PROMPT_BLOCKS = 16
 #: a host's recent prompts the lookups pick from
 RECENT = 8
-#: after both hosts drained: publication, a FUSE mount's 1 s caches and the
-#: capacity thread's quiet rescan (fstier.tier.capacity) all fit in this
-SETTLE_S = 8.0
+#: after both hosts drained: at least this long (publication, a FUSE
+#: mount's 1 s caches), then until the count is settled (``Capacity.settled``:
+#: the capacity thread's quiet rescan, or another host's shared) or at most
+#: SETTLE_LIMIT_S
+SETTLE_S = 2.0
+SETTLE_LIMIT_S = 90.0
 
 
 def prompt_keys(host: int, prompt: int) -> list[BlockKey]:
@@ -145,7 +149,11 @@ def main() -> None:
         tier.get_finished()
         print("drained", flush=True)
         sys.stdin.readline()
+        t0 = time.monotonic()
         time.sleep(SETTLE_S)
+        while not tier.capacity.settled and time.monotonic() - t0 < SETTLE_LIMIT_S:
+            time.sleep(0.1)
+        stats["settle_s"] = round(time.monotonic() - t0, 1)
         snap = tier.metrics.snapshot()
         print(json.dumps({
             "usage": tier.usage_bytes, **stats, "causes": causes,

@@ -1,28 +1,33 @@
-"""Two hosts with ``max_bytes`` storing into one shared root at once, for a
-minute: the bytes on disk (sampled all along) peak at most 1.25 x
-``max_bytes``, and after both drain each host's view of the usage is within
-5% of the bytes on disk. Every load of what is left is byte-exact (the
-cross-host tests) and no store fails for another reason than capacity or
-write backpressure (both designed drops)."""
+"""Two hosts with ``max_bytes`` storing new blocks into one shared root as
+fast as they can (a steady store workload, ~2x ``max_bytes`` stored in all):
+the bytes on disk (sampled all along) peak at most 1.25 x ``max_bytes``, and
+once both drained and their counts settled (``Capacity.settled``: each
+host's rescan after the last change, one host at a time under the eviction
+lease) each host's view of the usage is within 5% of the bytes on disk. No
+store fails for another reason than capacity or write backpressure (both
+designed drops); every load of what is left is byte-exact (the cross-host
+tests).
+
+``FSTIER_SHAREDFS_CAPACITY_S`` sets the store phase (default 20 s, CI's
+budget; docs/deployment.md also cites 60 s runs)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from fstier.tier.gc import scan_usage
 
 from .conftest import FIGURES, SharedFs
 
 HOST = Path(__file__).with_name("_host.py")
-MAX_BYTES = 64 << 20
-SECONDS = 60.0
+MAX_BYTES = 32 << 20
+SECONDS = float(os.environ.get("FSTIER_SHAREDFS_CAPACITY_S", "20"))
 
 
 def test_two_hosts_share_max_bytes(sfs: SharedFs) -> None:
@@ -77,11 +82,13 @@ def test_two_hosts_share_max_bytes(sfs: SharedFs) -> None:
                 h.kill()
                 h.wait(30)
     errors = [abs(v["usage"] - on_disk) / max(on_disk, 1) for v in views]
-    FIGURES[f"{sfs.name} two hosts, max_bytes 64 MiB, {SECONDS:.0f} s"] = {
+    FIGURES[f"{sfs.name} two hosts, max_bytes {MAX_BYTES >> 20} MiB, {SECONDS:.0f} s"] = {
         "peak / max_bytes": round(peak / MAX_BYTES, 3),
         "samples": samples,
         "on disk after drain (MiB)": round(on_disk / 2**20, 1),
         "count error per host (%)": [round(100 * e, 2) for e in errors],
+        "settled after (s)": [v["settle_s"] if v["settled"] else None for v in views],
+        "shared scans taken": [v["scans_adopted"] for v in views],
         "stored blocks": [v["stored"] for v in views],
         "dropped (capacity, backpressure)": [v["dropped"] for v in views],
         "failed (other causes)": [v["failed_causes"] for v in views],
@@ -89,10 +96,4 @@ def test_two_hosts_share_max_bytes(sfs: SharedFs) -> None:
     assert all(v["failed"] == 0 for v in views), views
     assert all(v["stored"] > 0 for v in views), views
     assert peak <= 1.25 * MAX_BYTES, (peak / MAX_BYTES, views)
-    if sfs.name == "cephfs" and not all(e <= 0.05 for e in errors):
-        # Open defect, not diagnosed: on ceph-fuse this steady-store workload
-        # ends with both hosts' views 7-29% ABOVE the disk (the engine-like
-        # workload, test_capacity_workload.py, ends within 5% there). The
-        # peak and failure checks above still hold on CephFS.
-        pytest.xfail(f"cephfs: count error per host {errors} > 5% (open defect)")
     assert all(e <= 0.05 for e in errors), (errors, on_disk, views)

@@ -90,6 +90,7 @@ def test_two_hosts_engine_workload_keep_max_bytes(sfs: SharedFs, run: int) -> No
         "count error per host (%)": [round(100 * e, 2) for e in errors],
         "stored / dropped / loaded blocks": [(v["stored"], v["dropped"], v["loaded"]) for v in views],
         "evicted MiB": [round((v["evicted_bytes"] or 0) / 2**20, 1) for v in views],
+        "settled after (s)": [v["settle_s"] for v in views],
     }
     assert all(v["wrong_bytes"] == 0 for v in views), views
     assert all(v["store_failed"] == 0 and v["load_failed"] == 0 for v in views), views

@@ -1,0 +1,184 @@
+"""The batch fast paths of the hot path keep every refusal and answer of the
+per-key loops they skip: job and slot checks decided with C-level loops,
+a batch of one success status judged without a loop over its keys, jobs
+cut into fewer batches when the I/O queue already keeps every thread
+busy, and an idle poll that takes no lock."""
+
+from __future__ import annotations
+
+import enum
+import threading
+from pathlib import Path
+
+import pytest
+from manager_support import FILE_BYTES, key, keys, load, open_tier, store
+
+from fstier.io.iotypes import LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
+from fstier.io.pool import IOPool
+from fstier.slots.host_pool import HostBlockPool
+from fstier.slots.provider import plain_indices
+from fstier.slots.rows import RowSlots
+from fstier.tier.outcomes import _all_one_success
+
+
+class _Idx(enum.IntEnum):
+    ONE = 1
+
+
+def test_plain_indices_only_for_plain_ints_in_range() -> None:
+    assert plain_indices([], 4) and plain_indices((0, 3, 1), 4)
+    assert not plain_indices([0, 4], 4)
+    assert not plain_indices([-1], 4)
+    assert not plain_indices([True], 4)  # a bool is never a slot
+    assert not plain_indices([1.0], 4)
+    assert not plain_indices([_Idx.ONE], 4)  # an int subclass goes to the per-slot loop
+
+
+def test_job_checks_name_the_same_offender(tmp_path: Path) -> None:
+    with open_tier(tmp_path, num_slots=8) as tier:
+        ks = keys(0, 3)
+        for slots, match in (
+            ([0, 1, 8], "slot 8 is not a slot index in 0..7"),
+            ([0, True, 2], "slot True is not a slot index"),
+            ([0, 1.0, 2], r"slot 1\.0 is not a slot index"),
+            ([0, 1, 1], "a slot appears twice"),
+        ):
+            with pytest.raises(ValueError, match=match):
+                tier.submit_store(("j", str(slots)), ks, slots)
+        with pytest.raises(ValueError, match=r"keys\[1\] is 'x' \(str\)"):
+            tier.submit_store("k", [ks[0], "x", ks[2]], [0, 1, 2])  # type: ignore[list-item]
+        with pytest.raises(ValueError, match=r"keys\[2\]: group 3 does not exist"):
+            tier.submit_store("g", [ks[0], ks[1], key(9, group=3)], [0, 1, 2])
+        # An int subclass is still accepted as a slot (the per-slot loop's rule).
+        res = store(tier, "ok", [key(7)], [_Idx.ONE])  # type: ignore[list-item]
+        assert res.success
+
+
+def test_host_pool_fast_check_still_refuses_unallocated_slots() -> None:
+    pool = HostBlockPool(4, FILE_BYTES)
+    try:
+        pool.alloc(2)  # slots 0 and 1
+        pool.check_slots([0, 1])
+        with pytest.raises(ValueError, match="slot 2 is not allocated"):
+            pool.check_slots([0, 2])
+        with pytest.raises(ValueError, match="slot 4 is not a slot index"):
+            pool.check_slots([4])
+    finally:
+        pool.close()
+
+
+def test_row_slots_fast_check_still_refuses_fenced_and_foreign_slots() -> None:
+    rows = RowSlots.from_primary_view(memoryview(bytearray(4 * 64)).cast("B", (4, 64)))
+    rows.check_slots([0, 3])
+    rows.fence(2)
+    with pytest.raises(ValueError, match="slot 2 is fenced"):
+        rows.check_slots([0, 2])
+    with pytest.raises(ValueError, match="slot 4 is not a row index"):
+        rows.check_slots([4])
+    with pytest.raises(ValueError, match="slot False is not a row index"):
+        rows.check_slots([False])
+    rows.unfence(2)
+    rows.check_slots([2])
+    rows.release()
+
+
+def test_a_batch_of_one_success_status_is_judged_whole() -> None:
+    stored = StoreOutcome(StoreStatus.STORED, nbytes=1)
+    skipped = StoreOutcome(StoreStatus.SKIPPED)
+    assert _all_one_success([stored, stored]) == "stored"
+    assert _all_one_success([skipped]) == "skipped"
+    assert _all_one_success([LoadOutcome(LoadStatus.LOADED, nbytes=1)] * 3) == "loaded"
+    # Anything else goes key by key: mixed successes, a failure, a foreign object.
+    assert _all_one_success([stored, skipped]) is None
+    assert _all_one_success([stored, StoreOutcome(StoreStatus.FAILED, "EIO", "x")]) is None
+    assert _all_one_success([LoadOutcome(LoadStatus.MISSING, "ENOENT")] * 2) is None
+    assert _all_one_success([stored, OSError(5, "x")]) is None
+    assert _all_one_success([]) is None
+
+
+def test_mixed_batches_are_still_judged_key_by_key(tmp_path: Path) -> None:
+    with open_tier(tmp_path) as tier:
+        ks = keys(0, 8)
+        assert store(tier, "s1", ks[:4]).success
+        res = store(tier, "s2", ks)  # 4 present (skipped), 4 new (stored)
+        assert res.success and res.skipped == 4 and res.keys_completed == 8
+        # A load whose 6th key is missing keeps its 5-key prefix.
+        res = load(tier, "l1", [*ks[:5], key(99), *ks[5:]])
+        assert not res.success and res.keys_completed == 5 and res.cause == "miss"
+
+
+def test_spare_threads_counts_the_queue() -> None:
+    with IOPool(3, 2, io_timeout_s=5) as pool:
+        assert pool.spare_threads("read") == 3 and pool.spare_threads("write") == 2
+        gate = threading.Event()
+        started = threading.Semaphore(0)
+
+        def hold() -> None:
+            started.release()
+            gate.wait()
+
+        pool.submit("busy", "read", [hold] * 5)  # 5 threads take 5 ops: none queued
+        for _ in range(5):
+            assert started.acquire(timeout=5)
+        assert pool.spare_threads("read") == 3
+        pool.submit("queued", "read", [lambda: None] * 2)
+        assert pool.spare_threads("read") == 1
+        pool.submit("more", "read", [lambda: None] * 4)
+        assert pool.spare_threads("read") == 0 and pool.spare_threads("write") == 2
+        gate.set()
+        assert pool.wait_idle(5)
+        assert pool.spare_threads("read") == 3
+
+
+def test_a_job_queued_behind_busy_threads_is_one_batch(tmp_path: Path) -> None:
+    """Native path: a job cut while every write thread has queued work is
+    one call, so its fixed Python is paid once; an idle tier still spreads
+    a job over its threads."""
+    with open_tier(tmp_path, write_threads=2) as tier:
+        if not tier.blocks.batched:
+            pytest.skip("one key per op on the Python path")
+        gate = threading.Event()
+        started = threading.Semaphore(0)
+
+        def hold() -> None:
+            started.release()
+            gate.wait()
+
+        # All 4 threads (2 read threads steal writes when idle) held, 2 more queued.
+        tier._io.submit("hold", "write", [hold] * 6)
+        for _ in range(4):
+            assert started.acquire(timeout=10)
+        assert tier._io.spare_threads("write") == 0
+        ks = keys(0, 16)
+        tier.submit_store("big", ks, list(range(16)))
+        (job,) = [j for j in tier._jobs._by_pool.values() if j.job_id == "big"]
+        assert job.bounds == (0, 16)
+        gate.set()
+        tier.drain()
+        (res,) = [r for r in tier.get_finished() if r.job_id == "big"]
+        assert res.success and res.keys_completed == 16
+        tier.submit_store("idle", keys(16, 16), list(range(16)))
+        (job,) = [j for j in tier._jobs._by_pool.values() if j.job_id == "idle"]
+        assert job.bounds == (0, 8, 16)
+        tier.drain()
+
+
+def test_idle_poll_takes_no_lock_and_misses_nothing(tmp_path: Path) -> None:
+    with open_tier(tmp_path) as tier:
+        assert not tier.has_news()
+        with tier._lock:  # a poll while the tier's lock is held returns at once
+            got: list[object] = []
+            t = threading.Thread(target=lambda: got.append(tier.get_finished()))
+            t.start()
+            t.join(5)
+            assert got == [[]]
+        ks = keys(0, 2)
+        tier.submit_store("s", ks, [0, 1])
+        assert tier._io.wait_idle(5)
+        assert tier.has_news()
+        (res,) = tier.get_finished()
+        assert res.job_id == "s" and res.success
+        assert tier.has_news()  # the BlockStored event waits
+        (ev,) = tier.take_events()
+        assert ev.keys == tuple(ks)
+        assert not tier.has_news()
