@@ -35,9 +35,9 @@ from ``/metrics`` afterwards and printed beside the figures. Every server
 is stopped (process group SIGTERM, then SIGKILL) and its shared-memory files
 removed, whatever happens (``tests/e2e/_harness.py``).
 
-    .venv-e2e/bin/python benchmarks/bench_vllm_serve.py [--prefixes 8]
+    .venv-e2e/bin/python benchmarks/bench_vllm_serve.py [--prefixes 4]
         [--prefix-tokens 8192] [--suffix-tokens 64] [--clients 16] [--rounds 2]
-        [--max-tokens 8] [--layers 4] [--hidden 512] [--dir /var/tmp]
+        [--max-tokens 8] [--layers 2] [--hidden 512] [--dir /var/tmp]
         [--json out.json] [--plot docs/img/vllm_serve.png]
     python benchmarks/bench_vllm_serve.py --from-json out.json --plot docs/img/vllm_serve.png
 """
@@ -193,13 +193,13 @@ def load() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prefixes", type=int, default=8)
+    ap.add_argument("--prefixes", type=int, default=4)
     ap.add_argument("--prefix-tokens", type=int, default=8192)
     ap.add_argument("--suffix-tokens", type=int, default=64)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=8)
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--configs", default=",".join(CONFIGS), help="which of none,fs,fstier to measure")
     ap.add_argument("--dir", type=Path, default=None, help="work directory on the disk to test")

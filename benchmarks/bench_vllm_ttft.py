@@ -30,7 +30,7 @@ each tier used (vLLM's ``vllm.fs_io_C`` or its Python path; fstier's native
 extension or its Python path).
 
     .venv-e2e/bin/python benchmarks/bench_vllm_ttft.py [--lengths 2048,8192,16384,32768]
-        [--layers 4] [--hidden 512] [--reps 3] [--dir /var/tmp/x] [--engine-mode inproc|mp]
+        [--layers 2] [--hidden 512] [--reps 3] [--dir /var/tmp/x] [--engine-mode inproc|mp]
         [--work DIR (kept; a second run on it skips the store)]
         [--configs recompute,fs,fstier] [--json out.json] [--plot docs/img/vllm_ttft.png]
     python benchmarks/bench_vllm_ttft.py --from-json inproc.json,mp.json --plot docs/img/vllm_ttft.png
@@ -116,7 +116,7 @@ def engine_spec(model: str, prompts: list[list[int]], tier: str, root: Path | No
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="2048,8192,16384,32768")
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=None, help="work directory on the disk to test")
