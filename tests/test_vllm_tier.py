@@ -397,6 +397,24 @@ def test_stats_reach_vllm_metrics(tmp_path: Path) -> None:
         assert set(info) == set(type(tier).config_info_keys({}))
 
 
+def test_get_stats_reports_only_news(tmp_path: Path) -> None:
+    """vLLM calls get_stats every scheduler step: with no metric moved and
+    the breaker unchanged since the last report it answers None (no ~60 us
+    snapshot per idle step); any change is reported at the next call."""
+    with tiering_manager(offloading_config([tier_cfg(tmp_path / "kv")])) as m:
+        tier = fstier_tier(m)
+        assert tier.get_stats() is not None  # the first call reports the gauges
+        assert tier.get_stats() is None
+        tier.fstier.metrics.lookup_keys.inc(3)
+        news = tier.get_stats()
+        assert news is not None and not news.is_empty()
+        assert tier.get_stats() is None
+        tier.fstier.metrics.usage_bytes.set(tier.fstier.metrics.usage_bytes.value)  # same value: no news
+        assert tier.get_stats() is None
+        tier.fstier.metrics.usage_bytes.add(4096)
+        assert tier.get_stats() is not None
+
+
 def test_shutdown_is_idempotent(tmp_path: Path) -> None:
     with tiering_manager(offloading_config([tier_cfg(tmp_path / "kv")])) as m:
         tier = fstier_tier(m)

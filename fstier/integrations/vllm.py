@@ -287,6 +287,7 @@ else:
             #: fstier's metrics as vLLM reports them (get_stats)
             self.vllm_metrics = VllmMetrics()
             self._closed = False
+            self._stats_seen: tuple[int, str] | None = None
             #: the hash-seed check ran on seeded hashes (see _check_hash_seed)
             self._seed_checked = False
             try:
@@ -498,6 +499,13 @@ else:
                 return None
             if self._closed:
                 return None
+            # Called every scheduler step: nothing changed since the last
+            # report (no metric moved, same breaker state) -> None, no snapshot
+            # (test_vllm_tier.py::test_get_stats_reports_only_news).
+            seen = (self.fstier.metrics.changes(), self.fstier.breaker_state)
+            if seen == self._stats_seen:
+                return None
+            self._stats_seen = seen
             stats = OffloadingConnectorStats()
             types, values = metric_sections(stats)
             self.vllm_metrics.report(self.fstier.metrics.snapshot(), self.fstier.breaker_state, types, values)

@@ -36,12 +36,15 @@ class Counter:
         self.doc = doc
         self._value = 0.0
         self._lock = threading.Lock()
+        #: how many times the value changed (see :meth:`TierMetrics.changes`)
+        self.changes = 0
 
     def inc(self, amount: float = 1.0) -> None:
         if amount < 0:
             raise ValueError(f"counter {self.name}: increment must be >= 0, got {amount}")
         with self._lock:
             self._value += amount
+            self.changes += 1
 
     @property
     def value(self) -> float:
@@ -57,14 +60,19 @@ class Gauge:
         self.doc = doc
         self._value = 0.0
         self._lock = threading.Lock()
+        self.changes = 0
 
     def set(self, value: float) -> None:
         with self._lock:
-            self._value = value
+            if value != self._value:
+                self._value = value
+                self.changes += 1
 
     def add(self, amount: float) -> None:
         with self._lock:
-            self._value += amount
+            if amount:
+                self._value += amount
+                self.changes += 1
 
     @property
     def value(self) -> float:
@@ -81,10 +89,12 @@ class LabeledCounter:
         self.label = label
         self._values: dict[str, float] = {}
         self._lock = threading.Lock()
+        self.changes = 0
 
     def inc(self, label_value: str, amount: float = 1.0) -> None:
         with self._lock:
             self._values[label_value] = self._values.get(label_value, 0.0) + amount
+            self.changes += 1
 
     def values(self) -> dict[str, float]:
         with self._lock:
@@ -111,12 +121,14 @@ class Histogram:
         self._counts = [0] * (len(self.buckets) + 1)
         self._sum = 0.0
         self._lock = threading.Lock()
+        self.changes = 0
 
     def observe(self, value: float) -> None:
         i = bisect.bisect_left(self.buckets, value)
         with self._lock:
             self._counts[i] += 1
             self._sum += value
+            self.changes += 1
 
     def snapshot(self) -> HistogramSnapshot:
         with self._lock:
@@ -159,11 +171,21 @@ class TierMetrics:
         self.store_seconds = Histogram("fstier_store_job_seconds", "store job latency")
         self.load_seconds = Histogram("fstier_load_job_seconds", "load job latency")
         self.lookup_seconds = Histogram("fstier_lookup_seconds", "lookup() latency")
+        self._metrics = tuple(
+            v for v in vars(self).values() if isinstance(v, Counter | Gauge | LabeledCounter | Histogram)
+        )
 
     def _all(self) -> Iterator[Counter | Gauge | LabeledCounter | Histogram]:
-        for value in vars(self).values():
-            if isinstance(value, Counter | Gauge | LabeledCounter | Histogram):
-                yield value
+        yield from self._metrics
+
+    def changes(self) -> int:
+        """A number that grows whenever any metric's value changes (the sum
+        of each metric's own change count, each bumped under that metric's
+        lock): equal answers mean nothing changed in between. Costs ~2 us,
+        against a :meth:`snapshot`'s ~60 us, so an engine that polls every
+        scheduler step (vLLM's ``get_stats``) builds a report only when
+        there is news."""
+        return sum(m.changes for m in self._metrics)
 
     def snapshot(self) -> dict[str, Any]:
         """A plain dict: counters and gauges as numbers, labeled counters as
