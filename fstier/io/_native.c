@@ -1157,6 +1157,26 @@ static PyObject *py_lookup_batch(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* The start of a per-name batch call taking (base, rels): the parsed base,
+ * the items and a zeroed result of one byte per name (its bytes object,
+ * returned; NULL with an exception set on failure). */
+static PyObject *name_batch_start(PyObject *args, const char **base, fx_item **items, Py_ssize_t *n,
+                                  uint8_t **res) {
+    PyObject *rels;
+    if (!PyArg_ParseTuple(args, "yO", base, &rels)) return NULL;
+    *n = 0;
+    *items = items_from(rels, NULL, NULL, NULL, 0, n);
+    if (!*items) return NULL;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, *n);
+    if (!out) {
+        items_free(*items, *n);
+        return NULL;
+    }
+    *res = (uint8_t *)PyBytes_AS_STRING(out);
+    memset(*res, 0, (size_t)*n);
+    return out;
+}
+
 /* Set each block file's mtime to now (its LRU recency), one call per batch:
  * the directory resolved below the base with no symlink (reused while the
  * names share it), the file opened O_NOFOLLOW|O_NONBLOCK, touched only when
@@ -1165,18 +1185,11 @@ static PyObject *py_lookup_batch(PyObject *self, PyObject *args) {
 static PyObject *py_touch_batch(PyObject *self, PyObject *args) {
     (void)self;
     const char *base;
-    PyObject *rels;
-    if (!PyArg_ParseTuple(args, "yO", &base, &rels)) return NULL;
-    Py_ssize_t n = 0;
-    fx_item *items = items_from(rels, NULL, NULL, NULL, 0, &n);
-    if (!items) return NULL;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, n);
-    if (!out) {
-        items_free(items, n);
-        return NULL;
-    }
-    uint8_t *res = (uint8_t *)PyBytes_AS_STRING(out);
-    memset(res, 0, (size_t)n);
+    fx_item *items;
+    Py_ssize_t n;
+    uint8_t *res;
+    PyObject *out = name_batch_start(args, &base, &items, &n, &res);
+    if (!out) return NULL;
     Py_BEGIN_ALLOW_THREADS
     int base_fd = open_base(base);
     for (Py_ssize_t i = 0; base_fd >= 0 && i < n; i++) {
@@ -1203,18 +1216,11 @@ static PyObject *py_touch_batch(PyObject *self, PyObject *args) {
 static PyObject *py_remove_batch(PyObject *self, PyObject *args) {
     (void)self;
     const char *base;
-    PyObject *rels;
-    if (!PyArg_ParseTuple(args, "yO", &base, &rels)) return NULL;
-    Py_ssize_t n = 0;
-    fx_item *items = items_from(rels, NULL, NULL, NULL, 0, &n);
-    if (!items) return NULL;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, n);
-    if (!out) {
-        items_free(items, n);
-        return NULL;
-    }
-    uint8_t *res = (uint8_t *)PyBytes_AS_STRING(out);
-    memset(res, 0, (size_t)n);
+    fx_item *items;
+    Py_ssize_t n;
+    uint8_t *res;
+    PyObject *out = name_batch_start(args, &base, &items, &n, &res);
+    if (!out) return NULL;
     Py_BEGIN_ALLOW_THREADS
     int base_fd = open_base(base);
     int dfd = -1;
