@@ -384,6 +384,32 @@ def test_delete_is_one_batch_per_namespace(
     free(src)
 
 
+def test_delete_lowers_usage_and_misses_at_once(adapters: Any, tmp_path: Path) -> None:
+    """LMCache's delete goes through FsTier.remove: fstier's usage count drops
+    by the removed files at once and a presence answer cached before the
+    delete is not served after it (before, delete went beside FsTier: usage
+    stayed high until the next capacity pass and lookups hit for
+    ``lookup_cache_ttl_s``)."""
+    a = adapters(tmp_path, max_bytes="1GiB", lookup_cache_ttl_s=600)
+    ks, src = keys(4, seed=15), objects(4, seed=15)
+    assert store(a, ks, src).is_successful()
+    deadline = time.monotonic() + 30
+    while a.report_status()["usage_bytes"] is None:  # the capacity thread's first count
+        assert time.monotonic() < deadline, "fstier never counted its usage"
+        time.sleep(0.05)
+    files = sorted(tmp_path.rglob("*.bin"))
+    assert a.report_status()["usage_bytes"] == sum(f.stat().st_size for f in files)
+    assert lookup(a, ks) == [0, 1, 2, 3]  # cached as present for 600 s
+    a.delete(ks[1:3])
+    assert a.report_status()["usage_bytes"] == sum(f.stat().st_size for f in tmp_path.rglob("*.bin"))
+    assert len(list(tmp_path.rglob("*.bin"))) == 2
+    assert lookup(a, ks) == [0, 3]
+    dst = objects(4, seed=None)
+    assert load(a, [ks[0], ks[3]], dst[:2]) == [0, 1]
+    assert raw(dst[0]) == raw(src[0]) and raw(dst[1]) == raw(src[3])
+    free(src + dst)
+
+
 def test_fstier_eviction_under_max_bytes_is_reported_to_lmcache(adapters: Any, tmp_path: Path) -> None:
     a = adapters(tmp_path, max_bytes="1MiB")
     assert a.get_usage().total_capacity_bytes == 1 << 20
