@@ -36,7 +36,11 @@ from lmcache.v1.distributed.l2_adapters.plugin_l2_adapter import (  # noqa: E402
 from lmcache.v1.memory_allocators.tensor_memory_allocator import TensorMemoryAllocator  # noqa: E402
 
 from fstier.errors import ConfigError  # noqa: E402
-from fstier.integrations.lmcache import FstierL2Adapter  # noqa: E402
+from fstier.integrations.lmcache import (  # noqa: E402
+    DEFAULT_O_DIRECT,
+    FstierL2Adapter,
+    FstierL2AdapterConfig,
+)
 from fstier.io import fsops  # noqa: E402
 from fstier.tier.outcomes import Judge  # noqa: E402
 
@@ -169,6 +173,22 @@ def test_options_are_checked_like_every_fstier_config(tmp_path: Path) -> None:
         build(tmp_path, blocksize=4096)
     with pytest.raises(ConfigError, match=r"tier\.max_bytes"):
         build(tmp_path, max_bytes="lots")
+
+
+def test_o_direct_defaults_to_buffered_unless_set(adapters: Any, tmp_path: Path) -> None:
+    """The adapter's default is buffered I/O (DEFAULT_O_DIRECT, docs/lmcache.md);
+    an o_direct given inline or in the config YAML wins."""
+    def tier(**params: Any) -> Any:
+        return FstierL2AdapterConfig.from_dict(params).tier
+
+    assert DEFAULT_O_DIRECT == "off"
+    assert adapters(tmp_path / "a").tier_config.o_direct == "off"
+    assert tier(root_dir=str(tmp_path), read_threads=3).o_direct == "off"
+    assert tier(root_dir=str(tmp_path), o_direct="auto").o_direct == "auto"
+    yaml = tmp_path / "fstier.yaml"
+    yaml.write_text(f"tier:\n  root_dir: {tmp_path / 'c'}\n  o_direct: 'on'\n")
+    assert tier(config=str(yaml)).o_direct == "on"
+    assert tier(config=str(yaml), o_direct="off").o_direct == "off"
 
 
 def test_plugin_loader_builds_the_adapter_with_its_config_class(adapters: Any, tmp_path: Path) -> None:
