@@ -13,7 +13,8 @@ type::
 (required, here or in the YAML), ``config`` (an fstier YAML whose ``tier:``
 section gives defaults) and any ``tier`` field inline; anything else is a
 :class:`~fstier.errors.ConfigError` naming the key, raised when LMCache
-builds the adapter (``FstierL2AdapterConfig.from_dict``).
+builds the adapter (``FstierL2AdapterConfig.from_dict``). ``o_direct``
+left unset is :data:`DEFAULT_O_DIRECT` (buffered), not fstier's ``auto``.
 
 How LMCache's world maps onto fstier (:mod:`fstier.integrations.lmcache_space`)
     * One chunk is one block file, ``BlockKey(chunk_hash, group=object_group_id)``,
