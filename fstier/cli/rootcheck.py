@@ -6,7 +6,8 @@ The checks, in order, each one line (``ok``, ``warn`` or ``fail``):
 1. **create**: ``root_dir`` exists or can be made (``mkdir -p``);
 2. **write**: a private scratch directory (mode 0755, as the tier makes its
    namespace directories) takes a 4096-byte file that is written, synced,
-   renamed, read back and removed -- what every store does;
+   renamed, read back and removed -- what a store does where the
+   filesystem has no ``O_TMPFILE`` (a named temp renamed into place);
 3. **o_direct**: the same probe the tier runs at start (``auto`` falls back
    to buffered I/O with a warning; ``on`` fails here as the tier would);
 4. **space**: free and total bytes of the filesystem against ``max_bytes``
@@ -20,7 +21,7 @@ touches anything else under the root: the scratch directory has a name of
 its own (host, pid, random), is held by its fd from ``mkdir`` on, and only
 the files it made there, then the directory itself while it is still the
 one held, are removed. Cost: a handful of syscalls and one
-4 KiB file. No torch, numpy only through the O_DIRECT probe's I/O module.
+4 KiB file. Imports neither torch nor numpy.
 """
 
 from __future__ import annotations
