@@ -490,7 +490,9 @@ else:
         def get_stats(self) -> Any:
             """Counter increments since the last call, current gauges and the
             histogram observations since the last call, as vLLM's
-            OffloadingConnectorStats (names in build_metric_definitions)."""
+            OffloadingConnectorStats (names in build_metric_definitions);
+            None when no metric moved and the breaker state is the same
+            (or the tier is closed)."""
             try:
                 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
                     OffloadingConnectorStats,
