@@ -380,7 +380,7 @@ else:
 
         def submit_store(self, job_metadata: TransferJob) -> None:
             # Keys already on disk are skipped by the store op itself (one
-            # lstat on an I/O thread, never here); vLLM's backpressure_detector,
+            # fstatat in the batch on an I/O thread, never here); vLLM's backpressure_detector,
             # when configured, already gated this call, and FsTier's own write
             # budget still drops a flood beyond max_write_queue_seconds.
             self._submit(job_metadata, is_load=False)
