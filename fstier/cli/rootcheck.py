@@ -122,7 +122,7 @@ def _scratch_checks(root: Path, tier: TierConfig, out: list[RootCheck]) -> bool:
                 replaced = next(it, None) is not None
             if replaced:
                 raise OSError(errno.EEXIST, "the scratch directory was replaced by another one", name)
-            return _write_check(root, held, tier, out)
+            return _write_check(root, held, tier, out, root / name)
         finally:
             for made in (_TMP, _FINAL):
                 with contextlib.suppress(OSError):
@@ -134,9 +134,9 @@ def _scratch_checks(root: Path, tier: TierConfig, out: list[RootCheck]) -> bool:
         os.close(root_fd)
 
 
-def _write_check(root: Path, held: int, tier: TierConfig, out: list[RootCheck]) -> bool:
-    """Checks 2 and 3 in the held scratch directory; True when the write
-    check failed."""
+def _write_check(root: Path, held: int, tier: TierConfig, out: list[RootCheck], scratch: Path) -> bool:
+    """Checks 2 and 3 in the held scratch directory (``scratch`` names it
+    for the O_DIRECT probe); True when the write check failed."""
     try:
         fd = os.open(_TMP, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=held)
         try:
@@ -161,13 +161,15 @@ def _write_check(root: Path, held: int, tier: TierConfig, out: list[RootCheck]) 
     from fstier.errors import DirectIOUnsupportedError
     from fstier.io import probe_o_direct
 
-    # The probe runs in the held directory (its /proc/self/fd link), not in
-    # whatever the scratch path names by now.
-    through = f"/proc/self/fd/{held}"
+    # The probe opens by path with no symlink in any component (openat2
+    # RESOLVE_NO_SYMLINKS, as the tier does), so it names the scratch
+    # directory itself: a /proc/self/fd link is a symlink and would fail
+    # with ELOOP on every filesystem
+    # (test_operator_config.py::test_check_root_o_direct_agrees_with_the_tiers_probe).
     try:
-        support = probe_o_direct(through, tier.o_direct)
+        support = probe_o_direct(scratch, tier.o_direct)
     except DirectIOUnsupportedError as exc:
-        out.append(RootCheck("o_direct", "fail", str(exc).replace(through, str(root))))
+        out.append(RootCheck("o_direct", "fail", str(exc).replace(str(scratch), str(root))))
         return False
     if support.enabled or tier.o_direct == "off":
         out.append(RootCheck("o_direct", "ok", f"o_direct: {tier.o_direct}: {support.reason}"))
