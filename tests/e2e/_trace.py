@@ -7,13 +7,14 @@ the methods vLLM calls on FstierTier and on vLLM's own fs tier (``lookup``,
 ``get_finished_jobs``, the async lookup's ``batch_lookup``), plus the
 fstier parts behind them (``FsTier.present``, the lookup probe and its
 thread pool's creation, ``Recency.note_many`` and the recency flush job,
-``IOPool.submit`` and each pool op's run). Each call appends one row
+``IOPool.submit``, ``BlockStore.load_many``/``store_many``, the native
+``lookup_batch``) and every garbage collection. Each call appends one row
 ``(name, thread, t_start, t_end, detail)`` to a list (a ``perf_counter``
 pair and one append: about a microsecond); ``lookup`` rows are kept only
 when the answer a key gets changes (its first RETRY, its HIT). The rows
 are written as JSON to ``<dir>/trace-<pid>-<tier>.json`` when the tier
-shuts down, so it works in the multi-process engine too (the engine core's
-own process writes its file).
+shuts down, and (vLLM's multi-process engine core) on SIGUSR1 from the
+driver (:func:`dump_children`).
 
 :func:`mark` records an event of the driver (a prompt's start and end).
 """
@@ -24,6 +25,7 @@ import contextlib
 import functools
 import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -110,6 +112,19 @@ def dump(tier: str) -> None:
     out.write_text(json.dumps({"pid": os.getpid(), "tier": tier, "rows": _rows}))
 
 
+def dump_children(wait_s: float = 2.0) -> None:
+    """Ask every process this one started (vLLM's engine core) to write its
+    timeline (SIGUSR1, handled by the wrappers it inherited), then wait."""
+    me = str(os.getpid())
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            fields = stat.read_text().rpartition(")")[2].split()
+            # vLLM's engine core ("VLLM::EngineCore"), not the resource tracker
+            if fields[1] == me and (stat.parent / "comm").read_text().startswith("VLLM::"):
+                os.kill(int(stat.parent.name), signal.SIGUSR1)
+    time.sleep(wait_s)
+
+
 def _wrap_shutdown(cls: type, tier: str) -> None:
     fn = cls.shutdown
     if getattr(fn, "_traced", False):
@@ -126,10 +141,15 @@ def _wrap_shutdown(cls: type, tier: str) -> None:
 
 
 def install(directory: str) -> None:
-    """Wrap the tiers' methods; the timeline goes to ``directory``."""
+    """Wrap the tiers' methods; the timeline goes to ``directory``. A
+    process forked from this one (vLLM's multi-process engine core) keeps
+    the wrappers and writes its own file on SIGUSR1 (:func:`dump_children`); a
+spawned one (vLLM's engine core on CPU) runs tests/e2e/engine_run.py as its
+``__mp_main__``, which installs them again from ``FSTIER_E2E_TRACE``."""
     global _dir
     _dir = Path(directory)
     _dir.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGUSR1, lambda *_: dump("core"))
     from fstier.integrations import vllm as fv
     from fstier.io.pool import IOPool
     from fstier.manager import FsTier
@@ -150,6 +170,10 @@ def install(directory: str) -> None:
     _wrap(FsTier, "present", "FsTier.present", n_keys)
     _wrap(flookup.Lookup, "_executor", "Lookup._executor")
     _wrap(flookup.Lookup, "_probe_now", "Lookup._probe_now", n_keys)
+    from fstier.io import native
+
+    native.lookup_batch = _traced_fn(native.lookup_batch, "native.lookup_batch", lambda a: _size(a[1]))
+    _trace_gc()
     _wrap(frec.Recency, "note_many", "Recency.note_many", n_keys)
     frec._bump_mtimes = _traced_fn(frec._bump_mtimes, "recency.bump_mtimes", lambda a: _size(a[0]))
     from fstier.io.blockstore import BlockStore
@@ -173,6 +197,23 @@ def install(directory: str) -> None:
     _wrap(vfs.FsAsyncLookupManager, "batch_lookup", "fs.batch_lookup", n_keys)
     if hasattr(vfs, "batch_load_block"):
         vfs.batch_load_block = _traced_fn(vfs.batch_load_block, "fs.batch_load_block", lambda a: _size(a[0]))
+
+
+def _trace_gc() -> None:
+    """A row per garbage collection (it holds the GIL throughout)."""
+    import gc
+
+    started: list[float] = []
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[:] = [time.perf_counter()]
+        elif started:
+            _rows.append(("gc", threading.current_thread().name, started[0], time.perf_counter(),
+                          info.get("generation")))
+
+    if on_gc not in gc.callbacks:
+        gc.callbacks.append(on_gc)
 
 
 def _traced_fn(fn: Any, label: str, detail: Any) -> Any:

@@ -62,6 +62,20 @@ def transfer_config(spec: dict) -> dict | None:
     }
 
 
+def _install_trace():  # noqa: ANN202 - the _trace module or None
+    """tests/e2e/_trace.py's wrappers in this process when FSTIER_E2E_TRACE
+    names a directory: the driver, and vLLM's engine core, which (spawned)
+    runs this file again as ``__mp_main__``."""
+    where = os.environ.get("FSTIER_E2E_TRACE")
+    if not where:
+        return None
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _trace
+
+    _trace.install(where)
+    return _trace
+
+
 def start_py_spy(opts: dict | None) -> subprocess.Popen | None:
     """``py-spy record`` of this process from now on (every thread, idle
     ones too, in speedscope's format: samples in time order), for
@@ -90,12 +104,9 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    trace = None
     if spec.get("trace"):  # a timeline of the tiers' calls (tests/e2e/_trace.py)
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import _trace as trace
-
-        trace.install(spec["trace"])
+        os.environ["FSTIER_E2E_TRACE"] = spec["trace"]  # the engine core, spawned, too
+    trace = _install_trace()
     kw: dict = {}
     ktc = transfer_config(spec)
     if ktc is not None:
@@ -159,6 +170,7 @@ def main() -> None:
             time.sleep(0.2)
     if trace is not None:
         trace.dump("driver")
+        trace.dump_children()
     record = {
         "results": results,
         "startup_s": started,
@@ -177,3 +189,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+elif __name__ == "__mp_main__":  # vLLM's engine core, spawned from this file
+    _install_trace()
