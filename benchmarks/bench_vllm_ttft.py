@@ -33,12 +33,20 @@ extension or its Python path).
         [--layers 2] [--hidden 512] [--reps 3] [--dir /var/tmp/x] [--engine-mode inproc|mp]
         [--work DIR (kept; a second run on it skips the store)]
         [--configs recompute,fs,fstier] [--json out.json] [--plot docs/img/vllm_ttft.png]
+        [--trace DIR] [--py-spy DIR]
     python benchmarks/bench_vllm_ttft.py --from-json inproc.json,mp.json --plot docs/img/vllm_ttft.png
 
 ``--work`` lets the second engine mode run on the roots the first filled
 (the store pass, which prefills every prompt, is the longest part of a run
 on a loaded CPU); ``--configs fs,fstier`` leaves out the recompute engine,
 the next longest. The published commands are in docs/performance.md.
+
+``--trace DIR`` records in each measured engine a timeline of every call
+vLLM makes on either tier and of fstier's parts behind them
+(tests/e2e/_trace.py; print it with ``python tests/e2e/_trace.py
+DIR/fstier [--summary]``): how docs/performance.md "What bounds the first
+prompt after a restart" found the first prompt's cost. ``--py-spy DIR``
+records a py-spy profile of the prompts (``PY_SPY`` names the binary).
 """
 
 from __future__ import annotations
