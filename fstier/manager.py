@@ -136,26 +136,12 @@ class FsTier:
         wake = None if on_finished is None else lambda k: on_finished("store" if k == "write" else "load")
         self._io = IOPool(tier.read_threads, tier.write_threads, tier.io_timeout_s, clock=clock, on_complete=wake)
         self._io.on_late(self._fences.on_late)
-        # Every thread starts here, none at the first lookup or job (the
-        # scheduler thread's first prompt after a restart pays no set-up:
-        # test_lookup_presence.py::test_the_first_lookup_starts_no_thread).
-        lookup: Lookup | None = None
-        try:
-            self._lookup = lookup = Lookup(
-                self._cache, self.blocks, self.mapper.num_groups, tier.io_timeout_s,
-                breaker=self._breaker, metrics=metrics,
-            )
-            self._recency = Recency(self._io, self.blocks, clock=clock)
-            self.capacity = Capacity(
-                self.mapper.root, tier, metrics, on_evicted=self._on_evicted, before_pass=self._recency.flush,
-                clock=clock,
-            )
-        except BaseException:  # no thread outlives a tier that was never built
-            self._closed = True
-            if lookup is not None:
-                lookup.close()
-            self._io.shutdown()
-            raise
+        self._lookup = Lookup(self._cache, self.blocks, self.mapper.num_groups, tier.io_timeout_s,
+                              breaker=self._breaker, metrics=metrics)
+        self._recency = Recency(self._io, self.blocks, clock=clock)
+        self.capacity = Capacity(
+            self.mapper.root, tier, metrics, on_evicted=self._on_evicted, before_pass=self._recency.flush, clock=clock
+        )
         self._admission = Admission(self._breaker, self._budget, self.capacity, metrics)
         self._ops = JobOps(self.blocks, pool, self._cache, self._recency, self._budget, self._lock)
         self._judge = Judge(
@@ -163,6 +149,7 @@ class FsTier:
             capacity=self.capacity, metrics=metrics, payload_len=self._payload_len,
             on_timed_out=lambda job, op: self._fences.fence_op(job, op, tier.io_timeout_s),
         )
+        self._lookup.start()  # last: not at a first lookup (test_lookup_presence.py)
 
     @classmethod
     def from_config(

@@ -43,24 +43,6 @@ def test_the_first_lookup_starts_no_thread(tmp_path: Path, native_io: str) -> No
         assert not th.is_alive(), f"{th.name} still runs after close()"
 
 
-def test_a_tier_that_fails_to_build_leaves_no_thread(tmp_path: Path, monkeypatch) -> None:
-    """The threads a tier starts in its constructor stop when a later part
-    of the constructor fails (the lookup pool starts there now)."""
-    import fstier.manager as manager
-
-    def broken(*_a: object, **_k: object) -> None:
-        raise RuntimeError("capacity refused")
-
-    monkeypatch.setattr(manager, "Capacity", broken)
-    before = set(threading.enumerate())
-    with pytest.raises(RuntimeError, match="capacity refused"), open_tier(tmp_path / "root"):
-        pass
-    left = [th for th in set(threading.enumerate()) - before if th.name.startswith("fstier")]
-    for th in left:
-        th.join(5)
-    assert not [th.name for th in left if th.is_alive()]
-
-
 @PATHS
 def test_a_symlinked_fan_out_directory_is_a_miss(tmp_path: Path, native_io: str) -> None:
     """A fan-out directory swapped for a symlink to a copy outside the root:
