@@ -1,7 +1,9 @@
 """A dual-queue I/O thread pool with per-operation deadlines.
 
-A job is a list of operations (zero-argument callables, typically one
-``store_block``/``load_block`` each). Each operation is queued separately, so
+A job is a list of operations (zero-argument callables; FsTier's are one
+batch of :meth:`~fstier.io.blockstore.BlockStore.store_many` /
+``load_many`` each: a range of keys in one GIL-free call on the native
+backend, one key on the Python backend). Each operation is queued separately, so
 the operations of one job are spread across threads and run in parallel.
 
 - Two queues, ``read`` and ``write``. Read-priority threads take from the
