@@ -1317,6 +1317,10 @@ static PyObject *py_lookup_within(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* A forked child has none of its parent's stuck threads (their jobs are
+ * leaked there, never touched): it starts with a count of 0. */
+static void lk_atfork_child(void) { atomic_store(&lk_stuck, 0); }
+
 static PyObject *py_lookup_stuck(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
@@ -1632,6 +1636,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     int fd = fx_openat2_raw(AT_FDCWD, "/", O_RDONLY | O_DIRECTORY, 0, RESOLVE_NO_SYMLINKS);
     if (fd >= 0) close(fd);
     atomic_store(&use_openat2, fd >= 0);
+    pthread_atfork(NULL, NULL, lk_atfork_child);
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
     PyModule_AddIntConstant(m, "F_CHECKSUM", F_CHECKSUM);
