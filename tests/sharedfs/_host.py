@@ -32,8 +32,10 @@ JOB_KEYS = 8
 SLOTS = 64
 #: Both hosts idle, each one's settled rescan walks the root under the
 #: eviction lease, one host at a time: on ceph-fuse a walk over the other
-#: host's fresh files takes seconds per thousand files.
-SETTLE_LIMIT_S = 90.0
+#: host's fresh files takes seconds per thousand files (settled after 32-51 s
+#: at load 5-10; past 90 s once at load ~10, the count then 4-6% off: the
+#: limit is how long the test waits, the 5% bound is unchanged).
+SETTLE_LIMIT_S = 240.0
 
 
 def main() -> None:
