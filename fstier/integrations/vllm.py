@@ -56,7 +56,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection, Hashable, Iterable, Mapping
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -146,6 +146,32 @@ def _block_key(key: bytes) -> BlockKey | None:
         return BlockKey(bytes(key[:-4]), int.from_bytes(key[-4:], "big"))
     except KeyFormatError:
         return None
+
+
+def _block_keys(keys: Sequence[bytes]) -> list[BlockKey]:
+    """:func:`_block_key` of each key, up to the first that has no fstier
+    name (the job's keys from there on are not submitted). One list
+    comprehension for the common job (every key bytes with a valid hash),
+    each key still a validated :class:`BlockKey`."""
+    try:
+        return [BlockKey(k[:-4], int.from_bytes(k[-4:], "big")) for k in keys]
+    except (KeyFormatError, TypeError):  # not bytes, or a bad hash: key by key
+        out: list[BlockKey] = []
+        for k in keys:
+            b = _block_key(k)
+            if b is None:
+                break
+            out.append(b)
+        return out
+
+
+def _slot_ints(chunk_ids: Any) -> tuple[int, ...]:
+    """vLLM's chunk ids (a numpy array, or any sequence of ints) as Python
+    ints: ``tolist`` converts an array in C."""
+    kind = getattr(getattr(chunk_ids, "dtype", None), "kind", None)
+    if kind in ("i", "u") and getattr(chunk_ids, "ndim", 0) == 1:
+        return tuple(chunk_ids.tolist())
+    return tuple(int(c) for c in chunk_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,14 +375,12 @@ else:
         # -- jobs ------------------------------------------------------------
         def _submit(self, job: TransferJob, is_load: bool) -> None:
             keys = tuple(job.keys)
-            slots = tuple(int(c) for c in job.chunk_ids)
-            bkeys: list[BlockKey] = []
-            for k in keys:
-                b = _block_key(k)
-                if b is None:
-                    log.warning("fstier: key %r of job %d has no fstier name; it fails", k, job.job_id)
-                    break
-                bkeys.append(b)
+            slots = _slot_ints(job.chunk_ids)
+            bkeys = _block_keys(keys)
+            if len(bkeys) < len(keys):
+                log.warning(
+                    "fstier: key %r of job %d has no fstier name; it fails", keys[len(bkeys)], job.job_id
+                )
             rec = _Job(job.job_id, keys, is_load, len(bkeys))
             n = len(bkeys)
             try:
