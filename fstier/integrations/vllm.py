@@ -58,6 +58,8 @@ import threading
 import time
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from fstier.errors import ConfigError, FstierError, KeyFormatError
@@ -84,7 +86,7 @@ from fstier.integrations._vllm_metrics import (
     metric_definitions,
     scraped_metric_names,
 )
-from fstier.keys import BlockKey
+from fstier.keys import BlockKey, block_keys
 from fstier.slots.rows import RowSlots
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -148,13 +150,18 @@ def _block_key(key: bytes) -> BlockKey | None:
         return None
 
 
+#: vLLM's OffloadKey: the block hash, then the group as 4 big-endian bytes
+_HASH_PART, _GROUP_PART = itemgetter(slice(None, -4)), itemgetter(slice(-4, None))
+_GROUP_INT = partial(int.from_bytes, byteorder="big")
+
+
 def _block_keys(keys: Sequence[bytes]) -> list[BlockKey]:
     """:func:`_block_key` of each key, up to the first that has no fstier
-    name (the job's keys from there on are not submitted). One list
-    comprehension for the common job (every key bytes with a valid hash),
-    each key still a validated :class:`BlockKey`."""
+    name (the job's keys from there on are not submitted). No bytecode per
+    key for the common job (:func:`fstier.keys.block_keys`: the same checks
+    as :class:`BlockKey`'s, made once over the batch)."""
     try:
-        return [BlockKey(k[:-4], int.from_bytes(k[-4:], "big")) for k in keys]
+        return block_keys(list(map(_HASH_PART, keys)), list(map(_GROUP_INT, map(_GROUP_PART, keys))))
     except (KeyFormatError, TypeError):  # not bytes, or a bad hash: key by key
         out: list[BlockKey] = []
         for k in keys:

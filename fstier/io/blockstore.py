@@ -50,12 +50,12 @@ import os
 import stat
 import threading
 from collections.abc import Callable, Sequence
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fstier.errors import FstierError, PathSafetyError
-from fstier.file_mapper import FileMapper, decode, encode
+from fstier.file_mapper import FileMapper, decode, encode, encode_many
 from fstier.io import fsops, native
 from fstier.io._blockio import load_block, store_block, store_block_at
 from fstier.io.blockfile import BlockHeader, ChecksumKind, payload_checksum
@@ -79,6 +79,7 @@ __all__ = ["BlockStore", "NamespaceDirs"]
 
 log = logging.getLogger("fstier.manager")
 _STATUS = attrgetter("status")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
@@ -227,6 +228,11 @@ def _present_python(base: str, paths: Sequence[str], prefix: bool) -> list[bool]
     return out
 
 
+def _unzip(items: Sequence[tuple[BlockKey, memoryview]]) -> tuple[list[BlockKey], list[memoryview]]:
+    """A batch's keys and buffers, as two lists (C-level loops)."""
+    return list(map(_FIRST, items)), list(map(_SECOND, items))
+
+
 def _groups(paths: Sequence[str], cut: int) -> list[tuple[str, list[int]]]:
     """Keys grouped by directory (each directory opened once)."""
     groups: dict[str, list[int]] = {}
@@ -313,9 +319,8 @@ class BlockStore:
         return f"{self._prefix}/{encode(key)}"
 
     def paths(self, keys: Sequence[BlockKey]) -> list[str]:
-        """:meth:`path` of each key (one Python call per key fewer)."""
-        prefix = self._prefix + "/"
-        return [prefix + encode(k) for k in keys]
+        """:meth:`path` of each key, with no bytecode per key."""
+        return encode_many(keys, self._prefix + "/")
 
     def key_of(self, path: str) -> BlockKey | None:
         """The key whose file ``path`` names, when it is below this store's
@@ -533,8 +538,7 @@ class BlockStore:
             self._reprobe(caps)
         if not items or not self._native:
             return [self._store_guarded(k, p, r) for (k, p), r in zip(items, flags, strict=True)]
-        keys = [k for k, _ in items]
-        payloads = [p for _, p in items]
+        keys, payloads = _unzip(items)
         outs = native.store_batch(
             self._prefix, self.paths(keys), keys, payloads, self.mapper.digest_bytes,
             self._bpf, self.options,
@@ -554,8 +558,8 @@ class BlockStore:
         key is attempted)."""
         if not items or not self._native:
             return [self._load_one(k, b) for k, b in items]
-        keys = [k for k, _ in items]
+        keys, buffers = _unzip(items)
         return native.load_batch(
-            self._prefix, self.paths(keys), keys, [b for _, b in items],
+            self._prefix, self.paths(keys), keys, buffers,
             self.mapper.digest_bytes, self.options,
         )

@@ -47,6 +47,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from itertools import repeat
+from operator import attrgetter, itemgetter, methodcaller
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -198,6 +199,8 @@ _REASONS = (
 
 
 #: os.fsencode is str.encode("utf-8", "surrogateescape") here (Linux's usual locale)
+_HASH, _GROUP = attrgetter("block_hash"), attrgetter("group_idx")
+_FSENCODE = methodcaller("encode", "utf-8", "surrogateescape")
 _FS_UTF8 = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()) == ("utf-8", "surrogateescape")
 
 
@@ -232,8 +235,8 @@ def _split(base: str, paths: Sequence[str]) -> list[bytes]:
     if not all(map(str.startswith, paths, repeat(prefix))):  # C-level loop
         bad = next(p for p in paths if not p.startswith(prefix))
         raise ValueError(f"{bad!r} is not below the base directory {base}")
-    if _FS_UTF8:  # os.fsencode's own result, without a Python call per path
-        return [p[cut:].encode("utf-8", "surrogateescape") for p in paths]
+    if _FS_UTF8:  # os.fsencode's own result, with no bytecode per path
+        return list(map(_FSENCODE, map(itemgetter(slice(cut, None)), paths)))
     enc = os.fsencode
     return [enc(p[cut:]) for p in paths]
 
@@ -261,7 +264,7 @@ def store_batch(
     ext = _require()
     rels = _split(base, paths)
     raw = ext.store_batch(
-        os.fsencode(base), rels, [k.block_hash for k in keys], [k.group_idx for k in keys], list(payloads),
+        os.fsencode(base), rels, list(map(_HASH, keys)), list(map(_GROUP, keys)), list(payloads),
         namespace_digest, page_count, _flags(opts, mkdir=True), opts.file_mode,
         created_ns if created_ns is not None else _now_ns(), opts.alignment,
     )
@@ -309,7 +312,7 @@ def load_batch(
     ext = _require()
     rels = _split(base, paths)
     raw = ext.load_batch(
-        os.fsencode(base), rels, [k.block_hash for k in keys], [k.group_idx for k in keys], list(buffers),
+        os.fsencode(base), rels, list(map(_HASH, keys)), list(map(_GROUP, keys)), list(buffers),
         namespace_digest, _flags(opts), opts.alignment,
     )
     if len(raw) == len(paths) and len(set(raw)) == 1 and raw[0][0] == 0:
