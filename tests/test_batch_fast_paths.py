@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import io_worker
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import io_worker
 from fstier.errors import KeyFormatError
 from fstier.file_mapper import encode, encode_many
 from fstier.io import native
