@@ -9,7 +9,7 @@ torch itself loaded (found in ``/proc/self/maps``), so streams and pointers
 are the same objects torch uses. Also here: pinning host memory
 (:func:`pin_host`, portable and mapped, through torch's binding) and a
 tensor over raw device memory (:func:`device_view`), for
-:class:`~fstier.gpu_copy.PoolTensors` and the stager's cross-allocation
+:class:`~fstier.layout.PoolTensors` and the stager's cross-allocation
 views. The runtime is loaded on first use, never at import.
 """
 

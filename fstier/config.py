@@ -294,9 +294,10 @@ class TierConfig(BaseModel):
             if exc.errno == errno.ELOOP:
                 raise ValueError(f"{shown(str(value))} is a symlink loop") from None
             if exc.errno == errno.ENOTDIR:
-                # A file where a parent directory should be: FileMapper reports
-                # it as a StorageError naming tier.root_dir when it creates the
-                # namespace (tests/test_file_mapper.py), like any unwritable root.
+                # A file where a parent directory should be: the namespace's
+                # creation (fstier.io.manifest.ensure_manifest) reports it as a
+                # StorageError naming tier.root_dir, like any unwritable root
+                # (test_file_mapper.py::test_unwritable_root_is_a_storage_error_naming_it).
                 return value
             raise ValueError(
                 f"cannot reach {shown(str(value))}: {exc.strerror or exc}; "

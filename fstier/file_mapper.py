@@ -1,7 +1,9 @@
 """Naming: block keys to file paths, under a namespace that digests every
 byte-changing field. Pure naming: nothing here opens a file descriptor or
 does block I/O (directories, manifests and blocks are written by
-:mod:`fstier.io`); ``path_for`` costs one string format.
+:mod:`fstier.io`); ``path_for`` costs one string format and one ``Path``
+join (the hot paths use :meth:`fstier.io.blockstore.BlockStore.path`, a
+string).
 
 Layout on disk (see docs/format.md)::
 

@@ -26,8 +26,7 @@ engine's scheduler owns one :class:`FsTier` and never blocks in it:
 Invariants: one :class:`~fstier.tier.jobs.Job` record per in-flight job; jobs, results,
 events and fences under ``FsTier._lock``; no byte an op writes after its job was reported
 reaches a later job; malformed keys and slots the caller does not hold are a
-``ValueError`` (:mod:`~fstier.tier.checks`).
-"""
+``ValueError`` (:mod:`~fstier.tier.checks`)."""
 
 from __future__ import annotations
 
@@ -57,6 +56,7 @@ from fstier.tier.outcomes import Judge
 from fstier.tier.private_pool import private_pool
 from fstier.tier.recency import Recency
 from fstier.tier.records import BlockRemoved, BlockStored, JobResult, TierEvent
+from fstier.tier.removal import clear_blocks, remove_blocks
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.slots.host_pool import HostBlockPool
@@ -80,16 +80,14 @@ class FsTier:
     ``config`` is an :class:`FstierConfig` (the namespace comes from its
     model and parallel layout), or a :class:`TierConfig` together with a
     ``mapper`` whose namespace an engine defined
-    (:meth:`FileMapper.for_engine`); :attr:`config` is then ``None``.
-    """
+    (:meth:`FileMapper.for_engine`); :attr:`config` is then ``None``."""
 
     def __init__(
         self,
         config: FstierConfig | TierConfig,
         pool: SlotProvider,
         mapper: FileMapper | None = None,
-        *,
-        hold_fenced_results: bool = False, clock: Clock = SYSTEM_CLOCK,
+        *, hold_fenced_results: bool = False, clock: Clock = SYSTEM_CLOCK,
         on_finished: Callable[[str], None] | None = None,
     ) -> None:
         if isinstance(config, FstierConfig) and mapper is None:
@@ -395,28 +393,30 @@ class FsTier:
         return self.capacity.run_pass(max_bytes, timeout)
 
     def clear(self) -> int:
-        """Remove every block file of this tier's namespace (this rank's
-        subtree, or the whole parallel-agnostic namespace; other ranks' and
-        other namespaces' files stay), after waiting for in-flight jobs.
-        Forgets cached lookup answers, takes the bytes off the shared usage
-        count and publishes one ``BlockRemoved(keys, "cleared")`` event.
-        Returns how many files it removed; a file it could not remove raises
-        :class:`~fstier.errors.StorageError` naming it (after the others were
-        removed)."""
+        """Remove every block file of this tier's namespace (this rank's subtree, or the
+        whole parallel-agnostic namespace; other ranks' and namespaces' files stay) once
+        in-flight jobs finish, keeping cache and usage in step (:mod:`~fstier.tier.removal`);
+        publishes one ``BlockRemoved(keys, "cleared")`` event; how many files it removed. A
+        file it could not remove raises :class:`~fstier.errors.StorageError` naming it."""
         self._check_open()
         self.drain()
         errors: list[OSError] = []
-        removed = self.blocks.clear(errors.append)
-        self._cache.clear()
-        self.capacity.add(-sum(size for _, size in removed))
+        removed = clear_blocks(self.blocks, self._cache, self.capacity, errors.append)
         if removed:
             with self._lock:
-                self._events.append(BlockRemoved(tuple(k for k, _ in removed), "cleared"))
+                self._events.append(BlockRemoved(tuple(removed), "cleared"))
         log.info("fstier: cleared %d block file(s) under %s", len(removed), self.mapper.blocks_dir)
         if errors:
             where = f"{len(errors)} file(s) under {self.mapper.blocks_dir}"
             raise StorageError(f"clear: {where} not removed, first: {errors[0]}", errors[0].errno)
         return len(removed)
+
+    def remove(self, keys: Sequence[BlockKey]) -> list[bool]:
+        """Remove ``keys``' files in ONE batch (:mod:`~fstier.tier.removal`: cached answers
+        forgotten, usage count lowered at once); per key, whether a file went. No event."""
+        self._check_open()
+        check_keys(keys, len(self._payload_len), "remove")
+        return remove_blocks(self.blocks, self._cache, self.capacity, self._payload_len, keys)
 
     # ------------------------------------------------------------------ close
     def close(self) -> None:

@@ -163,10 +163,10 @@ def test_check_root_removes_only_the_files_it_made(tmp_path: Path, monkeypatch: 
     root.mkdir()
     real = rootcheck._write_check
 
-    def plant(root_: Path, held: int, tier: TierConfig, out: list[Any]) -> bool:
+    def plant(root_: Path, held: int, tier: TierConfig, out: list[Any], scratch: Path) -> bool:
         fd = os.open("intruder", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=held)
         os.close(fd)
-        return real(root_, held, tier, out)
+        return real(root_, held, tier, out, scratch)
 
     monkeypatch.setattr(rootcheck, "_write_check", plant)
     checks = rootcheck.check_root(_tier(root))

@@ -173,6 +173,24 @@ def test_check_root_on_a_real_directory(tmp_path: Path) -> None:
     assert root.is_dir() and os.listdir(root) == []  # nothing left behind
 
 
+def test_check_root_o_direct_agrees_with_the_tiers_probe(tmp_path: Path) -> None:
+    """The check says what the tier's own probe finds on that filesystem:
+    ``ok`` where O_DIRECT works (a probe through a /proc/self/fd link failed
+    with ELOOP and warned on every filesystem)."""
+    from fstier.io import probe_o_direct
+
+    root = tmp_path / "kv"
+    root.mkdir()
+    works = probe_o_direct(root, "auto").enabled
+    path = write(tmp_path / "t.yaml", {"tier": {"root_dir": str(root)}})
+    res = run("config", "validate", str(path), "--check-root", "--json")
+    check = {c["name"]: c for c in json.loads(res.output)["root_checks"]}["o_direct"]
+    assert check["status"] == ("ok" if works else "warn"), check
+    assert "not creatable" not in check["detail"] and "ELOOP" not in check["detail"], check
+    if works:
+        assert "O_DIRECT works" in check["detail"], check
+
+
 def test_check_root_fails_on_an_unusable_root(tmp_path: Path) -> None:
     afile = tmp_path / "afile"
     afile.write_text("x")

@@ -58,7 +58,7 @@ _DIGEST = bytes.fromhex("00fe5b0e0c0ffee0")
 
 @dataclass(frozen=True, slots=True)
 class BenchRow:
-    """One operation's best-of-rounds throughput, both sides."""
+    """One operation's median-of-rounds throughput, both sides."""
 
     op: str
     fstier_gbps: float

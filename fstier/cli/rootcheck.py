@@ -6,7 +6,8 @@ The checks, in order, each one line (``ok``, ``warn`` or ``fail``):
 1. **create**: ``root_dir`` exists or can be made (``mkdir -p``);
 2. **write**: a private scratch directory (mode 0755, as the tier makes its
    namespace directories) takes a 4096-byte file that is written, synced,
-   renamed, read back and removed -- what every store does;
+   renamed, read back and removed -- what a store does where the
+   filesystem has no ``O_TMPFILE`` (a named temp renamed into place);
 3. **o_direct**: the same probe the tier runs at start (``auto`` falls back
    to buffered I/O with a warning; ``on`` fails here as the tier would);
 4. **space**: free and total bytes of the filesystem against ``max_bytes``
@@ -20,7 +21,7 @@ touches anything else under the root: the scratch directory has a name of
 its own (host, pid, random), is held by its fd from ``mkdir`` on, and only
 the files it made there, then the directory itself while it is still the
 one held, are removed. Cost: a handful of syscalls and one
-4 KiB file. No torch, numpy only through the O_DIRECT probe's I/O module.
+4 KiB file. Imports neither torch nor numpy.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def _scratch_checks(root: Path, tier: TierConfig, out: list[RootCheck]) -> bool:
                 replaced = next(it, None) is not None
             if replaced:
                 raise OSError(errno.EEXIST, "the scratch directory was replaced by another one", name)
-            return _write_check(root, held, tier, out)
+            return _write_check(root, held, tier, out, root / name)
         finally:
             for made in (_TMP, _FINAL):
                 with contextlib.suppress(OSError):
@@ -133,9 +134,9 @@ def _scratch_checks(root: Path, tier: TierConfig, out: list[RootCheck]) -> bool:
         os.close(root_fd)
 
 
-def _write_check(root: Path, held: int, tier: TierConfig, out: list[RootCheck]) -> bool:
-    """Checks 2 and 3 in the held scratch directory; True when the write
-    check failed."""
+def _write_check(root: Path, held: int, tier: TierConfig, out: list[RootCheck], scratch: Path) -> bool:
+    """Checks 2 and 3 in the held scratch directory (``scratch`` names it
+    for the O_DIRECT probe); True when the write check failed."""
     try:
         fd = os.open(_TMP, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=held)
         try:
@@ -160,13 +161,15 @@ def _write_check(root: Path, held: int, tier: TierConfig, out: list[RootCheck]) 
     from fstier.errors import DirectIOUnsupportedError
     from fstier.io import probe_o_direct
 
-    # The probe runs in the held directory (its /proc/self/fd link), not in
-    # whatever the scratch path names by now.
-    through = f"/proc/self/fd/{held}"
+    # The probe opens by path with no symlink in any component (openat2
+    # RESOLVE_NO_SYMLINKS, as the tier does), so it names the scratch
+    # directory itself: a /proc/self/fd link is a symlink and would fail
+    # with ELOOP on every filesystem
+    # (test_operator_config.py::test_check_root_o_direct_agrees_with_the_tiers_probe).
     try:
-        support = probe_o_direct(through, tier.o_direct)
+        support = probe_o_direct(scratch, tier.o_direct)
     except DirectIOUnsupportedError as exc:
-        out.append(RootCheck("o_direct", "fail", str(exc).replace(through, str(root))))
+        out.append(RootCheck("o_direct", "fail", str(exc).replace(str(scratch), str(root))))
         return False
     if support.enabled or tier.o_direct == "off":
         out.append(RootCheck("o_direct", "ok", f"o_direct: {tier.o_direct}: {support.reason}"))

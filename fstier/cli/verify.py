@@ -55,7 +55,7 @@ def run_verify(
 @click.argument("root", type=click.Path(file_okay=False))
 @click.option("--namespace", "namespace", default=None, help="Only this namespace directory name.")
 @click.option("--wide", is_flag=True, help="Show every column, however wide (default: what fits the terminal).")
-@click.option("--fix", is_flag=True, help="Remove every bad block file (and stale temp files).")
+@click.option("--fix", is_flag=True, help="Remove every bad block file (temp files are left to `fstier gc`).")
 @click.option(
     "--headers-only",
     is_flag=True,

@@ -3,7 +3,8 @@ and the per-step report.
 
 vLLM exports a tier's metrics under its own Prometheus registry; every
 fstier metric there is ``METRIC_PREFIX`` + a name below, fed from FsTier's
-metrics snapshot (``TierMetrics.snapshot()``) at each ``get_stats`` call:
+metrics snapshot (``TierMetrics.snapshot()``) at each ``get_stats`` call
+that has news (none when no metric moved: ``get_stats`` returns None):
 :func:`metric_definitions` declares them, :class:`VllmMetrics` reports
 counter increments since the last report, current gauges and the histogram
 observations since the last report. Observations are bounded

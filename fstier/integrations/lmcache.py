@@ -13,7 +13,8 @@ type::
 (required, here or in the YAML), ``config`` (an fstier YAML whose ``tier:``
 section gives defaults) and any ``tier`` field inline; anything else is a
 :class:`~fstier.errors.ConfigError` naming the key, raised when LMCache
-builds the adapter (``FstierL2AdapterConfig.from_dict``).
+builds the adapter (``FstierL2AdapterConfig.from_dict``). ``o_direct``
+left unset is :data:`DEFAULT_O_DIRECT` (buffered), not fstier's ``auto``.
 
 How LMCache's world maps onto fstier (:mod:`fstier.integrations.lmcache_space`)
     * One chunk is one block file, ``BlockKey(chunk_hash, group=object_group_id)``,
@@ -81,6 +82,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fstier.manager import JobResult
 
 __all__ = [
+    "DEFAULT_O_DIRECT",
     "MAX_SPACES",
     "SUPPORTED_LMCACHE",
     "FstierL2Adapter",
@@ -130,16 +132,29 @@ def check_lmcache() -> str:
     return version
 
 
+#: The adapter's own default for ``o_direct`` where neither ``adapter_params``
+#: nor the ``config`` YAML sets it: buffered I/O, like LMCache's disk
+#: adapters. LMCache's L1 already keeps hot chunks in its own memory; the
+#: page cache keeps the chunks L1 let go for free (the kernel reclaims it
+#: under pressure), and direct I/O made every such load a device read
+#: (docs/lmcache.md, "Numbers": 0.1-0.2x on warm loads, no gain cold).
+DEFAULT_O_DIRECT = "off"
+
+
 def tier_config_from_adapter_params(params: Any) -> TierConfig:
-    """The :class:`~fstier.config.TierConfig` of ``adapter_params``."""
+    """The :class:`~fstier.config.TierConfig` of ``adapter_params``
+    (``o_direct`` unset: :data:`DEFAULT_O_DIRECT`)."""
     if not isinstance(params, dict):
         raise ConfigError(
             f"FstierL2Adapter adapter_params: expected a JSON object such as "
             f'{{"root_dir": "/mnt/kv"}}, got {type(params).__name__}; see {_DOC}'
         )
-    return tier_config_from_engine_options(
+    tier = tier_config_from_engine_options(
         params, who="FstierL2Adapter", engine="LMCache", engine_keys=(), aliases={}, doc=_DOC
     )
+    if "o_direct" not in tier.model_fields_set:
+        tier = tier.model_copy(update={"o_direct": DEFAULT_O_DIRECT})
+    return tier
 
 
 # ------------------------------------------------------------------ adapter

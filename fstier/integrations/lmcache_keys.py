@@ -10,13 +10,11 @@ for :class:`~fstier.integrations.lmcache.FstierL2Adapter`.
   an operator's call, not a hot path.
 * :func:`remove_keys`: LMCache's ``delete`` (its own eviction or an
   operator): each key's file in every open namespace of its model,
-  ``kv_rank`` and salt, through
-  :meth:`~fstier.io.blockstore.BlockStore.remove_many`: one batch per
-  namespace (native: one GIL-free call; no Python syscall per key); the
-  shared usage count catches up at the capacity thread's next pass (it
-  over-counts until then). A presence answer
-  cached before the delete (``lookup_cache_ttl_s``) may still count a chunk
-  as a hit; its load then misses and LMCache serves a shorter prefix.
+  ``kv_rank`` and salt, through :meth:`~fstier.manager.FsTier.remove`: one
+  batch per namespace (native: one GIL-free call; no Python syscall per
+  key). The shared usage count drops by the removed bytes at once and a
+  presence answer cached before the delete is forgotten: the next lookup
+  misses (test_lmcache_adapter.py::test_delete_lowers_usage_and_misses_at_once).
 """
 
 from __future__ import annotations
@@ -87,9 +85,8 @@ def remove_keys(
 ) -> tuple[list[Any], list[int]]:
     """Remove each LMCache key's file from every ``(space_id, tier)`` of
     its model, rank and salt; ``(keys removed, their payload bytes)``. One
-    :meth:`~fstier.io.blockstore.BlockStore.remove_many` per namespace (native:
-    one GIL-free call). The shared usage count catches up at the capacity
-    thread's next pass."""
+    :meth:`~fstier.manager.FsTier.remove` per namespace (native: one GIL-free
+    call; usage count and lookup cache updated once per batch)."""
     by_owner: dict[tuple[str, int, str], list[tuple[Any, FsTier]]] = {}
     for sid, tier in spaces:
         by_owner.setdefault((sid.model_name, sid.kv_rank, sid.cache_salt), []).append((sid, tier))
@@ -102,7 +99,7 @@ def remove_keys(
     sizes: list[int] = []
     for sid, tier, ks in batches.values():
         bkeys = [BlockKey(k.chunk_hash, int(k.object_group_id)) for k in ks]
-        for k, ok in zip(ks, tier.blocks.remove_many(bkeys), strict=True):
+        for k, ok in zip(ks, tier.remove(bkeys), strict=True):
             if ok:
                 removed.append(make_key(k.chunk_hash, k.model_name, k.kv_rank, k.object_group_id, k.cache_salt))
                 sizes.append(sid.layout.nbytes)

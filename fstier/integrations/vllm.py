@@ -411,7 +411,7 @@ else:
 
         def submit_store(self, job_metadata: TransferJob) -> None:
             # Keys already on disk are skipped by the store op itself (one
-            # lstat on an I/O thread, never here); vLLM's backpressure_detector,
+            # fstatat in the batch on an I/O thread, never here); vLLM's backpressure_detector,
             # when configured, already gated this call, and FsTier's own write
             # budget still drops a flood beyond max_write_queue_seconds.
             self._submit(job_metadata, is_load=False)
@@ -521,7 +521,9 @@ else:
         def get_stats(self) -> Any:
             """Counter increments since the last call, current gauges and the
             histogram observations since the last call, as vLLM's
-            OffloadingConnectorStats (names in build_metric_definitions)."""
+            OffloadingConnectorStats (names in build_metric_definitions);
+            None when no metric moved and the breaker state is the same
+            (or the tier is closed)."""
             try:
                 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
                     OffloadingConnectorStats,

@@ -15,7 +15,8 @@ API shape (the seam between backends)
     :meth:`~BlockStore.store_many`, :meth:`~BlockStore.load_many`,
     :meth:`~BlockStore.present_many` and :meth:`~BlockStore.remove_many`,
     which take a batch of keys and return
-    one answer per key in order. The backend is a constructor argument,
+    one answer per key in order, and :meth:`~BlockStore.touch_many`
+    (recency: a batch of paths' mtimes set to now). The backend is a constructor argument,
     chosen once: native (:mod:`fstier.io.native`: the whole batch in one
     call, GIL released) or Python, key by key (:mod:`fstier.io._blockio`).
     Either way the contract is the same: the same outcomes, the same files,

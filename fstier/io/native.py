@@ -2,8 +2,9 @@
 
 ``fstier.io._native`` is a C extension (``fstier/io/_native.c``) built by
 ``pip install`` wherever a C compiler and Python's headers exist. It runs a
-whole batch of block stores, loads or lookups in ONE call with the GIL
-released: no Python object is touched per block, so pool threads do not
+whole batch of block stores, loads, lookups, mtime touches or removals
+(``store_batch``, ``load_batch``, ``lookup_batch``, ``touch_batch``,
+``remove_batch``) in ONE call with the GIL released: no Python object is touched per block, so pool threads do not
 hand the GIL to each other per file (the Python path costs ~150 us of user
 CPU and ~95 futex calls per 64 KiB file; docs/performance.md has the
 measured figures of both paths). The protocol is the Python path's

@@ -1,7 +1,9 @@
 """A dual-queue I/O thread pool with per-operation deadlines.
 
-A job is a list of operations (zero-argument callables, typically one
-``store_block``/``load_block`` each). Each operation is queued separately, so
+A job is a list of operations (zero-argument callables; FsTier's are one
+batch of :meth:`~fstier.io.blockstore.BlockStore.store_many` /
+``load_many`` each: a range of keys in one GIL-free call on the native
+backend, one key on the Python backend). Each operation is queued separately, so
 the operations of one job are spread across threads and run in parallel.
 
 - Two queues, ``read`` and ``write``. Read-priority threads take from the
@@ -24,9 +26,13 @@ the operations of one job are spread across threads and run in parallel.
   When the stuck call finally returns, its result is dropped and the
   ``on_late(job_id, op_index)`` callbacks fire, so the owner can release the
   buffer that the late call may still have been writing into.
-- ``on_complete(kind)`` (optional) is called as each job is published, with
-  the pool's lock held, so that a caller woken by it always finds the job in
-  :meth:`IOPool.get_finished`, and again (no lock held) after a timed-out
+- ``on_complete(kind)`` (optional) is called once each job is published, so
+  that a caller woken by it finds the job in :meth:`IOPool.get_finished`
+  (unless another caller took it first); from a worker, after the pool's
+  lock is released, so the woken caller's ``get_finished`` never waits for
+  the lock of a worker that is still signalling
+  (test_lmcache_seam.py::test_iopool_on_complete_runs_once_the_job_is_published),
+  and again (no lock held) after a timed-out
   op's late return and its ``on_late`` callbacks, when an owner may release
   a result it held back. It must only signal (an eventfd write, a
   Condition's notify), never block or call back into the pool.
@@ -344,20 +350,25 @@ class IOPool:
         self._workers.append(worker)
         worker.thread.start()
 
-    def _complete(self, job: _Job) -> PoolJob:
-        """Publish a finished job (lock held)."""
+    def _complete(self, job: _Job, *, signal: bool = True) -> PoolJob:
+        """Publish a finished job (lock held); ``signal=False``: the caller
+        calls :meth:`_signal` once it has released the lock."""
         done = PoolJob(job.job_id, job.kind, list(job.results), self._clock.monotonic() - job.started)
         if job.on_done is None:
             self._finished.append(done)
         self._active_jobs -= 1
         if self._active_jobs == 0:
             self._idle.notify_all()
+        if signal:
+            self._signal(job)
+        return done
+
+    def _signal(self, job: _Job) -> None:
         if self._on_complete is not None:
             try:
                 self._on_complete(job.kind)
             except Exception:
                 log.exception("on_complete callback failed for job %r", job.job_id)
-        return done
 
     def _next(self, worker: _Worker) -> tuple[_Job, int] | None:
         """Pop the next operation for ``worker`` (lock held)."""
@@ -412,9 +423,11 @@ class IOPool:
                     job.results[index] = result
                     job.remaining -= 1
                     if job.remaining == 0:
-                        done = self._complete(job)
-            if done is not None and job.on_done is not None:
-                self._call_done(job.on_done, done)
+                        done = self._complete(job, signal=False)
+            if done is not None:
+                self._signal(job)
+                if job.on_done is not None:
+                    self._call_done(job.on_done, done)
             if run.timed_out:
                 log.warning(
                     "late I/O returned for job %r op %d after timeout; result dropped",
@@ -426,11 +439,7 @@ class IOPool:
                         cb(job.job_id, index)
                     except Exception:
                         log.exception("on_late callback failed for job %r", job.job_id)
-                if self._on_complete is not None:
-                    try:
-                        self._on_complete(job.kind)
-                    except Exception:
-                        log.exception("on_complete callback failed for job %r", job.job_id)
+                self._signal(job)
                 return  # a replacement thread already serves the queues
 
     @staticmethod

@@ -10,7 +10,7 @@ geometry so attach needs nothing but the name.
 
 This module imports neither torch nor numpy: :class:`~fstier.manager.FsTier`
 moves bytes between files and slots through :meth:`HostBlockPool.slot_view`.
-The staging side (:class:`fstier.gpu_copy.PoolTensors`) views the same
+The staging side (:class:`fstier.layout.PoolTensors`) views the same
 memory as tensors and pins it with ``cudaHostRegister`` in the process that
 stages; it hooks :meth:`HostBlockPool.on_close` to unpin before the mapping
 goes (tests/test_torch_free.py pins that this module loads no torch).

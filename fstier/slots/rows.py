@@ -4,7 +4,10 @@ An engine that keeps its KV blocks in host rows (vLLM's primary CPU tier)
 lends them to FsTier in place, with no copy: slot ``i`` is ``row_bytes``
 bytes at ``offset + i * stride``. Rows need not be 4096-aligned nor a
 multiple of 4096 long; the I/O layer moves exactly a payload's bytes.
-Checking a job's slots costs one set lookup per slot under one lock.
+Checking a job's slots costs a few C-level passes over them under one
+lock (:func:`~fstier.slots.provider.plain_indices` and one set
+``isdisjoint`` with the fenced rows: no Python bytecode per slot); only a
+job with a bad slot pays a per-slot loop, which names it.
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@
   op through it (:class:`Failure`).
 - :class:`Admission`: whether a job runs now; the refusals, in order:
   ``degraded`` (breaker open), ``slot_busy`` (a slot is fenced),
-  ``capacity`` (a store while the root is over ``max_bytes``),
+  ``capacity`` (a store while the root is over ``max_bytes``, or above the
+  high watermark with the job's own bytes taking it over:
+  :meth:`~fstier.tier.capacity.Capacity.root_full`),
   ``backpressure`` (a store over the write budget). Each is counted (stores
   as drops, loads as failures) and the job finishes at once with that cause.
 

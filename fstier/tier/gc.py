@@ -12,7 +12,9 @@ capacity thread) runs.
 - **One budget per root.** ``max_bytes`` is the whole root's: one disk, one
   budget, least recently used first across every namespace in it.
 - **Recency is mtime.** fstier bumps a block file's mtime when it is loaded
-  (``os.utime``) because atime is unreliable under ``relatime``/``noatime``;
+  (batched by :mod:`fstier.tier.recency` through
+  :meth:`~fstier.io.blockstore.BlockStore.touch_many`, no symlink followed)
+  because atime is unreliable under ``relatime``/``noatime``;
   eviction removes the smallest mtimes first.
 - **Bounded memory.** Selecting the oldest files worth ``excess`` bytes keeps a
   max-heap (by mtime) of at most ``max_candidates`` entries: a file newer than

@@ -36,7 +36,11 @@ from lmcache.v1.distributed.l2_adapters.plugin_l2_adapter import (  # noqa: E402
 from lmcache.v1.memory_allocators.tensor_memory_allocator import TensorMemoryAllocator  # noqa: E402
 
 from fstier.errors import ConfigError  # noqa: E402
-from fstier.integrations.lmcache import FstierL2Adapter  # noqa: E402
+from fstier.integrations.lmcache import (  # noqa: E402
+    DEFAULT_O_DIRECT,
+    FstierL2Adapter,
+    FstierL2AdapterConfig,
+)
 from fstier.io import fsops  # noqa: E402
 from fstier.tier.outcomes import Judge  # noqa: E402
 
@@ -169,6 +173,22 @@ def test_options_are_checked_like_every_fstier_config(tmp_path: Path) -> None:
         build(tmp_path, blocksize=4096)
     with pytest.raises(ConfigError, match=r"tier\.max_bytes"):
         build(tmp_path, max_bytes="lots")
+
+
+def test_o_direct_defaults_to_buffered_unless_set(adapters: Any, tmp_path: Path) -> None:
+    """The adapter's default is buffered I/O (DEFAULT_O_DIRECT, docs/lmcache.md);
+    an o_direct given inline or in the config YAML wins."""
+    def tier(**params: Any) -> Any:
+        return FstierL2AdapterConfig.from_dict(params).tier
+
+    assert DEFAULT_O_DIRECT == "off"
+    assert adapters(tmp_path / "a").tier_config.o_direct == "off"
+    assert tier(root_dir=str(tmp_path), read_threads=3).o_direct == "off"
+    assert tier(root_dir=str(tmp_path), o_direct="auto").o_direct == "auto"
+    yaml = tmp_path / "fstier.yaml"
+    yaml.write_text(f"tier:\n  root_dir: {tmp_path / 'c'}\n  o_direct: 'on'\n")
+    assert tier(config=str(yaml)).o_direct == "on"
+    assert tier(config=str(yaml), o_direct="off").o_direct == "off"
 
 
 def test_plugin_loader_builds_the_adapter_with_its_config_class(adapters: Any, tmp_path: Path) -> None:
@@ -382,6 +402,32 @@ def test_delete_is_one_batch_per_namespace(
     native = a.report_status()["io_path"] == "native"
     assert unlinks == [] if native else len(unlinks) == 4
     free(src)
+
+
+def test_delete_lowers_usage_and_misses_at_once(adapters: Any, tmp_path: Path) -> None:
+    """LMCache's delete goes through FsTier.remove: fstier's usage count drops
+    by the removed files at once and a presence answer cached before the
+    delete is not served after it (before, delete went beside FsTier: usage
+    stayed high until the next capacity pass and lookups hit for
+    ``lookup_cache_ttl_s``)."""
+    a = adapters(tmp_path, max_bytes="1GiB", lookup_cache_ttl_s=600)
+    ks, src = keys(4, seed=15), objects(4, seed=15)
+    assert store(a, ks, src).is_successful()
+    deadline = time.monotonic() + 30
+    while a.report_status()["usage_bytes"] is None:  # the capacity thread's first count
+        assert time.monotonic() < deadline, "fstier never counted its usage"
+        time.sleep(0.05)
+    files = sorted(tmp_path.rglob("*.bin"))
+    assert a.report_status()["usage_bytes"] == sum(f.stat().st_size for f in files)
+    assert lookup(a, ks) == [0, 1, 2, 3]  # cached as present for 600 s
+    a.delete(ks[1:3])
+    assert a.report_status()["usage_bytes"] == sum(f.stat().st_size for f in tmp_path.rglob("*.bin"))
+    assert len(list(tmp_path.rglob("*.bin"))) == 2
+    assert lookup(a, ks) == [0, 3]
+    dst = objects(4, seed=None)
+    assert load(a, [ks[0], ks[3]], dst[:2]) == [0, 1]
+    assert raw(dst[0]) == raw(src[0]) and raw(dst[1]) == raw(src[3])
+    free(src + dst)
 
 
 def test_fstier_eviction_under_max_bytes_is_reported_to_lmcache(adapters: Any, tmp_path: Path) -> None:

@@ -101,9 +101,13 @@ def test_iopool_on_complete_runs_once_the_job_is_published() -> None:
 
     def on_complete(kind: str) -> None:
         assert pool is not None
-        # Called with the pool's lock held: only signal. The job is
-        # already published (checked after, from the waiter).
-        seen.append((kind, len(seen)))
+        # Called from the worker once the pool's lock is released (the woken
+        # caller's get_finished does not wait for it; before, it was held
+        # here). The job is already published (checked after, from the waiter).
+        free = pool._lock.acquire(blocking=False)
+        if free:
+            pool._lock.release()
+        seen.append((kind, int(free)))
         done.set()
 
     done = threading.Event()
@@ -112,7 +116,7 @@ def test_iopool_on_complete_runs_once_the_job_is_published() -> None:
         pool.submit("j", "write", [lambda: 1])
         assert done.wait(10)
         assert [j.job_id for j in pool.get_finished()] == ["j"]
-        assert seen == [("write", 0)]
+        assert seen == [("write", 1)]
     finally:
         pool.shutdown()
 
