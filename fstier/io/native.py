@@ -199,9 +199,9 @@ _REASONS = (
 )
 
 
-#: os.fsencode is str.encode("utf-8", "surrogateescape") here (Linux's usual locale)
 _HASH, _GROUP = attrgetter("block_hash"), attrgetter("group_idx")
 _FSENCODE = methodcaller("encode", "utf-8", "surrogateescape")
+#: os.fsencode is _FSENCODE here (Linux's usual locale)
 _FS_UTF8 = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()) == ("utf-8", "surrogateescape")
 
 
@@ -271,8 +271,9 @@ def store_batch(
     )
     if len(raw) == len(paths) and len(set(raw)) == 1 and raw[0][0] != 2 and not raw[0][4]:
         # Every block got the same success tuple (the common batch): one
-        # shared outcome, no loop over the keys (outcomes are frozen;
-        # test_native_fast.py pins that mixed batches still get one each).
+        # shared outcome, no loop over the keys (outcomes are frozen; mixed
+        # batches still get one each: test_batch_fast_paths.py::
+        # test_a_uniform_native_batch_shares_one_outcome_and_a_mixed_one_does_not).
         return [StoreOutcome(_STORE_STATUS[raw[0][0]], nbytes=raw[0][2])] * len(raw)
     out: list[StoreOutcome] = []
     refused = 0
