@@ -31,7 +31,8 @@ API shape (the seam between backends)
     batches.
 
 Costs
-    A native batch: one call for the batch (~20 us of Python around it),
+    A native batch: one call for the batch (Python around it per batch, no
+    bytecode per key unless a key failed or must be replaced),
     then per key the system calls below, made in C. A store into a directory already made: the per-file store path (7 system
     calls). Into a new fan-out directory: the walk's ``mkdirat``/``openat``
     calls, then the store through the fd the walk opened (no second

@@ -23,8 +23,9 @@ Invariants
 
 Costs
     Per batch: one slot view per key, one lookup-cache lock (the bad set),
-    one recency lock, one job lock and one budget release; per hit, one
-    path for recency.
+    one recency lock, one job lock and one budget release; the hits' paths
+    for recency named by ``map`` (``BlockStore.paths``). A batch whose keys
+    all succeeded runs no bytecode per key besides the slot views.
 """
 
 from __future__ import annotations
