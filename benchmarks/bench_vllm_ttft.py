@@ -33,12 +33,20 @@ extension or its Python path).
         [--layers 2] [--hidden 512] [--reps 3] [--dir /var/tmp/x] [--engine-mode inproc|mp]
         [--work DIR (kept; a second run on it skips the store)]
         [--configs recompute,fs,fstier] [--json out.json] [--plot docs/img/vllm_ttft.png]
+        [--trace DIR] [--py-spy DIR]
     python benchmarks/bench_vllm_ttft.py --from-json inproc.json,mp.json --plot docs/img/vllm_ttft.png
 
 ``--work`` lets the second engine mode run on the roots the first filled
 (the store pass, which prefills every prompt, is the longest part of a run
 on a loaded CPU); ``--configs fs,fstier`` leaves out the recompute engine,
 the next longest. The published commands are in docs/performance.md.
+
+``--trace DIR`` records in each measured engine a timeline of every call
+vLLM makes on either tier and of fstier's parts behind them
+(tests/e2e/_trace.py; print it with ``python tests/e2e/_trace.py
+DIR/fstier [--summary]``): how docs/performance.md "What bounds the first
+prompt after a restart" found the first prompt's cost. ``--py-spy DIR``
+records a py-spy profile of the prompts (``PY_SPY`` names the binary).
 """
 
 from __future__ import annotations
@@ -63,6 +71,7 @@ os.environ.setdefault("FSTIER_E2E_ENGINE_TIMEOUT", "2400")
 from tests.e2e._harness import run_engine  # noqa: E402
 
 CONFIGS = ("recompute", "fs", "fstier")
+PY_SPY = os.environ.get("PY_SPY") or shutil.which("py-spy") or "py-spy"  # --py-spy
 BLOCK = 128
 
 
@@ -130,6 +139,14 @@ def main() -> None:
                     help="vLLM's engine loop: in-process (never sleeps) or multi-process engine core")
     ap.add_argument("--configs", default=",".join(CONFIGS),
                     help="which of recompute,fs,fstier to measure (recompute costs the most)")
+    ap.add_argument("--trace", type=Path, default=None,
+                    help="write a timeline of each tier's calls per measured engine to "
+                         "DIR/<config> (tests/e2e/_trace.py; print it with "
+                         "python tests/e2e/_trace.py DIR/<config>)")
+    ap.add_argument("--py-spy", type=Path, default=None,
+                    help="record a py-spy profile (speedscope format, every thread, idle ones too) "
+                         "of each measured engine's prompts to DIR/<config>.speedscope.json; "
+                         "the prompts are then 0.3 s apart")
     ap.add_argument("--from-json", default=None,
                     help="print the tables (and --plot, one panel per file) from earlier runs' "
                          "--json files (comma-separated), run nothing")
@@ -189,7 +206,13 @@ def main() -> None:
             if root is not None:
                 print(f"{c}: {drop_file_cache(root)} block files dropped from the page cache", flush=True)
             loads[c] = [round(x, 2) for x in os.getloadavg()]
-            rec = run_engine(engine_spec(model, flat, c, root, max_len, cpu_bytes), work, f"ttft-{c}")
+            spec = engine_spec(model, flat, c, root, max_len, cpu_bytes)
+            if a.trace is not None:
+                spec["trace"] = str((a.trace / c).resolve())
+            if a.py_spy is not None:
+                a.py_spy.mkdir(parents=True, exist_ok=True)
+                spec["py_spy"] = {"bin": PY_SPY, "out": str((a.py_spy / f"{c}.speedscope.json").resolve())}
+            rec = run_engine(spec, work, f"ttft-{c}")
             i = 0
             for n in lengths:
                 for _ in range(a.reps):

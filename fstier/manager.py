@@ -134,10 +134,8 @@ class FsTier:
         wake = None if on_finished is None else lambda k: on_finished("store" if k == "write" else "load")
         self._io = IOPool(tier.read_threads, tier.write_threads, tier.io_timeout_s, clock=clock, on_complete=wake)
         self._io.on_late(self._fences.on_late)
-        self._lookup = Lookup(
-            self._cache, self.blocks, self.mapper.num_groups, tier.io_timeout_s,
-            breaker=self._breaker, metrics=metrics,
-        )
+        self._lookup = Lookup(self._cache, self.blocks, self.mapper.num_groups, tier.io_timeout_s,
+                              breaker=self._breaker, metrics=metrics)
         self._recency = Recency(self._io, self.blocks, clock=clock)
         self.capacity = Capacity(
             self.mapper.root, tier, metrics, on_evicted=self._on_evicted, before_pass=self._recency.flush, clock=clock
@@ -149,6 +147,7 @@ class FsTier:
             capacity=self.capacity, metrics=metrics, payload_len=self._payload_len,
             on_timed_out=lambda job, op: self._fences.fence_op(job, op, tier.io_timeout_s),
         )
+        self._lookup.start()  # last: not at a first lookup (test_lookup_presence.py)
 
     @classmethod
     def from_config(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +18,29 @@ from manager_support import keys, open_tier, store
 from fstier.io import native
 
 PATHS = pytest.mark.parametrize("native_io", ["auto", "off"])
+
+
+@PATHS
+def test_the_first_lookup_starts_no_thread(tmp_path: Path, native_io: str) -> None:
+    """Every thread a lookup needs runs once the tier is built: the first
+    present()/lookup() starts none. The lookup pool used to start at the
+    first probe, on vLLM's lookup thread: three thread starts, each waiting
+    for the GIL that an in-process engine's scheduler (which never sleeps)
+    holds, cost the first prompt after a restart 28-34 ms (docs/vllm.md
+    "Time to first token"). Closing the tier stops them."""
+    with open_tier(tmp_path / "root", native_io=native_io, lookup_cache_ttl_s=0) as t:
+        ks = keys(0, 4)
+        assert store(t, "s", ks).success
+        lookup_threads = [th for th in threading.enumerate() if th.name.startswith("fstier-lookup")]
+        assert lookup_threads, "the lookup pool is not running after construction"
+        before = set(threading.enumerate())
+        assert t.present(ks + keys(50, 2)) == [True] * 4 + [False] * 2
+        assert t.lookup(ks) == 4
+        started = set(threading.enumerate()) - before
+        assert not started, f"the first lookup started {sorted(th.name for th in started)}"
+    for th in lookup_threads:
+        th.join(5)
+        assert not th.is_alive(), f"{th.name} still runs after close()"
 
 
 @PATHS

@@ -6,7 +6,10 @@ SPEC_JSON: {"model": dir, "prompts": [[token ids], ...], "max_tokens": n,
 "logprobs": k, "tier": "none" | "fstier" | "fs" | "both", "root": dir,
 "roots": {"fs": dir, "fstier": dir} (for "both"),
 "tp": 1, "env": {name: value}, "cpu_bytes": n, "max_model_len": n,
-"warmup": bool, "wait_files": n, "hold_file": path, "ready_file": path}.
+"warmup": bool, "wait_files": n, "hold_file": path, "ready_file": path,
+"trace": dir (a timeline of the tiers' calls, tests/e2e/_trace.py),
+"py_spy": {"bin": path, "out": file, "rate": Hz, "native": bool} (a py-spy
+profile of the measured prompts, 0.3 s apart)}.
 With "wait_files", the engine keeps stepping (one-token requests on an
 unrelated prompt) until n block files exist under "root" (or each of
 "roots"; at most "wait_files_s", default 120 s, else it fails): a tier
@@ -23,6 +26,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,6 +62,34 @@ def transfer_config(spec: dict) -> dict | None:
     }
 
 
+def _install_trace():  # noqa: ANN202 - the _trace module or None
+    """tests/e2e/_trace.py's wrappers in this process when FSTIER_E2E_TRACE
+    names a directory: the driver, and vLLM's engine core, which (spawned)
+    runs this file again as ``__mp_main__``."""
+    where = os.environ.get("FSTIER_E2E_TRACE")
+    if not where:
+        return None
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _trace
+
+    _trace.install(where)
+    return _trace
+
+
+def start_py_spy(opts: dict | None) -> subprocess.Popen | None:
+    """``py-spy record`` of this process from now on (every thread, idle
+    ones too, in speedscope's format: samples in time order), for
+    {"bin": py-spy, "out": file, "rate": Hz, "native": bool}; None without opts."""
+    if not opts:
+        return None
+    cmd = [opts["bin"], "record", "--pid", str(os.getpid()), "--rate", str(opts.get("rate", 1000)),
+           "--idle", "--threads", "--format", "speedscope", "-o", opts["out"]]
+    cmd += ["--native"] if opts.get("native") else ["--nonblocking"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(2.0)  # attached and sampling
+    return proc
+
+
 def block_files(root: str) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in Path(root).rglob("*.bin"))
 
@@ -71,6 +104,9 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    if spec.get("trace"):  # a timeline of the tiers' calls (tests/e2e/_trace.py)
+        os.environ["FSTIER_E2E_TRACE"] = spec["trace"]  # the engine core, spawned, too
+    trace = _install_trace()
     kw: dict = {}
     ktc = transfer_config(spec)
     if ktc is not None:
@@ -96,10 +132,17 @@ def main() -> None:
     )
     if spec.get("warmup"):  # a first request outside the measurements
         llm.generate([TokensPrompt(prompt_token_ids=[9, 8, 7, 6])], params, use_tqdm=False)
+    spy = start_py_spy(spec.get("py_spy"))
     results = []
-    for ids in spec["prompts"]:
+    for i, ids in enumerate(spec["prompts"]):
+        if spy is not None:
+            time.sleep(0.3)  # an idle gap between prompts in the profile's timeline
+        if trace is not None:
+            trace.mark("prompt.start", [i, len(ids)])
         t1 = time.perf_counter()
         (out,) = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
+        if trace is not None:
+            trace.mark("prompt.end", [i, len(ids)])
         comp = out.outputs[0]
         lps = None
         if comp.logprobs is not None:
@@ -110,6 +153,10 @@ def main() -> None:
             "num_cached_tokens": out.num_cached_tokens,
             "seconds": time.perf_counter() - t1,
         })
+    if spy is not None:
+        time.sleep(0.3)
+        spy.send_signal(signal.SIGINT)
+        spy.wait(timeout=60)
     want = int(spec.get("wait_files", 0))
     if want:
         roots = list(spec["roots"].values()) if spec.get("roots") else [spec["root"]]
@@ -121,6 +168,9 @@ def main() -> None:
                 raise SystemExit(f"engine_run: block files {counts} after the deadline, expected {want}")
             llm.generate([TokensPrompt(prompt_token_ids=[5, 6, 7])], poke, use_tqdm=False)
             time.sleep(0.2)
+    if trace is not None:
+        trace.dump("driver")
+        trace.dump_children()
     record = {
         "results": results,
         "startup_s": started,
@@ -139,3 +189,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+elif __name__ == "__mp_main__":  # vLLM's engine core, spawned from this file
+    _install_trace()
