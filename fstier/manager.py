@@ -197,8 +197,8 @@ class FsTier:
         """Per key, whether its block is present (no prefix stop, unlike
         :meth:`lookup`): for engines that ask about keys out of order (vLLM's
         sliding-window scan). Bad keys are absent; cached answers are used and
-        the rest are probed in one call on the lookup thread, waited for at
-        most ``io_timeout_s`` (then absent)."""
+        the rest are probed in one call waited for at most ``io_timeout_s``
+        (then absent; :mod:`~fstier.tier.lookup`)."""
         self._check_open()
         check_keys(keys, len(self._payload_len), "present")
         if not keys:

@@ -32,7 +32,10 @@ def test_the_first_lookup_starts_no_thread(tmp_path: Path, native_io: str) -> No
         ks = keys(0, 4)
         assert store(t, "s", ks).success
         lookup_threads = [th for th in threading.enumerate() if th.name.startswith("fstier-lookup")]
-        assert lookup_threads, "the lookup pool is not running after construction"
+        if t.blocks.batched:  # the native probe runs on the caller's thread, its deadline in C
+            assert not lookup_threads, "a lookup thread runs beside the native probe"
+        else:
+            assert lookup_threads, "the lookup pool is not running after construction"
         before = set(threading.enumerate())
         assert t.present(ks + keys(50, 2)) == [True] * 4 + [False] * 2
         assert t.lookup(ks) == 4
@@ -41,6 +44,63 @@ def test_the_first_lookup_starts_no_thread(tmp_path: Path, native_io: str) -> No
     for th in lookup_threads:
         th.join(5)
         assert not th.is_alive(), f"{th.name} still runs after close()"
+
+
+def test_native_probe_runs_on_the_callers_thread(tmp_path: Path, monkeypatch) -> None:
+    """Native presence: ONE native call per batch, made on the caller's own
+    thread (the deadline is kept in C), no Python thread in between: each
+    hand-off to a Python lookup thread and back cost a GIL acquisition, up
+    to the switch interval behind a scheduler that never sleeps."""
+    if native.status("auto").backend != "native":
+        pytest.skip("the native I/O path is off here (FSTIER_NATIVE=0, or the extension is not built)")
+    calls: list[int] = []
+    real = native.lookup_within
+
+    def spy(*args, **kw):
+        calls.append(threading.get_ident())
+        return real(*args, **kw)
+
+    monkeypatch.setattr(native, "lookup_within", spy)
+    with open_tier(tmp_path / "root", native_io="on", lookup_cache_ttl_s=0) as t:
+        ks = keys(0, 6)
+        assert store(t, "s", ks[:4]).success
+        before = threading.active_count()
+        assert t.present(ks) == [True] * 4 + [False] * 2
+        assert t.lookup(ks) == 4
+        assert calls == [threading.get_ident()] * 2, calls
+        assert threading.active_count() == before
+        assert native.lookup_stuck() == 0
+
+
+def test_native_probes_stuck_past_the_deadline_are_bounded(tmp_path: Path) -> None:
+    """A dead mount: each probe returns None at the deadline and leaves its C
+    thread in the system call; while 4 are stuck, a probe starts no thread
+    and answers None at once; once they return, they free themselves and
+    presence answers again."""
+    if native.status("auto").backend != "native":
+        pytest.skip("the native I/O path is off here (FSTIER_NATIVE=0, or the extension is not built)")
+    with open_tier(tmp_path / "root", native_io="on", lookup_cache_ttl_s=0) as t:
+        ks = keys(0, 1)
+        assert store(t, "s", ks).success
+        native.fault("stat", delay_s=2.0, times=4)
+        try:
+            for _ in range(4):
+                t0 = time.monotonic()
+                assert t.blocks.present_within(ks, timeout_s=0.05) is None
+                assert time.monotonic() - t0 < 1.5
+            assert native.lookup_stuck() == 4
+            calls = native.fault_count("stat")
+            t0 = time.monotonic()
+            assert t.blocks.present_within(ks, timeout_s=5.0) is None  # at once: no fifth thread
+            assert time.monotonic() - t0 < 1.0 and native.fault_count("stat") == calls
+        finally:
+            native.clear_faults()
+        deadline = time.monotonic() + 30
+        while native.lookup_stuck() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert native.lookup_stuck() == 0
+        assert t.blocks.present_within(ks, timeout_s=5.0) == [True]
+        assert t.lookup(ks) == 1
 
 
 @PATHS

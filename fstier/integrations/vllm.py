@@ -560,7 +560,7 @@ else:
             }
 
         def shutdown(self) -> None:
-            """Stop the lookup thread, finish in-flight jobs, close FsTier.
+            """Finish in-flight jobs, stop fstier's threads, close FsTier.
             Idempotent."""
             if self._closed:
                 return

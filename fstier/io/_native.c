@@ -1110,35 +1110,23 @@ static PyObject *py_load_batch(PyObject *self, PyObject *args) {
     return out;
 }
 
-static PyObject *py_lookup_batch(PyObject *self, PyObject *args) {
-    (void)self;
-    const char *base;
-    PyObject *rels;
-    int prefix;
-    if (!PyArg_ParseTuple(args, "yOp", &base, &rels, &prefix)) return NULL;
-    Py_ssize_t n = 0;
-    fx_item *items = items_from(rels, NULL, NULL, NULL, 0, &n);
-    if (!items) return NULL;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, n);
-    if (!out) {
-        items_free(items, n);
-        return NULL;
-    }
-    uint8_t *res = (uint8_t *)PyBytes_AS_STRING(out);
-    memset(res, 0, (size_t)n);
+/* Presence of each rel below base: resolved with no symlink in any
+ * component (a file reached through a symlinked fan-out directory is not
+ * present: test_contract_block_store's symlinked-directory case), then
+ * fstat (O_PATH never blocks on a FIFO); 1 = a regular file. With prefix
+ * it stops after the first miss. Returns how many answers it wrote; runs
+ * without the GIL (no Python object touched). */
+static Py_ssize_t lookup_run(const char *base, const char *const *rels, Py_ssize_t n, int prefix,
+                             uint8_t *res) {
     Py_ssize_t done = n;
-    Py_BEGIN_ALLOW_THREADS
+    memset(res, 0, (size_t)n);
     int base_fd = open_base(base);
     for (Py_ssize_t i = 0; base_fd >= 0 && i < n; i++) {
-        /* resolved below base_fd with no symlink in any component (a file
-         * reached through a symlinked fan-out directory is not present:
-         * test_contract_block_store's symlinked-directory case), then fstat:
-         * O_PATH never blocks on a FIFO */
         struct stat st;
         fx_inject inj;
         int ok = 0;
         if (fx_hook(OP_STAT, &inj) == 0) {
-            int fd = fx_resolve(base_fd, items[i].rel, O_PATH | O_NOFOLLOW, 0, 1);
+            int fd = fx_resolve(base_fd, rels[i], O_PATH | O_NOFOLLOW, 0, 1);
             if (fd >= 0) {
                 ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
                 close(fd);
@@ -1151,10 +1139,192 @@ static PyObject *py_lookup_batch(PyObject *self, PyObject *args) {
         }
     }
     if (base_fd >= 0) close(base_fd);
+    return done;
+}
+
+static PyObject *py_lookup_batch(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *base;
+    PyObject *rels;
+    int prefix;
+    if (!PyArg_ParseTuple(args, "yOp", &base, &rels, &prefix)) return NULL;
+    Py_ssize_t n = 0;
+    fx_item *items = items_from(rels, NULL, NULL, NULL, 0, &n);
+    if (!items) return NULL;
+    const char **names = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *names);
+    PyObject *out = names ? PyBytes_FromStringAndSize(NULL, n) : PyErr_NoMemory();
+    if (!out) {
+        PyMem_Free(names);
+        items_free(items, n);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) names[i] = items[i].rel;
+    uint8_t *res = (uint8_t *)PyBytes_AS_STRING(out);
+    Py_ssize_t done;
+    Py_BEGIN_ALLOW_THREADS
+    done = lookup_run(base, names, n, prefix, res);
     Py_END_ALLOW_THREADS
+    PyMem_Free(names);
     items_free(items, n);
     if (done < n && _PyBytes_Resize(&out, done) != 0) return NULL;
     return out;
+}
+
+/* lookup_within: lookup_batch with a deadline kept in C. The probe runs on
+ * a detached C thread that owns copies of its inputs; the caller waits on
+ * a condition variable with the GIL released ONCE and takes it back ONCE
+ * (a probe handed to a Python thread costs two more GIL hand-offs, each up
+ * to the switch interval behind a scheduler that never sleeps). Past the
+ * deadline the caller gets None and the thread, abandoned, frees the job
+ * when its system call returns; while LK_MAX_STUCK such threads are still
+ * stuck (a dead mount) no new one is started: None at once. Exactly one of
+ * waiter and thread frees the job (decided under the job's mutex). */
+#define LK_MAX_STUCK 4
+static atomic_int lk_stuck = 0;
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int finished, abandoned, prefix;
+    Py_ssize_t n, done;
+    const char **rels; /* into blob */
+    char *blob;        /* base\0rel0\0rel1\0... */
+    uint8_t *res;
+} lk_job;
+
+static void lk_free(lk_job *j) {
+    pthread_cond_destroy(&j->cv);
+    pthread_mutex_destroy(&j->mu);
+    free(j->rels);
+    free(j->blob);
+    free(j->res);
+    free(j);
+}
+
+static void *lk_thread(void *arg) {
+    lk_job *j = arg;
+    Py_ssize_t done = lookup_run(j->blob, j->rels, j->n, j->prefix, j->res);
+    pthread_mutex_lock(&j->mu);
+    j->done = done;
+    j->finished = 1;
+    int abandoned = j->abandoned;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    if (abandoned) {
+        atomic_fetch_sub(&lk_stuck, 1);
+        lk_free(j);
+    }
+    return NULL;
+}
+
+static lk_job *lk_new(const char *base, fx_item *items, Py_ssize_t n, int prefix) {
+    lk_job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    size_t total = strlen(base) + 1;
+    for (Py_ssize_t i = 0; i < n; i++) total += (size_t)items[i].rel_len + 1;
+    j->blob = malloc(total);
+    j->rels = malloc((size_t)(n ? n : 1) * sizeof *j->rels);
+    j->res = malloc((size_t)(n ? n : 1));
+    pthread_condattr_t ca;
+    int cv_ok = pthread_condattr_init(&ca) == 0;
+    if (cv_ok) {
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        cv_ok = pthread_cond_init(&j->cv, &ca) == 0;
+        pthread_condattr_destroy(&ca);
+    }
+    if (!j->blob || !j->rels || !j->res || !cv_ok || pthread_mutex_init(&j->mu, NULL) != 0) {
+        if (cv_ok) pthread_cond_destroy(&j->cv);
+        free(j->rels);
+        free(j->blob);
+        free(j->res);
+        free(j);
+        return NULL;
+    }
+    char *p = j->blob;
+    size_t blen = strlen(base) + 1;
+    memcpy(p, base, blen);
+    p += blen;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        memcpy(p, items[i].rel, (size_t)items[i].rel_len + 1);
+        j->rels[i] = p;
+        p += items[i].rel_len + 1;
+    }
+    j->n = n;
+    j->prefix = prefix;
+    return j;
+}
+
+static PyObject *py_lookup_within(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *base;
+    PyObject *rels;
+    int prefix;
+    double timeout_s;
+    if (!PyArg_ParseTuple(args, "yOpd", &base, &rels, &prefix, &timeout_s)) return NULL;
+    if (!(timeout_s >= 0)) {
+        PyErr_SetString(PyExc_ValueError, "timeout_s must be >= 0");
+        return NULL;
+    }
+    Py_ssize_t n = 0;
+    fx_item *items = items_from(rels, NULL, NULL, NULL, 0, &n);
+    if (!items) return NULL;
+    if (atomic_load(&lk_stuck) >= LK_MAX_STUCK) {
+        items_free(items, n);
+        Py_RETURN_NONE;
+    }
+    lk_job *j = lk_new(base, items, n, prefix);
+    items_free(items, n);
+    if (!j) return PyErr_NoMemory();
+    int finished = 0, started;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_attr_t attr;
+    pthread_t tid;
+    started = pthread_attr_init(&attr) == 0;
+    if (started) {
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&attr, 256 * 1024);
+        started = pthread_create(&tid, &attr, lk_thread, j) == 0;
+        pthread_attr_destroy(&attr);
+    }
+    if (started) {
+        struct timespec dl;
+        clock_gettime(CLOCK_MONOTONIC, &dl);
+        double whole = (double)(long)timeout_s;
+        dl.tv_sec += (time_t)whole;
+        dl.tv_nsec += (long)((timeout_s - whole) * 1e9);
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec += 1;
+            dl.tv_nsec -= 1000000000L;
+        }
+        pthread_mutex_lock(&j->mu);
+        int rc = 0;
+        while (!j->finished && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&j->cv, &j->mu, &dl);
+        finished = j->finished;
+        if (!finished) {
+            j->abandoned = 1;
+            atomic_fetch_add(&lk_stuck, 1);
+        }
+        pthread_mutex_unlock(&j->mu);
+    }
+    Py_END_ALLOW_THREADS
+    if (!started) {
+        lk_free(j);
+        Py_RETURN_NONE; /* no thread to be had: absent, as past the deadline */
+    }
+    if (!finished) Py_RETURN_NONE; /* the thread frees the job */
+    PyObject *out = PyBytes_FromStringAndSize((const char *)j->res, j->done);
+    lk_free(j);
+    return out;
+}
+
+/* A forked child has none of its parent's stuck threads (their jobs are
+ * leaked there, never touched): it starts with a count of 0. */
+static void lk_atfork_child(void) { atomic_store(&lk_stuck, 0); }
+
+static PyObject *py_lookup_stuck(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyLong_FromLong(atomic_load(&lk_stuck));
 }
 
 /* The start of a per-name batch call taking (base, rels): the parsed base,
@@ -1435,6 +1605,11 @@ static PyMethodDef methods[] = {
      "remove_batch(base, rels) -> bytes (1: the name was unlinked)"},
     {"lookup_batch", py_lookup_batch, METH_VARARGS,
      "lookup_batch(base, rels, prefix) -> bytes (1: a regular file is there)"},
+    {"lookup_within", py_lookup_within, METH_VARARGS,
+     "lookup_within(base, rels, prefix, timeout_s) -> bytes | None (lookup_batch on a C thread, "
+     "waited for at most timeout_s; None past it)"},
+    {"lookup_stuck", py_lookup_stuck, METH_NOARGS,
+     "lookup_stuck() -> int (lookup_within threads abandoned past their deadline, still running)"},
     {"xxh3_64", py_xxh3_64, METH_O, "XXH3-64 (seed 0) of a buffer"},
     {"xxh3_64_impl", py_xxh3_64_impl, METH_VARARGS,
      "xxh3_64_impl(buf, impl): 0 scalar, 1 sse2, 2 avx2 (tests)"},
@@ -1461,6 +1636,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     int fd = fx_openat2_raw(AT_FDCWD, "/", O_RDONLY | O_DIRECTORY, 0, RESOLVE_NO_SYMLINKS);
     if (fd >= 0) close(fd);
     atomic_store(&use_openat2, fd >= 0);
+    pthread_atfork(NULL, NULL, lk_atfork_child);
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
     PyModule_AddIntConstant(m, "F_CHECKSUM", F_CHECKSUM);

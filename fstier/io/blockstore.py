@@ -500,6 +500,23 @@ class BlockStore:
             got.extend([False] * (n - len(got)))
         return got
 
+    def present_within(self, keys: Sequence[BlockKey], *, prefix: bool = False, timeout_s: float) -> list[bool] | None:
+        """:meth:`present_many` with a deadline, on the calling thread: the
+        native probe runs on a C thread waited for at most ``timeout_s``
+        (one GIL release, no Python thread hand-off); None past it. Native
+        only (``ValueError`` on the Python path, whose caller keeps its own
+        deadline thread)."""
+        if not self._native:
+            raise ValueError("present_within needs the native I/O path")
+        n = len(keys)
+        if n == 0:
+            return []
+        prefix_ = self._prefix
+        got = native.lookup_within(prefix_, [f"{prefix_}/{encode(k)}" for k in keys], prefix=prefix, timeout_s=timeout_s)
+        if got is not None and len(got) < n:
+            got.extend([False] * (n - len(got)))
+        return got
+
     def clear(self, on_error: Callable[[OSError], None] | None = None) -> list[tuple[BlockKey, int]]:
         """Remove every block file this store names: the files under
         ``blocks_dir`` exactly where :meth:`path` puts their key (this rank's

@@ -73,6 +73,8 @@ __all__ = [
     "load_batch",
     "log_selection_once",
     "lookup_batch",
+    "lookup_stuck",
+    "lookup_within",
     "native_backend",
     "python_backend",
     "status",
@@ -373,6 +375,23 @@ def lookup_batch(base: str, paths: Sequence[str], *, prefix: bool = False) -> li
     ext = _require()
     got = ext.lookup_batch(os.fsencode(base), _split(base, paths), prefix)
     return [b == 1 for b in got]
+
+
+def lookup_within(base: str, paths: Sequence[str], *, prefix: bool, timeout_s: float) -> list[bool] | None:
+    """:func:`lookup_batch` with its deadline kept in C: the probe runs on a
+    C thread and the caller waits at most ``timeout_s`` with the GIL
+    released once (no Python thread in between). None past the deadline (a
+    hung mount: the C thread finishes on its own and frees what it holds),
+    or at once while 4 earlier probes are still stuck (:func:`lookup_stuck`)."""
+    ext = _require()
+    got = ext.lookup_within(os.fsencode(base), _split(base, paths), prefix, timeout_s)
+    return None if got is None else [b == 1 for b in got]
+
+
+def lookup_stuck() -> int:
+    """How many :func:`lookup_within` probes ran past their deadline and
+    are still in a system call."""
+    return _require().lookup_stuck()
 
 
 def touch_batch(base: str, paths: Sequence[str]) -> list[bool]:

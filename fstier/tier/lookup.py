@@ -11,21 +11,28 @@ directory or symlink at a block path, or a path whose fan-out directory is
 a symlink, is a miss (the load would not follow it either). While the
 circuit breaker is open every key is absent (no system call).
 
-The probe runs on a lookup thread (an :class:`~fstier.io.pool.IOPool` of
-its own, started by :meth:`Lookup.start` as the tier's constructor ends:
-a pool started at the first lookup cost the first prompt after an engine's
-restart 28-34 ms, each new thread waiting for the GIL a never-sleeping
-scheduler holds; test_lookup_presence.py::
-test_the_first_lookup_starts_no_thread); the caller waits at most
-``tier.io_timeout_s`` for it, then answers from the cache alone (uncached
-keys absent) and counts a ``timeout`` failure for the breaker: a dead mount
-never holds an engine's thread longer than the per-I/O deadline
+The probe has a deadline: the caller waits at most ``tier.io_timeout_s``,
+then answers from the cache alone (uncached keys absent) and counts a
+``timeout`` failure for the breaker: a dead mount never holds an engine's
+thread longer than the per-I/O deadline
 (test_lookup_presence.py::test_a_hung_probe_returns_within_the_deadline).
+On the native path the deadline is kept in C
+(:meth:`~fstier.io.blockstore.BlockStore.present_within`): the caller's
+thread releases the GIL once while a C thread probes, and takes it back
+once; a probe handed to a Python thread cost two more GIL hand-offs per
+batch, each up to the switch interval behind a scheduler that never sleeps
+(test_lookup_presence.py::test_native_probe_runs_on_the_callers_thread).
+The Python path probes on a lookup thread (an :class:`~fstier.io.pool.IOPool`
+of its own, started by :meth:`Lookup.start` as the tier's constructor
+ends: a pool started at the first lookup cost the first prompt after an
+engine's restart 28-34 ms, each new thread waiting for the GIL;
+test_lookup_presence.py::test_the_first_lookup_starts_no_thread).
 
 :class:`Lookup` counts what it answers in the tier's metrics (keys looked
 up, hits, misses, lookup seconds). Costs per batch: one cache pass under
 one lock, one probe call for the uncached keys (native: one ``openat2``
-and one ``fstat`` per key), two thread hand-offs. Memory is bounded: at most 2**20
+and one ``fstat`` per key, on one short-lived C thread; Python: two
+thread hand-offs). Memory is bounded: at most 2**20
 answers and 2**18 bad keys.
 """
 
@@ -234,8 +241,19 @@ class Lookup:
 
     # -- the probe call, on the lookup thread ------------------------------------
     def _probe(self, keys: list[BlockKey], prefix: bool) -> list[bool] | None:
-        """One probe of ``keys`` on the lookup thread; None if it did not
-        answer within the deadline (a hung mount), counted as a timeout."""
+        """One probe of ``keys``; None if it did not answer within the
+        deadline (a hung mount), counted as a timeout. Native: on the
+        caller's thread, the deadline kept in C (one GIL release); Python:
+        on the lookup thread."""
+        if self._blocks.batched:
+            if self._closed:
+                return [False] * len(keys)
+            if self._timeout is None:
+                return self._blocks.present_many(keys, prefix=prefix)
+            found = self._blocks.present_within(keys, prefix=prefix, timeout_s=self._timeout)
+            if found is None:
+                self._timed_out(keys, "past the deadline in the native probe")
+            return found
         pool = self._executor()
         if pool is None:  # closed: nothing is probed any more
             return [False] * len(keys)
@@ -251,15 +269,17 @@ class Lookup:
         # covers its wake-up, never a hung call.
         wait = None if self._timeout is None else self._timeout + 1.0
         if not done.wait(wait) or not isinstance(got[0], list):
-            r = got[0] if got else "no answer"
-            self._metrics.failures.inc("timeout")
-            self._breaker.failure("timeout")
-            log.warning(
-                "fstier: presence probe of %d key(s) under %s did not answer within "
-                "io_timeout_s=%s (%r); they count as misses", len(keys), self._base, self._timeout, r,
-            )
+            self._timed_out(keys, got[0] if got else "no answer")
             return None
         return got[0]
+
+    def _timed_out(self, keys: list[BlockKey], why: object) -> None:
+        self._metrics.failures.inc("timeout")
+        self._breaker.failure("timeout")
+        log.warning(
+            "fstier: presence probe of %d key(s) under %s did not answer within "
+            "io_timeout_s=%s (%r); they count as misses", len(keys), self._base, self._timeout, why,
+        )
 
     def _probe_now(self, keys: list[BlockKey], prefix: bool) -> list[bool]:
         if not self._blocks.batched and not self._logged_slow:
@@ -273,7 +293,8 @@ class Lookup:
     def start(self) -> None:
         """Start the lookup thread now (idempotent; a no-op once closed)."""
         with self._lock:
-            if self._pool is None and not self._closed:
+            # the native path probes on the caller's thread (deadline in C)
+            if self._pool is None and not self._closed and not self._blocks.batched:
                 self._pool = IOPool(1, 1, self._timeout, name="fstier-lookup")
 
     def _executor(self) -> IOPool | None:
