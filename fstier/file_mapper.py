@@ -29,6 +29,9 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Sequence
+from itertools import repeat
+from operator import attrgetter, getitem
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,7 @@ __all__ = [
     "canonical_json",
     "decode",
     "encode",
+    "encode_many",
     "is_namespace_name",
     "is_parallel_agnostic",
     "parallel_identity",
@@ -120,6 +124,12 @@ def is_namespace_name(name: str) -> bool:
 
 
 # ------------------------------------------------------------- the path codec
+_HASH = attrgetter("block_hash")
+_GROUP = attrgetter("group_idx")
+_FANOUT = slice(0, FANOUT_HEX)
+_NAME_FORMAT = "{}{}/{}-g{}" + BLOCK_SUFFIX
+
+
 def encode(key: BlockKey) -> str:
     """THE path codec, key -> file: ``key``'s block file relative to the
     namespace's blocks directory, ``<hex[:3]>/<hex>-g<group>.bin`` (format
@@ -128,6 +138,16 @@ def encode(key: BlockKey) -> str:
     lookup's path, where ``pathlib`` costs more than the rest."""
     h = key.block_hash.hex()
     return f"{h[:FANOUT_HEX]}/{h}-g{key.group_idx}{BLOCK_SUFFIX}"
+
+
+def encode_many(keys: Sequence[BlockKey], prefix: str = "") -> list[str]:
+    """``[prefix + encode(k) for k in keys]`` with no bytecode per key (the
+    same format string, applied by ``map``): a store or load batch names all
+    its files with it (test_file_mapper.py::test_encode_many_is_encode)."""
+    hexes = list(map(bytes.hex, map(_HASH, keys)))
+    return list(map(
+        _NAME_FORMAT.format, repeat(prefix), map(getitem, hexes, repeat(_FANOUT)), hexes, map(_GROUP, keys)
+    ))
 
 
 def decode(name: str) -> BlockKey | None:

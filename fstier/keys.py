@@ -10,8 +10,10 @@ seed, the process or the machine.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 import xxhash
@@ -21,7 +23,7 @@ from fstier.errors import KeyFormatError
 if TYPE_CHECKING:  # numpy is imported where hashing needs it: `fstier --help` stays light
     import numpy as np
 
-__all__ = ["BlockKey", "chain_hashes", "prefix_keys"]
+__all__ = ["BlockKey", "block_keys", "chain_hashes", "prefix_keys"]
 
 MIN_HASH_BYTES = 8
 MAX_HASH_BYTES = 64
@@ -57,6 +59,40 @@ class BlockKey:
 
     def __repr__(self) -> str:
         return f"BlockKey({self.hex[:16]}…, group={self.group_idx})"
+
+
+_NEW = object.__new__
+#: the slots' own setters: they skip the frozen ``__setattr__`` (only
+#: :func:`block_keys` uses them, after checking the whole batch)
+_SET_HASH = vars(BlockKey)["block_hash"].__set__
+_SET_GROUP = vars(BlockKey)["group_idx"].__set__
+
+
+def block_keys(hashes: Sequence[bytes], groups: Sequence[int]) -> list[BlockKey]:
+    """``[BlockKey(h, g) for h, g in zip(hashes, groups)]`` for a hot path's
+    batch: the same checks, made once over the batch with C-level loops
+    (``map``, ``min``, ``max``), and the keys built with no bytecode per key.
+    A batch with any key :class:`BlockKey` would refuse is built key by key,
+    so the first bad key raises its own :class:`KeyFormatError`
+    (test_keys.py::test_block_keys_match_the_validated_constructor)."""
+    n = len(hashes)
+    if n != len(groups):
+        raise ValueError(f"block_keys: {n} hashes but {len(groups)} groups")
+    if n == 0:
+        return []
+    if not (
+        set(map(type, hashes)) == {bytes}
+        and min(map(len, hashes)) >= MIN_HASH_BYTES
+        and max(map(len, hashes)) <= MAX_HASH_BYTES
+        and set(map(type, groups)) == {int}  # bool is not int here, as in __post_init__
+        and min(groups) >= 0
+        and max(groups) < 65536
+    ):
+        return list(map(BlockKey, hashes, groups))
+    keys = list(map(_NEW, repeat(BlockKey, n)))
+    deque(map(_SET_HASH, keys, hashes), maxlen=0)
+    deque(map(_SET_GROUP, keys, groups), maxlen=0)
+    return keys
 
 
 def chain_hashes(token_ids: Sequence[int] | np.ndarray, block_size: int, seed: bytes = b"") -> list[bytes]:

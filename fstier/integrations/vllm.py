@@ -56,8 +56,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection, Hashable, Iterable, Mapping
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from fstier.errors import ConfigError, FstierError, KeyFormatError
@@ -84,7 +86,7 @@ from fstier.integrations._vllm_metrics import (
     metric_definitions,
     scraped_metric_names,
 )
-from fstier.keys import BlockKey
+from fstier.keys import BlockKey, block_keys
 from fstier.slots.rows import RowSlots
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -146,6 +148,37 @@ def _block_key(key: bytes) -> BlockKey | None:
         return BlockKey(bytes(key[:-4]), int.from_bytes(key[-4:], "big"))
     except KeyFormatError:
         return None
+
+
+#: vLLM's OffloadKey: the block hash, then the group as 4 big-endian bytes
+_HASH_PART, _GROUP_PART = itemgetter(slice(None, -4)), itemgetter(slice(-4, None))
+_GROUP_INT = partial(int.from_bytes, byteorder="big")
+
+
+def _block_keys(keys: Sequence[bytes]) -> list[BlockKey]:
+    """:func:`_block_key` of each key, up to the first that has no fstier
+    name (the job's keys from there on are not submitted). No bytecode per
+    key for the common job (:func:`fstier.keys.block_keys`: the same checks
+    as :class:`BlockKey`'s, made once over the batch)."""
+    try:
+        return block_keys(list(map(_HASH_PART, keys)), list(map(_GROUP_INT, map(_GROUP_PART, keys))))
+    except (KeyFormatError, TypeError):  # not bytes, or a bad hash: key by key
+        out: list[BlockKey] = []
+        for k in keys:
+            b = _block_key(k)
+            if b is None:
+                break
+            out.append(b)
+        return out
+
+
+def _slot_ints(chunk_ids: Any) -> tuple[int, ...]:
+    """vLLM's chunk ids (a numpy array, or any sequence of ints) as Python
+    ints: ``tolist`` converts an array in C."""
+    kind = getattr(getattr(chunk_ids, "dtype", None), "kind", None)
+    if kind in ("i", "u") and getattr(chunk_ids, "ndim", 0) == 1:
+        return tuple(chunk_ids.tolist())
+    return tuple(int(c) for c in chunk_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,14 +382,12 @@ else:
         # -- jobs ------------------------------------------------------------
         def _submit(self, job: TransferJob, is_load: bool) -> None:
             keys = tuple(job.keys)
-            slots = tuple(int(c) for c in job.chunk_ids)
-            bkeys: list[BlockKey] = []
-            for k in keys:
-                b = _block_key(k)
-                if b is None:
-                    log.warning("fstier: key %r of job %d has no fstier name; it fails", k, job.job_id)
-                    break
-                bkeys.append(b)
+            slots = _slot_ints(job.chunk_ids)
+            bkeys = _block_keys(keys)
+            if len(bkeys) < len(keys):
+                log.warning(
+                    "fstier: key %r of job %d has no fstier name; it fails", keys[len(bkeys)], job.job_id
+                )
             rec = _Job(job.job_id, keys, is_load, len(bkeys))
             n = len(bkeys)
             try:

@@ -31,7 +31,8 @@ API shape (the seam between backends)
     batches.
 
 Costs
-    A native batch: one call for the batch (~20 us of Python around it),
+    A native batch: one call for the batch (Python around it per batch, no
+    bytecode per key unless a key failed or must be replaced),
     then per key the system calls below, made in C. A store into a directory already made: the per-file store path (7 system
     calls). Into a new fan-out directory: the walk's ``mkdirat``/``openat``
     calls, then the store through the fd the walk opened (no second
@@ -51,11 +52,12 @@ import os
 import stat
 import threading
 from collections.abc import Callable, Sequence
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fstier.errors import FstierError, PathSafetyError
-from fstier.file_mapper import FileMapper, decode, encode
+from fstier.file_mapper import FileMapper, decode, encode, encode_many
 from fstier.io import fsops, native
 from fstier.io._blockio import load_block, store_block, store_block_at
 from fstier.io.blockfile import BlockHeader, ChecksumKind, payload_checksum
@@ -78,6 +80,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["BlockStore", "NamespaceDirs"]
 
 log = logging.getLogger("fstier.manager")
+_STATUS = attrgetter("status")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
@@ -226,6 +230,11 @@ def _present_python(base: str, paths: Sequence[str], prefix: bool) -> list[bool]
     return out
 
 
+def _unzip(items: Sequence[tuple[BlockKey, memoryview]]) -> tuple[list[BlockKey], list[memoryview]]:
+    """A batch's keys and buffers, as two lists (C-level loops)."""
+    return list(map(_FIRST, items)), list(map(_SECOND, items))
+
+
 def _groups(paths: Sequence[str], cut: int) -> list[tuple[str, list[int]]]:
     """Keys grouped by directory (each directory opened once)."""
     groups: dict[str, list[int]] = {}
@@ -310,6 +319,10 @@ class BlockStore:
     def path(self, key: BlockKey) -> str:
         """``key``'s file (a string: this is on every lookup's path)."""
         return f"{self._prefix}/{encode(key)}"
+
+    def paths(self, keys: Sequence[BlockKey]) -> list[str]:
+        """:meth:`path` of each key, with no bytecode per key."""
+        return encode_many(keys, self._prefix + "/")
 
     def key_of(self, path: str) -> BlockKey | None:
         """The key whose file ``path`` names, when it is below this store's
@@ -544,12 +557,14 @@ class BlockStore:
             self._reprobe(caps)
         if not items or not self._native:
             return [self._store_guarded(k, p, r) for (k, p), r in zip(items, flags, strict=True)]
-        keys = [k for k, _ in items]
-        payloads = [p for _, p in items]
+        keys, payloads = _unzip(items)
         outs = native.store_batch(
-            self._prefix, [self.path(k) for k in keys], keys, payloads, self.mapper.digest_bytes,
+            self._prefix, self.paths(keys), keys, payloads, self.mapper.digest_bytes,
             self._bpf, self.options,
         )
+        statuses = set(map(_STATUS, outs))  # C-level: most batches need no loop below
+        if StoreStatus.FAILED not in statuses and (StoreStatus.SKIPPED not in statuses or not any(flags)):
+            return outs
         for j, out in enumerate(outs):
             if (out.status is StoreStatus.FAILED and out.cause == "ENOENT") or (
                 flags[j] and out.status is StoreStatus.SKIPPED
@@ -562,8 +577,8 @@ class BlockStore:
         key is attempted)."""
         if not items or not self._native:
             return [self._load_one(k, b) for k, b in items]
-        keys = [k for k, _ in items]
+        keys, buffers = _unzip(items)
         return native.load_batch(
-            self._prefix, [self.path(k) for k in keys], keys, [b for _, b in items],
+            self._prefix, self.paths(keys), keys, buffers,
             self.mapper.digest_bytes, self.options,
         )

@@ -44,8 +44,11 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import sys
 import threading
 from collections.abc import Sequence
+from itertools import repeat
+from operator import attrgetter, itemgetter, methodcaller
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -198,6 +201,12 @@ _REASONS = (
 )
 
 
+_HASH, _GROUP = attrgetter("block_hash"), attrgetter("group_idx")
+_FSENCODE = methodcaller("encode", "utf-8", "surrogateescape")
+#: os.fsencode is _FSENCODE here (Linux's usual locale)
+_FS_UTF8 = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()) == ("utf-8", "surrogateescape")
+
+
 def _errname(code: int) -> str:
     return errno.errorcode.get(code, f"errno{code}")
 
@@ -226,9 +235,11 @@ def _split(base: str, paths: Sequence[str]) -> list[bytes]:
     a root's path need not be UTF-8; a path elsewhere is a bug)."""
     cut = len(base) + 1
     prefix = base + "/"
-    for p in paths:
-        if not p.startswith(prefix):
-            raise ValueError(f"{p!r} is not below the base directory {base}")
+    if not all(map(str.startswith, paths, repeat(prefix))):  # C-level loop
+        bad = next(p for p in paths if not p.startswith(prefix))
+        raise ValueError(f"{bad!r} is not below the base directory {base}")
+    if _FS_UTF8:  # os.fsencode's own result, with no bytecode per path
+        return list(map(_FSENCODE, map(itemgetter(slice(cut, None)), paths)))
     enc = os.fsencode
     return [enc(p[cut:]) for p in paths]
 
@@ -256,10 +267,16 @@ def store_batch(
     ext = _require()
     rels = _split(base, paths)
     raw = ext.store_batch(
-        os.fsencode(base), rels, [k.block_hash for k in keys], [k.group_idx for k in keys], list(payloads),
+        os.fsencode(base), rels, list(map(_HASH, keys)), list(map(_GROUP, keys)), list(payloads),
         namespace_digest, page_count, _flags(opts, mkdir=True), opts.file_mode,
         created_ns if created_ns is not None else _now_ns(), opts.alignment,
     )
+    if len(raw) == len(paths) and len(set(raw)) == 1 and raw[0][0] != 2 and not raw[0][4]:
+        # Every block got the same success tuple (the common batch): one
+        # shared outcome, no loop over the keys (outcomes are frozen; mixed
+        # batches still get one each: test_batch_fast_paths.py::
+        # test_a_uniform_native_batch_shares_one_outcome_and_a_mixed_one_does_not).
+        return [StoreOutcome(_STORE_STATUS[raw[0][0]], nbytes=raw[0][2])] * len(raw)
     out: list[StoreOutcome] = []
     refused = 0
     for (st, err, nbytes, stage, tmpfile_err), path in zip(raw, paths, strict=True):
@@ -299,9 +316,12 @@ def load_batch(
     ext = _require()
     rels = _split(base, paths)
     raw = ext.load_batch(
-        os.fsencode(base), rels, [k.block_hash for k in keys], [k.group_idx for k in keys], list(buffers),
+        os.fsencode(base), rels, list(map(_HASH, keys)), list(map(_GROUP, keys)), list(buffers),
         namespace_digest, _flags(opts), opts.alignment,
     )
+    if len(raw) == len(paths) and len(set(raw)) == 1 and raw[0][0] == 0:
+        # Every block LOADED with one length: one shared (frozen) outcome.
+        return [LoadOutcome(LoadStatus.LOADED, nbytes=raw[0][2])] * len(raw)
     out: list[LoadOutcome] = []
     for (st, err, nbytes, reason, dev, ino), path in zip(raw, paths, strict=True):
         if st == 0:

@@ -23,8 +23,9 @@ Invariants
 
 Costs
     Per batch: one slot view per key, one lookup-cache lock (the bad set),
-    one recency lock, one job lock and one budget release; per hit, one
-    path for recency.
+    one recency lock, one job lock and one budget release; the hits' paths
+    for recency named by ``map`` (``BlockStore.paths``). A batch whose keys
+    all succeeded runs no bytecode per key besides the slot views.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from operator import attrgetter
 from typing import Literal
 
 from fstier.io.blockfile import block_file_size
@@ -46,6 +48,9 @@ from fstier.tier.lookup import LookupCache
 from fstier.tier.recency import Recency
 
 __all__ = ["Job", "JobOps", "JobTable", "payload_sizes"]
+
+_STATUS = attrgetter("status")
+_NBYTES = attrgetter("nbytes")
 
 
 def payload_sizes(payload_len: Sequence[int], keys: Sequence[BlockKey]) -> tuple[tuple[int, ...], int]:
@@ -172,9 +177,11 @@ class JobOps:
         try:
             keys = job.keys[lo:hi]
             outs = self._blocks.store_many(self._items(job, lo, hi), replace=self._cache.bad_flags(keys))
-            path = self._blocks.path
-            self._recency.note_many([path(keys[j]) for j, o in enumerate(outs) if o.status is StoreStatus.SKIPPED])
-            written = sum(o.nbytes for o in outs)
+            statuses = set(map(_STATUS, outs))  # C-level loops: no bytecode per key
+            if StoreStatus.SKIPPED in statuses:
+                path = self._blocks.path
+                self._recency.note_many([path(keys[j]) for j, o in enumerate(outs) if o.status is StoreStatus.SKIPPED])
+            written = sum(map(_NBYTES, outs))
             return outs
         finally:
             self.ended(job, op, written)
@@ -183,8 +190,14 @@ class JobOps:
         """Load keys ``lo..hi-1`` of ``job`` (batch ``op``); every key is attempted."""
         try:
             outs = self._blocks.load_many(self._items(job, lo, hi))
-            path, keys = self._blocks.path, job.keys
-            self._recency.note_many([path(keys[i]) for i, o in enumerate(outs, lo) if o.status is LoadStatus.LOADED])
+            keys = job.keys
+            if set(map(_STATUS, outs)) == {LoadStatus.LOADED}:  # the common batch
+                self._recency.note_many(self._blocks.paths(keys[lo:hi]))
+            else:
+                path = self._blocks.path
+                self._recency.note_many(
+                    [path(keys[i]) for i, o in enumerate(outs, lo) if o.status is LoadStatus.LOADED]
+                )
             return outs
         finally:
             self.ended(job, op, 0)
