@@ -192,6 +192,14 @@ NATIVE_MIN_BATCH = 4
 _PATH_DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+def _padded(got: list[bool], n: int) -> list[bool]:
+    """A prefix probe's answers (it stops after its first miss) padded with
+    False to ``n``."""
+    if len(got) < n:
+        got.extend([False] * (n - len(got)))
+    return got
+
+
 def _present_python(base: str, paths: Sequence[str], prefix: bool) -> list[bool]:
     """:meth:`BlockStore.present_many` on the Python path: ``base`` (the
     blocks directory) opened once with no symlink on its path (through the
@@ -487,18 +495,14 @@ class BlockStore:
         Costs: native, ONE call for the batch with the GIL released (one
         ``openat2`` + ``fstat`` per key); Python, one directory open per
         distinct fan-out directory and one ``fstatat`` per key."""
-        n = len(keys)
-        if n == 0:
+        if not keys:
             return []
-        prefix_ = self._prefix
-        paths = [f"{prefix_}/{encode(k)}" for k in keys]
+        paths = self.paths(keys)
         if self._native:
-            got = native.lookup_batch(prefix_, paths, prefix=prefix)
+            got = native.lookup_batch(self._prefix, paths, prefix=prefix)
         else:
-            got = _present_python(prefix_, paths, prefix)
-        if len(got) < n:
-            got.extend([False] * (n - len(got)))
-        return got
+            got = _present_python(self._prefix, paths, prefix)
+        return _padded(got, len(keys))
 
     def present_within(self, keys: Sequence[BlockKey], *, prefix: bool = False, timeout_s: float) -> list[bool] | None:
         """:meth:`present_many` with a deadline, on the calling thread: the
@@ -508,14 +512,10 @@ class BlockStore:
         deadline thread)."""
         if not self._native:
             raise ValueError("present_within needs the native I/O path")
-        n = len(keys)
-        if n == 0:
+        if not keys:
             return []
-        prefix_ = self._prefix
-        got = native.lookup_within(prefix_, [f"{prefix_}/{encode(k)}" for k in keys], prefix=prefix, timeout_s=timeout_s)
-        if got is not None and len(got) < n:
-            got.extend([False] * (n - len(got)))
-        return got
+        got = native.lookup_within(self._prefix, self.paths(keys), prefix=prefix, timeout_s=timeout_s)
+        return None if got is None else _padded(got, len(keys))
 
     def clear(self, on_error: Callable[[OSError], None] | None = None) -> list[tuple[BlockKey, int]]:
         """Remove every block file this store names: the files under
