@@ -64,6 +64,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.bench_vllm_ttft import drop_file_cache, io_paths, make_model  # noqa: E402
 from tests.e2e._harness import http as http_json  # noqa: E402
 from tests.e2e._harness import serve  # noqa: E402
+from tests.e2e._harness import transfer_config as harness_transfer_config  # noqa: E402
 
 CONFIGS = ("none", "fs", "fstier")
 LABELS = {"none": "no offloading", "fs": "vLLM fs tier", "fstier": "FstierTier"}
@@ -73,24 +74,8 @@ REQUEST_TIMEOUT_S = 600.0
 
 
 def transfer_config(tier: str, roots: dict[str, Path], cpu_bytes: int) -> str | None:
-    fstier = {"type": "FstierTier", "module_path": "fstier.integrations.vllm"}
-    tiers = {
-        "fs": [{"type": "fs", "root_dir": str(roots["fs"])}],
-        "fstier": [{**fstier, "root_dir": str(roots["fstier"])}],
-    }
-    tiers["both"] = tiers["fs"] + tiers["fstier"]
-    if tier == "none":
-        return None
-    return json.dumps({
-        "kv_connector": "OffloadingConnector",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {
-            "spec_name": "FstierCpuOffloadingSpec",
-            "spec_module_path": "fstier.integrations.vllm_cpu",
-            "cpu_bytes_to_use": cpu_bytes,
-            "secondary_tiers": tiers[tier],
-        },
-    })
+    ktc = harness_transfer_config(tier, roots, cpu_bytes)
+    return None if ktc is None else json.dumps(ktc)
 
 
 def serve_args(model: str, max_len: int, ktc: str | None) -> list[str]:

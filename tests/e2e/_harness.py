@@ -180,6 +180,31 @@ def wait_for(path: Path, engine: Engine, timeout: float = ENGINE_TIMEOUT_S) -> N
         time.sleep(0.5)
 
 
+def transfer_config(tier: str, roots: dict[str, Any], cpu_bytes: int = 64 << 20) -> dict[str, Any] | None:
+    """vLLM's ``kv_transfer_config`` offloading through our CPU worker
+    (``FstierCpuOffloadingSpec``) to ``tier``'s secondary tiers: ``none``
+    (no offloading: None), ``fs`` (vLLM's own), ``fstier`` or ``both`` (vLLM
+    fs, then FstierTier; vLLM cascades each chunk into both). ``roots`` maps
+    ``fs``/``fstier`` to their root directories. The one spelling the e2e
+    tests and the engine benchmarks share."""
+    if tier == "none":
+        return None
+    kinds = {"fs": {"type": "fs"}, "fstier": {"type": "FstierTier", "module_path": "fstier.integrations.vllm"}}
+    names = {"fs": ["fs"], "fstier": ["fstier"], "both": ["fs", "fstier"]}.get(tier)
+    if names is None:
+        raise ValueError(f"unknown tier {tier!r}: none, fs, fstier or both")
+    return {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "spec_name": "FstierCpuOffloadingSpec",
+            "spec_module_path": "fstier.integrations.vllm_cpu",
+            "cpu_bytes_to_use": cpu_bytes,
+            "secondary_tiers": [{**kinds[n], "root_dir": str(roots[n])} for n in names],
+        },
+    }
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

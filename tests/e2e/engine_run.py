@@ -32,34 +32,20 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness  # noqa: E402 - beside this file, run as a script
+
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
 def transfer_config(spec: dict) -> dict | None:
     tier = spec["tier"]
-    fstier = {"type": "FstierTier", "module_path": "fstier.integrations.vllm"}
-    if tier == "none":
-        return None
-    if tier == "fstier":
-        secondary = [{**fstier, "root_dir": spec["root"]}]
-    elif tier == "fs":
-        secondary = [{"type": "fs", "root_dir": spec["root"]}]
-    elif tier == "both":  # roots: {"fs": dir, "fstier": dir}
-        secondary = [{"type": "fs", "root_dir": spec["roots"]["fs"]},
-                     {**fstier, "root_dir": spec["roots"]["fstier"]}]
-    else:
-        raise SystemExit(f"engine_run: unknown tier {tier!r}")
-    return {
-        "kv_connector": "OffloadingConnector",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {
-            "spec_name": "FstierCpuOffloadingSpec",
-            "spec_module_path": "fstier.integrations.vllm_cpu",
-            "cpu_bytes_to_use": int(spec.get("cpu_bytes", 64 << 20)),
-            "secondary_tiers": secondary,
-        },
-    }
+    roots = spec["roots"] if tier == "both" else {tier: spec.get("root")}
+    try:
+        return _harness.transfer_config(tier, roots, int(spec.get("cpu_bytes", 64 << 20)))
+    except ValueError as exc:
+        raise SystemExit(f"engine_run: {exc}") from None
 
 
 def _install_trace():  # noqa: ANN202 - the _trace module or None

@@ -32,7 +32,7 @@ import pytest
 
 from fstier.io.blockcheck import verify_file
 from fstier.io.blockfile import HEADER_SIZE, decode_header
-from tests.e2e._harness import Engine, http, run_engine, serve, wait_for
+from tests.e2e._harness import Engine, http, run_engine, serve, transfer_config, wait_for
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("FSTIER_E2E") != "1",
@@ -216,18 +216,7 @@ def test_corrupt_block_file_is_a_partial_hit_with_the_same_output(
 
 
 def _transfer_config(root: Path) -> str:
-    return json.dumps({
-        "kv_connector": "OffloadingConnector",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {
-            "spec_name": "FstierCpuOffloadingSpec",
-            "spec_module_path": "fstier.integrations.vllm_cpu",
-            "cpu_bytes_to_use": 64 << 20,
-            "secondary_tiers": [
-                {"type": "FstierTier", "module_path": "fstier.integrations.vllm", "root_dir": str(root)}
-            ],
-        },
-    })
+    return json.dumps(transfer_config("fstier", {"fstier": root}))
 
 
 def _metric(text: str, name: str, label: str) -> float:
