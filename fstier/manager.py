@@ -106,6 +106,11 @@ class FsTier:
         self._own_pool: HostBlockPool | None = None  # closed by close() (from_config)
         self._payload_len = [self.mapper.expected_payload_bytes(g) for g in range(self.mapper.num_groups)]
         check_pool(pool, max(self._payload_len))
+        #: payload bytes by group as a job's sizes are computed from: one
+        #: entry when every group has the same size (a checked key's group
+        #: then needs no lookup, and a job's sizes are a product, not a loop
+        #: over its keys: payload_sizes)
+        self._job_payload_len = self._payload_len[:1] if len(set(self._payload_len)) == 1 else self._payload_len
         #: key -> file end to end (namespace, directories, recovery, headers, I/O)
         self.blocks = BlockStore.for_tier(self.mapper, tier)
         self.io_options = self.blocks.options
@@ -233,7 +238,7 @@ class FsTier:
         self._reap()
         n = len(keys)
         keys_t, slots_t = tuple(keys), tuple(slots)
-        op_bytes, file_bytes = payload_sizes(self._payload_len, keys_t)
+        op_bytes, file_bytes = payload_sizes(self._job_payload_len, keys_t)
         # Every outcome, even one decided at once (empty, degraded, slot busy,
         # backpressure), is taken under one lock after the duplicate-id check:
         # otherwise a second job "J" that finishes at once would report a

@@ -60,6 +60,7 @@ import itertools
 import logging
 import threading
 from importlib import metadata
+from operator import attrgetter, methodcaller
 from typing import TYPE_CHECKING, Any
 
 from fstier.errors import ConfigError, FstierError
@@ -74,7 +75,7 @@ from fstier.integrations.lmcache_space import (
     space_mapper,
 )
 from fstier.integrations.lmcache_tasks import Notes, Part, Space, Task
-from fstier.keys import BlockKey
+from fstier.keys import BlockKey, block_keys
 from fstier.tier.records import BlockRemoved, BlockStored
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -101,6 +102,22 @@ SUPPORTED_LMCACHE = ("0.5",)
 MAX_SPACES = 64
 _RESOLVED_MAX = 4096
 _DOC = "docs/lmcache.md"
+
+_OWNER = attrgetter("model_name", "kv_rank", "cache_salt")
+_GROUP = attrgetter("object_group_id")
+_HASH = attrgetter("chunk_hash")
+#: An L1 object's layout fields, read from its ``meta`` (the
+#: ``MemoryObjMetadata`` LMCache's ``MemoryObj.__init__`` sets), not through
+#: ``TensorMemoryObj.metadata``, a property that takes the object's lock
+#: per call. Safe in LMCache 0.5.6 (memory_management.py and
+#: memory_allocators/): ``shape``, ``dtype``, ``shapes`` and ``dtypes`` are
+#: assigned when a block is allocated (the paged allocator's ``allocate``
+#: and ``batched_allocate``) or narrowed after a read (a connector's
+#: ``reshape_partial_chunk``), always without that lock, and never while
+#: the object is in an L2 task; the lock orders only ``ref_count``,
+#: ``pin_count`` and the used-size override, none of which is read here.
+_META_LAYOUT = attrgetter("meta.shape", "meta.dtype", "meta.shapes", "meta.dtypes")
+_SIZE = methodcaller("get_size")
 
 
 class LmcacheUnavailableError(FstierError):
@@ -327,21 +344,51 @@ else:
                 self._resolved[sig] = space
             return space
 
+        def _task_space(self, keys: list[Any], objects: list[Any]) -> tuple[Space | None] | None:
+            """:meth:`_resolve`'s one answer for every key of a task whose
+            keys share model, rank and salt, whose groups are all in range,
+            and whose objects share shapes, dtypes and size: each key's memo
+            signature is then the first key's, so one memo check answers the
+            task, and the per-key work is C-level loops (``map``, ``set``,
+            ``list.count``), no bytecode per key. None: anything else (a
+            mixed task, an object without LMCache's ``meta``), resolved key
+            by key (test_lmcache_fast_paths.py pins both against each other)."""
+            try:
+                if len(set(map(_OWNER, keys))) != 1:
+                    return None
+                groups = list(map(_GROUP, keys))
+                if not (min(groups) >= 0 and max(groups) < MAX_GROUPS):
+                    return None
+                layouts = list(map(_META_LAYOUT, objects))
+                sizes = list(map(_SIZE, objects))
+                if layouts.count(layouts[0]) != len(layouts) or sizes.count(sizes[0]) != len(sizes):
+                    return None
+            except Exception:
+                return None
+            return (self._resolve(keys[0], objects[0]),)
+
         # -- store / load ---------------------------------------------------
         def _submit(self, kind: str, keys: list[Any], objects: list[Any]) -> int:
             task_id = next(self._ids)
-            task = Task(kind, len(keys), ok=[0] * len(keys))
+            task = Task(kind, len(keys))
             parts: dict[Space, list[int]] = {}
             try:
                 if len(keys) != len(objects):
                     raise ValueError(f"{len(keys)} keys but {len(objects)} objects")
-                resolve = self._resolve
-                for i, (k, o) in enumerate(zip(keys, objects, strict=True)):
-                    space = resolve(k, o)
-                    if space is None:
+                one = self._task_space(keys, objects)
+                if one is not None:  # the common task: one namespace, decided once
+                    if one[0] is None:
                         task.failed = True
                     else:
-                        parts.setdefault(space, []).append(i)
+                        parts[one[0]] = list(range(len(keys)))
+                else:
+                    resolve = self._resolve
+                    for i, (k, o) in enumerate(zip(keys, objects, strict=True)):
+                        space = resolve(k, o)
+                        if space is None:
+                            task.failed = True
+                        else:
+                            parts.setdefault(space, []).append(i)
             except Exception:
                 log.exception("fstier: LMCache %s task of %d key(s) refused", kind, len(keys))
                 task.failed, parts = True, {}
@@ -371,11 +418,19 @@ else:
             job_id = (kind, task_id, n)
             slots: list[int] | None = None
             try:
-                bkeys = [BlockKey(keys[i].chunk_hash, keys[i].object_group_id) for i in positions]
-                slots = space.slots.lend([self._arena.bytes_of(objects[i]) for i in positions])
+                # positions ascend: as many as the keys means all of them
+                if len(positions) == len(keys):
+                    pkeys, pobjs = list(keys), list(objects)
+                else:
+                    pkeys = list(map(keys.__getitem__, positions))
+                    pobjs = list(map(objects.__getitem__, positions))
+                bkeys = block_keys(list(map(_HASH, pkeys)), list(map(_GROUP, pkeys)))
+                # Every object of a part resolved to this namespace with its
+                # layout's size (the memo signature holds get_size()).
+                slots = space.slots.lend(self._arena.views_of(pobjs, space.slots.slot_bytes))
                 if slots is None:
                     raise ValueError("an L1 object is not a writable buffer of its layout's size")
-                part = Part(task_id, space, positions, slots, [keys[i] for i in positions])
+                part = Part(task_id, space, positions, slots, pkeys)
                 with self._lock:
                     self._parts[job_id] = part
                 if kind == "store":
@@ -447,10 +502,10 @@ else:
                 task = self._tasks.get(part.task_id)
                 if task is None:
                     return None
-                for j in range(r.keys_completed):
-                    task.ok[part.positions[j]] = 1
+                done_keys = r.keys_completed  # a leading prefix of the part's keys
+                task.ok += part.positions[:done_keys]
                 if task.kind == "load":
-                    task.accessed += part.keys[: r.keys_completed]
+                    task.accessed += part.keys[:done_keys]
                 task.nbytes += r.nbytes
                 task.failed |= not r.success
                 task.pending -= 1
@@ -468,9 +523,7 @@ else:
                     self._done_store[task_id] = result
                 return
             bits = Bitmap(task.n)
-            for i, ok in enumerate(task.ok):
-                if ok:
-                    bits.set(i)
+            bits.batched_set(task.ok)
             with self._lock:
                 self._done_load[task_id] = bits
             notes.accessed += task.accessed

@@ -27,15 +27,25 @@ file lives in, what it is called, and the memory FsTier moves it through.
   arena (or no arena described) gives its own ``byte_array``.
 
 Importing this module imports neither LMCache nor torch. Costs: a
-:class:`SpaceId` is built once per key (a few attribute reads); a mapper
-once per namespace.
+:class:`SpaceId` is built once per namespace the adapter resolves (its
+answers are memoised); a mapper once per namespace. Lending a job's buffers
+(:meth:`L1Arena.views_of`, :meth:`LentSlots.lend`, ``check_slots``,
+``release``) costs no bytecode per buffer in the common case (every object
+in the arena, every view a plain writable byte view, the next slot indices
+free, nothing fenced): C-level loops (``map``, ``set``, ``min``/``max``,
+dict ``update``) do the per-buffer work, and anything else takes the
+per-buffer code, which names the same refusals
+(tests/lmcache/test_lmcache_fast_paths.py).
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import add, attrgetter, sub
 from typing import TYPE_CHECKING, Any
 
 from fstier.config import DTYPE_SIZES
@@ -50,6 +60,11 @@ __all__ = ["MAX_GROUPS", "L1Arena", "Layout", "LentSlots", "SpaceId", "space_map
 #: Object groups a namespace holds (``object_group_id`` 0..MAX_GROUPS-1);
 #: a key of a higher group is a miss and is never stored.
 MAX_GROUPS = 64
+
+#: a plain writable byte view: what FsTier moves bytes through
+_VIEW_FORM = attrgetter("format", "ndim", "readonly", "contiguous")
+_PLAIN_VIEW = frozenset({("B", 1, False, True)})
+_DATA_PTR = attrgetter("data_ptr")
 
 
 def split_kv_rank(kv_rank: int) -> tuple[int, int, int, int]:
@@ -182,17 +197,32 @@ class LentSlots:
 
     def lend(self, buffers: Sequence[memoryview]) -> list[int] | None:
         """Slot indices for ``buffers`` (each writable, exactly
-        ``slot_bytes`` long), or None when one is not or all slots are lent."""
-        views: list[memoryview] = []
-        for b in buffers:
-            v = b if b.format == "B" and b.ndim == 1 else b.cast("B")
-            if len(v) != self._slot_bytes or v.readonly or not v.contiguous:
+        ``slot_bytes`` long), or None when one is not or all slots are lent.
+        Plain byte views of the right length, lent to the next free run of
+        indices: no bytecode per buffer."""
+        views = list(buffers)
+        if set(map(_VIEW_FORM, views)) <= _PLAIN_VIEW:
+            if views and set(map(len, views)) != {self._slot_bytes}:
                 return None
-            views.append(v)
-        out: list[int] = []
+        else:
+            views = []
+            for b in buffers:
+                v = b if b.format == "B" and b.ndim == 1 else b.cast("B")
+                if len(v) != self._slot_bytes or v.readonly or not v.contiguous:
+                    return None
+                views.append(v)
+        n = len(views)
         with self._lock:
-            if len(self._views) + len(views) > self._num_slots:
+            if len(self._views) + n > self._num_slots:
                 return None
+            start = self._next
+            run = range(start, start + n)
+            if start + n <= self._num_slots and self._views.keys().isdisjoint(run):
+                out = list(run)
+                self._views.update(zip(out, views, strict=True))
+                self._next = (start + n) % self._num_slots
+                return out
+            out = []
             for v in views:
                 while self._next in self._views:
                     self._next = (self._next + 1) % self._num_slots
@@ -204,6 +234,9 @@ class LentSlots:
     def release(self, slots: Sequence[int]) -> None:
         """Take back ``slots`` (a fenced one is kept until it is unfenced)."""
         with self._lock:
+            if not self._fenced:
+                deque(map(self._views.pop, slots, repeat(None)), maxlen=0)
+                return
             for s in slots:
                 if s in self._fenced:
                     self._orphans.add(s)
@@ -215,7 +248,10 @@ class LentSlots:
             return self._views[i]
 
     def check_slots(self, slots: Sequence[int]) -> None:
+        """ValueError naming the first of ``slots`` not lent, or fenced."""
         with self._lock:
+            if self._views.keys() >= set(slots) and self._fenced.isdisjoint(slots):
+                return
             for s in slots:
                 if s not in self._views:
                     raise ValueError(f"slot {s!r} is not lent to the tier")
@@ -264,6 +300,18 @@ class L1Arena:
         import ctypes
 
         return cls(ptr, memoryview((ctypes.c_ubyte * size).from_address(ptr)).cast("B"))
+
+    def views_of(self, objs: Sequence[Any], size: int) -> list[memoryview]:
+        """:meth:`bytes_of` of each of ``objs``, whose ``get_size()`` is
+        ``size`` (the caller resolved them with that size: their layout's).
+        Every object in the arena: slices of its view made by C-level loops,
+        no bytecode per object; else object by object."""
+        view = self._view
+        if view is not None and objs:
+            offs = list(map(sub, map(_DATA_PTR, objs), repeat(self._base)))
+            if min(offs) >= 0 and max(offs) + size <= len(view):
+                return list(map(view.__getitem__, map(slice, offs, map(add, offs, repeat(size)))))
+        return list(map(self.bytes_of, objs))
 
     def bytes_of(self, obj: Any) -> memoryview:
         """``obj.byte_array``'s bytes, in place."""

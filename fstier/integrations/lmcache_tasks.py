@@ -38,7 +38,8 @@ class Space:
 @dataclass(eq=False)
 class Task:
     """One LMCache store or load task: its FsTier jobs (one per namespace).
-    ``ok[i]``: key i was stored or loaded."""
+    ``ok``: the positions of the keys stored or loaded (each part adds its
+    completed prefix, a slice: no loop over keys)."""
 
     kind: str
     n: int

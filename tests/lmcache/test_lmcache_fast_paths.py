@@ -1,0 +1,384 @@
+"""FstierL2Adapter's task-level shortcuts give exactly the per-key answers.
+
+A task whose keys share one namespace and whose objects share one layout and
+size is resolved with one memo check and C-level loops (``_task_space``);
+its objects' bytes are sliced from the L1 arena's view in one pass
+(``L1Arena.views_of``), lent to the next free run of slot indices
+(``LentSlots.lend``), and its result is a slice per part and one
+``Bitmap.batched_set``. Each scenario here runs twice on LMCache's real
+classes, once as it is and once with the shortcut turned off (every key
+resolved on its own), and both must store, load, refuse and tell LMCache
+the same; the slot provider's shortcuts are checked against its per-buffer
+code. A last test counts the adapter's Python calls per task: the same for
+4 keys as for 32 (before the shortcuts, ``_resolve`` alone ran once per key).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("DO_NOT_TRACK", "1")
+if os.environ.get("FSTIER_REQUIRE_LMCACHE") == "1":
+    import lmcache.v1.distributed.l2_adapters.base  # noqa: F401  (fail loudly in CI)
+else:
+    pytest.importorskip(
+        "lmcache.v1.distributed.l2_adapters.base",
+        reason="LMCache not installed (make test-lmcache builds .venv-lmcache with it)",
+    )
+
+import torch  # noqa: E402
+from lmcache.v1.distributed.api import ObjectKey  # noqa: E402
+from lmcache.v1.distributed.internal_api import L1MemoryDesc  # noqa: E402
+from lmcache.v1.memory_allocators.tensor_memory_allocator import TensorMemoryAllocator  # noqa: E402
+from test_lmcache_adapter import (  # noqa: E402
+    ALLOC,
+    ARENA,
+    SHAPE,
+    Listener,
+    build,
+    free,
+    keys,
+    load,
+    objects,
+    raw,
+    store,
+    wait_fd,
+)
+
+import fstier.integrations.lmcache as lmc  # noqa: E402
+from fstier.integrations.lmcache import FstierL2Adapter  # noqa: E402
+from fstier.integrations.lmcache_space import L1Arena, LentSlots  # noqa: E402
+
+
+@pytest.fixture
+def adapters() -> Any:
+    """Adapters as LMCache's plugin loader builds them, each with a
+    listener, closed after the test."""
+    made: list[Any] = []
+
+    def make(root: Path, l1: Any = None, **params: Any) -> Any:
+        a = build(root, l1, **params)
+        a.listener = Listener()
+        a.register_listener(a.listener)
+        made.append(a)
+        return a
+
+    yield make
+    for a in made:
+        a.close()
+
+
+R0, R1 = ObjectKey.ComputeKVRank(2, 0, 2, 0), ObjectKey.ComputeKVRank(2, 1, 2, 1)
+
+
+def per_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Turn the task-level shortcut off: every key resolved on its own."""
+    monkeypatch.setattr(FstierL2Adapter, "_task_space", lambda self, ks, objs: None)
+
+
+def outcome(a: Any, root: Path, ks: list[Any], src: list[Any]) -> dict[str, Any]:
+    """Store ``ks``/``src``, load them back, and say what happened: results,
+    bytes, files, what LMCache was told."""
+    res = store(a, ks, src)
+    dst = [ALLOC.allocate(o.meta.shape, o.meta.dtype) for o in src]
+    loaded = load(a, ks, dst)
+    out = {
+        "store": (res.is_successful(), res.bytes_transferred() if res.is_successful() else None),
+        "loaded": loaded,
+        "bytes": [raw(dst[i]) == raw(src[i]) for i in loaded],
+        "files": sorted(str(p.relative_to(root)).split("/", 1)[1] for p in root.rglob("*.bin")),
+        "stored_notes": sorted((k.chunk_hash, k.object_group_id, k.kv_rank) for k in a.listener.stored),
+        "accessed_notes": sorted((k.chunk_hash, k.object_group_id) for k in a.listener.accessed),
+        "namespaces": len(a.report_status()["namespaces"]),
+    }
+    free(dst)
+    return out
+
+
+def both(
+    adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scenario: Callable[[Any, Path], dict[str, Any]]
+) -> dict[str, Any]:
+    """``scenario`` with the shortcut and without it (adapters over LMCache's
+    L1 arena, as its server builds them): the same outcome."""
+    l1 = L1MemoryDesc(ARENA.data_ptr(), ARENA.numel(), 1)
+    fast = scenario(adapters(tmp_path / "fast", l1), tmp_path / "fast")
+    with monkeypatch.context() as m:
+        per_key(m)
+        slow = scenario(adapters(tmp_path / "slow", l1), tmp_path / "slow")
+    assert fast == slow
+    return fast
+
+
+def narrowed(objs: list[Any], nbytes: int) -> list[Any]:
+    for o in objs:
+        o.set_used_size(nbytes)
+    return objs
+
+
+# ------------------------------------------------- the adapter: fast == per key
+def test_a_uniform_task_is_answered_like_key_by_key(adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ks, src = keys(8, seed=40), objects(8, seed=40)
+    got = both(adapters, tmp_path, monkeypatch, lambda a, root: outcome(a, root, ks, src))
+    assert got["store"] == (True, 8 * src[0].get_size()) and got["loaded"] == list(range(8))
+    assert all(got["bytes"]) and len(got["files"]) == 8 and len(got["accessed_notes"]) == 8
+    free(src)
+
+
+def test_a_task_of_many_groups_and_one_namespace(adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ks = [ObjectKey(bytes([41, i]) * 16, "org/model", R0, i % 3, "") for i in range(6)]
+    src = objects(6, seed=41)
+    got = both(adapters, tmp_path, monkeypatch, lambda a, root: outcome(a, root, ks, src))
+    assert got["loaded"] == list(range(6)) and all(got["bytes"]) and got["namespaces"] == 1
+    assert sorted(f.rsplit("-", 1)[1] for f in got["files"]) == ["g0.bin"] * 2 + ["g1.bin"] * 2 + ["g2.bin"] * 2
+    free(src)
+
+
+@pytest.mark.parametrize("mix", ["ranks", "salts", "models"])
+def test_a_task_of_mixed_namespaces_splits_as_key_by_key(
+    adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mix: str
+) -> None:
+    first = keys(3, seed=42, kv_rank=R0)
+    second = {
+        "ranks": keys(3, seed=43, kv_rank=R1),
+        "salts": keys(3, seed=43, kv_rank=R0, salt="tenant-b"),
+        "models": [ObjectKey(k.chunk_hash, "org/other", R0, 0, "") for k in keys(3, seed=43)],
+    }[mix]
+    ks, src = first + second, objects(6, seed=42)
+    got = both(adapters, tmp_path, monkeypatch, lambda a, root: outcome(a, root, ks, src))
+    assert got["loaded"] == list(range(6)) and all(got["bytes"]) and got["namespaces"] == 2
+    free(src)
+
+
+def test_a_task_of_mixed_layouts_splits_as_key_by_key(adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ks = keys(4, seed=44)
+    src = objects(2, seed=44) + objects(2, shape=(2, 4, 128, 128), seed=45)  # same size, other shape
+    got = both(adapters, tmp_path, monkeypatch, lambda a, root: outcome(a, root, ks, src))
+    assert got["loaded"] == [0, 1, 2, 3] and all(got["bytes"]) and got["namespaces"] == 2
+    free(src)
+
+
+@pytest.mark.parametrize("which", ["one", "all"])
+def test_a_group_out_of_range_is_refused_as_key_by_key(
+    adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, which: str
+) -> None:
+    ks = keys(4, seed=46)
+    bad = range(4) if which == "all" else [2]
+    ks = [ObjectKey(k.chunk_hash, k.model_name, k.kv_rank, lmc.MAX_GROUPS, "") if i in bad else k
+          for i, k in enumerate(ks)]
+    src = objects(4, seed=46)
+    got = both(adapters, tmp_path, monkeypatch, lambda a, root: outcome(a, root, ks, src))
+    assert got["store"] == (False, None)
+    assert got["loaded"] == ([] if which == "all" else [0, 1, 3])
+    assert len(got["files"]) == (0 if which == "all" else 3)
+    free(src)
+
+
+@pytest.mark.parametrize("which", ["one", "all"])
+def test_a_wrong_size_object_is_refused_as_key_by_key(
+    adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, which: str
+) -> None:
+    ks, src = keys(4, seed=47), objects(4, seed=47)
+    size = src[0].get_size()
+    narrowed(src if which == "all" else src[1:2], size - 4096)
+
+    def scenario(a: Any, root: Path) -> dict[str, Any]:
+        res = store(a, ks, src)
+        return {
+            "store": res.is_successful(),
+            "files": sorted(p.name for p in root.rglob("*.bin")),
+            "namespaces": len(a.report_status()["namespaces"]),
+        }
+
+    got = both(adapters, tmp_path, monkeypatch, scenario)
+    assert got["store"] is False
+    want = [] if which == "all" else sorted(f"{ks[i].chunk_hash.hex()}-g0.bin" for i in (0, 2, 3))
+    assert got["files"] == want
+    free(src)
+
+
+def test_a_wrong_size_load_target_is_refused_as_key_by_key(
+    adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ks, src = keys(3, seed=48), objects(3, seed=48)
+
+    def scenario(a: Any, root: Path) -> dict[str, Any]:
+        assert store(a, ks, src).is_successful()
+        uniform = narrowed(objects(3, seed=None), src[0].get_size() - 4096)
+        one = objects(3, seed=None)
+        narrowed(one[:1], src[0].get_size() - 4096)
+        got = {"all": load(a, ks, uniform), "first": load(a, ks, one),
+               "untouched": [not any(raw(o)) for o in uniform]}
+        free(uniform + one)
+        return got
+
+    got = both(adapters, tmp_path, monkeypatch, scenario)
+    assert got == {"all": [], "first": [1, 2], "untouched": [True] * 3}
+
+
+def test_more_keys_than_objects_is_refused(adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ks, src = keys(3, seed=49), objects(2, seed=49)
+
+    def scenario(a: Any, root: Path) -> dict[str, Any]:
+        return {"store": store(a, ks, src).is_successful(), "files": list(root.rglob("*.bin"))}
+
+    assert both(adapters, tmp_path, monkeypatch, scenario) == {"store": False, "files": []}
+    free(src)
+
+
+def test_a_refused_namespace_is_refused_as_key_by_key(
+    adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lmc, "MAX_SPACES", 1)
+    first, second = keys(2, seed=50, kv_rank=R0), keys(2, seed=51, kv_rank=R1)
+    src = objects(2, seed=50)
+
+    def scenario(a: Any, root: Path) -> dict[str, Any]:
+        ok = store(a, first, src).is_successful()
+        refused = [store(a, second, src).is_successful() for _ in range(2)]  # the memo answers the second
+        dst = objects(2, seed=None)
+        got = {"first": ok, "refused": refused, "namespaces": len(a.report_status()["namespaces"]),
+               "loaded": load(a, second, dst)}
+        free(dst)
+        return got
+
+    got = both(adapters, tmp_path, monkeypatch, scenario)
+    assert got == {"first": True, "refused": [False, False], "namespaces": 1, "loaded": []}
+    free(src)
+
+
+def test_a_closed_adapter_fails_every_task(adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ks, src = keys(3, seed=52), objects(3, seed=52)
+
+    def scenario(a: Any, root: Path) -> dict[str, Any]:
+        assert store(a, ks, src).is_successful()
+        a.close()
+        tid = a.submit_store_task(keys(3, seed=53), src)
+        res = a.pop_completed_store_tasks()
+        dst = objects(3, seed=None)
+        lid = a.submit_load_task(ks, dst)
+        bits = a.query_load_result(lid)
+        free(dst)
+        return {"store": {k: v.is_successful() for k, v in res.items()} == {tid: False},
+                "load": list(bits.get_indices_list()), "files": len(list(root.rglob("*.bin")))}
+
+    assert both(adapters, tmp_path, monkeypatch, scenario) == {"store": True, "load": [], "files": 3}
+    free(src)
+
+
+# ------------------------------------------------------------ arena and slots
+def test_views_of_are_the_objects_bytes_in_and_outside_the_arena() -> None:
+    arena = L1Arena.of(L1MemoryDesc(ARENA.data_ptr(), ARENA.numel(), 1))
+    inside = objects(3, seed=54)
+    outside = TensorMemoryAllocator(torch.empty(1 << 20, dtype=torch.uint8)).allocate(torch.Size(SHAPE), torch.float16)
+    outside.tensor.copy_(torch.randn(SHAPE, generator=torch.Generator().manual_seed(54)).half())
+    size = inside[0].get_size()
+    for objs in (inside, [inside[0], outside, inside[2]], [outside], []):
+        views = arena.views_of(objs, size)
+        assert [bytes(v) for v in views] == [raw(o) for o in objs] == [bytes(arena.bytes_of(o)) for o in objs]
+        assert all(not v.readonly and len(v) == size for v in views)
+    none = L1Arena.of(None)
+    assert [bytes(v) for v in none.views_of(inside, size)] == [raw(o) for o in inside]
+    free(inside)
+
+
+def test_lend_gives_the_next_free_run_or_skips_lent_slots() -> None:
+    slots = LentSlots(16, num_slots=8)
+    bufs = [memoryview(bytearray([i]) * 16) for i in range(8)]
+    assert slots.lend(bufs[:5]) == [0, 1, 2, 3, 4]
+    slots.release([1, 3])
+    assert slots.lend(bufs[5:7]) == [5, 6]  # the next run is free
+    assert slots.lend(bufs[:3]) == [7, 1, 3]  # wraps, skipping lent slots
+    assert slots.lend(bufs[:1]) is None and slots.lent == 8  # all lent
+    for i in (0, 1, 3, 7):
+        assert bytes(slots.slot_view(i)) == bytes(bufs[{0: 0, 1: 1, 3: 2, 7: 0}[i]])
+    slots.release(range(8))
+    assert slots.lent == 0 and slots.lend([]) == []
+
+
+@pytest.mark.parametrize(
+    ("buf", "ok"),
+    [
+        (memoryview(bytearray(16)), True),
+        (memoryview(bytearray(16)).cast("I"), True),  # another format: cast to bytes
+        (memoryview(bytearray(16)).cast("B", (4, 4)), True),  # 2-D: cast to 1-D bytes
+        (memoryview(bytes(16)), False),  # read-only
+        (memoryview(bytearray(32))[::2], False),  # not contiguous
+        (memoryview(bytearray(15)), False),  # short
+        (memoryview(bytearray(17)), False),  # long
+    ],
+)
+def test_lend_refuses_what_the_per_buffer_check_refuses(buf: memoryview, ok: bool) -> None:
+    for batch in ([buf], [memoryview(bytearray(16)), buf]):
+        slots = LentSlots(16, num_slots=8)
+        got = slots.lend(batch)
+        assert (got is not None) is ok and slots.lent == (len(batch) if ok else 0)
+        if ok:
+            assert all(len(slots.slot_view(i)) == 16 and slots.slot_view(i).format == "B" for i in got)
+
+
+def test_check_slots_and_release_honour_fences() -> None:
+    slots = LentSlots(16, num_slots=8)
+    got = slots.lend([memoryview(bytearray(16)) for _ in range(3)])
+    assert got == [0, 1, 2]
+    slots.check_slots(got)
+    with pytest.raises(ValueError, match="slot 5 is not lent"):
+        slots.check_slots([0, 5])
+    slots.fence(1)
+    with pytest.raises(ValueError, match="slot 1 is fenced"):
+        slots.check_slots([0, 1])
+    slots.release(got)  # the fenced slot keeps its buffer until unfenced
+    assert slots.lent == 1
+    with pytest.raises(ValueError, match="slot 0 is not lent"):
+        slots.check_slots([0])
+    slots.unfence(1)
+    assert slots.lent == 0
+
+
+# ---------------------------------------------------------- Python per task
+def _calls_per_task(a: Any, ks: list[Any], src: list[Any], dst: list[Any]) -> int:
+    """Python calls of the adapter's own modules (and fstier.keys) in one
+    warm load task's submit and query (a generator's resumption counts)."""
+    count = 0
+
+    def prof(frame: Any, event: str, arg: Any) -> None:
+        nonlocal count
+        name = frame.f_code.co_filename
+        if event == "call" and ("fstier/integrations/" in name or name.endswith("fstier/keys.py")):
+            count += 1
+
+    def profiled(call: Callable[[], Any]) -> Any:
+        sys.setprofile(prof)
+        try:
+            return call()
+        finally:
+            sys.setprofile(None)
+
+    assert store(a, ks, src).is_successful()
+    assert load(a, ks, dst) == list(range(len(ks)))  # warm: namespace open, memo set
+    tid = profiled(lambda: a.submit_load_task(ks, dst))
+    submitted = count
+    wait_fd(a.get_load_event_fd())  # the job is done: one query finds it
+    bits = profiled(lambda: a.query_load_result(tid))
+    assert bits is not None and list(bits.get_indices_list()) == list(range(len(ks)))
+    assert 0 < submitted < count
+    return count
+
+
+def test_a_tasks_python_calls_do_not_grow_with_its_keys(adapters: Any, tmp_path: Path) -> None:
+    """The adapter's Python calls per load task (submit and query) are the
+    same for 4 keys as for 32: no per-key bytecode in the common task
+    (before the shortcuts: 32 ``_resolve``, 32 ``bytes_of``, 32
+    ``BlockKey.__post_init__`` calls more for 32 keys)."""
+    a = adapters(tmp_path, L1MemoryDesc(ARENA.data_ptr(), ARENA.numel(), 1))
+    counts = []
+    for n, seed in ((4, 55), (32, 56)):
+        src, dst = objects(n, seed=seed), objects(n, seed=None)
+        counts.append(_calls_per_task(a, keys(n, seed=seed), src, dst))
+        free(src + dst)
+    assert counts[0] == counts[1], counts
