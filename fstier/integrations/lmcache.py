@@ -60,6 +60,7 @@ import itertools
 import logging
 import threading
 from importlib import metadata
+from itertools import compress
 from operator import attrgetter, methodcaller
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +76,7 @@ from fstier.integrations.lmcache_space import (
     space_mapper,
 )
 from fstier.integrations.lmcache_tasks import Notes, Part, Space, Task
-from fstier.keys import BlockKey, block_keys
+from fstier.keys import block_keys
 from fstier.tier.records import BlockRemoved, BlockStored
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -473,7 +474,7 @@ else:
                         finished.append(done)
                 size = space.sid.layout.nbytes
                 for ev in events:
-                    okeys = [space.object_key(k, ObjectKey) for k in ev.keys]
+                    okeys = space.object_keys(ev.keys, ObjectKey)
                     if isinstance(ev, BlockStored):
                         notes.stored += okeys
                         notes.sizes_stored += [size] * len(okeys)
@@ -546,9 +547,22 @@ else:
                 return self._done_load.pop(task_id, None)
 
         # -- lookup -------------------------------------------------------
+        def _lookup_space(
+            self, keys: list[Any], layouts: dict[int, Layout | None]
+        ) -> tuple[Space | None] | None:
+            """The one namespace of a lookup whose keys share model, rank,
+            salt and group, found once (C-level loops over the keys); None:
+            look each owner up on its own."""
+            group = set(map(_GROUP, keys))
+            if len(group) != 1 or len(set(map(_OWNER, keys))) != 1:
+                return None
+            return (self._space(keys[0], layouts.get(int(group.pop()))),)
+
         def submit_lookup_and_lock_task(self, keys: list[Any], group_layout_descs: Any) -> int:
             """Answered at once: one ``present`` batch per namespace; hits are
-            touched (the lock; see the module docstring)."""
+            touched (the lock; see the module docstring). Keys of one model,
+            rank, salt and group (the common lookup) find their namespace
+            once (:meth:`_lookup_space`); others one owner at a time."""
             task_id = next(self._ids)
             bits = Bitmap(len(keys))
             try:
@@ -556,22 +570,28 @@ else:
                 for gid, desc in dict(group_layout_descs or {}).items():
                     layouts[int(gid)] = Layout.of(desc.shapes, desc.dtypes)
                 parts: dict[Space, list[int]] = {}
-                seen: dict[tuple[Any, ...], Space | None] = {}
-                for i, k in enumerate(keys):
-                    owner = (k.model_name, k.kv_rank, k.cache_salt, k.object_group_id)
-                    try:
-                        space = seen[owner]
-                    except KeyError:
-                        space = seen[owner] = self._space(k, layouts.get(int(k.object_group_id)))
-                    if space is not None:
-                        parts.setdefault(space, []).append(i)
+                one = self._lookup_space(keys, layouts)
+                if one is not None:
+                    if one[0] is not None:
+                        parts[one[0]] = list(range(len(keys)))
+                else:
+                    seen: dict[tuple[Any, ...], Space | None] = {}
+                    for i, k in enumerate(keys):
+                        owner = (k.model_name, k.kv_rank, k.cache_salt, k.object_group_id)
+                        try:
+                            space = seen[owner]
+                        except KeyError:
+                            space = seen[owner] = self._space(k, layouts.get(int(k.object_group_id)))
+                        if space is not None:
+                            parts.setdefault(space, []).append(i)
                 for space, positions in parts.items():
-                    bkeys = [BlockKey(keys[i].chunk_hash, keys[i].object_group_id) for i in positions]
+                    pkeys = keys if len(positions) == len(keys) else list(map(keys.__getitem__, positions))
+                    bkeys = block_keys(list(map(_HASH, pkeys)), list(map(_GROUP, pkeys)))
                     present = space.tier.present(bkeys)
-                    for i, hit in zip(positions, present, strict=True):
-                        if hit:
-                            bits.set(i)
-                    space.tier.touch([b for b, hit in zip(bkeys, present, strict=True) if hit])
+                    if len(present) != len(bkeys):
+                        raise ValueError(f"{len(present)} answers for {len(bkeys)} keys")
+                    bits.batched_set(list(compress(positions, present)))
+                    space.tier.touch(list(compress(bkeys, present)))
             except Exception:
                 log.exception("fstier: LMCache lookup of %d key(s) failed; they miss", len(keys))
                 bits = Bitmap(len(keys))

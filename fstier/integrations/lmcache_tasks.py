@@ -11,14 +11,21 @@ imports neither LMCache nor torch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.integrations.lmcache_space import LentSlots, SpaceId
+    from fstier.keys import BlockKey
     from fstier.manager import FsTier
 
 __all__ = ["Notes", "Part", "Space", "Task"]
+
+_BLOCK_HASH = attrgetter("block_hash")
+_BLOCK_GROUP = attrgetter("group_idx")
 
 
 @dataclass(eq=False)
@@ -29,10 +36,14 @@ class Space:
     tier: FsTier
     slots: LentSlots
 
-    def object_key(self, key: Any, make: Any) -> Any:
-        """LMCache's ``ObjectKey`` (built by ``make``) of a block key of this namespace."""
+    def object_keys(self, keys: Sequence[BlockKey], make: Any) -> list[Any]:
+        """LMCache's ``ObjectKey`` (built by ``make``) of each block key of
+        this namespace, built by ``map``: no bytecode of ours per key."""
         s = self.sid
-        return make(key.block_hash, s.model_name, s.kv_rank, key.group_idx, s.cache_salt)
+        return list(map(
+            make, map(_BLOCK_HASH, keys), repeat(s.model_name), repeat(s.kv_rank),
+            map(_BLOCK_GROUP, keys), repeat(s.cache_salt),
+        ))
 
 
 @dataclass(eq=False)

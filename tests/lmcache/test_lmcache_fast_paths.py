@@ -33,7 +33,7 @@ else:
     )
 
 import torch  # noqa: E402
-from lmcache.v1.distributed.api import ObjectKey  # noqa: E402
+from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey  # noqa: E402
 from lmcache.v1.distributed.internal_api import L1MemoryDesc  # noqa: E402
 from lmcache.v1.memory_allocators.tensor_memory_allocator import TensorMemoryAllocator  # noqa: E402
 from test_lmcache_adapter import (  # noqa: E402
@@ -78,8 +78,9 @@ R0, R1 = ObjectKey.ComputeKVRank(2, 0, 2, 0), ObjectKey.ComputeKVRank(2, 1, 2, 1
 
 
 def per_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Turn the task-level shortcut off: every key resolved on its own."""
+    """Turn the task-level shortcuts off: every key resolved on its own."""
     monkeypatch.setattr(FstierL2Adapter, "_task_space", lambda self, ks, objs: None)
+    monkeypatch.setattr(FstierL2Adapter, "_lookup_space", lambda self, ks, layouts: None)
 
 
 def outcome(a: Any, root: Path, ks: list[Any], src: list[Any]) -> dict[str, Any]:
@@ -271,6 +272,50 @@ def test_a_closed_adapter_fails_every_task(adapters: Any, tmp_path: Path, monkey
     free(src)
 
 
+def test_lookups_answer_as_key_by_key(adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lookups of one owner and group (the shortcut) and of mixed ones, with
+    hits, misses, a group without a layout hint and one out of range."""
+    stored = keys(4, seed=57, kv_rank=R0)
+    other = keys(2, seed=58, kv_rank=R1)
+    grouped = [ObjectKey(k.chunk_hash, k.model_name, R0, 1, "") for k in keys(2, seed=59)]
+    src = objects(8, seed=57)
+    mla = MemoryLayoutDesc([torch.Size((4, 256, 128))], [torch.float16])
+    desc = MemoryLayoutDesc([torch.Size(SHAPE)], [torch.float16])
+    far = [ObjectKey(k.chunk_hash, k.model_name, R0, lmc.MAX_GROUPS, "") for k in stored[:2]]
+    missing = keys(2, seed=60, kv_rank=R0)
+    salted = keys(4, seed=57, kv_rank=R0, salt="tenant-b")
+    asks = {
+        "all": (stored, {0: desc}),
+        "some": (stored[:2] + missing + stored[3:], {0: desc}),
+        "ranks": (stored + other, {0: desc}),
+        "groups": (stored + grouped, {0: desc, 1: desc}),
+        "no hint for group 1": (stored + grouped, {0: desc}),
+        "another layout": (stored, {0: mla}),
+        "salt": (salted, {0: desc}),
+        "group out of range": (far + stored, {0: desc}),
+        "all out of range": (far, {0: desc}),
+        "empty": ([], {0: desc}),
+        "no hints": (stored, {}),
+    }
+
+    def scenario(a: Any, root: Path) -> dict[str, Any]:
+        assert store(a, stored + other + grouped, src).is_successful()
+        out = {}
+        for name, (ks, hints) in asks.items():
+            tid = a.submit_lookup_and_lock_task(ks, hints)
+            wait_fd(a.get_lookup_and_lock_event_fd())
+            out[name] = list(a.query_lookup_and_lock_result(tid).get_indices_list())
+        return out
+
+    got = both(adapters, tmp_path, monkeypatch, scenario)
+    assert got["all"] == [0, 1, 2, 3] and got["some"] == [0, 1, 4]
+    assert got["ranks"] == list(range(6)) and got["groups"] == list(range(6))
+    assert got["no hint for group 1"] == [0, 1, 2, 3] and got["group out of range"] == [2, 3, 4, 5]
+    assert got["another layout"] == got["salt"] == got["all out of range"] == got["empty"] == []
+    assert got["no hints"] == []
+    free(src)
+
+
 # ------------------------------------------------------------ arena and slots
 def test_views_of_are_the_objects_bytes_in_and_outside_the_arena() -> None:
     arena = L1Arena.of(L1MemoryDesc(ARENA.data_ptr(), ARENA.numel(), 1))
@@ -343,7 +388,8 @@ def test_check_slots_and_release_honour_fences() -> None:
 # ---------------------------------------------------------- Python per task
 def _calls_per_task(a: Any, ks: list[Any], src: list[Any], dst: list[Any]) -> int:
     """Python calls of the adapter's own modules (and fstier.keys) in one
-    warm load task's submit and query (a generator's resumption counts)."""
+    warm load task's submit and query and one lookup (a generator's
+    resumption counts)."""
     count = 0
 
     def prof(frame: Any, event: str, arg: Any) -> None:
@@ -367,13 +413,17 @@ def _calls_per_task(a: Any, ks: list[Any], src: list[Any], dst: list[Any]) -> in
     bits = profiled(lambda: a.query_load_result(tid))
     assert bits is not None and list(bits.get_indices_list()) == list(range(len(ks)))
     assert 0 < submitted < count
+    hint = {0: MemoryLayoutDesc([torch.Size(SHAPE)], [torch.float16])}
+    lid = profiled(lambda: a.submit_lookup_and_lock_task(ks, hint))
+    wait_fd(a.get_lookup_and_lock_event_fd())
+    assert list(a.query_lookup_and_lock_result(lid).get_indices_list()) == list(range(len(ks)))
     return count
 
 
 def test_a_tasks_python_calls_do_not_grow_with_its_keys(adapters: Any, tmp_path: Path) -> None:
-    """The adapter's Python calls per load task (submit and query) are the
-    same for 4 keys as for 32: no per-key bytecode in the common task
-    (before the shortcuts: 32 ``_resolve``, 32 ``bytes_of``, 32
+    """The adapter's Python calls per load task (submit and query) and per
+    lookup are the same for 4 keys as for 32: no per-key bytecode in the
+    common task (before the shortcuts: 32 ``_resolve``, 32 ``bytes_of``, 32
     ``BlockKey.__post_init__`` calls more for 32 keys)."""
     a = adapters(tmp_path, L1MemoryDesc(ARENA.data_ptr(), ARENA.numel(), 1))
     counts = []
