@@ -244,8 +244,10 @@ class LentSlots:
                     self._views.pop(s, None)
 
     def slot_view(self, i: int) -> memoryview:
-        with self._lock:
-            return self._views[i]
+        # No lock: one dict read (atomic under the GIL) of a slot that stays
+        # lent until its job's result is taken; FsTier's I/O threads call
+        # this per key, and a lock here was one acquire per key between them.
+        return self._views[i]
 
     def check_slots(self, slots: Sequence[int]) -> None:
         """ValueError naming the first of ``slots`` not lent, or fenced."""
