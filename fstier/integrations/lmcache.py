@@ -321,10 +321,11 @@ else:
         def _resolve(self, key: Any, obj: Any) -> Space | None:
             """:meth:`_space` of ``key`` under ``obj``'s layout, memoised by
             what decides it (the key's model, rank, salt and group range, and
-            the object's shapes, dtypes and size): a task's keys share one
-            answer, so a store or load costs one dict lookup per key, not a
-            layout parse and a namespace hash (test_lmcache_adapter.py::
-            test_a_task_of_mixed_layouts_and_ranks_splits_by_namespace)."""
+            the object's shapes, dtypes and size): a mixed task's keys cost
+            one dict lookup each, not a layout parse and a namespace hash
+            (test_lmcache_adapter.py::
+            test_a_task_of_mixed_layouts_and_ranks_splits_by_namespace); a
+            uniform task asks once (:meth:`_task_space`)."""
             meta = obj.metadata
             shapes, dtypes = meta.shapes, meta.dtypes
             sig = (
