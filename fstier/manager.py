@@ -106,11 +106,7 @@ class FsTier:
         self._own_pool: HostBlockPool | None = None  # closed by close() (from_config)
         self._payload_len = [self.mapper.expected_payload_bytes(g) for g in range(self.mapper.num_groups)]
         check_pool(pool, max(self._payload_len))
-        #: payload bytes by group as a job's sizes are computed from: one
-        #: entry when every group has the same size (a checked key's group
-        #: then needs no lookup, and a job's sizes are a product, not a loop
-        #: over its keys: payload_sizes)
-        self._job_payload_len = self._payload_len[:1] if len(set(self._payload_len)) == 1 else self._payload_len
+        self._job_payload_len = self._payload_len[:1] if len(set(self._payload_len)) == 1 else self._payload_len  # one size for all groups: payload_sizes is a product, no loop over a job's keys
         #: key -> file end to end (namespace, directories, recovery, headers, I/O)
         self.blocks = BlockStore.for_tier(self.mapper, tier)
         self.io_options = self.blocks.options

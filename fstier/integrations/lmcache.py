@@ -60,24 +60,28 @@ import itertools
 import logging
 import threading
 from importlib import metadata
-from itertools import compress
-from operator import attrgetter, methodcaller
 from typing import TYPE_CHECKING, Any
 
 from fstier.errors import ConfigError, FstierError
 from fstier.integrations._options import tier_config_from_engine_options
-from fstier.integrations.lmcache_keys import list_keys, remove_keys
+from fstier.integrations.lmcache_keys import (
+    list_keys,
+    parts_by_owner,
+    present_positions,
+    remove_keys,
+)
 from fstier.integrations.lmcache_space import (
     MAX_GROUPS,
     L1Arena,
     Layout,
     LentSlots,
     SpaceId,
+    block_keys_of,
+    one_owner,
+    one_signature,
     space_mapper,
 )
 from fstier.integrations.lmcache_tasks import Notes, Part, Space, Task
-from fstier.keys import block_keys
-from fstier.tier.records import BlockRemoved, BlockStored
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig
@@ -103,22 +107,6 @@ SUPPORTED_LMCACHE = ("0.5",)
 MAX_SPACES = 64
 _RESOLVED_MAX = 4096
 _DOC = "docs/lmcache.md"
-
-_OWNER = attrgetter("model_name", "kv_rank", "cache_salt")
-_GROUP = attrgetter("object_group_id")
-_HASH = attrgetter("chunk_hash")
-#: An L1 object's layout fields, read from its ``meta`` (the
-#: ``MemoryObjMetadata`` LMCache's ``MemoryObj.__init__`` sets), not through
-#: ``TensorMemoryObj.metadata``, a property that takes the object's lock
-#: per call. Safe in LMCache 0.5.6 (memory_management.py and
-#: memory_allocators/): ``shape``, ``dtype``, ``shapes`` and ``dtypes`` are
-#: assigned when a block is allocated (the paged allocator's ``allocate``
-#: and ``batched_allocate``) or narrowed after a read (a connector's
-#: ``reshape_partial_chunk``), always without that lock, and never while
-#: the object is in an L2 task; the lock orders only ``ref_count``,
-#: ``pin_count`` and the used-size override, none of which is read here.
-_META_LAYOUT = attrgetter("meta.shape", "meta.dtype", "meta.shapes", "meta.dtypes")
-_SIZE = methodcaller("get_size")
 
 
 class LmcacheUnavailableError(FstierError):
@@ -347,27 +335,11 @@ else:
             return space
 
         def _task_space(self, keys: list[Any], objects: list[Any]) -> tuple[Space | None] | None:
-            """:meth:`_resolve`'s one answer for every key of a task whose
-            keys share model, rank and salt, whose groups are all in range,
-            and whose objects share shapes, dtypes and size: each key's memo
-            signature is then the first key's, so one memo check answers the
-            task, and the per-key work is C-level loops (``map``, ``set``,
-            ``list.count``), no bytecode per key. None: anything else (a
-            mixed task, an object without LMCache's ``meta``), resolved key
-            by key (test_lmcache_fast_paths.py pins both against each other)."""
-            try:
-                if len(set(map(_OWNER, keys))) != 1:
-                    return None
-                groups = list(map(_GROUP, keys))
-                if not (min(groups) >= 0 and max(groups) < MAX_GROUPS):
-                    return None
-                layouts = list(map(_META_LAYOUT, objects))
-                sizes = list(map(_SIZE, objects))
-                if layouts.count(layouts[0]) != len(layouts) or sizes.count(sizes[0]) != len(sizes):
-                    return None
-            except Exception:
-                return None
-            return (self._resolve(keys[0], objects[0]),)
+            """:meth:`_resolve`'s one answer for a task of one signature
+            (:func:`one_signature`: every key's memo signature is the first
+            key's), asked once; None: resolve key by key
+            (test_lmcache_fast_paths.py pins both against each other)."""
+            return (self._resolve(keys[0], objects[0]),) if one_signature(keys, objects) else None
 
         # -- store / load ---------------------------------------------------
         def _submit(self, kind: str, keys: list[Any], objects: list[Any]) -> int:
@@ -426,7 +398,7 @@ else:
                 else:
                     pkeys = list(map(keys.__getitem__, positions))
                     pobjs = list(map(objects.__getitem__, positions))
-                bkeys = block_keys(list(map(_HASH, pkeys)), list(map(_GROUP, pkeys)))
+                bkeys = block_keys_of(pkeys)
                 # Every object of a part resolved to this namespace with its
                 # layout's size (the memo signature holds get_size()).
                 slots = space.slots.lend(self._arena.views_of(pobjs, space.slots.slot_bytes))
@@ -473,15 +445,8 @@ else:
                     done = self._route(r)
                     if done is not None:
                         finished.append(done)
-                size = space.sid.layout.nbytes
                 for ev in events:
-                    okeys = space.object_keys(ev.keys, ObjectKey)
-                    if isinstance(ev, BlockStored):
-                        notes.stored += okeys
-                        notes.sizes_stored += [size] * len(okeys)
-                    elif isinstance(ev, BlockRemoved):
-                        notes.deleted += okeys
-                        notes.sizes_deleted += [size] * len(okeys)
+                    notes.add(space, ev, ObjectKey)
             for task_id, task in finished:
                 self._publish(task_id, task, notes)
             return notes
@@ -504,14 +469,7 @@ else:
                 task = self._tasks.get(part.task_id)
                 if task is None:
                     return None
-                done_keys = r.keys_completed  # a leading prefix of the part's keys
-                task.ok += part.positions[:done_keys]
-                if task.kind == "load":
-                    task.accessed += part.keys[:done_keys]
-                task.nbytes += r.nbytes
-                task.failed |= not r.success
-                task.pending -= 1
-                done = task.pending == 0
+                done = task.add(part, r)
                 if done:
                     del self._tasks[part.task_id]
             part.space.slots.release(part.slots)
@@ -548,16 +506,12 @@ else:
                 return self._done_load.pop(task_id, None)
 
         # -- lookup -------------------------------------------------------
-        def _lookup_space(
-            self, keys: list[Any], layouts: dict[int, Layout | None]
-        ) -> tuple[Space | None] | None:
-            """The one namespace of a lookup whose keys share model, rank,
-            salt and group, found once (C-level loops over the keys); None:
-            look each owner up on its own."""
-            group = set(map(_GROUP, keys))
-            if len(group) != 1 or len(set(map(_OWNER, keys))) != 1:
+        def _lookup_space(self, keys: list[Any], layouts: dict[int, Any]) -> tuple[Space | None] | None:
+            """The one namespace of a lookup of one owner (:func:`one_owner`),
+            found once; None: look each owner up on its own."""
+            if not one_owner(keys):
                 return None
-            return (self._space(keys[0], layouts.get(int(group.pop()))),)
+            return (self._space(keys[0], layouts.get(int(keys[0].object_group_id))),)
 
         def submit_lookup_and_lock_task(self, keys: list[Any], group_layout_descs: Any) -> int:
             """Answered at once: one ``present`` batch per namespace; hits are
@@ -570,29 +524,12 @@ else:
                 layouts: dict[int, Layout | None] = {}
                 for gid, desc in dict(group_layout_descs or {}).items():
                     layouts[int(gid)] = Layout.of(desc.shapes, desc.dtypes)
-                parts: dict[Space, list[int]] = {}
                 one = self._lookup_space(keys, layouts)
-                if one is not None:
-                    if one[0] is not None:
-                        parts[one[0]] = list(range(len(keys)))
+                if one is None:
+                    parts = parts_by_owner(keys, lambda k: self._space(k, layouts.get(int(k.object_group_id))))
                 else:
-                    seen: dict[tuple[Any, ...], Space | None] = {}
-                    for i, k in enumerate(keys):
-                        owner = (k.model_name, k.kv_rank, k.cache_salt, k.object_group_id)
-                        try:
-                            space = seen[owner]
-                        except KeyError:
-                            space = seen[owner] = self._space(k, layouts.get(int(k.object_group_id)))
-                        if space is not None:
-                            parts.setdefault(space, []).append(i)
-                for space, positions in parts.items():
-                    pkeys = keys if len(positions) == len(keys) else list(map(keys.__getitem__, positions))
-                    bkeys = block_keys(list(map(_HASH, pkeys)), list(map(_GROUP, pkeys)))
-                    present = space.tier.present(bkeys)
-                    if len(present) != len(bkeys):
-                        raise ValueError(f"{len(present)} answers for {len(bkeys)} keys")
-                    bits.batched_set(list(compress(positions, present)))
-                    space.tier.touch(list(compress(bkeys, present)))
+                    parts = {} if one[0] is None else {one[0]: list(range(len(keys)))}
+                bits.batched_set(present_positions(keys, parts))
             except Exception:
                 log.exception("fstier: LMCache lookup of %d key(s) failed; they miss", len(keys))
                 bits = Bitmap(len(keys))

@@ -1,5 +1,11 @@
-"""What LMCache chunks an fstier root holds: ``list_l2_keys`` and ``delete``
-for :class:`~fstier.integrations.lmcache.FstierL2Adapter`.
+"""What LMCache chunks an fstier root holds: lookup, ``list_l2_keys`` and
+``delete`` for :class:`~fstier.integrations.lmcache.FstierL2Adapter`.
+
+* :func:`present_positions`: a lookup's hits, one
+  :meth:`~fstier.manager.FsTier.present` batch per namespace (each a
+  native call), hits touched; no bytecode per key (``block_keys``,
+  ``compress``). :func:`parts_by_owner` splits a lookup of several owners
+  (model, rank, salt, group) by namespace, one namespace answer per owner.
 
 * :func:`list_keys`: every block file of every valid LMCache namespace
   under the root (a namespace whose manifest says ``engine: lmcache``; the
@@ -19,17 +25,52 @@ for :class:`~fstier.integrations.lmcache.FstierL2Adapter`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from itertools import compress
 from typing import TYPE_CHECKING, Any
 
+from fstier.integrations.lmcache_space import block_keys_of
 from fstier.keys import BlockKey
 from fstier.tier import scan
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig
+    from fstier.integrations.lmcache_tasks import Space
     from fstier.manager import FsTier
 
-__all__ = ["list_keys", "remove_keys"]
+__all__ = ["list_keys", "parts_by_owner", "present_positions", "remove_keys"]
+
+
+def parts_by_owner(keys: Sequence[Any], space_of: Callable[[Any], Space | None]) -> dict[Space, list[int]]:
+    """The positions of ``keys`` by namespace, ``space_of`` asked once per
+    owner (model, rank, salt, group); keys of no namespace are left out."""
+    parts: dict[Space, list[int]] = {}
+    seen: dict[tuple[Any, ...], Space | None] = {}
+    for i, k in enumerate(keys):
+        owner = (k.model_name, k.kv_rank, k.cache_salt, k.object_group_id)
+        try:
+            space = seen[owner]
+        except KeyError:
+            space = seen[owner] = space_of(k)
+        if space is not None:
+            parts.setdefault(space, []).append(i)
+    return parts
+
+
+def present_positions(keys: Sequence[Any], parts: dict[Space, list[int]]) -> list[int]:
+    """The positions of ``keys`` whose files are present in their namespace
+    (``parts``: positions by namespace), one ``present`` batch per
+    namespace; the hits are touched (a lookup's lock)."""
+    hits: list[int] = []
+    for space, positions in parts.items():
+        pkeys = keys if len(positions) == len(keys) else list(map(keys.__getitem__, positions))
+        bkeys = block_keys_of(pkeys)
+        present = space.tier.present(bkeys)
+        if len(present) != len(bkeys):
+            raise ValueError(f"{len(present)} answers for {len(bkeys)} keys")
+        hits += compress(positions, present)
+        space.tier.touch(list(compress(bkeys, present)))
+    return hits
 
 
 def _lmcache_namespaces(tier: TierConfig, model_name: str | None) -> Iterable[tuple[Any, dict[str, Any]]]:

@@ -45,17 +45,21 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from operator import add, attrgetter, sub
+from operator import add, attrgetter, methodcaller, sub
 from typing import TYPE_CHECKING, Any
 
 from fstier.config import DTYPE_SIZES
 from fstier.file_mapper import FileMapper
 from fstier.io.blockfile import FORMAT_VERSION
+from fstier.keys import BlockKey, block_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig
 
-__all__ = ["MAX_GROUPS", "L1Arena", "Layout", "LentSlots", "SpaceId", "space_mapper", "split_kv_rank"]
+__all__ = [
+    "MAX_GROUPS", "L1Arena", "Layout", "LentSlots", "SpaceId", "block_keys_of", "one_owner",
+    "one_signature", "space_mapper", "split_kv_rank",
+]
 
 #: Object groups a namespace holds (``object_group_id`` 0..MAX_GROUPS-1);
 #: a key of a higher group is a miss and is never stored.
@@ -65,6 +69,53 @@ MAX_GROUPS = 64
 _VIEW_FORM = attrgetter("format", "ndim", "readonly", "contiguous")
 _PLAIN_VIEW = frozenset({("B", 1, False, True)})
 _DATA_PTR = attrgetter("data_ptr")
+_OWNER = attrgetter("model_name", "kv_rank", "cache_salt")
+_GROUP = attrgetter("object_group_id")
+_HASH = attrgetter("chunk_hash")
+#: An L1 object's layout fields, read from its ``meta`` (the
+#: ``MemoryObjMetadata`` LMCache's ``MemoryObj.__init__`` sets), not through
+#: ``TensorMemoryObj.metadata``, a property that takes the object's lock
+#: per call. Safe in LMCache 0.5.6 (memory_management.py and
+#: memory_allocators/): ``shape``, ``dtype``, ``shapes`` and ``dtypes`` are
+#: assigned when a block is allocated (the paged allocator's ``allocate``
+#: and ``batched_allocate``) or narrowed after a read (a connector's
+#: ``reshape_partial_chunk``), always without that lock, and never while
+#: the object is in an L2 task; the lock orders only ``ref_count``,
+#: ``pin_count`` and the used-size override, none of which is read here.
+_META_LAYOUT = attrgetter("meta.shape", "meta.dtype", "meta.shapes", "meta.dtypes")
+_SIZE = methodcaller("get_size")
+
+
+def one_signature(keys: Sequence[Any], objects: Sequence[Any]) -> bool:
+    """Whether a task's LMCache keys share model, rank and salt with every
+    group in 0..MAX_GROUPS-1, and its L1 objects share shapes, dtypes and
+    size: then every key's namespace is the first key's. Decided with
+    C-level loops (``map``, ``set``, ``list.count``), no bytecode per key;
+    False for anything else, an empty task, or an object without LMCache's
+    ``meta``."""
+    try:
+        if len(set(map(_OWNER, keys))) != 1 or len(keys) != len(objects):
+            return False
+        groups = list(map(_GROUP, keys))
+        if not (min(groups) >= 0 and max(groups) < MAX_GROUPS):
+            return False
+        layouts = list(map(_META_LAYOUT, objects))
+        sizes = list(map(_SIZE, objects))
+        return layouts.count(layouts[0]) == len(layouts) and sizes.count(sizes[0]) == len(sizes)
+    except Exception:
+        return False
+
+
+def one_owner(keys: Sequence[Any]) -> bool:
+    """Whether LMCache keys share model, rank, salt and object group (one
+    namespace under one layout hint); C-level loops."""
+    return len(set(map(_GROUP, keys))) == 1 and len(set(map(_OWNER, keys))) == 1
+
+
+def block_keys_of(keys: Sequence[Any]) -> list[BlockKey]:
+    """The block key of each LMCache key, ``BlockKey(chunk_hash,
+    object_group_id)``, built and checked once per batch (:func:`block_keys`)."""
+    return block_keys(list(map(_HASH, keys)), list(map(_GROUP, keys)))
 
 
 def split_kv_rank(kv_rank: int) -> tuple[int, int, int, int]:

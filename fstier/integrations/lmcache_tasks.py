@@ -17,10 +17,12 @@ from itertools import repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
+from fstier.tier.records import BlockRemoved, BlockStored
+
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.integrations.lmcache_space import LentSlots, SpaceId
     from fstier.keys import BlockKey
-    from fstier.manager import FsTier
+    from fstier.manager import FsTier, JobResult, TierEvent
 
 __all__ = ["Notes", "Part", "Space", "Task"]
 
@@ -60,6 +62,18 @@ class Task:
     ok: list[int] = field(default_factory=list)
     accessed: list[Any] = field(default_factory=list)
 
+    def add(self, part: Part, r: JobResult) -> bool:
+        """Count ``part``'s FsTier result (its completed keys are a leading
+        prefix: slices, no loop over keys); whether the task is complete."""
+        done = r.keys_completed
+        self.ok += part.positions[:done]
+        if self.kind == "load":
+            self.accessed += part.keys[:done]
+        self.nbytes += r.nbytes
+        self.failed |= not r.success
+        self.pending -= 1
+        return self.pending == 0
+
 
 @dataclass(eq=False)
 class Part:
@@ -82,3 +96,14 @@ class Notes:
     deleted: list[Any] = field(default_factory=list)
     sizes_deleted: list[int] = field(default_factory=list)
     accessed: list[Any] = field(default_factory=list)
+
+    def add(self, space: Space, ev: TierEvent, make: Any) -> None:
+        """Note one of ``space``'s tier events (LMCache keys built by ``make``)."""
+        okeys = space.object_keys(ev.keys, make)
+        size = [space.sid.layout.nbytes] * len(okeys)
+        if isinstance(ev, BlockStored):
+            self.stored += okeys
+            self.sizes_stored += size
+        elif isinstance(ev, BlockRemoved):
+            self.deleted += okeys
+            self.sizes_deleted += size
