@@ -22,6 +22,10 @@ file lives in, what it is called, and the memory FsTier moves it through.
 * :class:`LentSlots`: the :class:`~fstier.slots.SlotProvider` of one
   namespace: LMCache's L1 objects are lent to FsTier for one job each,
   in place (no copy), and given back when its result is taken.
+* :func:`one_signature` (store, load) and :func:`one_owner` (lookup): whether
+  a task's keys and objects all map to one namespace, so the adapter asks
+  once for the whole task; :func:`block_keys_of`: its block keys, checked
+  once per batch.
 * :class:`L1Arena`: an L1 object's bytes, in place: a slice of one view of
   LMCache's L1 arena (``L1MemoryDesc``), built once; an object outside the
   arena (or no arena described) gives its own ``byte_array``.
