@@ -250,7 +250,7 @@ class FsTier:
                 self._finish_now_locked(job_id, kind, n, cause)
                 return
             job = self._jobs.open(job_id, kind, keys_t, slots_t, op_bytes)
-        # One native call per spare I/O thread (one per job when all are busy); Python: per key.
+        # Native: one call per job, a C helper per further spare I/O thread; Python: per key.
         queue = "write" if kind == "store" else "read"
         self._io.submit(job.pool_id, queue, self._ops.ops(job, max(1, self._io.spare_threads(queue))))
 

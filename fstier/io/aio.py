@@ -3,9 +3,10 @@
 
 The block I/O runs on :class:`~fstier.io.pool.IOPool` threads through the
 store's batch methods (``store_many``, ``load_many``, ``present_many``), cut
-into batches by :meth:`~fstier.io.blockstore.BlockStore.batch_bounds` as
+into batches by :meth:`~fstier.io.blockstore.BlockStore.batch_plan` as
 :class:`~fstier.manager.FsTier` cuts its jobs: on the native backend one
-GIL-free call per thread's batch, on the Python backend one key per op.
+GIL-free call per job with the pool's thread count as C helpers inside it,
+on the Python backend one key per op.
 Each pool job's completion is handed back to the event loop with
 ``loop.call_soon_threadsafe``: the loop never blocks on a system call.
 
@@ -82,11 +83,11 @@ class AsyncBlockIO:
         self.pool.submit(("aio", next(self._ids)), kind, ops, on_done=done)
         return await fut
 
-    async def _batches(self, kind: str, n: int, run: Callable[[int, int], Any]) -> list[tuple[int, int, Any]]:
+    async def _batches(self, kind: str, n: int, run: Callable[[int, int, int], Any]) -> list[tuple[int, int, Any]]:
         threads = self.pool.read_threads if kind == "read" else self.pool.write_threads
-        b = self.blocks.batch_bounds(n, threads)
+        b, helpers = self.blocks.batch_plan(n, threads)
         spans = list(zip(b[:-1], b[1:], strict=True))
-        job = await self._run(kind, [partial(run, lo, hi) for lo, hi in spans])
+        job = await self._run(kind, [partial(run, lo, hi, helpers) for lo, hi in spans])
         return [(lo, hi, r) for (lo, hi), r in zip(spans, job.results, strict=True)]
 
     async def store(
@@ -97,8 +98,8 @@ class AsyncBlockIO:
         flags = list(replace) if replace is not None else [False] * len(items)
         blocks = self.blocks
 
-        def run(lo: int, hi: int) -> list[StoreOutcome]:
-            return blocks.store_many(items[lo:hi], replace=flags[lo:hi])
+        def run(lo: int, hi: int, helpers: int) -> list[StoreOutcome]:
+            return blocks.store_many(items[lo:hi], replace=flags[lo:hi], helpers=helpers)
 
         out: list[StoreOutcome] = []
         for lo, hi, r in await self._batches("write", len(items), run):
@@ -115,8 +116,8 @@ class AsyncBlockIO:
         LOADED buffer holds verified bytes."""
         blocks = self.blocks
 
-        def run(lo: int, hi: int) -> list[LoadOutcome]:
-            return blocks.load_many(items[lo:hi])
+        def run(lo: int, hi: int, helpers: int) -> list[LoadOutcome]:
+            return blocks.load_many(items[lo:hi], helpers=helpers)
 
         out: list[LoadOutcome] = []
         for lo, hi, r in await self._batches("read", len(items), run):

@@ -27,8 +27,8 @@ API shape (the seam between backends)
     per-key Python path, which re-creates directories and removes the old
     file. Fault injection: the Python path's calls go through the syscall
     seam ``fsops.FS``, the native path's through :func:`fstier.io.native.fault`.
-    :meth:`~BlockStore.batch_bounds` says how a caller should cut a job into
-    batches.
+    :meth:`~BlockStore.batch_plan` says how a caller should cut a job into
+    batches and how many C helper threads each native call may start.
 
 Costs
     A native batch: one call for the batch (Python around it per batch, no
@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING
 
 from fstier.errors import FstierError, PathSafetyError
 from fstier.file_mapper import FileMapper, decode, encode, encode_many
-from fstier.io import fsops, native
+from fstier.io import batching, fsops, native
 from fstier.io._blockio import load_block, store_block, store_block_at
 from fstier.io.blockfile import BlockHeader, ChecksumKind, payload_checksum
 from fstier.io.capabilities import RootCapabilities
@@ -184,10 +184,6 @@ def _unsafe(path: Path, exc: OSError) -> Exception:
     return exc
 
 
-#: Keys per native call at least (a job is split across the I/O threads, but
-#: not into calls smaller than this: each call costs ~20 us of Python).
-NATIVE_MIN_BATCH = 4
-
 
 _PATH_DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -312,16 +308,16 @@ class BlockStore:
         """True when the batch methods run as one native call per batch."""
         return self._native
 
+    def batch_plan(self, n: int, threads: int) -> tuple[tuple[int, ...], int]:
+        """``(bounds, helpers)``: ``n`` keys moved by ``threads`` threads as
+        batch calls (``keys[bounds[j]:bounds[j + 1]]``) with up to ``helpers``
+        C threads each (:func:`fstier.io.batching.plan`: native, one call per
+        job; Python, one key per call)."""
+        return batching.plan(n, threads, self._native)
+
     def batch_bounds(self, n: int, threads: int) -> tuple[int, ...]:
-        """How to cut ``n`` keys into calls of the batch methods for
-        ``threads`` I/O threads: batch ``j`` is keys ``[b[j], b[j + 1])``.
-        Native: at most ``threads`` near-equal batches of at least
-        :data:`NATIVE_MIN_BATCH` keys (one call each); Python: one key per
-        batch (so each key is its own op, with its own deadline)."""
-        if not self.batched:
-            return tuple(range(n + 1))
-        parts = max(1, min(threads, n // NATIVE_MIN_BATCH))
-        return tuple(n * j // parts for j in range(parts + 1))
+        """One batch call per thread, no helpers (:func:`fstier.io.batching.bounds`)."""
+        return batching.bounds(n, threads, self._native)
 
     # ------------------------------------------------------------- naming
     def path(self, key: BlockKey) -> str:
@@ -547,10 +543,14 @@ class BlockStore:
             self.options = dataclasses.replace(opts, o_direct=dio.enabled, alignment=dio.alignment)
 
     def store_many(
-        self, items: Sequence[tuple[BlockKey, memoryview]], *, replace: Sequence[bool] | None = None
+        self, items: Sequence[tuple[BlockKey, memoryview]], *,
+        replace: Sequence[bool] | None = None, helpers: int = 0,
     ) -> list[StoreOutcome]:
         """Store every ``(key, payload)``; one outcome per item, in order (a
-        failure does not stop the batch). ``replace[i]``: as :meth:`store`'s."""
+        failure does not stop the batch). ``replace[i]``: as :meth:`store`'s.
+        ``helpers``: native only, up to this many more C threads share the
+        batch (:meth:`batch_plan`, :func:`fstier.io.batching.store_helpers`);
+        the Python path ignores it."""
         flags = replace if replace is not None else [False] * len(items)
         caps = self.options.capabilities
         if caps is not None and caps.reprobe_due():
@@ -560,7 +560,7 @@ class BlockStore:
         keys, payloads = _unzip(items)
         outs = native.store_batch(
             self._prefix, self.paths(keys), keys, payloads, self.mapper.digest_bytes,
-            self._bpf, self.options,
+            self._bpf, self.options, helpers=batching.store_helpers(helpers, self.options),
         )
         statuses = set(map(_STATUS, outs))  # C-level: most batches need no loop below
         if StoreStatus.FAILED not in statuses and (StoreStatus.SKIPPED not in statuses or not any(flags)):
@@ -572,13 +572,17 @@ class BlockStore:
                 outs[j] = self._store_guarded(keys[j], payloads[j], flags[j])
         return outs
 
-    def load_many(self, items: Sequence[tuple[BlockKey, memoryview]]) -> list[LoadOutcome]:
+    def load_many(
+        self, items: Sequence[tuple[BlockKey, memoryview]], *, helpers: int = 0
+    ) -> list[LoadOutcome]:
         """Load every ``(key, buffer)``; one outcome per item, in order (every
-        key is attempted)."""
+        key is attempted). ``helpers``: as :meth:`store_many`'s
+        (:func:`fstier.io.batching.load_eager`: the rest start as reads block)."""
         if not items or not self._native:
             return [self._load_one(k, b) for k, b in items]
         keys, buffers = _unzip(items)
         return native.load_batch(
             self._prefix, self.paths(keys), keys, buffers,
-            self.mapper.digest_bytes, self.options,
+            self.mapper.digest_bytes, self.options, helpers=helpers,
+            eager=batching.load_eager(helpers, self.options),
         )

@@ -255,10 +255,16 @@ def store_batch(
     opts: IOOptions,
     *,
     created_ns: int | None = None,
+    helpers: int = 0,
+    eager: int = -1,
 ) -> list[StoreOutcome]:
     """Store ``payloads[i]`` (exactly its length) as ``keys[i]``'s file at
     ``paths[i]`` (below ``base``), creating missing directories below
-    ``base``. One GIL-free call; never raises ``OSError``.
+    ``base``. One GIL-free call; never raises ``OSError``. ``helpers``: up
+    to this many more C threads share the batch's files (started and joined
+    inside the call: it returns only once none of them can touch a payload),
+    ``eager`` of them at once (-1: all), the rest one per read that would
+    block (a read with ``RWF_NOWAIT`` first: see ``_native.c``).
 
     A refusal of ``O_TMPFILE`` (EOPNOTSUPP, EISDIR) switches the rest of the
     call to named temps and is recorded in ``opts.capabilities`` (this
@@ -269,7 +275,7 @@ def store_batch(
     raw = ext.store_batch(
         os.fsencode(base), rels, list(map(_HASH, keys)), list(map(_GROUP, keys)), list(payloads),
         namespace_digest, page_count, _flags(opts, mkdir=True), opts.file_mode,
-        created_ns if created_ns is not None else _now_ns(), opts.alignment,
+        created_ns if created_ns is not None else _now_ns(), opts.alignment, helpers, eager,
     )
     if len(raw) == len(paths) and len(set(raw)) == 1 and raw[0][0] != 2 and not raw[0][4]:
         # Every block got the same success tuple (the common batch): one
@@ -307,17 +313,20 @@ def load_batch(
     buffers: Sequence[memoryview],
     namespace_digest: bytes,
     opts: IOOptions,
+    *,
+    helpers: int = 0,
+    eager: int = -1,
 ) -> list[LoadOutcome]:
     """Load and verify ``keys[i]``'s file into ``buffers[i]`` (exactly its
     length, the expected payload). Every block is attempted; only LOADED
     buffers hold verified bytes. Proven-corrupt files are removed here (if
     the name still holds the inode read), planted symlinks at a block's name
-    too. Never raises ``OSError``."""
+    too. Never raises ``OSError``. ``helpers``, ``eager``: as :func:`store_batch`'s."""
     ext = _require()
     rels = _split(base, paths)
     raw = ext.load_batch(
         os.fsencode(base), rels, list(map(_HASH, keys)), list(map(_GROUP, keys)), list(buffers),
-        namespace_digest, _flags(opts), opts.alignment,
+        namespace_digest, _flags(opts), opts.alignment, helpers, eager,
     )
     if len(raw) == len(paths) and len(set(raw)) == 1 and raw[0][0] == 0:
         # Every block LOADED with one length: one shared (frozen) outcome.

@@ -3,9 +3,10 @@
 
 One :class:`Job` per submitted store or load job, created by
 :meth:`fstier.manager.FsTier.submit_store` / ``submit_load``. The block store
-cuts it into batches (:meth:`fstier.io.blockstore.BlockStore.batch_bounds`:
-one native call per spare I/O thread (:meth:`fstier.io.pool.IOPool.spare_threads`:
-a job queued behind busy threads is one call), or one key per op on the
+cuts it into batches (:meth:`fstier.io.blockstore.BlockStore.batch_plan`:
+one native call per job, with one C helper thread inside it per further
+spare I/O thread (:meth:`fstier.io.pool.IOPool.spare_threads`: a job queued
+behind busy I/O threads runs on one thread), or one key per op on the
 Python path), and
 each batch is one op on the :class:`~fstier.io.pool.IOPool`: it moves its
 keys through ``BlockStore.store_many`` / ``load_many``, notes recency for
@@ -76,8 +77,10 @@ class Job:
     submitted: float
     last_end: float = 0.0
     #: pool op j moves keys[bounds[j]:bounds[j + 1]] in one block-store batch
-    #: (BlockStore.batch_bounds: one key per op on the Python path)
+    #: (BlockStore.batch_plan: one key per op on the Python path)
     bounds: tuple[int, ...] = ()
+    #: C helper threads each batch's native call may start (BlockStore.batch_plan)
+    helpers: int = 0
     #: per batch, the write-budget bytes its keys reserved (0 for a load;
     #: cleared when the batch ends or times out)
     op_reserved: list[int] = field(default_factory=list)
@@ -152,7 +155,8 @@ class JobOps:
         """Cut ``job`` into batches for ``threads`` I/O threads (sets
         ``job.bounds`` and, for a store, each batch's reserved bytes) and
         return one pool op per batch."""
-        bounds = job.bounds = self._blocks.batch_bounds(len(job.keys), threads)
+        job.bounds, job.helpers = self._blocks.batch_plan(len(job.keys), threads)
+        bounds = job.bounds
         spans = list(zip(bounds[:-1], bounds[1:], strict=True))
         if job.kind == "store" and len(set(job.op_bytes)) == 1:  # one payload size: no per-key sum
             size = block_file_size(job.op_bytes[0])
@@ -176,7 +180,9 @@ class JobOps:
         written = 0
         try:
             keys = job.keys[lo:hi]
-            outs = self._blocks.store_many(self._items(job, lo, hi), replace=self._cache.bad_flags(keys))
+            outs = self._blocks.store_many(
+                self._items(job, lo, hi), replace=self._cache.bad_flags(keys), helpers=job.helpers
+            )
             statuses = set(map(_STATUS, outs))  # C-level loops: no bytecode per key
             if StoreStatus.SKIPPED in statuses:
                 path = self._blocks.path
@@ -189,7 +195,7 @@ class JobOps:
     def _load(self, job: Job, op: int, lo: int, hi: int) -> list[LoadOutcome]:
         """Load keys ``lo..hi-1`` of ``job`` (batch ``op``); every key is attempted."""
         try:
-            outs = self._blocks.load_many(self._items(job, lo, hi))
+            outs = self._blocks.load_many(self._items(job, lo, hi), helpers=job.helpers)
             keys = job.keys
             if set(map(_STATUS, outs)) == {LoadStatus.LOADED}:  # the common batch
                 self._recency.note_many(self._blocks.paths(keys[lo:hi]))
