@@ -81,7 +81,7 @@ from fstier.integrations.lmcache_space import (
     one_signature,
     space_mapper,
 )
-from fstier.integrations.lmcache_tasks import Notes, Part, Space, Task
+from fstier.integrations.lmcache_tasks import Notes, Part, Space, StoreKeys, Task
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig
@@ -232,6 +232,7 @@ else:
             self._ids = itertools.count()
             self._tasks: dict[int, Task] = {}
             self._parts: dict[tuple[str, int, int], Part] = {}
+            self._store_keys = StoreKeys()  # a stored event's own LMCache keys
             self._done_store: dict[int, Any] = {}
             self._done_lookup: dict[int, Any] = {}
             self._done_load: dict[int, Any] = {}
@@ -391,6 +392,7 @@ else:
         ) -> None:
             job_id = (kind, task_id, n)
             slots: list[int] | None = None
+            bkeys: list[Any] = []
             try:
                 # positions ascend: as many as the keys means all of them
                 if len(positions) == len(keys):
@@ -404,15 +406,17 @@ else:
                 slots = space.slots.lend(self._arena.views_of(pobjs, space.slots.slot_bytes))
                 if slots is None:
                     raise ValueError("an L1 object is not a writable buffer of its layout's size")
-                part = Part(task_id, space, positions, slots, pkeys)
+                part = Part(task_id, space, positions, slots, pkeys, bkeys)
                 with self._lock:
                     self._parts[job_id] = part
                 if kind == "store":
+                    self._store_keys.add(bkeys, pkeys)
                     space.tier.submit_store(job_id, bkeys, slots)
                 else:
                     space.tier.submit_load(job_id, bkeys, slots)
             except Exception as exc:
                 log.error("fstier: LMCache %s of %d chunk(s) refused: %s", kind, len(positions), exc)
+                self._store_keys.forget(bkeys)
                 with self._lock:
                     self._parts.pop(job_id, None)
                     task = self._tasks[task_id]
@@ -426,7 +430,7 @@ else:
             they complete, and tell LMCache what was stored, removed or loaded."""
             with self._collect_lock:
                 notes = self._collect_locked()
-            self._notify(notes)
+            notes.tell(self)
 
         def _collect_locked(self) -> Notes:
             """:meth:`_collect` under the collect lock: the results are
@@ -441,24 +445,15 @@ else:
                 except Exception:
                     log.exception("fstier: collecting LMCache results failed")
                     continue
+                for ev in events:  # before the results: their parts' keys are still known
+                    notes.add(space, ev, ObjectKey, self._store_keys)
                 for r in results:
                     done = self._route(r)
                     if done is not None:
                         finished.append(done)
-                for ev in events:
-                    notes.add(space, ev, ObjectKey)
             for task_id, task in finished:
                 self._publish(task_id, task, notes)
             return notes
-
-        def _notify(self, notes: Notes) -> None:
-            """Tell LMCache's listeners (never under the adapter's locks)."""
-            if notes.stored:
-                self._notify_keys_stored(notes.stored, notes.sizes_stored)
-            if notes.deleted:
-                self._notify_keys_deleted(notes.deleted, notes.sizes_deleted)
-            if notes.accessed:
-                self._notify_keys_accessed(notes.accessed)
 
         def _route(self, r: JobResult) -> tuple[int, Task] | None:
             """Apply one FsTier result to its task; the task when it is complete."""
@@ -466,6 +461,7 @@ else:
                 part = self._parts.pop(r.job_id, None)  # type: ignore[call-overload]
                 if part is None:
                     return None
+                self._store_keys.forget(part.bkeys)
                 task = self._tasks.get(part.task_id)
                 if task is None:
                     return None

@@ -11,6 +11,7 @@ imports neither LMCache nor torch.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -24,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fstier.keys import BlockKey
     from fstier.manager import FsTier, JobResult, TierEvent
 
-__all__ = ["Notes", "Part", "Space", "Task"]
+__all__ = ["Notes", "Part", "Space", "StoreKeys", "Task"]
 
 _BLOCK_HASH = attrgetter("block_hash")
 _BLOCK_GROUP = attrgetter("group_idx")
@@ -85,6 +86,8 @@ class Part:
     positions: list[int]
     slots: list[int]
     keys: list[Any]
+    #: the block keys its job was given (StoreKeys finds a store's by them)
+    bkeys: list[BlockKey] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -97,9 +100,12 @@ class Notes:
     sizes_deleted: list[int] = field(default_factory=list)
     accessed: list[Any] = field(default_factory=list)
 
-    def add(self, space: Space, ev: TierEvent, make: Any) -> None:
-        """Note one of ``space``'s tier events (LMCache keys built by ``make``)."""
-        okeys = space.object_keys(ev.keys, make)
+    def add(self, space: Space, ev: TierEvent, make: Any, known: StoreKeys) -> None:
+        """Note one of ``space``'s tier events: a store part's own LMCache
+        keys where ``known`` has them all, else keys built by ``make``."""
+        okeys = known.of(ev.keys) if isinstance(ev, BlockStored) else None
+        if okeys is None:
+            okeys = space.object_keys(ev.keys, make)
         size = [space.sid.layout.nbytes] * len(okeys)
         if isinstance(ev, BlockStored):
             self.stored += okeys
@@ -107,3 +113,42 @@ class Notes:
         elif isinstance(ev, BlockRemoved):
             self.deleted += okeys
             self.sizes_deleted += size
+
+    def tell(self, adapter: Any) -> None:
+        """Tell LMCache's listeners through ``adapter``'s ``_notify_keys_*``
+        (never under the adapter's locks)."""
+        if self.stored:
+            adapter._notify_keys_stored(self.stored, self.sizes_stored)
+        if self.deleted:
+            adapter._notify_keys_deleted(self.deleted, self.sizes_deleted)
+        if self.accessed:
+            adapter._notify_keys_accessed(self.accessed)
+
+
+class StoreKeys:
+    """The LMCache key of each block key an in-flight part's job was given,
+    by the block key's ``id()``: FsTier's :class:`BlockStored` event names
+    the very ``BlockKey`` objects of its job, so the keys LMCache is told
+    were stored are the task's own, found with C-level loops instead of an
+    ``ObjectKey`` built (and validated) per key. An entry lives from the
+    part's submit to its result; the part holds its block keys meanwhile,
+    so no ``id()`` is reused while it is here. Callers hold the adapter's
+    collect lock. An event whose keys are not all here (an eviction, a
+    corrupt file, an event taken after its part's result) gets ``None``
+    from :meth:`of`, and its keys are built."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, Any] = {}
+
+    def add(self, bkeys: Sequence[BlockKey], keys: Sequence[Any]) -> None:
+        self._by_id.update(zip(map(id, bkeys), keys, strict=True))
+
+    def forget(self, bkeys: Sequence[BlockKey]) -> None:
+        deque(map(self._by_id.pop, map(id, bkeys), repeat(None)), maxlen=0)
+
+    def of(self, bkeys: Sequence[BlockKey]) -> list[Any] | None:
+        found = list(map(self._by_id.get, map(id, bkeys)))
+        return found if all(found) else None  # an LMCache key is truthy; a miss is None
+
+    def __len__(self) -> int:
+        return len(self._by_id)

@@ -316,6 +316,39 @@ def test_lookups_answer_as_key_by_key(adapters: Any, tmp_path: Path, monkeypatch
     free(src)
 
 
+def test_lmcache_is_told_of_stores_with_the_tasks_own_keys(adapters: Any, tmp_path: Path) -> None:
+    """A store's BlockStored event names its job's own block keys, so the
+    keys LMCache is told of are the task's ObjectKeys (no key built per
+    chunk); a partly skipped store tells only the written ones; nothing is
+    left behind once the results are in."""
+    a = adapters(tmp_path, L1MemoryDesc(ARENA.data_ptr(), ARENA.numel(), 1))
+    ks, src = keys(6, seed=61), objects(6, seed=61)
+    assert store(a, ks, src).is_successful()
+    assert sorted(map(id, a.listener.stored)) == sorted(map(id, ks))
+    assert len(a._store_keys) == 0
+    more = keys(3, seed=62)
+    res = store(a, ks[:3] + more, src)
+    assert res.is_successful() and res.bytes_transferred() == 3 * src[0].get_size()
+    assert sorted(map(id, a.listener.stored[6:])) == sorted(map(id, more))
+    assert len(a._store_keys) == 0
+    free(src)
+
+
+def test_store_keys_find_all_or_none() -> None:
+    from fstier.integrations.lmcache_tasks import StoreKeys
+    from fstier.keys import BlockKey
+
+    known, bkeys = StoreKeys(), [BlockKey(bytes([63, i]) * 8) for i in range(4)]
+    okeys = keys(4, seed=63)
+    known.add(bkeys, okeys)
+    assert known.of(bkeys[1:3]) == okeys[1:3] and known.of([]) == []
+    assert known.of([*bkeys[:2], BlockKey(bkeys[2].block_hash)]) is None  # equal, not the same key
+    known.forget(bkeys[:2])
+    assert known.of(bkeys) is None and known.of(bkeys[2:]) == okeys[2:] and len(known) == 2
+    known.forget(bkeys)
+    assert len(known) == 0
+
+
 # ------------------------------------------------------------ arena and slots
 def test_views_of_are_the_objects_bytes_in_and_outside_the_arena() -> None:
     arena = L1Arena.of(L1MemoryDesc(ARENA.data_ptr(), ARENA.numel(), 1))
