@@ -86,7 +86,8 @@ _HASH = attrgetter("chunk_hash")
 #: ``reshape_partial_chunk``), always without that lock, and never while
 #: the object is in an L2 task; the lock orders only ``ref_count``,
 #: ``pin_count`` and the used-size override, none of which is read here.
-_META_LAYOUT = attrgetter("meta.shape", "meta.dtype", "meta.shapes", "meta.dtypes")
+_META = attrgetter("meta")
+_LAYOUT = attrgetter("shape", "dtype", "shapes", "dtypes")
 _SIZE = methodcaller("get_size")
 
 
@@ -103,7 +104,7 @@ def one_signature(keys: Sequence[Any], objects: Sequence[Any]) -> bool:
         groups = list(map(_GROUP, keys))
         if not (min(groups) >= 0 and max(groups) < MAX_GROUPS):
             return False
-        layouts = list(map(_META_LAYOUT, objects))
+        layouts = list(map(_LAYOUT, map(_META, objects)))
         sizes = list(map(_SIZE, objects))
         return layouts.count(layouts[0]) == len(layouts) and sizes.count(sizes[0]) == len(sizes)
     except Exception:
