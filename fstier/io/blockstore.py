@@ -549,7 +549,7 @@ class BlockStore:
         """Store every ``(key, payload)``; one outcome per item, in order (a
         failure does not stop the batch). ``replace[i]``: as :meth:`store`'s.
         ``helpers``: native only, up to this many more C threads share the
-        batch (:meth:`batch_plan`, :func:`fstier.io.batching.store_helpers`);
+        batch (:meth:`batch_plan`; all started at once);
         the Python path ignores it."""
         flags = replace if replace is not None else [False] * len(items)
         caps = self.options.capabilities
@@ -560,7 +560,7 @@ class BlockStore:
         keys, payloads = _unzip(items)
         outs = native.store_batch(
             self._prefix, self.paths(keys), keys, payloads, self.mapper.digest_bytes,
-            self._bpf, self.options, helpers=batching.store_helpers(helpers, self.options),
+            self._bpf, self.options, helpers=helpers,
         )
         statuses = set(map(_STATUS, outs))  # C-level: most batches need no loop below
         if StoreStatus.FAILED not in statuses and (StoreStatus.SKIPPED not in statuses or not any(flags)):
