@@ -23,7 +23,6 @@ def store_batch(
     created_ns: int,
     alignment: int,
     helpers: int = ...,
-    eager: int = ...,
     /,
 ) -> list[tuple[int, int, int, int, int]]: ...
 def load_batch(

@@ -3,8 +3,7 @@
 One owner for the numbers :class:`~fstier.io.blockstore.BlockStore` answers
 with (``batch_plan``, ``batch_bounds``) and uses for its native calls:
 
-- A job on the native backend is ONE call into ``fstier.io._native`` (at
-  most :data:`NATIVE_CALLS_PER_JOB`), moved by ``min(threads, n //
+- A job on the native backend is ONE call into ``fstier.io._native``, moved by ``min(threads, n //
   NATIVE_MIN_BATCH)`` threads (at least one): the calling I/O thread and C
   helper threads started inside the call and joined before it returns.
   Each Python call is a pool op, a thread wake-up and a GIL hand-off; one
@@ -33,7 +32,6 @@ from fstier.io.iotypes import IOOptions
 
 __all__ = [
     "CPUS",
-    "NATIVE_CALLS_PER_JOB",
     "NATIVE_MIN_BATCH",
     "bounds",
     "load_eager",
@@ -44,10 +42,6 @@ __all__ = [
 #: into shares smaller than this: each costs a thread start or a call).
 NATIVE_MIN_BATCH = 4
 
-#: Native calls one job is cut into at most; its other threads are C
-#: helpers inside those calls.
-NATIVE_CALLS_PER_JOB = 1
-
 #: CPUs this process may run on: how many threads a batch that only copies
 #: and hashes can keep busy.
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -56,13 +50,11 @@ CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os
 def plan(n: int, threads: int, batched: bool) -> tuple[tuple[int, ...], int]:
     """``(bounds, helpers)`` for ``n`` keys and ``threads`` threads: batch
     ``j`` is keys ``[bounds[j], bounds[j + 1])``, one call each, with up to
-    ``helpers`` C helper threads inside it (``batched``: the native backend;
-    else one key per batch and no helpers)."""
+    ``helpers`` C helper threads inside it (``batched``: the native backend,
+    one batch of every key; else one key per batch and no helpers)."""
     if not batched:
         return tuple(range(n + 1)), 0
-    movers = max(1, min(threads, n // NATIVE_MIN_BATCH))
-    calls = min(movers, NATIVE_CALLS_PER_JOB)
-    return tuple(n * j // calls for j in range(calls + 1)), movers // calls - 1
+    return (0, n), max(1, min(threads, n // NATIVE_MIN_BATCH)) - 1
 
 
 def bounds(n: int, threads: int, batched: bool) -> tuple[int, ...]:

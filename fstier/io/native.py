@@ -256,15 +256,13 @@ def store_batch(
     *,
     created_ns: int | None = None,
     helpers: int = 0,
-    eager: int = -1,
 ) -> list[StoreOutcome]:
     """Store ``payloads[i]`` (exactly its length) as ``keys[i]``'s file at
     ``paths[i]`` (below ``base``), creating missing directories below
     ``base``. One GIL-free call; never raises ``OSError``. ``helpers``: up
     to this many more C threads share the batch's files (started and joined
-    inside the call: it returns only once none of them can touch a payload),
-    ``eager`` of them at once (-1: all), the rest one per read that would
-    block (a read with ``RWF_NOWAIT`` first: see ``_native.c``).
+    inside the call, all at once: it returns only once none of them can
+    touch a payload).
 
     A refusal of ``O_TMPFILE`` (EOPNOTSUPP, EISDIR) switches the rest of the
     call to named temps and is recorded in ``opts.capabilities`` (this
@@ -275,7 +273,7 @@ def store_batch(
     raw = ext.store_batch(
         os.fsencode(base), rels, list(map(_HASH, keys)), list(map(_GROUP, keys)), list(payloads),
         namespace_digest, page_count, _flags(opts, mkdir=True), opts.file_mode,
-        created_ns if created_ns is not None else _now_ns(), opts.alignment, helpers, eager,
+        created_ns if created_ns is not None else _now_ns(), opts.alignment, helpers,
     )
     if len(raw) == len(paths) and len(set(raw)) == 1 and raw[0][0] != 2 and not raw[0][4]:
         # Every block got the same success tuple (the common batch): one
@@ -321,7 +319,9 @@ def load_batch(
     length, the expected payload). Every block is attempted; only LOADED
     buffers hold verified bytes. Proven-corrupt files are removed here (if
     the name still holds the inode read), planted symlinks at a block's name
-    too. Never raises ``OSError``. ``helpers``, ``eager``: as :func:`store_batch`'s."""
+    too. Never raises ``OSError``. ``helpers``: as :func:`store_batch`'s, ``eager``
+    of them at once (-1: all), the rest one per read that would block (each
+    read asks the page cache first, ``RWF_NOWAIT``: see ``_native.c``)."""
     ext = _require()
     rels = _split(base, paths)
     raw = ext.load_batch(

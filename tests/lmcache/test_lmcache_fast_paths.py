@@ -24,19 +24,9 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("DO_NOT_TRACK", "1")
-if os.environ.get("FSTIER_REQUIRE_LMCACHE") == "1":
-    import lmcache.v1.distributed.l2_adapters.base  # noqa: F401  (fail loudly in CI)
-else:
-    pytest.importorskip(
-        "lmcache.v1.distributed.l2_adapters.base",
-        reason="LMCache not installed (make test-lmcache builds .venv-lmcache with it)",
-    )
-
-import torch  # noqa: E402
-from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey  # noqa: E402
-from lmcache.v1.distributed.internal_api import L1MemoryDesc  # noqa: E402
-from lmcache.v1.memory_allocators.tensor_memory_allocator import TensorMemoryAllocator  # noqa: E402
-from test_lmcache_adapter import (  # noqa: E402
+# test_lmcache_adapter skips this module without LMCache (and fails it with
+# FSTIER_REQUIRE_LMCACHE=1) before anything of LMCache is imported here.
+from test_lmcache_adapter import (
     ALLOC,
     ARENA,
     SHAPE,
@@ -50,6 +40,12 @@ from test_lmcache_adapter import (  # noqa: E402
     store,
     wait_fd,
 )
+
+# isort: split
+import torch  # noqa: E402
+from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey  # noqa: E402
+from lmcache.v1.distributed.internal_api import L1MemoryDesc  # noqa: E402
+from lmcache.v1.memory_allocators.tensor_memory_allocator import TensorMemoryAllocator  # noqa: E402
 
 import fstier.integrations.lmcache as lmc  # noqa: E402
 from fstier.integrations.lmcache import FstierL2Adapter  # noqa: E402
