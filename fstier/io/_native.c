@@ -111,11 +111,11 @@ static int format_version = 1;
 /* ------------------------------------------------------------ fault seam */
 enum {
     OP_OPENDIR = 0, OP_OPEN, OP_STAT, OP_WRITE, OP_READ, OP_FSYNC, OP_LINK, OP_RENAME,
-    OP_CLOSE, OP_MKDIR, OP_UNLINK, OP_COUNT
+    OP_CLOSE, OP_MKDIR, OP_UNLINK, OP_NOWAIT, OP_COUNT
 };
 static const char *const op_names[OP_COUNT] = {"opendir", "open",  "stat",  "write",
                                                "read",    "fsync", "link",  "rename",
-                                               "close",   "mkdir", "unlink"};
+                                               "close",   "mkdir", "unlink", "nowait"};
 
 typedef struct {
     int op;
@@ -429,9 +429,15 @@ static ssize_t x_preadv(int fd, struct iovec *iov, int cnt, off_t off) {
     if (f && fan_may_grow(f)) {
         /* From the page cache only: what is not there would block this
          * thread, so another thread takes the batch's next files first. */
-        do {
-            rc = preadv2(fd, iov, cnt, off, RWF_NOWAIT);
-        } while (rc < 0 && errno == EINTR);
+        fx_inject nw;
+        if (fx_hook(OP_NOWAIT, &nw)) { /* injected: the page cache lacks it */
+            rc = -1;
+            errno = EAGAIN;
+        } else {
+            do {
+                rc = preadv2(fd, iov, cnt, off, RWF_NOWAIT);
+            } while (rc < 0 && errno == EINTR);
+        }
         /* short (EOF, or only a part cached): the caller's next read asks again */
         if (rc >= 0 || (errno != EAGAIN && errno != EOPNOTSUPP && errno != EINVAL)) return rc;
         fan_grow(f);
@@ -1152,10 +1158,10 @@ static PyObject *py_store_batch(PyObject *self, PyObject *args) {
     PyObject *rels, *hashes, *groups, *bufs;
     Py_buffer digest;
     unsigned long long pages, created_ns;
-    int flags, mode, helpers = 0, eager = -1;
+    int flags, mode, helpers = 0;
     Py_ssize_t alignment;
-    if (!PyArg_ParseTuple(args, "yOOOOy*KiiKn|ii", &base, &rels, &hashes, &groups, &bufs, &digest,
-                          &pages, &flags, &mode, &created_ns, &alignment, &helpers, &eager))
+    if (!PyArg_ParseTuple(args, "yOOOOy*KiiKn|i", &base, &rels, &hashes, &groups, &bufs, &digest,
+                          &pages, &flags, &mode, &created_ns, &alignment, &helpers))
         return NULL;
     if (digest.len != 8 || alignment < 1 || PAGE % alignment || pages < 1) {
         PyBuffer_Release(&digest);
@@ -1191,7 +1197,7 @@ static PyObject *py_store_batch(PyObject *self, PyObject *args) {
                     .pages = pages, .created_ns = created_ns};
         atomic_init(&f.next, 0);
         atomic_init(&f.no_tmpfile, 0);
-        fan_all(&f, helpers, eager < 0 ? helpers : eager, &sc);
+        fan_all(&f, helpers, helpers, &sc); /* a write cannot ask whether it would block */
     }
     if (base_fd >= 0) close(base_fd);
     Py_END_ALLOW_THREADS
@@ -1762,13 +1768,13 @@ static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw) {
 static PyMethodDef methods[] = {
     {"store_batch", py_store_batch, METH_VARARGS,
      "store_batch(base, rels, hashes, groups, payloads, digest, page_count, flags, mode, "
-     "created_ns, alignment, helpers=0, eager=helpers) -> [(status, errno, nbytes, stage, "
-     "tmpfile_refused_errno)] (helpers: up to this many more threads, eager of them started at "
-     "once, the rest as reads would block; all joined before the call returns)"},
+     "created_ns, alignment, helpers=0) -> [(status, errno, nbytes, stage, tmpfile_refused_errno)] "
+     "(helpers: up to this many more threads, started at once and joined before the call "
+     "returns)"},
     {"load_batch", py_load_batch, METH_VARARGS,
      "load_batch(base, rels, hashes, groups, buffers, digest, flags, alignment, helpers=0, "
-     "eager=helpers) -> [(status, errno, nbytes, reason, dev, ino)] (helpers, eager: as "
-     "store_batch's)"},
+     "eager=helpers) -> [(status, errno, nbytes, reason, dev, ino)] (helpers: as store_batch's, "
+     "eager of them started at once, the rest as reads would block)"},
     {"touch_batch", py_touch_batch, METH_VARARGS,
      "touch_batch(base, rels) -> bytes (1: a regular file with one link had its mtime set to now)"},
     {"remove_batch", py_remove_batch, METH_VARARGS,

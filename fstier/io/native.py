@@ -435,7 +435,8 @@ def fault(
 ) -> None:
     """Arm a fault on the native path (tests): from the ``nth`` call of
     ``op`` (``opendir open stat write read fsync link rename close mkdir
-    unlink``) on, for ``times`` calls (-1: all), sleep ``delay_s``, move at
+    unlink``, and ``nowait``: a fan-out's page-cache-only read attempt,
+    whose injected error makes it find nothing cached) on, for ``times`` calls (-1: all), sleep ``delay_s``, move at
     most ``short`` bytes (read/write), and fail with ``err`` (before the
     call, or ``after`` it happened). Rules add up until :func:`clear_faults`."""
     _require().fault_set(op, err, nth, times, delay_s, short, after)
