@@ -184,7 +184,6 @@ def _unsafe(path: Path, exc: OSError) -> Exception:
     return exc
 
 
-
 _PATH_DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -382,23 +381,23 @@ class BlockStore:
         itself; a path refused as unsafe is :class:`PathSafetyError`."""
         return self.store_many([(key, payload)], replace=[replace])[0]
 
-    def _store_guarded(self, key: BlockKey, payload: memoryview, replace: bool) -> StoreOutcome:
+    def _store_guarded(self, key: BlockKey, payload: memoryview, replace: bool, path: str | None = None) -> StoreOutcome:
         """:meth:`_store_one`, its refusal (:class:`PathSafetyError`: a
         fan-out directory swapped for a symlink) or unexpected ``OSError``
         turned into this key's FAILED outcome, so one key never fails the
         keys stored beside it in a batch
         (test_contract_block_store.py::test_one_refused_key_fails_alone)."""
         try:
-            return self._store_one(key, payload, replace)
+            return self._store_one(key, payload, replace, path)
         except OSError as exc:
             return StoreOutcome(StoreStatus.FAILED, fsops.errno_name(exc), str(exc))
         except FstierError as exc:
             return StoreOutcome(StoreStatus.FAILED, type(exc).__name__, str(exc))
 
-    def _store_one(self, key: BlockKey, payload: memoryview, replace: bool) -> StoreOutcome:
+    def _store_one(self, key: BlockKey, payload: memoryview, replace: bool, path: str | None = None) -> StoreOutcome:
         """:meth:`store` on the Python path (and the native path's hand-back)."""
         header = self.header(key, payload)
-        path = self.path(key)
+        path = self.path(key) if path is None else path
         try:
             opened = self.dirs.open_parent(path)
         except FileNotFoundError:
@@ -439,9 +438,9 @@ class BlockStore:
         validator, on this store's backend; a proven-corrupt file is removed."""
         return self.load_many([(key, buffer)])[0]
 
-    def _load_one(self, key: BlockKey, buffer: memoryview) -> LoadOutcome:
+    def _load_one(self, key: BlockKey, buffer: memoryview, path: str) -> LoadOutcome:
         return load_block(
-            LoadRequest(self.path(key), buffer, key, self.mapper.digest_bytes, len(buffer)),
+            LoadRequest(path, buffer, key, self.mapper.digest_bytes, len(buffer)),
             self.options,
         )
 
@@ -544,22 +543,24 @@ class BlockStore:
 
     def store_many(
         self, items: Sequence[tuple[BlockKey, memoryview]], *,
-        replace: Sequence[bool] | None = None, helpers: int = 0,
+        replace: Sequence[bool] | None = None, helpers: int = 0, paths: Sequence[str] | None = None,
     ) -> list[StoreOutcome]:
         """Store every ``(key, payload)``; one outcome per item, in order (a
         failure does not stop the batch). ``replace[i]``: as :meth:`store`'s.
         ``helpers``: native only, up to this many more C threads share the
         batch (:meth:`batch_plan`; all started at once);
-        the Python path ignores it."""
+        the Python path ignores it. ``paths``: the keys' :meth:`paths`, when
+        the caller named them already (for its recency note): not encoded again."""
         flags = replace if replace is not None else [False] * len(items)
         caps = self.options.capabilities
         if caps is not None and caps.reprobe_due():
             self._reprobe(caps)
-        if not items or not self._native:
-            return [self._store_guarded(k, p, r) for (k, p), r in zip(items, flags, strict=True)]
         keys, payloads = _unzip(items)
+        paths = self._named(keys, paths)
+        if not items or not self._native:
+            return list(map(self._store_guarded, keys, payloads, flags, paths))
         outs = native.store_batch(
-            self._prefix, self.paths(keys), keys, payloads, self.mapper.digest_bytes,
+            self._prefix, paths, keys, payloads, self.mapper.digest_bytes,
             self._bpf, self.options, helpers=helpers,
         )
         statuses = set(map(_STATUS, outs))  # C-level: most batches need no loop below
@@ -569,20 +570,29 @@ class BlockStore:
             if (out.status is StoreStatus.FAILED and out.cause == "ENOENT") or (
                 flags[j] and out.status is StoreStatus.SKIPPED
             ):
-                outs[j] = self._store_guarded(keys[j], payloads[j], flags[j])
+                outs[j] = self._store_guarded(keys[j], payloads[j], flags[j], paths[j])
         return outs
 
     def load_many(
-        self, items: Sequence[tuple[BlockKey, memoryview]], *, helpers: int = 0
+        self, items: Sequence[tuple[BlockKey, memoryview]], *, helpers: int = 0,
+        paths: Sequence[str] | None = None,
     ) -> list[LoadOutcome]:
         """Load every ``(key, buffer)``; one outcome per item, in order (every
         key is attempted). ``helpers``: as :meth:`store_many`'s
-        (:func:`fstier.io.batching.load_eager`: the rest start as reads block)."""
-        if not items or not self._native:
-            return [self._load_one(k, b) for k, b in items]
+        (:func:`fstier.io.batching.load_eager`: the rest start as reads
+        block); ``paths`` too."""
         keys, buffers = _unzip(items)
+        paths = self._named(keys, paths)
+        if not items or not self._native:
+            return list(map(self._load_one, keys, buffers, paths))
         return native.load_batch(
-            self._prefix, self.paths(keys), keys, buffers,
+            self._prefix, paths, keys, buffers,
             self.mapper.digest_bytes, self.options, helpers=helpers,
             eager=batching.load_eager(helpers, self.options),
         )
+
+    def _named(self, keys: Sequence[BlockKey], paths: Sequence[str] | None) -> Sequence[str]:
+        """``paths`` a caller named ``keys`` with (one per key), else :meth:`paths`."""
+        if paths is not None and len(paths) != len(keys):
+            raise ValueError(f"{len(paths)} paths for {len(keys)} keys")
+        return self.paths(keys) if paths is None else paths

@@ -41,6 +41,8 @@ import struct
 import threading
 import weakref
 from collections.abc import Callable, Sequence
+from itertools import repeat
+from operator import add, mul
 
 from fstier.errors import PoolError, PoolExhaustedError
 from fstier.slots.provider import plain_indices
@@ -319,6 +321,16 @@ class HostBlockPool:
         mm = self._live()
         start = ALIGN + i * self.slot_bytes
         return memoryview(mm)[start : start + self.slot_bytes]
+
+    def slot_views(self, slots: Sequence[int]) -> list[memoryview]:
+        """:meth:`slot_view` of each of ``slots``: slots in range are sliced
+        from one view of the mapping by C-level loops (no bytecode per
+        slot), anything else slot by slot (its own refusal)."""
+        if not plain_indices(slots, self.num_slots):
+            return list(map(self.slot_view, slots))
+        whole, size = memoryview(self._live()), self.slot_bytes
+        starts = list(map(add, map(mul, slots, repeat(size)), repeat(ALIGN)))
+        return list(map(whole.__getitem__, map(slice, starts, map(add, starts, repeat(size)))))
 
     @property
     def buffer(self) -> memoryview:

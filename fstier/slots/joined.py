@@ -5,7 +5,8 @@ needs a few rows of its own (SGLang's legacy calls stage flat page tensors
 through fstier-owned scratch rows) hands FsTier one provider: the joined
 slot ``i`` is slot ``i - start(k)`` of the provider ``k`` whose range holds
 it, where each provider's range starts after the previous one's
-``num_slots``. Routing costs one binary search over the providers per slot;
+``num_slots``. Routing costs one binary search over the providers per slot
+(a batch of one provider's slots: two, :meth:`JoinedSlots.slot_views`);
 this class holds no state of its own: fencing, and which slots a job may
 use, are each provider's.
 """
@@ -14,8 +15,10 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from itertools import repeat
+from operator import sub
 
-from fstier.slots.provider import SlotProvider
+from fstier.slots.provider import SlotProvider, plain_indices, slot_views
 
 __all__ = ["JoinedSlots"]
 
@@ -61,6 +64,16 @@ class JoinedSlots:
     def slot_view(self, i: int) -> memoryview:
         p, j = self._route(i)
         return p.slot_view(j)
+
+    def slot_views(self, slots: Sequence[int]) -> list[memoryview]:
+        """:meth:`slot_view` of each of ``slots``: slots all of one provider
+        (the common job) are that provider's batch
+        (:func:`~fstier.slots.provider.slot_views`), anything else slot by slot."""
+        if slots and plain_indices(slots, self._n):
+            k = bisect.bisect_right(self._starts, min(slots)) - 1
+            if bisect.bisect_right(self._starts, max(slots)) - 1 == k:
+                return slot_views(self.providers[k], list(map(sub, slots, repeat(self._starts[k]))))
+        return list(map(self.slot_view, slots))
 
     def check_slots(self, slots: Sequence[int]) -> None:
         for s in slots:

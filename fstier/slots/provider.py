@@ -20,14 +20,27 @@ The contract a provider keeps:
   slot ``i``, the provider never hands that slot out again (a pool keeps it
   off its free list even after the engine frees it); ``unfence`` is called
   once the late call has returned.
+
+Optional: ``slot_views(slots)``, ``[slot_view(i) for i in slots]`` for a
+whole batch (the same views, the same refusals), made with C-level loops
+where it can; every provider in :mod:`fstier.slots` and LMCache's
+``LentSlots`` has one. :func:`payload_views` is what FsTier's I/O threads
+call: one batch's views cut to each payload's exact length, with no
+bytecode per slot where the provider has ``slot_views``
+(test_slot_views.py pins each provider's against ``slot_view``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from itertools import repeat
+from operator import getitem
+from typing import Protocol, cast, runtime_checkable
 
-__all__ = ["SlotProvider", "plain_indices"]
+__all__ = ["SlotProvider", "payload_views", "plain_indices", "slot_views"]
+
+#: ``view[:n]`` as a function of (view, slice(None, n))
+_CUT = cast("Callable[[memoryview, slice], memoryview]", getitem)
 
 
 def plain_indices(slots: Sequence[int], n: int) -> bool:
@@ -40,6 +53,24 @@ def plain_indices(slots: Sequence[int], n: int) -> bool:
     if len(slots) == 0:
         return True
     return set(map(type, slots)) == {int} and min(slots) >= 0 and max(slots) < n
+
+
+def slot_views(pool: SlotProvider, slots: Sequence[int]) -> list[memoryview]:
+    """``pool.slot_view(i)`` of each of ``slots``: the provider's own
+    ``slot_views`` where it has one, else ``slot_view`` applied by ``map``."""
+    many = getattr(pool, "slot_views", None)
+    if many is not None:
+        return many(slots)
+    return list(map(pool.slot_view, slots))
+
+
+def payload_views(pool: SlotProvider, slots: Sequence[int], nbytes: Sequence[int]) -> list[memoryview]:
+    """``[pool.slot_view(s)[:n] for s, n in zip(slots, nbytes)]``: exactly
+    each payload's bytes of its slot, never a byte past them, cut by C-level
+    loops (:func:`slot_views`)."""
+    if len(slots) != len(nbytes):
+        raise ValueError(f"payload_views: {len(slots)} slots but {len(nbytes)} payload lengths")
+    return list(map(_CUT, slot_views(pool, slots), map(slice, repeat(None), nbytes)))
 
 
 @runtime_checkable

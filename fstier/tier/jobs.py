@@ -23,10 +23,13 @@ Invariants
       byte past them (the I/O layer pads from its own bounce page).
 
 Costs
-    Per batch: one slot view per key, one lookup-cache lock (the bad set),
-    one recency lock, one job lock and one budget release; the hits' paths
-    for recency named by ``map`` (``BlockStore.paths``). A batch whose keys
-    all succeeded runs no bytecode per key besides the slot views.
+    Per batch: its slots' views (:func:`~fstier.slots.provider.payload_views`:
+    C-level loops where the provider has a batch ``slot_views``), one
+    lookup-cache lock (the bad set), one recency lock, one job lock and one
+    budget release; the batch's paths named once by ``map``
+    (``BlockStore.paths``), for its I/O and its recency note alike. A batch
+    runs no bytecode per key unless a key failed or its provider lacks
+    ``slot_views``.
 """
 
 from __future__ import annotations
@@ -36,14 +39,15 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, is_
 from typing import Literal
 
 from fstier.io.blockfile import block_file_size
 from fstier.io.blockstore import BlockStore
 from fstier.io.iotypes import LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
 from fstier.keys import BlockKey
-from fstier.slots.provider import SlotProvider
+from fstier.slots.provider import SlotProvider, payload_views
 from fstier.tier.admission import WriteBudget
 from fstier.tier.lookup import LookupCache
 from fstier.tier.recency import Recency
@@ -170,40 +174,42 @@ class JobOps:
         return [partial(run, job, j, a, b) for j, (a, b) in enumerate(spans)]
 
     def _items(self, job: Job, lo: int, hi: int) -> list[tuple[BlockKey, memoryview]]:
-        # Exactly the payload of each slot, never a byte past it.
-        view, keys, slots, nbytes = self._pool.slot_view, job.keys, job.slots, job.op_bytes
-        return [(keys[i], view(slots[i])[: nbytes[i]]) for i in range(lo, hi)]
+        # Exactly the payload of each slot, never a byte past it (payload_views).
+        views = payload_views(self._pool, job.slots[lo:hi], job.op_bytes[lo:hi])
+        return list(zip(job.keys[lo:hi], views, strict=True))
 
     def _store(self, job: Job, op: int, lo: int, hi: int) -> list[StoreOutcome]:
         """Store keys ``lo..hi-1`` of ``job`` (batch ``op``). A key whose
-        last load failed without proof of corruption (bad) replaces its file."""
+        last load failed without proof of corruption (bad) replaces its file.
+        The keys are named once: the store and the recency of its skipped
+        keys share the paths."""
         written = 0
         try:
             keys = job.keys[lo:hi]
+            paths = self._blocks.paths(keys)
             outs = self._blocks.store_many(
-                self._items(job, lo, hi), replace=self._cache.bad_flags(keys), helpers=job.helpers
+                self._items(job, lo, hi), replace=self._cache.bad_flags(keys), helpers=job.helpers, paths=paths
             )
-            statuses = set(map(_STATUS, outs))  # C-level loops: no bytecode per key
+            statuses = list(map(_STATUS, outs))  # C-level loops: no bytecode per key
             if StoreStatus.SKIPPED in statuses:
-                path = self._blocks.path
-                self._recency.note_many([path(keys[j]) for j, o in enumerate(outs) if o.status is StoreStatus.SKIPPED])
+                self._recency.note_many(list(compress(paths, map(is_, statuses, repeat(StoreStatus.SKIPPED)))))
             written = sum(map(_NBYTES, outs))
             return outs
         finally:
             self.ended(job, op, written)
 
     def _load(self, job: Job, op: int, lo: int, hi: int) -> list[LoadOutcome]:
-        """Load keys ``lo..hi-1`` of ``job`` (batch ``op``); every key is attempted."""
+        """Load keys ``lo..hi-1`` of ``job`` (batch ``op``); every key is
+        attempted. The keys are named once: the load and the recency of the
+        loaded keys share the paths."""
         try:
-            outs = self._blocks.load_many(self._items(job, lo, hi), helpers=job.helpers)
-            keys = job.keys
-            if set(map(_STATUS, outs)) == {LoadStatus.LOADED}:  # the common batch
-                self._recency.note_many(self._blocks.paths(keys[lo:hi]))
+            paths = self._blocks.paths(job.keys[lo:hi])
+            outs = self._blocks.load_many(self._items(job, lo, hi), helpers=job.helpers, paths=paths)
+            statuses = list(map(_STATUS, outs))
+            if statuses.count(LoadStatus.LOADED) == len(statuses):  # the common batch
+                self._recency.note_many(paths)
             else:
-                path = self._blocks.path
-                self._recency.note_many(
-                    [path(keys[i]) for i, o in enumerate(outs, lo) if o.status is LoadStatus.LOADED]
-                )
+                self._recency.note_many(list(compress(paths, map(is_, statuses, repeat(LoadStatus.LOADED)))))
             return outs
         finally:
             self.ended(job, op, 0)
