@@ -185,3 +185,38 @@ def test_idle_poll_takes_no_lock_and_misses_nothing(tmp_path: Path) -> None:
         (ev,) = tier.take_events()
         assert ev.keys == tuple(ks)
         assert not tier.has_news()
+
+
+@pytest.mark.parametrize(
+    "seq", [[], (), [1, 2], (1,), range(3), bytearray(2), "ab", b"ab", None, iter([1]), {1: 2}, type("L", (list,), {})()]
+)
+def test_a_plain_list_or_tuple_skips_only_checks_it_would_pass(seq: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_check_sequence``'s one type check for a list or tuple answers as
+    the general check does, for those and for everything else."""
+    from fstier.tier import checks
+
+    def answer() -> str | None:
+        try:
+            checks._check_sequence(seq, "keys", "job 'j'")
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    fast = answer()
+    monkeypatch.setattr(checks, "_PLAIN_SEQUENCES", ())
+    assert answer() == fast
+
+
+def test_a_job_touches_only_the_counters_it_changes(tmp_path: Path) -> None:
+    """A store with nothing skipped and a load with no miss leave those
+    counters (and their change counts, what ``TierMetrics.changes`` sums)
+    alone; a store that skips and a load that misses count them."""
+    with open_tier(tmp_path) as tier:
+        m = tier.metrics
+        assert store(tier, "s", keys(0, 4)).success
+        assert load(tier, "l", keys(0, 4)).success
+        assert (m.skipped_blocks.changes, m.load_misses.changes) == (0, 0)
+        assert store(tier, "s2", keys(2, 4)).skipped == 2
+        assert load(tier, "l2", keys(4, 2)).keys_completed == 2 and load(tier, "l3", keys(6, 3)).keys_failed == 3
+        assert (m.skipped_blocks.value, m.load_misses.value) == (2, 3)
+        assert (m.skipped_blocks.changes, m.load_misses.changes) == (1, 1)

@@ -403,7 +403,7 @@ else:
                 bkeys = block_keys_of(pkeys)
                 # Every object of a part resolved to this namespace with its
                 # layout's size (the memo signature holds get_size()).
-                slots = space.slots.lend(self._arena.views_of(pobjs, space.slots.slot_bytes))
+                slots = self._arena.lend(space.slots, pobjs)
                 if slots is None:
                     raise ValueError("an L1 object is not a writable buffer of its layout's size")
                 part = Part(task_id, space, positions, slots, pkeys, bkeys)
@@ -461,7 +461,8 @@ else:
                 part = self._parts.pop(r.job_id, None)  # type: ignore[call-overload]
                 if part is None:
                     return None
-                self._store_keys.forget(part.bkeys)
+                if r.kind == "store":  # a load's keys were never added
+                    self._store_keys.forget(part.bkeys)
                 task = self._tasks.get(part.task_id)
                 if task is None:
                     return None

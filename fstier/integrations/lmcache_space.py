@@ -33,13 +33,13 @@ file lives in, what it is called, and the memory FsTier moves it through.
 Importing this module imports neither LMCache nor torch. Costs: a
 :class:`SpaceId` is built once per namespace the adapter resolves (its
 answers are memoised); a mapper once per namespace. Lending a job's buffers
-(:meth:`L1Arena.views_of`, :meth:`LentSlots.lend`, ``check_slots``,
-``release``) costs no bytecode per buffer in the common case (every object
-in the arena, every view a plain writable byte view, the next slot indices
-free, nothing fenced): C-level loops (``map``, ``set``, ``min``/``max``,
-dict ``update``) do the per-buffer work, and anything else takes the
-per-buffer code, which names the same refusals
-(tests/lmcache/test_lmcache_fast_paths.py).
+(:meth:`L1Arena.lend`, :meth:`LentSlots.lend`, ``check_slots``,
+``slot_views``, ``release``) costs no bytecode per buffer in the common
+case (every object in the arena, whose slices need no per-view form
+check, the next slot indices free, nothing fenced): C-level loops
+(``map``, ``set``, ``min``/``max``, dict ``update``) do the per-buffer
+work, and anything else takes the per-buffer code, which names the same
+refusals (tests/lmcache/test_lmcache_fast_paths.py).
 """
 
 from __future__ import annotations
@@ -99,7 +99,8 @@ def one_signature(keys: Sequence[Any], objects: Sequence[Any]) -> bool:
     False for anything else, an empty task, or an object without LMCache's
     ``meta``."""
     try:
-        if len(set(map(_OWNER, keys))) != 1 or len(keys) != len(objects):
+        owners = list(map(_OWNER, keys))  # list.count: no tuple hashed per key
+        if owners.count(owners[0]) != len(owners) or len(keys) != len(objects):
             return False
         groups = list(map(_GROUP, keys))
         if not (min(groups) >= 0 and max(groups) < MAX_GROUPS):
@@ -251,13 +252,15 @@ class LentSlots:
     def slot_bytes(self) -> int:
         return self._slot_bytes
 
-    def lend(self, buffers: Sequence[memoryview]) -> list[int] | None:
+    def lend(self, buffers: Sequence[memoryview], *, plain: bool = False) -> list[int] | None:
         """Slot indices for ``buffers`` (each writable, exactly
         ``slot_bytes`` long), or None when one is not or all slots are lent.
         Plain byte views of the right length, lent to the next free run of
-        indices: no bytecode per buffer."""
+        indices: no bytecode per buffer. ``plain``: the caller made every
+        buffer a slice of one plain byte view (:meth:`L1Arena.lend`), so
+        their form is not checked again; their lengths are."""
         views = list(buffers)
-        if set(map(_VIEW_FORM, views)) <= _PLAIN_VIEW:
+        if plain or set(map(_VIEW_FORM, views)) <= _PLAIN_VIEW:
             if views and set(map(len, views)) != {self._slot_bytes}:
                 return None
         else:
@@ -350,6 +353,8 @@ class L1Arena:
     def __init__(self, base: int, view: memoryview | None) -> None:
         self._base = base
         self._view = view
+        #: the view is plain writable bytes, and so is every slice of it
+        self._plain = view is not None and _VIEW_FORM(view) in _PLAIN_VIEW
 
     @classmethod
     def of(cls, desc: Any) -> L1Arena:
@@ -369,12 +374,28 @@ class L1Arena:
         ``size`` (the caller resolved them with that size: their layout's).
         Every object in the arena: slices of its view made by C-level loops,
         no bytecode per object; else object by object."""
+        views = self._slices(objs, size)
+        return views if views is not None else list(map(self.bytes_of, objs))
+
+    def _slices(self, objs: Sequence[Any], size: int) -> list[memoryview] | None:
+        """``size`` bytes of the arena's view at each object's ``data_ptr``,
+        or None unless every one of them (at least one) is in the arena."""
         view = self._view
         if view is not None and objs:
             offs = list(map(sub, map(_DATA_PTR, objs), repeat(self._base)))
             if min(offs) >= 0 and max(offs) + size <= len(view):
                 return list(map(view.__getitem__, map(slice, offs, map(add, offs, repeat(size)))))
-        return list(map(self.bytes_of, objs))
+        return None
+
+    def lend(self, slots: LentSlots, objs: Sequence[Any]) -> list[int] | None:
+        """``slots.lend(self.views_of(objs, slots.slot_bytes))``: when every
+        object is in the arena, its slices are lent as ``plain`` (the
+        arena's view was checked once: 1-D, writable, contiguous bytes), not
+        checked again one by one; anything else as ``lend`` checks any buffer."""
+        views = self._slices(objs, slots.slot_bytes)
+        if views is not None:
+            return slots.lend(views, plain=self._plain)
+        return slots.lend(list(map(self.bytes_of, objs)))
 
     def bytes_of(self, obj: Any) -> memoryview:
         """``obj.byte_array``'s bytes, in place."""

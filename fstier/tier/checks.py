@@ -22,6 +22,7 @@ from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider, plain_indices
 
 _GROUP = attrgetter("group_idx")
+_PLAIN_SEQUENCES = (list, tuple)
 
 __all__ = ["check_job", "check_keys", "check_pool", "wait_timeout"]
 
@@ -31,6 +32,8 @@ def _check_sequence(seq: object, name: str, what: str) -> None:
     or slots), else
     one ``ValueError`` naming the call and what was passed (None, a string,
     a generator are caller mistakes, never "no keys")."""
+    if type(seq) in _PLAIN_SEQUENCES:
+        return  # the common call: one type check
     if isinstance(seq, str | bytes | bytearray) or not (hasattr(seq, "__len__") and hasattr(seq, "__getitem__")):
         raise ValueError(
             f"{what}: {name} must be a list or tuple, got {type(seq).__name__} "

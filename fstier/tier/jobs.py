@@ -162,7 +162,7 @@ class JobOps:
         job.bounds, job.helpers = self._blocks.batch_plan(len(job.keys), threads)
         bounds = job.bounds
         spans = list(zip(bounds[:-1], bounds[1:], strict=True))
-        if job.kind == "store" and len(set(job.op_bytes)) == 1:  # one payload size: no per-key sum
+        if job.kind == "store" and job.op_bytes.count(job.op_bytes[0]) == len(job.op_bytes):  # one size: no sum
             size = block_file_size(job.op_bytes[0])
             job.op_reserved = [size * (b - a) for a, b in spans]
         elif job.kind == "store":

@@ -35,8 +35,8 @@ import errno
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from operator import attrgetter
+from typing import NamedTuple
 
 from fstier.io.blockfile import block_file_size
 from fstier.io.blockstore import BlockStore
@@ -61,13 +61,13 @@ DONE: dict[object, str] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(NamedTuple):
     """A finished job, judged: ``completed`` leading keys succeeded,
     ``failed`` did not (``cause``: the first failure's), ``nbytes`` payload
     bytes stored (every stored key) or loaded (the prefix), ``skipped``
     stores of keys already present, the keys the job wrote (``stored``) and
-    the corrupt files it removed (``removed``)."""
+    the corrupt files it removed (``removed``). A named tuple: one per job,
+    built without a frozen dataclass's ``__setattr__`` per field."""
 
     completed: int
     failed: int
@@ -237,7 +237,7 @@ class Judge:
         op_bytes = job.op_bytes
         # One payload size for the whole job (one KV group): byte counts are
         # products, not sums over keys.
-        each = op_bytes[0] if len(set(op_bytes)) == 1 else None
+        each = op_bytes[0] if op_bytes.count(op_bytes[0]) == len(op_bytes) else None
         if job.kind == "store":
             ok = done["stored"]
             stored = tuple(keys[i] for i in ok) if len(ok) < n else keys
@@ -251,7 +251,8 @@ class Judge:
             self._cache.stored([*stored, *(keys[i] for i in done["skipped"])], now)
             m.stored_blocks.inc(len(stored))
             m.stored_bytes.inc(nbytes)
-            m.skipped_blocks.inc(len(done["skipped"]))
+            if done["skipped"]:  # a counter's lock only when it changes
+                m.skipped_blocks.inc(len(done["skipped"]))
             m.store_seconds.observe(seconds)
             # Admission counted the whole job (Admission.refuse): give back
             # what was not stored (skipped, failed).
@@ -265,6 +266,7 @@ class Judge:
                 self._capacity.add(-sum(block_file_size(self._payload_len[k.group_idx]) for k in removed))
             m.loaded_blocks.inc(prefix)
             m.loaded_bytes.inc(nbytes)
-            m.load_misses.inc(n - prefix)
+            if n > prefix:
+                m.load_misses.inc(n - prefix)
             m.load_seconds.observe(seconds)
         return Verdict(prefix, n - prefix, nbytes, seconds, cause, len(done["skipped"]), stored, tuple(removed))

@@ -361,6 +361,27 @@ def test_views_of_are_the_objects_bytes_in_and_outside_the_arena() -> None:
     free(inside)
 
 
+def test_arena_lend_is_lend_of_views_of() -> None:
+    """``L1Arena.lend`` (arena slices lent without a per-view form check)
+    lends what ``LentSlots.lend(views_of(...))`` lends, in and outside the
+    arena; an arena over a view that is not plain bytes is checked per view."""
+    arena = L1Arena.of(L1MemoryDesc(ARENA.data_ptr(), ARENA.numel(), 1))
+    inside = objects(3, seed=57)
+    outside = TensorMemoryAllocator(torch.empty(1 << 20, dtype=torch.uint8)).allocate(torch.Size(SHAPE), torch.float16)
+    size = inside[0].get_size()
+    for objs in (inside, [inside[0], outside], [outside], []):
+        fast, slow = LentSlots(size, num_slots=8), LentSlots(size, num_slots=8)
+        got, want = arena.lend(fast, objs), slow.lend(arena.views_of(objs, size))
+        assert got == want and got is not None
+        assert [bytes(fast.slot_view(i)) for i in got] == [bytes(slow.slot_view(i)) for i in want] == [raw(o) for o in objs]
+        assert [fast.slot_view(i).format for i in got] == ["B"] * len(objs)
+    view = memoryview(bytes(ARENA.numel()))  # read-only: its slices must not be lent
+    ro = L1Arena(ARENA.data_ptr(), view)
+    assert not ro._plain and ro.lend(LentSlots(size, num_slots=8), inside) is None
+    assert LentSlots(size, num_slots=8).lend(ro.views_of(inside, size)) is None
+    free(inside)
+
+
 def test_lend_gives_the_next_free_run_or_skips_lent_slots() -> None:
     slots = LentSlots(16, num_slots=8)
     bufs = [memoryview(bytearray([i]) * 16) for i in range(8)]
@@ -392,6 +413,8 @@ def test_lend_refuses_what_the_per_buffer_check_refuses(buf: memoryview, ok: boo
         slots = LentSlots(16, num_slots=8)
         got = slots.lend(batch)
         assert (got is not None) is ok and slots.lent == (len(batch) if ok else 0)
+        if len(buf) != 16:  # plain (the caller vouches for the form): lengths still checked
+            assert LentSlots(16, num_slots=8).lend(batch, plain=True) is None
         if ok:
             assert all(len(slots.slot_view(i)) == 16 and slots.slot_view(i).format == "B" for i in got)
 
