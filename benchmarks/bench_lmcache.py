@@ -53,12 +53,15 @@ from typing import Any
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("LMCACHE_DISABLE_BANNER", "1")
 
-ADAPTERS = ("fstier", "fstier_direct", "fs", "fs_native", "raw_block")
-#: fstier's variants: the adapter's defaults (buffered I/O, the page-cache
-#: regime of LMCache's own adapters: ``DEFAULT_O_DIRECT``) and ``o_direct:
+ADAPTERS = ("fstier", "fstier_direct", "fstier_off", "fs", "fs_native", "raw_block")
+#: fstier's variants: the adapter's defaults (``DEFAULT_O_DIRECT``,
+#: ``cold``: buffered I/O, the page-cache regime of LMCache's own adapters,
+#: but large chunks found outside the page cache read direct), ``o_direct:
 #: auto`` (direct I/O where the root allows it, so even a warm load reads
-#: the device).
-FSTIER: dict[str, dict[str, Any]] = {"fstier": {}, "fstier_direct": {"o_direct": "auto"}}
+#: the device) and ``off`` (all buffered).
+FSTIER: dict[str, dict[str, Any]] = {
+    "fstier": {}, "fstier_direct": {"o_direct": "auto"}, "fstier_off": {"o_direct": "off"},
+}
 ALIGN = 4096
 
 

@@ -248,7 +248,7 @@ class TierConfig(BaseModel):
     blocks_per_file: int = Field(1, ge=1, le=4096)
     read_threads: int = Field(8, ge=1, le=256)
     write_threads: int = Field(4, ge=1, le=256)
-    o_direct: Literal["auto", "on", "off"] = "auto"
+    o_direct: Literal["auto", "on", "off", "cold"] = "auto"
     #: the per-file I/O path: the native extension (``auto``: when it is
     #: built; ``on``: required), or ``off``: the pure-Python path.
     #: ``FSTIER_NATIVE=0`` in the environment forces ``off``.

@@ -176,8 +176,8 @@ def _write_check(root: Path, held: int, tier: TierConfig, out: list[RootCheck], 
     else:
         out.append(RootCheck(
             "o_direct", "warn",
-            f"o_direct: auto: the filesystem refuses O_DIRECT ({support.reason}); the tier will use "
-            "buffered I/O (set o_direct: off to say so, or mount a filesystem that supports it)",
+            f"o_direct: {tier.o_direct}: the filesystem refuses O_DIRECT ({support.reason}); the tier "
+            "will use buffered I/O (set o_direct: off to say so, or mount a filesystem that supports it)",
         ))
     return False
 

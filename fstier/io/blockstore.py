@@ -538,8 +538,12 @@ class BlockStore:
         and store the way it found."""
         dio = caps.reprobe()
         opts = self.options
-        if (dio.enabled, dio.alignment) != (opts.o_direct, opts.alignment):
-            self.options = dataclasses.replace(opts, o_direct=dio.enabled, alignment=dio.alignment)
+        cold = caps.o_direct_mode == "cold"
+        found = (dio.enabled and not cold, dio.enabled and cold, dio.alignment)
+        if found != (opts.o_direct, opts.o_direct_cold, opts.alignment):
+            self.options = dataclasses.replace(
+                opts, o_direct=found[0], o_direct_cold=found[1], alignment=dio.alignment
+            )
 
     def store_many(
         self, items: Sequence[tuple[BlockKey, memoryview]], *,

@@ -171,9 +171,12 @@ def probe_o_direct(directory: str | Path, mode: str = "auto") -> DirectIOSupport
 
     ``off``: never. ``auto``: use it where it works, otherwise buffered I/O
     and one warning. ``on``: refusal raises :class:`DirectIOUnsupportedError`.
+    ``cold``: as ``auto``, for the loads of large files outside the page
+    cache only (:attr:`IOOptions.o_direct_cold`); a refusal is logged at
+    info level (those loads read buffered, like every other I/O).
     """
-    if mode not in ("auto", "on", "off"):
-        raise ValueError(f"o_direct mode must be 'auto', 'on' or 'off', got {mode!r}")
+    if mode not in ("auto", "on", "off", "cold"):
+        raise ValueError(f"o_direct mode must be 'auto', 'on', 'off' or 'cold', got {mode!r}")
     if mode == "off":
         return DirectIOSupport(False, ALIGNMENT, "o_direct: off")
     directory = Path(directory)
@@ -193,7 +196,10 @@ def probe_o_direct(directory: str | Path, mode: str = "auto") -> DirectIOSupport
             f"o_direct: on, but {directory} refuses O_DIRECT ({found.reason}); "
             "set tier.o_direct to 'auto' or 'off', or use a filesystem that supports it",
         )
-    log.warning("O_DIRECT unavailable under %s (%s); using buffered I/O", directory, found.reason)
+    if mode == "cold":
+        log.info("O_DIRECT unavailable under %s (%s); cold loads read buffered", directory, found.reason)
+    else:
+        log.warning("O_DIRECT unavailable under %s (%s); using buffered I/O", directory, found.reason)
     return found
 
 
@@ -252,6 +258,11 @@ class RootCapabilities:
             return self.o_direct
         finally:
             self._probe_lock.release()
+
+    @property
+    def o_direct_mode(self) -> str:
+        """The configured ``o_direct`` mode (``auto``, ``on``, ``off``, ``cold``)."""
+        return self._mode
 
     @property
     def tmpfile(self) -> bool:

@@ -47,6 +47,10 @@ class IOOptions:
     """How one store or load is performed."""
 
     o_direct: bool = False
+    #: buffered I/O, but a load of a file of at least 1 MiB with no page in
+    #: the page cache reads it with O_DIRECT (``o_direct: cold``; the native
+    #: path only: the Python path reads such files buffered)
+    o_direct_cold: bool = False
     alignment: int = ALIGNMENT
     fsync: str = "none"
     file_mode: int = 0o644
@@ -69,8 +73,10 @@ class IOOptions:
         its directory's O_DIRECT probe result)."""
         caps = support if isinstance(support, RootCapabilities) else None
         dio = support.o_direct if isinstance(support, RootCapabilities) else support
+        cold = tier.o_direct == "cold"
         return cls(
-            o_direct=dio.enabled,
+            o_direct=dio.enabled and not cold,
+            o_direct_cold=dio.enabled and cold,
             alignment=dio.alignment,
             fsync=tier.fsync,
             file_mode=tier.file_mode,

@@ -218,6 +218,8 @@ def _flags(opts: IOOptions, *, mkdir: bool = False) -> int:
         f |= ext.F_CHECKSUM
     if opts.o_direct:
         f |= ext.F_DIRECT
+    elif opts.o_direct_cold:
+        f |= ext.F_DIRECT_COLD
     if opts.fsync in ("file", "file+dir"):
         f |= ext.F_FSYNC_FILE
     if opts.fsync == "file+dir":
@@ -435,8 +437,10 @@ def fault(
 ) -> None:
     """Arm a fault on the native path (tests): from the ``nth`` call of
     ``op`` (``opendir open stat write read fsync link rename close mkdir
-    unlink``, and ``nowait``: a fan-out's page-cache-only read attempt,
-    whose injected error makes it find nothing cached) on, for ``times`` calls (-1: all), sleep ``delay_s``, move at
+    unlink``, ``nowait``: a fan-out's page-cache-only read attempt, whose
+    injected error makes it find nothing cached, and ``cachestat``:
+    ``o_direct: cold``'s page-cache test, whose injected error makes it
+    find nothing cached, but ``ENOSYS``: a kernel without the call) on, for ``times`` calls (-1: all), sleep ``delay_s``, move at
     most ``short`` bytes (read/write), and fail with ``err`` (before the
     call, or ``after`` it happened). Rules add up until :func:`clear_faults`."""
     _require().fault_set(op, err, nth, times, delay_s, short, after)
@@ -453,15 +457,19 @@ def fault_count(op: str) -> int:
     return int(_require().fault_count(op))
 
 
-def configure(*, openat2: bool | None = None, tmpfile: bool | None = None) -> dict[str, Any]:
+def configure(
+    *, openat2: bool | None = None, tmpfile: bool | None = None, cold_direct_min: int | None = None
+) -> dict[str, Any]:
     """Switch the extension's path resolution (``openat2=False``: the
     ``O_NOFOLLOW`` walk) or publication (``tmpfile=False``: named temps), as
-    a kernel without them would (tests). Both are process-wide overrides
-    that nothing but a caller sets: a root that refuses ``O_TMPFILE``
-    switches only itself (:class:`~fstier.io.capabilities.RootCapabilities`).
-    Returns the settings."""
+    a kernel without them would, or the smallest payload ``o_direct: cold``
+    reads with O_DIRECT (``cold_direct_min``, default 1 MiB) (tests). All
+    are process-wide overrides that nothing but a caller sets: a root that
+    refuses ``O_TMPFILE`` switches only itself
+    (:class:`~fstier.io.capabilities.RootCapabilities`). Returns the settings."""
     ext = _require()
     return dict(ext.configure(
         openat2=-1 if openat2 is None else int(openat2),
         tmpfile=-1 if tmpfile is None else int(tmpfile),
+        cold_direct_min=-1 if cold_direct_min is None else int(cold_direct_min),
     ))

@@ -175,20 +175,73 @@ def test_options_are_checked_like_every_fstier_config(tmp_path: Path) -> None:
         build(tmp_path, max_bytes="lots")
 
 
-def test_o_direct_defaults_to_buffered_unless_set(adapters: Any, tmp_path: Path) -> None:
-    """The adapter's default is buffered I/O (DEFAULT_O_DIRECT, docs/lmcache.md);
-    an o_direct given inline or in the config YAML wins."""
+def test_o_direct_defaults_to_cold_unless_set(adapters: Any, tmp_path: Path) -> None:
+    """The adapter's default is buffered I/O with cold large chunks read
+    direct (``cold``: DEFAULT_O_DIRECT, docs/lmcache.md); an o_direct given
+    inline or in the config YAML wins."""
     def tier(**params: Any) -> Any:
         return FstierL2AdapterConfig.from_dict(params).tier
 
-    assert DEFAULT_O_DIRECT == "off"
-    assert adapters(tmp_path / "a").tier_config.o_direct == "off"
-    assert tier(root_dir=str(tmp_path), read_threads=3).o_direct == "off"
+    assert DEFAULT_O_DIRECT == "cold"
+    adapter = adapters(tmp_path / "a")
+    assert adapter.tier_config.o_direct == "cold"
+    assert tier(root_dir=str(tmp_path), read_threads=3).o_direct == "cold"
+    assert tier(root_dir=str(tmp_path), o_direct="off").o_direct == "off"
     assert tier(root_dir=str(tmp_path), o_direct="auto").o_direct == "auto"
     yaml = tmp_path / "fstier.yaml"
     yaml.write_text(f"tier:\n  root_dir: {tmp_path / 'c'}\n  o_direct: 'on'\n")
     assert tier(config=str(yaml)).o_direct == "on"
     assert tier(config=str(yaml), o_direct="off").o_direct == "off"
+
+
+def test_cold_large_chunks_are_read_direct_and_checked(adapters: Any, tmp_path: Path) -> None:
+    """Under the default ``cold``, 1 MiB chunks dropped from the page cache
+    are read with O_DIRECT (native path), byte-exact, and a flipped byte in
+    one of them still shortens the loaded prefix."""
+    from fstier.io import native
+    from fstier.io.capabilities import probe_o_direct
+
+    if native._ext is None or not probe_o_direct(tmp_path, "auto").enabled:
+        pytest.skip("needs the native path and a root that allows O_DIRECT")
+    big = (2, 4, 1024, 64)  # 1 MiB in float16
+    a = adapters(tmp_path, lookup_cache_ttl_s=0)
+    # LMCache's server aligns its L1 to 4096 bytes (align_bytes); so does
+    # this arena (torch's own allocation is not page-aligned)
+    raw_arena = torch.empty(9 << 20, dtype=torch.uint8)
+    aligned = TensorMemoryAllocator(raw_arena[(-raw_arena.data_ptr()) % 4096:][: 8 << 20])
+
+    def objects(n: int, shape: tuple[int, ...], seed: int | None) -> list[Any]:
+        out = [aligned.allocate(torch.Size(shape), torch.float16) for _ in range(n)]
+        for i, o in enumerate(out):
+            assert o is not None and o.tensor.data_ptr() % 4096 == 0
+            if seed is None:
+                o.tensor.zero_()
+            else:
+                o.tensor.copy_(torch.randn(shape, generator=torch.Generator().manual_seed(seed + i)))
+        return out
+
+    ks, src = keys(4, seed=7), objects(4, shape=big, seed=7)
+    assert store(a, ks, src).is_successful()
+    files = [next(tmp_path.glob(f"*/r0/*/{k.chunk_hash.hex()}-g0.bin")) for k in ks]
+    data = bytearray(files[3].read_bytes())
+    data[-1] ^= 0x01
+    files[3].write_bytes(bytes(data))
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    before = native._require().cold_direct_reads()
+    dst = objects(4, shape=big, seed=None)
+    assert load(a, ks, dst) == [0, 1, 2]
+    assert [raw(o) for o in dst[:3]] == [raw(o) for o in src[:3]]
+    if native._require().cold_direct_reads() == before:
+        pytest.skip("the page cache kept these files (or no cachestat(2)): nothing was cold")
+    assert native._require().cold_direct_reads() - before == 4
+    assert not files[3].exists()
+    free(src + dst)
 
 
 def test_plugin_loader_builds_the_adapter_with_its_config_class(adapters: Any, tmp_path: Path) -> None:
