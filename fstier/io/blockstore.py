@@ -578,13 +578,11 @@ class BlockStore:
         return outs
 
     def load_many(
-        self, items: Sequence[tuple[BlockKey, memoryview]], *, helpers: int = 0,
-        paths: Sequence[str] | None = None,
+        self, items: Sequence[tuple[BlockKey, memoryview]], *, helpers: int = 0, paths: Sequence[str] | None = None
     ) -> list[LoadOutcome]:
-        """Load every ``(key, buffer)``; one outcome per item, in order (every
-        key is attempted). ``helpers``: as :meth:`store_many`'s
-        (:func:`fstier.io.batching.load_eager`: the rest start as reads
-        block); ``paths`` too."""
+        """Load every ``(key, buffer)``; one outcome per item, in order (every key
+        is attempted). ``helpers``, ``paths``: as :meth:`store_many`'s (a load's
+        helpers: :func:`fstier.io.batching.load_eager`)."""
         keys, buffers = _unzip(items)
         paths = self._named(keys, paths)
         if not items or not self._native:
