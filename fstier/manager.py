@@ -271,8 +271,8 @@ class FsTier:
 
     # -- completion --------------------------------------------------------------
     def _reap(self) -> None:
-        """Turn finished pool jobs into JobResults (never blocks)."""
-        for pj in self._io.get_finished():
+        """Turn finished pool jobs into JobResults (never blocks; no lock taken while none finished)."""
+        for pj in self._io.get_finished() if self._io.has_finished() else ():
             with self._lock:
                 job = self._jobs.pop(pj.job_id)
             if job is None:

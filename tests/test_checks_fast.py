@@ -220,3 +220,20 @@ def test_a_job_touches_only_the_counters_it_changes(tmp_path: Path) -> None:
         assert load(tier, "l2", keys(4, 2)).keys_completed == 2 and load(tier, "l3", keys(6, 3)).keys_failed == 3
         assert (m.skipped_blocks.value, m.load_misses.value) == (2, 3)
         assert (m.skipped_blocks.changes, m.load_misses.changes) == (1, 1)
+
+
+def test_a_reap_with_nothing_finished_takes_no_pool_lock(tmp_path: Path) -> None:
+    """``_reap`` (on every submit, ``get_finished`` and ``take_events``) asks
+    the pool for finished jobs only when it has some: with the pool's lock
+    held elsewhere, a take of events returns at once, and a job finished
+    meanwhile is still reaped by the next call."""
+    with open_tier(tmp_path) as tier:
+        with tier._io._lock:
+            got: list[object] = []
+            t = threading.Thread(target=lambda: got.append(tier.take_events()))
+            t.start()
+            t.join(5)
+            assert got == [[]]
+        assert store(tier, "s", keys(0, 2)).success
+        (ev,) = tier.take_events()
+        assert ev.keys == tuple(keys(0, 2))
