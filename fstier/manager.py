@@ -46,7 +46,7 @@ from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
 from fstier.tier.admission import Admission, Breaker, WriteBudget
 from fstier.tier.capacity import Capacity
-from fstier.tier.checks import check_job, check_keys, check_pool, wait_timeout
+from fstier.tier.checks import check_job, check_keys, check_pool, known_groups, wait_timeout
 from fstier.tier.fences import Fences
 from fstier.tier.gc import GcReport
 from fstier.tier.jobs import JobOps, JobTable, payload_sizes
@@ -259,8 +259,7 @@ class FsTier:
         here: their mtimes are bumped by the batched recency writes. Keys
         without a file are ignored."""
         self._check_open()
-        ngroups, path = len(self._payload_len), self.blocks.path
-        self._recency.note_many([path(k) for k in keys if k.group_idx < ngroups])  # one lock per batch
+        self._recency.note_many(self.blocks.paths(known_groups(keys, len(self._payload_len))))  # one lock, no bytecode per key
 
     def flush_recency(self) -> None:
         """Write pending hit recency to the files' mtimes now (it is otherwise

@@ -237,3 +237,23 @@ def test_a_reap_with_nothing_finished_takes_no_pool_lock(tmp_path: Path) -> None
         assert store(tier, "s", keys(0, 2)).success
         (ev,) = tier.take_events()
         assert ev.keys == tuple(keys(0, 2))
+
+
+@pytest.mark.parametrize("groups", [[], [0, 0, 0], [0, 1, 0], [1, 1], [0, 3, 0, 2]])
+def test_known_groups_is_the_per_key_filter(groups: list[int]) -> None:
+    from fstier.tier.checks import known_groups
+
+    ks = [key(i, g) for i, g in enumerate(groups)]
+    want = [k for k in ks if k.group_idx < 1]
+    for given in (ks, tuple(ks), iter(ks)):
+        assert list(known_groups(given, 1)) == want
+
+
+def test_touch_notes_the_files_of_keys_of_known_groups(tmp_path: Path) -> None:
+    with open_tier(tmp_path) as tier:
+        tier.flush_recency()
+        ks = keys(0, 3)
+        tier.touch([*ks, key(9, 5)])  # a key of no group is ignored
+        assert sorted(tier._recency._recent) == sorted(tier.blocks.path(k) for k in ks)
+        tier.touch(k for k in keys(3, 2))  # any iterable of keys, as before
+        assert len(tier._recency._recent) == 5
