@@ -204,3 +204,12 @@ def test_block_store_batches_use_the_callers_paths_or_refuse_a_count_mismatch(
         outs = b.load_many(list(zip(ks, back, strict=True)), paths=b.paths(ks))
         assert [o.status for o in outs] == ["LOADED"] * 3
         assert [bytes(v) for v in back] == [bytes(v) for v in bufs]
+
+
+def test_a_python_store_batch_refuses_replace_flags_of_another_length(tmp_path: Path) -> None:
+    """As before the batch took its paths: a strict zip, never a key dropped silently."""
+    with open_tier(tmp_path / "root", native_io="off") as t:
+        b, ks = t.blocks, keys(30, 3)
+        bufs = [memoryview(bytearray(t.payload_bytes(k))) for k in ks]
+        with pytest.raises(ValueError, match="zip"):
+            b.store_many(list(zip(ks, bufs, strict=True)), replace=[False, False])

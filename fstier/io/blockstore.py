@@ -52,6 +52,7 @@ import os
 import stat
 import threading
 from collections.abc import Callable, Sequence
+from itertools import starmap
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -551,10 +552,9 @@ class BlockStore:
     ) -> list[StoreOutcome]:
         """Store every ``(key, payload)``; one outcome per item, in order (a
         failure does not stop the batch). ``replace[i]``: as :meth:`store`'s.
-        ``helpers``: native only, up to this many more C threads share the
-        batch (:meth:`batch_plan`; all started at once);
-        the Python path ignores it. ``paths``: the keys' :meth:`paths`, when
-        the caller named them already (for its recency note): not encoded again."""
+        ``helpers``: native only, up to this many more C threads share the batch
+        (:meth:`batch_plan`; all started at once). ``paths``: the keys' :meth:`paths`,
+        when the caller named them already (for its recency note): not encoded again."""
         flags = replace if replace is not None else [False] * len(items)
         caps = self.options.capabilities
         if caps is not None and caps.reprobe_due():
@@ -562,7 +562,7 @@ class BlockStore:
         keys, payloads = _unzip(items)
         paths = self._named(keys, paths)
         if not items or not self._native:
-            return list(map(self._store_guarded, keys, payloads, flags, paths))
+            return list(starmap(self._store_guarded, zip(keys, payloads, flags, paths, strict=True)))
         outs = native.store_batch(
             self._prefix, paths, keys, payloads, self.mapper.digest_bytes,
             self._bpf, self.options, helpers=helpers,
