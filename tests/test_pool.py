@@ -259,3 +259,58 @@ def test_ops_queued_behind_hung_calls_expire_at_the_jobs_deadline() -> None:
     finally:
         release.set()
         pool.shutdown()
+
+
+class _CountingClock:
+    """The system clock, counting the watchdog's waits (each is one wake-up)."""
+
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def time(self) -> float:
+        return time.time()
+
+    def wait(self, waitable: Any, timeout: float | None) -> bool:
+        self.waits += 1
+        return bool(waitable.wait(timeout))
+
+
+def test_watchdog_is_not_woken_for_each_job() -> None:
+    """An idle pool's watchdog used to be notified by every job that found
+    the pool idle: one Python thread wake-up (and GIL hand-off) per job, on
+    the path of every serial load. It wakes by itself before any such job's
+    deadline, so it is left asleep."""
+    clock = _CountingClock()
+    pool = IOPool(2, 1, io_timeout_s=30.0, clock=clock)
+    try:
+        time.sleep(0.05)
+        before = clock.waits
+        for i in range(20):
+            pool.submit(i, "read", [lambda: 1])
+            assert pool.wait_idle(5)
+        assert len(pool.get_finished()) == 20
+        assert clock.waits - before <= 1
+    finally:
+        pool.shutdown()
+
+
+def test_a_job_after_an_idle_spell_still_times_out_at_its_deadline() -> None:
+    """The watchdog sleeping through a job's start (above) still ends that
+    job by its deadline: its own wake-up comes first, then it waits for the
+    job's deadline."""
+    release = threading.Event()
+    pool = IOPool(1, 1, io_timeout_s=0.5)
+    try:
+        time.sleep(0.3)  # idle: the watchdog sleeps until about 0.5 s
+        t0 = time.monotonic()
+        pool.submit("hung", "read", [release.wait])
+        jobs = _collect(pool, 1, timeout=5)
+        took = time.monotonic() - t0
+        assert jobs["hung"].results == [OP_TIMED_OUT]
+        assert 0.45 <= took < 2.0, took
+    finally:
+        release.set()
+        pool.shutdown()

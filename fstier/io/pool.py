@@ -41,6 +41,7 @@ the operations of one job are spread across threads and run in parallel.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -187,6 +188,9 @@ class IOPool:
         self._work = threading.Condition(self._lock)  # workers wait here
         self._idle = threading.Condition(self._lock)  # wait_idle waits here
         self._tick = threading.Condition(self._lock)  # the watchdog waits here
+        #: when the waiting watchdog wakes by itself (this clock; -inf: it is
+        #: not waiting, so it scans again before it does)
+        self._watch_at = -math.inf
         self._queues: dict[str, deque[tuple[_Job, int]]] = {k: deque() for k in _KINDS}
         self._workers: list[_Worker] = []
         self._finished: list[PoolJob] = []
@@ -400,9 +404,13 @@ class IOPool:
                     job.started + self.io_timeout_s if self.io_timeout_s is not None else 0.0
                 )
                 run = _Running(job, index, deadline, worker)
-                was_idle = not any(w.running and not w.running.timed_out for w in self._workers)
                 worker.running = run
-                if was_idle:
+                # Wake the watchdog only for a deadline before its own wake-up:
+                # an idle pool's watchdog wakes io_timeout_s after its last scan,
+                # never after a deadline of a job submitted since (a job queued
+                # at that scan set the wake-up). Not one thread wake-up per job
+                # (test_pool.py::test_watchdog_is_not_woken_for_each_job).
+                if deadline < self._watch_at:
                     self._tick.notify()
             try:
                 result: Any = job.ops[index]()
@@ -518,6 +526,8 @@ class IOPool:
                     earliest = head
                 wait = timeout if earliest is None else max(0.001, earliest - now)
                 if not callbacks:
+                    self._watch_at = now + wait
                     self._clock.wait(self._tick, wait)
+                    self._watch_at = -math.inf
             for cb, done in callbacks:
                 self._call_done(cb, done)
