@@ -144,8 +144,8 @@ def check_lmcache() -> str:
 #: the page cache is read with O_DIRECT. LMCache's L1 already keeps hot
 #: chunks in its own memory; the page cache keeps the chunks L1 let go for
 #: free (the kernel reclaims it under pressure), and all-direct I/O made
-#: every such load a device read (docs/lmcache.md, "Numbers": 0.2-0.4x on
-#: warm loads); a large cold chunk reads faster direct (1.1-1.4x).
+#: every such load a device read (docs/lmcache.md, "Numbers": 0.1-0.2x on
+#: warm loads); a large cold chunk reads faster direct (median 1.38x).
 DEFAULT_O_DIRECT = "cold"
 
 
