@@ -35,7 +35,7 @@ from fstier.io.iotypes import IOOptions, LoadStatus
 sys.path.insert(0, str(Path(__file__).parent))
 import io_worker  # noqa: E402
 from conftest import make_config  # noqa: E402
-from test_native_fanout import _load, _store  # noqa: E402
+from test_native_fanout import Matrix, _load, _store  # noqa: E402
 from test_posix import _refuse_direct_open  # noqa: E402
 
 COLD = IOOptions(o_direct_cold=True, fsync="none")
@@ -105,36 +105,12 @@ def test_every_outcome_holds_when_cold_files_read_direct(
     """The corruption matrix, a missing file and a planted symlink, every
     regular file read with O_DIRECT (the page-cache test made to find
     nothing): the same per-index outcomes as buffered reads, bytes exact."""
-    from test_posix import CORRUPTIONS
-
-    keys = [io_worker.key_of(3000 + i) for i in range(len(CORRUPTIONS) + 6)]
-    _store(direct_root, keys)
-    _store(direct_root, [io_worker.key_of(2)])  # the "other key"'s file
-    damaged = {}
-    for j, (damage, reason) in enumerate(CORRUPTIONS):
-        damage(io_worker.path_of(direct_root, keys[2 + j]), direct_root)
-        damaged[keys[2 + j]] = reason
-    missing, planted = keys[-2], keys[-1]
-    io_worker.path_of(direct_root, missing).unlink()
-    target = direct_root / "elsewhere.bin"
-    io_worker.path_of(direct_root, planted).rename(target)
-    io_worker.path_of(direct_root, planted).symlink_to(target)
+    m = Matrix(direct_root, 3000, 6)
     native.fault("cachestat", errno.EAGAIN, times=-1)
     before = _cold_reads()
-    outs, bufs = _load(direct_root, keys, helpers, 0, opts=COLD)
-    assert _cold_reads() - before == len(keys) - 2  # every file that opened
-    for k, out, buf in zip(keys, outs, bufs, strict=True):
-        if k in damaged:
-            assert (out.status, out.cause) == (LoadStatus.CORRUPT, damaged[k]), k
-            assert out.removed and not io_worker.path_of(direct_root, k).exists()
-        elif k == missing:
-            assert out.status is LoadStatus.MISSING
-        elif k == planted:
-            assert (out.status, out.cause) == (LoadStatus.CORRUPT, "symlink")
-            assert target.exists()
-        else:
-            assert out.status is LoadStatus.LOADED and out.nbytes == N
-            assert bytes(buf[:N]) == io_worker.payload_of(k, 0)
+    outs, bufs = _load(direct_root, m.keys, helpers, 0, opts=COLD)
+    assert _cold_reads() - before == len(m.keys) - 2  # every file that opened
+    m.check(outs, bufs)
 
 
 @needs_native

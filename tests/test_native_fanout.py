@@ -71,38 +71,49 @@ def _no_faults() -> object:
     native.clear_faults()
 
 
+class Matrix:
+    """A stored batch with every corruption of the matrix, a missing file and
+    a planted symlink among good files; :meth:`check` asserts each key's
+    outcome at its own index and the good keys' bytes."""
+
+    def __init__(self, root: Path, first: int, spare: int) -> None:
+        self.root = root
+        self.keys = [io_worker.key_of(first + i) for i in range(len(CORRUPTIONS) + spare)]
+        assert _store(root, self.keys) == [StoreStatus.STORED] * len(self.keys)
+        assert _store(root, [io_worker.key_of(2)]) == [StoreStatus.STORED]  # the "other key"'s file
+        self.damaged = {}
+        for j, (damage, reason) in enumerate(CORRUPTIONS):
+            k = self.keys[2 + j]
+            damage(io_worker.path_of(root, k), root)
+            self.damaged[k] = reason
+        self.missing, self.planted = self.keys[-3], self.keys[-1]
+        io_worker.path_of(root, self.missing).unlink()
+        self.target = root / "elsewhere.bin"
+        io_worker.path_of(root, self.planted).rename(self.target)
+        io_worker.path_of(root, self.planted).symlink_to(self.target)
+
+    def check(self, outs: list, bufs: list[memoryview]) -> None:
+        assert len(outs) == len(self.keys)
+        for k, out, buf in zip(self.keys, outs, bufs, strict=True):
+            if k in self.damaged:
+                assert (out.status, out.cause) == (LoadStatus.CORRUPT, self.damaged[k]), k
+                assert out.removed and not io_worker.path_of(self.root, k).exists()
+            elif k == self.missing:
+                assert out.status is LoadStatus.MISSING
+            elif k == self.planted:
+                assert (out.status, out.cause) == (LoadStatus.CORRUPT, "symlink")
+                assert self.target.exists()  # never followed, never removed
+            else:
+                assert out.status is LoadStatus.LOADED and out.nbytes == N
+                assert bytes(buf[:N]) == io_worker.payload_of(k, 0)
+
+
 @pytest.mark.parametrize("helpers, eager", [(0, 0), (3, 3), (7, 0), (7, 1), (40, 40)])
 def test_every_key_keeps_its_own_outcome(tmp_path: Path, helpers: int, eager: int) -> None:
     """A batch mixing good files, missing ones, every corruption and a planted
     symlink loads to the same per-index outcomes with any thread count."""
-    keys = [io_worker.key_of(1000 + i) for i in range(len(CORRUPTIONS) + 12)]
-    assert _store(tmp_path, keys, helpers) == [StoreStatus.STORED] * len(keys)
-    assert _store(tmp_path, [io_worker.key_of(2)]) == [StoreStatus.STORED]  # the "other key"'s file
-    damaged = {}
-    for j, (damage, reason) in enumerate(CORRUPTIONS):
-        k = keys[2 + j]
-        damage(io_worker.path_of(tmp_path, k), tmp_path)
-        damaged[k] = reason
-    missing = keys[-3]
-    io_worker.path_of(tmp_path, missing).unlink()
-    planted = keys[-1]
-    target = tmp_path / "elsewhere.bin"
-    io_worker.path_of(tmp_path, planted).rename(target)
-    io_worker.path_of(tmp_path, planted).symlink_to(target)
-    outs, bufs = _load(tmp_path, keys, helpers, eager)
-    assert len(outs) == len(keys)
-    for k, out, buf in zip(keys, outs, bufs, strict=True):
-        if k in damaged:
-            assert (out.status, out.cause) == (LoadStatus.CORRUPT, damaged[k]), k
-            assert out.removed and not io_worker.path_of(tmp_path, k).exists()
-        elif k == missing:
-            assert out.status is LoadStatus.MISSING
-        elif k == planted:
-            assert (out.status, out.cause) == (LoadStatus.CORRUPT, "symlink")
-            assert target.exists()  # never followed, never removed
-        else:
-            assert out.status is LoadStatus.LOADED and out.nbytes == N
-            assert bytes(buf[:N]) == io_worker.payload_of(k, 0)
+    m = Matrix(tmp_path, 1000, 12)
+    m.check(*_load(tmp_path, m.keys, helpers, eager))
 
 
 def test_a_fanned_out_store_publishes_every_file_and_no_temp(tmp_path: Path) -> None:
