@@ -78,20 +78,6 @@ def test_xxh3_matches_the_xxhash_package_at_every_length_class(impl: int) -> Non
 
 
 @needs_native
-@pytest.mark.parametrize("impl", [0, 1, 2], ids=["scalar", "sse2", "avx2"])
-def test_xxh3_fed_in_pieces_matches_the_one_shot(impl: int) -> None:
-    # A load hashes each piece as its read lands: any piece size (a block of
-    # 1024 bytes, less, more, unaligned), any length class, the same digest.
-    if impl > {"scalar": 0, "sse2": 1, "avx2": 2}[native._settings["xxh3_impl"]]:
-        pytest.skip("this CPU lacks the instruction set")
-    rnd = os.urandom((1 << 20) + 4160)
-    for n in LENGTHS:
-        for piece in (1, 100, 1023, 1024, 1025, 4096, 65536, 131072 + 3):
-            want = xxhash.xxh3_64_intdigest(rnd[:n])
-            assert native._ext.xxh3_64_impl(rnd[:n], impl, piece) == want, (n, piece)
-
-
-@needs_native
 def test_xxh3_golden_values() -> None:
     # Fixed values of XXH3-64, seed 0 (the format's checksum kind 1).
     assert native.xxh3_64(b"") == 0x2D06800538D394C2

@@ -14,9 +14,7 @@
  *          the kernel has no openat2), create it when asked (mkdirat inside
  *          directory fds), skip when a regular file is there, encode the
  *          header (XXH3-64 of the payload and of the header), write an
- *          O_TMPFILE inode (a checked buffered payload larger than
- *          hash_piece: each piece hashed right before it is written, the
- *          header last) (else a unique named temp, O_CREAT|O_EXCL|
+ *          O_TMPFILE inode (else a unique named temp, O_CREAT|O_EXCL|
  *          O_NOFOLLOW; the root's capabilities say which: F_NO_TMPFILE),
  *          O_DIRECT when enabled and the buffer is aligned
  *          (EINVAL -> one buffered retry), fsync per policy (never
@@ -24,10 +22,7 @@
  *          rename it over) or renameat, close, fsync the directory.
  *   load:  openat2 the file (no symlinks, O_NONBLOCK, O_DIRECT when the
  *          buffer is aligned), ONE preadv into [header page, the caller's
- *          whole pages, bounce page, overflow page] (a checked buffered
- *          payload larger than hash_piece: the same vector read a piece at
- *          a time, each piece hashed as it lands, the last read reaching
- *          the overflow page), then the checks of
+ *          whole pages, bounce page, overflow page], then the checks of
  *          docs/format.md section 5 in order; proven corruption returns the
  *          file's (dev, ino) so the caller removes it only if the name still
  *          holds that inode.
@@ -103,13 +98,6 @@
  * readahead wins for small files), so only files of 1 MiB and more. */
 #define COLD_DIRECT_MIN ((uint64_t)1 << 20)
 static _Atomic uint64_t cold_direct_min = COLD_DIRECT_MIN; /* configure(): tests only */
-/* A checked buffered load reads its payload HASH_PIECE bytes at a time and
- * hashes each piece as it lands, while the piece is still in the CPU's
- * cache; a checked buffered store hashes each piece right before writing
- * it. A payload no larger is read (written) and hashed in one go; direct
- * I/O never goes through the cache, so it is never cut. 0: never in pieces. */
-#define HASH_PIECE ((uint64_t)128 << 10)
-static _Atomic uint64_t hash_piece = HASH_PIECE; /* configure(): tests, benchmarks */
 #ifndef __NR_cachestat
 #define __NR_cachestat 451 /* one number on every architecture since Linux 6.5 */
 #endif
@@ -681,58 +669,8 @@ static int link_anonymous(int fd, int dfd, const char *name) {
     return 0;
 }
 
-/* Write iov in full at off; -1 with errno on a failed (or empty) write. */
-static int write_all(int fd, struct iovec *iov, int cnt, uint64_t off, uint64_t *total) {
-    while (cnt) {
-        ssize_t w = x_pwritev(fd, iov, cnt, (off_t)off);
-        if (w <= 0) {
-            if (w == 0) errno = EIO;
-            return -1;
-        }
-        off += (uint64_t)w;
-        *total += (uint64_t)w;
-        cnt = advance_iov(&iov, cnt, (size_t)w);
-    }
-    return 0;
-}
-
-/* A checked buffered store in pieces: each piece of the payload is hashed
- * right before it is written, so the kernel's copy finds it in the CPU's
- * cache (hashing the whole payload first reads a large one from memory
- * twice); the header, which carries the checksum, is written last, then the
- * zero-padded tail page. The file is a temp nobody can open by its final
- * name until it is complete. */
-typedef struct {
-    const uint8_t *payload;
-    uint64_t n, whole, piece;
-    fx_scratch *sc;
-    const fx_item *it;
-    const uint8_t *digest;
-    uint64_t pages, created_ns;
-} fx_pieces;
-
-static int write_pieces(int fd, const fx_pieces *p, uint64_t *total) {
-    fx_xxh3_run run;
-    fx_run_begin(&run, (size_t)p->n, fx_impl);
-    for (uint64_t off = 0; off < p->whole; off += p->piece) {
-        uint64_t len = p->whole - off < p->piece ? p->whole - off : p->piece;
-        fx_run_feed(&run, p->payload, (size_t)(off + len));
-        struct iovec v = {(void *)(p->payload + off), (size_t)len};
-        if (write_all(fd, &v, 1, PAGE + off, total) != 0) return -1;
-    }
-    encode_header(p->sc->header, p->it->khash, p->it->hlen, p->it->group, p->digest, p->n, p->pages,
-                  1, fx_run_end(&run, p->payload), p->created_ns);
-    struct iovec h = {p->sc->header, PAGE};
-    if (write_all(fd, &h, 1, 0, total) != 0) return -1;
-    if (p->n > p->whole) {
-        struct iovec t = {p->sc->tail, PAGE};
-        if (write_all(fd, &t, 1, PAGE + p->whole, total) != 0) return -1;
-    }
-    return 0;
-}
-
 static void store_once(fx_item *it, int dfd, const char *name, struct iovec *iov0, int cnt0,
-                       const fx_pieces *pieces, int direct, int flags, mode_t mode) {
+                       int direct, int flags, mode_t mode) {
     char tmp[MAX_NAME + 160];
     /* a block that saw a refusal (then an O_DIRECT retry) does not ask again */
     int no_tmpfile = (flags & F_NO_TMPFILE) || it->tmpfile_err;
@@ -745,12 +683,18 @@ static void store_once(fx_item *it, int dfd, const char *name, struct iovec *iov
     }
     int named = tmp[0] != 0, linked = 0, stage = SG_WRITE;
     struct iovec iovs[8];
+    memcpy(iovs, iov0, sizeof(struct iovec) * (size_t)cnt0);
+    struct iovec *iov = iovs;
+    int cnt = cnt0;
     uint64_t total = 0;
-    if (pieces) {
-        if (write_pieces(fd, pieces, &total) != 0) goto fail_open;
-    } else {
-        memcpy(iovs, iov0, sizeof(struct iovec) * (size_t)cnt0);
-        if (write_all(fd, iovs, cnt0, 0, &total) != 0) goto fail_open;
+    while (cnt) {
+        ssize_t w = x_pwritev(fd, iov, cnt, (off_t)total);
+        if (w <= 0) {
+            if (w == 0) errno = EIO;
+            goto fail_open;
+        }
+        total += (uint64_t)w;
+        cnt = advance_iov(&iov, cnt, (size_t)w);
     }
     if (flags & (F_FSYNC_FILE | F_FSYNC_DIR)) {
         stage = SG_FSYNC; /* never retried: the kernel may have dropped the pages */
@@ -841,17 +785,10 @@ static void store_one(fx_item *it, int base_fd, int flags, mode_t mode, size_t a
     }
     const uint8_t *payload = (const uint8_t *)it->buf.buf;
     uint64_t n = (uint64_t)it->buf.len;
+    uint64_t csum = (flags & F_CHECKSUM) ? fx_xxh3_64(payload, n) : 0;
+    encode_header(sc->header, it->khash, it->hlen, it->group, digest, n, pages,
+                  (flags & F_CHECKSUM) ? 1 : 0, csum, created_ns);
     uint64_t whole = n - n % PAGE, rest = n - whole;
-    int aligned = ((uintptr_t)payload % alignment) == 0;
-    int direct = (flags & F_DIRECT) && aligned;
-    uint64_t piece = atomic_load(&hash_piece);
-    fx_pieces pc = {payload, n, whole, piece, sc, it, digest, pages, created_ns};
-    int in_pieces = !direct && (flags & F_CHECKSUM) && piece && whole > piece;
-    if (!in_pieces) {
-        uint64_t csum = (flags & F_CHECKSUM) ? fx_xxh3_64(payload, n) : 0;
-        encode_header(sc->header, it->khash, it->hlen, it->group, digest, n, pages,
-                      (flags & F_CHECKSUM) ? 1 : 0, csum, created_ns);
-    }
     struct iovec iov[3];
     int cnt = 0;
     iov[cnt].iov_base = sc->header;
@@ -866,12 +803,14 @@ static void store_one(fx_item *it, int base_fd, int flags, mode_t mode, size_t a
         iov[cnt].iov_base = sc->tail;
         iov[cnt++].iov_len = PAGE;
     }
-    store_once(it, dfd, name, iov, cnt, in_pieces ? &pc : NULL, direct, flags, mode);
+    int aligned = ((uintptr_t)payload % alignment) == 0;
+    int direct = (flags & F_DIRECT) && aligned;
+    store_once(it, dfd, name, iov, cnt, direct, flags, mode);
     if (direct && it->status == ST_FAILED && it->err == EINVAL) {
         /* a filesystem that passed the probe but refuses this write */
         it->err = 0;
         it->stage = 0;
-        store_once(it, dfd, name, iov, cnt, NULL, 0, flags, mode);
+        store_once(it, dfd, name, iov, cnt, 0, flags, mode);
     }
     close(dfd);
 }
@@ -948,23 +887,8 @@ static int load_once(fx_item *it, int base_fd, int flags, int direct, size_t ali
     uint64_t got = 0;
     struct stat st;
     int reason = RS_NONE;
-    /* Piece by piece: every read but the last ends inside the whole pages of
-     * the payload, so the last one still reaches the over page (a longer
-     * file is seen); the pieces a read completed are hashed at once. */
-    uint64_t piece = atomic_load(&hash_piece);
-    int pieces = !direct && (flags & F_CHECKSUM) && piece && whole > piece;
-    fx_xxh3_run run;
-    fx_run_begin(&run, (size_t)n, fx_impl);
     for (;;) {
-        struct iovec capped[4], *rv = iov;
-        int rcnt = cnt;
-        uint64_t from = got < PAGE ? PAGE : got;
-        if (pieces && from + piece < PAGE + whole) {
-            memcpy(capped, iov, sizeof(struct iovec) * (size_t)cnt);
-            rcnt = cap_iov(capped, cnt, (long)(from + piece - got));
-            rv = capped;
-        }
-        ssize_t r = x_preadv(fd, rv, rcnt, (off_t)got, direct);
+        ssize_t r = x_preadv(fd, iov, cnt, (off_t)got, direct);
         if (r < 0) {
             int e = errno;
             it->err = e;
@@ -980,8 +904,6 @@ static int load_once(fx_item *it, int base_fd, int flags, int direct, size_t ali
         got += (uint64_t)r;
         if (got >= want) break;
         cnt = advance_iov(&iov, cnt, (size_t)r);
-        if (pieces && got > PAGE)
-            fx_run_feed(&run, buf, (size_t)(got - PAGE < whole ? got - PAGE : whole));
     }
     int kind = 0;
     uint64_t csum = 0;
@@ -1005,7 +927,7 @@ static int load_once(fx_item *it, int base_fd, int flags, int direct, size_t ali
         reason = check_header(sc->header, it->khash, it->hlen, it->group, digest, n, &kind, &csum);
         if (reason == RS_NONE) {
             if (n > whole) memcpy(buf + whole, sc->tail, n - whole);
-            if ((flags & F_CHECKSUM) && kind == 1 && fx_run_end(&run, buf) != csum)
+            if ((flags & F_CHECKSUM) && kind == 1 && fx_xxh3_64(buf, n) != csum)
                 reason = RS_PAYLOAD_CHECKSUM;
         }
     }
@@ -1748,19 +1670,13 @@ static PyObject *py_xxh3_64_impl(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer b;
     int impl;
-    Py_ssize_t piece = 0;
-    if (!PyArg_ParseTuple(args, "y*i|n", &b, &impl, &piece)) return NULL;
-    if (impl < 0 || impl > fx_impl || piece < 0) {
+    if (!PyArg_ParseTuple(args, "y*i", &b, &impl)) return NULL;
+    if (impl < 0 || impl > fx_impl) {
         PyBuffer_Release(&b);
-        PyErr_Format(PyExc_ValueError, "impl must be in 0..%d on this CPU, piece >= 0", fx_impl);
+        PyErr_Format(PyExc_ValueError, "impl must be in 0..%d on this CPU", fx_impl);
         return NULL;
     }
-    fx_xxh3_run r;
-    fx_run_begin(&r, (size_t)b.len, impl);
-    if (piece) /* fed as a reader would: piece by piece as the bytes arrive */
-        for (Py_ssize_t got = piece; got < b.len; got += piece)
-            fx_run_feed(&r, (const uint8_t *)b.buf, (size_t)got);
-    uint64_t h = fx_run_end(&r, (const uint8_t *)b.buf);
+    uint64_t h = fx_xxh3_64_impl((const uint8_t *)b.buf, (size_t)b.len, impl);
     PyBuffer_Release(&b);
     return PyLong_FromUnsignedLongLong(h);
 }
@@ -1883,16 +1799,13 @@ static PyObject *py_fault_count(PyObject *self, PyObject *arg) {
 
 static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"host", "openat2", "tmpfile", "format_version", "cold_direct_min",
-                             "hash_piece", NULL};
+    static char *kwlist[] = {"host", "openat2", "tmpfile", "format_version", "cold_direct_min", NULL};
     const char *host = NULL;
     int o2 = -1, tmpf = -1, ver = -1;
-    long long cold_min = -1, piece = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|ziiiLL", kwlist, &host, &o2, &tmpf, &ver, &cold_min,
-                                     &piece))
+    long long cold_min = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|ziiiL", kwlist, &host, &o2, &tmpf, &ver, &cold_min))
         return NULL;
     if (cold_min >= 0) atomic_store(&cold_direct_min, (uint64_t)cold_min);
-    if (piece >= 0) atomic_store(&hash_piece, (uint64_t)piece);
     if (host) snprintf(host_name, sizeof host_name, "%s", host);
     if (o2 == 1) {
         int fd = fx_openat2_raw(AT_FDCWD, "/", O_RDONLY | O_DIRECTORY, 0, RESOLVE_NO_SYMLINKS);
@@ -1903,12 +1816,11 @@ static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw) {
     }
     if (tmpf >= 0) atomic_store(&tmpfile_off, !tmpf || !O_TMPFILE);
     if (ver > 0) format_version = ver;
-    return Py_BuildValue("{s:s,s:O,s:O,s:i,s:K,s:K,s:s}", "host", host_name, "openat2",
+    return Py_BuildValue("{s:s,s:O,s:O,s:i,s:K,s:s}", "host", host_name, "openat2",
                          atomic_load(&use_openat2) ? Py_True : Py_False, "tmpfile",
                          atomic_load(&tmpfile_off) || !O_TMPFILE ? Py_False : Py_True, "format_version",
                          format_version, "cold_direct_min",
-                         (unsigned long long)atomic_load(&cold_direct_min), "hash_piece",
-                         (unsigned long long)atomic_load(&hash_piece), "xxh3_impl",
+                         (unsigned long long)atomic_load(&cold_direct_min), "xxh3_impl",
                          fx_impl == 2 ? "avx2" : fx_impl == 1 ? "sse2" : "scalar");
 }
 
@@ -1939,7 +1851,7 @@ static PyMethodDef methods[] = {
      "cold_direct_reads() -> int (loads F_DIRECT_COLD read with O_DIRECT since load; tests)"},
     {"xxh3_64", py_xxh3_64, METH_O, "XXH3-64 (seed 0) of a buffer"},
     {"xxh3_64_impl", py_xxh3_64_impl, METH_VARARGS,
-     "xxh3_64_impl(buf, impl, piece=0): 0 scalar, 1 sse2, 2 avx2; piece > 0: fed piece by piece (tests)"},
+     "xxh3_64_impl(buf, impl): 0 scalar, 1 sse2, 2 avx2 (tests)"},
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(buf, hw=True): CRC32C (measurement only)"},
     {"checksum_bench", py_checksum_bench, METH_VARARGS,
      "checksum_bench(buf, kind, reps) -> (seconds, value)"},
@@ -1948,9 +1860,8 @@ static PyMethodDef methods[] = {
     {"fault_clear", py_fault_clear, METH_NOARGS, "disarm every fault rule"},
     {"fault_count", py_fault_count, METH_O, "calls of op seen while armed"},
     {"configure", (PyCFunction)(void (*)(void))py_configure, METH_VARARGS | METH_KEYWORDS,
-     "configure(host=None, openat2=-1, tmpfile=-1, format_version=-1, cold_direct_min=-1, "
-     "hash_piece=-1) -> settings (tmpfile, cold_direct_min, hash_piece: process-wide overrides "
-     "for tests)"},
+     "configure(host=None, openat2=-1, tmpfile=-1, format_version=-1, cold_direct_min=-1) -> "
+     "settings (tmpfile, cold_direct_min: process-wide overrides for tests)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -177,23 +177,17 @@ static void fx_scramble_scalar(uint64_t *acc, const uint8_t *sec) {
     }
 }
 
-/* Full blocks [from, to) of the input (each: 16 stripes, then a scramble). */
-static void fx_blocks_scalar(uint64_t *acc, const uint8_t *in, size_t from, size_t to) {
-    for (size_t n = from; n < to; n++) {
+static void fx_long_scalar(uint64_t *acc, const uint8_t *in, size_t len) {
+    size_t nb_blocks = (len - 1) / FX_BLOCK, n, st;
+    for (n = 0; n < nb_blocks; n++) {
         const uint8_t *blk = in + n * FX_BLOCK;
-        for (size_t st = 0; st < FX_STRIPES_PER_BLOCK; st++)
+        for (st = 0; st < FX_STRIPES_PER_BLOCK; st++)
             fx_acc512_scalar(acc, blk + st * FX_STRIPE, fx_secret + st * FX_CONSUME);
         fx_scramble_scalar(acc, fx_secret + FX_SECRET_SIZE - FX_STRIPE);
     }
-}
-
-/* After the (len - 1) / FX_BLOCK full blocks: the last block's stripes and
- * the input's last 64 bytes. */
-static void fx_tail_scalar(uint64_t *acc, const uint8_t *in, size_t len) {
-    size_t nb_blocks = (len - 1) / FX_BLOCK;
     size_t stripes = ((len - 1) - FX_BLOCK * nb_blocks) / FX_STRIPE;
     const uint8_t *blk = in + nb_blocks * FX_BLOCK;
-    for (size_t st = 0; st < stripes; st++)
+    for (st = 0; st < stripes; st++)
         fx_acc512_scalar(acc, blk + st * FX_STRIPE, fx_secret + st * FX_CONSUME);
     fx_acc512_scalar(acc, in + len - FX_STRIPE, fx_secret + FX_SECRET_SIZE - FX_STRIPE - 7);
 }
@@ -223,25 +217,19 @@ static inline void fx_scramble_sse2(__m128i *xacc, const uint8_t *sec) {
     }
 }
 
-static void fx_blocks_sse2(uint64_t *acc, const uint8_t *in, size_t from, size_t to) {
+static void fx_long_sse2(uint64_t *acc, const uint8_t *in, size_t len) {
     __m128i x[4];
     memcpy(x, acc, sizeof x);
-    for (size_t n = from; n < to; n++) {
+    size_t nb_blocks = (len - 1) / FX_BLOCK, n, st;
+    for (n = 0; n < nb_blocks; n++) {
         const uint8_t *blk = in + n * FX_BLOCK;
-        for (size_t st = 0; st < FX_STRIPES_PER_BLOCK; st++)
+        for (st = 0; st < FX_STRIPES_PER_BLOCK; st++)
             fx_acc512_sse2(x, blk + st * FX_STRIPE, fx_secret + st * FX_CONSUME);
         fx_scramble_sse2(x, fx_secret + FX_SECRET_SIZE - FX_STRIPE);
     }
-    memcpy(acc, x, sizeof x);
-}
-
-static void fx_tail_sse2(uint64_t *acc, const uint8_t *in, size_t len) {
-    __m128i x[4];
-    memcpy(x, acc, sizeof x);
-    size_t nb_blocks = (len - 1) / FX_BLOCK;
     size_t stripes = ((len - 1) - FX_BLOCK * nb_blocks) / FX_STRIPE;
     const uint8_t *blk = in + nb_blocks * FX_BLOCK;
-    for (size_t st = 0; st < stripes; st++)
+    for (st = 0; st < stripes; st++)
         fx_acc512_sse2(x, blk + st * FX_STRIPE, fx_secret + st * FX_CONSUME);
     fx_acc512_sse2(x, in + len - FX_STRIPE, fx_secret + FX_SECRET_SIZE - FX_STRIPE - 7);
     memcpy(acc, x, sizeof x);
@@ -273,25 +261,20 @@ __attribute__((target("avx2"))) static inline void fx_scramble_avx2(__m256i *xac
     }
 }
 
-__attribute__((target("avx2"))) static void fx_blocks_avx2(uint64_t *acc, const uint8_t *in, size_t from, size_t to) {
+__attribute__((target("avx2"))) static void fx_long_avx2(uint64_t *acc, const uint8_t *in,
+                                                         size_t len) {
     __m256i x[2];
     memcpy(x, acc, sizeof x);
-    for (size_t n = from; n < to; n++) {
+    size_t nb_blocks = (len - 1) / FX_BLOCK, n, st;
+    for (n = 0; n < nb_blocks; n++) {
         const uint8_t *blk = in + n * FX_BLOCK;
-        for (size_t st = 0; st < FX_STRIPES_PER_BLOCK; st++)
+        for (st = 0; st < FX_STRIPES_PER_BLOCK; st++)
             fx_acc512_avx2(x, blk + st * FX_STRIPE, fx_secret + st * FX_CONSUME);
         fx_scramble_avx2(x, fx_secret + FX_SECRET_SIZE - FX_STRIPE);
     }
-    memcpy(acc, x, sizeof x);
-}
-
-__attribute__((target("avx2"))) static void fx_tail_avx2(uint64_t *acc, const uint8_t *in, size_t len) {
-    __m256i x[2];
-    memcpy(x, acc, sizeof x);
-    size_t nb_blocks = (len - 1) / FX_BLOCK;
     size_t stripes = ((len - 1) - FX_BLOCK * nb_blocks) / FX_STRIPE;
     const uint8_t *blk = in + nb_blocks * FX_BLOCK;
-    for (size_t st = 0; st < stripes; st++)
+    for (st = 0; st < stripes; st++)
         fx_acc512_avx2(x, blk + st * FX_STRIPE, fx_secret + st * FX_CONSUME);
     fx_acc512_avx2(x, in + len - FX_STRIPE, fx_secret + FX_SECRET_SIZE - FX_STRIPE - 7);
     memcpy(acc, x, sizeof x);
@@ -310,75 +293,28 @@ static void fx_pick_impl(void) {
 #endif
 }
 
-/* A hash fed as its input arrives: fx_run_feed() consumes the full blocks
- * that lie wholly in the first `avail` bytes, so a reader can hash each piece
- * right after reading it, while it is still in the CPU's cache (a whole 1 MiB
- * file hashed after its read comes back from memory: 11 GB/s here, against
- * 28-35 GB/s from the cache). The input must be contiguous and complete at
- * fx_run_end(); the result equals the one-shot hash for any feeding
- * (tests/test_native.py::test_xxh3_fed_in_pieces_matches_the_one_shot). */
-typedef struct {
-    uint64_t acc[FX_ACC_NB] __attribute__((aligned(32)));
-    size_t len;  /* the whole input */
-    size_t done; /* full blocks consumed */
-    int impl;
-} fx_xxh3_run;
-
-static void fx_run_begin(fx_xxh3_run *r, size_t len, int impl) {
-    static const uint64_t init[FX_ACC_NB] = {FX_P32_3, FX_P64_1, FX_P64_2, FX_P64_3,
-                                             FX_P64_4, FX_P32_2, FX_P64_5, FX_P32_1};
-    memcpy(r->acc, init, sizeof init);
-    r->len = len;
-    r->done = 0;
-    r->impl = impl;
-}
-
-static void fx_run_feed(fx_xxh3_run *r, const uint8_t *in, size_t avail) {
-    if (r->len <= 240) return; /* short inputs: all at the end */
-    size_t last = (r->len - 1) / FX_BLOCK, upto = avail / FX_BLOCK;
-    if (upto > last) upto = last;
-    if (upto <= r->done) return;
-#if defined(__x86_64__)
-    if (r->impl == 2)
-        fx_blocks_avx2(r->acc, in, r->done, upto);
-    else if (r->impl == 1)
-        fx_blocks_sse2(r->acc, in, r->done, upto);
-    else
-        fx_blocks_scalar(r->acc, in, r->done, upto);
-#else
-    fx_blocks_scalar(r->acc, in, r->done, upto);
-#endif
-    r->done = upto;
-}
-
-static uint64_t fx_run_end(fx_xxh3_run *r, const uint8_t *in) {
-    size_t len = r->len;
+static uint64_t fx_xxh3_64_impl(const uint8_t *in, size_t len, int impl) {
     if (len <= 16) return fx_len_0to16(in, len);
     if (len <= 128) return fx_len_17to128(in, len);
     if (len <= 240) return fx_len_129to240(in, len);
-    fx_run_feed(r, in, len);
+    uint64_t acc[FX_ACC_NB] __attribute__((aligned(32))) = {
+        FX_P32_3, FX_P64_1, FX_P64_2, FX_P64_3, FX_P64_4, FX_P32_2, FX_P64_5, FX_P32_1};
 #if defined(__x86_64__)
-    if (r->impl == 2)
-        fx_tail_avx2(r->acc, in, len);
-    else if (r->impl == 1)
-        fx_tail_sse2(r->acc, in, len);
+    if (impl == 2)
+        fx_long_avx2(acc, in, len);
+    else if (impl == 1)
+        fx_long_sse2(acc, in, len);
     else
-        fx_tail_scalar(r->acc, in, len);
+        fx_long_scalar(acc, in, len);
 #else
-    fx_tail_scalar(r->acc, in, len);
+    (void)impl;
+    fx_long_scalar(acc, in, len);
 #endif
-    uint64_t res = (uint64_t)len * FX_P64_1;
+    uint64_t r = (uint64_t)len * FX_P64_1;
     const uint8_t *s = fx_secret + 11;
     for (int i = 0; i < 4; i++)
-        res += fx_fold64(r->acc[2 * i] ^ fx_r64(s + 16 * i),
-                         r->acc[2 * i + 1] ^ fx_r64(s + 16 * i + 8));
-    return fx_avalanche(res);
-}
-
-static uint64_t fx_xxh3_64_impl(const uint8_t *in, size_t len, int impl) {
-    fx_xxh3_run r;
-    fx_run_begin(&r, len, impl);
-    return fx_run_end(&r, in);
+        r += fx_fold64(acc[2 * i] ^ fx_r64(s + 16 * i), acc[2 * i + 1] ^ fx_r64(s + 16 * i + 8));
+    return fx_avalanche(r);
 }
 
 static inline uint64_t fx_xxh3_64(const void *in, size_t len) {

@@ -458,18 +458,12 @@ def fault_count(op: str) -> int:
 
 
 def configure(
-    *,
-    openat2: bool | None = None,
-    tmpfile: bool | None = None,
-    cold_direct_min: int | None = None,
-    hash_piece: int | None = None,
+    *, openat2: bool | None = None, tmpfile: bool | None = None, cold_direct_min: int | None = None
 ) -> dict[str, Any]:
     """Switch the extension's path resolution (``openat2=False``: the
     ``O_NOFOLLOW`` walk) or publication (``tmpfile=False``: named temps), as
-    a kernel without them would, the smallest payload ``o_direct: cold``
-    reads with O_DIRECT (``cold_direct_min``, default 1 MiB), or the piece a
-    checked buffered load reads and hashes at a time (``hash_piece``, default
-    128 KiB; 0: the whole payload in one read) (tests, benchmarks). All
+    a kernel without them would, or the smallest payload ``o_direct: cold``
+    reads with O_DIRECT (``cold_direct_min``, default 1 MiB) (tests). All
     are process-wide overrides that nothing but a caller sets: a root that
     refuses ``O_TMPFILE`` switches only itself
     (:class:`~fstier.io.capabilities.RootCapabilities`). Returns the settings."""
@@ -478,5 +472,4 @@ def configure(
         openat2=-1 if openat2 is None else int(openat2),
         tmpfile=-1 if tmpfile is None else int(tmpfile),
         cold_direct_min=-1 if cold_direct_min is None else int(cold_direct_min),
-        hash_piece=-1 if hash_piece is None else int(hash_piece),
     ))
