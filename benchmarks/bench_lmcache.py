@@ -145,18 +145,23 @@ class Bench:
             bits = a.query_load_result(tid)
         return time.perf_counter() - t0, time.process_time() - c0, bits
 
-    def round(self, r: int) -> None:
-        a, data, n, size = self.adapter, self.data, self.n, self.size
-        src = data.make_memory_objects(self.buf, n, size, 0, fill_offset=r)
-        keys = _keys(n, r, self.name)
-        c0, t0 = time.process_time(), time.perf_counter()
+    def store(self, keys: list[Any], src: list[Any]) -> None:
+        """Store ``src`` as ``keys`` in one task; return once it succeeded."""
+        a, data = self.adapter, self.data
         tid = a.submit_store_task(keys, src)
         done: dict[int, Any] = {}
         while tid not in done:
             assert data.wait_eventfd(a.get_store_event_fd(), 60), f"{self.name}: store timed out"
             done.update(a.pop_completed_store_tasks())
-        c1, t1 = time.process_time(), time.perf_counter()
         assert done[tid].is_successful(), f"{self.name}: store failed"
+
+    def round(self, r: int) -> None:
+        data, n, size = self.data, self.n, self.size
+        src = data.make_memory_objects(self.buf, n, size, 0, fill_offset=r)
+        keys = _keys(n, r, self.name)
+        c0, t0 = time.process_time(), time.perf_counter()
+        self.store(keys, src)
+        c1, t1 = time.process_time(), time.perf_counter()
         nbytes = n * size
         s = self.series
         s["store_mbps"].append(nbytes / (t1 - t0) / 1e6)

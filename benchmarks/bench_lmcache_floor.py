@@ -83,16 +83,6 @@ class Floor:
         os.close(self.efd)
 
 
-def _store(bench: B.Bench, keys: list[Any], src: list[Any]) -> None:
-    a, data = bench.adapter, bench.data
-    tid = a.submit_store_task(keys, src)
-    done: dict[int, Any] = {}
-    while tid not in done:
-        assert data.wait_eventfd(a.get_store_event_fd(), 60), f"{bench.name}: store timed out"
-        done.update(a.pop_completed_store_tasks())
-    assert done[tid].is_successful(), f"{bench.name}: store failed"
-
-
 def run_size(size: int, reps: int, work: Path) -> dict[str, float]:
     from fstier.io import native
 
@@ -102,7 +92,7 @@ def run_size(size: int, reps: int, work: Path) -> dict[str, float]:
     for name, b in benches.items():
         src[name] = b.data.make_memory_objects(b.buf, n, size, 0, fill_offset=1)
         keys[name] = B._keys(n, 0, name)
-        _store(b, keys[name], src[name])
+        b.store(keys[name], src[name])
         dst[name] = b.data.make_memory_objects(b.buf, n, size, n * size, fill_offset=3)
     # Capture the adapter's own native call (one warm load through it).
     captured: dict[str, Any] = {}
