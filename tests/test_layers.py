@@ -54,13 +54,22 @@ def _violations(files: list[Path], forbidden: tuple[str, ...], *, top_level_only
 def test_io_imports_neither_torch_numpy_nor_the_tier() -> None:
     forbidden = (
         "torch", "numpy", "fstier.manager", "fstier.tier", "fstier.integrations", "fstier.cli",
-        "fstier.demo", "fstier.layout", "fstier.gpu_copy", "fstier.slots",
+        "fstier.demo", "fstier.layout", "fstier.cross_layer", "fstier.gpu_copy", "fstier.slots",
     )
     assert _violations(_modules("io"), forbidden) == []
 
 
 def test_the_tier_imports_no_engine_and_no_cli() -> None:
-    forbidden = ("vllm", "sglang", "fstier.integrations", "fstier.cli", "fstier.demo", "fstier.gpu_copy", "fstier.layout")
+    forbidden = (
+        "vllm",
+        "sglang",
+        "fstier.integrations",
+        "fstier.cli",
+        "fstier.demo",
+        "fstier.gpu_copy",
+        "fstier.layout",
+        "fstier.cross_layer",
+    )
     assert _violations(_modules("manager.py") + _modules("tier"), forbidden) == []
 
 
@@ -151,7 +160,7 @@ def test_no_integration_or_slots_module_exceeds_600_lines(folder: str) -> None:
 
 
 def test_only_the_engine_side_imports_torch() -> None:
-    allowed = {"layout.py", "gpu_copy.py", "_cudart.py"}
+    allowed = {"layout.py", "cross_layer.py", "gpu_copy.py", "_cudart.py"}
     files = [
         f for f in sorted(PKG.rglob("*.py"))
         if f.name not in allowed and "integrations" not in f.parts and "demo" not in f.parts
