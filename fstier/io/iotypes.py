@@ -1,10 +1,9 @@
 """The vocabulary every block I/O backend shares: how a store or load is
 done (:class:`IOOptions`), what is asked (:class:`StoreRequest`,
 :class:`LoadRequest`) and what happened (:class:`StoreStatus` /
-:class:`StoreOutcome`, :class:`LoadStatus` / :class:`LoadOutcome`,
-:class:`BatchLoadResult`).
+:class:`StoreOutcome`, :class:`LoadStatus` / :class:`LoadOutcome`).
 
-The Python backend (:mod:`fstier.io.blockio`) and the native one
+The Python backend (:mod:`fstier.io._blockio`) and the native one
 (:mod:`fstier.io.native`) both answer in these types, with the same statuses,
 causes (errno names) and reasons, so :class:`fstier.io.blockstore.BlockStore`
 and the tier handle either with one code path.

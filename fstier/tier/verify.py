@@ -3,7 +3,7 @@
 The library call behind ``fstier verify`` (which parses options, prints the
 :class:`VerifyReport` and maps it onto an exit code). Each block file is
 checked the way a load would check it, without a caller buffer
-(:func:`fstier.io.blockstore.verify_file`, THE validator): header
+(:func:`fstier.io.blockcheck.verify_file`, the one validator): header
 magic/version/checksum, file size against the header's payload length, the
 key embedded in the header against the key its file name claims (a valid
 file copied under another key's name is bad), the namespace digest against
