@@ -72,6 +72,9 @@ class BadFile:
 
 @dataclass(slots=True)
 class NamespaceVerify:
+    """One namespace's tally: block files checked (and their bytes), good, bad, removed (``fix``), unreadable;
+    temp files seen; why its manifest was refused (None: valid; a refused namespace's files are not checked)."""
+
     namespace: str
     checked: int = 0
     good: int = 0
@@ -85,6 +88,9 @@ class NamespaceVerify:
 
 @dataclass(slots=True)
 class VerifyReport:
+    """What :func:`verify_root` found under ``root``: per namespace, every bad file, the time it took, and the
+    directories it could not list (then the counts are partial)."""
+
     root: str
     full: bool
     fix: bool
