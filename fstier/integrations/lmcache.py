@@ -25,8 +25,8 @@ How LMCache's world maps onto fstier (:mod:`fstier.integrations.lmcache_space`)
       MLA ``kv_rank`` is; other files are rank-private.
     * **Store / load**: the L1 objects are lent to FsTier in place
       (:class:`~fstier.integrations.lmcache_space.LentSlots`); an LMCache
-      task is one FsTier job per namespace it touches, cut by FsTier into
-      one GIL-free native call per I/O thread. A load keeps FsTier's loaded
+      task is one FsTier job per namespace it touches, each one GIL-free
+      native call with C helper threads inside it. A load keeps FsTier's loaded
       prefix per namespace: a missing, short, corrupt or foreign file fails
       its chunk and every later chunk of that job (each load is checked:
       size, header, key, namespace, checksum), so LMCache serves a shorter
