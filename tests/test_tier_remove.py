@@ -91,10 +91,7 @@ def test_unreachable_keys_are_not_removed_and_the_rest_are(tmp_path: Path, nativ
         at_name.unlink()
         at_name.mkdir()
         batch = [as_file, good1, as_link, as_dir, good2, BlockKey(b"\x7f" * 16, 0)]
-        if through == "tier":
-            got = tier.remove(batch)
-        else:
-            got = blocks.remove_many(batch)
+        got = tier.remove(batch) if through == "tier" else blocks.remove_many(batch)
         assert got == [False, True, False, False, True, False]
         assert not Path(blocks.path(good1)).exists() and not Path(blocks.path(good2)).exists()
         assert behind.is_file() and fan.is_file() and link.is_symlink() and at_name.is_dir()
