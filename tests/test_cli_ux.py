@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _signals import AS_FROM_A_TERMINAL
 from click.testing import CliRunner
 from conftest import make_config
 from test_cli import SMALL_GROUP, run_bin, store_blocks, write_yaml
@@ -149,16 +150,9 @@ def test_permissions_for_real_as_nobody() -> None:
 
 
 # -- 2. Ctrl-C ----------------------------------------------------------------------------
-#: Run a Python child the way a terminal starts a command: SIGINT at its
-#: default disposition, whatever this process has. A background job (`nohup
-#: make test &`, many CI runners) inherits SIGINT *ignored*, Python keeps an
-#: inherited SIG_IGN, and the demo then rightly never saw the Ctrl-C (it ran
-#: to the end and exited 0: both test_ctrl_c_during_demo_* cases failed so).
-AS_FROM_A_TERMINAL = (
-    sys.executable, "-c",
-    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])",
-)
+# The demo is started as from a terminal (tests/_signals.py): from a background
+# job it inherits SIGINT *ignored*, keeps it, and rightly never saw the Ctrl-C
+# (it ran to the end and exited 0: both test_ctrl_c_during_demo_* cases failed so).
 
 
 def _interrupt_demo(tmp_path: Path, ready: str) -> tuple[subprocess.CompletedProcess[str], int]:

@@ -446,17 +446,17 @@ class BlockStore:
         )
 
     def remove(self, key: BlockKey) -> bool:
-        """Remove ``key``'s file; False when there was none."""
+        """Remove ``key``'s name; False when it was not removed (nothing there, a fan-out
+        directory that is a file or a symlink, a directory at the name: as ``remove_batch``)."""
         try:
             fsops.FS.unlink(self.path(key))
-        except FileNotFoundError:
+        except OSError:
             return False
         return True
 
     def remove_many(self, keys: Sequence[BlockKey]) -> list[bool]:
-        """:meth:`remove` of each key; True where a file was removed. Native:
-        ONE call for the batch with the GIL released (no symlink followed
-        below the root); Python: one unlink per key."""
+        """:meth:`remove` of each key; True where a file was removed (a key that could not be fails itself
+        only). Native: ONE GIL-free call for the batch (no symlink followed below the root); Python: per key."""
         if not keys:
             return []
         if self._native:

@@ -393,8 +393,13 @@ def lookup_within(base: str, paths: Sequence[str], *, prefix: bool, timeout_s: f
     C thread and the caller waits at most ``timeout_s`` with the GIL
     released once (no Python thread in between). None past the deadline (a
     hung mount: the C thread finishes on its own and frees what it holds),
-    or at once while 4 earlier probes are still stuck (:func:`lookup_stuck`)."""
+    or at once while 4 earlier probes are still stuck (:func:`lookup_stuck`).
+    ``timeout_s`` above ``threading.TIMEOUT_MAX`` (``inf`` included) is
+    clamped to it; nan or a negative value is a ``ValueError``."""
     ext = _require()
+    if not timeout_s >= 0:  # nan too
+        raise ValueError(f"lookup_within(timeout_s={timeout_s!r}): expected seconds >= 0")
+    timeout_s = min(float(timeout_s), threading.TIMEOUT_MAX)
     got = ext.lookup_within(os.fsencode(base), _split(base, paths), prefix, timeout_s)
     return None if got is None else [b == 1 for b in got]
 
