@@ -1,9 +1,9 @@
 """Disk usage of a root, shared by every FsTier instance (and host) storing into it.
 
 Capacity is root-wide (one disk, one budget), so every instance on a root
-must see the bytes the others store. Each instance tracking only its own
-stores let five writers on one root reach several times ``max_bytes``
-between their rescans (``benchmarks/bench_multi_instance.py``).
+must see the bytes the others store (five writers each counting only their
+own reached 2.86x ``max_bytes``). An instance is one process's count of a
+root, held by each of its tiers on that root (:mod:`fstier.tier.rootcount`).
 
 Design: one count per instance, published only by its owner, summed by
 readers, no lock. Nothing shared is ever rewritten in place and re-read:
@@ -17,8 +17,7 @@ returns fresh.
   started (both only grow), the part of those stored not written yet, and a
   generation. Its owner creates the new name (``O_EXCL``: never through a
   planted link) and then unlinks the old one; a reader lists the directory
-  and takes the largest value of each instance. fstier < 0.6's count files
-  are still read.
+  and takes the largest value of each instance (fstier < 0.6's files too).
 - A reader's view is ``base + sum(stored_i - stored_i at base) -
   sum(removed_i - removed_i at base)``: ``base`` is the bytes its last full
   scan found; stores count from just *before* that scan and removals from
@@ -27,15 +26,12 @@ returns fresh.
   the root overshoot); a scan that raced is repeated later. The eviction
   lease orders removals with scans: every scan runs under it and a holder
   publishes its count before giving it back, so a removal published after
-  a scan began is of a file it counted (a time-based allowance took another
-  host's evictions for files a scan had missed: views 25 MiB high).
+  a scan began is of a file it counted.
 - A store counts from its admission (:meth:`SharedUsage.reserve`), so every
   instance sees stores in flight; what it did not store is given back as
-  removed when it ends (:meth:`SharedUsage.settle`).
-  A scan counts stores in flight at its start (this instance's and, from
-  their names, every other's) on top of what it walked: it may not have
-  seen their files (counting another host's in flight as walked left a
-  CephFS host's view 6% low).
+  removed when it ends (:meth:`SharedUsage.settle`). A scan counts every
+  instance's stores in flight at its start on top of what it walked (it
+  may not have seen their files).
 - The hot path does no I/O: :meth:`SharedUsage.add` and
   :meth:`SharedUsage.read` touch memory under a thread lock, and ``add``
   wakes the ``fstier-usage`` thread, which publishes this instance's count
@@ -57,10 +53,8 @@ returns fresh.
   digest of every instance's (stored, removed) it saw. Another instance
   whose own view of every count has that same digest takes those bytes as
   its own scan's (exact: no count moved since, so the disk still holds
-  them): one walk per quiet spell per root, not one per instance (on
-  ceph-fuse a walk over another host's fresh files took 74 s;
-  test_a_settled_scan_is_shared). The owner's next count that moved
-  removes the name.
+  them): one walk per quiet spell per root, not one per instance (a
+  ceph-fuse walk took 74 s). The owner's next count that moved removes it.
 - An instance whose generation has not moved for ``STALE_S`` of this
   reader's own monotonic time is gone: any reader removes its names.
 - **Eviction is one instance at a time per root** through a lease,
@@ -68,9 +62,8 @@ returns fresh.
   create, expiry judged by each reader's own clock); its holder publishes
   its count before giving it back.
 - **The directory is re-resolved under the root every round**
-  (:mod:`fstier.tier.usagedir`): the fd
-  opened at start is used only while ``<root>/.fstier-usage.d`` still names
-  it (``st_dev``/``st_ino``; opened ``O_NOFOLLOW|O_DIRECTORY``); moved away
+  (:mod:`fstier.tier.usagedir`): the fd opened at start is used only while
+  ``<root>/.fstier-usage.d`` names it (``st_dev``/``st_ino``); moved away
   or replaced, the old one is never written again and a new one is opened
   (or made) under the root. One fstier cannot use at start (a symlink, a
   FIFO, no permission) turns sharing off for this instance with one
@@ -90,7 +83,7 @@ import re
 import secrets
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,6 +176,7 @@ class SharedUsage:
         self.instance = f"{_safe_host()}-{os.getpid()}-{secrets.token_hex(4)}"
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()  # one publisher/reader at a time
+        self._pass_lock = threading.Lock()  # one capacity pass at a time (of every tier holding this count)
         #: bytes this instance stored and removed since it started
         self._stored = 0
         self._removed = 0
@@ -291,12 +285,21 @@ class SharedUsage:
         self._wake.set()  # publish now (the thread coalesces a burst)
         return view
 
-    def reserve(self, nbytes: int) -> int:
+    def reserve(self, nbytes: int, admit: Callable[[int], bool] = lambda view: True) -> int | None:
         """Count a store in flight (it counts as stored from now on: others
-        see it); :meth:`settle` when it ends. Returns the new view."""
+        see it) if ``admit(view)``, in one step under the lock (two threads
+        or tiers never both admit against one view); :meth:`settle` when it
+        ends. Returns the new view, None when refused."""
         with self._lock:
+            if not admit(self._sum_locked()):
+                return None
             self._inflight += nbytes
-        return self.add(nbytes)
+            self._stored = min(_MAX_ABS, self._stored + nbytes)
+            view = self._sum_locked()
+            self._last_add = self._clock()
+            self.changed_since_scan = True
+        self._wake.set()
+        return view
 
     def settle(self, reserved: int, stored: int) -> int:
         """A store :meth:`reserve` counted ``reserved`` bytes for ended with
@@ -564,14 +567,21 @@ class SharedUsage:
     def evicting(self) -> Iterator[bool]:
         """Try to become the one instance running a capacity pass on this
         root: yields True while this instance holds the lease, False when
-        another live instance does (the caller skips its pass)."""
-        if not self.try_lease():
+        another live instance, or another tier of this process
+        (:mod:`fstier.tier.rootcount`), does (the caller skips its pass)."""
+        if not self._pass_lock.acquire(blocking=False):
             yield False
             return
         try:
-            yield True
+            if not self.try_lease():
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                self.release_lease()
         finally:
-            self.release_lease()
+            self._pass_lock.release()
 
     # ------------------------------------------------------------ lifecycle
     def close(self) -> None:
