@@ -43,9 +43,8 @@ returns fresh.
   instance keeps its last good value); so is a claim that more bytes were
   removed since this reader's scan than that scan found plus everything
   stored since (a planted ``removed`` of 2^60 pinned the view at 0 and let
-  the root reach 3x ``max_bytes``): either asks for a rescan
-  (:attr:`SharedUsage.rescan_wanted`), and the rescan takes the file's
-  claim as its new baseline. A count that vanished keeps its last value;
+  the root reach 3x ``max_bytes``): either asks for a rescan, which takes
+  the file's claim as its new baseline. A count that vanished keeps its last value;
   the sum is clamped to ``[0, 2^62]``. Nothing here raises to a caller.
 - **A settled scan is shared.** A scan that raced nothing, with no store
   in flight anywhere, is published as a name too (``<instance>.<bytes>.
@@ -59,8 +58,7 @@ returns fresh.
   reader's own monotonic time is gone: any reader removes its names.
 - **Eviction is one instance at a time per root** through a lease,
   ``.fstier-usage.d/evict.lease`` (:mod:`fstier.tier.lease`: an ``O_EXCL``
-  create, expiry judged by each reader's own clock); its holder publishes
-  its count before giving it back.
+  create, expiry judged by each reader's own clock).
 - **The directory is re-resolved under the root every round**
   (:mod:`fstier.tier.usagedir`): the fd opened at start is used only while
   ``<root>/.fstier-usage.d`` names it (``st_dev``/``st_ino``); moved away
@@ -69,9 +67,8 @@ returns fresh.
   FIFO, no permission) turns sharing off for this instance with one
   warning: it counts its own stores until its next scan.
 
-Each instance sees the others' stores at its thread's next round. Costs
-per round while storing (rounds run back to back): one create, one unlink,
-one listing, two ``stat`` calls; nothing on the caller's thread.
+Costs per round (back to back while storing): one create, one unlink, one
+listing, two ``stat`` calls; nothing on the caller's thread.
 """
 
 from __future__ import annotations
@@ -306,7 +303,7 @@ class SharedUsage:
         ``stored`` on disk: the rest counts as removed. Returns the new view."""
         with self._lock:
             self._inflight = max(0, self._inflight - reserved)
-        return self.add(-max(0, reserved - stored)) if reserved > stored else self.read()
+        return self.add(stored - reserved) if reserved > stored else self.read()
 
     # ---------------------------------------------------------------- scans
     def begin_scan(self) -> ScanToken:
@@ -327,13 +324,13 @@ class SharedUsage:
         """A full scan that began at ``token`` left ``scanned`` bytes on disk
         (after removing ``removed_by_scan`` bytes, which it also added to
         this instance's removals). Stores made since the token count on top
-        (twice if the walk saw them); removals count from now on (none
-        during the walk: those it saw are in ``scanned`` too high). Both
-        errors make the view high, never low; :attr:`scan_raced` says the
-        scan raced any, and the capacity thread scans again soon. Returns
-        the new view."""
+        (twice if the walk saw them: high, never low). A scan that raced
+        (:attr:`scan_raced`; rescanned once quiet) only bounds the truth:
+        the view it replaces, which followed every count since an earlier
+        base, is kept within [``scanned``, the new view]. Returns the view."""
         self.refresh()
         with self._lock:
+            trusted, before = self._scanned and not self._refused and not self.rescan_wanted, self._sum_locked()
             # Others' stores reach us late (publish + refresh): any activity
             # seen near the walk may have raced it.
             self.scan_raced = (
@@ -356,6 +353,9 @@ class SharedUsage:
             self.changed_since_scan = self.scan_raced
             self._scanned = True
             self._scan_to_share = None
+            if self.scan_raced and trusted:  # raced walks left two hosts' views 12.7-16.7% high
+                new = self._sum_locked()
+                self._base += max(scanned, min(before, new)) - new
             if not self.scan_raced and self._inflight == 0 and not any(self._others_inflight.values()):
                 self._scan_to_share = (self._base, counts_digest(self._counts_locked()))
                 self._wake.set()
