@@ -310,6 +310,7 @@ def test_instances_on_one_root_see_each_others_stores(tmp_path: Path, monkeypatc
     # Counts are exchanged synchronously here (_exchange): no publication lag
     # to wait out before another instance's removals count.
     import fstier.tier.usage
+    from fstier.tier.unseen import WINDOW_S
 
     monkeypatch.setattr(fstier.tier.usage, "SETTLE_S", 0.0)
     root = tmp_path / "root"
@@ -330,6 +331,12 @@ def test_instances_on_one_root_see_each_others_stores(tmp_path: Path, monkeypatc
         assert store(b, "b", keys(100, 9)).success
         _exchange(a, b)
         assert a.usage_bytes == 19 * FILE_BYTES
+        # Listed over a rate window in which a stored nothing: nothing of its
+        # is estimated unseen (fstier.tier.unseen), so b's job is judged on the
+        # view alone.
+        for _ in range(2):
+            time.sleep(2 * WINDOW_S)
+            _exchange(a, b)
         # The root is at max_bytes until a capacity pass runs: stores drop.
         assert store(b, "b2", keys(300, 2), [30, 31]).success
         _exchange(a, b)
@@ -1084,3 +1091,51 @@ def test_a_buffered_store_where_write_errors_come_late_is_acknowledged_only_afte
         assert (on_disk.block_files, on_disk.temp_files) == (4, 0)
         assert tier.usage_bytes == on_disk.block_bytes == 4 * FILE_BYTES
         assert tier.metrics.stored_blocks.value == 4
+
+
+def test_admission_counts_other_instances_stores_not_listed_yet(tmp_path: Path) -> None:
+    """Another instance's stores reach this one's view a round of each usage
+    thread late (longer on a loaded host): five writer processes peaked at
+    1.11-1.17x max_bytes. Admission counts the others' store rate times the
+    time since this instance last listed (plus a usual round) on top of the
+    view; the usage reported stays the view, and a writer that stopped
+    counts 0 again."""
+    from fstier.clock import ManualClock
+    from fstier.tier.unseen import MAX_LAG_S, WINDOW_S
+    from fstier.tier.usage import SharedUsage
+
+    clock = ManualClock()
+    a = SharedUsage(tmp_path, background=False, clock=clock)
+    b = SharedUsage(tmp_path, background=False, clock=clock)
+    seen: list[int] = []
+
+    def admitted_view(u: SharedUsage) -> int:
+        assert u.reserve(1, lambda view: seen.append(view) is not None) is None  # refused: nothing counted
+        return seen[-1]
+
+    try:
+        for u in (a, b):
+            u.end_scan(u.begin_scan(), 0, 0)
+        step = max(WINDOW_S, 0.1)
+        for _ in range(4):  # a stores 10,000 bytes per step, b lists after each
+            a.add(10_000)
+            a.refresh()
+            clock.advance(step)
+            b.refresh()
+        rate = 10_000 / step
+        assert b.read() == 40_000
+        assert 40_000 < admitted_view(b) <= 40_000 + rate * step  # at most a usual round's worth
+        clock.advance(0.5)  # b's usage thread stalls: a's latest stores are not in its view
+        assert 40_000 + rate * 0.5 <= admitted_view(b) <= 40_000 + rate * (0.5 + step)
+        clock.advance(60)
+        assert admitted_view(b) == pytest.approx(40_000 + rate * MAX_LAG_S, rel=0.01)  # bounded
+        assert b.read() == 40_000  # the reported usage is the view alone
+        for _ in range(3):  # a stopped storing
+            clock.advance(step)
+            a.refresh()
+            b.refresh()
+        assert admitted_view(b) == 40_000
+        assert admitted_view(a) == 40_000  # b never stored: nothing unseen for a
+    finally:
+        a.close()
+        b.close()

@@ -76,9 +76,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
-import secrets
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -90,10 +87,12 @@ from fstier.tier.countnames import (
     SCAN_SUFFIX,
     count_name,
     counts_digest,
+    instance_name,
     read_listing,
     scan_name,
 )
 from fstier.tier.lease import LEASE_NAME, LEASE_S, RENEW_S, EvictionLease
+from fstier.tier.unseen import StoreRates
 from fstier.tier.usagedir import USAGE_DIR_NAME, UsageDir
 
 __all__ = [
@@ -137,11 +136,6 @@ _RESCAN_MIN_INTERVAL_S = 10.0
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _safe_host() -> str:
-    host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64].lstrip(".")
-    return host or "host"
-
-
 @dataclass(frozen=True, slots=True)
 class ScanToken:
     """What :meth:`SharedUsage.begin_scan` saw just before a full scan:
@@ -170,7 +164,7 @@ class SharedUsage:
         self.root = Path(root)
         self._mode = file_mode
         self._clock = clock.monotonic
-        self.instance = f"{_safe_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+        self.instance = instance_name()
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()  # one publisher/reader at a time
         self._pass_lock = threading.Lock()  # one capacity pass at a time (of every tier holding this count)
@@ -189,6 +183,7 @@ class SharedUsage:
         self._refused: dict[str, tuple[int, int]] = {}
         #: other instances' stores in flight (counted in their stored, maybe not on disk yet)
         self._others_inflight: dict[str, int] = {}
+        self._rates = StoreRates()  # others' stores not listed yet, estimated for admission
         #: per other instance: its last generation (or legacy mtime) and when it moved
         self._liveness: dict[str, tuple[int, float]] = {}
         #: leftover names and when this instance first saw them
@@ -285,10 +280,11 @@ class SharedUsage:
     def reserve(self, nbytes: int, admit: Callable[[int], bool] = lambda view: True) -> int | None:
         """Count a store in flight (it counts as stored from now on: others
         see it) if ``admit(view)``, in one step under the lock (two threads
-        or tiers never both admit against one view); :meth:`settle` when it
-        ends. Returns the new view, None when refused."""
+        or tiers never both admit against one view; ``view`` counts the
+        others' stores not listed yet, :mod:`fstier.tier.unseen`);
+        :meth:`settle` when it ends. Returns the new view, None when refused."""
         with self._lock:
-            if not admit(self._sum_locked()):
+            if not admit(self._sum_locked() + self._rates.unseen(self._clock())):
                 return None
             self._inflight += nbytes
             self._stored = min(_MAX_ABS, self._stored + nbytes)
@@ -507,6 +503,7 @@ class SharedUsage:
                 self._last_activity = now
                 self.changed_since_scan = True
             self._others.update(good)
+            self._rates.listed({inst: value[0] for inst, value in self._others.items()}, now)
             if scans:
                 self._adopt_scan_locked(scans)
             dead = []
