@@ -48,6 +48,14 @@ _by_key: dict[_Key, _Held] = {}
 _by_count: dict[int, _Held] = {}  # id(usage) -> its entry, for release
 
 
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # a thread of the parent may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def acquire_count(root: Path, file_mode: int, clock: Clock) -> SharedUsage:
     """The process's count of ``root`` (made on first use); every call is
     matched by one :func:`release_count`."""
