@@ -42,26 +42,9 @@ from test_lmcache_adapter import (  # noqa: E402
 )
 
 import fstier.integrations.lmcache as lmc  # noqa: E402
-from fstier.errors import ConfigError  # noqa: E402
-from fstier.io import native  # noqa: E402
 from fstier.io.blockfile import block_file_size  # noqa: E402
 
 FILE = block_file_size(2 * 4 * 256 * 64 * 2)  # one SHAPE chunk's file
-
-
-@pytest.fixture(params=["on", "off"])
-def io(request: pytest.FixtureRequest) -> str:
-    """Both I/O paths: the native extension and the Python path."""
-    if request.param == "on":
-        if os.environ.get("FSTIER_NATIVE") == "0":
-            pytest.skip("FSTIER_NATIVE=0 forces the Python I/O path")
-        try:
-            native.native_backend()
-        except ConfigError:
-            if os.environ.get("FSTIER_NATIVE") == "1":
-                raise
-            pytest.skip("native extension not built")
-    return str(request.param)
 
 
 @pytest.fixture
