@@ -89,6 +89,12 @@ with open_tier(root, max_bytes=1000 * FILE_BYTES) as tier:
     print("ready", flush=True)
     while not stop.exists():
         time.sleep(0.05)
+    # What this instance exports: the root's limit and the live instances on it.
+    end = time.monotonic() + 10
+    while tier.metrics.root_instances.value < 2 and time.monotonic() < end:
+        time.sleep(0.05)
+    snap = tier.metrics.snapshot()
+    print(snap["fstier_max_bytes"], snap["fstier_root_instances"], flush=True)
 """
 
 
@@ -125,9 +131,9 @@ def test_status_of_a_root_shared_by_two_processes(tmp_path: Path) -> None:
         assert doc["agree"] is True and doc["lease"] is None
     finally:
         stop.touch()
-        for p in procs:
-            p.communicate(timeout=60)
+        outs = [p.communicate(timeout=60)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
+    assert [o.split() for o in outs] == [[str(1000 * FILE_BYTES), "2"]] * 2
 
 
 def test_a_planted_lease_and_a_silent_instance_are_problems(tmp_path: Path) -> None:

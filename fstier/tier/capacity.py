@@ -88,6 +88,10 @@ class Capacity:
         self._shared: SharedUsage | None = (
             SharedUsage(root, tier.file_mode, clock=clock) if self.max_bytes is not None else None
         )
+        if self.max_bytes is not None:
+            metrics.max_bytes.set(self.max_bytes)
+            metrics.high_watermark_bytes.set(self.max_bytes * tier.high_watermark)
+            metrics.root_instances.set(1)
         self._root = root
         self._usage_known = False
         self._resynced = time.monotonic()
@@ -387,6 +391,8 @@ class Capacity:
                 # for the periodic resync.
                 end = time.monotonic() + _RESYNC_INTERVAL_S
                 while not self._wake.wait(_WATCH_S):
+                    if self._shared is not None:
+                        self.metrics.root_instances.set(self._shared.live_instances())
                     if self._stop.is_set() or time.monotonic() >= end or self._over_high():
                         break
                     if self._rescan_due():
