@@ -168,6 +168,7 @@ class TierMetrics:
         self.queued_store_bytes = Gauge("fstier_queued_store_bytes", "bytes of stores queued or running")
         self.degraded = Gauge("fstier_degraded", "1 while the circuit breaker is open")
         self.native_io = Gauge("fstier_native_io", "1 when the native I/O path runs, 0 for the Python path")
+        self.fenced_slots = Gauge("fstier_fenced_slots", "slots held by timed-out I/O that has not returned")
         # Set by the capacity manager (fstier.tier.capacity), with max_bytes only.
         self.max_bytes = Gauge("fstier_max_bytes", "max_bytes of the root (0: no limit)")
         self.high_watermark_bytes = Gauge("fstier_high_watermark_bytes", "usage above which eviction starts")
