@@ -194,3 +194,23 @@ def test_bad_options_and_roots_exit_2(tmp_path: Path) -> None:
         assert res.exit_code == 2, (args, res.output)
     res = run_cli("status", str(tmp_path / "nowhere"), "--json")
     assert res.exit_code == 2 and json.loads(res.stdout)["ok"] is False
+
+
+def test_a_file_the_count_never_saw_is_exported_as_the_next_rescans_correction(tmp_path: Path) -> None:
+    """What an instance without max_bytes, a writer killed mid-store or a
+    copy by hand leaves: bytes on disk the shared count does not hold. The
+    next quiet rescan corrects the count and exports how far off it was
+    (the FstierUsageCountOff alert, deploy/prometheus/fstier-rules.yml)."""
+    root = tmp_path / "root"
+    with open_tier(root, max_bytes=100 * FILE_BYTES) as tier:
+        tier.run_capacity_pass()
+        store(tier, "a", keys(0, 3))
+        tier.run_capacity_pass()
+        assert tier.metrics.snapshot()["fstier_usage_correction_bytes"] == 0
+        src = tier.mapper.path_for(keys(0, 1)[0])
+        planted = tier.mapper.path_for(keys(50, 1)[0])
+        planted.parent.mkdir(exist_ok=True)
+        planted.write_bytes(src.read_bytes())
+        tier.run_capacity_pass()
+        assert tier.metrics.snapshot()["fstier_usage_correction_bytes"] == FILE_BYTES
+        assert tier.usage_bytes == 4 * FILE_BYTES

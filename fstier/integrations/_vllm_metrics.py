@@ -79,6 +79,10 @@ VLLM_GAUGES: dict[str, tuple[str, str]] = {
     "high_watermark_bytes": (
         "fstier_high_watermark_bytes", "Usage above which eviction starts (max_bytes x high_watermark)."
     ),
+    "usage_correction_bytes": (
+        "fstier_usage_correction_bytes",
+        "How far the shared usage count was from the disk at the last rescan that raced nothing.",
+    ),
     "root_instances": (
         "fstier_root_instances",
         "FsTier instances on root_dir (any host, this one included) whose usage count moved in the last 60 s.",

@@ -311,9 +311,14 @@ class Capacity:
             ):
                 with self._usage_lock:
                     mine = self._removed_in_pass
+                before = shared.read()
                 # The walk is the new base; what anyone stored since the
                 # token counts on top, this pass's own removals (mine) once.
                 usage = shared.end_scan(token, report.final_bytes, mine)
+                if self._usage_known and not shared.scan_raced:
+                    # How far the count was from the disk (exported: an
+                    # alert on it names writers the count does not see).
+                    self.metrics.usage_correction_bytes.set(abs(usage - before))
                 self._usage_known = True
                 self._resynced = time.monotonic()
                 self._scan_s = report.seconds

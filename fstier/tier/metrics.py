@@ -172,6 +172,9 @@ class TierMetrics:
         # Set by the capacity manager (fstier.tier.capacity), with max_bytes only.
         self.max_bytes = Gauge("fstier_max_bytes", "max_bytes of the root (0: no limit)")
         self.high_watermark_bytes = Gauge("fstier_high_watermark_bytes", "usage above which eviction starts")
+        self.usage_correction_bytes = Gauge(
+            "fstier_usage_correction_bytes", "how far the shared count was from the disk at the last quiet rescan"
+        )
         self.root_instances = Gauge(
             "fstier_root_instances", "instances (this one included) whose usage count on the root is live"
         )
