@@ -8,7 +8,8 @@ A running FsTier publishes, in ``<root>/.fstier-usage.d``
 - one count per instance, carried by an empty file's name
   (``<host>-<pid>-<token>.<gen>.<stored>.<removed>.<inflight>.cnt``): its
   newest name's mtime is when it last published (a new generation at least
-  every ``HEARTBEAT_S``, so an older one is late, and one older than
+  every ``HEARTBEAT_S``, so an older one is silent: its tier closed, its
+  last count kept for the others' sums, or hangs; one older than
   ``STALE_S`` is gone: every reader removes its names);
 - settled scans (``<instance>.<bytes>.<digest>.scn``): the block bytes a
   walk found while no count moved, and a digest of every instance's
@@ -68,8 +69,9 @@ __all__ = [
     "read_status",
 ]
 
-#: A count whose newest name is older than this is late (2 heartbeats missed).
-LATE_S = 2 * HEARTBEAT_S
+#: A count whose newest name is older than this is silent (2 heartbeats
+#: missed): its tier closed (its last count stays) or hangs.
+SILENT_S = 2 * HEARTBEAT_S
 _INSTANCE = re.compile(r"^(.+)-(\d{1,10})-([0-9a-f]{8})$")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -91,7 +93,7 @@ class InstanceCount:
     removed_bytes: int
     inflight_bytes: int
     age_s: float  # since its newest name was published (wall clock)
-    state: str  # "live", "late" (> LATE_S) or "gone" (> STALE_S)
+    state: str  # "live", "silent" (no new name for SILENT_S: closed or hung) or "gone" (> STALE_S)
 
     @property
     def net_bytes(self) -> int:
@@ -181,7 +183,7 @@ def split_instance(instance: str) -> tuple[str | None, int | None]:
 
 
 def _state(age_s: float) -> str:
-    return "gone" if age_s > STALE_S else "late" if age_s > LATE_S else "live"
+    return "gone" if age_s > STALE_S else "silent" if age_s > SILENT_S else "live"
 
 
 @dataclass
@@ -376,7 +378,9 @@ def read_status(
 
 
 def _judge(status: RootStatus) -> None:
-    """Add the problems the figures show: disagreement, over max_bytes, late counts, an expired lease."""
+    """Add the problems the figures show: disagreement, over max_bytes, an
+    expired lease, bad names. A silent instance is not one: a tier that
+    closed cleanly leaves its last count (the others keep summing it)."""
     if status.agree is False:
         assert status.counts_bytes is not None and status.scan_bytes is not None
         status.problems.append(
@@ -386,12 +390,6 @@ def _judge(status: RootStatus) -> None:
     usage = status.scan_bytes if status.scan_complete else status.counts_bytes
     if status.max_bytes is not None and usage is not None and usage > status.max_bytes:
         status.problems.append(f"usage {usage:,} bytes is over max_bytes {status.max_bytes:,}")
-    for inst in status.instances:
-        if inst.state != "live":
-            status.problems.append(
-                f"instance {inst.instance} last published {inst.age_s:.0f} s ago ({inst.state}): "
-                f"stopped, hung or on a host whose clock is off"
-            )
     if status.lease is not None and status.lease.expired:
         status.problems.append(
             f"the eviction lease (held by {status.lease.holder or '?'}) was not renewed for "
