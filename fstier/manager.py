@@ -125,7 +125,7 @@ class FsTier:
         #: results held back while a slot of their job is fenced (hold_fenced_results)
         self._held: list[tuple[JobResult, tuple[int, ...]]] = []
         self._events: list[TierEvent] = []
-        self._fences = Fences(pool, self._idle)
+        self._fences = Fences(pool, self._idle, metrics.fenced_slots)
         self._closed = False
         self._on_finished = on_finished
         self._on_evicted_hook = on_evicted or (lambda path: None)  # capacity thread; must not raise

@@ -79,6 +79,22 @@ VLLM_GAUGES: dict[str, tuple[str, str]] = {
     "degraded": ("fstier_degraded", "1 while fstier's circuit breaker is open (no I/O is issued)."),
     "write_bytes_per_second": ("fstier_write_bytes_per_second", "Measured write speed (EMA) that backpressure uses."),
     "queued_store_bytes": ("fstier_queued_store_bytes", "Bytes of stores queued or running."),
+    "fenced_slots": (
+        "fstier_fenced_slots",
+        "Slots held by timed-out I/O that has not returned (the engine cannot reuse them).",
+    ),
+    "max_bytes": ("fstier_max_bytes", "max_bytes of root_dir (0 when no limit is set)."),
+    "high_watermark_bytes": (
+        "fstier_high_watermark_bytes", "Usage above which eviction starts (max_bytes x high_watermark)."
+    ),
+    "usage_correction_bytes": (
+        "fstier_usage_correction_bytes",
+        "How far the shared usage count was from the disk at the last rescan that raced nothing.",
+    ),
+    "root_instances": (
+        "fstier_root_instances",
+        "FsTier instances on root_dir (any host, this one included) whose usage count moved in the last 60 s.",
+    ),
 }
 #: Label values sent at 0 from the start (causes appear when they happen).
 KNOWN_LABELS = {"store_dropped_blocks": ("backpressure", "capacity", "degraded")}

@@ -94,6 +94,10 @@ class Capacity:
         self._shared: SharedUsage | None = (
             acquire_count(root, tier.file_mode, clock) if self.max_bytes is not None else None
         )
+        if self.max_bytes is not None:
+            metrics.max_bytes.set(self.max_bytes)
+            metrics.high_watermark_bytes.set(self.max_bytes * tier.high_watermark)
+            metrics.root_instances.set(1)
         self._root = root
         self._released = False
         self._usage_known = False
@@ -332,9 +336,14 @@ class Capacity:
             ):
                 with self._usage_lock:
                     mine = self._removed_in_pass
+                before = shared.read()
                 # The walk is the new base; what anyone stored since the
                 # token counts on top, this pass's own removals (mine) once.
                 usage = shared.end_scan(token, report.final_bytes, mine)
+                if self._usage_known and not shared.scan_raced:
+                    # How far the count was from the disk (exported: an
+                    # alert on it names writers the count does not see).
+                    self.metrics.usage_correction_bytes.set(abs(usage - before))
                 self._usage_known = True
                 self._resynced = time.monotonic()
                 self._scan_s = report.seconds
@@ -412,6 +421,8 @@ class Capacity:
                 # for the periodic resync.
                 end = time.monotonic() + _RESYNC_INTERVAL_S
                 while not self._wake.wait(_WATCH_S):
+                    if self._shared is not None:
+                        self.metrics.root_instances.set(self._shared.live_instances())
                     if self._stop.is_set() or time.monotonic() >= end or self._over_high():
                         break
                     if self._rescan_due():

@@ -361,6 +361,13 @@ class SharedUsage:
         """Every instance's (stored, removed) as this one sees it."""
         return {**self._others, self.instance: (self._stored, self._removed)}
 
+    def live_instances(self) -> int:
+        """This instance and every other whose count moved within two
+        heartbeats of this reader's clock (memory only)."""
+        with self._lock:
+            now = self._clock()
+            return 1 + sum(1 for _, moved in self._liveness.values() if now - moved <= 2 * HEARTBEAT_S)
+
     @property
     def inflight(self) -> int:  # this instance's stores counted, maybe not on disk
         return self._inflight
