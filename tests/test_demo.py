@@ -125,7 +125,9 @@ def _model(groups: list[dict]) -> ModelSpec:
 
 @pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
 def test_expected_shards_tile_the_full_heads(kv_layout: str) -> None:
-    model = _model([{"kind": "full_attention", "num_layers": 2, "num_kv_heads": 8, "head_size": 16, "kv_layout": kv_layout}])
+    model = _model(
+        [{"kind": "full_attention", "num_layers": 2, "num_kv_heads": 8, "head_size": 16, "kv_layout": kv_layout}]
+    )
     group = model.groups[0]
     seed = model_seed(model)
     blocks = [3, 0, 7]
@@ -142,12 +144,19 @@ def test_expected_shards_tile_the_full_heads(kv_layout: str) -> None:
     assert torch.equal(full.float() * 8, (full.float() * 8).round())
     assert not torch.equal(full, expected_blocks(seed, 0, group, 0, ParallelSpec(tp_size=1), blocks))
     assert not torch.equal(full[0], full[1])
-    other = model_seed(_model([{"kind": "full_attention", "num_kv_heads": 8, "head_size": 16}]).model_copy(update={"name": "t/other"}))
+    other = model_seed(
+        _model([{"kind": "full_attention", "num_kv_heads": 8, "head_size": 16}]).model_copy(update={"name": "t/other"})
+    )
     assert not torch.equal(full, expected_blocks(other, 0, group, 1, ParallelSpec(tp_size=1), blocks))
 
 
 def test_expected_replicated_heads_and_mla() -> None:
-    model = _model([{"kind": "full_attention", "num_kv_heads": 2, "head_size": 8}, {"kind": "mla", "num_kv_heads": 1, "head_size": 32}])
+    model = _model(
+        [
+            {"kind": "full_attention", "num_kv_heads": 2, "head_size": 8},
+            {"kind": "mla", "num_kv_heads": 1, "head_size": 32},
+        ]
+    )
     attn, mla = model.groups
     seed = model_seed(model)
     full = expected_blocks(seed, 0, attn, 0, ParallelSpec(tp_size=1), [1])
@@ -232,7 +241,9 @@ def test_the_demo_starts_its_forkserver_while_it_has_one_thread(tmp_path: Path) 
     proc = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, str(tmp_path / "root")],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
-    counts = [int(ln.rsplit(" ", 1)[1]) for ln in proc.stderr.splitlines() if ln.startswith("threads at start_forkserver:")]
+    counts = [
+        int(ln.rsplit(" ", 1)[1]) for ln in proc.stderr.splitlines() if ln.startswith("threads at start_forkserver:")
+    ]
     assert counts and counts[0] == 1, proc.stderr
 
 

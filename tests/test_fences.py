@@ -42,6 +42,8 @@ def test_hundreds_of_timeouts_leave_no_slot_fenced(tmp_path, native_io: str) -> 
         assert tier.wait_fences_released(20), f"{len(tier.fenced_slots)} slots still fenced"
         assert tier.fenced_slots == frozenset()
         assert pool.fenced == frozenset()
+        # The exported gauge went up with the fences and is back at 0.
+        assert tier.metrics.fenced_slots.changes >= 2 and tier.metrics.snapshot()["fstier_fenced_slots"] == 0
     finally:
         tier.close()
         pool.close()

@@ -596,7 +596,9 @@ def test_store_block_at_a_directory_fd(tmp_path: Path, opts: IOOptions) -> None:
     assert temps(tmp_path) == []
 
 
-def test_o_tmpfile_refusal_is_per_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_o_tmpfile_refusal_is_per_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """An NFS-like root that refuses O_TMPFILE switches itself to named temps
     and nothing else: a local root in the same process keeps O_TMPFILE (it
     used to be one process-wide switch)."""

@@ -5,6 +5,7 @@ loads, every fail-closed case; the scenario and its rank processes live in
 :mod:`fstier.demo`), ``inspect`` (one row per namespace, from the streaming walk
 in ``scan``), ``verify`` (check every block, ``--fix`` removes bad ones),
 ``gc`` (LRU eviction and temp sweep with FsTier's own capacity code),
+``status`` (a live view of a root from what its running tiers publish),
 ``bench`` (fstier vs raw O_DIRECT), and ``config validate|show``. What they
 share has a module each: ``exits`` (exit codes and the failures that carry
 them), ``output`` (consoles, ``--json`` documents, sizes, safe printing of
@@ -49,7 +50,11 @@ __all__ = ["main"]
 #: tests/test_cli.py checks it equals the first sentence of each command's
 #: docstring (``get_short_help_str`` without a length limit).
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "bench": ("fstier.cli.bench", "bench_cmd", "fstier store/load vs raw O_DIRECT on the same directory in the same run."),
+    "bench": (
+        "fstier.cli.bench",
+        "bench_cmd",
+        "fstier store/load vs raw O_DIRECT on the same directory in the same run.",
+    ),
     "config": ("fstier.cli.config", "config_group", "Validate or show a YAML configuration."),
     "demo": (
         "fstier.cli.demo",
@@ -67,6 +72,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "fstier.cli.inspect",
         "inspect_cmd",
         "One row per namespace under ROOT: model, parallel layout, files, bytes, ages.",
+    ),
+    "status": (
+        "fstier.cli.status",
+        "status_cmd",
+        "A live view of ROOT: usage against max_bytes, the instances and hosts sharing it, the lease, namespaces.",
     ),
     "verify": (
         "fstier.cli.verify",

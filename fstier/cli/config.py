@@ -233,7 +233,9 @@ def agnostic_reason(cfg: Any) -> str | None:
     if is_parallel_agnostic(model, par):
         return None
     if len(model.groups) != 1:
-        return f"the model has {len(model.groups)} KV groups; only a single full-attention group is shared across layouts"
+        return (
+            f"the model has {len(model.groups)} KV groups; only a single full-attention group is shared across layouts"
+        )
     g = model.groups[0]
     if g.kind != "full_attention":
         return f"the group's kind is {g.kind!r}; only 'full_attention' is shared across layouts"

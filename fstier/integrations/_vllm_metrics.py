@@ -48,7 +48,10 @@ VLLM_COUNTERS: dict[str, tuple[str, str]] = {
     "store_skipped_blocks": ("fstier_store_skipped_blocks_total", "Stores skipped: the block was already on disk."),
     "loaded_blocks": ("fstier_loaded_blocks_total", "Block files loaded and verified."),
     "loaded_bytes": ("fstier_loaded_bytes_total", "Payload bytes loaded and verified."),
-    "load_missed_blocks": ("fstier_load_missed_blocks_total", "Blocks a load reported as misses; vLLM recomputes them."),
+    "load_missed_blocks": (
+        "fstier_load_missed_blocks_total",
+        "Blocks a load reported as misses; vLLM recomputes them.",
+    ),
     "lookup_keys": ("fstier_lookup_keys_total", "Keys whose presence vLLM asked for (background lookups)."),
     "lookup_hits": ("fstier_lookup_hits_total", "Keys found present by lookups."),
     "corrupt_blocks": ("fstier_corrupt_blocks_total", "Block files proven bad and removed."),
@@ -60,17 +63,38 @@ VLLM_COUNTERS: dict[str, tuple[str, str]] = {
 #: name under vLLM -> (snapshot key, label name, help)
 VLLM_LABELED_COUNTERS: dict[str, tuple[str, str, str]] = {
     "store_dropped_blocks": (
-        "fstier_store_dropped_blocks_total", "reason",
+        "fstier_store_dropped_blocks_total",
+        "reason",
         "Stores dropped before any I/O, a future miss: backpressure (write queue over "
         "max_write_queue_seconds), capacity (root over max_bytes), degraded (breaker open).",
     ),
-    "failures": ("fstier_failures_total", "cause", "Failed block operations by cause (errno name, timeout, corrupt, ...)."),
+    "failures": (
+        "fstier_failures_total",
+        "cause",
+        "Failed block operations by cause (errno name, timeout, corrupt, ...).",
+    ),
 }
 VLLM_GAUGES: dict[str, tuple[str, str]] = {
     "usage_bytes": ("fstier_usage_bytes", "Bytes of block files under root_dir (tracked with max_bytes)."),
     "degraded": ("fstier_degraded", "1 while fstier's circuit breaker is open (no I/O is issued)."),
     "write_bytes_per_second": ("fstier_write_bytes_per_second", "Measured write speed (EMA) that backpressure uses."),
     "queued_store_bytes": ("fstier_queued_store_bytes", "Bytes of stores queued or running."),
+    "fenced_slots": (
+        "fstier_fenced_slots",
+        "Slots held by timed-out I/O that has not returned (the engine cannot reuse them).",
+    ),
+    "max_bytes": ("fstier_max_bytes", "max_bytes of root_dir (0 when no limit is set)."),
+    "high_watermark_bytes": (
+        "fstier_high_watermark_bytes", "Usage above which eviction starts (max_bytes x high_watermark)."
+    ),
+    "usage_correction_bytes": (
+        "fstier_usage_correction_bytes",
+        "How far the shared usage count was from the disk at the last rescan that raced nothing.",
+    ),
+    "root_instances": (
+        "fstier_root_instances",
+        "FsTier instances on root_dir (any host, this one included) whose usage count moved in the last 60 s.",
+    ),
 }
 #: Label values sent at 0 from the start (causes appear when they happen).
 KNOWN_LABELS = {"store_dropped_blocks": ("backpressure", "capacity", "degraded")}

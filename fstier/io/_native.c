@@ -6,7 +6,7 @@
  * caller buffers) under the GIL; the loop below then runs every block of the
  * batch without touching a Python object, and returns one small tuple per
  * block: (status, errno, bytes, stage/reason, ...). The protocol is the one
- * of fstier/io/posix.py, step for step (docs/format.md sections 4 and 5):
+ * of fstier/io/_blockio.py, step for step (docs/format.md sections 4 and 5):
  *
  *   store: resolve the block's directory under the base directory with no
  *          symlink in any component (openat2 RESOLVE_BENEATH |

@@ -38,6 +38,7 @@ from collections.abc import Hashable, Iterable
 
 from fstier.slots.provider import SlotProvider
 from fstier.tier.jobs import Job
+from fstier.tier.metrics import Gauge
 
 __all__ = ["Fences"]
 
@@ -47,9 +48,11 @@ log = logging.getLogger("fstier.manager")
 class Fences:
     """The fenced slots of one tier (see the module docstring)."""
 
-    def __init__(self, pool: SlotProvider, idle: threading.Condition) -> None:
+    def __init__(self, pool: SlotProvider, idle: threading.Condition, gauge: Gauge | None = None) -> None:
         self._pool = pool
         self._idle = idle
+        #: fenced slots right now, exported (``fstier_fenced_slots``)
+        self._gauge = gauge
         #: (pool job id, op index) of a timed-out batch still running -> its slots
         self._ops: dict[tuple[Hashable, int], tuple[int, ...]] = {}
         #: slot -> how many timed-out batches still running hold it
@@ -78,6 +81,8 @@ class Fences:
                     # (test_late_read_never_reaches_a_reallocated_slot).
                     self._pool.fence(slot)
                 held[slot] = n + 1
+            if self._gauge is not None:
+                self._gauge.set(len(held))
         log.warning(
             "fstier: %s batch of %d key(s) (first %r) timed out after %.1fs; its slots %s fenced "
             "until the call returns",
@@ -103,6 +108,8 @@ class Fences:
                 # Only now may the provider hand the slot out again: no late
                 # call can still write it.
                 self._pool.unfence(slot)
+            if self._gauge is not None:
+                self._gauge.set(len(held))
             self._idle.notify_all()
         log.info("fstier: slots %s released; their timed-out I/O returned", _slots_text(slots))
 

@@ -168,6 +168,16 @@ class TierMetrics:
         self.queued_store_bytes = Gauge("fstier_queued_store_bytes", "bytes of stores queued or running")
         self.degraded = Gauge("fstier_degraded", "1 while the circuit breaker is open")
         self.native_io = Gauge("fstier_native_io", "1 when the native I/O path runs, 0 for the Python path")
+        self.fenced_slots = Gauge("fstier_fenced_slots", "slots held by timed-out I/O that has not returned")
+        # Set by the capacity manager (fstier.tier.capacity), with max_bytes only.
+        self.max_bytes = Gauge("fstier_max_bytes", "max_bytes of the root (0: no limit)")
+        self.high_watermark_bytes = Gauge("fstier_high_watermark_bytes", "usage above which eviction starts")
+        self.usage_correction_bytes = Gauge(
+            "fstier_usage_correction_bytes", "how far the shared count was from the disk at the last quiet rescan"
+        )
+        self.root_instances = Gauge(
+            "fstier_root_instances", "instances (this one included) whose usage count on the root is live"
+        )
         self.store_seconds = Histogram("fstier_store_job_seconds", "store job latency")
         self.load_seconds = Histogram("fstier_load_job_seconds", "load job latency")
         self.lookup_seconds = Histogram("fstier_lookup_seconds", "lookup() latency")
