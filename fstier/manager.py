@@ -109,7 +109,7 @@ class FsTier:
         check_pool(pool, max(self._payload_len))
         self._job_payload_len = self._payload_len[:1] if len(set(self._payload_len)) == 1 else self._payload_len  # one size for all groups: payload_sizes is a product, no loop over a job's keys
         #: key -> file end to end (namespace, directories, recovery, headers, I/O)
-        self.blocks = BlockStore.for_tier(self.mapper, tier)
+        self.blocks = BlockStore.for_tier(self.mapper, tier, clock)
         self.io_options = self.blocks.options
         #: which block I/O path runs (fstier.io.native): "native" or "python"
         self.io_path = self.blocks.io_path

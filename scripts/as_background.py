@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Run a command the way a background job starts it (``nohup cmd &``, a CI
-runner, cron): SIGINT and SIGHUP ignored, inherited by everything it starts.
+runner, cron): SIGINT and SIGHUP ignored, inherited by everything it starts,
+and stdin from /dev/null.
 
 ``make test`` runs its second pytest pass under this wrapper, so a test that
 assumes a terminal's signal dispositions (its own Ctrl-C to a child that
@@ -32,8 +33,9 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the command ...
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     interrupted = []
-    # its own process group: a Ctrl-C (sent to the terminal's foreground group) reaches this wrapper only
-    child = subprocess.Popen(argv, preexec_fn=os.setpgrp)  # no thread runs here: preexec_fn is safe
+    # Its own process group: a Ctrl-C (sent to the terminal's foreground group) reaches this wrapper
+    # only. stdin from /dev/null, as nohup gives: a read from the terminal would stop a background group.
+    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=os.setpgrp)  # no thread here: safe
 
     def forward(signum: int, frame: object) -> None:
         interrupted.append(signum)

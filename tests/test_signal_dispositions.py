@@ -28,11 +28,15 @@ _IGNORED = (
 
 
 def test_as_background_ignores_sigint_and_sighup_and_passes_the_exit_status_on() -> None:
+    """What ``nohup cmd &`` gives a command: SIGINT and SIGHUP ignored, stdin from /dev/null."""
     for code in (0, 3):
         done = subprocess.run([*BACKGROUND, sys.executable, "-c", _IGNORED, str(code)],
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == code, done.stderr
         assert done.stdout.strip() == "['SIGHUP', 'SIGINT']", done.stdout
+    stdin = subprocess.run([*BACKGROUND, sys.executable, "-c", "import os; print(os.readlink('/proc/self/fd/0'))"],
+                           capture_output=True, text=True, timeout=60)
+    assert stdin.stdout.strip() == "/dev/null", stdin.stdout + stdin.stderr  # as nohup gives
     killed = subprocess.run([*BACKGROUND, sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"],
                             capture_output=True, text=True, timeout=60)
     assert killed.returncode == 128 + signal.SIGKILL, killed.stderr

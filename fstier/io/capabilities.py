@@ -18,9 +18,12 @@ O_DIRECT (:func:`probe_o_direct`)
     finding; a probe that could not run (``ENOSPC`` on a full CephFS pool,
     ``EDQUOT``, ``EACCES``, ``EIO``) says nothing about O_DIRECT: the root
     runs buffered and :class:`RootCapabilities` probes again every
-    ``REPROBE_S`` from the store path until a probe runs (a full pool at start
-    left a root buffered for life: test_enospc_probe_is_retried_not_final);
-    with ``on`` such a root uses O_DIRECT as configured.
+    ``REPROBE_S`` of the tier's :class:`~fstier.clock.Clock` from the store
+    path until a probe runs: at most one probe per ``REPROBE_S``, run by one
+    store thread at a time (a full pool at start left a root buffered for
+    life: test_enospc_probe_is_retried_not_final,
+    test_a_full_filesystem_at_start_decides_nothing_for_good); with ``on``
+    such a root uses O_DIRECT as configured.
 
 O_TMPFILE (:attr:`RootCapabilities.tmpfile`)
     Stores publish an anonymous ``O_TMPFILE`` inode with ``linkat``; the
@@ -52,10 +55,10 @@ import logging
 import os
 import struct
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.errors import DirectIOUnsupportedError
 from fstier.io import fsops
 from fstier.io.blockfile import ALIGNMENT
@@ -243,7 +246,7 @@ class RootCapabilities:
 
     def __init__(
         self, o_direct: DirectIOSupport | None = None, *, tmpfile: bool = True, root: str | Path = "",
-        o_direct_mode: str = "auto", late_write_errors: bool = False,
+        o_direct_mode: str = "auto", late_write_errors: bool = False, clock: Clock | None = None,
     ) -> None:
         self.o_direct = o_direct if o_direct is not None else DirectIOSupport(False, ALIGNMENT, "not probed")
         #: the filesystem may report a buffered write's error late or drop it (module docstring)
@@ -253,29 +256,31 @@ class RootCapabilities:
         self._lock = threading.Lock()
         self._probe_lock = threading.Lock()  # one re-probe at a time
         self._mode = o_direct_mode
-        #: when to probe O_DIRECT again (time.monotonic), None once a probe found out
+        self._clock = clock if clock is not None else SYSTEM_CLOCK  # the tier's: a test moves it
+        #: when to probe O_DIRECT again (the clock's monotonic()), None once a probe found out
         self.reprobe_at: float | None = (
-            None if self.o_direct.definitive or o_direct is None else time.monotonic() + REPROBE_S
+            None if self.o_direct.definitive or o_direct is None else self._clock.monotonic() + REPROBE_S
         )
 
     @classmethod
-    def probe(cls, directory: str | Path, o_direct: str = "auto") -> RootCapabilities:
+    def probe(cls, directory: str | Path, o_direct: str = "auto", *, clock: Clock | None = None) -> RootCapabilities:
         """Probe ``directory`` (the root, or its namespace directory) once;
-        a probe that could not run is repeated by :meth:`reprobe`."""
+        a probe that could not run is repeated by :meth:`reprobe`, every
+        ``REPROBE_S`` of ``clock`` (the tier's; the system clock by default)."""
         kind = LATE_WRITE_ERROR_FS.get(filesystem_type(directory) or 0)
         if kind is not None:
             log.info("%s is on %s, which may report a buffered write's error late: buffered stores "
                      "are fsynced before they are acknowledged", directory, kind)
         return cls(
             probe_o_direct(directory, o_direct), root=directory, o_direct_mode=o_direct,
-            late_write_errors=kind is not None,
+            late_write_errors=kind is not None, clock=clock,
         )
 
     def reprobe_due(self) -> bool:
         """Whether the O_DIRECT probe is to run again now (an attribute read
         and, only while one is pending, a clock read)."""
         at = self.reprobe_at
-        return at is not None and time.monotonic() >= at
+        return at is not None and self._clock.monotonic() >= at
 
     def reprobe(self) -> DirectIOSupport:
         """Probe O_DIRECT again (one thread at a time; others return the
@@ -295,7 +300,7 @@ class RootCapabilities:
                 self.reprobe_at = None
                 log.info("O_DIRECT under %s probed again: %s", self.root, found.reason)
             else:
-                self.reprobe_at = time.monotonic() + REPROBE_S
+                self.reprobe_at = self._clock.monotonic() + REPROBE_S
             return self.o_direct
         finally:
             self._probe_lock.release()

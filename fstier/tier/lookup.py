@@ -22,6 +22,10 @@ thread releases the GIL once while a C thread probes, and takes it back
 once; a probe handed to a Python thread cost two more GIL hand-offs per
 batch, each up to the switch interval behind a scheduler that never sleeps
 (test_lookup_presence.py::test_native_probe_runs_on_the_callers_thread).
+Any deadline a caller can pass ends: ``inf`` is no deadline here, one past
+``threading.TIMEOUT_MAX`` is clamped to it (in C too), nan or a negative one
+is a ``ValueError`` (a deadline of 2**63 ns once spun the native probe
+forever: test_lookup_presence.py::test_a_huge_or_infinite_probe_deadline_returns).
 The Python path probes on a lookup thread (an :class:`~fstier.io.pool.IOPool`
 of its own, started by :meth:`Lookup.start` as the tier's constructor
 ends: a pool started at the first lookup cost the first prompt after an
