@@ -7,6 +7,7 @@ once (through a CPU tier large enough to hold it), then, for each CPU tier size 
 prefix length, a fresh manager (a restart: empty CPU tier, the files on disk) looks the prefix up the way vLLM's
 scheduler does (``_maximal_prefix_lookup``: keys in order, stop at the first MISS, look again next step while any
 answer is RETRY or HIT_PENDING) until it settles. The table is the blocks served (hit) per prefix length.
+(How long a prefix that fits takes to be promoted is benchmarks/bench_vllm_promotion.py's.)
 
 Usage: ``PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_vllm_cpu_limit.py [--json out.json]``. CPU only; a
 few seconds per row.
