@@ -2,7 +2,10 @@
 and a test can check it, the test is here (or names the test that does).
 
 * which timers read a :class:`~fstier.clock.Clock` and which read the system clock (fstier/clock.py, the module
-  table of docs/architecture.md);
+  table of docs/architecture.md); that the ones said to read it move with a ``ManualClock`` is held where each
+  is tested: the pool's watchdog and the breaker in tests/test_clock.py, the write budget and the breaker in
+  tests/test_manager_faults.py, the recency flush in tests/test_manager.py, the eviction lease in
+  tests/test_capacity.py;
 * what a finished pool job's ``ok`` means (fstier/io/pool.py ``PoolJob.ok``), and the cause an op that expired
   unrun is reported with (fstier/io/aio.py).
 """

@@ -34,6 +34,8 @@ ROLE = re.compile(r":(func|class|meth|mod|data|attr|exc|obj|const):`([^`]+)`")
 DOTTED = re.compile(r"(?<![\w./-])(fstier(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
 #: a repository path, as a page, a docstring or a C comment quotes it (``fstier/io/pool.py``, ``tests/x.py::t``)
 PATH = re.compile(r"(?<![\w./-])((?:fstier|tests|benchmarks|examples|docs|scripts)/[A-Za-z0-9_./*-]*(?:::[\w*]+)?)")
+#: a member of a class as a page quotes it (``FsTier.submit_load``, ``BlockStore.present_within``)
+MEMBER = re.compile(r"(?<![\w.])([A-Z][A-Za-z0-9_]*(?:\.[a-z_][A-Za-z0-9_]*)+)")
 #: standard-library (and pydantic) roots a role may point into; anything else outside fstier is not checkable here
 #: (the runtime dependencies import quickly and without torch)
 EXTERNAL_ROOTS = frozenset({"os", "time", "threading", "asyncio", "pathlib", "signal", "mmap", "ctypes",
@@ -47,6 +49,8 @@ class ClassInfo:
     name: str
     members: dict[str, ClassInfo | None] = field(default_factory=dict)
     bases: list[str] = field(default_factory=list)
+    #: an attribute's or property's type as written (``self.metrics = TierMetrics()``, ``x: T``, ``-> T``)
+    types: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -65,6 +69,17 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _type_of(node: ast.AST) -> str | None:
+    """The class an assignment's value or annotation names, as written (``TierMetrics()`` -> ``TierMetrics``)."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name | ast.Attribute):
+        return ast.unparse(node.func)
+    if isinstance(node, ast.Name | ast.Attribute):
+        return ast.unparse(node)
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    return None
+
+
 def _class_info(node: ast.ClassDef, module: str, out: list[tuple[int, int, ClassInfo]]) -> ClassInfo:
     info = ClassInfo(module, node.name, bases=[ast.unparse(b) for b in node.bases])
     out.append((node.lineno, node.end_lineno or node.lineno, info))
@@ -73,11 +88,27 @@ def _class_info(node: ast.ClassDef, module: str, out: list[tuple[int, int, Class
             info.members[stmt.name] = _class_info(stmt, module, out)
         elif isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
             info.members[stmt.name] = None
+            is_property = any(ast.unparse(d) == "property" for d in stmt.decorator_list)
+            if is_property and stmt.returns is not None and (kind := _type_of(stmt.returns)) is not None:
+                info.types[stmt.name] = kind
             for sub in ast.walk(stmt):  # self.x = ... / self.x: T = ... in any method
-                targets = sub.targets if isinstance(sub, ast.Assign) else [getattr(sub, "target", None)]
+                if isinstance(sub, ast.Assign):
+                    targets, kind = sub.targets, _type_of(sub.value)
+                elif isinstance(sub, ast.AnnAssign):
+                    targets, kind = [sub.target], _type_of(sub.annotation)
+                else:
+                    continue
                 for t in targets:
                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
                         info.members.setdefault(t.attr, None)
+                        if kind is not None:
+                            info.types.setdefault(t.attr, kind)
+        elif (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and (kind := _type_of(stmt.annotation)) is not None
+        ):
+            info.types.setdefault(stmt.target.id, kind)
         for name in _assigned(stmt):
             info.members.setdefault(name, None)
     return info
@@ -114,7 +145,9 @@ def _index_module(path: Path) -> ModuleInfo:
             info.defs[stmt.name] = None
         elif isinstance(stmt, ast.If | ast.Try):  # definitions under `if`/`try` at the top level
             for sub in ast.walk(stmt):
-                if isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                if isinstance(sub, ast.ClassDef) and not isinstance(info.defs.get(sub.name), ClassInfo):
+                    info.defs[sub.name] = _class_info(sub, name, info.classes_by_line)
+                elif isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef):
                     info.defs.setdefault(sub.name, None)
                 elif isinstance(sub, ast.Assign | ast.AnnAssign):
                     for n in _assigned(sub):
@@ -166,7 +199,13 @@ class Index:
                 return self.resolve(obj.imports[name], seen)
             return self.modules.get(f"{obj.name}.{name}")
         if isinstance(obj, ClassInfo):
+            if name.startswith("__") and name.endswith("__"):
+                return True  # the object protocol (``__hash__``, ``__eq__``): every class has it
             if name in obj.members:
+                if obj.members[name] is None and name in obj.types:  # an attribute of a known class
+                    kind = self.in_module(obj.types[name], obj.module, None, seen)
+                    if isinstance(kind, ClassInfo):
+                        return kind
                 return obj.members[name] or True
             for base in obj.bases:
                 found = self.in_module(base, obj.module, None, seen)
@@ -325,9 +364,25 @@ def _comment_spans(path: Path) -> list[tuple[int, str]]:
     return [(text.count("\n", 0, m.start()) + 1, m.group(0)) for m in re.finditer(pattern, text, re.S)]
 
 
+def unresolved_members(index: Index, sources: dict[Path, list[tuple[int, str]]]) -> list[str]:
+    """``Class.member`` spans (outside code blocks) whose class is one of the package's and whose member is not."""
+    bad = []
+    for path, spans in sources.items():
+        for line, span in spans:
+            if span.startswith("```"):
+                continue  # examples: their names are the engine's and the reader's as much as fstier's
+            for dotted in MEMBER.findall(span):
+                parts = dotted.split(".")
+                owners = index.top_level.get(parts[0], [])
+                if owners and all(index._walk(index.modules[o], parts, frozenset()) is None for o in owners):
+                    bad.append(f"{path.relative_to(REPO)}:{line}: {dotted}")
+    return bad
+
+
 def test_every_module_and_path_the_pages_quote_exists(index: Index) -> None:
     pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-    bad = unresolved_names_and_paths(index, {p: _quoted(p.read_text()) for p in pages})
+    sources = {p: _quoted(p.read_text()) for p in pages}
+    bad = unresolved_names_and_paths(index, sources) + unresolved_members(index, sources)
     assert bad == [], "docs quote modules, names or paths that do not exist:\n" + "\n".join(bad)
 
 
@@ -355,6 +410,8 @@ def test_a_broken_reference_fails_the_checks(index: Index, tmp_path: Path) -> No
     assert index.resolve("fstier.io.blockstore.verify_file") is None
     assert index.resolve("fstier.io.posix") is None
     page = tmp_path / "page.md"
-    page.write_text("See `fstier.io.blockio` and `fstier/io/posix.py` and `tests/test_docs.py::test_nothing_here`.\n")
+    page.write_text("See `fstier.io.blockio` and `fstier/io/posix.py` and `tests/test_docs.py::test_nothing_here`.\n"
+                    "`FsTier.submit_loads` is gone, `FsTier.metrics.snapshot` and `BlockKey.__hash__` are not.\n")
     sources = {REPO / "docs" / "page.md": _quoted(page.read_text())}
     assert len(unresolved_names_and_paths(index, sources)) == 3
+    assert [b.rsplit(": ", 1)[1] for b in unresolved_members(index, sources)] == ["FsTier.submit_loads"]

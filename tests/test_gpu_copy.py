@@ -74,6 +74,11 @@ def _canonical(full, block) -> torch.Tensor:
     return full[:, block].contiguous().view(torch.int8).reshape(-1)
 
 
+def _staged(pool, slot: int, page_bytes: int, offset: int = 0) -> torch.Tensor:
+    """The page of ``page_bytes`` staged at ``offset`` in ``slot`` of ``pool``, as int8 (compared with _canonical)."""
+    return PoolTensors.of(pool).slot_tensor(slot)[offset : offset + page_bytes].view(torch.int8)
+
+
 def _child_stage(pool_name, tp, rank, layout, mode, slots, blocks, q) -> None:
     # A forked child must not enter the parent's OpenMP pool (libgomp is not fork-safe).
     torch.set_num_threads(1)
@@ -144,9 +149,7 @@ def test_tp2_rank_processes_store_tp4_rank_processes_load(layout):
             assert sorted(results) == [(r, mode, True) for r in range(tp)], results
             if mode == "out":
                 for s, b in zip(slots, blocks, strict=True):
-                    assert torch.equal(
-                        PoolTensors.of(pool).slot_tensor(s)[: group.page_bytes].view(torch.int8), _canonical(full, b)
-                    )
+                    assert torch.equal(_staged(pool, s, group.page_bytes), _canonical(full, b))
         pool.free(slots)
 
 
@@ -170,9 +173,7 @@ def _round_trip(kv, layout, a, b, device="cpu", cuda_copy=None, slots_order=None
             st.wait(bid)
             assert st.poll() == [bid] and st.in_flight == 0
         for s, bo in zip(slots, blocks_out, strict=True):
-            assert torch.equal(
-                PoolTensors.of(pool).slot_tensor(s)[: group.page_bytes].view(torch.int8), _canonical(full, bo)
-            )
+            assert torch.equal(_staged(pool, s, group.page_bytes), _canonical(full, bo))
         for r in range(b):
             shard = torch.zeros_like(_shard(full, group, b, r)).to(device)
             caches = _register(shard, layout)
@@ -233,10 +234,7 @@ def test_block_indices_skip_lands_the_right_pages():
         st.stage_out(LoadStoreSpec([4 + i for i in logical], [8], [0]), slots)
         for page in range(4):
             off = page * group.page_bytes
-            assert torch.equal(
-                PoolTensors.of(pool).slot_tensor(slots[1])[off : off + group.page_bytes].view(torch.int8),
-                _canonical(full, 8 + page),
-            )
+            assert torch.equal(_staged(pool, slots[1], group.page_bytes, off), _canonical(full, 8 + page))
         for start in (5, 6, 7):
             dest = torch.zeros_like(full)
             st_in = RankStager(
@@ -328,9 +326,7 @@ def test_cuda_stage_calls_queue_and_return_while_the_device_is_busy(cuda_copy):
         assert call_s < 0.05, f"stage_out blocked for {call_s:.3f} s"
         st.wait(bid)
         for s, blk in zip(slots, range(8), strict=True):
-            assert torch.equal(
-                PoolTensors.of(pool).slot_tensor(s)[: group.page_bytes].view(torch.int8), _canonical(full.cpu(), blk)
-            )
+            assert torch.equal(_staged(pool, s, group.page_bytes), _canonical(full.cpu(), blk))
         dest = torch.zeros_like(full)
         st_in = RankStager(
             _register(dest, "packed"), [rank_page_mapping(group, ParallelSpec())], pool, cuda_copy=cuda_copy
@@ -367,10 +363,7 @@ def test_cuda_blocks_per_file_skip_matches_the_cpu_path(cuda_copy):
         st.wait(st.stage_out(LoadStoreSpec([4 + i for i in range(8)], [8], [0]), slots))
         for page in range(4):
             off = page * group.page_bytes
-            assert torch.equal(
-                PoolTensors.of(pool).slot_tensor(slots[1])[off : off + group.page_bytes].view(torch.int8),
-                _canonical(full, 8 + page),
-            )
+            assert torch.equal(_staged(pool, slots[1], group.page_bytes, off), _canonical(full, 8 + page))
         for start in (5, 6, 7):
             dest = torch.zeros_like(full).cuda()
             st_in = RankStager(
@@ -477,12 +470,8 @@ def test_evenly_spaced_layers_share_one_kernel(cuda_copy):
             assert [len(st._units[(0, k)]) for k in ("store", "load")] == [units, units]
             PoolTensors.of(pool).tensor.fill_(0)
             st.wait(st.stage_out(LoadStoreSpec([6, 2], [2], [0]), slots))
-            assert torch.equal(
-                PoolTensors.of(pool).slot_tensor(slots[0])[: group.page_bytes].view(torch.int8), _canonical(full, 6)
-            )
-            assert torch.equal(
-                PoolTensors.of(pool).slot_tensor(slots[1])[: group.page_bytes].view(torch.int8), _canonical(full, 2)
-            )
+            assert torch.equal(_staged(pool, slots[0], group.page_bytes), _canonical(full, 6))
+            assert torch.equal(_staged(pool, slots[1], group.page_bytes), _canonical(full, 2))
 
 
 @pytest.mark.parametrize(("tp", "ops"), [(1, 2), (2, 2), (4, 1)])

@@ -71,7 +71,7 @@ from fstier.integrations._vllm_compat import (
     installed_vllms,
     metric_sections,
 )
-from fstier.integrations._vllm_config import engine_mapper, tier_config_from_options
+from fstier.integrations._vllm_config import engine_mapper, small_cpu_tier, tier_config_from_options
 from fstier.integrations._vllm_env import hash_seed_problem, join_vllm_logging
 from fstier.integrations._vllm_metrics import (
     BREAKER_STATES,
@@ -339,6 +339,9 @@ else:
                 "parallel-agnostic" if self.mapper.agnostic else "per-rank",
                 self.rows.slot_bytes, self.rows.num_slots,
             )
+            problem = small_cpu_tier(offloading_spec, self.rows.num_slots, self.rows.slot_bytes)
+            if problem is not None:  # once, at start (docs/vllm.md, "Sizing the CPU tier")
+                log.warning("fstier: tier %r: %s", tier_type, problem)
 
         def _check_hash_seed(self) -> None:
             """Warn once when vLLM's block hashes are random per process.
