@@ -17,8 +17,8 @@ has open (:class:`Spaces`) and those on its root (:class:`DiskIndex`).
   layout hint asks every namespace of the key's model, rank, salt and hash
   form; ``delete`` removes from every one of them, open or not, written by
   this process or another.
-* :func:`walk_keys`: every chunk file of the root's LMCache namespaces as
-  ``(ObjectKey, file bytes)``, for ``list_l2_keys`` and the start-up seed.
+* :func:`walk_keys`: every chunk file of the root's LMCache namespaces (its
+  namespace, chunk hash and group), for ``list_l2_keys`` and the start-up seed.
 * :func:`key_of_path`: the LMCache key of a block file's path (an
   eviction, heard as the file goes).
 
@@ -181,11 +181,12 @@ class DiskIndex:
             return self._fields
 
     def of_name(self, name: str) -> dict[str, Any] | None:
-        """One namespace's fields (read now if the index does not hold it)."""
+        """One namespace's fields (None: not an LMCache namespace of this
+        adapter's salt); a name the index lacks reads it again if it is
+        older than ``ttl`` (at most one listing per ``ttl`` for a burst of
+        another engine's evicted files)."""
         found = self._fields.get(name)
-        if found is None:
-            found = self.fields(max_age=0.0).get(name)
-        return found
+        return found if found is not None else self.fields().get(name)
 
     def sids(self, owner: Owner, max_age: float | None = None) -> list[SpaceId]:
         """The namespaces on the root of ``owner`` (any layout)."""
@@ -225,14 +226,9 @@ def _kv_rank(f: dict[str, Any], rank: int) -> int:
     return (ws << 24) | (rank << 16) | (lws << 8) | lr  # LMCache's ObjectKey.ComputeKVRank
 
 
-def walk_keys(
-    tier: TierConfig, model_name: str | None, make_key: Callable[..., Any]
-) -> Iterator[tuple[str, Any, int]]:
-    """``(path, LMCache key, file bytes)`` of every chunk file of the root's
-    LMCache namespaces (``make_key``: LMCache's ``ObjectKey`` or
-    ``EncodedObjectKey``, called as ``(hash, model, kv_rank, group, salt)``;
-    a hash is bytes for ``ObjectKey``, else hex)."""
-    hexed = getattr(make_key, "__name__", "") == "EncodedObjectKey"
+def walk_keys(tier: TierConfig, model_name: str | None) -> Iterator[tuple[str, SpaceId, bytes, int]]:
+    """``(path, namespace, chunk hash, object group)`` of every chunk file of
+    the root's LMCache namespaces (of ``model_name``, if given)."""
     for path, f in lmcache_namespaces(tier, model_name):
         for e in scan.iter_namespace_files(path):
             if e.kind != "block" or e.key is None or e.rank is None:
@@ -240,9 +236,7 @@ def walk_keys(
             sid = space_of_fields(f, _kv_rank(f, e.rank))
             if sid is None:
                 break  # not a namespace this adapter writes
-            h = sid.chunk_hash(e.key.block_hash)
-            key = make_key(h.hex() if hexed else h, sid.model_name, sid.kv_rank, e.key.group_idx, sid.cache_salt)
-            yield e.path, key, block_file_size(sid.layout.nbytes)
+            yield e.path, sid, sid.chunk_hash(e.key.block_hash), e.key.group_idx
 
 
 def key_of_path(
