@@ -183,7 +183,7 @@ else:
             self._reg = Spaces(self._open_space, self._closed_space, MAX_SPACES)
             self._index = DiskIndex(self.tier_config)
             self._root = str(self.tier_config.root_dir)
-            #: (model, kv_rank, salt, group ok, value signature) -> namespace:
+            #: (model, kv_rank, salt, hash form, group ok, value signature) -> namespace:
             #: a task's keys resolve with one dict lookup each (see _resolve)
             self._resolved: dict[tuple[Any, ...], Space | None] = {}
             self._lock = threading.Lock()  # tasks, parts, results
