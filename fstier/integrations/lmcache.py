@@ -18,33 +18,39 @@ left unset is :data:`DEFAULT_O_DIRECT` (buffered), not fstier's ``auto``.
 
 How LMCache's world maps onto fstier (:mod:`fstier.integrations.lmcache_space`)
     * One chunk is one block file, ``BlockKey(chunk_hash, group=object_group_id)``,
-      in the namespace of its model, ``kv_rank``, ``cache_salt`` and value
-      layout: one :class:`~fstier.manager.FsTier` per namespace, opened on
-      first use (at most :data:`MAX_SPACES`). A file of another layout is
-      never found; MLA files are shared across TP sizes because LMCache's
+      in the namespace of its model, ``kv_rank`` (exactly, any int), ``cache_salt``,
+      value layout and hash length (0..7 bytes: padded, the length in the
+      namespace; over 64: a miss): one :class:`~fstier.manager.FsTier` per
+      namespace, opened on first use, idle ones past :data:`MAX_SPACES`
+      closed least recently used first
+      (:mod:`~fstier.integrations.lmcache_spaces`). A file of another layout
+      is never loaded; MLA files are shared across TP sizes because LMCache's
       MLA ``kv_rank`` is; other files are rank-private.
     * **Store / load**: the L1 objects are lent to FsTier in place
       (:class:`~fstier.integrations.lmcache_space.LentSlots`); an LMCache
       task is one FsTier job per namespace it touches, each one GIL-free
-      native call with C helper threads inside it. A load keeps FsTier's loaded
-      prefix per namespace: a missing, short, corrupt or foreign file fails
-      its chunk and every later chunk of that job (each load is checked:
-      size, header, key, namespace, checksum), so LMCache serves a shorter
-      prefix, never a wrong byte. A key LMCache's object does not describe
-      (a narrowed object, an unknown dtype, a group >= ``MAX_GROUPS``) fails.
-    * **Lookup and lock**: one ``FsTier.present`` batch per namespace,
-      answered at once; hits are touched (LRU recency), which is the lock: a
-      file evicted before its load is a load miss, served as a shorter
-      prefix. Unlock has nothing to release.
+      native call with C helper threads inside it. Each chunk of a load has its
+      own result (``JobResult.loaded_after`` past the first miss): a
+      missing, short, corrupt or foreign file fails its chunk only (each load
+      is checked: size, header, key, namespace, checksum), never a wrong
+      byte. A key LMCache's object does not describe (a narrowed object, an
+      unknown dtype, a group >= ``MAX_GROUPS``) fails.
+    * **Lookup and lock, delete, list, evictions, start-up**
+      (:mod:`~fstier.integrations.lmcache_root`): one ``FsTier.present`` batch
+      per namespace (the layout hint's, or without one every namespace of the
+      key's owner on the root), answered at once; hits are touched (LRU
+      recency), which is the lock: a file evicted before its load is a load
+      miss. Unlock has nothing to release.
     * **Completion**: FsTier signals each finished job
       (``FsTier(on_finished=...)``) on LMCache's store or load eventfd; the
       results are collected when LMCache asks (``pop_completed_store_tasks``,
       ``query_load_result``), each returned once. No thread polls.
     * **Capacity**: fstier's ``max_bytes`` and eviction; LMCache is told
-      what was stored (files this process wrote), accessed (loaded) and
-      deleted (evicted, corrupt, or :meth:`delete`) through its
-      ``_notify_keys_*`` calls, and ``max_bytes`` is the adapter's
-      ``max_capacity_bytes``.
+      what was stored (files this process wrote, and at start what the root
+      holds), accessed (loaded) and deleted (evicted, as each file goes;
+      corrupt; or :meth:`delete`) through its ``_notify_keys_*`` calls, each
+      with its whole file's bytes (fstier's unit), and ``max_bytes`` is the
+      adapter's ``max_capacity_bytes``.
 
 Importing :mod:`fstier` never imports LMCache; importing this module does.
 Without LMCache, or with a version outside :data:`SUPPORTED_LMCACHE`,
@@ -177,7 +183,7 @@ else:
             self._reg = Spaces(self._open_space, self._closed_space, MAX_SPACES)
             self._index = DiskIndex(self.tier_config)
             self._root = str(self.tier_config.root_dir)
-            #: (model, kv_rank, salt, group ok, value signature) -> namespace:
+            #: (model, kv_rank, salt, hash form, group ok, value signature) -> namespace:
             #: a task's keys resolve with one dict lookup each (see _resolve)
             self._resolved: dict[tuple[Any, ...], Space | None] = {}
             self._lock = threading.Lock()  # tasks, parts, results

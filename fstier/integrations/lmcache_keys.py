@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from fstier.integrations.lmcache_space import MAX_GROUPS, block_keys_of, hash_form
 from fstier.integrations.lmcache_spaces import walk_keys
+from fstier.io.blockfile import block_file_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig
@@ -91,7 +92,13 @@ def list_keys(tier: TierConfig, model_name: str | None, page_size: int, cursor: 
         raise ValueError(f"list_l2_keys: malformed cursor {cursor!r}") from None
     if start < 0:
         raise ValueError(f"list_l2_keys: malformed cursor {cursor!r}")
-    found = [(path, KeyEntry(key, size)) for path, key, size in walk_keys(tier, model_name, EncodedObjectKey)]
+    found = [
+        (path, KeyEntry(
+            EncodedObjectKey(h.hex(), sid.model_name, sid.kv_rank, group, sid.cache_salt),
+            block_file_size(sid.layout.nbytes),
+        ))
+        for path, sid, h, group in walk_keys(tier, model_name)
+    ]
     found.sort(key=lambda t: t[0])
     page = tuple(entry for _, entry in found[start : start + page_size])
     end = start + len(page)

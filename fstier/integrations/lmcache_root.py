@@ -43,6 +43,7 @@ from fstier.integrations.lmcache_keys import (
 )
 from fstier.integrations.lmcache_space import MAX_GROUPS, Layout, hash_form, one_owner
 from fstier.integrations.lmcache_spaces import DiskIndex, Spaces, key_of_path, walk_keys
+from fstier.io.blockfile import block_file_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig
@@ -177,11 +178,12 @@ class RootOps:
         pinned: list[Space] = []
 
         def spaces_of(k: Any) -> list[Space]:
-            got = self._pinned(self._owner_spaces(k, max_age=0.0))
+            got = self._pinned(self._owner_spaces(k))
             pinned.extend(got)
             return got
 
         try:
+            self._index.fields(max_age=0.0)  # the root's namespaces now, read once per delete
             removed, sizes = remove_keys(keys, spaces_of)
         except Exception:
             log.exception("fstier: LMCache delete of %d key(s) failed", len(keys))
@@ -204,9 +206,9 @@ class RootOps:
         keys: list[Any] = []
         sizes: list[int] = []
         try:
-            for _path, key, size in walk_keys(self.tier_config, None, ObjectKey):
-                keys.append(key)
-                sizes.append(size)
+            for _path, sid, h, group in walk_keys(self.tier_config, None):
+                keys.append(ObjectKey(h, sid.model_name, sid.kv_rank, group, sid.cache_salt))
+                sizes.append(block_file_size(sid.layout.nbytes))
         except Exception:
             log.exception("fstier: reading the chunks under %s failed; LMCache starts empty", self._root)
             return

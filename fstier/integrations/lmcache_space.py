@@ -6,10 +6,12 @@ file lives in, what it is called, and the memory FsTier moves it through.
   lookup) and its byte size. MLA values are ``[layers, tokens, latent]``
   (3-D), others ``[2, layers, tokens, hidden]``.
 * :class:`SpaceId`: everything of an ``ObjectKey`` but the chunk hash and
-  the object group, plus the layout. :func:`space_mapper` digests it into
-  one fstier namespace: the model name, ``kv_rank``'s world size, local
-  world size and local rank, the ``cache_salt``, the layout, fstier's
-  format version and the tier's ``namespace_salt``; the global rank is the
+  the object group, plus the layout and the hash form (:func:`hash_form`).
+  :func:`space_mapper` digests it into one fstier namespace: the model
+  name, ``kv_rank``'s world size (all its bits above the low 24: any int
+  rank is exact, :func:`split_kv_rank`), local world size and local rank,
+  the ``cache_salt``, the layout, a short hash's length, fstier's format
+  version and the tier's ``namespace_salt``; the global rank is the
   namespace's ``r<rank>`` segment. A file written under another layout (or
   salt, or parallel layout) is therefore never found, let alone loaded at
   the wrong size. LMCache's MLA ``kv_rank`` leaves tensor parallelism out

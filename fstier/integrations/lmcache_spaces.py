@@ -17,8 +17,8 @@ has open (:class:`Spaces`) and those on its root (:class:`DiskIndex`).
   layout hint asks every namespace of the key's model, rank, salt and hash
   form; ``delete`` removes from every one of them, open or not, written by
   this process or another.
-* :func:`walk_keys`: every chunk file of the root's LMCache namespaces as
-  ``(ObjectKey, file bytes)``, for ``list_l2_keys`` and the start-up seed.
+* :func:`walk_keys`: every chunk file of the root's LMCache namespaces (its
+  namespace, chunk hash and group), for ``list_l2_keys`` and the start-up seed.
 * :func:`key_of_path`: the LMCache key of a block file's path (an
   eviction, heard as the file goes).
 
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fstier.file_mapper import decode
-from fstier.integrations.lmcache_space import SpaceId, space_of_fields
+from fstier.integrations.lmcache_space import SpaceId, space_of_fields, split_kv_rank
 from fstier.io.blockfile import block_file_size
 from fstier.tier import scan
 
@@ -69,6 +69,7 @@ class Spaces:
         self._on_closed = on_closed
         self.max_idle = max_idle
         self._open: dict[SpaceId, Space] = {}
+        self._owners: dict[Owner, dict[SpaceId, Space]] = {}  # the open ones by owner
         self._refused: set[SpaceId] = set()
         self._lock = threading.Lock()
         self._tick = itertools.count(1)
@@ -94,6 +95,7 @@ class Spaces:
             return None
         space.used = next(self._tick)
         self._open[sid] = space
+        self._owners.setdefault(sid.owner, {})[sid] = space
         return space
 
     def _trim_locked(self) -> None:
@@ -106,6 +108,10 @@ class Spaces:
             return
         for s in idle:
             del self._open[s.sid]
+            of_owner = self._owners[s.sid.owner]
+            del of_owner[s.sid]
+            if not of_owner:
+                del self._owners[s.sid.owner]
             s.closed = True
         self.evicted += len(idle)
         t = threading.Thread(target=self._close_all, args=(idle,), name="fstier-lmcache-close", daemon=True)
@@ -141,7 +147,7 @@ class Spaces:
 
     def of_owner(self, owner: Owner) -> list[Space]:
         with self._lock:
-            return [s for s in self._open.values() if s.sid.owner == owner]
+            return list(self._owners.get(owner, {}).values())
 
     def all(self) -> list[Space]:
         with self._lock:
@@ -152,7 +158,7 @@ class Spaces:
         once every closer thread finished."""
         with self._lock:
             self.closed = True
-            spaces, self._open = list(self._open.values()), {}
+            spaces, self._open, self._owners = list(self._open.values()), {}, {}
             closers = list(self._closers)
         for t in closers:
             t.join()
@@ -161,42 +167,88 @@ class Spaces:
 
 class DiskIndex:
     """The LMCache namespaces under a root, as their manifests' fields by
-    namespace name, read again when older than ``ttl`` seconds."""
+    namespace name and by owner, listed again when older than ``ttl``
+    seconds. A namespace's name is the digest of its fields, so a manifest
+    is read once per name (a refresh lists the root and reads only new
+    names' manifests)."""
 
     def __init__(self, tier: TierConfig, ttl: float = 2.0) -> None:
         self._tier = tier
         self._ttl = ttl
         self._read_at = -1e18
         self._fields: dict[str, dict[str, Any]] = {}
+        self._other: set[str] = set()  # names that are not this adapter's namespaces
+        self._by_owner: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
         self._lock = threading.Lock()
 
     def fields(self, max_age: float | None = None) -> dict[str, dict[str, Any]]:
         """Manifest fields by namespace name (``max_age``: refresh when the
-        last read is older; default the index's ``ttl``)."""
+        last listing is older; default the index's ``ttl``)."""
         age = self._ttl if max_age is None else max_age
         with self._lock:
             if time.monotonic() - self._read_at > age:
-                self._fields = {p.name: f for p, f in lmcache_namespaces(self._tier, None)}
-                self._read_at = time.monotonic()
+                self._refresh_locked()
             return self._fields
 
+    def _refresh_locked(self) -> None:
+        try:
+            names = {p.name: p for p, is_dir in scan.iter_namespace_dirs(self._tier.root_dir) if is_dir}
+        except OSError:
+            names = {}
+        fields = {n: f for n, f in self._fields.items() if n in names}
+        self._other &= names.keys()
+        for name, path in names.items():
+            if name not in fields and name not in self._other:
+                f = lmcache_fields(self._tier, path)
+                if f is None:
+                    self._other.add(name)
+                else:
+                    fields[name] = f
+        by_owner: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        for f in fields.values():
+            by_owner.setdefault(_owner_fields(f), []).append(f)
+        self._fields, self._by_owner = fields, by_owner
+        self._read_at = time.monotonic()
+
     def of_name(self, name: str) -> dict[str, Any] | None:
-        """One namespace's fields (read now if the index does not hold it)."""
+        """One namespace's fields (None: not an LMCache namespace of this
+        adapter's salt); a name the index lacks lists the root again if the
+        listing is older than ``ttl`` (at most one per ``ttl`` for a burst
+        of another engine's evicted files)."""
         found = self._fields.get(name)
-        if found is None:
-            found = self.fields(max_age=0.0).get(name)
-        return found
+        return found if found is not None else self.fields().get(name)
 
     def sids(self, owner: Owner, max_age: float | None = None) -> list[SpaceId]:
-        """The namespaces on the root of ``owner`` (any layout)."""
+        """The namespaces on the root of ``owner`` (any layout): one dict lookup."""
+        self.fields(max_age)
+        ws, _, lws, lr = split_kv_rank(owner[1])
         out = []
-        for f in self.fields(max_age).values():
-            if f.get("model") != owner[0] or f.get("cache_salt") != owner[2]:
-                continue
+        for f in self._by_owner.get((owner[0], owner[2], ws, lws, lr, owner[3]), ()):
             sid = space_of_fields(f, owner[1])
-            if sid is not None and sid.owner == owner:
+            if sid is not None:
                 out.append(sid)
         return out
+
+
+def _owner_fields(f: dict[str, Any]) -> tuple[Any, ...]:
+    """A manifest's owner fields: model, salt, world size, local world size,
+    local rank, short hash length (the global rank is a subtree)."""
+    return (
+        f.get("model"), f.get("cache_salt"), f.get("kv_world_size"), f.get("kv_local_world_size"),
+        f.get("kv_local_rank"), f.get("hash_bytes"),
+    )
+
+
+def lmcache_fields(tier: TierConfig, path: Path) -> dict[str, Any] | None:
+    """The manifest fields of the namespace directory ``path`` when it is a
+    valid LMCache namespace of ``tier``'s ``namespace_salt``, else None."""
+    manifest = scan.check_namespace(path).manifest
+    if manifest is None:
+        return None
+    f = manifest.fields
+    if f.get("engine") != "lmcache" or f.get("namespace_salt") != tier.namespace_salt:
+        return None
+    return f
 
 
 def lmcache_namespaces(tier: TierConfig, model_name: str | None) -> Iterator[tuple[Path, dict[str, Any]]]:
@@ -207,17 +259,9 @@ def lmcache_namespaces(tier: TierConfig, model_name: str | None) -> Iterator[tup
     except OSError:
         return
     for path, is_dir in entries:
-        if not is_dir:
-            continue
-        manifest = scan.check_namespace(path).manifest
-        if manifest is None:
-            continue
-        f = manifest.fields
-        if f.get("engine") != "lmcache" or f.get("namespace_salt") != tier.namespace_salt:
-            continue
-        if model_name is not None and f.get("model") != model_name:
-            continue
-        yield path, f
+        f = lmcache_fields(tier, path) if is_dir else None
+        if f is not None and (model_name is None or f.get("model") == model_name):
+            yield path, f
 
 
 def _kv_rank(f: dict[str, Any], rank: int) -> int:
@@ -225,14 +269,9 @@ def _kv_rank(f: dict[str, Any], rank: int) -> int:
     return (ws << 24) | (rank << 16) | (lws << 8) | lr  # LMCache's ObjectKey.ComputeKVRank
 
 
-def walk_keys(
-    tier: TierConfig, model_name: str | None, make_key: Callable[..., Any]
-) -> Iterator[tuple[str, Any, int]]:
-    """``(path, LMCache key, file bytes)`` of every chunk file of the root's
-    LMCache namespaces (``make_key``: LMCache's ``ObjectKey`` or
-    ``EncodedObjectKey``, called as ``(hash, model, kv_rank, group, salt)``;
-    a hash is bytes for ``ObjectKey``, else hex)."""
-    hexed = getattr(make_key, "__name__", "") == "EncodedObjectKey"
+def walk_keys(tier: TierConfig, model_name: str | None) -> Iterator[tuple[str, SpaceId, bytes, int]]:
+    """``(path, namespace, chunk hash, object group)`` of every chunk file of
+    the root's LMCache namespaces (of ``model_name``, if given)."""
     for path, f in lmcache_namespaces(tier, model_name):
         for e in scan.iter_namespace_files(path):
             if e.kind != "block" or e.key is None or e.rank is None:
@@ -240,9 +279,7 @@ def walk_keys(
             sid = space_of_fields(f, _kv_rank(f, e.rank))
             if sid is None:
                 break  # not a namespace this adapter writes
-            h = sid.chunk_hash(e.key.block_hash)
-            key = make_key(h.hex() if hexed else h, sid.model_name, sid.kv_rank, e.key.group_idx, sid.cache_salt)
-            yield e.path, key, block_file_size(sid.layout.nbytes)
+            yield e.path, sid, sid.chunk_hash(e.key.block_hash), e.key.group_idx
 
 
 def key_of_path(

@@ -12,6 +12,7 @@ Without LMCache these tests skip, unless ``FSTIER_REQUIRE_LMCACHE=1``.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ else:
         reason="LMCache not installed (make test-lmcache builds .venv-lmcache with it)",
     )
 
+import torch  # noqa: E402
 from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey  # noqa: E402
 from lmcache.v1.distributed.config import EvictionConfig  # noqa: E402
 from lmcache.v1.distributed.storage_controllers.eviction_controller import L2AdapterEvictionState  # noqa: E402
@@ -65,6 +67,15 @@ def adapters(io: str) -> Any:
 
 def key(h: bytes, rank: int = 0x01000100, group: int = 0, salt: str = "") -> Any:
     return ObjectKey(h, "org/model", rank, group, salt)
+
+
+def load_result(a: Any, tid: int) -> list[int]:
+    """The result of load task ``tid`` once it is in."""
+    deadline = time.monotonic() + 30
+    while (bits := a.query_load_result(tid)) is None:
+        assert time.monotonic() < deadline, "load task never completed"
+        time.sleep(0.01)
+    return list(bits.get_indices_list())
 
 
 def looked_up(a: Any, ks: list[Any], hints: Any = None) -> list[int]:
@@ -160,17 +171,18 @@ def test_more_namespaces_than_max_spaces_store_and_load(
     dst = objects(12, seed=None)
     assert load(a, ks, dst) == list(range(12)) and [raw(o) for o in dst] == [raw(o) for o in src]
     assert len(a.report_status()["namespaces"]) <= 4 and a.report_status()["namespaces_closed_idle"] >= 8
-    # Pin one namespace as an in-flight job does, then open others past the bound.
-    pinned = a._reg.acquire(a._reg.all()[0])
-    for i in range(12, 20):
-        k, o = key(bytes([i]) * 16, rank=i), objects(1, seed=i)
-        assert store(a, [k], o).is_successful()
-        free(o)
-    assert not pinned.closed and pinned in a._reg.all()
-    assert pinned.tier.present(lmc.block_keys_of([ks[pinned.sid.kv_rank]])) == [True]
-    a._reg.release(pinned)
+    # A load in flight (submitted, its result not taken) pins its namespace:
+    # lookups opening eight more namespaces past the bound close others only.
+    inflight = objects(1, seed=None)
+    tid = a.submit_load_task(ks[:1], inflight)
+    hint = {0: MemoryLayoutDesc([torch.Size((2, 4, 256, 64))], [torch.float16])}
+    for i in range(4, 12):
+        assert looked_up(a, ks[i : i + 1], hint) == [0]
+    assert a.report_status()["namespaces_closed_idle"] >= 16
+    assert any(s.sid.kv_rank == 0 and not s.closed for s in a._reg.all())
+    assert load_result(a, tid) == [0] and raw(inflight[0]) == raw(src[0])
     assert len(a._reg.all()) <= 4
-    free(src + dst)
+    free(src + dst + inflight)
 
 
 # ------------------------------------------------------------ delete (45.3, 42.4)
