@@ -3,10 +3,10 @@ of sleeping.
 
 The tier's timers that tests move (the circuit breaker's cool-down, the
 write budget's speed sample, the eviction lease, the recency flush
-interval, the I/O pool's watchdog) read a :class:`Clock` handed to them,
+interval, the I/O pool's watchdog, the O_DIRECT re-probe) read a :class:`Clock` handed to them,
 never :func:`time.monotonic` directly. The rest read the system clock: the
-lookup cache's answer lifetime, the capacity resync and eviction waits, the
-O_DIRECT re-probe, ``drain``'s and the pool's shutdown deadlines, the
+lookup cache's answer lifetime, the capacity resync and eviction waits,
+``drain``'s and the pool's shutdown deadlines, the
 durations reported, and the wall-clock stamps written into block headers
 and lease files (tests/test_doc_claims.py lists them). Production uses
 :data:`SYSTEM_CLOCK` (a :class:`MonotonicClock`); a test builds a

@@ -31,7 +31,6 @@ SYSTEM_CLOCK_READERS = {
     "fstier/tier/lookup.py": "the lookup cache's answer lifetime; lookup seconds",
     "fstier/tier/outcomes.py": "the lookup cache's answer lifetime (answers a finished job leaves)",
     "fstier/tier/capacity.py": "the capacity resync interval and the waits for an eviction pass",
-    "fstier/io/capabilities.py": "the O_DIRECT re-probe",
     "fstier/tier/jobs.py": "a job's seconds",
     "fstier/manager.py": "drain's deadline",
     "fstier/io/pool.py": "shutdown's deadline",

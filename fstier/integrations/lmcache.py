@@ -48,9 +48,10 @@ How LMCache's world maps onto fstier (:mod:`fstier.integrations.lmcache_space`)
     * **Capacity**: fstier's ``max_bytes`` and eviction; LMCache is told
       what was stored (files this process wrote, and at start what the root
       holds), accessed (loaded) and deleted (evicted, as each file goes;
-      corrupt; or :meth:`delete`) through its ``_notify_keys_*`` calls, each
-      with its whole file's bytes (fstier's unit), and ``max_bytes`` is the
-      adapter's ``max_capacity_bytes``.
+      corrupt; or :meth:`~fstier.integrations.lmcache_root.RootOps.delete`)
+      through its ``_notify_keys_*`` calls, each with its whole file's bytes
+      (fstier's unit), and ``max_bytes`` is the adapter's
+      ``max_capacity_bytes``.
 
 Importing :mod:`fstier` never imports LMCache; importing this module does.
 Without LMCache, or with a version outside :data:`SUPPORTED_LMCACHE`,
