@@ -268,7 +268,7 @@ class Capacity:
         while report is None:
             report = self._pass(
                 max_bytes if max_bytes is not None else self.max_bytes,
-                wait=True, resync=True, deadline=deadline,
+                wait=True, deadline=deadline,
             )
             if report is None and deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
@@ -282,7 +282,6 @@ class Capacity:
         self,
         max_bytes: int | None,
         wait: bool = False,
-        resync: bool = False,
         deadline: float | None = None,
     ) -> GcReport | None:
         """Run a pass if this instance gets the root's eviction lock; None when
@@ -290,12 +289,13 @@ class Capacity:
         caller can retry).
 
         The shared count follows evictions as they happen (``_on_removed``).
-        It is *reset* from the walk only when ``resync`` is asked, on this
-        instance's first pass, or when the pass removed nothing (the walk then
-        is the truth, and a count above it would drop stores for nothing):
-        a reset counts the stores other instances made during the walk twice
-        when the walk saw them, which is safe but, after every evicting pass,
-        would keep the count high and drop stores the root has room for."""
+        Every complete pass's walk resets it
+        (:meth:`~fstier.tier.usage.SharedUsage.end_scan`): exact when the
+        walk raced no store, else only a bound on the count (a walk may see a
+        store the count also holds: it never raises an exact count). Before,
+        only passes that removed nothing reset it, and a high count from a
+        raced walk stayed through every evicting pass: a CephFS host's view
+        was 22.5% above the disk 5 s after both hosts drained."""
         tier = self._tier
         self._before_pass()  # eviction must see this process's latest hits
         shared = self._shared
@@ -325,15 +325,7 @@ class Capacity:
                 should_stop=should_stop,
             )
             self._flush_removed()
-            if (
-                shared is not None
-                and token is not None
-                and report.complete
-                and (
-                    resync or not self._usage_known or report.removed_files == 0
-                    or shared.rescan_wanted
-                )
-            ):
+            if shared is not None and token is not None and report.complete:
                 with self._usage_lock:
                     mine = self._removed_in_pass
                 before = shared.read()
@@ -394,8 +386,7 @@ class Capacity:
             soon = False
             rest = 0.0
             try:
-                periodic = self._rescan_due()
-                report = self._pass(self.max_bytes, resync=periodic)
+                report = self._pass(self.max_bytes)
                 # Look again soon when another instance held the lock (its
                 # pass may not cover what we stored), when no scan has run
                 # yet, or when stores outran a pass that did evict.

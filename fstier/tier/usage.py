@@ -321,12 +321,13 @@ class SharedUsage:
         (after removing ``removed_by_scan`` bytes, which it also added to
         this instance's removals). Stores made since the token count on top
         (twice if the walk saw them: high, never low). A scan that raced
-        (:attr:`scan_raced`; rescanned once quiet) only bounds the truth:
-        the view it replaces, which followed every count since an earlier
-        base, is kept within [``scanned``, the new view]. Returns the view."""
+        (:attr:`scan_raced`; rescanned once quiet) only bounds the truth to
+        [``scanned``, its new view]: the view it replaces (every count
+        followed since the last scan, or before the first, every count as
+        listed) is kept when it lies in there. Returns the view."""
         self.refresh()
         with self._lock:
-            trusted, before = self._scanned and not self._refused and not self.rescan_wanted, self._sum_locked()
+            trusted, before = not self._refused and not self.rescan_wanted, self._sum_locked()
             # Others' stores reach us late (publish + refresh): any activity
             # seen near the walk may have raced it.
             self.scan_raced = (
@@ -349,9 +350,9 @@ class SharedUsage:
             self.changed_since_scan = self.scan_raced
             self._scanned = True
             self._scan_to_share = None
-            if self.scan_raced and trusted:  # raced walks left two hosts' views 12.7-16.7% high
-                new = self._sum_locked()
-                self._base += max(scanned, min(before, new)) - new
+            new = self._sum_locked()
+            if self.scan_raced and trusted and scanned <= before < new:  # two hosts' views were 12-23% high
+                self._base += before - new
             if not self.scan_raced and self._inflight == 0 and not any(self._others_inflight.values()):
                 self._scan_to_share = (self._base, counts_digest(self._counts_locked()))
                 self._wake.set()

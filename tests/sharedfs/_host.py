@@ -92,7 +92,8 @@ def main() -> None:
             time.sleep(0.1)
         print(json.dumps({
             "usage": tier.usage_bytes, "stored": stored, "at_bound": at_bound,
-            "evicted_after_bound": tier.metrics.evicted_bytes.value - evicted_at_bound, "dropped": dropped, "failed": failed,
+            "evicted_after_bound": tier.metrics.evicted_bytes.value - evicted_at_bound,
+            "dropped": dropped, "failed": failed,
             "failed_causes": causes, "settle_s": round(time.monotonic() - t0, 1),
             "settled": tier.capacity.settled,
             "scans_adopted": tier.capacity.scans_adopted,

@@ -8,7 +8,9 @@
 #
 #   tests/sharedfs/run.sh PYTHON [pytest args...]
 #
-# pytest args naming test files (tests/...) replace the default tests/sharedfs.
+# pytest args naming test files (tests/...) replace the default tests/sharedfs
+# (one test: tests/sharedfs/test_capacity_shared.py, or -k NAME); the tests
+# import this checkout's fstier (PYTHONPATH).
 # Environment: FSTIER_SHAREDFS_TIME_LIMIT (seconds for the tests, default 1500: three filesystems took 628 s at load average 5-10 and ~15 min at 20-26 on a 2-core VM);
 # FSTIER_SHAREDFS_FILESYSTEMS (default "glusterfs moosefs cephfs") to stand
 # up and test fewer.
@@ -56,6 +58,9 @@ trap 'exit 129' HUP
 echo "test-sharedfs: set up after $((SECONDS - t0)) s" >&2
 
 cd "$repo" || exit 1
+# This checkout's fstier, whatever checkout the venv's editable install
+# points at (a git worktree shares the main checkout's venv).
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 targets=(tests/sharedfs)
 for a in "$@"; do [[ $a == tests/* ]] && targets=(); done
 # setsid: the tests (and every process they start) form one process group
