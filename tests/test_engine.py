@@ -1,0 +1,115 @@
+"""The job engine (fstier.io.engine): one engine per process and thread
+configuration serves every namespace (a namespace costs a registration, not
+threads), closing one namespace leaves the others' jobs alone, and a forked
+child never inherits the parent's engine. On both I/O paths."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import make_config
+from manager_support import TINY_GROUP, keys, load, payload_for, slot_bytes, store
+
+from fstier.manager import FsTier
+
+
+def _io_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("fstier-io")}
+
+
+def _tier(root: Path, model: str, native_io: str) -> FsTier:
+    cfg = make_config(
+        root, groups=[dict(TINY_GROUP)], model={"name": model},
+        tier={"read_threads": 3, "write_threads": 2, "native_io": native_io},
+    )
+    tier = FsTier.from_config(cfg)
+    tier.pool.alloc(64)  # type: ignore[attr-defined]  # its private HostBlockPool
+    return tier
+
+
+@pytest.mark.parametrize("native_io", ["auto", "off"])
+def test_namespaces_share_one_engine_and_its_threads(tmp_path: Path, native_io: str) -> None:
+    """12 namespaces: 3 read + 2 write I/O threads and one watchdog in all
+    (each FsTier had its own 3 + 2 + 1 before: 72), every namespace's bytes
+    stored and loaded; the last close stops the threads."""
+    before = _io_threads()
+    tiers = [_tier(tmp_path / "root", f"acme/model-{i}", native_io) for i in range(12)]
+    try:
+        assert len({t.mapper.namespace for t in tiers}) == 12
+        assert len({id(t._engine.engine) for t in tiers}) == 1
+        started = _io_threads() - before
+        assert len(started) == 3 + 2 + 1, sorted(t.name for t in started)
+        for i, t in enumerate(tiers):
+            ks = keys(100 * i, 6)
+            assert store(t, f"s{i}", ks).success
+        for i, t in enumerate(tiers):
+            ks = keys(100 * i, 6)
+            res = load(t, f"l{i}", ks, first_slot=8)
+            assert res.success and res.keys_completed == 6
+            assert [slot_bytes(t, k, 8 + j) for j, k in enumerate(ks)] == [
+                payload_for(k, t.payload_bytes(k)) for k in ks
+            ]
+        assert _io_threads() - before == started  # no thread per job or per namespace
+    finally:
+        for t in tiers[:-1]:
+            t.close()
+        assert all(th.is_alive() for th in started), "an engine in use was stopped"
+        tiers[-1].close()
+    for th in started:
+        th.join(5)
+        assert not th.is_alive(), f"{th.name} still runs after the last namespace closed"
+
+
+@pytest.mark.parametrize("native_io", ["auto", "off"])
+def test_closing_one_namespace_leaves_the_others_jobs(tmp_path: Path, native_io: str) -> None:
+    a = _tier(tmp_path / "root", "acme/a", native_io)
+    b = _tier(tmp_path / "root", "acme/b", native_io)
+    try:
+        ks = keys(0, 32)
+        assert store(a, "warm", ks[:1]).success
+        b_slots = list(range(32))
+        for k, s in zip(ks, b_slots, strict=True):
+            b.pool.slot_view(s)[: b.payload_bytes(k)] = payload_for(k, b.payload_bytes(k))
+        b.submit_store("b", ks, b_slots)  # in flight while a closes
+        a.close()
+        assert b.drain(30)
+        (res,) = b.get_finished()
+        assert res.success and res.keys_completed == 32
+        assert load(b, "l", ks, first_slot=32).success
+        # a new namespace joins the engine b still holds
+        c = _tier(tmp_path / "root", "acme/c", native_io)
+        assert c._engine.engine is b._engine.engine
+        c.close()
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_builds_its_own_engine(tmp_path: Path) -> None:
+    """The child of a process whose engine runs gets no engine (its threads
+    do not exist in the child): its tier starts one of its own and moves
+    its bytes; the parent's engine keeps serving the parent."""
+    parent = _tier(tmp_path / "root", "acme/parent", "auto")
+    try:
+        assert store(parent, "s", keys(0, 4)).success
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports by exit status
+            code = 1
+            try:
+                child = _tier(tmp_path / "root", "acme/child", "auto")
+                ok = child._engine.engine is not parent._engine.engine
+                ok = ok and store(child, "cs", keys(50, 4)).success
+                ok = ok and load(child, "cl", keys(50, 4), first_slot=8).success
+                child.close()
+                code = 0 if ok else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert load(parent, "l", keys(0, 4), first_slot=8).success
+    finally:
+        parent.close()
