@@ -20,6 +20,10 @@ def _io_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("fstier-io")}
 
 
+def _lookup_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("fstier-lookup")}
+
+
 def _tier(root: Path, model: str, native_io: str) -> FsTier:
     cfg = make_config(
         root, groups=[dict(TINY_GROUP)], model={"name": model},
@@ -33,15 +37,19 @@ def _tier(root: Path, model: str, native_io: str) -> FsTier:
 @pytest.mark.parametrize("native_io", ["auto", "off"])
 def test_namespaces_share_one_engine_and_its_threads(tmp_path: Path, native_io: str) -> None:
     """12 namespaces: 3 read + 2 write I/O threads and one watchdog in all
-    (each FsTier had its own 3 + 2 + 1 before: 72), every namespace's bytes
-    stored and loaded; the last close stops the threads."""
-    before = _io_threads()
+    (each FsTier had its own 3 + 2 + 1 before: 72), and on the Python path
+    one lookup pool of the root (2 threads and a watchdog, not 36); every
+    namespace's bytes stored and loaded; the last close stops the threads."""
+    before, lookups_before = _io_threads(), _lookup_threads()
     tiers = [_tier(tmp_path / "root", f"acme/model-{i}", native_io) for i in range(12)]
     try:
         assert len({t.mapper.namespace for t in tiers}) == 12
         assert len({id(t._engine.engine) for t in tiers}) == 1
         started = _io_threads() - before
         assert len(started) == 3 + 2 + 1, sorted(t.name for t in started)
+        lookups = _lookup_threads() - lookups_before
+        assert len(lookups) == (0 if tiers[0].blocks.batched else 3), sorted(t.name for t in lookups)
+        started |= lookups
         for i, t in enumerate(tiers):
             ks = keys(100 * i, 6)
             assert store(t, f"s{i}", ks).success
@@ -52,7 +60,7 @@ def test_namespaces_share_one_engine_and_its_threads(tmp_path: Path, native_io: 
             assert [slot_bytes(t, k, 8 + j) for j, k in enumerate(ks)] == [
                 payload_for(k, t.payload_bytes(k)) for k in ks
             ]
-        assert _io_threads() - before == started  # no thread per job or per namespace
+        assert (_io_threads() - before) | (_lookup_threads() - lookups_before) == started  # none per job
     finally:
         for t in tiers[:-1]:
             t.close()
