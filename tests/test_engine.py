@@ -121,3 +121,73 @@ def test_a_forked_child_builds_its_own_engine(tmp_path: Path) -> None:
         assert load(parent, "l", keys(0, 4), first_slot=8).success
     finally:
         parent.close()
+
+
+def test_the_record_of_a_job_past_its_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's contract on its record, driven directly (what any backend
+    must keep): a load of 3 keys, one unit per key (Python backend), 2
+    threads, the first key's read hung. At the deadline the job is published
+    once: the hung unit TIMED_OUT with its slot in ``job.fenced``, the one
+    never started EXPIRED (not fenced); when the hung read
+    returns, ``job.released`` is set before ``on_released(job)`` runs, and
+    the late result is dropped."""
+    from fstier.io import fsops
+    from fstier.io.engine import EXPIRED, TIMED_OUT, EngineJob, PythonEngine
+    from fstier.tier.jobs import SlotBuffers
+
+    t = _tier(tmp_path / "root", "acme/record", "off")
+    engine = PythonEngine(1, 1, name="fstier-io-record-test")
+    release, started, hold = threading.Event(), threading.Event(), threading.Event()
+    released: list[bool] = []
+    try:
+        ks = keys(0, 3)
+        assert store(t, "s", ks).success
+        hung = str(t.mapper.path_for(ks[0]))
+        real_open, real_preadv = fsops.FS.open, fsops.FS.preadv
+        hung_fds: set[int] = set()
+
+        def tracking_open(path, flags, mode=0o600):
+            fd = real_open(path, flags, mode)
+            if str(path) == hung:
+                hung_fds.add(fd)
+            return fd
+
+        def hanging_preadv(fd, bufs, offset):
+            if fd in hung_fds:
+                started.set()
+                release.wait(10)
+            return real_preadv(fd, bufs, offset)
+
+        monkeypatch.setattr(fsops.FS, "open", tracking_open)
+        monkeypatch.setattr(fsops.FS, "preadv", hanging_preadv)
+        reg = engine.register(on_released=lambda job: released.append(job.released))
+        nbytes = tuple(t.payload_bytes(k) for k in ks)
+        job = EngineJob(
+            "j", "load", tuple(ks), (10, 11, 12), nbytes, t.blocks, SlotBuffers(t.pool),
+            t.blocks.paths(ks), None, 0.5,
+        )
+        # the write-priority thread is held, so the read thread alone serves the job
+        reg.submit(EngineJob("hold", "call", call=lambda: hold.wait(10)))
+        reg.submit(job)
+        assert started.wait(10)
+        for _ in range(1000):  # the deadline is 0.5 s of the real clock
+            if job.done:
+                break
+            threading.Event().wait(0.01)
+        (got,) = reg.collect()
+        assert got is job and job.done and not job.released
+        # one thread held by the call, one stuck in the first key: the others never ran
+        assert job.results == [TIMED_OUT, EXPIRED, EXPIRED] and job.fenced == (10,)
+        assert released == []
+        release.set()
+        for _ in range(1000):
+            if released:
+                break
+            threading.Event().wait(0.01)
+        assert released == [True] and job.results[0] is TIMED_OUT  # the late result was dropped
+        assert reg.collect() == []  # published once
+    finally:
+        release.set()
+        hold.set()
+        engine.shutdown()
+        t.close()
