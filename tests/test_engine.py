@@ -191,3 +191,19 @@ def test_the_record_of_a_job_past_its_deadline(tmp_path: Path, monkeypatch: pyte
         hold.set()
         engine.shutdown()
         t.close()
+
+
+@pytest.mark.parametrize("native_io", ["auto", "off"])
+def test_finished_jobs_leave_the_watchdogs_heap(tmp_path: Path, native_io: str) -> None:
+    """A finished record is not kept until its deadline: 200 jobs done
+    well inside their 30 s deadline leave at most the one in flight in the
+    watchdog's heap (each held its keys, paths and outcomes for 30 s)."""
+    t = _tier(tmp_path / "root", "acme/heap", native_io)
+    try:
+        for i in range(100):
+            ks = keys(4 * i, 4)
+            assert store(t, f"s{i}", ks).success
+            assert load(t, f"l{i}", ks, first_slot=8).success
+        assert len(t._engine.engine._deadlines) <= 1
+    finally:
+        t.close()

@@ -36,7 +36,9 @@ Invariants
 Costs
     Per unit: one lock acquisition to take it and one to publish its result;
     one thread wake-up per unit queued. The watchdog wakes at the earliest
-    deadline of a job in flight (a heap), never once per job.
+    deadline of a job in flight (a heap), never once per job; a finished
+    job leaves the heap when it reaches its head (jobs of one deadline
+    finish about in order, so the heap holds about the jobs in flight).
 """
 
 from __future__ import annotations
@@ -319,6 +321,9 @@ class PythonEngine:
         reg.active -= 1
         if reg.active == 0:
             reg.idle.notify_all()
+        heap = self._deadlines
+        while heap and heap[0][2].done:  # finished jobs leave the watchdog's heap now, not at their deadline
+            heapq.heappop(heap)
 
     @staticmethod
     def _signal(job: EngineJob) -> None:
