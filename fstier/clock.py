@@ -3,7 +3,7 @@ of sleeping.
 
 The tier's timers that tests move (the circuit breaker's cool-down, the
 write budget's speed sample, the eviction lease, the recency flush
-interval, the I/O pool's watchdog, the O_DIRECT re-probe) read a :class:`Clock` handed to them,
+interval, the job engine's watchdog, the O_DIRECT re-probe) read a :class:`Clock` handed to them,
 never :func:`time.monotonic` directly. The rest read the system clock: the
 lookup cache's answer lifetime, the capacity resync and eviction waits,
 ``drain``'s and the pool's shutdown deadlines, the

@@ -6,14 +6,15 @@ engine's scheduler owns one :class:`FsTier` and never blocks in it:
 - ``lookup(keys)`` counts the leading keys whose files exist
   (:mod:`~fstier.tier.lookup`); a key whose load failed is never a hit again
   until stored again, so a stale hit cannot livelock a request.
-- ``submit_store`` / ``submit_load`` queue one pool job, cut into batches by the block
-  store (:mod:`~fstier.tier.jobs`); ``get_finished()`` returns :class:`JobResult` records
+- ``submit_store`` / ``submit_load`` build ONE :class:`~fstier.io.engine.EngineJob` and
+  submit it to this process's job engine (:mod:`fstier.io.engine`, shared by every
+  namespace: a tier is a registration, not threads); ``get_finished()`` returns :class:`JobResult` records
   (:mod:`~fstier.tier.outcomes` judges them; an idle poll takes no lock). A load keeps
   its loaded *prefix*: from the first key that did not load on, keys are misses to
   recompute. A job that cannot run now (:mod:`~fstier.tier.admission`: ``degraded``,
   ``slot_busy``, ``capacity``, ``backpressure``) finishes at once with that cause.
-- Fencing (:mod:`~fstier.tier.fences`): the slot of an op past ``io_timeout_s`` stays
-  fenced, here and at the slot provider, until the stuck call returns; jobs naming it
+- Fencing (:mod:`~fstier.tier.fences`): the slots of a unit running past ``io_timeout_s``
+  stay fenced, here and at the slot provider, until the stuck call returns; jobs naming one
   fail ``slot_busy``. With ``hold_fenced_results=True`` (a provider that cannot stop the
   engine from reusing a slot it freed: an engine's own rows) :meth:`get_finished` holds
   back the result of a job holding a fenced slot until the slot is released.
@@ -23,8 +24,8 @@ engine's scheduler owns one :class:`FsTier` and never blocks in it:
 - ``take_events()``: :class:`BlockStored` / :class:`BlockRemoved`;
   ``metrics``: a :class:`~fstier.tier.metrics.TierMetrics`.
 
-Invariants: one :class:`~fstier.tier.jobs.Job` record per in-flight job; jobs, results,
-events and fences under ``FsTier._lock``; no byte an op writes after its job was reported
+Invariants: one :class:`~fstier.io.engine.EngineJob` record per in-flight job (the
+tier's ``_inflight`` maps its id to it); jobs, results, events and fences under ``FsTier._lock``; no byte an op writes after its job was reported
 reaches a later job; malformed keys and slots the caller does not hold are a
 ``ValueError`` (:mod:`~fstier.tier.checks`)."""
 
@@ -41,7 +42,8 @@ from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.config import FstierConfig, TierConfig, load_config
 from fstier.errors import ConfigError, StorageError, TierClosedError
 from fstier.file_mapper import FileMapper
-from fstier.io import BlockStore, IOPool
+from fstier.io import BlockStore
+from fstier.io.engine import EngineJob, shared_engine
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
 from fstier.tier.admission import Admission, Breaker, WriteBudget
@@ -49,7 +51,7 @@ from fstier.tier.capacity import Capacity
 from fstier.tier.checks import check_job, check_keys, check_pool, known_groups, wait_timeout
 from fstier.tier.fences import Fences
 from fstier.tier.gc import GcReport
-from fstier.tier.jobs import JobOps, JobTable, payload_sizes
+from fstier.tier.jobs import JobMaker, payload_sizes
 from fstier.tier.lookup import Lookup, LookupCache
 from fstier.tier.metrics import TierMetrics
 from fstier.tier.outcomes import Judge
@@ -119,7 +121,8 @@ class FsTier:
         # One lock for jobs, results, events and fences (`_idle` wraps it).
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._jobs = JobTable()
+        #: job id -> its one record, from submit until its result is published
+        self._inflight: dict[Hashable, EngineJob] = {}
         self._finished: list[JobResult] = []
         self._hold_fenced = hold_fenced_results
         #: results held back while a slot of their job is fenced (hold_fenced_results)
@@ -134,21 +137,22 @@ class FsTier:
         self._cache = LookupCache(tier.lookup_cache_ttl_s)
         self._breaker = Breaker(tier.breaker_failures, tier.breaker_cooldown_s, metrics, clock=clock)
         self._budget = WriteBudget(tier.max_write_queue_seconds, metrics, clock=clock)
-        wake = None if on_finished is None else lambda k: on_finished("store" if k == "write" else "load")
-        self._io = IOPool(tier.read_threads, tier.write_threads, tier.io_timeout_s, clock=clock, on_complete=wake)
-        self._io.on_late(self._fences.on_late)
+        #: this tier's registration with the process's engine (its threads are shared)
+        self._engine = shared_engine(
+            tier.read_threads, tier.write_threads, clock=clock, on_complete=on_finished,
+            on_released=self._fences.on_released,
+        )
         self._lookup = Lookup(self._cache, self.blocks, self.mapper.num_groups, tier.io_timeout_s,
                               breaker=self._breaker, metrics=metrics)
-        self._recency = Recency(self._io, self.blocks, clock=clock)
+        self._recency = Recency(self._engine, self.blocks, clock=clock, timeout_s=tier.io_timeout_s)
         self.capacity = Capacity(
             self.mapper.root, tier, metrics, on_evicted=self._on_evicted, before_pass=self._recency.flush, clock=clock
         )
+        self._maker = JobMaker(self.blocks, pool, self._cache, tier.io_timeout_s)
         self._admission = Admission(self._breaker, self._budget, self.capacity, metrics)
-        self._ops = JobOps(self.blocks, pool, self._cache, self._recency, self._budget, self._lock)
         self._judge = Judge(
-            blocks=self.blocks, ops=self._ops, cache=self._cache, breaker=self._breaker,
-            capacity=self.capacity, metrics=metrics, payload_len=self._payload_len,
-            on_timed_out=lambda job, op: self._fences.fence_op(job, op, tier.io_timeout_s),
+            blocks=self.blocks, recency=self._recency, cache=self._cache, breaker=self._breaker,
+            budget=self._budget, capacity=self.capacity, metrics=metrics, payload_len=self._payload_len,
         )
         self._lookup.start()  # last: not at a first lookup (test_lookup_presence.py)
 
@@ -242,7 +246,8 @@ class FsTier:
         # otherwise a second job "J" that finishes at once would report a
         # result for a "J" still in flight (test_manager.py pins it).
         with self._lock:
-            self._jobs.check_unique(job_id)
+            if job_id in self._inflight:
+                raise ValueError(f"job id {job_id!r} is already in flight; job ids must be unique")
             if n == 0:
                 self._finish_now_locked(job_id, kind, 0, "")
                 return
@@ -251,10 +256,9 @@ class FsTier:
             if cause is not None:
                 self._finish_now_locked(job_id, kind, n, cause)
                 return
-            job = self._jobs.open(job_id, kind, keys_t, slots_t, op_bytes)
+            job = self._inflight[job_id] = self._maker.job(job_id, kind, keys_t, slots_t, op_bytes)
         # Native: one call per job, a C helper per further spare I/O thread; Python: per key.
-        queue = "write" if kind == "store" else "read"
-        self._io.submit(job.pool_id, queue, self._ops.ops(job, max(1, self._io.spare_threads(queue))))
+        self._engine.submit(job)
 
     def touch(self, keys: Sequence[BlockKey]) -> None:
         """Mark ``keys`` recently used (LRU recency) without a system call
@@ -272,21 +276,17 @@ class FsTier:
 
     # -- completion --------------------------------------------------------------
     def _reap(self) -> None:
-        """Turn finished pool jobs into JobResults (never blocks; no lock taken while none finished)."""
-        for pj in self._io.get_finished() if self._io.has_finished() else ():
-            with self._lock:
-                job = self._jobs.pop(pj.job_id)
-            if job is None:
-                continue
-            v = self._judge.finish(job, pj.results)
-            result = JobResult(job.job_id, job.kind, v.success, *v[:6], v.loaded_after)  # v[:6]: completed..skipped
+        """Turn finished engine jobs into JobResults (never blocks; no lock taken while none finished)."""
+        for job in self._engine.collect() if self._engine.has_finished() else ():
+            v = self._judge.finish(job)
+            result = JobResult(job.tag, "store" if job.kind == "store" else "load", v.success, *v[:6], v.loaded_after)
             with self._idle:
                 if v.stored:
                     self._events.append(BlockStored(v.stored))
                 if v.removed:
                     self._events.append(BlockRemoved(v.removed, "corrupt"))
-                self._fences.reaped(job)
-                self._jobs.done(job)
+                self._fences.fence_job(job)  # before its result is published
+                del self._inflight[job.tag]
                 if self._hold_fenced and self._fences.busy(job.slots):
                     self._held.append((result, job.slots))
                 else:
@@ -296,13 +296,13 @@ class FsTier:
     def has_news(self) -> bool:
         """Whether :meth:`get_finished` or :meth:`take_events` may return something now.
         No lock: a poll per scheduler step skips both while nothing happened."""
-        return bool(self._finished or self._held or self._events or self._io.has_finished())
+        return bool(self._finished or self._held or self._events or self._engine.has_finished())
 
     def get_finished(self) -> list[JobResult]:
         """Results of jobs finished since the last call (never blocks); with
         ``hold_fenced_results``, a job's result comes once none of its slots
         is fenced (held results first, in the order they finished)."""
-        if not (self._finished or self._held or self._io.has_finished()):
+        if not (self._finished or self._held or self._engine.has_finished()):
             return []
         self._reap()
         with self._lock:
@@ -327,10 +327,10 @@ class FsTier:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            self._io.wait_idle(left)
+            self._engine.wait_idle(left)
             self._reap()
-            with self._lock:
-                if not self._jobs:
+            with self._lock:  # a recency flush the reap submitted is waited for too
+                if not self._inflight and not self._engine.active:
                     return True
             if deadline is not None and time.monotonic() >= deadline:
                 return False
@@ -430,7 +430,7 @@ class FsTier:
             self.drain(timeout=self.tier_config.io_timeout_s + 5.0)
         finally:
             self.capacity.stop()
-            self._io.shutdown()
+            self._engine.close()
             self._recency.flush()
             self._lookup.close()
             if self._own_pool is not None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from manager_support import FILE_BYTES, key, keys, load, open_tier, store
 
+from fstier.io.engine import EngineJob
 from fstier.io.iotypes import LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
 from fstier.io.pool import IOPool
 from fstier.slots.host_pool import HostBlockPool
@@ -146,20 +147,21 @@ def test_a_job_queued_behind_busy_threads_is_one_batch(tmp_path: Path) -> None:
             gate.wait()
 
         # All 4 threads (2 read threads steal writes when idle) held, 2 more queued.
-        tier._io.submit("hold", "write", [hold] * 6)
+        for j in range(6):  # calls queue as writes
+            tier._engine.submit(EngineJob(("hold", j), "call", call=hold))
         for _ in range(4):
             assert started.acquire(timeout=10)
-        assert tier._io.spare_threads("write") == 0
+        assert tier._engine.engine.spare_threads("write") == 0
         ks = keys(0, 16)
         tier.submit_store("big", ks, list(range(16)))
-        (job,) = [j for j in tier._jobs._by_pool.values() if j.job_id == "big"]
+        job = tier._inflight["big"]
         assert job.bounds == (0, 16) and job.helpers == 0
         gate.set()
         tier.drain()
         (res,) = [r for r in tier.get_finished() if r.job_id == "big"]
         assert res.success and res.keys_completed == 16
         tier.submit_store("idle", keys(16, 16), list(range(16)))
-        (job,) = [j for j in tier._jobs._by_pool.values() if j.job_id == "idle"]
+        job = tier._inflight["idle"]
         assert job.bounds == (0, 16) and job.helpers == 1  # 2 write threads: the caller + 1
         tier.drain()
         (res,) = [r for r in tier.get_finished() if r.job_id == "idle"]
@@ -177,7 +179,7 @@ def test_idle_poll_takes_no_lock_and_misses_nothing(tmp_path: Path) -> None:
             assert got == [[]]
         ks = keys(0, 2)
         tier.submit_store("s", ks, [0, 1])
-        assert tier._io.wait_idle(5)
+        assert tier._engine.wait_idle(5)
         assert tier.has_news()
         (res,) = tier.get_finished()
         assert res.job_id == "s" and res.success
@@ -229,7 +231,7 @@ def test_a_reap_with_nothing_finished_takes_no_pool_lock(tmp_path: Path) -> None
     held elsewhere, a take of events returns at once, and a job finished
     meanwhile is still reaped by the next call."""
     with open_tier(tmp_path) as tier:
-        with tier._io._lock:
+        with tier._engine.engine.lock:
             got: list[object] = []
             t = threading.Thread(target=lambda: got.append(tier.take_events()))
             t.start()

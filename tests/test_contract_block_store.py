@@ -178,7 +178,7 @@ def test_batches_give_one_outcome_per_item_in_order(store: BlockStore) -> None:
 
 
 def test_batch_bounds_follow_the_backend(store: BlockStore) -> None:
-    if store.batched:  # native: at most `threads` calls, never smaller than batching.NATIVE_MIN_BATCH
+    if store.batched:  # native: at most `threads` calls, never smaller than record.MIN_KEYS_PER_THREAD
         assert store.batch_bounds(64, 4) == (0, 16, 32, 48, 64)
         assert store.batch_bounds(3, 4) == (0, 3)
     else:  # Python: one key per batch (each key its own op, with its own deadline)
@@ -187,7 +187,7 @@ def test_batch_bounds_follow_the_backend(store: BlockStore) -> None:
 
 def test_batch_plan_is_one_call_with_helpers_on_the_native_path(store: BlockStore) -> None:
     """Native: a job is one call; its other threads are C helpers inside it
-    (never more threads than keys / batching.NATIVE_MIN_BATCH). Python: one key per
+    (never more threads than keys / record.MIN_KEYS_PER_THREAD). Python: one key per
     call, no helpers."""
     if store.batched:
         assert store.batch_plan(64, 8) == ((0, 64), 7)

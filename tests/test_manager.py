@@ -345,13 +345,10 @@ def test_recency_flush_runs_as_background_write_job(tmp_path: Path) -> None:
         assert tier.drain(30)
         results = tier.get_finished()
         assert [r.job_id for r in results] == ["l"] and results[0].success
-        # The first batch of hits found the flush due and its job wrote those
-        # files: on the native path the 3 keys are one batch, noted at once; on
-        # the Python path each key is its own batch (the first to finish
-        # wins), and the other two hits wait for the next flush (FLUSH_S of
-        # the tier's clock).
+        # The job's hits, noted at once when it was reaped (on both paths:
+        # one record per job), found the flush due and its job wrote those files.
         bumped = [tier.mapper.path_for(k).stat().st_mtime_ns > old + 3000 * 10**9 for k in ks]
-        assert sum(bumped) == (3 if tier.blocks.batched else 1), bumped
+        assert sum(bumped) == 3, bumped
         tier.flush_recency()
         assert all(tier.mapper.path_for(k).stat().st_mtime_ns > old + 3000 * 10**9 for k in ks)
 

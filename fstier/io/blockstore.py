@@ -59,10 +59,11 @@ from typing import TYPE_CHECKING
 
 from fstier.errors import FstierError, PathSafetyError
 from fstier.file_mapper import FileMapper, decode, encode, encode_many
-from fstier.io import batching, fsops, native
+from fstier.io import fsops, native
 from fstier.io._blockio import load_block, store_block, store_block_at
 from fstier.io.blockfile import BlockHeader, ChecksumKind, payload_checksum
 from fstier.io.capabilities import RootCapabilities
+from fstier.io.engine import record as plans
 from fstier.io.iotypes import (
     IOOptions,
     LoadOutcome,
@@ -308,15 +309,14 @@ class BlockStore:
         return self._native
 
     def batch_plan(self, n: int, threads: int) -> tuple[tuple[int, ...], int]:
-        """``(bounds, helpers)``: ``n`` keys moved by ``threads`` threads as
-        batch calls (``keys[bounds[j]:bounds[j + 1]]``) with up to ``helpers``
-        C threads each (:func:`fstier.io.batching.plan`: native, one call per
-        job; Python, one key per call)."""
-        return batching.plan(n, threads, self._native)
+        """``(bounds, helpers)``: ``n`` keys moved by ``threads`` threads as batch calls
+        (``keys[bounds[j]:bounds[j + 1]]``) with up to ``helpers`` C threads each
+        (:func:`fstier.io.engine.record.plan`: native, one call per job; Python, one key per call)."""
+        return plans.plan(n, threads, self._native)
 
     def batch_bounds(self, n: int, threads: int) -> tuple[int, ...]:
-        """One batch call per thread, no helpers (:func:`fstier.io.batching.bounds`)."""
-        return batching.bounds(n, threads, self._native)
+        """One batch call per thread, no helpers (:func:`fstier.io.engine.record.bounds`)."""
+        return plans.bounds(n, threads, self._native)
 
     # ------------------------------------------------------------- naming
     def path(self, key: BlockKey) -> str:
@@ -581,7 +581,7 @@ class BlockStore:
     ) -> list[LoadOutcome]:
         """Load every ``(key, buffer)``; one outcome per item, in order (every key
         is attempted). ``helpers``, ``paths``: as :meth:`store_many`'s (a load's
-        helpers: :func:`fstier.io.batching.load_eager`)."""
+        helpers: :func:`fstier.io.engine.record.load_eager`)."""
         keys, buffers = _unzip(items)
         paths = self._named(keys, paths)
         if not items or not self._native:
@@ -589,7 +589,7 @@ class BlockStore:
         return native.load_batch(
             self._prefix, paths, keys, buffers,
             self.mapper.digest_bytes, self.options, helpers=helpers,
-            eager=batching.load_eager(helpers, self.options),
+            eager=plans.load_eager(helpers, self.options.o_direct),
         )
 
     def _named(self, keys: Sequence[BlockKey], paths: Sequence[str] | None) -> Sequence[str]:

@@ -51,6 +51,8 @@ from typing import Any
 
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.errors import IOPoolClosedError
+from fstier.io.engine.python import without_traceback as _without_traceback
+from fstier.io.engine.record import CANCELLED, EXPIRED, PENDING, TIMED_OUT, Marker
 
 __all__ = ["OP_CANCELLED", "OP_EXPIRED", "OP_TIMED_OUT", "IOPool", "LateCallback", "PoolJob"]
 
@@ -59,44 +61,9 @@ log = logging.getLogger("fstier.io")
 LateCallback = Callable[[Hashable, int], None]
 
 
-def _without_traceback(exc: BaseException) -> BaseException:
-    """``exc`` with no traceback on it or on its causes. A kept traceback
-    holds the op's frames, and with them every buffer view they held (an
-    engine's rows): the engine could not unmap its memory at shutdown
-    ("buffers are still exported") until a garbage collection, because
-    the traceback also reaches the frame that stored ``exc`` (a cycle)."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        e.__traceback__ = None
-        e = e.__cause__ or e.__context__
-    return exc
-
-
-class _Marker:
-    """A named sentinel placed in ``PoolJob.results``."""
-
-    __slots__ = ("_name",)
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __repr__(self) -> str:
-        return self._name
-
-    def __reduce__(self) -> str:
-        return self._name
-
-
-#: The operation ran past ``io_timeout_s``; its late result is dropped.
-OP_TIMED_OUT = _Marker("OP_TIMED_OUT")
-#: The operation was still queued when the pool shut down.
-OP_CANCELLED = _Marker("OP_CANCELLED")
-#: The operation was still queued ``io_timeout_s`` after its job's
-#: submission; it never ran (no buffer is touched by it, now or later).
-OP_EXPIRED = _Marker("OP_EXPIRED")
-_PENDING = _Marker("_PENDING")
+#: The markers a unit the pool gave up on stands as: one set, owned by the
+#: engine's record (:mod:`fstier.io.engine.record`).
+OP_TIMED_OUT, OP_CANCELLED, OP_EXPIRED, _PENDING = TIMED_OUT, CANCELLED, EXPIRED, PENDING
 
 _KINDS = ("read", "write")
 
@@ -114,7 +81,7 @@ class PoolJob:
     @property
     def ok(self) -> bool:
         """True when every operation ran and returned: none raised, timed out, expired unrun or was cancelled."""
-        return not any(isinstance(r, _Marker | BaseException) for r in self.results)
+        return not any(isinstance(r, Marker | BaseException) for r in self.results)
 
 
 @dataclass(slots=True)

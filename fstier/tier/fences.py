@@ -1,20 +1,20 @@
-"""Fences: slots held by timed-out ops that may still write them.
+"""Fences: slots held by timed-out units that may still write them.
 
-An op past ``io_timeout_s`` is reported failed, but its thread may still
-write into its slots later (a load), or read them and publish what it reads
-(a store). An op is one batch (every key of it on the native path, one key
-on the Python path), and the batch is the unit here: :meth:`Fences.fence_op`
-records the batch's slots once (one record per timed-out batch, keyed by
-pool job id and op index) and tells the slot provider to ``fence`` each, so
-a slot the engine frees is not handed out again; when the pool says the
-stuck call returned (:meth:`Fences.on_late`), that record, and only it,
-releases its slots, here and at the provider. A call that returned before
-its timeout was reaped leaves a *late mark* instead, so its batch is never
-fenced; the marks of a job are dropped when the job is reaped
-(:meth:`Fences.reaped`). A slot two timed-out batches hold stays fenced
-until both returned (a count per slot). :class:`fstier.manager.FsTier` uses these to fail
-jobs naming a fenced slot (``slot_busy``) and, with
-``hold_fenced_results``, to hold back results of jobs holding one.
+A job past its deadline is reported failed, but a unit of it still running
+may write its slots later (a load), or read them and publish what it reads
+(a store). The engine names those slots in the job's record
+(``EngineJob.fenced``: every key of a native unit, one key per unit on the
+Python path) and, when the last of them returned, sets ``job.released``
+and calls :meth:`Fences.on_released`. The record is the fence's owner:
+:meth:`Fences.fence_job` (at reap, before the job's result is published)
+tells the slot provider to ``fence`` each slot, so a slot the engine frees
+is not handed out again; :meth:`Fences.on_released` releases them, here and
+at the provider. A job released before it was reaped is never fenced (the
+tier reads ``job.released`` under its lock, the engine sets it before the
+call that takes that lock). A slot two timed-out jobs hold stays fenced
+until both returned (a count per slot). :class:`fstier.manager.FsTier`
+fails jobs naming a fenced slot (``slot_busy``) and, with
+``hold_fenced_results``, holds back results of jobs holding one.
 
 Invariants
     Every field changes only under the tier's one lock (the condition
@@ -24,20 +24,20 @@ Invariants
     can no longer write it.
 
 Costs
-    ``fence_op``: O(slots of the batch). ``on_late``: O(slots of the batch).
-    ``busy``: O(slots of a job). One lock acquisition each; one log line per
-    timed-out batch (test_fences.py pins the release of every slot after
-    hundreds of timeouts on both I/O paths).
+    ``fence_job`` and ``on_released``: O(fenced slots of the job), one lock
+    acquisition, one log line; ``busy``: O(slots of a job)
+    (test_fences.py pins the release of every slot after hundreds of
+    timeouts on both I/O paths).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterable
 
+from fstier.io.engine import EngineJob
 from fstier.slots.provider import SlotProvider
-from fstier.tier.jobs import Job
 from fstier.tier.metrics import Gauge
 
 __all__ = ["Fences"]
@@ -53,53 +53,43 @@ class Fences:
         self._idle = idle
         #: fenced slots right now, exported (``fstier_fenced_slots``)
         self._gauge = gauge
-        #: (pool job id, op index) of a timed-out batch still running -> its slots
-        self._ops: dict[tuple[Hashable, int], tuple[int, ...]] = {}
-        #: slot -> how many timed-out batches still running hold it
+        #: timed-out jobs whose late units have not all returned
+        self._jobs: set[EngineJob] = set()
+        #: slot -> how many such jobs hold it
         self._held: dict[int, int] = {}
-        #: batches that returned late before their timeout was reaped
-        self._late: set[tuple[Hashable, int]] = set()
 
-    def fence_op(self, job: Job, op: int, timeout_s: float) -> None:
-        """Batch ``op`` of ``job`` timed out: fence all its slots, in one
-        record, until the stuck call returns (unless it already did: a late
-        mark)."""
-        owner = (job.pool_id, op)
-        keys = job.keys_of_op(op)
-        with self._idle:
-            if owner in self._late or owner in self._ops:
-                return
-            slots = tuple(job.slots[i] for i in keys)
-            self._ops[owner] = slots
-            held = self._held
-            for slot in slots:
-                n = held.get(slot, 0)
-                if n == 0:
-                    # The provider's fence outlives the engine's free(): without
-                    # it, alloc() hands the slot out again, new bytes are staged
-                    # into it, and the stuck read overwrites them
-                    # (test_late_read_never_reaches_a_reallocated_slot).
-                    self._pool.fence(slot)
-                held[slot] = n + 1
-            if self._gauge is not None:
-                self._gauge.set(len(held))
+    def fence_job(self, job: EngineJob) -> None:
+        """``job`` timed out with units still running: fence their slots
+        until they return (unless they already did). The caller holds the lock."""
+        if not job.fenced or job.released or job in self._jobs:
+            return
+        self._jobs.add(job)
+        held = self._held
+        for slot in job.fenced:
+            n = held.get(slot, 0)
+            if n == 0:
+                # The provider's fence outlives the engine's free(): without
+                # it, alloc() hands the slot out again, new bytes are staged
+                # into it, and the stuck read overwrites them
+                # (test_late_read_never_reaches_a_reallocated_slot).
+                self._pool.fence(slot)
+            held[slot] = n + 1
+        if self._gauge is not None:
+            self._gauge.set(len(held))
         log.warning(
-            "fstier: %s batch of %d key(s) (first %r) timed out after %.1fs; its slots %s fenced "
-            "until the call returns",
-            job.kind, len(keys), job.keys[keys.start], timeout_s, _slots_text(slots),
+            "fstier: %s job %r timed out after %.1fs; slots %s of its %d key(s) fenced until the calls return",
+            job.kind, job.tag, job.timeout_s or 0.0, _slots_text(job.fenced), len(job.keys),
         )
 
-    def on_late(self, pool_id: Hashable, op_index: int) -> None:
-        """The pool says a timed-out batch finally returned: its record
-        releases its slots (a slot another stuck batch holds stays fenced)."""
-        owner = (pool_id, op_index)
+    def on_released(self, job: EngineJob) -> None:
+        """The engine says every late unit of ``job`` returned: its slots are
+        released (a slot another stuck job holds stays fenced)."""
         with self._idle:
-            slots = self._ops.pop(owner, None)
-            if slots is None:
-                self._late.add(owner)
-                return
+            if job not in self._jobs:
+                return  # released before it was reaped: never fenced
+            self._jobs.discard(job)
             held = self._held
-            for slot in slots:
+            for slot in job.fenced:
                 n = held[slot] - 1
                 if n:
                     held[slot] = n
@@ -111,13 +101,7 @@ class Fences:
             if self._gauge is not None:
                 self._gauge.set(len(held))
             self._idle.notify_all()
-        log.info("fstier: slots %s released; their timed-out I/O returned", _slots_text(slots))
-
-    def reaped(self, job: Job) -> None:
-        """``job`` was reaped: its batches' late marks served their purpose.
-        The caller holds the lock."""
-        if self._late:
-            self._late.difference_update((job.pool_id, j) for j in range(job.num_ops))
+        log.info("fstier: slots %s released; their timed-out I/O returned", _slots_text(job.fenced))
 
     def busy(self, slots: Iterable[int]) -> bool:
         """Whether any of ``slots`` is fenced. The caller holds the lock."""

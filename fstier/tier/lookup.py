@@ -27,10 +27,13 @@ Any deadline a caller can pass ends: ``inf`` is no deadline here, one past
 is a ``ValueError`` (a deadline of 2**63 ns once spun the native probe
 forever: test_lookup_presence.py::test_a_huge_or_infinite_probe_deadline_returns).
 The Python path probes on a lookup thread (an :class:`~fstier.io.pool.IOPool`
-of its own, started by :meth:`Lookup.start` as the tier's constructor
-ends: a pool started at the first lookup cost the first prompt after an
-engine's restart 28-34 ms, each new thread waiting for the GIL;
-test_lookup_presence.py::test_the_first_lookup_starts_no_thread).
+shared by every tier of the process on the same root and deadline: a
+namespace costs no threads of its own; a hung probe delays only probes of
+its own root, by at most the deadline), taken by :meth:`Lookup.start` as
+the tier's constructor ends: a pool started at the first lookup cost the
+first prompt after an engine's restart 28-34 ms, each new thread waiting
+for the GIL; test_lookup_presence.py::test_the_first_lookup_starts_no_thread).
+The last tier of a root to close stops its pool; a forked child starts its own.
 
 :class:`Lookup` counts what it answers in the tier's metrics (keys looked
 up, hits, misses, lookup seconds). Costs per batch: one cache pass under
@@ -297,11 +300,12 @@ class Lookup:
         return self._blocks.present_many(keys, prefix=prefix)
 
     def start(self) -> None:
-        """Start the lookup thread now (idempotent; a no-op once closed)."""
+        """Take the root's lookup pool now, starting it if no tier of the
+        root holds it (idempotent; a no-op once closed)."""
         with self._lock:
             # the native path probes on the caller's thread (deadline in C)
             if self._pool is None and not self._closed and not self._blocks.batched:
-                self._pool = IOPool(1, 1, self._timeout, name="fstier-lookup")
+                self._pool = _SHARED.take((os.fspath(self._blocks.mapper.root), self._timeout))
 
     def _executor(self) -> IOPool | None:
         """The lookup pool; None once closed (or never started)."""
@@ -314,4 +318,40 @@ class Lookup:
             self._closed = True
             pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown()
+            _SHARED.give_back(pool)
+
+
+class _SharedPools:
+    """The lookup pools of the process, one per (root, deadline), each with
+    the count of tiers holding it; forgotten in a forked child."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pools: dict[tuple[str, float | None], tuple[IOPool, int]] = {}
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._lock = threading.Lock()
+        self._pools = {}
+
+    def take(self, key: tuple[str, float | None]) -> IOPool:
+        with self._lock:
+            pool, n = self._pools.get(key, (None, 0))
+            if pool is None or pool.closed:
+                pool, n = IOPool(1, 1, key[1], name="fstier-lookup"), 0
+            self._pools[key] = (pool, n + 1)
+            return pool
+
+    def give_back(self, pool: IOPool) -> None:
+        with self._lock:
+            key = next((k for k, (p, _) in self._pools.items() if p is pool), None)
+            if key is not None and self._pools[key][1] > 1:
+                self._pools[key] = (pool, self._pools[key][1] - 1)
+                return
+            if key is not None:
+                del self._pools[key]
+        pool.shutdown()
+
+
+_SHARED = _SharedPools()

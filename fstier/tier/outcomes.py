@@ -18,15 +18,21 @@ bad), the metrics, the shared usage count (bytes written, bytes of corrupt
 files removed). The face (:mod:`fstier.manager`) turns the verdict into the
 public ``JobResult`` and events.
 
+The job is the engine's one record (:class:`~fstier.io.engine.EngineJob`):
+one result per unit (a unit's list of outcomes, what it raised, or the
+marker of a unit the engine gave up on). :meth:`Judge.finish` also notes
+the recency of the keys loaded, or stored already (skipped), from the paths
+the record carries.
+
 Invariants
-    A timed-out batch is handed to ``on_timed_out`` once (the face fences
-    all its slots in one record) before the job's result can be published;
-    a key is a success only with an outcome that says so, never by default.
+    A key is a success only with an outcome that says so, never by default;
+    a unit the engine gave up on is judged once for all its keys.
 
 Costs
-    O(keys) per job (one status lookup per key); a batch the pool gave up
-    on costs O(1) plus its keys' slice; one breaker call per run of
-    successes or failures; one log line per failed key whose family logs.
+    O(keys) per job (one status lookup per key) unless every unit succeeded
+    alike (then C-level loops); a unit the engine gave up on costs O(1) plus
+    its keys' slice; one breaker call per run of successes or failures; one
+    recency lock; one log line per failed key whose family logs.
 """
 
 from __future__ import annotations
@@ -34,20 +40,20 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from operator import attrgetter
 from typing import NamedTuple
 
 from fstier.io.blockfile import block_file_size
 from fstier.io.blockstore import BlockStore
+from fstier.io.engine import CANCELLED, EXPIRED, TIMED_OUT, EngineJob
 from fstier.io.iotypes import LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
-from fstier.io.pool import OP_CANCELLED, OP_EXPIRED, OP_TIMED_OUT
 from fstier.keys import BlockKey
-from fstier.tier.admission import BAD_FILE_CAUSES, Breaker, Failure
+from fstier.tier.admission import BAD_FILE_CAUSES, Breaker, Failure, WriteBudget
 from fstier.tier.capacity import Capacity
-from fstier.tier.jobs import Job, JobOps
 from fstier.tier.lookup import LookupCache
 from fstier.tier.metrics import TierMetrics
+from fstier.tier.recency import Recency
 
 __all__ = ["DONE", "Judge", "Verdict"]
 
@@ -113,22 +119,22 @@ class Judge:
         self,
         *,
         blocks: BlockStore,
-        ops: JobOps,
+        recency: Recency,
         cache: LookupCache,
         breaker: Breaker,
+        budget: WriteBudget,
         capacity: Capacity,
         metrics: TierMetrics,
         payload_len: Sequence[int],
-        on_timed_out: Callable[[Job, int], None],  # (job, batch index)
     ) -> None:
         self._blocks = blocks
-        self._ops = ops
+        self._recency = recency
         self._cache = cache
         self._breaker = breaker
+        self._budget = budget
         self._capacity = capacity
         self._metrics = metrics
         self._payload_len = payload_len
-        self._on_timed_out = on_timed_out
 
     def judge(self, r: object, kind: str) -> Failure:
         """What a failed result ``r`` (one key's outcome, or what a whole
@@ -145,19 +151,14 @@ class Judge:
             return Failure("error", r.cause or f"{kind}_failed", r.detail)
         return Failure("error", _cause_of(r), str(r))
 
-    def _unrun(self, job: Job, op: int, r: object) -> Failure | None:
-        """A batch that never returned outcomes because the pool gave up on
-        it (timed out, expired in the queue, cancelled): its books closed and,
-        for a timed-out one, its slots fenced, once for the whole batch.
-        None when ``r`` is not such a marker."""
-        if r is OP_CANCELLED:
+    @staticmethod
+    def _unrun(r: object) -> Failure | None:
+        """A unit that never returned outcomes because the engine gave up on
+        it (timed out: its slots are in ``job.fenced``; expired in the
+        queue; cancelled). None when ``r`` is not such a marker."""
+        if r is CANCELLED:
             return Failure("cancelled", "cancelled", "")
-        if r is OP_TIMED_OUT:
-            self._ops.ended(job, op, 0, finished=False)
-            self._on_timed_out(job, op)
-            return Failure("timeout", "timeout", "")
-        if r is OP_EXPIRED:  # queued past the job's deadline behind hung calls; never ran
-            self._ops.ended(job, op, 0)
+        if r is TIMED_OUT or r is EXPIRED:  # EXPIRED: queued past the deadline behind hung calls; never ran
             return Failure("timeout", "timeout", "")
         return None
 
@@ -186,11 +187,19 @@ class Judge:
             else:
                 log.log(level, "fstier: %s of %s failed: %s (%s)", kind, path, f.cause, f.detail)
 
-    def finish(self, job: Job, results: Sequence[object]) -> Verdict:
-        """Judge ``results`` (one per batch of ``job``: the batch's list of
-        outcomes, or what stands for all its keys) and do what follows. A
-        batch the pool gave up on is judged once; the breaker hears each run
-        of successes once, failures with their count, in key order."""
+    def _note_recency(self, job: EngineJob, hits: list[int]) -> None:
+        """Keys a load loaded, or a store found present already, were used:
+        their files' recency (one lock; all of a job's paths when all hit)."""
+        if not hits:
+            return
+        paths = job.paths
+        self._recency.note_many(paths if len(hits) == len(paths) else [paths[i] for i in hits])
+
+    def finish(self, job: EngineJob) -> Verdict:
+        """Judge ``job.results`` (one per unit: the unit's list of outcomes,
+        or what stands for all its keys) and do what follows. A unit the
+        engine gave up on is judged once; the breaker hears each run of
+        successes once, failures with their count, in key order."""
         now = time.monotonic()
         done: dict[str, list[int]] = {"stored": [], "skipped": [], "loaded": []}
         failed: list[int] = []
@@ -198,8 +207,8 @@ class Judge:
         cause: str | None = None
         keys_all, kind = job.keys, job.kind
         ok_run = False
-        for j, r in enumerate(results):
-            span = job.keys_of_op(j)
+        for j, r in enumerate(job.results):
+            span = job.unit_keys(j)
             if isinstance(r, list) and len(r) == len(span):
                 what = _all_one_success(r)
                 if what is not None:  # the common batch: judged without a loop over its keys
@@ -226,7 +235,7 @@ class Judge:
             if ok_run:
                 self._breaker.success()
                 ok_run = False
-            f = self._unrun(job, j, r) or self.judge(r, kind)
+            f = self._unrun(r) or self.judge(r, kind)
             failed.extend(span)
             if cause is None:
                 cause = f.cause
@@ -236,11 +245,12 @@ class Judge:
         n = len(keys_all)
         prefix = failed[0] if failed else n
         keys, m = job.keys, self._metrics
-        seconds = self._ops.seconds(job)
-        op_bytes = job.op_bytes
+        seconds = job.seconds
+        op_bytes = job.nbytes
         # One payload size for the whole job (one KV group): byte counts are
         # products, not sums over keys.
         each = op_bytes[0] if op_bytes.count(op_bytes[0]) == len(op_bytes) else None
+        self._note_recency(job, done["skipped"] if job.kind == "store" else done["loaded"])
         if job.kind == "store":
             ok = done["stored"]
             stored = tuple(keys[i] for i in ok) if len(ok) < n else keys
@@ -258,8 +268,9 @@ class Judge:
                 m.skipped_blocks.inc(len(done["skipped"]))
             m.store_seconds.observe(seconds)
             # Admission counted the whole job (Admission.refuse): give back
-            # what was not stored (skipped, failed).
+            # what was not stored (skipped, failed); its reservation leaves the write budget.
             self._capacity.settle(reserved, written)
+            self._budget.release(reserved, written)
         else:
             stored = ()
             nbytes = each * prefix if each is not None else sum(op_bytes[:prefix])

@@ -5,8 +5,8 @@ of a present key) is recorded in memory and written to the file's mtime at
 most every :data:`FLUSH_S` seconds, or once :data:`MAX_PENDING` distinct
 files are pending, and before every capacity pass: a hot block costs one
 metadata write per interval, not one per hit (a SETATTR round trip on NFS).
-The writes run as their own job on the I/O pool's write queue, so no load
-waits for them; every process's eviction and ``fstier gc`` read them.
+The writes run as their own job (a ``"call"`` job) on the engine's write
+queue, so no load waits for them; every process's eviction and ``fstier gc`` read them.
 Hits of a batch are noted under one lock (:meth:`Recency.note_many`); on
 the native path a flush is ONE call (:meth:`BlockStore.touch_many`,
 GIL released), on the Python path one touch per file. Either way no
@@ -25,7 +25,7 @@ from pathlib import Path
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.errors import IOPoolClosedError
 from fstier.io import blockstore, fsops
-from fstier.io.pool import IOPool
+from fstier.io.engine import EngineJob, Registration
 
 __all__ = ["FLUSH_S", "MAX_PENDING", "Recency"]
 
@@ -48,17 +48,16 @@ def _bump_mtimes(paths: Sequence[str], blocks: blockstore.BlockStore | None = No
         fsops.touch_file(p)
 
 
-def _ignore_pool_job(_job: object) -> None:
-    """``on_done`` of recency jobs: nothing to report to the engine."""
-
-
 class Recency:
-    """Pending hits of one tier, flushed to mtimes through ``io``'s write queue."""
+    """Pending hits of one tier, flushed to mtimes through ``io``'s write queue
+    (each flush's deadline ``timeout_s``)."""
 
     def __init__(
-        self, io: IOPool, blocks: blockstore.BlockStore | None = None, *, clock: Clock = SYSTEM_CLOCK
+        self, io: Registration, blocks: blockstore.BlockStore | None = None, *, clock: Clock = SYSTEM_CLOCK,
+        timeout_s: float | None = None,
     ) -> None:
         self._io = io
+        self._timeout_s = timeout_s
         #: the store whose files are touched (one native call per flush), or
         #: None: one Python touch per file
         self._blocks = blocks
@@ -89,7 +88,9 @@ class Recency:
             job_id = ("recency", self._seq)
         if take:
             try:
-                self._io.submit(job_id, "write", [partial(_bump_mtimes, take, self._blocks)], on_done=_ignore_pool_job)
+                self._io.submit(
+                    EngineJob(job_id, "call", call=partial(_bump_mtimes, take, self._blocks), timeout_s=self._timeout_s)
+                )
             except IOPoolClosedError:  # the tier is closing: do it here
                 _bump_mtimes(take, self._blocks)
 

@@ -376,11 +376,11 @@ def test_results_reaped_by_a_submit_are_found(
     entered, go = threading.Event(), threading.Event()
     real = Judge.finish
 
-    def slow_finish(self: Judge, job: Any, results: Any) -> Any:
+    def slow_finish(self: Judge, job: Any) -> Any:
         if job.kind == "load" and threading.current_thread().name == "store-submitter":
             entered.set()
             go.wait(10)
-        return real(self, job, results)
+        return real(self, job)
 
     monkeypatch.setattr(Judge, "finish", slow_finish)
     dst = objects(4, seed=None)

@@ -161,7 +161,7 @@ def test_hung_native_store_times_out_fences_and_recovers(tmp_path: Path, caplog:
         # The batch is taken off the queue (running, stuck in the delayed
         # write), then its job's 0.2 s deadline passes on the tier's clock.
         deadline = time.monotonic() + 10
-        while t._io.queue_depth("write") and time.monotonic() < deadline:
+        while t._engine.engine.queue_depth("write") and time.monotonic() < deadline:
             time.sleep(0.001)  # a worker thread picking the op up: real time
         clock.advance(0.2)
 

@@ -1,0 +1,209 @@
+"""The job engine (fstier.io.engine): one engine per process and thread
+configuration serves every namespace (a namespace costs a registration, not
+threads), closing one namespace leaves the others' jobs alone, and a forked
+child never inherits the parent's engine. On both I/O paths."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import make_config
+from manager_support import TINY_GROUP, keys, load, payload_for, slot_bytes, store
+
+from fstier.manager import FsTier
+
+
+def _io_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("fstier-io")}
+
+
+def _lookup_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("fstier-lookup")}
+
+
+def _tier(root: Path, model: str, native_io: str) -> FsTier:
+    cfg = make_config(
+        root, groups=[dict(TINY_GROUP)], model={"name": model},
+        tier={"read_threads": 3, "write_threads": 2, "native_io": native_io},
+    )
+    tier = FsTier.from_config(cfg)
+    tier.pool.alloc(64)  # type: ignore[attr-defined]  # its private HostBlockPool
+    return tier
+
+
+@pytest.mark.parametrize("native_io", ["auto", "off"])
+def test_namespaces_share_one_engine_and_its_threads(tmp_path: Path, native_io: str) -> None:
+    """12 namespaces: 3 read + 2 write I/O threads and one watchdog in all
+    (each FsTier had its own 3 + 2 + 1 before: 72), and on the Python path
+    one lookup pool of the root (2 threads and a watchdog, not 36); every
+    namespace's bytes stored and loaded; the last close stops the threads."""
+    before, lookups_before = _io_threads(), _lookup_threads()
+    tiers = [_tier(tmp_path / "root", f"acme/model-{i}", native_io) for i in range(12)]
+    try:
+        assert len({t.mapper.namespace for t in tiers}) == 12
+        assert len({id(t._engine.engine) for t in tiers}) == 1
+        started = _io_threads() - before
+        assert len(started) == 3 + 2 + 1, sorted(t.name for t in started)
+        lookups = _lookup_threads() - lookups_before
+        assert len(lookups) == (0 if tiers[0].blocks.batched else 3), sorted(t.name for t in lookups)
+        started |= lookups
+        for i, t in enumerate(tiers):
+            ks = keys(100 * i, 6)
+            assert store(t, f"s{i}", ks).success
+        for i, t in enumerate(tiers):
+            ks = keys(100 * i, 6)
+            res = load(t, f"l{i}", ks, first_slot=8)
+            assert res.success and res.keys_completed == 6
+            assert [slot_bytes(t, k, 8 + j) for j, k in enumerate(ks)] == [
+                payload_for(k, t.payload_bytes(k)) for k in ks
+            ]
+        assert (_io_threads() - before) | (_lookup_threads() - lookups_before) == started  # none per job
+    finally:
+        for t in tiers[:-1]:
+            t.close()
+        assert all(th.is_alive() for th in started), "an engine in use was stopped"
+        tiers[-1].close()
+    for th in started:
+        th.join(5)
+        assert not th.is_alive(), f"{th.name} still runs after the last namespace closed"
+
+
+@pytest.mark.parametrize("native_io", ["auto", "off"])
+def test_closing_one_namespace_leaves_the_others_jobs(tmp_path: Path, native_io: str) -> None:
+    a = _tier(tmp_path / "root", "acme/a", native_io)
+    b = _tier(tmp_path / "root", "acme/b", native_io)
+    try:
+        ks = keys(0, 32)
+        assert store(a, "warm", ks[:1]).success
+        b_slots = list(range(32))
+        for k, s in zip(ks, b_slots, strict=True):
+            b.pool.slot_view(s)[: b.payload_bytes(k)] = payload_for(k, b.payload_bytes(k))
+        b.submit_store("b", ks, b_slots)  # in flight while a closes
+        a.close()
+        assert b.drain(30)
+        (res,) = b.get_finished()
+        assert res.success and res.keys_completed == 32
+        assert load(b, "l", ks, first_slot=32).success
+        # a new namespace joins the engine b still holds
+        c = _tier(tmp_path / "root", "acme/c", native_io)
+        assert c._engine.engine is b._engine.engine
+        c.close()
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_builds_its_own_engine(tmp_path: Path) -> None:
+    """The child of a process whose engine runs gets no engine (its threads
+    do not exist in the child): its tier starts one of its own and moves
+    its bytes; the parent's engine keeps serving the parent."""
+    parent = _tier(tmp_path / "root", "acme/parent", "auto")
+    try:
+        assert store(parent, "s", keys(0, 4)).success
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports by exit status
+            code = 1
+            try:
+                child = _tier(tmp_path / "root", "acme/child", "auto")
+                ok = child._engine.engine is not parent._engine.engine
+                ok = ok and store(child, "cs", keys(50, 4)).success
+                ok = ok and load(child, "cl", keys(50, 4), first_slot=8).success
+                child.close()
+                code = 0 if ok else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert load(parent, "l", keys(0, 4), first_slot=8).success
+    finally:
+        parent.close()
+
+
+def test_the_record_of_a_job_past_its_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's contract on its record, driven directly (what any backend
+    must keep): a load of 3 keys, one unit per key (Python backend), 2
+    threads, the first key's read hung. At the deadline the job is published
+    once: the hung unit TIMED_OUT with its slot in ``job.fenced``, the one
+    never started EXPIRED (not fenced); when the hung read
+    returns, ``job.released`` is set before ``on_released(job)`` runs, and
+    the late result is dropped."""
+    from fstier.io import fsops
+    from fstier.io.engine import EXPIRED, TIMED_OUT, EngineJob, PythonEngine
+    from fstier.tier.jobs import SlotBuffers
+
+    t = _tier(tmp_path / "root", "acme/record", "off")
+    engine = PythonEngine(1, 1, name="fstier-io-record-test")
+    release, started, hold = threading.Event(), threading.Event(), threading.Event()
+    released: list[bool] = []
+    try:
+        ks = keys(0, 3)
+        assert store(t, "s", ks).success
+        hung = str(t.mapper.path_for(ks[0]))
+        real_open, real_preadv = fsops.FS.open, fsops.FS.preadv
+        hung_fds: set[int] = set()
+
+        def tracking_open(path, flags, mode=0o600):
+            fd = real_open(path, flags, mode)
+            if str(path) == hung:
+                hung_fds.add(fd)
+            return fd
+
+        def hanging_preadv(fd, bufs, offset):
+            if fd in hung_fds:
+                started.set()
+                release.wait(10)
+            return real_preadv(fd, bufs, offset)
+
+        monkeypatch.setattr(fsops.FS, "open", tracking_open)
+        monkeypatch.setattr(fsops.FS, "preadv", hanging_preadv)
+        reg = engine.register(on_released=lambda job: released.append(job.released))
+        nbytes = tuple(t.payload_bytes(k) for k in ks)
+        job = EngineJob(
+            "j", "load", tuple(ks), (10, 11, 12), nbytes, t.blocks, SlotBuffers(t.pool),
+            t.blocks.paths(ks), None, 0.5,
+        )
+        # the write-priority thread is held, so the read thread alone serves the job
+        reg.submit(EngineJob("hold", "call", call=lambda: hold.wait(10)))
+        reg.submit(job)
+        assert started.wait(10)
+        for _ in range(1000):  # the deadline is 0.5 s of the real clock
+            if job.done:
+                break
+            threading.Event().wait(0.01)
+        (got,) = reg.collect()
+        assert got is job and job.done and not job.released
+        # one thread held by the call, one stuck in the first key: the others never ran
+        assert job.results == [TIMED_OUT, EXPIRED, EXPIRED] and job.fenced == (10,)
+        assert released == []
+        release.set()
+        for _ in range(1000):
+            if released:
+                break
+            threading.Event().wait(0.01)
+        assert released == [True] and job.results[0] is TIMED_OUT  # the late result was dropped
+        assert reg.collect() == []  # published once
+    finally:
+        release.set()
+        hold.set()
+        engine.shutdown()
+        t.close()
+
+
+@pytest.mark.parametrize("native_io", ["auto", "off"])
+def test_finished_jobs_leave_the_watchdogs_heap(tmp_path: Path, native_io: str) -> None:
+    """A finished record is not kept until its deadline: 200 jobs done
+    well inside their 30 s deadline leave at most the one in flight in the
+    watchdog's heap (each held its keys, paths and outcomes for 30 s)."""
+    t = _tier(tmp_path / "root", "acme/heap", native_io)
+    try:
+        for i in range(100):
+            ks = keys(4 * i, 4)
+            assert store(t, f"s{i}", ks).success
+            assert load(t, f"l{i}", ks, first_slot=8).success
+        assert len(t._engine.engine._deadlines) <= 1
+    finally:
+        t.close()
