@@ -194,6 +194,10 @@ def test_bad_options_and_roots_exit_2(tmp_path: Path) -> None:
         assert res.exit_code == 2, (args, res.output)
     res = run_cli("status", str(tmp_path / "nowhere"), "--json")
     assert res.exit_code == 2 and json.loads(res.stdout)["ok"] is False
+    # Plainly not an fstier root: refused like inspect refuses it, nothing walked.
+    (tmp_path / "notes.txt").write_text("x")
+    res = run_cli("status", str(tmp_path))
+    assert res.exit_code == 2 and "is not an fstier root" in res.output
 
 
 def test_a_file_the_count_never_saw_is_exported_as_the_next_rescans_correction(tmp_path: Path) -> None:
