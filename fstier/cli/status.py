@@ -141,7 +141,8 @@ def _checked_root(root: str, deadline: float) -> Path:
 
 
 @click.command("status")
-@click.argument("root", type=click.Path(file_okay=False))
+# A plain string: click.Path would stat ROOT on this thread, past any deadline on a hung mount.
+@click.argument("root")
 @click.option("--max-bytes", "max_bytes_text", default=None, metavar="SIZE",
               help="The tiers' max_bytes (500GiB), to show usage against it; the root does not record it.")
 @click.option("--deadline", type=float, default=10.0, show_default=True, metavar="SECONDS",
