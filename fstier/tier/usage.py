@@ -363,11 +363,9 @@ class SharedUsage:
         return {**self._others, self.instance: (self._stored, self._removed)}
 
     def live_instances(self) -> int:
-        """This instance and every other whose count moved within two
-        heartbeats of this reader's clock (memory only)."""
+        """This instance and every other whose count moved in the last two heartbeats (memory only)."""
         with self._lock:
-            now = self._clock()
-            return 1 + sum(1 for _, moved in self._liveness.values() if now - moved <= 2 * HEARTBEAT_S)
+            return 1 + sum(self._clock() - moved <= 2 * HEARTBEAT_S for _, moved in self._liveness.values())
 
     @property
     def inflight(self) -> int:  # this instance's stores counted, maybe not on disk
