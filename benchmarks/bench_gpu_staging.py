@@ -79,7 +79,9 @@ def run_case(page_kib, kind, tp, kv, modes, batch_mib, repeats, shuffle, infligh
     model = ModelSpec(
         name="bench",
         dtype="float16",
-        groups=[{"num_layers": layers, "num_kv_heads": HEADS, "head_size": HEAD_SIZE, "block_size": bs, "kv_layout": kv}],
+        groups=[
+            {"num_layers": layers, "num_kv_heads": HEADS, "head_size": HEAD_SIZE, "block_size": bs, "kv_layout": kv}
+        ],
     )
     group = model.groups[0]
     cpb = group.page_bytes
@@ -88,7 +90,9 @@ def run_case(page_kib, kind, tp, kv, modes, batch_mib, repeats, shuffle, infligh
     n = max(16, min(8192, batch_mib * 2**20 // share))
     num_blocks = n + n // 4
     heads = HEADS // tp
-    shape = (layers, num_blocks, 2, bs, heads, HEAD_SIZE) if kv == "NHD" else (layers, num_blocks, 2, heads, bs, HEAD_SIZE)
+    shape = (
+        (layers, num_blocks, 2, bs, heads, HEAD_SIZE) if kv == "NHD" else (layers, num_blocks, 2, heads, bs, HEAD_SIZE)
+    )
     # Random bits (NaN payloads included): the copies must be bit-exact.
     cpu_kv = torch.randint(-(2**15), 2**15, shape, generator=gen, dtype=torch.int16).view(torch.float16)
     mapping = rank_page_mapping(group, ParallelSpec(tp_size=tp, rank=0))
@@ -134,8 +138,12 @@ def run_case(page_kib, kind, tp, kv, modes, batch_mib, repeats, shuffle, infligh
             t_out = _median_s(lambda st=st, slots=slots: st.wait(st.stage_out(spec_out, slots)), repeats)
             # Correctness: the slots hold what the CPU stager wrote (same slot order).
             for k in range(n):
-                if not torch.equal(PoolTensors.of(pool).slot_tensor(slots[k]), PoolTensors.of(ref_pool).slot_tensor(ref_slots[k])):
-                    raise SystemExit(f"MISMATCH stage_out {page_kib}KiB {kind} tp{tp} {kv} {mode}: slot of block {ids[k]}")
+                if not torch.equal(
+                    PoolTensors.of(pool).slot_tensor(slots[k]), PoolTensors.of(ref_pool).slot_tensor(ref_slots[k])
+                ):
+                    raise SystemExit(
+                        f"MISMATCH stage_out {page_kib}KiB {kind} tp{tp} {kv} {mode}: slot of block {ids[k]}"
+                    )
             _sync()
             ops0 = st.stats.ops
             t0 = time.perf_counter()
@@ -274,7 +282,9 @@ def main() -> int:
                     )
                     rows += rs
                     if args.json:  # after every case: a run cut short keeps what it measured
-                        Path(args.json).write_text(json.dumps({"device": name, "torch": torch.__version__, "rows": rows}, indent=1))
+                        Path(args.json).write_text(
+                            json.dumps({"device": name, "torch": torch.__version__, "rows": rows}, indent=1)
+                        )
                     for r in rs:
                         print(
                             f"{r['page_kib']:>5} KiB {r['cache']:<9} 1/{r['tp']} {r['kv']} {r['mode']:<12} "

@@ -183,7 +183,9 @@ class Bench:
         self.adapter.close()
 
 
-def run(sizes_kib: list[int], keys: int, rounds: int, warmup: int, names: list[str], workdir: str | None) -> dict[str, Any]:
+def run(
+    sizes_kib: list[int], keys: int, rounds: int, warmup: int, names: list[str], workdir: str | None
+) -> dict[str, Any]:
     out: dict[str, Any] = {"load_before": os.getloadavg(), "cpus": os.cpu_count(), "sizes": {}}
     with tempfile.TemporaryDirectory(prefix="bench-lmcache-", dir=workdir) as tmp:
         for kib in sizes_kib:

@@ -142,6 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--workdir", default=None, help="directory for the roots (default: the temp dir)")
     a = p.parse_args(argv)
+    from fstier.io import native
+
+    path = native.status().backend
+    if path != "native":  # the floor is the adapter's native call: on the Python path there is none
+        print(f"bench_lmcache_floor.py: fstier's I/O path here is {path} ({native.status().reason}); "
+              "the floor replays the adapter's native load call: build the extension and unset FSTIER_NATIVE=0",
+              file=sys.stderr)
+        return 2
     before = os.getloadavg()[0]
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-lmcache-floor-", dir=a.workdir) as tmp:

@@ -104,7 +104,9 @@ def main() -> None:
                for w in ("adapter", "fstier", "lmcache", "other")}
         print(f"{name} ({n} x {args.chunk}): {sum(per.values()):.0f} Python lines per task: "
               + ", ".join(f"{w} {v:.0f}" for w, v in per.items()))
-        top = sorted(((v, w, f) for (p, w, f), v in lines.items() if p == name and args.only in (None, w)), reverse=True)[: args.top]
+        top = sorted(
+            ((v, w, f) for (p, w, f), v in lines.items() if p == name and args.only in (None, w)), reverse=True
+        )[: args.top]
         for v, w, f in top:
             print(f"  {v / args.tasks:7.1f}  {w:8s} {f}")
 

@@ -204,7 +204,10 @@ def main() -> None:
     if args.json:
         print(json.dumps(res, indent=2))
         return
-    print("| total | pool | files | store GB/s | load GB/s | RSS before pool | after pool | peak RSS | peak anon | peak shmem | bound | ok |")
+    print(
+        "| total | pool | files | store GB/s | load GB/s | RSS before pool | after pool "
+        "| peak RSS | peak anon | peak shmem | bound | ok |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     print(
         f"| {res['total_bytes'] / 2**30:.0f} GiB | {res['pool_bytes'] / 2**30:.2f} GiB | {res['files']:,} | "

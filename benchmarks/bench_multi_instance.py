@@ -124,7 +124,10 @@ def run(
     from fstier.io.manifest import ensure_manifest
 
     ensure_manifest(FileMapper(_config(root, max_files)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
     children = [
         subprocess.Popen(
             [sys.executable, __file__, "--worker", str(w), "--root", str(root),

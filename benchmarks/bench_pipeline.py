@@ -56,13 +56,12 @@ import xxhash  # noqa: E402
 from _raw import RawBaseline, drop_caches  # noqa: E402
 
 from fstier.config import FstierConfig, ParallelSpec, parse_config  # noqa: E402
+from fstier.cross_layer import LayerKVSpec, allocate_cross_layer_kv_caches  # noqa: E402
 from fstier.gpu_copy import RankStager  # noqa: E402
 from fstier.io.blockfile import padded_len  # noqa: E402
 from fstier.keys import BlockKey  # noqa: E402
 from fstier.layout import (  # noqa: E402
-    LayerKVSpec,
     LoadStoreSpec,
-    allocate_cross_layer_kv_caches,
     rank_page_mapping,
 )
 from fstier.manager import FsTier, JobResult  # noqa: E402
@@ -349,7 +348,9 @@ class Pipeline:
         self.load_tier._cache.clear()
 
 
-def run_pipeline(root: Path | None, p: PipelineParams, *, verify: bool = True, progress: bool = False) -> dict[str, Any]:
+def run_pipeline(
+    root: Path | None, p: PipelineParams, *, verify: bool = True, progress: bool = False
+) -> dict[str, Any]:
     """Run ``p.rounds`` measured rounds (after a warm-up) and return medians."""
     own = root is None
     base = Path(tempfile.mkdtemp(prefix="fstier-pipe-", dir="/var/tmp")) if root is None else root

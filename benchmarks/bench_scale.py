@@ -193,7 +193,9 @@ def measure(root: Path, files: int, fstier_bin: str) -> dict[str, Any]:
         r = _run_child(argv)
         r.update(name=name, cache_dropped=dropped, command=" ".join(argv))
         steps.append(r)
-        print(f"  {name}: {r['seconds']} s, peak RSS {r['peak_rss_mib']} MiB, rc {r['rc']}", file=sys.stderr, flush=True)
+        print(
+            f"  {name}: {r['seconds']} s, peak RSS {r['peak_rss_mib']} MiB, rc {r['rc']}", file=sys.stderr, flush=True
+        )
         return r
 
     step("inspect", [fstier_bin, "inspect", str(root), "--json"])

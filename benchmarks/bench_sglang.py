@@ -182,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default=None, help="directory for both roots (default: a temp dir)")
     ap.add_argument("--total", default="256MiB", help="bytes of pages per size and pass")
     ap.add_argument("--sizes", default="64KiB,256KiB,1MiB,2MiB")
-    ap.add_argument("--layout", default="page_first", choices=["layer_first", "page_first", "page_first_direct", "page_head"])
+    ap.add_argument(
+        "--layout", default="page_first", choices=["layer_first", "page_first", "page_first_direct", "page_head"]
+    )
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--json", default=None)
     ap.add_argument(

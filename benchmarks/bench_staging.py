@@ -25,12 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from fstier.config import ModelSpec, ParallelSpec  # noqa: E402
+from fstier.cross_layer import LayerKVSpec, allocate_cross_layer_kv_caches  # noqa: E402
 from fstier.gpu_copy import RankStager  # noqa: E402
 from fstier.layout import (  # noqa: E402
     CanonicalKVCaches,
-    LayerKVSpec,
     LoadStoreSpec,
-    allocate_cross_layer_kv_caches,
     rank_page_mapping,
 )
 from fstier.slots.host_pool import HostBlockPool  # noqa: E402
@@ -60,7 +59,14 @@ def main() -> int:
     model = ModelSpec(
         name="bench",
         dtype="float16",
-        groups=[{"num_layers": args.layers, "num_kv_heads": args.heads, "head_size": args.head_size, "block_size": args.block_size}],
+        groups=[
+            {
+                "num_layers": args.layers,
+                "num_kv_heads": args.heads,
+                "head_size": args.head_size,
+                "block_size": args.block_size,
+            }
+        ],
     )
     group = model.groups[0]
     num_blocks = 2 * args.blocks
@@ -70,10 +76,16 @@ def main() -> int:
     with HostBlockPool(args.blocks, group.page_bytes) as pool:
         slots = pool.alloc(args.blocks)
         cases = []
-        specs = [LayerKVSpec.attention(f"l{i}", 0, group.block_size, group.num_kv_heads, group.head_size) for i in range(args.layers)]
+        specs = [
+            LayerKVSpec.attention(f"l{i}", 0, group.block_size, group.num_kv_heads, group.head_size)
+            for i in range(args.layers)
+        ]
         cross = allocate_cross_layer_kv_caches(specs, num_blocks, "cpu", "float16")
         cases.append(("cross-layer tp=1", cross.registration, ParallelSpec()))
-        per_layer = [torch.randn(num_blocks, 2, group.block_size, group.num_kv_heads, group.head_size).half() for _ in range(args.layers)]
+        per_layer = [
+            torch.randn(num_blocks, 2, group.block_size, group.num_kv_heads, group.head_size).half()
+            for _ in range(args.layers)
+        ]
         cases.append(("per-layer tp=1", CanonicalKVCaches.register([per_layer]), ParallelSpec()))
         hl = group.num_kv_heads // 2
         per_layer_tp2 = [t[:, :, :, :hl].contiguous() for t in per_layer]
@@ -110,18 +122,29 @@ def main() -> int:
         "stage_out": by["cross-layer tp=1"]["stage_out_gbps"] / by["per-layer tp=1"]["stage_out_gbps"],
         "stage_in": by["cross-layer tp=1"]["stage_in_gbps"] / by["per-layer tp=1"]["stage_in_gbps"],
     }
-    result = {"args": vars(args), "device": "cpu", "torch_threads": torch.get_num_threads(), "rows": rows, "cross_vs_per_layer": cross_ratio}
+    result = {
+        "args": vars(args),
+        "device": "cpu",
+        "torch_threads": torch.get_num_threads(),
+        "rows": rows,
+        "cross_vs_per_layer": cross_ratio,
+    }
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"{'case':<20} {'MiB':>6} {'run B':>8} {'copies':>6} {'base GB/s':>10} {'out GB/s':>9} {'in GB/s':>8} {'out/base':>8} {'in/base':>8}")
+    print(
+        f"{'case':<20} {'MiB':>6} {'run B':>8} {'copies':>6} {'base GB/s':>10} "
+        f"{'out GB/s':>9} {'in GB/s':>8} {'out/base':>8} {'in/base':>8}"
+    )
     for r in rows:
         print(
             f"{r['case']:<20} {r['bytes'] / 2**20:>6.0f} {r['min_run_bytes']:>8} {r['copies_per_call']:>6} "
             f"{r['baseline_gbps']:>10.2f} {r['stage_out_gbps']:>9.2f} {r['stage_in_gbps']:>8.2f} "
             f"{r['out_vs_baseline']:>8.2f} {r['in_vs_baseline']:>8.2f}"
         )
-    print(f"cross-layer / per-layer: stage_out {cross_ratio['stage_out']:.2f}x, stage_in {cross_ratio['stage_in']:.2f}x")
+    print(
+        f"cross-layer / per-layer: stage_out {cross_ratio['stage_out']:.2f}x, stage_in {cross_ratio['stage_in']:.2f}x"
+    )
     return 0
 
 

@@ -125,7 +125,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         (axes[1], "load", "raw_read_gbps", "raw_read_large_gbps", "raw_read_files_gbps"),
     ):
         xs = [r["page_bytes"] / KIB for r in size_rows]
-        ax.plot(xs, [r[f"{op}_gbps"] for r in size_rows], "o-", color="tab:blue", lw=2, label="fstier end-to-end (bpf=1)")
+        ax.plot(
+            xs, [r[f"{op}_gbps"] for r in size_rows], "o-", color="tab:blue", lw=2, label="fstier end-to-end (bpf=1)"
+        )
         ax.plot(xs, [r[raw] for r in size_rows], "s-", color="black", lw=1.5, label="raw O_DIRECT (best shape)")
         ax.plot(xs, [r[raw_l] for r in size_rows], ":", color="gray", label="raw: one large file")
         ax.plot(xs, [r[raw_f] for r in size_rows], "--", color="gray", label="raw: new file per block")

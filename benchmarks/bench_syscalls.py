@@ -44,7 +44,8 @@ for i in range(n):
     key = BlockKey(i.to_bytes(16, "big"), 0)
     path = d / f"{key.hex}-g0.bin"
     if mode == "store":
-        out = _blockio.store_block(iotypes.StoreRequest(path, header_for_payload(key, digest, data, 1, size), buf), opts)
+        header = header_for_payload(key, digest, data, 1, size)
+        out = _blockio.store_block(iotypes.StoreRequest(path, header, buf), opts)
     else:
         out = _blockio.load_block(iotypes.LoadRequest(path, buf, key, digest, size), opts)
     assert out.ok, out

@@ -305,8 +305,11 @@ def report(record: dict[str, Any], json_out: Path | None, plot: Path | None) -> 
         ax2.bar(list(xs), [s[c]["rps"] for c in configs], 0.6, color="tab:green")
         ax2.set_xticks(list(xs), [LABELS[c] for c in configs], fontsize=8)
         ax2.set_ylabel("requests/s")
-        fig.suptitle(f"vllm serve after a restart, {a['clients']} clients, {a['prefixes']} x {a['prefix_tokens']}-token "
-                     "shared prefixes", fontsize=9)
+        fig.suptitle(
+            f"vllm serve after a restart, {a['clients']} clients, {a['prefixes']} x {a['prefix_tokens']}-token "
+            "shared prefixes",
+            fontsize=9,
+        )
         fig.tight_layout()
         fig.savefig(plot, dpi=110)
         print(f"plot: {plot}")

@@ -176,7 +176,9 @@ class Bench:
         with _vllm_path(native=tier_name != "vllm-py"):
             return self._run_jobs_now(tier_name, keys, promotion)
 
-    def _run_jobs_now(self, tier_name: str, keys: list[bytes], promotion: bool) -> tuple[float, tuple[float, float], int]:
+    def _run_jobs_now(
+        self, tier_name: str, keys: list[bytes], promotion: bool
+    ) -> tuple[float, tuple[float, float], int]:
         from vllm.v1.kv_offload.base import ReqContext
         from vllm.v1.kv_offload.tiering.base import TransferJob
 
@@ -460,7 +462,9 @@ def syscalls(args: argparse.Namespace) -> dict[str, Any]:
             if not counts:
                 raise SystemExit(f"{t}: no strace summary:\n{summary.read_text()[:2000]}")
             # Per file moved: each file is stored once and loaded once.
-            out[t] = {k: round(v / files, 2) for k, v in sorted(counts.items(), key=lambda kv: -kv[1]) if v >= files // 2}
+            out[t] = {
+                k: round(v / files, 2) for k, v in sorted(counts.items(), key=lambda kv: -kv[1]) if v >= files // 2
+            }
             out[t]["_total_per_file"] = round(sum(counts.values()) / files, 1)
     return {"row_bytes": size, "files": files, "per_file": out}
 

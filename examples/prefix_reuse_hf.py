@@ -52,7 +52,8 @@ try:
     from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise SystemExit(
-        f"this example needs transformers >= 4.56 ({exc}); install the extra: pip install -e '.[examples]' in a checkout of fstier"
+        f"this example needs transformers >= 4.56 ({exc}); "
+        "install the extra: pip install -e '.[examples]' in a checkout of fstier"
     ) from None
 
 from fstier import (

@@ -55,11 +55,11 @@ from fstier.keys import BlockKey, chain_hashes, prefix_keys
 __version__ = "0.1.0"
 
 _LAZY = {
-    "CrossLayerKVCaches": "fstier.layout",
+    "CrossLayerKVCaches": "fstier.cross_layer",
     "KVPacking": "fstier.layout",
     "KVRef": "fstier.layout",
-    "LayerKVSpec": "fstier.layout",
-    "StateSpec": "fstier.layout",
+    "LayerKVSpec": "fstier.cross_layer",
+    "StateSpec": "fstier.cross_layer",
     "PoolTensors": "fstier.layout",
     "CopyStats": "fstier.gpu_copy",
     "TierEvent": "fstier.manager",
@@ -76,7 +76,7 @@ _LAZY = {
     "rank_page_mapping": "fstier.layout",
     "CanonicalKVCaches": "fstier.layout",
     "LoadStoreSpec": "fstier.layout",
-    "allocate_cross_layer_kv_caches": "fstier.layout",
+    "allocate_cross_layer_kv_caches": "fstier.cross_layer",
     "HostBlockPool": "fstier.slots.host_pool",
     "RankStager": "fstier.gpu_copy",
     "FsTier": "fstier.manager",
@@ -155,19 +155,21 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from fstier.cross_layer import (
+        CrossLayerKVCaches,
+        LayerKVSpec,
+        StateSpec,
+        allocate_cross_layer_kv_caches,
+    )
     from fstier.gpu_copy import CopyStats, RankStager
     from fstier.layout import (
         CanonicalKVCaches,
-        CrossLayerKVCaches,
         KVPacking,
         KVRef,
-        LayerKVSpec,
         LoadStoreSpec,
         PageMapping,
         PageRun,
         PoolTensors,
-        StateSpec,
-        allocate_cross_layer_kv_caches,
         rank_page_mapping,
     )
     from fstier.manager import BlockRemoved, BlockStored, FsTier, JobResult, TierEvent

@@ -62,6 +62,7 @@ def pp_layer_range(num_layers: int, pp_size: int, pp_rank: int) -> tuple[int, in
 
 
 def local_layer_count(group: KVGroupSpec, parallel: ParallelSpec) -> int:
+    """Layers of ``group`` this rank's pipeline stage holds (:func:`pp_layer_range`)."""
     start, stop = pp_layer_range(group.num_layers, parallel.pp_size, parallel.pp_rank)
     return stop - start
 

@@ -1,10 +1,14 @@
 """The clock the tier's timers read: one seam, so a test moves time instead
 of sleeping.
 
-Everything of fstier that measures time passing (the circuit breaker's
-cool-down, the write budget's speed sample, the eviction lease, the
-recency flush interval, the I/O pool's watchdog) reads a :class:`Clock`
-handed to it, never :func:`time.monotonic` directly. Production uses
+The tier's timers that tests move (the circuit breaker's cool-down, the
+write budget's speed sample, the eviction lease, the recency flush
+interval, the I/O pool's watchdog, the O_DIRECT re-probe) read a :class:`Clock` handed to them,
+never :func:`time.monotonic` directly. The rest read the system clock: the
+lookup cache's answer lifetime, the capacity resync and eviction waits,
+``drain``'s and the pool's shutdown deadlines, the
+durations reported, and the wall-clock stamps written into block headers
+and lease files (tests/test_doc_claims.py lists them). Production uses
 :data:`SYSTEM_CLOCK` (a :class:`MonotonicClock`); a test builds a
 :class:`ManualClock` and calls :meth:`ManualClock.advance`.
 

@@ -126,7 +126,13 @@ def read_config_text(path: str | os.PathLike[str], what: str = "config file") ->
         if stat.S_ISDIR(st.st_mode):
             raise ConfigError(f"{name}: is a directory, expected a YAML file")
         if not stat.S_ISREG(st.st_mode):
-            kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a socket"
+            kind = (
+                "a FIFO"
+                if stat.S_ISFIFO(st.st_mode)
+                else "a device"
+                if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                else "a socket"
+            )
             raise ConfigError(f"{name}: not a regular file ({kind}); give a YAML file, or '-' to read stdin")
         if st.st_size > MAX_CONFIG_BYTES:
             raise ConfigError(
@@ -179,17 +185,23 @@ def check_limits(data: Any, source: str) -> Any:
         value, path = stack.pop()
         nodes += 1
         if nodes > MAX_CONFIG_NODES:
-            raise ConfigError(f"{source}: more than {MAX_CONFIG_NODES:,} values (YAML aliases expanded); a config has a few dozen")
+            raise ConfigError(
+                f"{source}: more than {MAX_CONFIG_NODES:,} values (YAML aliases expanded); a config has a few dozen"
+            )
         if len(path) > MAX_CONFIG_DEPTH:
             raise _limit_error(source, path[:MAX_CONFIG_DEPTH], f"nested deeper than {MAX_CONFIG_DEPTH} levels")
         if isinstance(value, str) and len(value) > MAX_STRING_CHARS:
-            raise _limit_error(source, path, f"a string of {len(value):,} characters; a value holds at most {MAX_STRING_CHARS:,}")
+            raise _limit_error(
+                source, path, f"a string of {len(value):,} characters; a value holds at most {MAX_STRING_CHARS:,}"
+            )
         if isinstance(value, int) and abs(value) >= 10**MAX_INT_DIGITS:
             raise _limit_error(source, path, f"an integer of more than {MAX_INT_DIGITS} digits")
         if isinstance(value, dict):
             for k, v in value.items():
                 if isinstance(k, str) and len(k) > MAX_STRING_CHARS:
-                    raise _limit_error(source, path, f"a key of {len(k):,} characters; a key holds at most {MAX_STRING_CHARS:,}")
+                    raise _limit_error(
+                        source, path, f"a key of {len(k):,} characters; a key holds at most {MAX_STRING_CHARS:,}"
+                    )
                 stack.append((v, [*path, k]))
         elif isinstance(value, list):
             stack.extend((v, [*path, i]) for i, v in enumerate(value))

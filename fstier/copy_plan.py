@@ -187,7 +187,12 @@ def group_plans(
 
 
 def host_views(
-    groups: Sequence[GroupPlans], tensors: Sequence[torch.Tensor], pool: np.ndarray, num_slots: int, slot_bytes: int, blocks_per_file: int
+    groups: Sequence[GroupPlans],
+    tensors: Sequence[torch.Tensor],
+    pool: np.ndarray,
+    num_slots: int,
+    slot_bytes: int,
+    blocks_per_file: int,
 ) -> tuple[dict[tuple[int, str, int], np.ndarray], dict[tuple[int, str, int], np.ndarray]]:
     """Every plan as numpy views of the same memory (CPU tensors), keyed
     ``(group, "store" | "load", plan)``: the tensor side ``(block, rep,
@@ -331,7 +336,9 @@ class Work(NamedTuple):
     pages: np.ndarray
 
 
-def unit_groups(plans: Sequence[Plan], views: Sequence[tuple[int, int, int]], tensors: Sequence[torch.Tensor], raw_ok: bool) -> list[list[int]]:
+def unit_groups(
+    plans: Sequence[Plan], views: Sequence[tuple[int, int, int]], tensors: Sequence[torch.Tensor], raw_ok: bool
+) -> list[list[int]]:
     """Indices of plans that can share a kernel: same shapes and strides, and
     source address, canonical offset and staging offset each advancing by one
     positive step. Without raw device views (CPU) the tensors must also share
@@ -380,7 +387,12 @@ def elem_bytes(*byte_quantities: int) -> int:
 
 
 def batch_work(
-    spec: LoadStoreSpec, slots: Sequence[int], num_blocks: Sequence[int], num_slots: int, blocks_per_file: int, store: bool
+    spec: LoadStoreSpec,
+    slots: Sequence[int],
+    num_blocks: Sequence[int],
+    num_slots: int,
+    blocks_per_file: int,
+    store: bool,
 ) -> list[Work]:
     """Each group's block ids of ``spec`` with the slot and page each lands on:
     ``slots`` hold the groups' files in group order, a group's first file

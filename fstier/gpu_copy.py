@@ -142,7 +142,9 @@ class _Batch:
     pinned: list[torch.Tensor] = field(default_factory=list)
 
 
-def _typed(base: torch.Tensor, dtype: torch.dtype, byte_offset: int, shape: Sequence[int], byte_strides: Sequence[int]) -> torch.Tensor:
+def _typed(
+    base: torch.Tensor, dtype: torch.dtype, byte_offset: int, shape: Sequence[int], byte_strides: Sequence[int]
+) -> torch.Tensor:
     """A ``dtype`` view of ``base``'s storage; the last dim is bytes with stride 1."""
     es = torch.empty(0, dtype=dtype).element_size()
     start = base.storage_offset() * base.element_size() + byte_offset
@@ -288,7 +290,9 @@ class RankStager:
                 dt = _INT_OF_BYTES[elem_bytes(*quantities)]
                 self._staging[(g, kind)] = st
                 self._dtype[(g, kind)] = dt
-                self._units[(g, kind)] = [self._make_unit([plans[i] for i in grp], [st.views[i] for i in grp], dt, cpb) for grp in groups]
+                self._units[(g, kind)] = [
+                    self._make_unit([plans[i] for i in grp], [st.views[i] for i in grp], dt, cpb) for grp in groups
+                ]
 
     def _make_unit(self, plans: list[Plan], views: list[tuple[int, int, int]], dt: torch.dtype, cpb: int) -> _Unit:
         p, m = plans[0], len(plans)
@@ -385,7 +389,9 @@ class RankStager:
             for u in self._units[key]:
                 p = u.plans[0]
                 p0, dp, a, b = u.stage
-                views.append(_typed(buf, dt, p0, (len(u.plans), cap, p.reps, p.num, p.size), (dp, st.page_bytes, a, b, 1)))
+                views.append(
+                    _typed(buf, dt, p0, (len(u.plans), cap, p.reps, p.num, p.size), (dp, st.page_bytes, a, b, 1))
+                )
             have = self._stage_bufs[key] = (cap, buf, views)
         _, buf, views = have
         return buf, [v[:, :n] for v in views]
@@ -435,7 +441,9 @@ class RankStager:
 
     # -- host path (CPU tensors) ----------------------------------------------
 
-    def _cpu_copy(self, key: tuple[int, str, int], p: Plan, ids: np.ndarray, sidx: np.ndarray, pidx: np.ndarray, out: bool) -> None:
+    def _cpu_copy(
+        self, key: tuple[int, str, int], p: Plan, ids: np.ndarray, sidx: np.ndarray, pidx: np.ndarray, out: bool
+    ) -> None:
         src, dst = self._np_src[key], self._np_dst[key]
         if p.reps * p.num * p.size >= _PER_BLOCK_MIN_BYTES:
             # Big blocks: strided copies without a temporary (one pass). Runs of

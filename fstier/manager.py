@@ -18,8 +18,8 @@ engine's scheduler owns one :class:`FsTier` and never blocks in it:
   engine from reusing a slot it freed: an engine's own rows) :meth:`get_finished` holds
   back the result of a job holding a fenced slot until the slot is released.
 - ``on_finished(kind)`` signals that a "store"/"load" result waits in ``get_finished()``.
-- Capacity (:mod:`~fstier.tier.capacity`): with ``max_bytes``, a thread
-  keeps the root under its high watermark by evicting LRU files.
+- Capacity (:mod:`~fstier.tier.capacity`): with ``max_bytes``, a thread keeps the root under its high
+  watermark by evicting LRU files, each told to ``on_evicted(path)`` as it goes (any namespace's).
 - ``take_events()``: :class:`BlockStored` / :class:`BlockRemoved`;
   ``metrics``: a :class:`~fstier.tier.metrics.TierMetrics`.
 
@@ -89,6 +89,7 @@ class FsTier:
         mapper: FileMapper | None = None,
         *, hold_fenced_results: bool = False, clock: Clock = SYSTEM_CLOCK,
         on_finished: Callable[[str], None] | None = None,
+        on_evicted: Callable[[str], None] | None = None,
     ) -> None:
         if isinstance(config, FstierConfig) and mapper is None:
             self.config: FstierConfig | None = config
@@ -108,7 +109,7 @@ class FsTier:
         check_pool(pool, max(self._payload_len))
         self._job_payload_len = self._payload_len[:1] if len(set(self._payload_len)) == 1 else self._payload_len  # one size for all groups: payload_sizes is a product, no loop over a job's keys
         #: key -> file end to end (namespace, directories, recovery, headers, I/O)
-        self.blocks = BlockStore.for_tier(self.mapper, tier)
+        self.blocks = BlockStore.for_tier(self.mapper, tier, clock)
         self.io_options = self.blocks.options
         #: which block I/O path runs (fstier.io.native): "native" or "python"
         self.io_path = self.blocks.io_path
@@ -127,6 +128,7 @@ class FsTier:
         self._fences = Fences(pool, self._idle, metrics.fenced_slots)
         self._closed = False
         self._on_finished = on_finished
+        self._on_evicted_hook = on_evicted or (lambda path: None)  # capacity thread; must not raise
 
         # The parts (fstier.tier), each owning one concept.
         self._cache = LookupCache(tier.lookup_cache_ttl_s)
@@ -277,9 +279,7 @@ class FsTier:
             if job is None:
                 continue
             v = self._judge.finish(job, pj.results)
-            result = JobResult(
-                job.job_id, job.kind, v.success, v.completed, v.failed, v.nbytes, v.seconds, v.cause, v.skipped
-            )
+            result = JobResult(job.job_id, job.kind, v.success, *v[:6], v.loaded_after)  # v[:6]: completed..skipped
             with self._idle:
                 if v.stored:
                     self._events.append(BlockStored(v.stored))
@@ -366,6 +366,7 @@ class FsTier:
         return self.capacity.usage_bytes
 
     def _on_evicted(self, path: str) -> None:
+        self._on_evicted_hook(path)
         key = self.blocks.key_of(path)
         if key is None:
             return  # another namespace sharing the root

@@ -147,6 +147,7 @@ def intervals_tile(starts: np.ndarray, sizes: np.ndarray, total: int) -> str | N
 
 
 def run_intervals(runs: Sequence[PageRun], side: Literal["local", "canonical"]) -> tuple[np.ndarray, np.ndarray]:
+    """Every fragment of ``runs`` on one ``side`` as ``(starts, sizes)`` arrays, in run order."""
     if not runs:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     arr = np.array(runs, dtype=np.int64).reshape(-1, 6)

@@ -9,7 +9,13 @@ from fstier.config import KVGroupSpec, ModelSpec, ParallelSpec
 
 
 def attn_group(**kw: object) -> KVGroupSpec:
-    d: dict[str, object] = {"kind": "full_attention", "block_size": 16, "num_layers": 2, "num_kv_heads": 8, "head_size": 8}
+    d: dict[str, object] = {
+        "kind": "full_attention",
+        "block_size": 16,
+        "num_layers": 2,
+        "num_kv_heads": 8,
+        "head_size": 8,
+    }
     dtype = kw.pop("dtype", "float16")
     d.update(kw)
     return ModelSpec(name="m", dtype=dtype, groups=[d]).groups[0]

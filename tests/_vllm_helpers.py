@@ -198,7 +198,9 @@ def lookup_all(manager: Any, ctx: ReqContext, keys: Sequence[OffloadKey]) -> lis
         return [manager.lookup(k, ctx) for k in keys]
 
 
-def promote(manager: Any, ctx: ReqContext, keys: Sequence[OffloadKey], timeout: float = 20.0) -> list[list[LookupResult]]:
+def promote(
+    manager: Any, ctx: ReqContext, keys: Sequence[OffloadKey], timeout: float = 20.0
+) -> list[list[LookupResult]]:
     """Look ``keys`` up step after step until each settles on HIT or MISS;
     returns the history of answers (for asserting RETRY -> HIT_PENDING -> HIT)."""
     history: list[list[LookupResult]] = []

@@ -1,4 +1,5 @@
-"""The block header (format v2; the header layout is v1's): golden bytes, round trips, rejections, hostile-input fuzz."""
+"""The block header (format v2; the header layout is v1's): golden bytes, round trips, rejections,
+hostile-input fuzz."""
 
 from __future__ import annotations
 

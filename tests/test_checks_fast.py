@@ -188,7 +188,8 @@ def test_idle_poll_takes_no_lock_and_misses_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "seq", [[], (), [1, 2], (1,), range(3), bytearray(2), "ab", b"ab", None, iter([1]), {1: 2}, type("L", (list,), {})()]
+    "seq",
+    [[], (), [1, 2], (1,), range(3), bytearray(2), "ab", b"ab", None, iter([1]), {1: 2}, type("L", (list,), {})()],
 )
 def test_a_plain_list_or_tuple_skips_only_checks_it_would_pass(seq: object, monkeypatch: pytest.MonkeyPatch) -> None:
     """``_check_sequence``'s one type check for a list or tuple answers as

@@ -72,7 +72,18 @@ SMALL_GROUP = [{"kind": "full_attention", "block_size": 16, "num_layers": 1, "nu
 # -- import cost ---------------------------------------------------------------
 #: What no help text and no config check may import: torch, numpy, the I/O
 #: layer, the staging modules, and the demo (its engine imports torch).
-HEAVY = ("torch", "numpy", "fstier.io", "fstier.manager", "fstier.gpu_copy", "fstier.layout", "fstier.slots.host_pool", "fstier.cli.demo", "fstier.demo")
+HEAVY = (
+    "torch",
+    "numpy",
+    "fstier.io",
+    "fstier.manager",
+    "fstier.gpu_copy",
+    "fstier.layout",
+    "fstier.cross_layer",
+    "fstier.slots.host_pool",
+    "fstier.cli.demo",
+    "fstier.demo",
+)
 
 
 @pytest.mark.parametrize(
@@ -166,14 +177,32 @@ def test_config_show_round_trips_and_names_namespace(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("data", "field"),
     [
-        ({"tier": {"root_dir": "/tmp/x", "read_threads": 0}, "model": {"name": "m", "groups": SMALL_GROUP}}, "tier.read_threads"),
-        ({"tier": {"root_dir": "/tmp/x", "max_bytes": "-5GB"}, "model": {"name": "m", "groups": SMALL_GROUP}}, "tier.max_bytes"),
+        (
+            {"tier": {"root_dir": "/tmp/x", "read_threads": 0}, "model": {"name": "m", "groups": SMALL_GROUP}},
+            "tier.read_threads",
+        ),
+        (
+            {"tier": {"root_dir": "/tmp/x", "max_bytes": "-5GB"}, "model": {"name": "m", "groups": SMALL_GROUP}},
+            "tier.max_bytes",
+        ),
         ({"tier": {"root_dir": "/tmp/x", "thredas": 3}, "model": {"name": "m", "groups": SMALL_GROUP}}, "tier.thredas"),
-        ({"tier": {"root_dir": "/tmp/x"}, "model": {"name": "m", "groups": [{"kind": "sliding_window", "head_size": 8}]}}, "model.groups.0"),
+        (
+            {
+                "tier": {"root_dir": "/tmp/x"},
+                "model": {"name": "m", "groups": [{"kind": "sliding_window", "head_size": 8}]},
+            },
+            "model.groups.0",
+        ),
         # A model without a tier section (a tier-only file is valid: test_operator.py).
         ({"model": {"name": "m", "groups": SMALL_GROUP}}, "tier"),
-        ({"tier": {"root_dir": "/tmp/x"}, "model": {"name": "m", "groups": [{"num_kv_heads": 8}]}}, "head_size is required"),
-        ({"tier": {"root_dir": "/tmp/x", "max_bytes": 0}, "model": {"name": "m", "groups": SMALL_GROUP}}, "tier.max_bytes: must be > 0"),
+        (
+            {"tier": {"root_dir": "/tmp/x"}, "model": {"name": "m", "groups": [{"num_kv_heads": 8}]}},
+            "head_size is required",
+        ),
+        (
+            {"tier": {"root_dir": "/tmp/x", "max_bytes": 0}, "model": {"name": "m", "groups": SMALL_GROUP}},
+            "tier.max_bytes: must be > 0",
+        ),
     ],
 )
 def test_malformed_config_exits_2_naming_the_field(tmp_path: Path, data: dict[str, Any], field: str) -> None:
@@ -212,7 +241,17 @@ def test_inspect_reports_each_namespace(tmp_path: Path) -> None:
     root = tmp_path / "root"
     agnostic = make_config(root, groups=SMALL_GROUP)
     paths = store_blocks(agnostic, 5)
-    hybrid_groups = [*SMALL_GROUP, {"kind": "sliding_window", "sliding_window": 64, "block_size": 16, "num_layers": 1, "num_kv_heads": 2, "head_size": 64}]
+    hybrid_groups = [
+        *SMALL_GROUP,
+        {
+            "kind": "sliding_window",
+            "sliding_window": 64,
+            "block_size": 16,
+            "num_layers": 1,
+            "num_kv_heads": 2,
+            "head_size": 64,
+        },
+    ]
     rank1 = make_config(root, groups=hybrid_groups, parallel={"tp_size": 2, "rank": 1})
     rank_paths = store_blocks(rank1, 3, seed=7)
     # A temp file left by a killed writer, and a stray top-level file.
@@ -350,7 +389,9 @@ def test_gc_evicts_oldest_and_sweeps_temp(tmp_path: Path) -> None:
 
 # -- bench -----------------------------------------------------------------------
 def test_bench_json_and_table(tmp_path: Path) -> None:
-    res = run_cli("bench", "--root", str(tmp_path), "--blocks", "8", "--block-size", "64KiB", "--threads", "2", "--json")
+    res = run_cli(
+        "bench", "--root", str(tmp_path), "--blocks", "8", "--block-size", "64KiB", "--threads", "2", "--json"
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     assert [r["op"] for r in doc["rows"]] == ["store", "load"]

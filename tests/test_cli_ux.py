@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _signals import AS_FROM_A_TERMINAL
 from click.testing import CliRunner
 from conftest import make_config
 from test_cli import SMALL_GROUP, run_bin, store_blocks, write_yaml
@@ -122,7 +123,8 @@ def test_permissions_for_real_as_nobody() -> None:
         locked_dir.chmod(0o000)
         (base / "locked").mkdir(mode=0o700)
         yaml_path = write_yaml(
-            base / "c.yaml", {"tier": {"root_dir": str(base / "locked" / "root")}, "model": {"name": "m", "groups": SMALL_GROUP}}
+            base / "c.yaml",
+            {"tier": {"root_dir": str(base / "locked" / "root")}, "model": {"name": "m", "groups": SMALL_GROUP}},
         )
         yaml_path.chmod(0o644)
         env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -148,16 +150,9 @@ def test_permissions_for_real_as_nobody() -> None:
 
 
 # -- 2. Ctrl-C ----------------------------------------------------------------------------
-#: Run a Python child the way a terminal starts a command: SIGINT at its
-#: default disposition, whatever this process has. A background job (`nohup
-#: make test &`, many CI runners) inherits SIGINT *ignored*, Python keeps an
-#: inherited SIG_IGN, and the demo then rightly never saw the Ctrl-C (it ran
-#: to the end and exited 0: both test_ctrl_c_during_demo_* cases failed so).
-AS_FROM_A_TERMINAL = (
-    sys.executable, "-c",
-    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])",
-)
+# The demo is started as from a terminal (tests/_signals.py): from a background
+# job it inherits SIGINT *ignored*, keeps it, and rightly never saw the Ctrl-C
+# (it ran to the end and exited 0: both test_ctrl_c_during_demo_* cases failed so).
 
 
 def _interrupt_demo(tmp_path: Path, ready: str) -> tuple[subprocess.CompletedProcess[str], int]:
@@ -243,7 +238,9 @@ def test_click_errors_are_one_line_and_json(tmp_path: Path, monkeypatch: pytest.
     # An unreadable ROOT: click checks readability with os.access (root passes
     # any access check, so deny it here).
     real_access = os.access
-    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if os.fspath(p) == str(tmp_path) else real_access(p, mode, **kw))
+    monkeypatch.setattr(
+        os, "access", lambda p, mode, **kw: False if os.fspath(p) == str(tmp_path) else real_access(p, mode, **kw)
+    )
     res = run("inspect", str(tmp_path), "--json")
     assert res.exit_code == 2
     doc = json.loads(res.stdout)
@@ -406,7 +403,13 @@ def test_undecodable_names_do_not_crash_strict_utf8(tmp_path: Path) -> None:
 # -- 8. progress, sizes, temporary roots -----------------------------------------------------
 @pytest.mark.parametrize(
     ("n", "shown"),
-    [(1024**3 - 1, "1.0 GiB"), (1024**2 - 1, "1.0 MiB"), (1023, "1023 B"), (1024, "1.0 KiB"), (int(1.5 * 1024**3), "1.5 GiB")],
+    [
+        (1024**3 - 1, "1.0 GiB"),
+        (1024**2 - 1, "1.0 MiB"),
+        (1023, "1023 B"),
+        (1024, "1.0 KiB"),
+        (int(1.5 * 1024**3), "1.5 GiB"),
+    ],
 )
 def test_sizes_round_into_the_next_unit(n: int, shown: str) -> None:
     assert format_size(n) == shown
@@ -448,7 +451,10 @@ def test_config_error_example_in_docs_is_what_the_cli_prints(tmp_path: Path) -> 
     """docs/configuration.md shows the error line a user sees: with the
     ``config error:`` prefix the CLI prints."""
     text = (REPO / "docs" / "configuration.md").read_text()
-    bad = write_yaml(tmp_path / "bad.yaml", {"tier": {"root_dir": "/tmp/x", "read_threads": 0}, "model": {"name": "m", "groups": SMALL_GROUP}})
+    bad = write_yaml(
+        tmp_path / "bad.yaml",
+        {"tier": {"root_dir": "/tmp/x", "read_threads": 0}, "model": {"name": "m", "groups": SMALL_GROUP}},
+    )
     line = one_line(run("config", "validate", str(bad)).stderr)
     assert line.startswith("config error: ")
     shown = line.replace(str(bad), "bad.yaml")
@@ -495,7 +501,9 @@ def test_every_json_document_says_ok_and_exit_code(tmp_path: Path) -> None:
     root = tmp_path / "root"
     cfg = make_config(root, groups=SMALL_GROUP)
     paths = store_blocks(cfg, 3)
-    config = write_yaml(tmp_path / "c.yaml", {"tier": {"root_dir": str(root)}, "model": {"name": "m", "groups": SMALL_GROUP}})
+    config = write_yaml(
+        tmp_path / "c.yaml", {"tier": {"root_dir": str(root)}, "model": {"name": "m", "groups": SMALL_GROUP}}
+    )
     for argv in (["inspect", str(root)], ["verify", str(root)], ["gc", str(root), "--max-bytes", "1GiB"],
                  ["config", "validate", str(config)], ["config", "show", str(config)]):
         res = run(*argv, "--json")

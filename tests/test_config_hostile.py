@@ -67,17 +67,55 @@ CASES: list[tuple[str, Callable[[Path], Path], str]] = [
     ("yaml-flow-500-deep", _write("flow.yaml", "tier: " + "[" * 500 + "]" * 500), "nested deeper than"),
     ("yaml-block-500-deep", _write("block.yaml", _nested_block(500)), "nested deeper than"),
     ("json-600-deep", _write("deep.json", "[" * 600 + "]" * 600), "nested deeper than"),
-    ("json-100k-deep", _write("deeper.json", "[" * 100_000 + "]" * 100_000), "nest"),  # libyaml: "maximum nesting depth"
-    ("yaml-int-5000-digits", _write("int.yaml", GOOD + "parallel:\n  rank: " + "9" * 5000 + "\n"), "an integer of 5,000 digits"),
-    ("yaml-tagged-int", _write("tag.yaml", GOOD + "parallel:\n  rank: !!int '" + "9" * 5000 + "'\n"), "an integer of 5,000 digits"),
-    ("json-int-5000-digits", _write("int.json", '{"type": "FstierTier", "root_dir": "/x", "max_bytes": ' + "9" * 5000 + "}"), "digits"),
+    # libyaml says "maximum nesting depth"
+    ("json-100k-deep", _write("deeper.json", "[" * 100_000 + "]" * 100_000), "nest"),
+    (
+        "yaml-int-5000-digits",
+        _write("int.yaml", GOOD + "parallel:\n  rank: " + "9" * 5000 + "\n"),
+        "an integer of 5,000 digits",
+    ),
+    (
+        "yaml-tagged-int",
+        _write("tag.yaml", GOOD + "parallel:\n  rank: !!int '" + "9" * 5000 + "'\n"),
+        "an integer of 5,000 digits",
+    ),
+    (
+        "json-int-5000-digits",
+        _write("int.json", '{"type": "FstierTier", "root_dir": "/x", "max_bytes": ' + "9" * 5000 + "}"),
+        "digits",
+    ),
     ("yaml-bad-date", _write("date.yaml", GOOD + "parallel:\n  rank: 2020-13-45\n"), "invalid YAML value"),
-    ("yaml-recursive-alias", _write("alias.yaml", "tier: &a\n  root_dir: /x\n  loop: [*a]\nmodel: {name: m}\n"), "nested deeper than"),
-    ("yaml-billion-laughs", _write("laughs.yaml", "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-        f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 9) + "]\n" for i in range(8))), "more than 10,000 values"),
-    ("2MB-value", _write("salt.yaml", GOOD.replace("tier:\n", f"tier:\n  namespace_salt: {BIG}\n")), "bytes, more than"),
-    ("900KB-value", _write("salt.yaml", GOOD.replace("tier:\n", f"tier:\n  namespace_salt: {LONG}\n")), "tier.namespace_salt: a string of 900,000 characters"),
-    ("900KB-key", _write("key.yaml", GOOD.replace("tier:\n", f"tier:\n  ? {LONG}\n  : 1\n")), "tier: a key of 900,000 characters"),
+    (
+        "yaml-recursive-alias",
+        _write("alias.yaml", "tier: &a\n  root_dir: /x\n  loop: [*a]\nmodel: {name: m}\n"),
+        "nested deeper than",
+    ),
+    (
+        "yaml-billion-laughs",
+        _write(
+            "laughs.yaml",
+            "a: &a [x, x, x, x, x, x, x, x, x]\n"
+            + "".join(
+                f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 9) + "]\n" for i in range(8)
+            ),
+        ),
+        "more than 10,000 values",
+    ),
+    (
+        "2MB-value",
+        _write("salt.yaml", GOOD.replace("tier:\n", f"tier:\n  namespace_salt: {BIG}\n")),
+        "bytes, more than",
+    ),
+    (
+        "900KB-value",
+        _write("salt.yaml", GOOD.replace("tier:\n", f"tier:\n  namespace_salt: {LONG}\n")),
+        "tier.namespace_salt: a string of 900,000 characters",
+    ),
+    (
+        "900KB-key",
+        _write("key.yaml", GOOD.replace("tier:\n", f"tier:\n  ? {LONG}\n  : 1\n")),
+        "tier: a key of 900,000 characters",
+    ),
     ("over-size-cap", _write("big.yaml", "# " + "y" * (MAX_CONFIG_BYTES + 10) + "\n" + GOOD), "bytes, more than"),
     ("not-utf8", lambda d: (d / "bin.yaml", (d / "bin.yaml").write_bytes(b"tier: \xff\xfe\n"))[0], "not UTF-8"),
 ]
@@ -91,7 +129,9 @@ def _one_line(text: str) -> str:
 
 
 @pytest.mark.parametrize(("make", "expect"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_load_config_refuses_hostile_files_in_one_line(tmp_path: Path, make: Callable[[Path], Path], expect: str) -> None:
+def test_load_config_refuses_hostile_files_in_one_line(
+    tmp_path: Path, make: Callable[[Path], Path], expect: str
+) -> None:
     path = make(tmp_path)
     # A child process: before the fix the FIFO hung forever and /dev/zero
     # read until MemoryError; the timeout and the memory limit bound both.
@@ -184,5 +224,7 @@ def test_megabyte_values_from_an_engine_are_cut(field: str) -> None:
 
     options = {"root_dir": "/tmp/fstier-x", field: BIG} if field != BIG else {"root_dir": "/tmp/x", BIG: 1}
     with pytest.raises(ConfigError) as err:
-        tier_config_from_engine_options(options, who="FstierTier", engine="vLLM", engine_keys=(), aliases={}, doc="docs/vllm.md")
+        tier_config_from_engine_options(
+            options, who="FstierTier", engine="vLLM", engine_keys=(), aliases={}, doc="docs/vllm.md"
+        )
     assert len(str(err.value)) < MAX_LINE, str(err.value)[:3000]

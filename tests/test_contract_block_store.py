@@ -51,18 +51,25 @@ def _make_store(root: Path, backend: NativeStatus, direct: bool, tmpfile: bool) 
     group = {**TINY_GROUP, "kind": "mamba", "page_size_bytes": N}
     mapper = FileMapper(make_config(root, groups=[group]))
     ensure_manifest(mapper)
-    caps = RootCapabilities(probe_o_direct(mapper.namespace_dir, "auto" if direct else "off"), tmpfile=tmpfile, root=mapper.root)
+    caps = RootCapabilities(
+        probe_o_direct(mapper.namespace_dir, "auto" if direct else "off"), tmpfile=tmpfile, root=mapper.root
+    )
     if direct and not caps.o_direct.enabled:
         pytest.skip(f"{root} refuses O_DIRECT")
     if tmpfile and not caps.tmpfile:
         pytest.skip("no O_TMPFILE on this platform")
-    opts = IOOptions(o_direct=caps.o_direct.enabled, alignment=caps.o_direct.alignment, fsync="file+dir", capabilities=caps)
+    opts = IOOptions(
+        o_direct=caps.o_direct.enabled, alignment=caps.o_direct.alignment, fsync="file+dir", capabilities=caps
+    )
     bs = BlockStore(mapper, opts, backend)
     bs.ensure_namespace()
     return bs
 
 
-@pytest.fixture(params=[(False, True), (False, False), (True, True), (True, False)], ids=["buffered-tmpfile", "buffered-named", "direct-tmpfile", "direct-named"])
+@pytest.fixture(
+    params=[(False, True), (False, False), (True, True), (True, False)],
+    ids=["buffered-tmpfile", "buffered-named", "direct-tmpfile", "direct-named"],
+)
 def store(request: pytest.FixtureRequest, tmp_path: Path, backend: NativeStatus) -> Iterator[BlockStore]:
     direct, tmpfile = request.param
     (tmp_path / "root").mkdir()
@@ -306,7 +313,8 @@ def test_a_root_path_that_is_not_utf8_works(tmp_path: Path, backend: NativeStatu
     assert [o.status for o in outs] == [StoreStatus.STORED] * 5, outs
     assert bs.present_many([k for k, _ in items] + [key(99)]) == [True] * 5 + [False]
     bufs = [aligned_buffer(N)[:N] for _ in items]
-    assert [o.status for o in bs.load_many([(k, b) for (k, _), b in zip(items, bufs, strict=True)])] == [LoadStatus.LOADED] * 5
+    outs = bs.load_many([(k, b) for (k, _), b in zip(items, bufs, strict=True)])
+    assert [o.status for o in outs] == [LoadStatus.LOADED] * 5
     assert all(bytes(b) == payload_for(k, N) for (k, _), b in zip(items, bufs, strict=True))
 
 

@@ -11,19 +11,20 @@ import torch
 
 from fstier.config import ModelSpec, ParallelSpec
 from fstier.copy_plan import batch_work, elem_bytes, group_plans, plans_for, staging_for
+from fstier.cross_layer import LayerKVSpec, allocate_cross_layer_kv_caches
 from fstier.errors import LayoutError
 from fstier.layout import (
     CanonicalKVCaches,
-    LayerKVSpec,
     LoadStoreSpec,
-    allocate_cross_layer_kv_caches,
     rank_page_mapping,
 )
 from fstier.page_runs import expand
 
 
 def _group(layers=3, heads=8, head_size=16, block_size=8, kv="NHD"):
-    groups = [{"num_layers": layers, "num_kv_heads": heads, "head_size": head_size, "block_size": block_size, "kv_layout": kv}]
+    groups = [
+        {"num_layers": layers, "num_kv_heads": heads, "head_size": head_size, "block_size": block_size, "kv_layout": kv}
+    ]
     return ModelSpec(name="m", dtype="float16", groups=groups).groups[0]
 
 
@@ -37,7 +38,10 @@ def _per_layer(group, tp, packing, num_blocks=4):
         shape = (num_blocks, 2, b, hl, d) if group.kv_layout == "NHD" else (num_blocks, 2, hl, b, d)
     if packing == "split":
         half = (num_blocks, *shape[2:])
-        entries = [[torch.zeros(half, dtype=torch.float16), torch.zeros(half, dtype=torch.float16)] for _ in range(group.num_layers)]
+        entries = [
+            [torch.zeros(half, dtype=torch.float16), torch.zeros(half, dtype=torch.float16)]
+            for _ in range(group.num_layers)
+        ]
     else:
         entries = [torch.zeros(shape, dtype=torch.float16) for _ in range(group.num_layers)]
     return CanonicalKVCaches.register([entries])
@@ -96,9 +100,14 @@ def test_a_cross_layer_row_is_one_plan_of_whole_rows():
 def test_group_plans_name_the_group_and_the_fix():
     group = _group()
     caches = _per_layer(group, 2, "packed")
-    with pytest.raises(LayoutError, match="group 0 .* expects a 3072-byte local page, the registered tensors give 6144"):
+    with pytest.raises(
+        LayoutError, match="group 0 .* expects a 3072-byte local page, the registered tensors give 6144"
+    ):
         group_plans([rank_page_mapping(group, ParallelSpec(tp_size=4))], caches, group.page_bytes, 1)
-    with pytest.raises(LayoutError, match=r"group 0 needs 24576 bytes per slot \(2 x 12288\), pool slots hold 12288; create a larger pool"):
+    with pytest.raises(
+        LayoutError,
+        match=r"group 0 needs 24576 bytes per slot \(2 x 12288\), pool slots hold 12288; create a larger pool",
+    ):
         group_plans([rank_page_mapping(group, ParallelSpec(tp_size=2))], caches, group.page_bytes, 2)
 
 
@@ -112,7 +121,9 @@ def test_packed_staging_holds_only_the_ranks_bytes(kv):
     assert st.page_bytes == group.page_bytes // 4
     # segments: every staged byte once, each inside the canonical page
     co, so, w, rows, cp, sp = st.segs.T
-    staged = np.concatenate([s + np.arange(r)[:, None] * p + np.arange(x) for s, x, r, p in zip(so, w, rows, sp, strict=True)], axis=None)
+    staged = np.concatenate(
+        [s + np.arange(r)[:, None] * p + np.arange(x) for s, x, r, p in zip(so, w, rows, sp, strict=True)], axis=None
+    )
     assert sorted(staged.tolist()) == list(range(st.page_bytes))
     assert int((co + (rows - 1) * cp + w).max()) <= group.page_bytes
 

@@ -6,14 +6,12 @@ import pytest
 import torch
 
 from fstier.config import ModelSpec, ParallelSpec
+from fstier.cross_layer import LayerKVSpec, StateSpec, allocate_cross_layer_kv_caches
 from fstier.errors import LayoutError
 from fstier.gpu_copy import RankStager
 from fstier.layout import (
-    LayerKVSpec,
     LoadStoreSpec,
     PoolTensors,
-    StateSpec,
-    allocate_cross_layer_kv_caches,
     rank_page_mapping,
 )
 from fstier.slots.host_pool import HostBlockPool
@@ -36,7 +34,14 @@ def _hybrid_model():
         dtype="float16",
         groups=[
             {"num_layers": 4, "num_kv_heads": H, "head_size": D, "block_size": B},
-            {"kind": "sliding_window", "sliding_window": 64, "num_layers": 2, "num_kv_heads": H, "head_size": D, "block_size": B},
+            {
+                "kind": "sliding_window",
+                "sliding_window": 64,
+                "num_layers": 2,
+                "num_kv_heads": H,
+                "head_size": D,
+                "block_size": B,
+            },
             {"kind": "mamba", "num_layers": 2, "page_size_bytes": mamba_page, "block_size": B},
         ],
     )
@@ -95,7 +100,9 @@ def test_hybrid_round_trip_through_files_one_copy_per_block_per_group(tmp_path):
         slots = pool.alloc(5)
         st.wait(st.stage_out(spec, slots))
         assert (st.stats.ops, st.stats.fragments) == (3, 5)
-        payload_len = [maps[0].canonical_page_bytes] * 2 + [maps[1].canonical_page_bytes] + [maps[2].canonical_page_bytes] * 2
+        payload_len = (
+            [maps[0].canonical_page_bytes] * 2 + [maps[1].canonical_page_bytes] + [maps[2].canonical_page_bytes] * 2
+        )
         for i, (s, n) in enumerate(zip(slots, payload_len, strict=True)):
             (tmp_path / f"{i}.bin").write_bytes(bytes(pool.slot_view(s)[:n]))
         for b in alloc.buffers:
@@ -109,7 +116,9 @@ def test_hybrid_round_trip_through_files_one_copy_per_block_per_group(tmp_path):
             pool.slot_view(s)[: len(data)] = data
         st.wait(st.stage_in(slots, spec))
         assert (st.stats.ops, st.stats.fragments) == (6, 10)
-        for g_blocks, (buf_idx, layer_slots) in zip(([1, 2], [3], [1, 4]), ((0, slice(0, 4)), (0, slice(0, 2)), (1, slice(0, 2))), strict=True):
+        for g_blocks, (buf_idx, layer_slots) in zip(
+            ([1, 2], [3], [1, 4]), ((0, slice(0, 4)), (0, slice(0, 2)), (1, slice(0, 2))), strict=True
+        ):
             for blk in g_blocks:
                 assert torch.equal(alloc.buffers[buf_idx][blk, layer_slots], saved[buf_idx][blk, layer_slots])
         assert alloc.buffers[0][5].eq(0).all()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from _signals import AS_FROM_A_TERMINAL
 from click.testing import CliRunner
 
 import fstier.cli.demo as demo_mod
@@ -124,7 +125,9 @@ def _model(groups: list[dict]) -> ModelSpec:
 
 @pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
 def test_expected_shards_tile_the_full_heads(kv_layout: str) -> None:
-    model = _model([{"kind": "full_attention", "num_layers": 2, "num_kv_heads": 8, "head_size": 16, "kv_layout": kv_layout}])
+    model = _model(
+        [{"kind": "full_attention", "num_layers": 2, "num_kv_heads": 8, "head_size": 16, "kv_layout": kv_layout}]
+    )
     group = model.groups[0]
     seed = model_seed(model)
     blocks = [3, 0, 7]
@@ -141,12 +144,19 @@ def test_expected_shards_tile_the_full_heads(kv_layout: str) -> None:
     assert torch.equal(full.float() * 8, (full.float() * 8).round())
     assert not torch.equal(full, expected_blocks(seed, 0, group, 0, ParallelSpec(tp_size=1), blocks))
     assert not torch.equal(full[0], full[1])
-    other = model_seed(_model([{"kind": "full_attention", "num_kv_heads": 8, "head_size": 16}]).model_copy(update={"name": "t/other"}))
+    other = model_seed(
+        _model([{"kind": "full_attention", "num_kv_heads": 8, "head_size": 16}]).model_copy(update={"name": "t/other"})
+    )
     assert not torch.equal(full, expected_blocks(other, 0, group, 1, ParallelSpec(tp_size=1), blocks))
 
 
 def test_expected_replicated_heads_and_mla() -> None:
-    model = _model([{"kind": "full_attention", "num_kv_heads": 2, "head_size": 8}, {"kind": "mla", "num_kv_heads": 1, "head_size": 32}])
+    model = _model(
+        [
+            {"kind": "full_attention", "num_kv_heads": 2, "head_size": 8},
+            {"kind": "mla", "num_kv_heads": 1, "head_size": 32},
+        ]
+    )
     attn, mla = model.groups
     seed = model_seed(model)
     full = expected_blocks(seed, 0, attn, 0, ParallelSpec(tp_size=1), [1])
@@ -195,7 +205,8 @@ def test_the_demo_forkserver_never_sees_ctrl_c() -> None:
     Python's spawn, an ignored disposition is), so a Ctrl-C while it imports
     torch neither kills it nor prints a traceback, and it still forks ranks.
     The parent's own Ctrl-C path is test_cli_ux's test_ctrl_c_during_demo_*."""
-    proc = subprocess.run([sys.executable, "-c", _FORKSERVER_SCRIPT], capture_output=True, text=True,
+    # From a terminal's SIGINT (tests/_signals.py): inherited ignored, the check below could not fail.
+    proc = subprocess.run([*AS_FROM_A_TERMINAL, "-c", _FORKSERVER_SCRIPT], capture_output=True, text=True,
                           timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:2] == ["sigint ignored: True", "rank exit code: 0"], proc.stdout
@@ -230,7 +241,9 @@ def test_the_demo_starts_its_forkserver_while_it_has_one_thread(tmp_path: Path) 
     proc = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, str(tmp_path / "root")],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
-    counts = [int(ln.rsplit(" ", 1)[1]) for ln in proc.stderr.splitlines() if ln.startswith("threads at start_forkserver:")]
+    counts = [
+        int(ln.rsplit(" ", 1)[1]) for ln in proc.stderr.splitlines() if ln.startswith("threads at start_forkserver:")
+    ]
     assert counts and counts[0] == 1, proc.stderr
 
 
@@ -264,8 +277,10 @@ def test_ctrl_c_while_the_forkserver_starts_is_never_lost(which: int) -> None:
     """multiprocessing's resource tracker, started first, blocks SIGINT for
     its spawn and then unblocks it: while start_forkserver had SIGINT
     ignored, a Ctrl-C pending then (or arriving during the server's spawn)
-    was discarded and the demo ran on (before the fix: "lost" both times)."""
-    proc = subprocess.run([sys.executable, "-c", _FORKSERVER_INTERRUPT_SCRIPT, str(which)],
+    was discarded and the demo ran on (before the fix: "lost" both times).
+    The child starts with a terminal's SIGINT: from a background job it
+    inherited SIGINT ignored and the test's own Ctrl-C was discarded."""
+    proc = subprocess.run([*AS_FROM_A_TERMINAL, "-c", _FORKSERVER_INTERRUPT_SCRIPT, str(which)],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "interrupted after spawn 2", proc.stdout + proc.stderr
@@ -315,8 +330,6 @@ def test_ctrl_c_at_an_awkward_instant_still_exits_130(tmp_path: Path, where: str
     when the demo ends: one swallowed inside a finalizer, or one that landed
     while the cleanup held it (the cleanup used to ignore SIGINT), still ends
     the demo with exit 130, and the cleanup completes (before: exit 0)."""
-    from test_cli_ux import AS_FROM_A_TERMINAL
-
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     child = subprocess.Popen([*AS_FROM_A_TERMINAL, "-c", _AWKWARD_CTRL_C_SCRIPT, where], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)

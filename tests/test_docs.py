@@ -15,13 +15,24 @@ OUTSIDE = re.compile(r"DESIGN(\.md| §)|STYLE\.md|RELIABILITY\.md")
 
 def _sources() -> list[Path]:
     files = [REPO / "README.md", REPO / "Makefile", REPO / "pyproject.toml"]
-    for folder, pattern in (("fstier", "*.py"), ("docs", "*.md"), ("benchmarks", "*.py"), ("examples", "*"), ("tests", "*.py")):
+    for folder, pattern in (
+        ("fstier", "*.py"),
+        ("docs", "*.md"),
+        ("benchmarks", "*.py"),
+        ("examples", "*"),
+        ("tests", "*.py"),
+    ):
         files += [p for p in (REPO / folder).rglob(pattern) if p.is_file() and "__pycache__" not in p.parts]
     return [p for p in files if p.exists() and p.resolve() != Path(__file__).resolve()]
 
 
 def test_no_citation_of_documents_outside_the_repository() -> None:
-    cited = [f"{p.relative_to(REPO)}:{n}" for p in _sources() for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if OUTSIDE.search(line)]
+    cited = [
+        f"{p.relative_to(REPO)}:{n}"
+        for p in _sources()
+        for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+        if OUTSIDE.search(line)
+    ]
     assert cited == [], cited
 
 

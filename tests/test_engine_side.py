@@ -13,7 +13,8 @@ REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "fstier"
 
 #: the engine side: canonical pages, their byte runs, copy plans, the stager
-ENGINE_SIDE = ("canonical.py", "layout.py", "page_runs.py", "copy_plan.py", "gpu_copy.py")
+#: and the cross-layer allocator
+ENGINE_SIDE = ("canonical.py", "layout.py", "cross_layer.py", "page_runs.py", "copy_plan.py", "gpu_copy.py")
 MAX_LINES = 600
 
 

@@ -50,7 +50,18 @@ def _names() -> dict[str, object]:
     import importlib
 
     ns: dict[str, object] = {}
-    for mod in ("fstier.tier.metrics", "fstier.slots", "fstier.slots.host_pool", "fstier.layout", "fstier.gpu_copy", "fstier.manager", "fstier.file_mapper", "fstier.config", "fstier.keys"):
+    for mod in (
+        "fstier.tier.metrics",
+        "fstier.slots",
+        "fstier.slots.host_pool",
+        "fstier.layout",
+        "fstier.cross_layer",
+        "fstier.gpu_copy",
+        "fstier.manager",
+        "fstier.file_mapper",
+        "fstier.config",
+        "fstier.keys",
+    ):
         ns.update(vars(importlib.import_module(mod)))
     return ns
 
@@ -69,7 +80,7 @@ def test_types_of_public_functions_are_exported() -> None:
 
 
 def test_layer_kv_spec_is_exported() -> None:
-    from fstier.layout import LayerKVSpec
+    from fstier.cross_layer import LayerKVSpec
 
     assert fstier.LayerKVSpec is LayerKVSpec
 

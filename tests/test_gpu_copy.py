@@ -11,14 +11,13 @@ import pytest
 import torch
 
 from fstier.config import ModelSpec, ParallelSpec
+from fstier.cross_layer import LayerKVSpec, allocate_cross_layer_kv_caches
 from fstier.errors import LayoutError, PoolError, PoolExhaustedError
 from fstier.gpu_copy import RankStager
 from fstier.layout import (
     CanonicalKVCaches,
-    LayerKVSpec,
     LoadStoreSpec,
     PoolTensors,
-    allocate_cross_layer_kv_caches,
     rank_page_mapping,
 )
 from fstier.slots.host_pool import HostBlockPool
@@ -30,7 +29,15 @@ def _group(layers=3, heads=8, head_size=16, block_size=8, kv="NHD"):
     return ModelSpec(
         name="m",
         dtype="float16",
-        groups=[{"num_layers": layers, "num_kv_heads": heads, "head_size": head_size, "block_size": block_size, "kv_layout": kv}],
+        groups=[
+            {
+                "num_layers": layers,
+                "num_kv_heads": heads,
+                "head_size": head_size,
+                "block_size": block_size,
+                "kv_layout": kv,
+            }
+        ],
     ).groups[0]
 
 
@@ -53,7 +60,9 @@ def _register(shard, layout) -> CanonicalKVCaches:
     if layout == "packed":
         return CanonicalKVCaches.register([[shard[i] for i in range(layers)]])
     if layout == "split":
-        return CanonicalKVCaches.register([[shard[i].transpose(0, 1).contiguous() for i in range(layers)]], split_kv_dim0=True)
+        return CanonicalKVCaches.register(
+            [[shard[i].transpose(0, 1).contiguous() for i in range(layers)]], split_kv_dim0=True
+        )
     if layout == "interleaved":  # (blocks, a, b, 2, dim)
         return CanonicalKVCaches.register([[shard[i].permute(0, 2, 3, 1, 4).contiguous() for i in range(layers)]])
     if layout == "cross":  # (blocks, layers, 2, a, b, dim): one row per block
@@ -63,6 +72,11 @@ def _register(shard, layout) -> CanonicalKVCaches:
 
 def _canonical(full, block) -> torch.Tensor:
     return full[:, block].contiguous().view(torch.int8).reshape(-1)
+
+
+def _staged(pool, slot: int, page_bytes: int, offset: int = 0) -> torch.Tensor:
+    """The page of ``page_bytes`` staged at ``offset`` in ``slot`` of ``pool``, as int8 (compared with _canonical)."""
+    return PoolTensors.of(pool).slot_tensor(slot)[offset : offset + page_bytes].view(torch.int8)
 
 
 def _child_stage(pool_name, tp, rank, layout, mode, slots, blocks, q) -> None:
@@ -122,7 +136,10 @@ def test_tp2_rank_processes_store_tp4_rank_processes_load(layout):
         blocks = [7, 2, 11]
         q = ctx.Queue()
         for tp, mode in ((2, "out"), (4, "in")):
-            procs = [ctx.Process(target=_child_stage, args=(pool.name, tp, r, layout, mode, slots, blocks, q)) for r in range(tp)]
+            procs = [
+                ctx.Process(target=_child_stage, args=(pool.name, tp, r, layout, mode, slots, blocks, q))
+                for r in range(tp)
+            ]
             for p in procs:
                 p.start()
             results = [q.get(timeout=60) for _ in procs]
@@ -132,7 +149,7 @@ def test_tp2_rank_processes_store_tp4_rank_processes_load(layout):
             assert sorted(results) == [(r, mode, True) for r in range(tp)], results
             if mode == "out":
                 for s, b in zip(slots, blocks, strict=True):
-                    assert torch.equal(PoolTensors.of(pool).slot_tensor(s)[: group.page_bytes].view(torch.int8), _canonical(full, b))
+                    assert torch.equal(_staged(pool, s, group.page_bytes), _canonical(full, b))
         pool.free(slots)
 
 
@@ -156,7 +173,7 @@ def _round_trip(kv, layout, a, b, device="cpu", cuda_copy=None, slots_order=None
             st.wait(bid)
             assert st.poll() == [bid] and st.in_flight == 0
         for s, bo in zip(slots, blocks_out, strict=True):
-            assert torch.equal(PoolTensors.of(pool).slot_tensor(s)[: group.page_bytes].view(torch.int8), _canonical(full, bo))
+            assert torch.equal(_staged(pool, s, group.page_bytes), _canonical(full, bo))
         for r in range(b):
             shard = torch.zeros_like(_shard(full, group, b, r)).to(device)
             caches = _register(shard, layout)
@@ -210,15 +227,19 @@ def test_block_indices_skip_lands_the_right_pages():
     full = _full_kv(group)
     with HostBlockPool(2, 4 * group.page_bytes) as pool:
         slots = pool.alloc(2)
-        st = RankStager(_register(full.clone(), "cross"), [rank_page_mapping(group, ParallelSpec())], pool, blocks_per_file=4)
+        st = RankStager(
+            _register(full.clone(), "cross"), [rank_page_mapping(group, ParallelSpec())], pool, blocks_per_file=4
+        )
         logical = list(range(8))  # logical blocks 0..7 live in GPU blocks 4..11
         st.stage_out(LoadStoreSpec([4 + i for i in logical], [8], [0]), slots)
         for page in range(4):
             off = page * group.page_bytes
-            assert torch.equal(PoolTensors.of(pool).slot_tensor(slots[1])[off : off + group.page_bytes].view(torch.int8), _canonical(full, 8 + page))
+            assert torch.equal(_staged(pool, slots[1], group.page_bytes, off), _canonical(full, 8 + page))
         for start in (5, 6, 7):
             dest = torch.zeros_like(full)
-            st_in = RankStager(_register(dest, "packed"), [rank_page_mapping(group, ParallelSpec())], pool, blocks_per_file=4)
+            st_in = RankStager(
+                _register(dest, "packed"), [rank_page_mapping(group, ParallelSpec())], pool, blocks_per_file=4
+            )
             n = 8 - start
             gpu = [0, 1, 2][:n]
             st_in.wait(st_in.stage_in([slots[1]], LoadStoreSpec(gpu, [n], [start])))
@@ -289,7 +310,9 @@ def test_cuda_stage_calls_queue_and_return_while_the_device_is_busy(cuda_copy):
     full = _full_kv(group, seed=3).cuda()
     with HostBlockPool(8, group.page_bytes) as pool:
         slots = pool.alloc(8)
-        st = RankStager(_register(full.clone(), "cross"), [rank_page_mapping(group, ParallelSpec())], pool, cuda_copy=cuda_copy)
+        st = RankStager(
+            _register(full.clone(), "cross"), [rank_page_mapping(group, ParallelSpec())], pool, cuda_copy=cuda_copy
+        )
         spec = LoadStoreSpec(list(range(8)), [8], [0])
         st.wait(st.stage_out(spec, slots))  # warm-up: kernels loaded, index buffer pinned
         assert st.poll() == [1]
@@ -303,9 +326,11 @@ def test_cuda_stage_calls_queue_and_return_while_the_device_is_busy(cuda_copy):
         assert call_s < 0.05, f"stage_out blocked for {call_s:.3f} s"
         st.wait(bid)
         for s, blk in zip(slots, range(8), strict=True):
-            assert torch.equal(PoolTensors.of(pool).slot_tensor(s)[: group.page_bytes].view(torch.int8), _canonical(full.cpu(), blk))
+            assert torch.equal(_staged(pool, s, group.page_bytes), _canonical(full.cpu(), blk))
         dest = torch.zeros_like(full)
-        st_in = RankStager(_register(dest, "packed"), [rank_page_mapping(group, ParallelSpec())], pool, cuda_copy=cuda_copy)
+        st_in = RankStager(
+            _register(dest, "packed"), [rank_page_mapping(group, ParallelSpec())], pool, cuda_copy=cuda_copy
+        )
         st_in.wait(st_in.stage_in(slots, LoadStoreSpec([11, 10, 9, 8, 7, 6, 5, 4], [8], [0])))
         assert st_in.poll() == [1]
         torch.cuda._sleep(400_000_000)
@@ -328,14 +353,22 @@ def test_cuda_blocks_per_file_skip_matches_the_cpu_path(cuda_copy):
     full = _full_kv(group, seed=5)
     with HostBlockPool(2, 4 * group.page_bytes) as pool:
         slots = pool.alloc(2)
-        st = RankStager(_register(full.clone().cuda(), "cross"), [rank_page_mapping(group, ParallelSpec())], pool, 4, cuda_copy=cuda_copy)
+        st = RankStager(
+            _register(full.clone().cuda(), "cross"),
+            [rank_page_mapping(group, ParallelSpec())],
+            pool,
+            4,
+            cuda_copy=cuda_copy,
+        )
         st.wait(st.stage_out(LoadStoreSpec([4 + i for i in range(8)], [8], [0]), slots))
         for page in range(4):
             off = page * group.page_bytes
-            assert torch.equal(PoolTensors.of(pool).slot_tensor(slots[1])[off : off + group.page_bytes].view(torch.int8), _canonical(full, 8 + page))
+            assert torch.equal(_staged(pool, slots[1], group.page_bytes, off), _canonical(full, 8 + page))
         for start in (5, 6, 7):
             dest = torch.zeros_like(full).cuda()
-            st_in = RankStager(_register(dest, "packed"), [rank_page_mapping(group, ParallelSpec())], pool, 4, cuda_copy=cuda_copy)
+            st_in = RankStager(
+                _register(dest, "packed"), [rank_page_mapping(group, ParallelSpec())], pool, 4, cuda_copy=cuda_copy
+            )
             n = 8 - start
             st_in.wait(st_in.stage_in([slots[1]], LoadStoreSpec([0, 1, 2][:n], [n], [start])))
             for k in range(n):
@@ -437,8 +470,8 @@ def test_evenly_spaced_layers_share_one_kernel(cuda_copy):
             assert [len(st._units[(0, k)]) for k in ("store", "load")] == [units, units]
             PoolTensors.of(pool).tensor.fill_(0)
             st.wait(st.stage_out(LoadStoreSpec([6, 2], [2], [0]), slots))
-            assert torch.equal(PoolTensors.of(pool).slot_tensor(slots[0])[: group.page_bytes].view(torch.int8), _canonical(full, 6))
-            assert torch.equal(PoolTensors.of(pool).slot_tensor(slots[1])[: group.page_bytes].view(torch.int8), _canonical(full, 2))
+            assert torch.equal(_staged(pool, slots[0], group.page_bytes), _canonical(full, 6))
+            assert torch.equal(_staged(pool, slots[1], group.page_bytes), _canonical(full, 2))
 
 
 @pytest.mark.parametrize(("tp", "ops"), [(1, 2), (2, 2), (4, 1)])

@@ -39,10 +39,8 @@ def _build_wheel(tmp_path: Path) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src / name)
     dist = tmp_path / "dist"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(dist), str(src)],
-        capture_output=True, text=True, timeout=300,
-    )
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet"]
+    proc = subprocess.run([*pip_wheel, "-w", str(dist), str(src)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     wheels = list(dist.glob("fstier-*.whl"))
     assert len(wheels) == 1, wheels
@@ -70,7 +68,8 @@ def test_wheel_installs_and_runs_beside_vllm(tmp_path: Path) -> None:
     wheel = _build_wheel(tmp_path)
     names = set(subprocess.run([sys.executable, "-m", "zipfile", "-l", str(wheel)], capture_output=True,
                                text=True, check=True).stdout.split())
-    for member in ("fstier/integrations/vllm.py", "fstier/cli/__init__.py", "fstier/py.typed", "fstier/io/blockstore.py"):
+    expected = ("fstier/integrations/vllm.py", "fstier/cli/__init__.py", "fstier/py.typed", "fstier/io/blockstore.py")
+    for member in expected:
         assert member in names, f"{member} missing from {wheel.name}"
     env, py = _venv_beside_this_one(tmp_path)
     proc = subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", str(wheel)],

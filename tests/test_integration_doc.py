@@ -43,7 +43,14 @@ def test_snippet_runs(idx: int, tmp_path: Path) -> None:
 
 
 def test_staging_path_names_every_piece_in_order() -> None:
-    order = ["CanonicalKVCaches", "allocate_cross_layer_kv_caches", "rank_page_mapping", "RankStager", "HostBlockPool", "FsTier"]
+    order = [
+        "CanonicalKVCaches",
+        "allocate_cross_layer_kv_caches",
+        "rank_page_mapping",
+        "RankStager",
+        "HostBlockPool",
+        "FsTier",
+    ]
     assert all(name in TEXT for name in order)
     for name in ("LoadStoreSpec", "block_indices", "group_sizes", "blocks_per_file", "skip"):
         assert name in TEXT
@@ -86,7 +93,9 @@ def test_staging_snippet_on_cuda(tmp_path: Path) -> None:
         pytest.skip("needs a CUDA device")
     code = SNIPPETS[0]
     assert "dtype=cfg.model.dtype)" in code and ".half()" in code
-    code = code.replace("dtype=cfg.model.dtype)", 'dtype=cfg.model.dtype, device="cuda")').replace(".half()", ".half().cuda()")
+    code = code.replace("dtype=cfg.model.dtype)", 'dtype=cfg.model.dtype, device="cuda")').replace(
+        ".half()", ".half().cuda()"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path)},

@@ -54,13 +54,22 @@ def _violations(files: list[Path], forbidden: tuple[str, ...], *, top_level_only
 def test_io_imports_neither_torch_numpy_nor_the_tier() -> None:
     forbidden = (
         "torch", "numpy", "fstier.manager", "fstier.tier", "fstier.integrations", "fstier.cli",
-        "fstier.demo", "fstier.layout", "fstier.gpu_copy", "fstier.slots",
+        "fstier.demo", "fstier.layout", "fstier.cross_layer", "fstier.gpu_copy", "fstier.slots",
     )
     assert _violations(_modules("io"), forbidden) == []
 
 
 def test_the_tier_imports_no_engine_and_no_cli() -> None:
-    forbidden = ("vllm", "sglang", "fstier.integrations", "fstier.cli", "fstier.demo", "fstier.gpu_copy", "fstier.layout")
+    forbidden = (
+        "vllm",
+        "sglang",
+        "fstier.integrations",
+        "fstier.cli",
+        "fstier.demo",
+        "fstier.gpu_copy",
+        "fstier.layout",
+        "fstier.cross_layer",
+    )
     assert _violations(_modules("manager.py") + _modules("tier"), forbidden) == []
 
 
@@ -73,12 +82,12 @@ def test_file_mapper_does_no_block_io() -> None:
 
 def test_integrations_translate_only() -> None:
     """An engine module adapts the engine to FsTier; it never reaches the
-    storage layer itself (only the format version, for its namespace)."""
+    storage layer itself (only the format version, for its namespace, and the
+    file size rule, for the usage it reports in fstier's units)."""
     files = _modules("integrations")
-    bad = [
-        v for v in _violations(files, ("fstier.io",))
-        if not v.endswith(("imports fstier.io.blockfile", "imports fstier.io.blockfile.FORMAT_VERSION"))
-    ]
+    facts = ("", ".FORMAT_VERSION", ".block_file_size")
+    allowed = tuple(f"imports fstier.io.blockfile{f}" for f in facts)
+    bad = [v for v in _violations(files, ("fstier.io",)) if not v.endswith(allowed)]
     assert bad == []
 
 
@@ -151,7 +160,7 @@ def test_no_integration_or_slots_module_exceeds_600_lines(folder: str) -> None:
 
 
 def test_only_the_engine_side_imports_torch() -> None:
-    allowed = {"layout.py", "gpu_copy.py", "_cudart.py"}
+    allowed = {"layout.py", "cross_layer.py", "gpu_copy.py", "_cudart.py"}
     files = [
         f for f in sorted(PKG.rglob("*.py"))
         if f.name not in allowed and "integrations" not in f.parts and "demo" not in f.parts

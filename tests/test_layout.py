@@ -50,7 +50,9 @@ def _store_all(group, par, page, kv_packing) -> tuple[np.ndarray, np.ndarray]:
     layers=st.integers(1, 3),
 )
 def test_tiling_and_coverage_or_rank_private(heads, tp, head_size, block_size, dtype, kv, kv_packing, layers):
-    group = attn_group(num_kv_heads=heads, head_size=head_size, block_size=block_size, dtype=dtype, kv_layout=kv, num_layers=layers)
+    group = attn_group(
+        num_kv_heads=heads, head_size=head_size, block_size=block_size, dtype=dtype, kv_layout=kv, num_layers=layers
+    )
     par = ParallelSpec(tp_size=tp)
     m = rank_page_mapping(group, par, kv_packing)
     assert m.canonical_page_bytes == canonical.canonical_page_bytes(group, par)
@@ -139,7 +141,9 @@ def test_contiguous_layout_is_one_run_and_sharded_nhd_is_one_strided_run():
 
 
 def test_mla_is_rank_private_and_fails_closed_across_world_sizes():
-    model = ModelSpec(name="m", dtype="bfloat16", groups=[{"kind": "mla", "block_size": 16, "num_layers": 3, "head_size": 576}])
+    model = ModelSpec(
+        name="m", dtype="bfloat16", groups=[{"kind": "mla", "block_size": 16, "num_layers": 3, "head_size": 576}]
+    )
     g = model.groups[0]
     m2 = rank_page_mapping(g, ParallelSpec(tp_size=2, rank=1))
     m4 = rank_page_mapping(g, ParallelSpec(tp_size=4, rank=1))

@@ -5,6 +5,7 @@ and a caller never held past the per-I/O deadline by a hung probe."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import socket
@@ -205,3 +206,85 @@ def test_keys_after_a_prefix_miss_are_not_cached_as_misses(tmp_path: Path, nativ
         assert tier.lookup([k1, k0]) == 0
         assert tier.lookup([k0]) == 1
         assert tier.present([k1, k0]) == [False, True]
+
+
+#: Deadlines at and past 2**63 ns (threading.TIMEOUT_MAX): the native probe
+#: computed a negative tv_nsec from them and spun on EINVAL, holding its mutex.
+HUGE_DEADLINES = ["2**63 / 1e9", "2.0**63", "1e300", "math.inf"]
+
+_HUGE_CHILD = """
+import math, os, sys, time
+from pathlib import Path
+from manager_support import keys, open_tier, store
+from fstier.io import native
+from fstier.tier.admission import Breaker
+from fstier.tier.lookup import Lookup, LookupCache
+from fstier.tier.metrics import TierMetrics
+
+native_io, root, huge = sys.argv[1], Path(sys.argv[2]), [eval(v) for v in sys.argv[3:]]
+with open_tier(root, native_io=native_io, lookup_cache_ttl_s=0) as t:
+    ks = keys(0, 2)
+    assert store(t, "s", ks[:1]).success
+    for v in huge:
+        m = TierMetrics()
+        look = Lookup(LookupCache(0), t.blocks, 1, v, breaker=Breaker(8, 10.0, m), metrics=m)
+        look.start()
+        try:
+            assert look.present(ks)[0] == [True, False], v
+        finally:
+            look.close()
+        if t.blocks.batched:
+            assert t.blocks.present_within(ks, timeout_s=v) == [True, False], v
+            base = t.blocks.mapper.blocks_dir
+            ext = native._require()  # the C entry clamps on its own, without the Python entry's clamp
+            rels = native._split(os.fspath(base), t.blocks.paths(ks))
+            assert ext.lookup_within(os.fsencode(base), rels, False, v) == b"\\x01\\x00", v
+    if t.blocks.batched:  # a slow probe under an infinite deadline is waited for, and answers
+        native.fault("stat", delay_s=0.5, times=1)
+        assert t.blocks.present_within(ks, timeout_s=math.inf) == [True, False]
+        native.clear_faults()
+print("ok")
+"""
+
+
+@PATHS
+def test_a_huge_or_infinite_probe_deadline_returns(tmp_path: Path, native_io: str) -> None:
+    """A presence probe given a deadline at or past 2**63 ns (or inf) answers
+    at once: the C entry clamps it to threading.TIMEOUT_MAX (and ends its
+    wait on any error), the Python entries clamp it the same way or take inf
+    as no deadline. Before: the native probe never returned and spun a core.
+    Run in a child: a hang must fail the test, not wedge the suite."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", _HUGE_CHILD, native_io, str(tmp_path / "root"), *HUGE_DEADLINES],
+            env=env, capture_output=True, text=True, timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"a probe with a deadline among {HUGE_DEADLINES} did not return within 60 s")
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+    assert time.monotonic() - t0 < 60
+
+
+@PATHS
+@pytest.mark.parametrize("bad", [math.nan, -1.0, -math.inf])
+def test_a_nan_or_negative_probe_deadline_is_refused(tmp_path: Path, native_io: str, bad: float) -> None:
+    """nan or a negative deadline is a caller's mistake: one ValueError naming
+    the argument, from the C entry, the Python entry and the Lookup alike."""
+    from fstier.tier.admission import Breaker
+    from fstier.tier.lookup import Lookup, LookupCache
+    from fstier.tier.metrics import TierMetrics
+
+    with open_tier(tmp_path / "root", native_io=native_io) as t:
+        m = TierMetrics()
+        with pytest.raises(ValueError, match="timeout"):
+            Lookup(LookupCache(0), t.blocks, 1, bad, breaker=Breaker(8, 10.0, m), metrics=m)
+        if t.blocks.batched:
+            with pytest.raises(ValueError, match="timeout_s"):
+                t.blocks.present_within(keys(0, 1), timeout_s=bad)
+            with pytest.raises(ValueError, match="timeout_s"):
+                native._require().lookup_within(os.fsencode(t.blocks.mapper.blocks_dir), [b"x"], False, bad)

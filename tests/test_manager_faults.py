@@ -49,7 +49,9 @@ def test_backpressure_drops_stores_and_never_blocks_the_caller(tmp_path: Path, m
         return real(fd, bufs, offset)
 
     monkeypatch.setattr(fsops.FS, "pwritev", slow_pwritev)
-    with open_tier(tmp_path / "root", clock=clock, native_io="off", max_write_queue_seconds=0.2, write_threads=1) as tier:
+    with open_tier(
+        tmp_path / "root", clock=clock, native_io="off", max_write_queue_seconds=0.2, write_threads=1
+    ) as tier:
         assert store(tier, "warm", keys(0, 2)).success  # measures the slow speed
         speed = tier.metrics.snapshot()["fstier_write_bytes_per_second"]
         assert speed < 1e6

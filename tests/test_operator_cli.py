@@ -26,7 +26,9 @@ def fstier(*args: str, columns: int | None = None) -> subprocess.CompletedProces
     env.pop("COLUMNS", None)
     if columns is not None:
         env["COLUMNS"] = str(columns)
-    return subprocess.run([sys.executable, "-m", "fstier.cli", *args], capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "fstier.cli", *args], capture_output=True, text=True, timeout=120, env=env
+    )
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,9 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("cli") / "root"
     store_blocks(make_config(root, groups=GROUP), 3)
     store_blocks(make_config(root, groups=GROUP, model={"name": LONG_MODEL, "groups": GROUP}), 2)
-    store_blocks(make_config(root, groups=GROUP, model={"name": "x" * 64, "groups": GROUP}), 1)  # the longest name there is
+    store_blocks(
+        make_config(root, groups=GROUP, model={"name": "x" * 64, "groups": GROUP}), 1
+    )  # the longest name there is
     (root / "junk").mkdir()
     (root / "junk" / "x.bin").write_bytes(b"x")
     (root / "lost+found").mkdir()

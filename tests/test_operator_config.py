@@ -85,8 +85,14 @@ def test_missing_head_size_says_required_not_got_zero(tmp_path: Path) -> None:
 
 
 def test_config_show_says_why_tp3_with_8_heads_is_not_agnostic(tmp_path: Path) -> None:
-    cfg = write(tmp_path / "c.yaml", {"tier": {"root_dir": str(tmp_path / "r")}, "model": {"name": "m", "groups": GROUP},
-                                      "parallel": {"tp_size": 3}})
+    cfg = write(
+        tmp_path / "c.yaml",
+        {
+            "tier": {"root_dir": str(tmp_path / "r")},
+            "model": {"name": "m", "groups": GROUP},
+            "parallel": {"tp_size": 3},
+        },
+    )
     res = run("config", "show", str(cfg))
     assert res.exit_code == 0, res.output
     assert "parallel-agnostic: False" in res.output
@@ -94,15 +100,23 @@ def test_config_show_says_why_tp3_with_8_heads_is_not_agnostic(tmp_path: Path) -
     assert "num_kv_heads 8" in line and "tp_size 3" in line
     doc = json.loads(run("config", "show", str(cfg), "--json").output)
     assert doc["parallel_agnostic"] is False and "tp_size 3" in doc["not_agnostic_because"]
-    ok = write(tmp_path / "ok.yaml", {"tier": {"root_dir": str(tmp_path / "r")}, "model": {"name": "m", "groups": GROUP},
-                                      "parallel": {"tp_size": 4}})
+    ok = write(
+        tmp_path / "ok.yaml",
+        {
+            "tier": {"root_dir": str(tmp_path / "r")},
+            "model": {"name": "m", "groups": GROUP},
+            "parallel": {"tp_size": 4},
+        },
+    )
     doc = json.loads(run("config", "show", str(ok), "--json").output)
     assert doc["parallel_agnostic"] is True and doc["not_agnostic_because"] is None
 
 
 # -- the three documents ---------------------------------------------------------
 def test_tier_only_yaml_validates(tmp_path: Path) -> None:
-    path = write(tmp_path / "vllm.yaml", {"tier": {"root_dir": str(tmp_path / "kv"), "max_bytes": "2TiB", "fsync": "file"}})
+    path = write(
+        tmp_path / "vllm.yaml", {"tier": {"root_dir": str(tmp_path / "kv"), "max_bytes": "2TiB", "fsync": "file"}}
+    )
     res = run("config", "validate", str(path))
     assert res.exit_code == 0, res.output
     assert "tier-only" in res.output and "2.0 TiB" in res.output
@@ -119,8 +133,16 @@ def test_tier_only_yaml_validates(tmp_path: Path) -> None:
 def test_vllm_json_validates_in_every_shape(tmp_path: Path, shape: str) -> None:
     entry = {**ENTRY, "root_dir": str(tmp_path / "kv"), "max_bytes": "2T", "n_read_threads": 16}
     extra = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 2**35, "secondary_tiers": [entry]}
-    doc = {"entry": entry, "list": [entry], "extra_config": extra,
-           "kv_transfer_config": {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": extra}}[shape]
+    doc = {
+        "entry": entry,
+        "list": [entry],
+        "extra_config": extra,
+        "kv_transfer_config": {
+            "kv_connector": "OffloadingConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": extra,
+        },
+    }[shape]
     path = write(tmp_path / "kv.json", doc)
     res = run("config", "validate", str(path), "--json")
     assert res.exit_code == 0, res.output
@@ -135,10 +157,16 @@ def test_vllm_json_validates_in_every_shape(tmp_path: Path, shape: str) -> None:
     ("doc", "message"),
     [
         ({**ENTRY, "max_byte": "1Ti", "root_dir": "/tmp/kv"}, "'max_byte': unknown"),
-        ({**ENTRY, "module_path": "fstier.vllm", "root_dir": "/tmp/kv"}, "module_path: must be 'fstier.integrations.vllm'"),
+        (
+            {**ENTRY, "module_path": "fstier.vllm", "root_dir": "/tmp/kv"},
+            "module_path: must be 'fstier.integrations.vllm'",
+        ),
         ({**ENTRY}, "'root_dir': required"),
         ({**ENTRY, "root_dir": "/tmp/kv", "locality": "NEAR"}, "locality: expected LOCAL or REMOTE"),
-        ({"spec_name": "TieringOffloadingSpec", "secondary_tiers": [{**ENTRY, "root_dir": "/tmp/kv"}]}, "cpu_bytes_to_use: required"),
+        (
+            {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [{**ENTRY, "root_dir": "/tmp/kv"}]},
+            "cpu_bytes_to_use: required",
+        ),
         ({"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {}}, "kv_role: required"),
         ({"type": "fs", "root_dir": "/tmp/kv"}, 'no entry with "type": "FstierTier"'),
     ],

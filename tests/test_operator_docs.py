@@ -64,7 +64,10 @@ def test_vllm_serve_json_validates(tmp_path: Path) -> None:
     for name in ("create", "write", "owner"):
         assert re.search(rf"^  ok   {name}", res.output, re.M), res.output
     shown = _section(VLLM_MD, "Switching it on")
-    assert "fstier config validate - --check-root" in shown and "-: ok (FstierTier root_dir /mnt/kv, max_bytes 2.0 TiB)" in shown
+    assert (
+        "fstier config validate - --check-root" in shown
+        and "-: ok (FstierTier root_dir /mnt/kv, max_bytes 2.0 TiB)" in shown
+    )
 
 
 _MODEL = re.compile(r"(\d+) layers, (\d+) KV heads x (\d+), (fp16|bf16)")

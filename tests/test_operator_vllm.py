@@ -122,7 +122,9 @@ def test_integration_doc_entry_starts_vllms_tiering(tmp_path: Path) -> None:
         assert isinstance(fstier_tier(m), FstierTier)
 
 
-@pytest.mark.parametrize(("tp", "worker", "replicated"), [(2, 65536 + 100, False), (4, 3 * 4096, False), (4, 8192, True)])
+@pytest.mark.parametrize(
+    ("tp", "worker", "replicated"), [(2, 65536 + 100, False), (4, 3 * 4096, False), (4, 8192, True)]
+)
 def test_row_formula_matches_vllms_allocation(tmp_path: Path, tp: int, worker: int, replicated: bool) -> None:
     """docs/vllm.md "Sizing": row = blocks_per_chunk x tp x worker bytes per
     block (x 1 with replicated_layout), rounded up to 4096 -- as vLLM

@@ -596,7 +596,9 @@ def test_store_block_at_a_directory_fd(tmp_path: Path, opts: IOOptions) -> None:
     assert temps(tmp_path) == []
 
 
-def test_o_tmpfile_refusal_is_per_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_o_tmpfile_refusal_is_per_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """An NFS-like root that refuses O_TMPFILE switches itself to named temps
     and nothing else: a local root in the same process keeps O_TMPFILE (it
     used to be one process-wide switch)."""
@@ -685,3 +687,76 @@ def test_enospc_probe_keeps_retrying_while_full(tmp_path: Path, monkeypatch: pyt
     found = caps.reprobe()
     assert not found.enabled and caps.reprobe_at is not None  # still no finding: retried later
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("native_io", ["auto", "off"])
+def test_a_full_filesystem_at_start_decides_nothing_for_good(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native_io: str
+) -> None:
+    """A real 1 MiB tmpfs, full when the tier starts: the O_DIRECT probe meets
+    ENOSPC, the root runs buffered, and the probe runs again from the store
+    path once ``REPROBE_S`` passed on the tier's clock (a ManualClock here:
+    no sleep, no window), at most once per ``REPROBE_S`` while still full;
+    once space is freed the root uses O_DIRECT and loads are byte-exact
+    (both I/O paths). Before, with the system clock, a tier's clock never
+    moved the re-probe."""
+    from manager_support import keys, load, open_tier, store
+
+    import fstier.io.capabilities as capabilities
+    from fstier.clock import ManualClock
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.decode().strip()}")
+    try:
+        if not _direct_ok(mnt):
+            pytest.skip("this kernel's tmpfs refuses O_DIRECT (< 6.6)")
+        root, clock = mnt / "root", ManualClock()
+        with open_tier(root, clock=clock, native_io=native_io):
+            pass  # the namespace is made while there is room
+        filler = mnt / "filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while os.write(fd, b"\0" * 4096) > 0:
+                pass
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+        finally:
+            os.close(fd)
+        probes: list[str] = []
+        real_probe = capabilities._probe
+
+        def counted(directory: Path) -> Any:
+            found = real_probe(directory)
+            probes.append(found[0].reason)
+            return found
+
+        monkeypatch.setattr(capabilities, "_probe", counted)
+        with open_tier(root, clock=clock, native_io=native_io) as tier:
+            caps = tier.blocks.options.capabilities
+            assert caps is not None and caps.reprobe_at is not None, probes
+            assert tier.blocks.options.o_direct is False and "ENOSPC" in caps.o_direct.reason
+            assert len(probes) == 1
+            assert not store(tier, "full", keys(0, 2)).success  # still full: ENOSPC
+            assert len(probes) == 1  # not due yet: no probe
+            clock.advance(capabilities.REPROBE_S)
+            store(tier, "full2", keys(0, 2))
+            store(tier, "full3", keys(0, 2))
+            assert len(probes) == 2 and "ENOSPC" in probes[1], probes  # once per REPROBE_S, still no finding
+            assert tier.blocks.options.o_direct is False
+            filler.unlink()
+            assert store(tier, "s", keys(0, 4)).success  # room again, but not due: buffered
+            assert len(probes) == 2 and tier.blocks.options.o_direct is False
+            clock.advance(capabilities.REPROBE_S)
+            assert store(tier, "s2", keys(4, 4)).success
+            assert len(probes) == 3 and caps.reprobe_at is None
+            assert tier.blocks.options.o_direct is True and caps.o_direct.definitive and caps.o_direct.enabled
+            assert load(tier, "l", keys(0, 8)).success  # byte-exact (load checks every slot)
+            clock.advance(capabilities.REPROBE_S)
+            assert store(tier, "s3", keys(8, 2)).success
+            assert len(probes) == 3  # found out: never probed again
+        assert not [p for p in root.rglob("*") if ".fstier-odirect-probe" in p.name]
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=20)

@@ -276,7 +276,10 @@ def test_the_command_prints_the_library_refusals_as_exit_2(tmp_path: Path) -> No
     assert res.exit_code == 2 and "one level too deep" in res.output, res.output
     res = runner.invoke(main, ["verify", str(root), "--namespace", "..", "--fix", "--json"])
     assert res.exit_code == 2
-    assert json.loads(res.stdout)["error"] == "--namespace '..': must be one directory name under ROOT (see fstier inspect)"
+    assert (
+        json.loads(res.stdout)["error"]
+        == "--namespace '..': must be one directory name under ROOT (see fstier inspect)"
+    )
 
 
 def test_the_library_side_prints_nothing_and_loads_no_cli() -> None:

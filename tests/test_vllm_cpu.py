@@ -147,7 +147,9 @@ def test_row_copier_matches_the_per_block_reference(bpc: int, contiguous: bool) 
             for a, b in zip(lay.engine, ref.engine, strict=True):
                 assert torch.equal(a, b), "engine tensor differs from the reference"
         # something was actually copied (not a no-op on equal data)
-        assert not torch.equal(lay.base, base0) or not all(torch.equal(a, b) for a, b in zip(lay.engine, eng0, strict=True))
+        assert not torch.equal(lay.base, base0) or not all(
+            torch.equal(a, b) for a, b in zip(lay.engine, eng0, strict=True)
+        )
 
 
 def test_round_trip_restores_the_engine_blocks_and_touches_nothing_else() -> None:
@@ -289,7 +291,12 @@ def kv_caches(num_blocks: int = 12) -> Any:
         )
         for _ in range(2)
     ]
-    refs = [[CanonicalKVCacheRef(tensor_idx=0, page_size_bytes=4096), CanonicalKVCacheRef(tensor_idx=1, page_size_bytes=4096)]]
+    refs = [
+        [
+            CanonicalKVCacheRef(tensor_idx=0, page_size_bytes=4096),
+            CanonicalKVCacheRef(tensor_idx=1, page_size_bytes=4096),
+        ]
+    ]
     return CanonicalKVCaches(tensors=tensors, group_data_refs=refs)
 
 

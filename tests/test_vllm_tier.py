@@ -90,7 +90,9 @@ def test_unknown_keys_miss_and_a_present_prefix_hits(tmp_path: Path) -> None:
         assert final == [H, H, H, M, M]
 
 
-def test_lookup_makes_no_filesystem_call_on_the_scheduler_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lookup_makes_no_filesystem_call_on_the_scheduler_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = tmp_path / "kv"
     keys = keys_for(4, 64)
     with tiering_manager(offloading_config([tier_cfg(root)], num_chunks=80)) as m:
@@ -155,7 +157,9 @@ def test_replicated_layout_is_agnostic_and_row_size_is_in_the_digest(tmp_path: P
         a = t.mapper.namespace
     with tiering_manager(offloading_config([tier_cfg(root)], tp=4, agnostic=False, replicated=True)) as m:
         assert fstier_tier(m).mapper.namespace == a
-    with tiering_manager(offloading_config([tier_cfg(root)], tp=4, agnostic=False, replicated=True, worker_kv_bytes=32768)) as m:
+    with tiering_manager(
+        offloading_config([tier_cfg(root)], tp=4, agnostic=False, replicated=True, worker_kv_bytes=32768)
+    ) as m:
         assert fstier_tier(m).mapper.namespace != a  # other row bytes
 
 

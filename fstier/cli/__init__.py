@@ -50,7 +50,11 @@ __all__ = ["main"]
 #: tests/test_cli.py checks it equals the first sentence of each command's
 #: docstring (``get_short_help_str`` without a length limit).
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "bench": ("fstier.cli.bench", "bench_cmd", "fstier store/load vs raw O_DIRECT on the same directory in the same run."),
+    "bench": (
+        "fstier.cli.bench",
+        "bench_cmd",
+        "fstier store/load vs raw O_DIRECT on the same directory in the same run.",
+    ),
     "config": ("fstier.cli.config", "config_group", "Validate or show a YAML configuration."),
     "demo": (
         "fstier.cli.demo",

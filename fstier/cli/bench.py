@@ -250,7 +250,9 @@ def run_bench(
 
 # -- the command -----------------------------------------------------------
 @click.command("bench")
-@click.option("--root", "root", type=click.Path(file_okay=False), default=None, help="Directory to test (default: a temp dir).")
+@click.option(
+    "--root", "root", type=click.Path(file_okay=False), default=None, help="Directory to test (default: a temp dir)."
+)
 @click.option("--block-size", "block_size", default="2MiB", show_default=True, help="Bytes per block file.")
 @click.option("--blocks", "num_blocks", type=int, default=256, show_default=True, help="Files per pass.")
 @click.option("--threads", type=int, default=8, show_default=True, help="I/O threads for both sides.")
@@ -283,10 +285,11 @@ def bench_cmd(root: str | None, block_size: str, num_blocks: int, threads: int, 
         table.add_row(row["op"], f"{row['fstier_gbps']:.2f}", f"{row['raw_gbps']:.2f}", f"{row['ratio']:.2f}")
     console = make_console()
     console.print(table)
+    temporary = " (a temporary directory, now deleted)" if result["root_temporary"] else ""
     console.print(
         f"{result['num_blocks']} x {fmt_size(size)} files, {threads} threads, median of "
         f"{result['rounds']} rounds after a warm-up, on {display(result['root'])}"
-        f"{' (a temporary directory, now deleted)' if result['root_temporary'] else ''} (o_direct={result['o_direct']})",
+        f"{temporary} (o_direct={result['o_direct']})",
         markup=False,
     )
     console.print(f"I/O path: {result['io_path']} ({result['io_path_reason']}; checksum {result['checksum']})",

@@ -15,7 +15,11 @@ FILE (``-`` reads stdin) is one of three documents, told apart by shape:
   ``2T`` = 2 TiB), plus the keys without which vLLM does not start.
 
 ``--check-root`` then proves each tier's ``root_dir`` on this host
-(:mod:`fstier.cli.rootcheck`). Neither command imports torch.
+(:mod:`fstier.cli.rootcheck`). For vLLM JSON holding ``cpu_bytes_to_use``,
+``--max-model-len`` with ``--kv-bytes-per-token`` warns (exit 0) when
+vLLM's CPU tier cannot hold the KV of one longest prompt: vLLM 0.33 serves
+a FstierTier hit only through it (:func:`cpu_tier_warning`). Neither command
+imports torch.
 """
 
 from __future__ import annotations
@@ -159,6 +163,43 @@ def vllm_tiers(data: Any, source: str) -> list[tuple[str, Any]]:
     return out
 
 
+def _cpu_bytes_to_use(data: Any) -> int | None:
+    """``cpu_bytes_to_use`` of a vLLM JSON document (a whole ``--kv-transfer-config`` or its
+    ``kv_connector_extra_config``), or None where the document does not hold it (an entry, a list)."""
+    from fstier.units import parse_size
+
+    if isinstance(data, dict) and isinstance(data.get("kv_connector_extra_config"), dict):
+        data = data["kv_connector_extra_config"]
+    value = data.get("cpu_bytes_to_use") if isinstance(data, dict) else None
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return parse_size(value, vllm_letters=True) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"cpu_bytes_to_use: {exc}") from None
+
+
+def cpu_tier_warning(data: Any, max_model_len: int | None, kv_bytes_per_token: int | None) -> str | None:
+    """The warning ``config validate`` prints for a vLLM document whose CPU tier cannot hold the KV of one
+    prompt of ``max_model_len`` tokens (:func:`~fstier.integrations._vllm_config.cpu_tier_shortfall`), or None.
+    Both numbers are needed; a document without ``cpu_bytes_to_use`` cannot be checked (a usage error)."""
+    if max_model_len is None and kv_bytes_per_token is None:
+        return None
+    if max_model_len is None or kv_bytes_per_token is None:
+        raise click.UsageError("--max-model-len and --kv-bytes-per-token go together (the CPU tier check needs both)")
+    cpu_bytes = _cpu_bytes_to_use(data)
+    if cpu_bytes is None:
+        raise click.UsageError(
+            "--max-model-len: this document has no cpu_bytes_to_use; give the whole --kv-transfer-config "
+            "or its kv_connector_extra_config"
+        )
+    from fstier.integrations._vllm_config import cpu_tier_shortfall
+    from fstier.units import format_size
+
+    what = f"cpu_bytes_to_use {format_size(cpu_bytes)} at {kv_bytes_per_token:,} KV bytes per token"
+    return cpu_tier_shortfall(cpu_bytes // kv_bytes_per_token, max_model_len, cpu_what=what)
+
+
 def _summary(tier: Any) -> str:
     from fstier.units import format_size
 
@@ -172,16 +213,30 @@ def _summary(tier: Any) -> str:
     "--check-root", is_flag=True,
     help="Also prove each tier's root_dir on this host: create, write, O_DIRECT, free space, owner UID.",
 )
+@click.option(
+    "--max-model-len", type=click.IntRange(min=1), default=None,
+    help="vLLM's max_model_len: warn when cpu_bytes_to_use cannot hold one such prompt's KV (vLLM JSON).",
+)
+@click.option(
+    "--kv-bytes-per-token", type=click.IntRange(min=1), default=None,
+    help="The model's KV bytes per token, all layers and ranks (2 x layers x KV heads x head size x dtype bytes).",
+)
 @json_option
-def config_validate(file: str, check_root: bool, as_json: bool) -> None:
+def config_validate(
+    file: str, check_root: bool, max_model_len: int | None, kv_bytes_per_token: int | None, as_json: bool
+) -> None:
     """Check FILE; exit 2 with one line naming the bad field.
 
     FILE is a full fstier YAML, a tier-only YAML (FstierTier's config option)
     or vLLM JSON holding FstierTier entries; '-' reads stdin. With
-    --check-root, exit 1 when a root check fails.
+    --check-root, exit 1 when a root check fails. With --max-model-len and
+    --kv-bytes-per-token (vLLM JSON with cpu_bytes_to_use), a warning when
+    vLLM's CPU tier cannot hold one longest prompt (exit 0).
     """
     data, source = _read_document(file)
     kind = document_kind(data)
+    if kind != "vllm" and (max_model_len is not None or kv_bytes_per_token is not None):
+        raise click.UsageError("--max-model-len and --kv-bytes-per-token check vLLM JSON (cpu_bytes_to_use)")
     model: str | None = None
     if kind == "full":
         from fstier.config import parse_config
@@ -196,6 +251,7 @@ def config_validate(file: str, check_root: bool, as_json: bool) -> None:
     else:
         tiers = vllm_tiers(data, source)
         what = "; ".join(f"FstierTier {_summary(t)}" for _, t in tiers)
+    warning = cpu_tier_warning(data, max_model_len, kv_bytes_per_token) if kind == "vllm" else None
     checks: list[tuple[str, Any]] = []
     if check_root:
         from fstier.cli.rootcheck import check_root as run_checks
@@ -210,11 +266,15 @@ def config_validate(file: str, check_root: bool, as_json: bool) -> None:
         doc["tiers"] = [{**t.model_dump(mode="json"), "file_mode": f"{t.file_mode:04o}"} for _, t in tiers]
         if check_root:
             doc["root_checks"] = [{"tier": label, **c.to_json()} for label, c in checks]
+        if max_model_len is not None:
+            doc["warnings"] = [] if warning is None else [warning]
         emit_report(doc, verdict)
         if verdict is not None:
             raise ReportFailed(verdict)
         return
     click.echo(f"{file}: ok ({what})")
+    if warning is not None:
+        click.echo(f"  warning: {warning}")
     for label, c in checks:
         prefix = f"{label}: " if len(tiers) > 1 else ""
         click.echo(f"  {c.status:<4} {c.name:<8} {prefix}{c.detail}")
@@ -233,7 +293,9 @@ def agnostic_reason(cfg: Any) -> str | None:
     if is_parallel_agnostic(model, par):
         return None
     if len(model.groups) != 1:
-        return f"the model has {len(model.groups)} KV groups; only a single full-attention group is shared across layouts"
+        return (
+            f"the model has {len(model.groups)} KV groups; only a single full-attention group is shared across layouts"
+        )
     g = model.groups[0]
     if g.kind != "full_attention":
         return f"the group's kind is {g.kind!r}; only 'full_attention' is shared across layouts"

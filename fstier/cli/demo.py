@@ -29,8 +29,20 @@ def _torch_installed() -> bool:
 
 
 @click.command("demo")
-@click.option("--root", "root", type=click.Path(file_okay=False), default=None, help="Root directory (default: a fresh temp dir, removed after).")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None, help="YAML config: its tier settings (and a full-attention model) are used.")
+@click.option(
+    "--root",
+    "root",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Root directory (default: a fresh temp dir, removed after).",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="YAML config: its tier settings (and a full-attention model) are used.",
+)
 @click.option("--per-layer", is_flag=True, help="Allocate one KV tensor per layer instead of the cross-layer layout.")
 @json_option
 def demo_cmd(root: str | None, config_file: str | None, per_layer: bool, as_json: bool) -> None:

@@ -35,9 +35,13 @@ def existing_root(root: str) -> Path:
         st = os.stat(p)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise RootRefused(f"ROOT {shown}: a symlink loop (a link that points back at itself); give the real directory") from None
+            raise RootRefused(
+                f"ROOT {shown}: a symlink loop (a link that points back at itself); give the real directory"
+            ) from None
         if exc.errno in (errno.EACCES, errno.EPERM):
-            raise RootRefused(f"ROOT {shown}: permission denied on a parent directory; run as a user who can enter it") from None
+            raise RootRefused(
+                f"ROOT {shown}: permission denied on a parent directory; run as a user who can enter it"
+            ) from None
         if exc.errno == errno.ENOTDIR:
             raise RootRefused(f"ROOT {shown}: a parent of it is a file, not a directory") from None
         raise RootRefused(f"ROOT {shown}: no such directory") from None

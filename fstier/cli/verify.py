@@ -100,7 +100,9 @@ def verify_cmd(root: str, namespace: str | None, wide: bool, fix: bool, headers_
         console = make_console()
         for bad in report.bad[:MAX_LISTED]:
             if bad.reason.startswith("unreadable"):
-                console.print(f"unreadable: {display(bad.path)}: {bad.reason.removeprefix('unreadable: ')} (kept)", markup=False)
+                console.print(
+                    f"unreadable: {display(bad.path)}: {bad.reason.removeprefix('unreadable: ')} (kept)", markup=False
+                )
                 continue
             state = "removed" if bad.removed else "kept"
             console.print(f"bad: {display(bad.path)}: {bad.reason} ({state})", markup=False)

@@ -205,12 +205,10 @@ class _Deployment:
 def _setup(msg: Setup, pools: dict[str, Any]) -> _Deployment:
     import torch
 
+    from fstier.cross_layer import LayerKVSpec, StateSpec, allocate_cross_layer_kv_caches
     from fstier.gpu_copy import RankStager
     from fstier.layout import (
         CanonicalKVCaches,
-        LayerKVSpec,
-        StateSpec,
-        allocate_cross_layer_kv_caches,
         rank_page_mapping,
     )
     from fstier.slots.host_pool import HostBlockPool

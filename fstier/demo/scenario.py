@@ -226,7 +226,11 @@ class DemoScenario:
 
         self.opts = opts
         self.root = root
-        base = opts.config.tier if opts.config is not None else TierConfig.model_validate({"root_dir": root, "read_threads": 8, "write_threads": 4})
+        base = (
+            opts.config.tier
+            if opts.config is not None
+            else TierConfig.model_validate({"root_dir": root, "read_threads": 8, "write_threads": 4})
+        )
         self.tier = base.model_copy(update={"root_dir": root})
         self.bpf = self.tier.blocks_per_file
         self.full_model = opts.config.model if opts.config is not None else FULL_MODEL
@@ -357,7 +361,9 @@ class DemoScenario:
         slots = self.pool.alloc(groups * hits)
         try:
             for g, ks in enumerate(keys):
-                tier.submit_load(f"load-{dep.dep_id}-{g}-{time.monotonic_ns()}", ks[:hits], slots[g * hits : (g + 1) * hits])
+                tier.submit_load(
+                    f"load-{dep.dep_id}-{g}-{time.monotonic_ns()}", ks[:hits], slots[g * hits : (g + 1) * hits]
+                )
             tier.drain()
             results = tier.get_finished()
             prefix = min(r.keys_completed for r in results)
@@ -377,7 +383,9 @@ class DemoScenario:
         return _LoadOutcome(hits, prefix, nbytes, seconds, cause)
 
     # -- cases ---------------------------------------------------------------------------
-    def store_prompt(self, model: ModelSpec, tp: int, prompt: int) -> tuple[_Deployment, Any, list[list[BlockKey]], int]:
+    def store_prompt(
+        self, model: ModelSpec, tp: int, prompt: int
+    ) -> tuple[_Deployment, Any, list[list[BlockKey]], int]:
         dep = self.deploy(model, tp)
         tier = self._tier(dep.config)
         keys = self.keys(model, prompt)
@@ -385,7 +393,9 @@ class DemoScenario:
         stored, _ = self.store(dep, tier, keys)
         return dep, tier, keys, stored
 
-    def load_and_verify(self, case: CaseResult, model: ModelSpec, tp: int, keys: list[list[BlockKey]], tier: Any = None) -> tuple[_LoadOutcome, list[list[list[str]]]]:
+    def load_and_verify(
+        self, case: CaseResult, model: ModelSpec, tp: int, keys: list[list[BlockKey]], tier: Any = None
+    ) -> tuple[_LoadOutcome, list[list[list[str]]]]:
         """A fresh deployment at ``tp`` loads what it can, checks that every
         loaded block is exact and every other block untouched, then
         recomputes the rest and checks everything."""
@@ -424,7 +434,10 @@ class DemoScenario:
         dep, tier, keys, stored = self.store_prompt(self.full_model, 2, prompt=1)
         case.stored_blocks = stored
         self.load_and_verify(case, self.full_model, NUM_RANKS, keys)
-        same = FileMapper(self._config(self.full_model, 2)).namespace == FileMapper(self._config(self.full_model, NUM_RANKS)).namespace
+        same = (
+            FileMapper(self._config(self.full_model, 2)).namespace
+            == FileMapper(self._config(self.full_model, NUM_RANKS)).namespace
+        )
         case.detail = f"one namespace for tp=2 and tp=4: {same}; {NUM_RANKS} ranks verified"
         case.verified = case.verified and same
         return case, keys
@@ -489,7 +502,9 @@ class DemoScenario:
             self.tiers.append(tier)
         again = tier.lookup(damaged[0])
         self.load_and_verify(case, self.full_model, NUM_RANKS, keys, tier=tier)
-        case.detail = f"lookup after restart: {tier.lookup(keys[0])}/{self.num_files}; damaged prompt: {again}/{self.num_files}"
+        case.detail = (
+            f"lookup after restart: {tier.lookup(keys[0])}/{self.num_files}; damaged prompt: {again}/{self.num_files}"
+        )
         case.verified = case.verified and again == bad
         return case
 

@@ -7,7 +7,12 @@
 - :mod:`fstier.integrations.vllm_cpu`: ``FstierCpuOffloadingSpec``, vLLM's
   tiering spec with a worker for its CPU backend;
 - :mod:`fstier.integrations.sglang`: ``FstierHiCacheStorage``, an SGLang
-  HiCache storage backend (SGLang's ``dynamic`` backend).
+  HiCache storage backend (SGLang's ``dynamic`` backend);
+- :mod:`fstier.integrations.lmcache`: ``FstierL2Adapter``, an LMCache L2
+  adapter, with :mod:`~fstier.integrations.lmcache_space` (LMCache's keys and
+  values as namespaces, block keys and lent slots),
+  :mod:`~fstier.integrations.lmcache_keys` (its key listing and deletion) and
+  :mod:`~fstier.integrations.lmcache_tasks` (the adapter's book-keeping).
 
 The ``_``-named modules beside them hold what those modules translate with:
 options (``_options``), each engine's version check and configuration

@@ -12,6 +12,12 @@
   the namespace through THE collapse rule
   (:func:`~fstier.file_mapper.parallel_identity`) exactly when vLLM calls
   the rows parallelism-agnostic.
+* :func:`cpu_tier_shortfall` (:func:`small_cpu_tier` for a running
+  deployment, what FstierTier logs once at start; ``fstier config validate
+  --max-model-len`` for a config): why vLLM's CPU tier cannot serve one longest
+  prompt from FstierTier (vLLM 0.33 serves a secondary-tier hit only once it
+  is promoted into the CPU tier; a prefix longer than the CPU tier holds is
+  not served from disk at all, docs/vllm.md "Sizing the CPU tier"), or None.
 
 Importing this module never imports vLLM (``engine_mapper`` reads the
 canonical format id from vLLM when the layout is canonical), so ``fstier
@@ -33,7 +39,7 @@ from fstier.integrations._vllm_compat import sliding_window_chunks
 from fstier.io.blockfile import FORMAT_VERSION
 from fstier.units import parse_size
 
-__all__ = ["engine_mapper", "tier_config_from_options"]
+__all__ = ["cpu_rows_for_prompt", "cpu_tier_shortfall", "engine_mapper", "small_cpu_tier", "tier_config_from_options"]
 
 #: Keys vLLM itself puts in (or leaves in) a tier's constructor arguments.
 _VLLM_KEYS = frozenset({"locality", "enable_kv_events"})
@@ -134,3 +140,44 @@ def engine_mapper(offloading_spec: Any, row_bytes: int, tier: TierConfig) -> Fil
         rank=par.rank,
         payload_bytes=[row_bytes] * max(1, len(cfg.groups)),
     )
+
+
+# ------------------------------------------------------------- CPU tier size
+def cpu_rows_for_prompt(offloading_spec: Any, tokens: int) -> int:
+    """CPU-tier rows one prompt of ``tokens`` tokens takes (a row is one chunk of one KV group; a
+    sliding-window group keeps only its window)."""
+    cfg = offloading_spec.config
+    rows = 0
+    for g in cfg.groups:
+        chunk_tokens = g.tokens_per_block * cfg.cache.blocks_per_chunk
+        need = -(-tokens // chunk_tokens)
+        window = sliding_window_chunks(g)
+        rows += need if window is None else min(need, window)
+    return rows
+
+
+def cpu_tier_shortfall(cpu_tokens: int, max_model_len: int, *, cpu_what: str) -> str | None:
+    """One line saying that vLLM's CPU tier (``cpu_what``, holding ``cpu_tokens`` tokens of KV) cannot hold one
+    prompt of ``max_model_len`` tokens, and what follows; None when it can."""
+    if cpu_tokens >= max_model_len:
+        return None
+    return (
+        f"vLLM's CPU tier ({cpu_what}) holds the KV of {cpu_tokens:,} tokens, less than one prompt of "
+        f"max_model_len {max_model_len:,}: vLLM 0.33 serves a FstierTier hit only through the CPU tier, so a "
+        f"stored prefix longer than {cpu_tokens:,} tokens is not served from disk at all (its promotions evict "
+        "each other while the request waits, then it is recomputed); raise "
+        "cpu_bytes_to_use to at least max_model_len x KV bytes per token (docs/vllm.md, \"Sizing the CPU tier\")"
+    )
+
+
+def small_cpu_tier(offloading_spec: Any, cpu_rows: int, row_bytes: int) -> str | None:
+    """:func:`cpu_tier_shortfall` for a running deployment: its CPU tier of ``cpu_rows`` rows against one prompt
+    of vLLM's ``max_model_len`` (None when vLLM did not say it, or when the tier holds one)."""
+    max_len = int(getattr(offloading_spec.config.model, "max_model_len", 0) or 0)
+    if max_len <= 0 or cpu_rows_for_prompt(offloading_spec, max_len) <= cpu_rows:
+        return None
+    lo, hi = 0, max_len  # the longest prompt the rows hold: rows_for(lo) <= cpu_rows < rows_for(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if cpu_rows_for_prompt(offloading_spec, mid) <= cpu_rows else (lo, mid)
+    return cpu_tier_shortfall(lo, max_len, cpu_what=f"cpu_bytes_to_use: {cpu_rows} rows of {row_bytes:,} bytes")

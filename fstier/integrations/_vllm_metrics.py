@@ -48,7 +48,10 @@ VLLM_COUNTERS: dict[str, tuple[str, str]] = {
     "store_skipped_blocks": ("fstier_store_skipped_blocks_total", "Stores skipped: the block was already on disk."),
     "loaded_blocks": ("fstier_loaded_blocks_total", "Block files loaded and verified."),
     "loaded_bytes": ("fstier_loaded_bytes_total", "Payload bytes loaded and verified."),
-    "load_missed_blocks": ("fstier_load_missed_blocks_total", "Blocks a load reported as misses; vLLM recomputes them."),
+    "load_missed_blocks": (
+        "fstier_load_missed_blocks_total",
+        "Blocks a load reported as misses; vLLM recomputes them.",
+    ),
     "lookup_keys": ("fstier_lookup_keys_total", "Keys whose presence vLLM asked for (background lookups)."),
     "lookup_hits": ("fstier_lookup_hits_total", "Keys found present by lookups."),
     "corrupt_blocks": ("fstier_corrupt_blocks_total", "Block files proven bad and removed."),
@@ -60,11 +63,16 @@ VLLM_COUNTERS: dict[str, tuple[str, str]] = {
 #: name under vLLM -> (snapshot key, label name, help)
 VLLM_LABELED_COUNTERS: dict[str, tuple[str, str, str]] = {
     "store_dropped_blocks": (
-        "fstier_store_dropped_blocks_total", "reason",
+        "fstier_store_dropped_blocks_total",
+        "reason",
         "Stores dropped before any I/O, a future miss: backpressure (write queue over "
         "max_write_queue_seconds), capacity (root over max_bytes), degraded (breaker open).",
     ),
-    "failures": ("fstier_failures_total", "cause", "Failed block operations by cause (errno name, timeout, corrupt, ...)."),
+    "failures": (
+        "fstier_failures_total",
+        "cause",
+        "Failed block operations by cause (errno name, timeout, corrupt, ...).",
+    ),
 }
 VLLM_GAUGES: dict[str, tuple[str, str]] = {
     "usage_bytes": ("fstier_usage_bytes", "Bytes of block files under root_dir (tracked with max_bytes)."),

@@ -18,32 +18,39 @@ left unset is :data:`DEFAULT_O_DIRECT` (buffered), not fstier's ``auto``.
 
 How LMCache's world maps onto fstier (:mod:`fstier.integrations.lmcache_space`)
     * One chunk is one block file, ``BlockKey(chunk_hash, group=object_group_id)``,
-      in the namespace of its model, ``kv_rank``, ``cache_salt`` and value
-      layout: one :class:`~fstier.manager.FsTier` per namespace, opened on
-      first use (at most :data:`MAX_SPACES`). A file of another layout is
-      never found; MLA files are shared across TP sizes because LMCache's
+      in the namespace of its model, ``kv_rank`` (exactly, any int), ``cache_salt``,
+      value layout and hash length (0..7 bytes: padded, the length in the
+      namespace; over 64: a miss): one :class:`~fstier.manager.FsTier` per
+      namespace, opened on first use, idle ones past :data:`MAX_SPACES`
+      closed least recently used first
+      (:mod:`~fstier.integrations.lmcache_spaces`). A file of another layout
+      is never loaded; MLA files are shared across TP sizes because LMCache's
       MLA ``kv_rank`` is; other files are rank-private.
     * **Store / load**: the L1 objects are lent to FsTier in place
       (:class:`~fstier.integrations.lmcache_space.LentSlots`); an LMCache
-      task is one FsTier job per namespace it touches, cut by FsTier into
-      one GIL-free native call per I/O thread. A load keeps FsTier's loaded
-      prefix per namespace: a missing, short, corrupt or foreign file fails
-      its chunk and every later chunk of that job (each load is checked:
-      size, header, key, namespace, checksum), so LMCache serves a shorter
-      prefix, never a wrong byte. A key LMCache's object does not describe
-      (a narrowed object, an unknown dtype, a group >= ``MAX_GROUPS``) fails.
-    * **Lookup and lock**: one ``FsTier.present`` batch per namespace,
-      answered at once; hits are touched (LRU recency), which is the lock: a
-      file evicted before its load is a load miss, served as a shorter
-      prefix. Unlock has nothing to release.
+      task is one FsTier job per namespace it touches, each one GIL-free
+      native call with C helper threads inside it. Each chunk of a load has its
+      own result (``JobResult.loaded_after`` past the first miss): a
+      missing, short, corrupt or foreign file fails its chunk only (each load
+      is checked: size, header, key, namespace, checksum), never a wrong
+      byte. A key LMCache's object does not describe (a narrowed object, an
+      unknown dtype, a group >= ``MAX_GROUPS``) fails.
+    * **Lookup and lock, delete, list, evictions, start-up**
+      (:mod:`~fstier.integrations.lmcache_root`): one ``FsTier.present`` batch
+      per namespace (the layout hint's, or without one every namespace of the
+      key's owner on the root), answered at once; hits are touched (LRU
+      recency), which is the lock: a file evicted before its load is a load
+      miss. Unlock has nothing to release.
     * **Completion**: FsTier signals each finished job
       (``FsTier(on_finished=...)``) on LMCache's store or load eventfd; the
       results are collected when LMCache asks (``pop_completed_store_tasks``,
       ``query_load_result``), each returned once. No thread polls.
     * **Capacity**: fstier's ``max_bytes`` and eviction; LMCache is told
-      what was stored (files this process wrote), accessed (loaded) and
-      deleted (evicted, corrupt, or :meth:`delete`) through its
-      ``_notify_keys_*`` calls, and ``max_bytes`` is the adapter's
+      what was stored (files this process wrote, and at start what the root
+      holds), accessed (loaded) and deleted (evicted, as each file goes;
+      corrupt; or :meth:`~fstier.integrations.lmcache_root.RootOps.delete`)
+      through its ``_notify_keys_*`` calls, each with its whole file's bytes
+      (fstier's unit), and ``max_bytes`` is the adapter's
       ``max_capacity_bytes``.
 
 Importing :mod:`fstier` never imports LMCache; importing this module does.
@@ -59,16 +66,14 @@ import contextlib
 import itertools
 import logging
 import threading
-from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from fstier.errors import ConfigError, FstierError
-from fstier.integrations._options import tier_config_from_engine_options
-from fstier.integrations.lmcache_keys import (
-    list_keys,
-    parts_by_owner,
-    present_positions,
-    remove_keys,
+from fstier.integrations.lmcache_config import (
+    DEFAULT_O_DIRECT,
+    SUPPORTED_LMCACHE,
+    LmcacheUnavailableError,
+    lmcache_version,
+    tier_config_from_adapter_params,
 )
 from fstier.integrations.lmcache_space import (
     MAX_GROUPS,
@@ -77,10 +82,11 @@ from fstier.integrations.lmcache_space import (
     LentSlots,
     SpaceId,
     block_keys_of,
-    one_owner,
+    hash_form,
     one_signature,
     space_mapper,
 )
+from fstier.integrations.lmcache_spaces import DiskIndex, Spaces
 from fstier.integrations.lmcache_tasks import Notes, Part, Space, StoreKeys, Task
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -95,74 +101,24 @@ __all__ = [
     "FstierL2AdapterConfig",
     "LmcacheUnavailableError",
     "check_lmcache",
+    "tier_config_from_adapter_params",
 ]
 
 log = logging.getLogger("fstier.lmcache")
 
-#: LMCache releases whose L2 adapter interface this module implements.
-SUPPORTED_LMCACHE = ("0.5",)
-#: Namespaces (model x kv_rank x cache_salt x layout) open at once in one
-#: adapter; each is one FsTier with its own I/O threads. Keys of a further
-#: namespace miss and are not stored (logged once).
+#: Idle namespaces (model x kv_rank x cache_salt x layout) kept open by one
+#: adapter; each is one FsTier with its own I/O threads. Beyond it the least
+#: recently used idle ones are closed (a namespace with a job in flight,
+#: a lookup or a delete is never closed; one found again is reopened).
 MAX_SPACES = 64
 _RESOLVED_MAX = 4096
-_DOC = "docs/lmcache.md"
-
-
-class LmcacheUnavailableError(FstierError):
-    """LMCache is not installed, not importable, or of an unsupported version."""
-
-
 _IMPORT_ERROR: BaseException | None = None
 
 
 def check_lmcache() -> str:
     """The installed LMCache version if ``FstierL2Adapter`` supports it,
     else :class:`LmcacheUnavailableError` naming what is installed."""
-    try:
-        version = metadata.version("lmcache")
-    except metadata.PackageNotFoundError:
-        raise LmcacheUnavailableError(
-            "FstierL2Adapter needs LMCache (0.5.x); it is not installed: see docs/lmcache.md "
-            "for the CPU install (`make test-lmcache` builds .venv-lmcache)"
-        ) from None
-    if not version.startswith(tuple(v + "." for v in SUPPORTED_LMCACHE)):
-        raise LmcacheUnavailableError(
-            f"FstierL2Adapter supports LMCache {', '.join(v + '.x' for v in SUPPORTED_LMCACHE)}; "
-            f"{version} is installed"
-        )
-    if _IMPORT_ERROR is not None:
-        raise LmcacheUnavailableError(
-            f"LMCache {version} is installed but its L2 adapter modules do not import: {_IMPORT_ERROR}"
-        )
-    return version
-
-
-#: The adapter's own default for ``o_direct`` where neither ``adapter_params``
-#: nor the ``config`` YAML sets it: ``cold``, buffered I/O like LMCache's
-#: disk adapters except that a chunk of 1 MiB or more found wholly outside
-#: the page cache is read with O_DIRECT. LMCache's L1 already keeps hot
-#: chunks in its own memory; the page cache keeps the chunks L1 let go for
-#: free (the kernel reclaims it under pressure), and all-direct I/O made
-#: every such load a device read (docs/lmcache.md, "Numbers": 0.1-0.2x on
-#: warm loads); a large cold chunk reads faster direct (median 1.38x).
-DEFAULT_O_DIRECT = "cold"
-
-
-def tier_config_from_adapter_params(params: Any) -> TierConfig:
-    """The :class:`~fstier.config.TierConfig` of ``adapter_params``
-    (``o_direct`` unset: :data:`DEFAULT_O_DIRECT`)."""
-    if not isinstance(params, dict):
-        raise ConfigError(
-            f"FstierL2Adapter adapter_params: expected a JSON object such as "
-            f'{{"root_dir": "/mnt/kv"}}, got {type(params).__name__}; see {_DOC}'
-        )
-    tier = tier_config_from_engine_options(
-        params, who="FstierL2Adapter", engine="LMCache", engine_keys=(), aliases={}, doc=_DOC
-    )
-    if "o_direct" not in tier.model_fields_set:
-        tier = tier.model_copy(update={"o_direct": DEFAULT_O_DIRECT})
-    return tier
+    return lmcache_version(_IMPORT_ERROR)
 
 
 # ------------------------------------------------------------------ adapter
@@ -173,6 +129,8 @@ try:
     from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
     from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase
     from lmcache.v1.platform import create_event_notifier
+
+    from fstier.integrations.lmcache_root import RootOps
 except Exception as exc:  # LMCache missing or of another layout: fail at construction
     _IMPORT_ERROR = exc
 
@@ -210,10 +168,10 @@ else:
             return (
                 "fstier L2 adapter (adapter_params): root_dir (required), config (an fstier "
                 "YAML with a tier: section), any fstier tier field (max_bytes, checksum, "
-                f"read_threads, write_threads, ...); see {_DOC}"
+                "read_threads, write_threads, ...); see docs/lmcache.md"
             )
 
-    class FstierL2Adapter(L2AdapterInterface):  # type: ignore[no-redef,misc,unused-ignore]
+    class FstierL2Adapter(RootOps, L2AdapterInterface):  # type: ignore[no-redef,misc,unused-ignore]
         """fstier as an LMCache L2 adapter (see the module docstring)."""
 
         def __init__(self, config: Any, l1_memory_desc: Any = None) -> None:
@@ -223,12 +181,12 @@ else:
             self.tier_config: TierConfig = config.tier
             super().__init__(max_capacity_bytes=config.tier.max_bytes or 0)
             self._efd = {k: create_event_notifier() for k in ("store", "lookup", "load")}
-            self._spaces: dict[SpaceId, Space] = {}
-            self._refused: set[SpaceId] = set()
-            #: (model, kv_rank, salt, group ok, value signature) -> namespace:
+            self._reg = Spaces(self._open_space, self._closed_space, MAX_SPACES)
+            self._index = DiskIndex(self.tier_config)
+            self._root = str(self.tier_config.root_dir)
+            #: (model, kv_rank, salt, hash form, group ok, value signature) -> namespace:
             #: a task's keys resolve with one dict lookup each (see _resolve)
             self._resolved: dict[tuple[Any, ...], Space | None] = {}
-            self._spaces_lock = threading.Lock()
             self._lock = threading.Lock()  # tasks, parts, results
             self._collect_lock = threading.Lock()
             self._ids = itertools.count()
@@ -241,7 +199,14 @@ else:
             self._closed = False
             self._efd_closed = False
             self._arena = L1Arena.of(l1_memory_desc)
-            log.info("fstier: LMCache L2 adapter at %s", self.tier_config.root_dir)
+            #: what was on disk at start, told to each listener as it registers
+            self._seed: tuple[list[Any], list[int]] = ([], [])
+            self._seed_lock = threading.Lock()
+            self._seed_from_disk()
+            log.info(
+                "fstier: LMCache L2 adapter at %s (%d chunk file(s) found, %d bytes)",
+                self.tier_config.root_dir, len(self._seed[0]), sum(self._seed[1]),
+            )
 
         # -- event fds ----------------------------------------------------
         def get_store_event_fd(self) -> int:
@@ -267,47 +232,41 @@ else:
             """The open namespace of ``key`` under ``layout`` (opened on first use)."""
             if layout is None or not 0 <= int(key.object_group_id) < MAX_GROUPS:
                 return None
-            sid = SpaceId.of(key, layout)
-            space = self._spaces.get(sid)
-            if space is not None:
-                return space
-            with self._spaces_lock:
-                space = self._spaces.get(sid)
-                if space is not None or self._closed or sid in self._refused:
-                    return space
-                if len(self._spaces) >= MAX_SPACES:
-                    self._refused.add(sid)
-                    log.error(
-                        "fstier: LMCache namespace (%s, kv_rank %#x, salt %r, shapes %s) not "
-                        "opened: %d are open already (MAX_SPACES); its keys miss",
-                        sid.model_name, sid.kv_rank, sid.cache_salt, layout.shapes, MAX_SPACES,
-                    )
-                    return None
-                from fstier.manager import FsTier
+            return self._reg.get(SpaceId.of(key, layout))
 
-                slots = LentSlots(layout.nbytes)
-                try:
-                    mapper = space_mapper(sid, self.tier_config)
-                    tier = FsTier(
-                        self.tier_config, slots, mapper, hold_fenced_results=True,
-                        on_finished=self._signal,
-                    )
-                except Exception:
-                    self._refused.add(sid)
-                    log.exception("fstier: cannot open the LMCache namespace of %s", sid)
-                    return None
-                space = Space(sid, tier, slots)
-                self._spaces[sid] = space
-                log.info(
-                    "fstier: LMCache namespace %s (%s, kv_rank %#x, %s, %d bytes per chunk)",
-                    mapper.namespace, sid.model_name, sid.kv_rank,
-                    "MLA" if layout.mla else "MHA", layout.nbytes,
+        def _open_space(self, sid: SpaceId) -> Space | None:
+            """Open ``sid``'s namespace (:class:`Spaces` calls it under its lock)."""
+            from fstier.manager import FsTier
+
+            slots = LentSlots(sid.layout.nbytes)
+            try:
+                mapper = space_mapper(sid, self.tier_config)
+                tier = FsTier(
+                    self.tier_config, slots, mapper, hold_fenced_results=True,
+                    on_finished=self._signal, on_evicted=self._evicted,
                 )
-                return space
+            except Exception:
+                log.exception("fstier: cannot open the LMCache namespace of %s", sid)
+                return None
+            log.info(
+                "fstier: LMCache namespace %s (%s, kv_rank %#x, %s, %d bytes per chunk)",
+                mapper.namespace, sid.model_name, sid.kv_rank,
+                "MLA" if sid.layout.mla else "MHA", sid.layout.nbytes,
+            )
+            return Space(sid, tier, slots)
+
+        def _closed_space(self, space: Space) -> None:
+            """A namespace left the open set (:class:`Spaces`' closer thread):
+            close its tier and tell LMCache what its last events say."""
+            self._resolved.clear()
+            space.tier.close()
+            notes = Notes()
+            for ev in space.tier.take_events():
+                notes.add(space, ev, ObjectKey, StoreKeys())
+            notes.tell(self)
 
         def _open_spaces(self) -> list[Space]:
-            with self._spaces_lock:
-                return list(self._spaces.values())
+            return self._reg.all()
 
         def _resolve(self, key: Any, obj: Any) -> Space | None:
             """:meth:`_space` of ``key`` under ``obj``'s layout, memoised by
@@ -320,7 +279,7 @@ else:
             meta = obj.metadata
             shapes, dtypes = meta.shapes, meta.dtypes
             sig = (
-                key.model_name, key.kv_rank, key.cache_salt,
+                key.model_name, key.kv_rank, key.cache_salt, hash_form(len(key.chunk_hash)),
                 0 <= key.object_group_id < MAX_GROUPS, meta.shape, meta.dtype,
                 tuple(shapes) if shapes else None, tuple(dtypes) if dtypes else None, obj.get_size(),
             )
@@ -329,7 +288,7 @@ else:
             except KeyError:
                 pass
             space = self._space(key, Layout.of_object(obj))
-            if space is not None or self._closed or len(self._spaces) >= MAX_SPACES:
+            if space is not None or self._closed:
                 # Not a namespace that failed to open for a moment: remember
                 # it (the memo is cleared when it grows past a bound).
                 if len(self._resolved) >= _RESOLVED_MAX:
@@ -395,6 +354,15 @@ else:
             job_id = (kind, task_id, n)
             slots: list[int] | None = None
             bkeys: list[Any] = []
+            pinned = self._reg.acquire(space)  # released with the part's result
+            if pinned is None:
+                log.error("fstier: LMCache %s of %d chunk(s) refused: namespace not open", kind, len(positions))
+                with self._lock:
+                    task = self._tasks[task_id]
+                    task.failed = True
+                    task.pending -= 1
+                return
+            space = pinned
             try:
                 # positions ascend: as many as the keys means all of them
                 if len(positions) == len(keys):
@@ -426,6 +394,7 @@ else:
                     task.pending -= 1
                 if slots is not None:
                     space.slots.release(slots)
+                self._reg.release(space)
 
         def _collect(self) -> None:
             """Take every tier's finished jobs and events, publish the tasks
@@ -466,13 +435,12 @@ else:
                 if r.kind == "store":  # a load's keys were never added
                     self._store_keys.forget(part.bkeys)
                 task = self._tasks.get(part.task_id)
-                if task is None:
-                    return None
-                done = task.add(part, r)
+                done = task is not None and task.add(part, r)
                 if done:
                     del self._tasks[part.task_id]
             part.space.slots.release(part.slots)
-            return (part.task_id, task) if done else None
+            self._reg.release(part.space)
+            return (part.task_id, task) if done and task is not None else None
 
         def _publish(self, task_id: int, task: Task, notes: Notes) -> None:
             """Make a complete task's result available (returned once)."""
@@ -504,65 +472,6 @@ else:
             with self._lock:
                 return self._done_load.pop(task_id, None)
 
-        # -- lookup -------------------------------------------------------
-        def _lookup_space(self, keys: list[Any], layouts: dict[int, Any]) -> tuple[Space | None] | None:
-            """The one namespace of a lookup of one owner (:func:`one_owner`),
-            found once; None: look each owner up on its own."""
-            if not one_owner(keys):
-                return None
-            return (self._space(keys[0], layouts.get(int(keys[0].object_group_id))),)
-
-        def submit_lookup_and_lock_task(self, keys: list[Any], group_layout_descs: Any) -> int:
-            """Answered at once: one ``present`` batch per namespace; hits are
-            touched (the lock; see the module docstring). Keys of one model,
-            rank, salt and group (the common lookup) find their namespace
-            once (:meth:`_lookup_space`); others one owner at a time."""
-            task_id = next(self._ids)
-            bits = Bitmap(len(keys))
-            try:
-                layouts: dict[int, Layout | None] = {}
-                for gid, desc in dict(group_layout_descs or {}).items():
-                    layouts[int(gid)] = Layout.of(desc.shapes, desc.dtypes)
-                one = self._lookup_space(keys, layouts)
-                if one is None:
-                    parts = parts_by_owner(keys, lambda k: self._space(k, layouts.get(int(k.object_group_id))))
-                else:
-                    parts = {} if one[0] is None else {one[0]: list(range(len(keys)))}
-                bits.batched_set(present_positions(keys, parts))
-            except Exception:
-                log.exception("fstier: LMCache lookup of %d key(s) failed; they miss", len(keys))
-                bits = Bitmap(len(keys))
-            with self._lock:
-                self._done_lookup[task_id] = bits
-            self._signal("lookup")
-            return task_id
-
-        def query_lookup_and_lock_result(self, task_id: int) -> Any:
-            with self._lock:
-                return self._done_lookup.pop(task_id, None)
-
-        def submit_unlock(self, keys: list[Any]) -> None:
-            """Nothing to release: a lookup's lock is a recency touch."""
-
-        # -- delete, list, status, close --------------------------------------
-        def delete(self, keys: list[Any]) -> None:
-            """Remove ``keys``' files in every open namespace of their model,
-            rank and salt; LMCache is told of those removed."""
-            try:
-                with self._spaces_lock:
-                    spaces = [(s.sid, s.tier) for s in self._spaces.values()]
-                removed, sizes = remove_keys(keys, spaces, ObjectKey)
-            except Exception:
-                log.exception("fstier: LMCache delete of %d key(s) failed", len(keys))
-                return
-            if removed:
-                self._notify_keys_deleted(removed, sizes)
-
-        def list_l2_keys(
-            self, model_name: str | None = None, page_size: int = 500, cursor: str | None = None
-        ) -> Any:
-            return list_keys(self.tier_config, model_name, page_size, cursor)
-
         def report_status(self) -> dict[str, Any]:
             spaces = self._open_spaces()
             degraded = [s.tier.mapper.namespace for s in spaces if s.tier.degraded]
@@ -572,6 +481,7 @@ else:
                 "type": "FstierL2Adapter",
                 "root_dir": str(self.tier_config.root_dir),
                 "namespaces": [s.tier.mapper.namespace for s in spaces],
+                "namespaces_closed_idle": self._reg.evicted,
                 "degraded_namespaces": degraded,
                 "io_path": spaces[0].tier.io_path.backend if spaces else None,
                 "checksum": self.tier_config.checksum,
@@ -582,12 +492,11 @@ else:
 
         def close(self) -> None:
             """Finish in-flight jobs, close every tier and the event fds. Idempotent."""
-            with self._spaces_lock:
+            with self._collect_lock:
                 if self._closed:
                     return
                 self._closed = True
-                spaces = list(self._spaces.values())
-            for space in spaces:
+            for space in self._reg.close():
                 try:
                     space.tier.close()
                 except Exception:

@@ -6,10 +6,12 @@ file lives in, what it is called, and the memory FsTier moves it through.
   lookup) and its byte size. MLA values are ``[layers, tokens, latent]``
   (3-D), others ``[2, layers, tokens, hidden]``.
 * :class:`SpaceId`: everything of an ``ObjectKey`` but the chunk hash and
-  the object group, plus the layout. :func:`space_mapper` digests it into
-  one fstier namespace: the model name, ``kv_rank``'s world size, local
-  world size and local rank, the ``cache_salt``, the layout, fstier's
-  format version and the tier's ``namespace_salt``; the global rank is the
+  the object group, plus the layout and the hash form (:func:`hash_form`).
+  :func:`space_mapper` digests it into one fstier namespace: the model
+  name, ``kv_rank``'s world size (all its bits above the low 24: any int
+  rank is exact, :func:`split_kv_rank`), local world size and local rank,
+  the ``cache_salt``, the layout, a short hash's length, fstier's format
+  version and the tier's ``namespace_salt``; the global rank is the
   namespace's ``r<rank>`` segment. A file written under another layout (or
   salt, or parallel layout) is therefore never found, let alone loaded at
   the wrong size. LMCache's MLA ``kv_rank`` leaves tensor parallelism out
@@ -55,13 +57,13 @@ from typing import TYPE_CHECKING, Any
 from fstier.config import DTYPE_SIZES
 from fstier.file_mapper import FileMapper
 from fstier.io.blockfile import FORMAT_VERSION
-from fstier.keys import BlockKey, block_keys
+from fstier.keys import MAX_HASH_BYTES, MIN_HASH_BYTES, BlockKey, block_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig
 
 __all__ = [
-    "MAX_GROUPS", "L1Arena", "Layout", "LentSlots", "SpaceId", "block_keys_of", "one_owner",
+    "MAX_GROUPS", "L1Arena", "Layout", "LentSlots", "SpaceId", "block_keys_of", "hash_form", "one_owner",
     "one_signature", "space_mapper", "split_kv_rank",
 ]
 
@@ -92,9 +94,10 @@ _SIZE = methodcaller("get_size")
 
 
 def one_signature(keys: Sequence[Any], objects: Sequence[Any]) -> bool:
-    """Whether a task's LMCache keys share model, rank and salt with every
-    group in 0..MAX_GROUPS-1, and its L1 objects share shapes, dtypes and
-    size: then every key's namespace is the first key's. Decided with
+    """Whether a task's LMCache keys share model, rank, salt and hash form
+    (:func:`hash_form`) with every group in 0..MAX_GROUPS-1, and its L1
+    objects share shapes, dtypes and size: then every key's namespace is the
+    first key's. Decided with
     C-level loops (``map``, ``set``, ``list.count``), no bytecode per key;
     False for anything else, an empty task, or an object without LMCache's
     ``meta``."""
@@ -105,6 +108,10 @@ def one_signature(keys: Sequence[Any], objects: Sequence[Any]) -> bool:
         groups = list(map(_GROUP, keys))
         if not (min(groups) >= 0 and max(groups) < MAX_GROUPS):
             return False
+        lens = list(map(len, map(_HASH, keys)))  # one hash form: one length, or all of 8..64
+        lo, hi = min(lens), max(lens)
+        if not (lo == hi or lo >= MIN_HASH_BYTES and hi <= MAX_HASH_BYTES):
+            return False
         layouts = list(map(_LAYOUT, map(_META, objects)))
         sizes = list(map(_SIZE, objects))
         return layouts.count(layouts[0]) == len(layouts) and sizes.count(sizes[0]) == len(sizes)
@@ -113,21 +120,46 @@ def one_signature(keys: Sequence[Any], objects: Sequence[Any]) -> bool:
 
 
 def one_owner(keys: Sequence[Any]) -> bool:
-    """Whether LMCache keys share model, rank, salt and object group (one
-    namespace under one layout hint); C-level loops."""
-    return len(set(map(_GROUP, keys))) == 1 and len(set(map(_OWNER, keys))) == 1
+    """Whether LMCache keys share model, rank, salt, object group and hash
+    form (one namespace under one layout hint); C-level loops."""
+    if len(set(map(_GROUP, keys))) != 1 or len(set(map(_OWNER, keys))) != 1:
+        return False
+    lens = set(map(len, map(_HASH, keys)))
+    return len(lens) == 1 or min(lens) >= MIN_HASH_BYTES and max(lens) <= MAX_HASH_BYTES
+
+
+def hash_form(n: int) -> int | None:
+    """How a chunk hash of ``n`` bytes is named: ``None`` for 8..64 bytes
+    (the block key's own hash, as ever); ``n`` for 0..7 bytes (zero-padded
+    to 8 in a namespace that records ``n``: exact, since every hash of that
+    namespace has length ``n``); ``-1`` for more than 64 bytes, which fstier
+    cannot name exactly (a miss, never stored)."""
+    if MIN_HASH_BYTES <= n <= MAX_HASH_BYTES:
+        return None
+    return n if n < MIN_HASH_BYTES else -1
 
 
 def block_keys_of(keys: Sequence[Any]) -> list[BlockKey]:
     """The block key of each LMCache key, ``BlockKey(chunk_hash,
-    object_group_id)``, built and checked once per batch (:func:`block_keys`)."""
-    return block_keys(list(map(_HASH, keys)), list(map(_GROUP, keys)))
+    object_group_id)``, built and checked once per batch (:func:`block_keys`);
+    a hash shorter than 8 bytes is zero-padded to 8 (its namespace records
+    its length: :func:`hash_form`)."""
+    hashes = list(map(_HASH, keys))
+    if hashes and min(map(len, hashes)) < MIN_HASH_BYTES:
+        hashes = [h.ljust(MIN_HASH_BYTES, b"\0") if len(h) < MIN_HASH_BYTES else h for h in hashes]
+    return block_keys(hashes, list(map(_GROUP, keys)))
 
 
 def split_kv_rank(kv_rank: int) -> tuple[int, int, int, int]:
     """LMCache's packed ``kv_rank`` (``ObjectKey.ComputeKVRank``) as
-    ``(world_size, global_rank, local_world_size, local_rank)``."""
-    return (kv_rank >> 24) & 0xFF, (kv_rank >> 16) & 0xFF, (kv_rank >> 8) & 0xFF, kv_rank & 0xFF
+    ``(world_size, global_rank, local_world_size, local_rank)``, exactly:
+    the world size is everything above the low 24 bits (``kv_rank >> 24``,
+    unbounded and signed), so any int ``kv_rank`` is
+    ``ComputeKVRank(*split_kv_rank(kv_rank))`` and two ranks never share a
+    namespace (``kv_rank`` and ``kv_rank + 2**32``, ``0xFFFFFFFF`` and
+    ``-1`` differ). For a rank of 0..2**32-1 the world size is the packed
+    byte, so the namespaces of such ranks are those fstier always wrote."""
+    return kv_rank >> 24, (kv_rank >> 16) & 0xFF, (kv_rank >> 8) & 0xFF, kv_rank & 0xFF
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,16 +219,28 @@ class SpaceId:
     kv_rank: int
     cache_salt: str
     layout: Layout
+    #: :func:`hash_form` of its keys' chunk hashes (None: 8..64 bytes)
+    hash_bytes: int | None = None
 
     @classmethod
     def of(cls, key: Any, layout: Layout) -> SpaceId:
-        return cls(key.model_name, int(key.kv_rank), key.cache_salt, layout)
+        return cls(key.model_name, int(key.kv_rank), key.cache_salt, layout, hash_form(len(key.chunk_hash)))
+
+    @property
+    def owner(self) -> tuple[str, int, str, int | None]:
+        """What an LMCache key tells of its namespace: model, rank, salt, hash form."""
+        return self.model_name, self.kv_rank, self.cache_salt, self.hash_bytes
+
+    def chunk_hash(self, block_hash: bytes) -> bytes:
+        """The LMCache chunk hash a block key of this namespace names."""
+        return block_hash if self.hash_bytes is None else block_hash[: self.hash_bytes]
 
 
 def space_fields(space: SpaceId, namespace_salt: str) -> dict[str, Any]:
     """The digested fields of ``space``'s namespace (see the module docstring)."""
     ws, _rank, lws, lrank = split_kv_rank(space.kv_rank)
     lay = space.layout
+    extra = {} if space.hash_bytes is None else {"hash_bytes": space.hash_bytes}
     return {
         "engine": "lmcache",
         "model": space.model_name,
@@ -210,7 +254,26 @@ def space_fields(space: SpaceId, namespace_salt: str) -> dict[str, Any]:
         "payload_bytes": lay.nbytes,
         "format_version": FORMAT_VERSION,
         "namespace_salt": namespace_salt,
+        **extra,
     }
+
+
+def space_of_fields(fields: dict[str, Any], kv_rank: int) -> SpaceId | None:
+    """The :class:`SpaceId` of an LMCache namespace's manifest ``fields``
+    for the rank ``kv_rank`` (whose global rank is one of its ``r<rank>``
+    subtrees), or None when they do not describe one this module writes."""
+    try:
+        layout = Layout.of(fields["shapes"], fields["dtypes"])
+        hb = fields.get("hash_bytes")
+        sid = SpaceId(str(fields["model"]), kv_rank, str(fields["cache_salt"]), layout, hb)  # type: ignore[arg-type]
+        ws, _, lws, lr = split_kv_rank(kv_rank)
+        ok = (
+            layout is not None and (fields["kv_world_size"], fields["kv_local_world_size"], fields["kv_local_rank"])
+            == (ws, lws, lr) and (hb is None or isinstance(hb, int) and 0 <= hb < MIN_HASH_BYTES)
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+    return sid if ok else None
 
 
 def space_mapper(space: SpaceId, tier: TierConfig) -> FileMapper:

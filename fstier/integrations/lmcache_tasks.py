@@ -18,6 +18,7 @@ from itertools import repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
+from fstier.io.blockfile import block_file_size
 from fstier.tier.records import BlockRemoved, BlockStored
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,18 +34,30 @@ _BLOCK_GROUP = attrgetter("group_idx")
 
 @dataclass(eq=False)
 class Space:
-    """One open namespace: its id, tier and lent slots."""
+    """One open namespace: its id, tier and lent slots; ``users`` pins it
+    open, ``used`` orders its last use, ``closed`` once it left the open set
+    (both under :class:`~fstier.integrations.lmcache_spaces.Spaces`' lock)."""
 
     sid: SpaceId
     tier: FsTier
     slots: LentSlots
+    users: int = 0
+    used: int = 0
+    closed: bool = False
+
+    @property
+    def file_bytes(self) -> int:
+        """Bytes one chunk file of this namespace occupies (header and padded
+        payload): the size LMCache is told, as fstier counts it against ``max_bytes``."""
+        return block_file_size(self.sid.layout.nbytes)
 
     def object_keys(self, keys: Sequence[BlockKey], make: Any) -> list[Any]:
         """LMCache's ``ObjectKey`` (built by ``make``) of each block key of
         this namespace, built by ``map``: no bytecode of ours per key."""
         s = self.sid
+        hashes = map(_BLOCK_HASH, keys) if s.hash_bytes is None else map(s.chunk_hash, map(_BLOCK_HASH, keys))
         return list(map(
-            make, map(_BLOCK_HASH, keys), repeat(s.model_name), repeat(s.kv_rank),
+            make, hashes, repeat(s.model_name), repeat(s.kv_rank),
             map(_BLOCK_GROUP, keys), repeat(s.cache_salt),
         ))
 
@@ -70,6 +83,9 @@ class Task:
         self.ok += part.positions[:done]
         if self.kind == "load":
             self.accessed += part.keys[:done]
+            if r.loaded_after:  # chunks past a miss that loaded and checked: each its own result
+                self.ok += map(part.positions.__getitem__, r.loaded_after)
+                self.accessed += map(part.keys.__getitem__, r.loaded_after)
         self.nbytes += r.nbytes
         self.failed |= not r.success
         self.pending -= 1
@@ -102,11 +118,15 @@ class Notes:
 
     def add(self, space: Space, ev: TierEvent, make: Any, known: StoreKeys) -> None:
         """Note one of ``space``'s tier events: a store part's own LMCache
-        keys where ``known`` has them all, else keys built by ``make``."""
+        keys where ``known`` has them all, else keys built by ``make``.
+        Evictions are not noted here: the adapter tells LMCache of each as
+        its file goes (``FsTier(on_evicted=...)``)."""
+        if isinstance(ev, BlockRemoved) and ev.reason == "evicted":
+            return
         okeys = known.of(ev.keys) if isinstance(ev, BlockStored) else None
         if okeys is None:
             okeys = space.object_keys(ev.keys, make)
-        size = [space.sid.layout.nbytes] * len(okeys)
+        size = [space.file_bytes] * len(okeys)
         if isinstance(ev, BlockStored):
             self.stored += okeys
             self.sizes_stored += size

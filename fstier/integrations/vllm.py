@@ -30,11 +30,12 @@ How vLLM's world maps onto fstier
       key answers RETRY; the step's keys go to a background thread as one
       batch at ``on_schedule_end`` (vLLM's ``AsyncLookupManager``), which
       asks :meth:`FsTier.present`: cached answers, the rest in one probe
-      call (native ``lookup_batch``, the GIL released once per batch),
-      bounded by ``io_timeout_s``.
+      bounded by ``io_timeout_s`` (native: ``lookup_within``, on a C thread
+      with the deadline kept in C, the GIL released once per batch; Python:
+      ``present_many`` on the tier's lookup thread).
     * **Jobs.** ``submit_store``/``submit_load`` become one FsTier job each
-      (cut into batches on the dual-queue pool: one op per batch of rows on
-      the native I/O path, one per row on the Python path); ``get_finished_jobs``
+      on the dual-queue pool (native I/O path: one op, one GIL-free call
+      with C helper threads inside it; Python path: one op per row); ``get_finished_jobs``
       turns FsTier results into vLLM ``JobResult``s with ``successful_keys``
       for the loaded prefix of a partial load, ``transfer_time`` and
       ``transfer_bytes``. Every load is verified (size, header, key,
@@ -70,7 +71,7 @@ from fstier.integrations._vllm_compat import (
     installed_vllms,
     metric_sections,
 )
-from fstier.integrations._vllm_config import engine_mapper, tier_config_from_options
+from fstier.integrations._vllm_config import engine_mapper, small_cpu_tier, tier_config_from_options
 from fstier.integrations._vllm_env import hash_seed_problem, join_vllm_logging
 from fstier.integrations._vllm_metrics import (
     BREAKER_STATES,
@@ -338,6 +339,9 @@ else:
                 "parallel-agnostic" if self.mapper.agnostic else "per-rank",
                 self.rows.slot_bytes, self.rows.num_slots,
             )
+            problem = small_cpu_tier(offloading_spec, self.rows.num_slots, self.rows.slot_bytes)
+            if problem is not None:  # once, at start (docs/vllm.md, "Sizing the CPU tier")
+                log.warning("fstier: tier %r: %s", tier_type, problem)
 
         def _check_hash_seed(self) -> None:
             """Warn once when vLLM's block hashes are random per process.

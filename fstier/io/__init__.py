@@ -3,11 +3,14 @@ dual-queue thread pool and its asyncio facade.
 
 This is the storage side of fstier: it moves the bytes of host slots to and
 from block files and knows nothing of GPUs, ranks or layouts (those are
-``layout`` and ``gpu_copy``, the engine side). Its one face is
-:class:`BlockStore` (``blockstore``): the only way to store, load, check
-presence of, remove and walk a namespace's blocks, on the backend it is
-given (native: ``native``, one GIL-free call per batch; Python:
-``_blockio``, key by key). ``blockfile`` is the format, ``blockcheck`` the
+``layout`` and ``gpu_copy``, the engine side). The face for a namespace's
+block I/O is :class:`BlockStore` (``blockstore``): every store, load,
+presence check, named removal and clear of a namespace's blocks goes through
+it, on the backend it is given (native: ``native``, one GIL-free call per
+batch; Python: ``_blockio``, key by key). Walking a root is ``tree``'s (scan,
+verify and eviction walk it), and eviction and ``verify --fix`` unlink the
+files they walked themselves, each only if it is still the file that was
+judged (``fsops.unlink_if_same``). ``blockfile`` is the format, ``blockcheck`` the
 check of a stored file, ``iotypes`` the options and outcomes, ``capabilities``
 what a root's filesystem can do (O_DIRECT, O_TMPFILE), ``fsops`` the
 syscall seam every Python-path file operation goes through and the atomic

@@ -6,7 +6,7 @@
  * caller buffers) under the GIL; the loop below then runs every block of the
  * batch without touching a Python object, and returns one small tuple per
  * block: (status, errno, bytes, stage/reason, ...). The protocol is the one
- * of fstier/io/posix.py, step for step (docs/format.md sections 4 and 5):
+ * of fstier/io/_blockio.py, step for step (docs/format.md sections 4 and 5):
  *
  *   store: resolve the block's directory under the base directory with no
  *          symlink in any component (openat2 RESOLVE_BENEATH |
@@ -1409,6 +1409,10 @@ static PyObject *py_lookup_batch(PyObject *self, PyObject *args) {
  * stuck (a dead mount) no new one is started: None at once. Exactly one of
  * waiter and thread frees the job (decided under the job's mutex). */
 #define LK_MAX_STUCK 4
+/* The longest wait: threading.TIMEOUT_MAX's 2**63 ns in seconds. A longer
+ * deadline (inf included) is clamped: the deadline's tv_sec stays far from
+ * overflow and its tv_nsec in [0, 1e9), which pthread_cond_timedwait needs. */
+#define LK_MAX_WAIT_S 9223372036.0
 static atomic_int lk_stuck = 0;
 
 typedef struct {
@@ -1491,9 +1495,10 @@ static PyObject *py_lookup_within(PyObject *self, PyObject *args) {
     double timeout_s;
     if (!PyArg_ParseTuple(args, "yOpd", &base, &rels, &prefix, &timeout_s)) return NULL;
     if (!(timeout_s >= 0)) {
-        PyErr_SetString(PyExc_ValueError, "timeout_s must be >= 0");
+        PyErr_SetString(PyExc_ValueError, "lookup_within: timeout_s must be seconds >= 0 (not nan)");
         return NULL;
     }
+    if (timeout_s > LK_MAX_WAIT_S) timeout_s = LK_MAX_WAIT_S; /* inf included: no overflow below */
     Py_ssize_t n = 0;
     fx_item *items = items_from(rels, NULL, NULL, NULL, 0, &n);
     if (!items) return NULL;
@@ -1527,7 +1532,9 @@ static PyObject *py_lookup_within(PyObject *self, PyObject *args) {
         }
         pthread_mutex_lock(&j->mu);
         int rc = 0;
-        while (!j->finished && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&j->cv, &j->mu, &dl);
+        /* Any error ends the wait as a timeout would (EINVAL from a bad
+         * deadline once spun here forever, holding the job's mutex). */
+        while (!j->finished && rc == 0) rc = pthread_cond_timedwait(&j->cv, &j->mu, &dl);
         finished = j->finished;
         if (!finished) {
             j->abandoned = 1;

@@ -30,7 +30,7 @@ from typing import Any
 
 from fstier.io.blockstore import BlockStore
 from fstier.io.iotypes import LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
-from fstier.io.pool import OP_CANCELLED, OP_TIMED_OUT, IOPool, PoolJob
+from fstier.io.pool import OP_CANCELLED, OP_EXPIRED, OP_TIMED_OUT, IOPool, PoolJob
 from fstier.keys import BlockKey
 
 __all__ = ["AsyncBlockIO"]
@@ -44,6 +44,8 @@ def _set_result(fut: asyncio.Future[PoolJob], job: PoolJob) -> None:
 def _failure_cause(result: Any) -> tuple[str, str]:
     if result is OP_TIMED_OUT:
         return "ETIMEDOUT", "I/O op exceeded io_timeout_s; its buffer stays in use until it returns"
+    if result is OP_EXPIRED:
+        return "ETIMEDOUT", "I/O op still queued io_timeout_s after its job was submitted; it never ran"
     if result is OP_CANCELLED:
         return "cancelled", "I/O pool shut down before the op ran"
     return type(result).__name__, str(result)

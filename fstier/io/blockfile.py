@@ -64,10 +64,11 @@ __all__ = [
 ]
 
 MAGIC = b"FSTKVBLK"
-#: 2: format v2 (the fan-out of docs/format.md section 1; the header layout
-#: is v1's). A reader accepts only its own version.
 FORMAT_VERSION = 2
+"""2: format v2 (the fan-out of docs/format.md section 1; the header layout
+is v1's). A reader accepts only its own version."""
 HEADER_SIZE = 4096
+"""Bytes of a block file's header; the payload follows at this offset."""
 ALIGNMENT = 4096
 #: Largest payload a v1 reader accepts (64 GiB). A length above it is hostile
 #: or corrupt; no real KV block file comes close.

@@ -76,6 +76,7 @@ from fstier.io.tree import iter_namespace_files
 from fstier.keys import BlockKey
 
 if TYPE_CHECKING:  # pragma: no cover
+    from fstier.clock import Clock
     from fstier.config import TierConfig
 
 __all__ = ["BlockStore", "NamespaceDirs"]
@@ -99,8 +100,7 @@ class NamespaceDirs:
         self._lock = threading.Lock()
 
     def ensure(self, path: str | Path) -> None:
-        """Create ``path``'s directory (and the levels above it, under the
-        namespace)."""
+        """Create ``path``'s directory (and the levels above it, under the namespace)."""
         made = self.open_parent(path)
         if made is not None:
             fsops.close_quietly(made[0])
@@ -189,8 +189,7 @@ _PATH_DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOF
 
 
 def _padded(got: list[bool], n: int) -> list[bool]:
-    """A prefix probe's answers (it stops after its first miss) padded with
-    False to ``n``."""
+    """A prefix probe's answers (it stops after its first miss) padded with False to ``n``."""
     if len(got) < n:
         got.extend([False] * (n - len(got)))
     return got
@@ -290,14 +289,14 @@ class BlockStore:
         self._native = backend.backend == "native"
 
     @classmethod
-    def for_tier(cls, mapper: FileMapper, tier: TierConfig) -> BlockStore:
+    def for_tier(cls, mapper: FileMapper, tier: TierConfig, clock: Clock | None = None) -> BlockStore:
         """The store a tier runs on: the namespace made (manifest, blocks
         directory, through directory fds), the root's capabilities probed for
-        this root alone (an NFS mount elsewhere in the process never changes
-        how this one is written), options and backend from ``tier``."""
+        this root alone (an NFS mount elsewhere in the process never changes how this one
+        is written; one that could not run is repeated by ``clock``), options and backend from ``tier``."""
         ensure_manifest(mapper)
         NamespaceDirs(mapper).ensure(f"{mapper.blocks_dir}/_")
-        caps = RootCapabilities.probe(mapper.namespace_dir, tier.o_direct)
+        caps = RootCapabilities.probe(mapper.namespace_dir, tier.o_direct, clock=clock)
         return cls(
             mapper, IOOptions.from_tier(tier, caps), native.log_selection_once(tier.native_io),
             blocks_per_file=tier.blocks_per_file,
@@ -446,17 +445,17 @@ class BlockStore:
         )
 
     def remove(self, key: BlockKey) -> bool:
-        """Remove ``key``'s file; False when there was none."""
+        """Remove ``key``'s name; False when it was not removed (nothing there, a fan-out
+        directory that is a file or a symlink, a directory at the name: as ``remove_batch``)."""
         try:
             fsops.FS.unlink(self.path(key))
-        except FileNotFoundError:
+        except OSError:
             return False
         return True
 
     def remove_many(self, keys: Sequence[BlockKey]) -> list[bool]:
-        """:meth:`remove` of each key; True where a file was removed. Native:
-        ONE call for the batch with the GIL released (no symlink followed
-        below the root); Python: one unlink per key."""
+        """:meth:`remove` of each key; True where a file was removed (a key that could not be fails itself
+        only). Native: ONE GIL-free call for the batch (no symlink followed below the root); Python: per key."""
         if not keys:
             return []
         if self._native:

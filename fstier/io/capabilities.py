@@ -18,9 +18,12 @@ O_DIRECT (:func:`probe_o_direct`)
     finding; a probe that could not run (``ENOSPC`` on a full CephFS pool,
     ``EDQUOT``, ``EACCES``, ``EIO``) says nothing about O_DIRECT: the root
     runs buffered and :class:`RootCapabilities` probes again every
-    ``REPROBE_S`` from the store path until a probe runs (a full pool at start
-    left a root buffered for life: test_enospc_probe_is_retried_not_final);
-    with ``on`` such a root uses O_DIRECT as configured.
+    ``REPROBE_S`` of the tier's :class:`~fstier.clock.Clock` from the store
+    path until a probe runs: at most one probe per ``REPROBE_S``, run by one
+    store thread at a time (a full pool at start left a root buffered for
+    life: test_enospc_probe_is_retried_not_final,
+    test_a_full_filesystem_at_start_decides_nothing_for_good); with ``on``
+    such a root uses O_DIRECT as configured.
 
 O_TMPFILE (:attr:`RootCapabilities.tmpfile`)
     Stores publish an anonymous ``O_TMPFILE`` inode with ``linkat``; the
@@ -29,7 +32,18 @@ O_TMPFILE (:attr:`RootCapabilities.tmpfile`)
     log line. A store without capabilities (a bare ``store_block`` call)
     tries ``O_TMPFILE`` every time and falls back for that store only.
 
-Every probe goes through the syscall seam (:data:`fstier.io.fsops.FS`).
+Late write errors (:attr:`RootCapabilities.late_write_errors`)
+    ``statfs(2)`` of the root: on a network or FUSE filesystem
+    (:data:`LATE_WRITE_ERROR_FS`) a buffered ``write`` can return before the
+    filesystem has taken the bytes, and its error (ENOSPC on a full CephFS
+    pool) comes at ``fsync``, or never: 1-71 acknowledged stores per run
+    were dropped. A buffered store under such a root is fsynced before it
+    is published and acknowledged, whatever ``fsync`` says
+    (:meth:`~fstier.io.iotypes.IOOptions.from_tier`); O_DIRECT stores get
+    their errors from ``write``. One ``statfs`` per probe.
+
+Every probe goes through the syscall seam (:data:`fstier.io.fsops.FS`),
+except ``statfs`` (:func:`filesystem_type`).
 """
 
 from __future__ import annotations
@@ -41,10 +55,10 @@ import logging
 import os
 import struct
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.errors import DirectIOUnsupportedError
 from fstier.io import fsops
 from fstier.io.blockfile import ALIGNMENT
@@ -58,13 +72,34 @@ from fstier.io.fsops import (
     temp_path_for,
 )
 
-__all__ = ["REPROBE_S", "DirectIOSupport", "RootCapabilities", "probe_o_direct"]
+__all__ = [
+    "LATE_WRITE_ERROR_FS", "REPROBE_S", "DirectIOSupport", "RootCapabilities", "filesystem_type", "probe_o_direct",
+]
 
 log = logging.getLogger("fstier.io")
 
 _PROBE_NAME = ".fstier-odirect-probe"
 #: A root whose O_DIRECT probe could not run (ENOSPC, EACCES, ...) probes again this often.
 REPROBE_S = 60.0
+#: statfs ``f_type`` of filesystems that can report a buffered write's error
+#: after ``write`` returned (at ``fsync`` or ``close``), or drop the write
+LATE_WRITE_ERROR_FS = {
+    0x65735546: "fuse", 0x00C36400: "ceph", 0x6969: "nfs", 0xFF534D42: "cifs", 0xFE534D42: "smb2",
+    0x517B: "smb", 0x0BD00BD0: "lustre", 0x01021997: "9p", 0x5346414F: "afs", 0x47504653: "gpfs",
+}
+
+
+def filesystem_type(path: str | Path) -> int | None:
+    """``statfs(2)`` ``f_type`` of the filesystem holding ``path``; None
+    when it cannot be read."""
+    try:
+        statfs = ctypes.CDLL(None, use_errno=True).statfs
+    except (OSError, AttributeError):
+        return None
+    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
+    if statfs(os.fsencode(path), buf) != 0:
+        return None
+    return int(struct.unpack_from("=l", buf.raw, 0)[0]) & 0xFFFFFFFF
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,30 +246,41 @@ class RootCapabilities:
 
     def __init__(
         self, o_direct: DirectIOSupport | None = None, *, tmpfile: bool = True, root: str | Path = "",
-        o_direct_mode: str = "auto",
+        o_direct_mode: str = "auto", late_write_errors: bool = False, clock: Clock | None = None,
     ) -> None:
         self.o_direct = o_direct if o_direct is not None else DirectIOSupport(False, ALIGNMENT, "not probed")
+        #: the filesystem may report a buffered write's error late or drop it (module docstring)
+        self.late_write_errors = late_write_errors
         self.root = str(root)
         self._tmpfile = tmpfile and bool(O_TMPFILE)
         self._lock = threading.Lock()
         self._probe_lock = threading.Lock()  # one re-probe at a time
         self._mode = o_direct_mode
-        #: when to probe O_DIRECT again (time.monotonic), None once a probe found out
+        self._clock = clock if clock is not None else SYSTEM_CLOCK  # the tier's: a test moves it
+        #: when to probe O_DIRECT again (the clock's monotonic()), None once a probe found out
         self.reprobe_at: float | None = (
-            None if self.o_direct.definitive or o_direct is None else time.monotonic() + REPROBE_S
+            None if self.o_direct.definitive or o_direct is None else self._clock.monotonic() + REPROBE_S
         )
 
     @classmethod
-    def probe(cls, directory: str | Path, o_direct: str = "auto") -> RootCapabilities:
+    def probe(cls, directory: str | Path, o_direct: str = "auto", *, clock: Clock | None = None) -> RootCapabilities:
         """Probe ``directory`` (the root, or its namespace directory) once;
-        a probe that could not run is repeated by :meth:`reprobe`."""
-        return cls(probe_o_direct(directory, o_direct), root=directory, o_direct_mode=o_direct)
+        a probe that could not run is repeated by :meth:`reprobe`, every
+        ``REPROBE_S`` of ``clock`` (the tier's; the system clock by default)."""
+        kind = LATE_WRITE_ERROR_FS.get(filesystem_type(directory) or 0)
+        if kind is not None:
+            log.info("%s is on %s, which may report a buffered write's error late: buffered stores "
+                     "are fsynced before they are acknowledged", directory, kind)
+        return cls(
+            probe_o_direct(directory, o_direct), root=directory, o_direct_mode=o_direct,
+            late_write_errors=kind is not None, clock=clock,
+        )
 
     def reprobe_due(self) -> bool:
         """Whether the O_DIRECT probe is to run again now (an attribute read
         and, only while one is pending, a clock read)."""
         at = self.reprobe_at
-        return at is not None and time.monotonic() >= at
+        return at is not None and self._clock.monotonic() >= at
 
     def reprobe(self) -> DirectIOSupport:
         """Probe O_DIRECT again (one thread at a time; others return the
@@ -254,7 +300,7 @@ class RootCapabilities:
                 self.reprobe_at = None
                 log.info("O_DIRECT under %s probed again: %s", self.root, found.reason)
             else:
-                self.reprobe_at = time.monotonic() + REPROBE_S
+                self.reprobe_at = self._clock.monotonic() + REPROBE_S
             return self.o_direct
         finally:
             self._probe_lock.release()

@@ -1,10 +1,9 @@
 """The vocabulary every block I/O backend shares: how a store or load is
 done (:class:`IOOptions`), what is asked (:class:`StoreRequest`,
 :class:`LoadRequest`) and what happened (:class:`StoreStatus` /
-:class:`StoreOutcome`, :class:`LoadStatus` / :class:`LoadOutcome`,
-:class:`BatchLoadResult`).
+:class:`StoreOutcome`, :class:`LoadStatus` / :class:`LoadOutcome`).
 
-The Python backend (:mod:`fstier.io.blockio`) and the native one
+The Python backend (:mod:`fstier.io._blockio`) and the native one
 (:mod:`fstier.io.native`) both answer in these types, with the same statuses,
 causes (errno names) and reasons, so :class:`fstier.io.blockstore.BlockStore`
 and the tier handle either with one code path.
@@ -74,11 +73,16 @@ class IOOptions:
         caps = support if isinstance(support, RootCapabilities) else None
         dio = support.o_direct if isinstance(support, RootCapabilities) else support
         cold = tier.o_direct == "cold"
+        direct = dio.enabled and not cold
+        # Buffered on a filesystem that reports write errors late (a full
+        # CephFS pool dropped acknowledged stores): acknowledge only what an
+        # fsync confirmed (fstier.io.capabilities).
+        late = caps is not None and caps.late_write_errors and not direct
         return cls(
-            o_direct=dio.enabled and not cold,
+            o_direct=direct,
             o_direct_cold=dio.enabled and cold,
             alignment=dio.alignment,
-            fsync=tier.fsync,
+            fsync="file" if late and tier.fsync == "none" else tier.fsync,
             file_mode=tier.file_mode,
             checksum=tier.checksum != "none",
             capabilities=caps,

@@ -8,7 +8,7 @@ whole batch of block stores, loads, lookups, mtime touches or removals
 hand the GIL to each other per file (the Python path costs ~150 us of user
 CPU and ~95 futex calls per 64 KiB file; docs/performance.md has the
 measured figures of both paths). The protocol is the Python path's
-(:mod:`fstier.io.blockstore`), step for step, and so are the outcomes: this
+(:mod:`fstier.io._blockio`), step for step, and so are the outcomes: this
 module turns the extension's per-block tuples into
 :class:`~fstier.io.blockstore.StoreOutcome` / :class:`~fstier.io.blockstore.LoadOutcome`
 with the same statuses, causes (errno names) and reasons, so every caller
@@ -393,8 +393,13 @@ def lookup_within(base: str, paths: Sequence[str], *, prefix: bool, timeout_s: f
     C thread and the caller waits at most ``timeout_s`` with the GIL
     released once (no Python thread in between). None past the deadline (a
     hung mount: the C thread finishes on its own and frees what it holds),
-    or at once while 4 earlier probes are still stuck (:func:`lookup_stuck`)."""
+    or at once while 4 earlier probes are still stuck (:func:`lookup_stuck`).
+    ``timeout_s`` above ``threading.TIMEOUT_MAX`` (``inf`` included) is
+    clamped to it; nan or a negative value is a ``ValueError``."""
     ext = _require()
+    if not timeout_s >= 0:  # nan too
+        raise ValueError(f"lookup_within(timeout_s={timeout_s!r}): expected seconds >= 0")
+    timeout_s = min(float(timeout_s), threading.TIMEOUT_MAX)
     got = ext.lookup_within(os.fsencode(base), _split(base, paths), prefix, timeout_s)
     return None if got is None else [b == 1 for b in got]
 
@@ -408,7 +413,7 @@ def lookup_stuck() -> int:
 def touch_batch(base: str, paths: Sequence[str]) -> list[bool]:
     """Set each block file's mtime to now (LRU recency) in one call, GIL
     released: no symlink followed anywhere below ``base``, only a regular
-    file with one link touched (as :func:`fstier.io.blockio.touch_file`)."""
+    file with one link touched (as :func:`fstier.io.fsops.touch_file`)."""
     ext = _require()
     got = ext.touch_batch(os.fsencode(base), _split(base, paths))
     return [b == 1 for b in got]

@@ -104,7 +104,7 @@ _KINDS = ("read", "write")
 @dataclass(frozen=True, slots=True)
 class PoolJob:
     """A finished job: ``results[i]`` is operation i's return value, the
-    exception it raised, :data:`OP_TIMED_OUT` or :data:`OP_CANCELLED`."""
+    exception it raised, :data:`OP_TIMED_OUT`, :data:`OP_EXPIRED` or :data:`OP_CANCELLED`."""
 
     job_id: Hashable
     kind: str
@@ -113,11 +113,8 @@ class PoolJob:
 
     @property
     def ok(self) -> bool:
-        """True when no operation raised, timed out or was cancelled."""
-        return not any(
-            r is OP_TIMED_OUT or r is OP_CANCELLED or isinstance(r, BaseException)
-            for r in self.results
-        )
+        """True when every operation ran and returned: none raised, timed out, expired unrun or was cancelled."""
+        return not any(isinstance(r, _Marker | BaseException) for r in self.results)
 
 
 @dataclass(slots=True)

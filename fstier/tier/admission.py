@@ -267,22 +267,21 @@ class Admission:
             return "slot_busy"
         elif kind != "store":
             return None
-        elif self._capacity.root_full(nbytes):
+        elif not self._capacity.try_reserve(nbytes):
             # The job would take the root over max_bytes (counted across
             # every instance on it) and eviction has not caught up: drop, as
-            # backpressure does.
-            # A future miss, never data loss, never a blocked caller.
+            # backpressure does. A future miss, never data loss, never a
+            # blocked caller. Admitted, it is counted in the root's shared
+            # usage from then on, before a byte is written, so every
+            # instance sees stores in flight (five writers on one root
+            # peaked at 1.23x max_bytes before; what is not stored is given
+            # back when the job ends).
             self._capacity.wake()
             cause = "capacity"
         elif not self._budget.admit(nbytes):
+            self._capacity.settle(nbytes, 0)  # counted above: given back
             cause = "backpressure"
         else:
-            # Counted in the root's shared usage from now on, before a byte is
-            # written, so every instance sees stores in flight: what is not
-            # stored is given back when the job ends (five writers on one
-            # root peaked at 1.23x max_bytes while their stores were in
-            # flight; test_many_instances_share_max_bytes).
-            self._capacity.reserve(nbytes)
             return None
         (self._metrics.drops if kind == "store" else self._metrics.failures).inc(cause, n)
         return cause

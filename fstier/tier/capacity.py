@@ -7,8 +7,11 @@ One :class:`Capacity` per :class:`~fstier.manager.FsTier` with ``max_bytes``:
   written only by its owner and summed by every reader, no lock), so N
   instances on one root, on one host or many, never fill N x ``max_bytes``.
   It is reported as ``None`` until this instance's first scan.
-- **Admission.** :meth:`Capacity.root_full` says a store must be dropped
-  (cause ``capacity``); crossing the high watermark wakes the thread.
+- **Admission.** :meth:`Capacity.try_reserve` counts a store or says it
+  must be dropped (cause ``capacity``), in one step; crossing the high
+  watermark wakes the thread. Tiers of one process on one root hold one
+  count (:mod:`fstier.tier.rootcount`), so each sees the others' stores at
+  once, and one of them runs a pass at a time.
 - **The thread.** ``fstier-capacity`` runs a pass (:func:`fstier.tier.gc.collect_garbage`)
   on start, when woken above the high watermark, when a count file was bad,
   and every 300 s to resync the count; one evicting instance per root at a
@@ -36,6 +39,7 @@ from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.config import TierConfig
 from fstier.tier.gc import GcReport, collect_garbage
 from fstier.tier.metrics import TierMetrics
+from fstier.tier.rootcount import acquire_count, release_count
 from fstier.tier.usage import LEASE_S, SharedUsage
 
 __all__ = ["Capacity"]
@@ -85,14 +89,17 @@ class Capacity:
         self.metrics = metrics
         self._on_evicted = on_evicted
         self._before_pass = before_pass
+        # One count per root per process: this process's other tiers on the
+        # root see this one's stores the instant they are admitted.
         self._shared: SharedUsage | None = (
-            SharedUsage(root, tier.file_mode, clock=clock) if self.max_bytes is not None else None
+            acquire_count(root, tier.file_mode, clock) if self.max_bytes is not None else None
         )
         if self.max_bytes is not None:
             metrics.max_bytes.set(self.max_bytes)
             metrics.high_watermark_bytes.set(self.max_bytes * tier.high_watermark)
             metrics.root_instances.set(1)
         self._root = root
+        self._released = False
         self._usage_known = False
         self._resynced = time.monotonic()
         self._recheck_at: float | None = None
@@ -171,10 +178,26 @@ class Capacity:
         good (test_admission_counts_the_job_above_the_high_watermark)."""
         if self._shared is None or self.max_bytes is None:
             return False
-        view = self._shared.read()
+        return self._full(self._shared.read(), nbytes)
+
+    def _full(self, view: int, nbytes: int) -> bool:
+        assert self.max_bytes is not None
         return view > self.max_bytes or (
             view + nbytes > self.max_bytes and view > self.max_bytes * self._tier.high_watermark
         )
+
+    def try_reserve(self, nbytes: int) -> bool:
+        """:meth:`root_full` and :meth:`reserve` in one step under the
+        count's lock: False (nothing counted) when the store must be
+        dropped. Threads and tiers of this process admitting at once never
+        all pass against one view. True without ``max_bytes``."""
+        if self._shared is None or self.max_bytes is None or nbytes <= 0:
+            return self._shared is None or not self.root_full(nbytes)
+        view = self._shared.reserve(nbytes, lambda v: not self._full(v, nbytes))
+        if view is None:
+            return False
+        self.metrics.usage_bytes.set(view)
+        return True
 
     def _over_high(self) -> bool:
         # This instance's stores in flight are not on disk yet: a pass now
@@ -200,7 +223,9 @@ class Capacity:
         (every instance's admission sees stores in flight); :meth:`settle`
         when it ends. No pass starts for bytes not on disk yet."""
         if self._shared is not None and self.max_bytes is not None and nbytes > 0:
-            self.metrics.usage_bytes.set(self._shared.reserve(nbytes))
+            view = self._shared.reserve(nbytes)
+            if view is not None:
+                self.metrics.usage_bytes.set(view)
 
     def settle(self, reserved: int, stored: int) -> None:
         """A store that :meth:`reserve` counted ``reserved`` bytes for ended
@@ -414,5 +439,6 @@ class Capacity:
 
     def close(self) -> None:
         """Release the shared count (after :meth:`stop` and the last store)."""
-        if self._shared is not None:
-            self._shared.close()
+        if self._shared is not None and not self._released:
+            self._released = True
+            release_count(self._shared)

@@ -3,7 +3,8 @@ reading fstier < 0.6's count files.
 
 - ``<instance>.<gen>.<stored>.<removed>.<inflight>.cnt``: one instance's
   count, carried by an empty file's name (:func:`count_name`,
-  :func:`parse_count_name`); values are decimal, at most 20 digits.
+  :func:`parse_count_name`); values are decimal, at most 20 digits; an
+  instance is named ``<host>-<pid>-<8 hex>`` (:func:`instance_name`).
 - ``<name>.count``: fstier < 0.6's count, one line
   ``fstier-usage 2 <stored> <removed>`` rewritten by temp + rename; read by
   :func:`read_legacy_count` (regular files of at most 256 bytes, opened
@@ -25,6 +26,8 @@ import contextlib
 import hashlib
 import os
 import re
+import secrets
+import socket
 import stat
 from dataclasses import dataclass, field
 
@@ -35,6 +38,7 @@ __all__ = [
     "SCAN_SUFFIX",
     "count_name",
     "counts_digest",
+    "instance_name",
     "is_leftover",
     "is_legacy_name",
     "parse_count_name",
@@ -56,6 +60,13 @@ _LEGACY_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}\.count$")
 _LEFTOVER_NAME = re.compile(r"^\.(evict\.lease\.old\.|.*\.tmp\.)")
 _MAX_FILE = 256
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def instance_name() -> str:
+    """A new instance's name: this host's name (made safe), this process's
+    id and 32 random bits."""
+    host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64].lstrip(".")
+    return f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def count_name(instance: str, gen: int, stored: int, removed: int, inflight: int) -> str:

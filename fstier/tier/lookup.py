@@ -22,6 +22,10 @@ thread releases the GIL once while a C thread probes, and takes it back
 once; a probe handed to a Python thread cost two more GIL hand-offs per
 batch, each up to the switch interval behind a scheduler that never sleeps
 (test_lookup_presence.py::test_native_probe_runs_on_the_callers_thread).
+Any deadline a caller can pass ends: ``inf`` is no deadline here, one past
+``threading.TIMEOUT_MAX`` is clamped to it (in C too), nan or a negative one
+is a ``ValueError`` (a deadline of 2**63 ns once spun the native probe
+forever: test_lookup_presence.py::test_a_huge_or_infinite_probe_deadline_returns).
 The Python path probes on a lookup thread (an :class:`~fstier.io.pool.IOPool`
 of its own, started by :meth:`Lookup.start` as the tier's constructor
 ends: a pool started at the first lookup cost the first prompt after an
@@ -49,6 +53,7 @@ from fstier.io.blockstore import BlockStore
 from fstier.io.pool import IOPool, PoolJob
 from fstier.keys import BlockKey
 from fstier.tier.admission import Breaker
+from fstier.tier.checks import wait_timeout
 from fstier.tier.metrics import TierMetrics
 
 __all__ = ["Lookup", "LookupCache"]
@@ -157,7 +162,8 @@ class Lookup:
         self._blocks = blocks
         self._base = os.fspath(blocks.mapper.blocks_dir)
         self._num_groups = num_groups
-        self._timeout = timeout_s
+        # inf: no deadline; nan or negative: ValueError; else at most threading.TIMEOUT_MAX
+        self._timeout = wait_timeout("Lookup", timeout_s)
         self._lock = threading.Lock()
         #: started by start(), never at the first lookup (see the module docstring)
         self._pool: IOPool | None = None
@@ -267,7 +273,7 @@ class Lookup:
         pool.submit("lookup", "read", [lambda: self._probe_now(keys, prefix)], on_done=finished)
         # The pool's watchdog ends the op at the deadline; the extra second
         # covers its wake-up, never a hung call.
-        wait = None if self._timeout is None else self._timeout + 1.0
+        wait = None if self._timeout is None else min(self._timeout + 1.0, threading.TIMEOUT_MAX)
         if not done.wait(wait) or not isinstance(got[0], list):
             self._timed_out(keys, got[0] if got else "no answer")
             return None

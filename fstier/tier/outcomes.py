@@ -65,8 +65,10 @@ class Verdict(NamedTuple):
     """A finished job, judged: ``completed`` leading keys succeeded,
     ``failed`` did not (``cause``: the first failure's), ``nbytes`` payload
     bytes stored (every stored key) or loaded (the prefix), ``skipped``
-    stores of keys already present, the keys the job wrote (``stored``) and
-    the corrupt files it removed (``removed``). A named tuple: one per job,
+    stores of keys already present, the keys the job wrote (``stored``),
+    the corrupt files it removed (``removed``) and, for a load, the
+    positions past the first failure that loaded and checked anyway
+    (``loaded_after``). A named tuple: one per job,
     built without a frozen dataclass's ``__setattr__`` per field."""
 
     completed: int
@@ -77,6 +79,7 @@ class Verdict(NamedTuple):
     skipped: int
     stored: tuple[BlockKey, ...]
     removed: tuple[BlockKey, ...]
+    loaded_after: tuple[int, ...] = ()
 
     @property
     def success(self) -> bool:
@@ -269,4 +272,9 @@ class Judge:
             if n > prefix:
                 m.load_misses.inc(n - prefix)
             m.load_seconds.observe(seconds)
-        return Verdict(prefix, n - prefix, nbytes, seconds, cause, len(done["skipped"]), stored, tuple(removed))
+        # A load's keys past the first failure that loaded and checked anyway
+        # (their bytes are in their slots): only built when a key failed.
+        after = tuple(i for i in done["loaded"] if i > prefix) if failed and job.kind == "load" else ()
+        return Verdict(
+            prefix, n - prefix, nbytes, seconds, cause, len(done["skipped"]), stored, tuple(removed), after
+        )

@@ -34,7 +34,10 @@ class JobResult:
     ``cause`` names the first failure (an errno name such as ``ENOSPC``,
     ``timeout``, ``backpressure``, ``capacity``, ``degraded``, ``slot_busy``,
     ``bad_file:<why>``, ``corrupt:<reason>``, or ``miss``). ``skipped`` counts stores of keys
-    already present.
+    already present. ``loaded_after`` (loads): the positions past the prefix
+    whose keys loaded and checked anyway, their bytes in their slots (an
+    engine that can use a chunk after a miss, e.g. LMCache, takes them;
+    others keep the prefix).
     """
 
     job_id: Hashable
@@ -46,6 +49,7 @@ class JobResult:
     seconds: float
     cause: str | None = None
     skipped: int = 0
+    loaded_after: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,9 @@
 """Disk usage of a root, shared by every FsTier instance (and host) storing into it.
 
 Capacity is root-wide (one disk, one budget), so every instance on a root
-must see the bytes the others store. Each instance tracking only its own
-stores let five writers on one root reach several times ``max_bytes``
-between their rescans (``benchmarks/bench_multi_instance.py``).
+must see the bytes the others store (five writers each counting only their
+own reached 2.86x ``max_bytes``). An instance is one process's count of a
+root, held by each of its tiers on that root (:mod:`fstier.tier.rootcount`).
 
 Design: one count per instance, published only by its owner, summed by
 readers, no lock. Nothing shared is ever rewritten in place and re-read:
@@ -17,8 +17,7 @@ returns fresh.
   started (both only grow), the part of those stored not written yet, and a
   generation. Its owner creates the new name (``O_EXCL``: never through a
   planted link) and then unlinks the old one; a reader lists the directory
-  and takes the largest value of each instance. fstier < 0.6's count files
-  are still read.
+  and takes the largest value of each instance (fstier < 0.6's files too).
 - A reader's view is ``base + sum(stored_i - stored_i at base) -
   sum(removed_i - removed_i at base)``: ``base`` is the bytes its last full
   scan found; stores count from just *before* that scan and removals from
@@ -27,15 +26,12 @@ returns fresh.
   the root overshoot); a scan that raced is repeated later. The eviction
   lease orders removals with scans: every scan runs under it and a holder
   publishes its count before giving it back, so a removal published after
-  a scan began is of a file it counted (a time-based allowance took another
-  host's evictions for files a scan had missed: views 25 MiB high).
+  a scan began is of a file it counted.
 - A store counts from its admission (:meth:`SharedUsage.reserve`), so every
   instance sees stores in flight; what it did not store is given back as
-  removed when it ends (:meth:`SharedUsage.settle`).
-  A scan counts stores in flight at its start (this instance's and, from
-  their names, every other's) on top of what it walked: it may not have
-  seen their files (counting another host's in flight as walked left a
-  CephFS host's view 6% low).
+  removed when it ends (:meth:`SharedUsage.settle`). A scan counts every
+  instance's stores in flight at its start on top of what it walked (it
+  may not have seen their files).
 - The hot path does no I/O: :meth:`SharedUsage.add` and
   :meth:`SharedUsage.read` touch memory under a thread lock, and ``add``
   wakes the ``fstier-usage`` thread, which publishes this instance's count
@@ -47,9 +43,8 @@ returns fresh.
   instance keeps its last good value); so is a claim that more bytes were
   removed since this reader's scan than that scan found plus everything
   stored since (a planted ``removed`` of 2^60 pinned the view at 0 and let
-  the root reach 3x ``max_bytes``): either asks for a rescan
-  (:attr:`SharedUsage.rescan_wanted`), and the rescan takes the file's
-  claim as its new baseline. A count that vanished keeps its last value;
+  the root reach 3x ``max_bytes``): either asks for a rescan, which takes
+  the file's claim as its new baseline. A count that vanished keeps its last value;
   the sum is clamped to ``[0, 2^62]``. Nothing here raises to a caller.
 - **A settled scan is shared.** A scan that raced nothing, with no store
   in flight anywhere, is published as a name too (``<instance>.<bytes>.
@@ -57,28 +52,23 @@ returns fresh.
   digest of every instance's (stored, removed) it saw. Another instance
   whose own view of every count has that same digest takes those bytes as
   its own scan's (exact: no count moved since, so the disk still holds
-  them): one walk per quiet spell per root, not one per instance (on
-  ceph-fuse a walk over another host's fresh files took 74 s;
-  test_a_settled_scan_is_shared). The owner's next count that moved
-  removes the name.
+  them): one walk per quiet spell per root, not one per instance (a
+  ceph-fuse walk took 74 s). The owner's next count that moved removes it.
 - An instance whose generation has not moved for ``STALE_S`` of this
   reader's own monotonic time is gone: any reader removes its names.
 - **Eviction is one instance at a time per root** through a lease,
   ``.fstier-usage.d/evict.lease`` (:mod:`fstier.tier.lease`: an ``O_EXCL``
-  create, expiry judged by each reader's own clock); its holder publishes
-  its count before giving it back.
+  create, expiry judged by each reader's own clock).
 - **The directory is re-resolved under the root every round**
-  (:mod:`fstier.tier.usagedir`): the fd
-  opened at start is used only while ``<root>/.fstier-usage.d`` still names
-  it (``st_dev``/``st_ino``; opened ``O_NOFOLLOW|O_DIRECTORY``); moved away
+  (:mod:`fstier.tier.usagedir`): the fd opened at start is used only while
+  ``<root>/.fstier-usage.d`` names it (``st_dev``/``st_ino``); moved away
   or replaced, the old one is never written again and a new one is opened
   (or made) under the root. One fstier cannot use at start (a symlink, a
   FIFO, no permission) turns sharing off for this instance with one
   warning: it counts its own stores until its next scan.
 
-Each instance sees the others' stores at its thread's next round. Costs
-per round while storing (rounds run back to back): one create, one unlink,
-one listing, two ``stat`` calls; nothing on the caller's thread.
+Costs per round (back to back while storing): one create, one unlink, one
+listing, two ``stat`` calls; nothing on the caller's thread.
 """
 
 from __future__ import annotations
@@ -86,11 +76,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
-import secrets
-import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,10 +87,12 @@ from fstier.tier.countnames import (
     SCAN_SUFFIX,
     count_name,
     counts_digest,
+    instance_name,
     read_listing,
     scan_name,
 )
 from fstier.tier.lease import LEASE_NAME, LEASE_S, RENEW_S, EvictionLease
+from fstier.tier.unseen import StoreRates
 from fstier.tier.usagedir import USAGE_DIR_NAME, UsageDir
 
 __all__ = [
@@ -147,11 +136,6 @@ _RESCAN_MIN_INTERVAL_S = 10.0
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _safe_host() -> str:
-    host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64].lstrip(".")
-    return host or "host"
-
-
 @dataclass(frozen=True, slots=True)
 class ScanToken:
     """What :meth:`SharedUsage.begin_scan` saw just before a full scan:
@@ -180,9 +164,10 @@ class SharedUsage:
         self.root = Path(root)
         self._mode = file_mode
         self._clock = clock.monotonic
-        self.instance = f"{_safe_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+        self.instance = instance_name()
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()  # one publisher/reader at a time
+        self._pass_lock = threading.Lock()  # one capacity pass at a time (of every tier holding this count)
         #: bytes this instance stored and removed since it started
         self._stored = 0
         self._removed = 0
@@ -198,6 +183,7 @@ class SharedUsage:
         self._refused: dict[str, tuple[int, int]] = {}
         #: other instances' stores in flight (counted in their stored, maybe not on disk yet)
         self._others_inflight: dict[str, int] = {}
+        self._rates = StoreRates()  # others' stores not listed yet, estimated for admission
         #: per other instance: its last generation (or legacy mtime) and when it moved
         self._liveness: dict[str, tuple[int, float]] = {}
         #: leftover names and when this instance first saw them
@@ -291,19 +277,29 @@ class SharedUsage:
         self._wake.set()  # publish now (the thread coalesces a burst)
         return view
 
-    def reserve(self, nbytes: int) -> int:
+    def reserve(self, nbytes: int, admit: Callable[[int], bool] = lambda view: True) -> int | None:
         """Count a store in flight (it counts as stored from now on: others
-        see it); :meth:`settle` when it ends. Returns the new view."""
+        see it) if ``admit(view)``, in one step under the lock (two threads
+        or tiers never both admit against one view; ``view`` counts the
+        others' stores not listed yet, :mod:`fstier.tier.unseen`);
+        :meth:`settle` when it ends. Returns the new view, None when refused."""
         with self._lock:
+            if not admit(self._sum_locked() + self._rates.unseen(self._clock())):
+                return None
             self._inflight += nbytes
-        return self.add(nbytes)
+            self._stored = min(_MAX_ABS, self._stored + nbytes)
+            view = self._sum_locked()
+            self._last_add = self._clock()
+            self.changed_since_scan = True
+        self._wake.set()
+        return view
 
     def settle(self, reserved: int, stored: int) -> int:
         """A store :meth:`reserve` counted ``reserved`` bytes for ended with
         ``stored`` on disk: the rest counts as removed. Returns the new view."""
         with self._lock:
             self._inflight = max(0, self._inflight - reserved)
-        return self.add(-max(0, reserved - stored)) if reserved > stored else self.read()
+        return self.add(stored - reserved) if reserved > stored else self.read()
 
     # ---------------------------------------------------------------- scans
     def begin_scan(self) -> ScanToken:
@@ -324,13 +320,13 @@ class SharedUsage:
         """A full scan that began at ``token`` left ``scanned`` bytes on disk
         (after removing ``removed_by_scan`` bytes, which it also added to
         this instance's removals). Stores made since the token count on top
-        (twice if the walk saw them); removals count from now on (none
-        during the walk: those it saw are in ``scanned`` too high). Both
-        errors make the view high, never low; :attr:`scan_raced` says the
-        scan raced any, and the capacity thread scans again soon. Returns
-        the new view."""
+        (twice if the walk saw them: high, never low). A scan that raced
+        (:attr:`scan_raced`; rescanned once quiet) only bounds the truth:
+        the view it replaces, which followed every count since an earlier
+        base, is kept within [``scanned``, the new view]. Returns the view."""
         self.refresh()
         with self._lock:
+            trusted, before = self._scanned and not self._refused and not self.rescan_wanted, self._sum_locked()
             # Others' stores reach us late (publish + refresh): any activity
             # seen near the walk may have raced it.
             self.scan_raced = (
@@ -353,6 +349,9 @@ class SharedUsage:
             self.changed_since_scan = self.scan_raced
             self._scanned = True
             self._scan_to_share = None
+            if self.scan_raced and trusted:  # raced walks left two hosts' views 12.7-16.7% high
+                new = self._sum_locked()
+                self._base += max(scanned, min(before, new)) - new
             if not self.scan_raced and self._inflight == 0 and not any(self._others_inflight.values()):
                 self._scan_to_share = (self._base, counts_digest(self._counts_locked()))
                 self._wake.set()
@@ -509,6 +508,7 @@ class SharedUsage:
                 self._last_activity = now
                 self.changed_since_scan = True
             self._others.update(good)
+            self._rates.listed({inst: value[0] for inst, value in self._others.items()}, now)
             if scans:
                 self._adopt_scan_locked(scans)
             dead = []
@@ -569,14 +569,21 @@ class SharedUsage:
     def evicting(self) -> Iterator[bool]:
         """Try to become the one instance running a capacity pass on this
         root: yields True while this instance holds the lease, False when
-        another live instance does (the caller skips its pass)."""
-        if not self.try_lease():
+        another live instance, or another tier of this process
+        (:mod:`fstier.tier.rootcount`), does (the caller skips its pass)."""
+        if not self._pass_lock.acquire(blocking=False):
             yield False
             return
         try:
-            yield True
+            if not self.try_lease():
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                self.release_lease()
         finally:
-            self.release_lease()
+            self._pass_lock.release()
 
     # ------------------------------------------------------------ lifecycle
     def close(self) -> None:

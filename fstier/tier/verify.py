@@ -3,7 +3,7 @@
 The library call behind ``fstier verify`` (which parses options, prints the
 :class:`VerifyReport` and maps it onto an exit code). Each block file is
 checked the way a load would check it, without a caller buffer
-(:func:`fstier.io.blockstore.verify_file`, THE validator): header
+(:func:`fstier.io.blockcheck.verify_file`, the one validator): header
 magic/version/checksum, file size against the header's payload length, the
 key embedded in the header against the key its file name claims (a valid
 file copied under another key's name is bad), the namespace digest against
@@ -72,6 +72,9 @@ class BadFile:
 
 @dataclass(slots=True)
 class NamespaceVerify:
+    """One namespace's tally: block files checked (and their bytes), good, bad, removed (``fix``), unreadable;
+    temp files seen; why its manifest was refused (None: valid; a refused namespace's files are not checked)."""
+
     namespace: str
     checked: int = 0
     good: int = 0
@@ -85,6 +88,9 @@ class NamespaceVerify:
 
 @dataclass(slots=True)
 class VerifyReport:
+    """What :func:`verify_root` found under ``root``: per namespace, every bad file, the time it took, and the
+    directories it could not list (then the counts are partial)."""
+
     root: str
     full: bool
     fix: bool

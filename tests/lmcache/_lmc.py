@@ -16,6 +16,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from _signals import as_from_a_terminal
+
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("sm_worker.py")
 BIN = Path(sys.executable).parent
@@ -87,8 +89,10 @@ class Server:
         for a in adapters:
             cmd += ["--l2-adapter", a]
         self._out = open(log, "ab")  # noqa: SIM115 (closed in stop)
+        # stop() Ctrl-C's it: started with a terminal's SIGINT (tests/_signals.py), not a background job's SIG_IGN
         self.proc = subprocess.Popen(
-            cmd, stdout=self._out, stderr=subprocess.STDOUT, env=env(), cwd=REPO, start_new_session=True
+            as_from_a_terminal(cmd), stdout=self._out, stderr=subprocess.STDOUT, env=env(), cwd=REPO,
+            start_new_session=True,
         )
 
     def wait_ready(self, timeout: float = 120) -> None:

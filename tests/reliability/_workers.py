@@ -10,9 +10,11 @@ import contextlib
 import json
 import os
 import random
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fstier.io.fsops import atomic_write
 from fstier.tier.gc import collect_garbage
@@ -115,59 +117,87 @@ def _read_or_none(path: Path) -> bytes | None:
         return None
 
 
-#: A worker that runs for a time AND until it did enough of its own work
-#: stops at the latest this long after its time (a loaded CI machine may
-#: schedule a process for only part of a short window).
-_BUSY_MACHINE_CAP_S = 60.0
+#: Row 9 synchronises on a barrier and shared counts, never on a time
+#: window; this bound only turns a worker that can no longer make progress
+#: (a dead peer) into a reported error instead of a hang.
+_STUCK_S = 300.0
 
 
-def _more(rep: WorkerReport, what: str, min_ops: int, deadline: float, cap: float) -> bool:
-    """Go on until ``deadline`` and until ``min_ops`` of ``what`` were done
-    (never past ``cap``)."""
-    now = time.monotonic()
-    return now < cap and (now < deadline or rep.ops.get(what, 0) < min_ops)
+@dataclass(frozen=True)
+class ReplaceSync:
+    """What the row-9 workers share: a start barrier (all four run at once,
+    however late the machine schedules one), the number of replacements
+    made so far, and how many readers are done."""
+
+    start: Any  # multiprocessing Barrier(4)
+    replaces: Any  # multiprocessing Value("q")
+    readers_done: Any  # multiprocessing Value("i")
+    readers: int = 2
 
 
-def replacer(root: str, seed: int, seconds: float, min_ops: int, out: str) -> None:
+def _started(sync: ReplaceSync, rep: WorkerReport) -> bool:
+    try:
+        sync.start.wait(_STUCK_S)
+    except threading.BrokenBarrierError:
+        rep.errors.append(f"a peer never reached the start barrier within {_STUCK_S:.0f} s")
+        return False
+    return True
+
+
+def replacer(root: str, seed: int, sync: ReplaceSync, min_ops: int, out: str) -> None:
     """Row 9 writer: replace the hot key's file in place by rename (a new
-    valid version), or evict and store it again; runs ``seconds`` and until
-    it replaced the file ``min_ops`` times."""
+    valid version), or evict and store it again; runs from the common start
+    until both readers are done AND it replaced the file ``min_ops`` times."""
     rng = random.Random(seed)
     tier = Tier.open(root)
     key = key_for(0, "hot")
     rep = WorkerReport()
-    deadline = time.monotonic() + seconds
-    cap = deadline + _BUSY_MACHINE_CAP_S
     # The other replacer may evict the file between any two calls here.
     good = _read_or_none(tier.path(key))
-    while _more(rep, "replace", min_ops, deadline, cap):
-        if good is not None and rng.random() < 0.5:
-            atomic_write(tier.path(key), good, fsync="none")
-            rep.count("replace")
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tier.path(key))
-            res = tier.store(key)
-            rep.count(f"store_{res.status.value}")
-            if good is None and res.status == "STORED":
-                good = _read_or_none(tier.path(key))
+    if _started(sync, rep):
+        stuck = time.monotonic() + _STUCK_S
+        while sync.readers_done.value < sync.readers or rep.ops.get("replace", 0) < min_ops:
+            if time.monotonic() > stuck:
+                rep.errors.append(f"replacer: readers not done after {_STUCK_S:.0f} s ({rep.ops})")
+                break
+            if good is not None and rng.random() < 0.5:
+                atomic_write(tier.path(key), good, fsync="none")
+                rep.count("replace")
+                with sync.replaces.get_lock():
+                    sync.replaces.value += 1
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tier.path(key))
+                res = tier.store(key)
+                rep.count(f"store_{res.status.value}")
+                if good is None and res.status == "STORED":
+                    good = _read_or_none(tier.path(key))
     _write(Path(out), rep)
 
 
-def reader(root: str, seed: int, seconds: float, min_ops: int, out: str) -> None:
+def reader(root: str, seed: int, sync: ReplaceSync, min_ops: int, out: str) -> None:
     """Row 9 reader: every load is the complete right file or a miss; runs
-    ``seconds`` and until it loaded the file ``min_ops`` times."""
+    from the common start until it loaded the file ``min_ops`` times AND
+    ``min_ops`` replacements were made while it was loading (so loads and
+    replacements interleave whatever the machine's load)."""
     tier = Tier.open(root)
     key = key_for(0, "hot")
     n = tier.payload_len
     rep = WorkerReport()
-    deadline = time.monotonic() + seconds
-    cap = deadline + _BUSY_MACHINE_CAP_S
-    while _more(rep, "load_LOADED", min_ops, deadline, cap):
-        res, got = tier.load(key)
-        rep.count(f"load_{res.status.value}")
-        if res.status == "LOADED" and got != payload_for(key, n):
-            rep.wrong_bytes += 1
-        elif res.status in ("CORRUPT", "ERROR"):
-            rep.errors.append(f"load {res.status.value} {res.cause} {res.detail}")
+    if _started(sync, rep):
+        first = sync.replaces.value
+        stuck = time.monotonic() + _STUCK_S
+        while rep.ops.get("load_LOADED", 0) < min_ops or sync.replaces.value - first < min_ops:
+            if time.monotonic() > stuck:
+                rep.errors.append(f"reader: too few loads or replacements after {_STUCK_S:.0f} s ({rep.ops})")
+                break
+            res, got = tier.load(key)
+            rep.count(f"load_{res.status.value}")
+            if res.status == "LOADED" and got != payload_for(key, n):
+                rep.wrong_bytes += 1
+            elif res.status in ("CORRUPT", "ERROR"):
+                rep.errors.append(f"load {res.status.value} {res.cause} {res.detail}")
+        rep.ops["replaces_during_loads"] = sync.replaces.value - first
+    with sync.readers_done.get_lock():
+        sync.readers_done.value += 1
     _write(Path(out), rep)

@@ -17,7 +17,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if crash:
         kills = crash.get("kills", 0) + crash.get("fast_kills", 0)
         acked = crash.get("acked", 0) + crash.get("fast_acked", 0)
-        lines.append(f"kills survived: {kills} (acknowledged keys verified: {acked}, orphans swept: {crash.get('orphans', 0) + crash.get('fast_orphans', 0)})")
+        orphans = crash.get("orphans", 0) + crash.get("fast_orphans", 0)
+        lines.append(f"kills survived: {kills} (acknowledged keys verified: {acked}, orphans swept: {orphans})")
     tally = getattr(mods.get("test_corruption"), "TALLY", None)
     if tally is not None and tally.tried:
         lines.append(

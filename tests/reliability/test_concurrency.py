@@ -42,9 +42,12 @@ def _ctx(preload_io: bool = False) -> Any:
 
 
 def _run_all(
-    jobs: list[tuple[Callable[..., None], tuple[Any, ...]]], tmp: Path, timeout: float, preload_io: bool = False
+    jobs: list[tuple[Callable[..., None], tuple[Any, ...]]], tmp: Path, timeout: float, preload_io: bool = False,
+    ctx: Any = None,
 ) -> list[dict[str, Any]]:
-    ctx = _ctx(preload_io)
+    """Run each job in its own process (of ``ctx``, where the jobs share its
+    synchronisation objects); their reports once all exited 0."""
+    ctx = ctx if ctx is not None else _ctx(preload_io)
     procs, outs = [], []
     for i, (fn, args) in enumerate(jobs):
         out = tmp / f"worker-{i}.json"
@@ -145,23 +148,29 @@ def test_concurrent_writers_of_one_key(tmp_path: Path) -> None:
 
 def test_read_during_replace(tmp_path: Path) -> None:
     """Two processes replace one file (rename over it, or unlink + store)
-    while two load it: every load is the right bytes or a miss. Each worker
-    runs 0.4 s AND until it did 6 of its own ops, so a loaded machine that
-    schedules a worker late still exercises the race (the count floor once
-    failed at load average > 20 with a fixed 0.4 s window)."""
+    while two load it: every load is the right bytes or a miss. The four
+    start together at a barrier, each reader loads until it loaded 6 times
+    AND 6 replacements were made while it loaded, and the replacers go on
+    until both readers are done: the race is exercised however the machine
+    schedules them (0.4 s windows failed under heavy load: a worker started
+    late ran its window alone)."""
     root = tmp_path / "root"
     tier = Tier.open(root)
     assert tier.store(key_for(0, "hot")).status == "STORED"
+    ctx = _ctx()
+    sync = _workers.ReplaceSync(ctx.Barrier(4), ctx.Value("q", 0), ctx.Value("i", 0))
     jobs: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
-        (_workers.replacer, (str(root), 1, 0.4, 6)),
-        (_workers.replacer, (str(root), 2, 0.4, 6)),
-        (_workers.reader, (str(root), 3, 0.4, 6)),
-        (_workers.reader, (str(root), 4, 0.4, 6)),
+        (_workers.replacer, (str(root), 1, sync, 6)),
+        (_workers.replacer, (str(root), 2, sync, 6)),
+        (_workers.reader, (str(root), 3, sync, 6)),
+        (_workers.reader, (str(root), 4, sync, 6)),
     ]
-    ops, errors, wrong = _merge(_run_all(jobs, tmp_path, 120))
+    reports = _run_all(jobs, tmp_path, 600, ctx=ctx)
+    ops, errors, wrong = _merge(reports)
     assert errors == [], errors[:5]
     assert wrong == 0
-    assert ops["load_LOADED"] > 5 and ops["replace"] > 5, ops
+    assert ops["load_LOADED"] >= 12 and ops["replace"] >= 12, ops
+    assert all(r["ops"]["replaces_during_loads"] >= 6 for r in reports[2:]), [r["ops"] for r in reports]
     assert temp_files(root) == []
 
 

@@ -61,7 +61,11 @@ def test_truncation_at_every_length(tier: Tier, every: bool) -> None:
     path, good, want = _valid(tier)
     size = len(good)
     assert size == HEADER_SIZE + 4096
-    lengths = range(size) if every else sorted({*range(0, size, 101), 1, HEADER_SIZE - 1, HEADER_SIZE, HEADER_SIZE + 1, size - 1})
+    lengths = (
+        range(size)
+        if every
+        else sorted({*range(0, size, 101), 1, HEADER_SIZE - 1, HEADER_SIZE, HEADER_SIZE + 1, size - 1})
+    )
     tally = Tally()
     for n in lengths:
         _try(tier, 0, path, good[:n], want, tally)
@@ -148,7 +152,20 @@ NAMESPACE_VARIANTS = {
     "model": {"model": {"name": "acme/other"}},
     "revision": {"model": {"revision": "r2"}},
     "dtype": {"model": {"dtype": "bfloat16"}},
-    "layout": {"model": {"groups": [{"kind": "full_attention", "block_size": 16, "num_layers": 1, "num_kv_heads": 1, "head_size": 8, "kv_layout": "HND"}]}},
+    "layout": {
+        "model": {
+            "groups": [
+                {
+                    "kind": "full_attention",
+                    "block_size": 16,
+                    "num_layers": 1,
+                    "num_kv_heads": 1,
+                    "head_size": 8,
+                    "kv_layout": "HND",
+                }
+            ]
+        }
+    },
     "salt": {"tier": {"namespace_salt": "tenant-b"}},
     "blocks_per_file": {"tier": {"blocks_per_file": 2}},
 }

@@ -179,7 +179,10 @@ MALFORMED = {
     "root_is_file": ("tier: {root_dir: FILE}\nmodel: MODEL\n", "tier.root_dir"),
     "missing_model": ("tier: {root_dir: ROOT}\n", "model"),
     "top_level_list": ("- 1\n- 2\n", "top level must be a mapping"),
-    "bad_watermarks": ("tier: {root_dir: ROOT, low_watermark: 0.9, high_watermark: 0.5}\nmodel: MODEL\n", "low_watermark"),
+    "bad_watermarks": (
+        "tier: {root_dir: ROOT, low_watermark: 0.9, high_watermark: 0.5}\nmodel: MODEL\n",
+        "low_watermark",
+    ),
     "bad_dtype": ("tier: {root_dir: ROOT}\nmodel: {name: m, dtype: float7, groups: [{head_size: 8}]}\n", "model.dtype"),
     "empty_groups": ("tier: {root_dir: ROOT}\nmodel: {name: m, groups: []}\n", "model.groups"),
 }

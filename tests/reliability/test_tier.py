@@ -98,7 +98,9 @@ def py_tier(tmp_path: Path) -> Iterator[FsTier]:
 
 
 # ------------------------------------------------------------------ row 23
-def test_hung_io_fails_trips_breaker_and_recovers(tmp_path: Path, ops: FaultyOps, caplog: pytest.LogCaptureFixture) -> None:
+def test_hung_io_fails_trips_breaker_and_recovers(
+    tmp_path: Path, ops: FaultyOps, caplog: pytest.LogCaptureFixture
+) -> None:
     clock = ManualClock()
     t = _tier(tmp_path / "root", clock, native_io="off", io_timeout_s=0.2, breaker_failures=2, breaker_cooldown_s=0.5)
     release = threading.Event()
@@ -177,7 +179,9 @@ def test_corrupt_counter_and_event(tier: FsTier) -> None:
 
 # ------------------------------------------------------------------ rows 10, 16
 @pytest.mark.parametrize("code", [errno.EMFILE, errno.ENOSPC, errno.EIO, errno.ESTALE])
-def test_errno_faults_fail_jobs_cleanly(py_tier: FsTier, ops: FaultyOps, code: int, caplog: pytest.LogCaptureFixture) -> None:
+def test_errno_faults_fail_jobs_cleanly(
+    py_tier: FsTier, ops: FaultyOps, code: int, caplog: pytest.LogCaptureFixture
+) -> None:
     tier = py_tier
     good = key_for(100)
     assert _run(tier, "store", [good])[0].success

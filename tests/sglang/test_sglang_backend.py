@@ -544,7 +544,8 @@ def test_a_timed_out_load_returns_only_after_the_late_read_released_its_rows(
     keys = sgl.page_keys(2, "late")
     assert closing(sgl.fstier_backend(tmp_path, pool)).batch_set_v1(keys, idx) == [True, True]
 
-    b = closing(sgl.fstier_backend(tmp_path, pool, options={**NOCACHE, "io_timeout_s": 0.2, "native_io": "off"}))  # the hang is in the Python seam
+    python_path = {**NOCACHE, "io_timeout_s": 0.2, "native_io": "off"}  # the hang is in the Python seam
+    b = closing(sgl.fstier_backend(tmp_path, pool, options=python_path))
     release = threading.Event()
     real = FS.preadv
 

@@ -1,14 +1,15 @@
 """One "host" of the two-host capacity test: a tier with ``max_bytes`` on its
 own mount of the shared root, storing new blocks for a while.
 
-    python _host.py ROOT MAX_BYTES SECONDS SEED
+    python _host.py ROOT MAX_BYTES SECONDS SEED QUIET_BOUND_S
 
 Prints ``drained`` when its last store ended, waits for a line on stdin
-(the other host drained too), waits until its count is settled (a scan that
-raced nothing ran after the last change: ``Capacity.settled``; at most
-``SETTLE_LIMIT_S``), then prints one JSON line: its view of the root's
-usage, how long it took to settle, and its counts of stored and dropped
-blocks.
+(the other host drained too), takes its view ``QUIET_BOUND_S`` later, waits
+until its count is settled (a scan that raced nothing ran after the last
+change: ``Capacity.settled``; at most ``SETTLE_LIMIT_S``), then prints one
+JSON line: its view of the root's usage then and at ``QUIET_BOUND_S``, the
+bytes it evicted in between, how long it took to settle, and its counts of
+stored and dropped blocks.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ SETTLE_LIMIT_S = 240.0
 
 def main() -> None:
     root, max_bytes, seconds, seed = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+    quiet_bound_s = float(sys.argv[5])
     cfg = make_config(
         Path(root), groups=[dict(GROUP)],
         tier={"max_bytes": max_bytes, "write_threads": 4, "read_threads": 2, "io_timeout_s": 30},
@@ -81,11 +83,16 @@ def main() -> None:
         print("drained", flush=True)
         sys.stdin.readline()
         t0 = time.monotonic()
-        time.sleep(2.0)  # publish + refresh rounds, the 1 s mount caches
+        # Within quiet_bound_s of both hosts draining, the view is within 5%
+        # of the disk (no settled rescan needed): what it is then, and the
+        # bytes this host evicts after it (a pass may still be under way).
+        time.sleep(quiet_bound_s)
+        at_bound, evicted_at_bound = tier.usage_bytes, tier.metrics.evicted_bytes.value
         while not tier.capacity.settled and time.monotonic() - t0 < SETTLE_LIMIT_S:
             time.sleep(0.1)
         print(json.dumps({
-            "usage": tier.usage_bytes, "stored": stored, "dropped": dropped, "failed": failed,
+            "usage": tier.usage_bytes, "stored": stored, "at_bound": at_bound,
+            "evicted_after_bound": tier.metrics.evicted_bytes.value - evicted_at_bound, "dropped": dropped, "failed": failed,
             "failed_causes": causes, "settle_s": round(time.monotonic() - t0, 1),
             "settled": tier.capacity.settled,
             "scans_adopted": tier.capacity.scans_adopted,

@@ -1,0 +1,93 @@
+"""Behavioural claims of the docs, held by tests (issue 43): where a page or a docstring says how the code behaves
+and a test can check it, the test is here (or names the test that does).
+
+* which timers read a :class:`~fstier.clock.Clock` and which read the system clock (fstier/clock.py, the module
+  table of docs/architecture.md); that the ones said to read it move with a ``ManualClock`` is held where each
+  is tested: the pool's watchdog and the breaker in tests/test_clock.py, the write budget and the breaker in
+  tests/test_manager_faults.py, the recency flush in tests/test_manager.py, the eviction lease in
+  tests/test_capacity.py;
+* what a finished pool job's ``ok`` means (fstier/io/pool.py ``PoolJob.ok``), and the cause an op that expired
+  unrun is reported with (fstier/io/aio.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import threading
+import time
+from pathlib import Path
+
+from fstier.io.aio import _failure_cause
+from fstier.io.pool import OP_EXPIRED, OP_TIMED_OUT, IOPool, PoolJob
+
+REPO = Path(__file__).resolve().parents[1]
+TIER = [REPO / "fstier" / "manager.py", *sorted((REPO / "fstier" / "tier").glob("*.py")),
+        *sorted((REPO / "fstier" / "io").glob("*.py"))]
+
+#: The tier's modules that read the system clock directly (not the Clock handed to them), and for what. Both
+#: fstier/clock.py and docs/architecture.md say this list in words; a new direct read fails here: read the Clock,
+#: or add the module here and to both.
+SYSTEM_CLOCK_READERS = {
+    "fstier/tier/lookup.py": "the lookup cache's answer lifetime; lookup seconds",
+    "fstier/tier/outcomes.py": "the lookup cache's answer lifetime (answers a finished job leaves)",
+    "fstier/tier/capacity.py": "the capacity resync interval and the waits for an eviction pass",
+    "fstier/tier/jobs.py": "a job's seconds",
+    "fstier/manager.py": "drain's deadline",
+    "fstier/io/pool.py": "shutdown's deadline",
+    "fstier/tier/gc.py": "gc's seconds and how often a walk asks whether to stop",
+    "fstier/tier/verify.py": "verify's seconds",
+    "fstier/io/native.py": "the wall-clock creation stamp of a block header",
+    "fstier/tier/lease.py": "the wall-clock mtime a lease file is stamped with (other hosts compare it)",
+}
+_CLOCK_CALLS = {"monotonic", "monotonic_ns", "time", "time_ns", "perf_counter", "perf_counter_ns"}
+
+
+def _reads_system_clock(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "time"
+                and node.func.attr in _CLOCK_CALLS):
+            return True
+    return False
+
+
+def test_the_timers_that_bypass_the_clock_are_the_documented_ones() -> None:
+    readers = {p.relative_to(REPO).as_posix() for p in TIER if _reads_system_clock(p)}
+    assert readers == set(SYSTEM_CLOCK_READERS), (
+        f"read the Clock instead, or document: new {sorted(readers - set(SYSTEM_CLOCK_READERS))}, "
+        f"gone {sorted(set(SYSTEM_CLOCK_READERS) - readers)}"
+    )
+    clock_doc = (REPO / "fstier" / "clock.py").read_text()
+    arch = (REPO / "docs" / "architecture.md").read_text()
+    claims = ("lookup cache's answer lifetime", "capacity resync", "O_DIRECT re-probe", "durations reported",
+              "wall-clock stamps")
+    for words in claims:
+        assert words in " ".join(clock_doc.split()) and words in arch, words
+
+
+def test_a_job_with_ops_that_expired_unrun_is_not_ok() -> None:
+    """``PoolJob.ok`` read True for a job whose queued ops expired behind a hung call (issue 43); an expired op
+    never ran, so the job did not do its work."""
+    release = threading.Event()
+    pool = IOPool(1, 1, io_timeout_s=0.5)
+    done: list[PoolJob] = []
+    try:
+        pool.submit("hung", "read", [release.wait] * 4, on_done=done.append)
+        deadline = time.monotonic() + 20
+        while not done and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert done, "the job never finished"
+        results = done[0].results
+        assert OP_EXPIRED in results and set(results) <= {OP_TIMED_OUT, OP_EXPIRED}, results
+        assert done[0].ok is False
+    finally:
+        release.set()
+        pool.shutdown()
+    assert PoolJob("only-expired", "read", [OP_EXPIRED], 0.0).ok is False
+    assert PoolJob("fine", "read", [None, 3], 0.0).ok is True
+
+
+def test_an_expired_op_is_reported_as_a_timeout_not_as_a_marker_class() -> None:
+    """aio reported an expired op's cause as ``"_Marker"`` (the sentinel's class name)."""
+    cause, detail = _failure_cause(OP_EXPIRED)
+    assert cause == "ETIMEDOUT" and "never ran" in detail
