@@ -111,16 +111,24 @@ $(NATIVE_STAMP): $(STAMP) setup.py fstier/io/_native.c fstier/io/_native_xxh3.h
 # output as no offloading, a corrupt file, `vllm serve` twice with /metrics,
 # two engines on one root, tp=2 then tp=1. Bounded: the test run is killed
 # after 25 minutes.
+# The `vllm serve` test runs under a real Prometheus (Debian's prometheus
+# package: prometheus and promtool; `e2e-prometheus` installs it once, with
+# apt, as root) and checks docs/operating.md's dashboard and alert rules.
 # `make bench-vllm-ttft` runs the TTFT-after-restart benchmark in that venv.
 E2E_VENV ?= .venv-e2e
-.PHONY: e2e e2e-env bench-vllm-ttft bench-vllm-serve
+.PHONY: e2e e2e-env e2e-prometheus bench-vllm-ttft bench-vllm-serve
 
 e2e-env:
 	scripts/e2e_env.sh $(E2E_VENV)
 
+e2e-prometheus:
+	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || \
+	{ DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus || \
+	{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus; }; }
+
 # Engine logs, models and roots go to .e2e-tmp (its own pytest basetemp, so no
 # other pytest run prunes it); removed after a green run, kept after a red one.
-e2e: e2e-env
+e2e: e2e-env e2e-prometheus
 	FSTIER_E2E=1 timeout 1500 $(E2E_VENV)/bin/python -m pytest -q -p no:cacheprovider \
 		--basetemp=$(CURDIR)/.e2e-tmp tests/e2e; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \

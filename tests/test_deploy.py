@@ -96,3 +96,20 @@ def test_every_alert_has_a_runbook_in_docs() -> None:
     assert set(names) == headings, set(names) ^ headings
     for r in rules():
         assert r["annotations"]["runbook"] == f"docs/operating.md#{r['alert'].lower()}"
+
+
+def test_the_plot_of_scraped_series_is_an_svg_with_a_line_per_series() -> None:
+    import xml.etree.ElementTree as ET
+
+    gen = runpy.run_path(str(REPO / "deploy" / "grafana" / "plot_series.py"))
+    series = {
+        "Hit ratio": [{"metric": {"instance": "a:1"}, "values": [[100, "0"], [102, "0.5"], [104, "NaN"]]}],
+        "Failures by cause": [{"metric": {"cause": "corrupt"}, "values": [[100, "0"], [110, "0.2"]]},
+                              {"metric": {"cause": "ENOSPC"}, "values": [[100, "1"], [110, "3"]],
+                               "legend": "{{cause}} on {{instance}}"}],
+    }
+    root = ET.fromstring(gen["svg"](series, ("Hit ratio", "Failures by cause")))
+    lines = root.findall("{http://www.w3.org/2000/svg}polyline")
+    assert [len(p.get("points", "").split()) for p in lines] == [2, 2, 2]  # NaN dropped
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert "ENOSPC on ?" in texts and "cause=corrupt" in texts and "instance=a:1" in texts and "10 s" in texts

@@ -7,15 +7,19 @@ block files' sizes summed here) and name each process by host and pid.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 from manager_support import FILE_BYTES, keys, open_tier, store
 
@@ -163,20 +167,73 @@ def test_a_walk_past_the_deadline_is_reported_not_waited_for(tmp_path: Path) -> 
     root = tmp_path / "root"
     with open_tier(root) as tier:
         store(tier, "one", keys(0, 1))
-        data = tier.mapper.path_for(keys(0, 1)[0]).read_bytes()
-        # A walk of 4,000 files takes far longer than 1 ms (and the walking
-        # thread holds the GIL for 5 ms slices).
-        for k in keys(1, 4000):
+        # A walk counts block files by name: 60,000 empty ones take it far
+        # longer than the 0.3 s deadline (ROOT's own check, a few names and
+        # one manifest, fits in it).
+        for k in keys(1, 60_000):
             path = tier.mapper.path_for(k)
             path.parent.mkdir(exist_ok=True)
-            path.write_bytes(data)
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+    walk = time.monotonic()
+    assert read_status(root, deadline_s=120).scan_files == 60_001
+    walk = time.monotonic() - walk
     started = time.monotonic()
-    res = run_cli("status", str(root), "--json", "--deadline", "0.001")
+    res = run_cli("status", str(root), "--json", "--deadline", "0.3")
     took = time.monotonic() - started
     assert res.exit_code == 1, res.output
-    doc = json.loads(res.output)
-    assert doc["ok"] is False and "did not answer within 0.001 s" in doc["error"]
-    assert doc["scan_bytes"] is None and took < 5.0
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and "the walk of ROOT did not answer within 0.3 s" in doc["error"], (doc, walk)
+    # the usage directory answered (none: no tier with max_bytes ran here); the walk was cut
+    assert doc["published"] is False and doc["scan_bytes"] is None and took < walk, (took, walk)
+
+
+@contextlib.contextmanager
+def hung_mount(path: Path) -> Iterator[None]:
+    """A FUSE filesystem mounted at ``path`` whose server never answers:
+    every stat or listing under it blocks, as on an NFS or FUSE mount whose
+    server hangs. Closing the server's fd aborts it (the blocked calls fail
+    with ENOTCONN); then it is unmounted."""
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        pytest.skip("a hung FUSE mount needs root and /dev/fuse")
+    path.mkdir(parents=True, exist_ok=True)
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open("/dev/fuse", os.O_RDWR)
+    opts = f"fd={fd},rootmode=40000,user_id=0,group_id=0".encode()
+    if libc.mount(b"fstier-test-hung", str(path).encode(), b"fuse", 0, opts) != 0:
+        os.close(fd)
+        pytest.skip(f"cannot mount FUSE here: {os.strerror(ctypes.get_errno())}")
+    try:
+        yield
+    finally:
+        os.close(fd)
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _status_bin(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "fstier.cli", "status", *args],
+                         capture_output=True, text=True, timeout=120)
+    return out, time.monotonic() - started
+
+
+def test_a_hung_mount_is_reported_within_the_deadline(tmp_path: Path) -> None:
+    """A real hung mount (a FUSE server that never answers): as ROOT, and as
+    the usage directory inside a good root. Each report comes back about one
+    deadline after the start, exit 1, saying what did not answer."""
+    root = tmp_path / "root"
+    with open_tier(root) as tier:
+        store(tier, "a", keys(0, 2))
+    hung = tmp_path / "hung"
+    with hung_mount(hung):
+        out, took = _status_bin(str(hung), "--deadline", "2")
+        assert out.returncode == 1 and "did not answer within 2 s (a hung mount?)" in out.stderr, out
+        assert took < 30, took
+        with hung_mount(root / ".fstier-usage.d"):
+            out, took = _status_bin(str(root), "--deadline", "2", "--json")
+            assert out.returncode == 1, out
+            doc = json.loads(out.stdout)
+            assert doc["problems"] == [".fstier-usage.d did not answer within 2 s (a hung mount?)"], doc
+            assert doc["published"] is None and doc["scan_bytes"] is None and took < 30, (doc, took)
 
 
 def test_watch_prints_one_json_line_per_report(tmp_path: Path) -> None:
@@ -194,6 +251,10 @@ def test_bad_options_and_roots_exit_2(tmp_path: Path) -> None:
         assert res.exit_code == 2, (args, res.output)
     res = run_cli("status", str(tmp_path / "nowhere"), "--json")
     assert res.exit_code == 2 and json.loads(res.stdout)["ok"] is False
+    # Plainly not an fstier root: refused like inspect refuses it, nothing walked.
+    (tmp_path / "notes.txt").write_text("x")
+    res = run_cli("status", str(tmp_path))
+    assert res.exit_code == 2 and "is not an fstier root" in res.output
 
 
 def test_a_file_the_count_never_saw_is_exported_as_the_next_rescans_correction(tmp_path: Path) -> None:

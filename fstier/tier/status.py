@@ -57,7 +57,7 @@ from fstier.tier.countnames import (
     read_legacy_count,
 )
 from fstier.tier.lease import LEASE_NAME, LEASE_S
-from fstier.tier.usage import HEARTBEAT_S, STALE_S
+from fstier.tier.liveness import HEARTBEAT_S, STALE_S
 from fstier.tier.usagedir import USAGE_DIR_NAME
 
 __all__ = [

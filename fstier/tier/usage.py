@@ -92,15 +92,18 @@ from fstier.tier.countnames import (
     scan_name,
 )
 from fstier.tier.lease import LEASE_NAME, LEASE_S, RENEW_S, EvictionLease
+from fstier.tier.liveness import HEARTBEAT_S, STALE_S, Liveness
 from fstier.tier.unseen import StoreRates
 from fstier.tier.usagedir import USAGE_DIR_NAME, UsageDir
 
 __all__ = [
     "EVICT_LOCK_NAME",
+    "HEARTBEAT_S",
     "LEASE_NAME",
     "LEASE_S",
     "RENEW_S",
     "ROOT_FILES",
+    "STALE_S",
     "USAGE_DIR_NAME",
     "USAGE_FILE_NAME",
     "SharedUsage",
@@ -122,10 +125,6 @@ _MAX_SUM = 1 << 62
 MIN_ROUND_S = 0.001
 #: Read the other instances' counts this often.
 REFRESH_S = 0.2
-#: Publish a new generation this often even when unchanged (others judge liveness by it).
-HEARTBEAT_S = 30.0
-#: An instance whose generation has not moved for this long (the reader's time) is gone.
-STALE_S = 3600.0
 #: How late another instance's count may reach a reader (publish + refresh
 #: + a FUSE mount's 1 s caches), with margin: a scan that saw counts move
 #: this close to its start may have raced them (it is repeated).
@@ -184,8 +183,7 @@ class SharedUsage:
         #: other instances' stores in flight (counted in their stored, maybe not on disk yet)
         self._others_inflight: dict[str, int] = {}
         self._rates = StoreRates()  # others' stores not listed yet, estimated for admission
-        #: per other instance: its last generation (or legacy mtime) and when it moved
-        self._liveness: dict[str, tuple[int, float]] = {}
+        self._liveness = Liveness()  # when each other instance's generation last moved
         #: leftover names and when this instance first saw them
         self._leftovers: dict[str, float] = {}
         self._scanned = False  # no claim is judged before this instance's first scan
@@ -363,11 +361,9 @@ class SharedUsage:
         return {**self._others, self.instance: (self._stored, self._removed)}
 
     def live_instances(self) -> int:
-        """This instance and every other whose count moved within two
-        heartbeats of this reader's clock (memory only)."""
+        """This instance and every other whose count moved in the last two heartbeats (memory only)."""
         with self._lock:
-            now = self._clock()
-            return 1 + sum(1 for _, moved in self._liveness.values() if now - moved <= 2 * HEARTBEAT_S)
+            return 1 + self._liveness.live(self._clock())
 
     @property
     def inflight(self) -> int:  # this instance's stores counted, maybe not on disk
@@ -514,13 +510,7 @@ class SharedUsage:
             self._rates.listed({inst: value[0] for inst, value in self._others.items()}, now)
             if scans:
                 self._adopt_scan_locked(scans)
-            dead = []
-            for inst, beat in beats.items():
-                last_beat = self._liveness.get(inst)
-                if last_beat is None or last_beat[0] != beat:
-                    self._liveness[inst] = (beat, now)
-                elif now - last_beat[1] > STALE_S:
-                    dead.append(inst)
+            dead = self._liveness.saw(beats, now)
         # A leftover seen for an hour of this reader's time: its maker is gone.
         seen_now = {name: self._leftovers.get(name, now) for name in listing.leftovers[:1000]}
         self._leftovers = seen_now
@@ -531,7 +521,7 @@ class SharedUsage:
         # Not moved for an hour of this reader's time: its owner is gone.
         # Its last value stays in this view (a delta of zero from now on).
         for inst in dead:
-            self._liveness.pop(inst, None)
+            self._liveness.forget(inst)
             for name in files.get(inst, ()):
                 with contextlib.suppress(OSError):
                     os.unlink(name, dir_fd=dfd)

@@ -222,10 +222,11 @@ def http(url: str, body: dict[str, Any] | None = None, timeout: float = 300) -> 
 
 
 @contextlib.contextmanager
-def serve(args: list[str], workdir: Path, name: str) -> Iterator[str]:
-    """``vllm serve`` with ``args``; yields its base URL once /health is 200."""
+def serve(args: list[str], workdir: Path, name: str, port: int | None = None) -> Iterator[str]:
+    """``vllm serve`` with ``args`` on ``port`` (default: a free one); yields
+    its base URL once /health is 200."""
     workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = free_port() if port is None else port
     log = workdir / f"{name}.log"
     shm_before = shm_segments()
     with log.open("wb") as logf:

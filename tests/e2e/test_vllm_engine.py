@@ -19,12 +19,15 @@ files of the engine ids its log names, on success and on failure.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,8 @@ import pytest
 
 from fstier.io.blockcheck import verify_file
 from fstier.io.blockfile import HEADER_SIZE, decode_header
-from tests.e2e._harness import Engine, http, run_engine, serve, transfer_config, wait_for
+from tests.e2e._harness import Engine, free_port, http, run_engine, serve, transfer_config, wait_for
+from tests.e2e._prometheus import RULE_TESTS, RULES, Prometheus, dashboard_queries, tool
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("FSTIER_E2E") != "1",
@@ -215,8 +219,12 @@ def test_corrupt_block_file_is_a_partial_hit_with_the_same_output(
     assert check.header is not None and check.header.created_ns > before.created_ns
 
 
-def _transfer_config(root: Path) -> str:
-    return json.dumps(transfer_config("fstier", {"fstier": root}))
+def _transfer_config(root: Path, max_bytes: str | None = None) -> str:
+    cfg = transfer_config("fstier", {"fstier": root})
+    assert cfg is not None
+    if max_bytes is not None:
+        cfg["kv_connector_extra_config"]["secondary_tiers"][0]["max_bytes"] = max_bytes
+    return json.dumps(cfg)
 
 
 def _metric(text: str, name: str, label: str) -> float:
@@ -227,44 +235,149 @@ def _metric(text: str, name: str, label: str) -> float:
     return total
 
 
+@contextlib.contextmanager
+def _exporter(work: Path) -> Iterator[dict[str, Any]]:
+    """FsTier used directly with fstier's own exporter (fstier_exporter.py):
+    one root that works (one corrupt file), one on a filesystem with no room
+    (a 64 KiB tmpfs, mounted when running as root)."""
+    root, full = work / "exporter-root", work / "exporter-full"
+    go, stop = work / "exporter.go", work / "exporter.stop"
+    full.mkdir(parents=True, exist_ok=True)
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], check=False
+    ).returncode == 0
+    ports = [free_port(), free_port()]
+    log = (work / "exporter.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("fstier_exporter.py")), str(root), str(ports[0]),
+         str(full), str(ports[1]), str(go), str(stop)],
+        stdout=subprocess.PIPE, stderr=log, start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready", "exporter did not start"
+        yield {"targets": [f"127.0.0.1:{p}" for p in ports], "full_mounted": mounted, "go": go}
+    finally:
+        stop.touch()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=60)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+        if mounted:
+            subprocess.run(["umount", str(full)], check=False)
+
+
 def test_vllm_serve_twice_over_http_hits_after_restart(
     model: str, prompt: list[int], work: Path
 ) -> None:
+    """Two `vllm serve` on one port and one root (max_bytes 1 GiB), scraped
+    by a real Prometheus through the restart, with fstier's own exporter
+    beside them (FsTier used directly, as under SGLang or LMCache): the
+    restart hits; a block file corrupted between the two servers is found
+    by the second, and Prometheus' own evaluation of
+    deploy/prometheus/fstier-rules.yml fires FstierCorruptBlocks for it (and
+    FstierRootFilesystemFull for the exporter's full root); every query of
+    deploy/grafana/fstier.json returns data; `fstier status` agrees with
+    the disk."""
     root = work / "root-serve"
     args = [
         model, "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "4096",
         "--gpu-memory-utilization", "0.2", "--seed", "0", "--served-model-name", "tiny",
-        "--kv-transfer-config", _transfer_config(root),
+        "--kv-transfer-config", _transfer_config(root, "1GiB"),
     ]
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    rng = random.Random(2)
+    other = [rng.randrange(3, vocab) for _ in range(PROMPT_LEN)]
     body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 1}
     poke = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 1, "temperature": 0}
+    port = free_port()
+    target = f"127.0.0.1:{port}"
     outs = []
-    for i in (1, 2):
-        with serve(args, work, f"serve-{i}") as base:
-            status, text = http(base + "/v1/completions", body)
-            assert status == 200, f"serve {i}: /v1/completions answered {status}: {text[:500]}"
-            choice = json.loads(text)["choices"][0]
-            outs.append((choice["text"], [round(x, 4) for x in choice["logprobs"]["token_logprobs"]]))
-            if i == 1:
-                # The tier stores in the background, one scheduler step at a
-                # time: keep the server stepping until the blocks are files.
-                deadline = time.monotonic() + 120
-                while len(list(root.rglob("*.bin"))) < PROMPT_LEN // BLOCK:
-                    assert time.monotonic() < deadline, f"serve 1 stored {list(root.rglob('*.bin'))}"
-                    assert http(base + "/v1/completions", poke)[0] == 200
-                    time.sleep(0.2)
-            status, metrics = http(base + "/metrics")
-            assert status == 200
-            offload = "\n".join(x for x in metrics.splitlines() if "kv_offload" in x and not x.startswith("#"))
-            hits = _metric(metrics, "vllm:kv_offload_tiering_chunk_hits", ':FstierTier"')
-            if i == 1:
-                assert hits == 0, f"first server hit {hits} chunks on an empty root:\n{offload}"
-            else:
+    started = time.time()
+    with _exporter(work) as exporter, Prometheus(
+        work / "prometheus", {"vllm": [target], "fstier": exporter["targets"]}
+    ) as prom:
+        # The exporter's faults start once Prometheus scrapes it: its alerts fire on increases.
+        for t in exporter["targets"]:
+            prom.wait_up(t)
+        time.sleep(2)
+        exporter["go"].touch()
+        for i in (1, 2):
+            with serve(args, work, f"serve-{i}", port=port) as base:
+                status, text = http(base + "/v1/completions", body)
+                assert status == 200, f"serve {i}: /v1/completions answered {status}: {text[:500]}"
+                choice = json.loads(text)["choices"][0]
+                outs.append((choice["text"], [round(x, 4) for x in choice["logprobs"]["token_logprobs"]]))
+                if i == 1:
+                    # The tier stores in the background, one scheduler step at a
+                    # time: keep the server stepping until the blocks are files.
+                    first = _wait_files(root, base, poke, PROMPT_LEN // BLOCK)
+                    assert http(base + "/v1/completions", {**body, "prompt": other})[0] == 200
+                    others = sorted(_wait_files(root, base, poke, 2 * (PROMPT_LEN // BLOCK)) - first)
+                    prom.wait_up(target)
+                    time.sleep(3)  # a few scrapes of the first server's last values
+                status, metrics = http(base + "/metrics")
+                assert status == 200
+                offload = "\n".join(x for x in metrics.splitlines() if "kv_offload" in x and not x.startswith("#"))
+                hits = _metric(metrics, "vllm:kv_offload_tiering_chunk_hits", ':FstierTier"')
+                if i == 1:
+                    assert hits == 0, f"first server hit {hits} chunks on an empty root:\n{offload}"
+                    # Between the servers: one payload byte of the other prompt's blocks flipped.
+                    victim = root / others[-1]
+                    data = bytearray(victim.read_bytes())
+                    data[len(data) - 100] ^= 0xFF
+                    victim.write_bytes(bytes(data))
+                    continue
                 assert hits >= PROMPT_LEN // BLOCK, (
                     f"second server: kv_offload_tiering_chunk_hits{{tier=FstierTier}} is {hits}:\n{offload}"
                 )
                 assert "vllm:kv_offload_fstier_" in metrics, offload
+                assert http(base + "/v1/completions", {**body, "prompt": other})[0] == 200
+                prom.wait_firing("FstierCorruptBlocks", instance=target, timeout=120)
+                prom.wait_firing("FstierCorruptBlocks", instance=exporter["targets"][0])
+                if exporter["full_mounted"]:
+                    prom.wait_firing("FstierRootFilesystemFull", instance=exporter["targets"][1])
+                _status_agrees_with_the_disk(root)
+                time.sleep(3)  # scrapes after the last request
+                # Scraped through the restart: down between the servers, up now.
+                assert prom.query(f'min_over_time(up{{instance="{target}"}}[30m]) == 0'), "no scrape failed"
+                empty = [(title, q) for title, _, q in dashboard_queries() if not prom.has_data(q)]
+                assert empty == [], f"dashboard queries with no data: {empty}"
+                # What the panels showed through the run (docs/operating.md plots it).
+                now = time.time()
+                series: dict[str, list[dict[str, Any]]] = {}
+                for title, legend, q in dashboard_queries("30s"):
+                    for r in prom.query_range(q, started, now, 2.0):
+                        series.setdefault(title, []).append({**r, "legend": legend})
+                (work / "prometheus-series.json").write_text(json.dumps(series))
     assert outs[0] == outs[1], f"outputs differ across the restart: {outs}"
+
+
+def _wait_files(root: Path, base: str, poke: dict[str, Any], n: int) -> set[str]:
+    deadline = time.monotonic() + 120
+    while len(files := {p.relative_to(root).as_posix() for p in root.rglob("*.bin")}) < n:
+        assert time.monotonic() < deadline, f"serve stored {sorted(files)}, expected {n} files"
+        assert http(base + "/v1/completions", poke)[0] == 200
+        time.sleep(0.2)
+    return files
+
+
+def _status_agrees_with_the_disk(root: Path) -> None:
+    """`fstier status ROOT --json` of the running server's root: the walk
+    finds exactly the block files on disk, the server's instance publishes a
+    live count, and the shared count, when comparable, agrees."""
+    out = subprocess.run(
+        [sys.executable, "-m", "fstier.cli", "status", str(root), "--json", "--max-bytes", "1GiB"],
+        capture_output=True, text=True, timeout=120,
+    )
+    doc = json.loads(out.stdout)
+    disk = sum(p.stat().st_size for p in root.rglob("*.bin"))
+    assert doc["scan_bytes"] == disk and doc["scan_complete"], doc
+    # the running server's count is live; the first server's last count stays (closed: silent after 60 s)
+    states = sorted(i["state"] for i in doc["instances"])
+    assert "live" in states and len(states) <= 2 and set(states) <= {"live", "silent"}, doc["instances"]
+    assert doc["agree"] is not False, doc
+    assert out.returncode == (0 if not doc["problems"] else 1), (out.returncode, doc["problems"])
 
 
 def test_tp2_restart_hits_and_tp1_shares_files_exactly_when_agnostic(
@@ -299,3 +412,14 @@ def test_tp2_restart_hits_and_tp1_shares_files_exactly_when_agnostic(
     assert len(namespaces) == 2, f"tp=2 and tp=1 should not share a namespace: {namespaces}"
     assert r1["num_cached_tokens"] == 0
     same_output(r1, baseline)
+
+
+def test_alert_rules_pass_promtool() -> None:
+    """Prometheus' own checker and unit tests of the alert rules: every alert
+    fires after its ``for`` on the series it is for, under both metric
+    spellings, and stays quiet on a healthy tier
+    (deploy/prometheus/fstier-rules.test.yml)."""
+    check = subprocess.run([tool("promtool"), "check", "rules", str(RULES)], capture_output=True, text=True)
+    assert check.returncode == 0 and "SUCCESS: 8 rules found" in check.stdout, check.stdout + check.stderr
+    test = subprocess.run([tool("promtool"), "test", "rules", str(RULE_TESTS)], capture_output=True, text=True)
+    assert test.returncode == 0 and "SUCCESS" in test.stdout, test.stdout + test.stderr
