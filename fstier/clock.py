@@ -3,12 +3,13 @@ of sleeping.
 
 The tier's timers that tests move (the circuit breaker's cool-down, the
 write budget's speed sample, the eviction lease, the recency flush
-interval, the job engine's watchdog, the O_DIRECT re-probe) read a :class:`Clock` handed to them,
-never :func:`time.monotonic` directly. The rest read the system clock: the
-lookup cache's answer lifetime, the capacity resync and eviction waits,
-``drain``'s and the pool's shutdown deadlines, the
-durations reported, and the wall-clock stamps written into block headers
-and lease files (tests/test_doc_claims.py lists them). Production uses
+interval, the job engine's watchdog, the O_DIRECT re-probe) read a
+:class:`Clock` handed to them, never :func:`time.monotonic` directly. The
+rest read the system clock: the lookup cache's answer lifetime, the
+capacity resync and eviction waits, ``drain``'s and the engine's shutdown
+deadlines, the durations reported, the wall-clock stamps written into block
+headers and lease files, and ``fstier status``'s report time
+(tests/test_doc_claims.py lists them). Production uses
 :data:`SYSTEM_CLOCK` (a :class:`MonotonicClock`); a test builds a
 :class:`ManualClock` and calls :meth:`ManualClock.advance`.
 

@@ -22,7 +22,7 @@ from fstier.io.pool import OP_EXPIRED, OP_TIMED_OUT, IOPool, PoolJob
 
 REPO = Path(__file__).resolve().parents[1]
 TIER = [REPO / "fstier" / "manager.py", *sorted((REPO / "fstier" / "tier").glob("*.py")),
-        *sorted((REPO / "fstier" / "io").glob("*.py"))]
+        *sorted((REPO / "fstier" / "io").rglob("*.py"))]
 
 #: The tier's modules that read the system clock directly (not the Clock handed to them), and for what. Both
 #: fstier/clock.py and docs/architecture.md say this list in words; a new direct read fails here: read the Clock,
@@ -31,7 +31,8 @@ SYSTEM_CLOCK_READERS = {
     "fstier/tier/lookup.py": "the lookup cache's answer lifetime; lookup seconds",
     "fstier/tier/outcomes.py": "the lookup cache's answer lifetime (answers a finished job leaves)",
     "fstier/tier/capacity.py": "the capacity resync interval and the waits for an eviction pass",
-    "fstier/tier/jobs.py": "a job's seconds",
+    "fstier/io/engine/python.py": "a job's seconds; shutdown's deadline",
+    "fstier/tier/status.py": "`fstier status`: the report's wall-clock time (ages of counts) and its walk's seconds",
     "fstier/manager.py": "drain's deadline",
     "fstier/io/pool.py": "shutdown's deadline",
     "fstier/tier/gc.py": "gc's seconds and how often a walk asks whether to stop",
