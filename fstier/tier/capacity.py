@@ -16,8 +16,9 @@ One :class:`Capacity` per :class:`~fstier.manager.FsTier` with ``max_bytes``:
   on start, when woken above the high watermark, when a count file was bad,
   and every 300 s to resync the count; one evicting instance per root at a
   time (the root's eviction lease, which another instance takes over when
-  its holder dies or hangs; a holder that lost it stops its pass). A pass first flushes pending recency (``before_pass``), so eviction
-  sees this process's latest hits. A capacity bug is logged, never raised
+  its holder dies or hangs; a holder that lost it stops its pass). A pass
+  first flushes pending recency (``before_pass``), so eviction sees this
+  process's latest hits. A capacity bug is logged, never raised
   into the tier.
 
 Costs: a store or an eviction batch costs a few instructions (the count is

@@ -63,7 +63,8 @@ def run_worker(mode: str, adapters: list[str], *args: str, timeout: float = 240)
     cmd = [sys.executable, str(WORKER), mode, *(x for a in adapters for x in ("--adapter", a)), *args]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=timeout, cwd=REPO)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, f"worker {mode} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
+    output = f"{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
+    assert p.returncode == 0 and lines, f"worker {mode} failed ({p.returncode}):\n{output}"
     return dict(json.loads(lines[-1][len("RESULT "):]))
 
 

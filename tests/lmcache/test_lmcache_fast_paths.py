@@ -119,7 +119,9 @@ def narrowed(objs: list[Any], nbytes: int) -> list[Any]:
 
 
 # ------------------------------------------------- the adapter: fast == per key
-def test_a_uniform_task_is_answered_like_key_by_key(adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_uniform_task_is_answered_like_key_by_key(
+    adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ks, src = keys(8, seed=40), objects(8, seed=40)
     got = both(adapters, tmp_path, monkeypatch, lambda a, root: outcome(a, root, ks, src))
     assert got["store"] == (True, 8 * src[0].get_size()) and got["loaded"] == list(range(8))
@@ -127,7 +129,9 @@ def test_a_uniform_task_is_answered_like_key_by_key(adapters: Any, tmp_path: Pat
     free(src)
 
 
-def test_a_task_of_many_groups_and_one_namespace(adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_task_of_many_groups_and_one_namespace(
+    adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ks = [ObjectKey(bytes([41, i]) * 16, "org/model", R0, i % 3, "") for i in range(6)]
     src = objects(6, seed=41)
     got = both(adapters, tmp_path, monkeypatch, lambda a, root: outcome(a, root, ks, src))
@@ -152,7 +156,9 @@ def test_a_task_of_mixed_namespaces_splits_as_key_by_key(
     free(src)
 
 
-def test_a_task_of_mixed_layouts_splits_as_key_by_key(adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_task_of_mixed_layouts_splits_as_key_by_key(
+    adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ks = keys(4, seed=44)
     src = objects(2, seed=44) + objects(2, shape=(2, 4, 128, 128), seed=45)  # same size, other shape
     got = both(adapters, tmp_path, monkeypatch, lambda a, root: outcome(a, root, ks, src))
@@ -218,7 +224,9 @@ def test_a_wrong_size_load_target_is_refused_as_key_by_key(
     assert got == {"all": [], "first": [1, 2], "untouched": [True] * 3}
 
 
-def test_more_keys_than_objects_is_refused(adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_more_keys_than_objects_is_refused(
+    adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ks, src = keys(3, seed=49), objects(2, seed=49)
 
     def scenario(a: Any, root: Path) -> dict[str, Any]:
@@ -253,7 +261,9 @@ def test_namespaces_past_max_spaces_close_idle_ones_as_key_by_key(
     free(src)
 
 
-def test_a_closed_adapter_fails_every_task(adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_closed_adapter_fails_every_task(
+    adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ks, src = keys(3, seed=52), objects(3, seed=52)
 
     def scenario(a: Any, root: Path) -> dict[str, Any]:
@@ -272,7 +282,9 @@ def test_a_closed_adapter_fails_every_task(adapters: Any, tmp_path: Path, monkey
     free(src)
 
 
-def test_lookups_answer_as_key_by_key(adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lookups_answer_as_key_by_key(
+    adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Lookups of one owner and group (the shortcut) and of mixed ones, with
     hits, misses, a group without a layout hint and one out of range."""
     stored = keys(4, seed=57, kv_rank=R0)
@@ -380,7 +392,8 @@ def test_arena_lend_is_lend_of_views_of() -> None:
         fast, slow = LentSlots(size, num_slots=8), LentSlots(size, num_slots=8)
         got, want = arena.lend(fast, objs), slow.lend(arena.views_of(objs, size))
         assert got == want and got is not None
-        assert [bytes(fast.slot_view(i)) for i in got] == [bytes(slow.slot_view(i)) for i in want] == [raw(o) for o in objs]
+        fast_bytes = [bytes(fast.slot_view(i)) for i in got]
+        assert fast_bytes == [bytes(slow.slot_view(i)) for i in want] == [raw(o) for o in objs]
         assert [fast.slot_view(i).format for i in got] == ["B"] * len(objs)
     view = memoryview(bytes(ARENA.numel()))  # read-only: its slices must not be lent
     ro = L1Arena(ARENA.data_ptr(), view)

@@ -107,7 +107,8 @@ def main() -> None:
 
     trace = os.environ.get("FSTIER_WORKLOAD_TRACE")
     if trace:
-        threading.Thread(target=_trace, args=(tier, f"{trace}-{Path(root).parent.parent.name}-{Path(root).name}-{me}.jsonl"), daemon=True).start()
+        trace_file = f"{trace}-{Path(root).parent.parent.name}-{Path(root).name}-{me}.jsonl"
+        threading.Thread(target=_trace, args=(tier, trace_file), daemon=True).start()
     prompt = 0
     end = time.monotonic() + seconds
     try:

@@ -66,7 +66,9 @@ class _FaultClock(threading.Thread):
     (at once when :meth:`finish` comes first); ``restored_at`` is when the
     undo returned."""
 
-    def __init__(self, inject: Callable[[], None], restore: Callable[[], None], *, delay_s: float, length_s: float) -> None:
+    def __init__(
+        self, inject: Callable[[], None], restore: Callable[[], None], *, delay_s: float, length_s: float
+    ) -> None:
         super().__init__(name="fault-clock", daemon=True)
         self._inject, self._restore = inject, restore
         self._delay, self._length = delay_s, length_s
