@@ -160,8 +160,8 @@ def test_a_load_names_its_files_once_and_notes_exactly_the_loaded(
         t.flush_recency()
         encodings.clear()
         assert load(t, "l", ks).success
-        # native: one batch, one encoding; Python: one key per op, one each
-        assert encodings == ([6] if t.blocks.batched else [1] * 6)
+        # the job's files are named once, at submit (its one record), on both backends
+        assert encodings == [6]
         assert sorted(t._recency._recent) == sorted(t.blocks.path(k) for k in ks)
         t.flush_recency()
         Path(t.blocks.path(ks[2])).unlink()  # a miss in the middle
@@ -182,7 +182,7 @@ def test_a_store_names_its_files_once_and_notes_exactly_the_skipped(
         encodings.clear()
         res = store(t, "s2", ks)
         assert res.success and res.skipped == 2
-        assert encodings == ([6] if t.blocks.batched else [1] * 6)
+        assert encodings == [6]  # named once per job on both backends
         assert sorted(t._recency._recent) == sorted([t.blocks.path(ks[1]), t.blocks.path(ks[4])])
 
 
