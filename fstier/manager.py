@@ -24,10 +24,10 @@ engine's scheduler owns one :class:`FsTier` and never blocks in it:
 - ``take_events()``: :class:`BlockStored` / :class:`BlockRemoved`;
   ``metrics``: a :class:`~fstier.tier.metrics.TierMetrics`.
 
-Invariants: one :class:`~fstier.io.engine.EngineJob` record per in-flight job (the
-tier's ``_inflight`` maps its id to it); jobs, results, events and fences under ``FsTier._lock``; no byte an op writes after its job was reported
-reaches a later job; malformed keys and slots the caller does not hold are a
-``ValueError`` (:mod:`~fstier.tier.checks`)."""
+Invariants: one :class:`~fstier.io.engine.EngineJob` record per in-flight job (``_inflight``
+maps its id to it); jobs, results, events and fences under ``FsTier._lock``; no byte a unit
+writes after its job was reported reaches a later job; malformed keys and slots the caller
+does not hold are a ``ValueError`` (:mod:`~fstier.tier.checks`)."""
 
 from __future__ import annotations
 
@@ -277,9 +277,8 @@ class FsTier:
         """Turn finished engine jobs into JobResults (never blocks; no lock taken while none finished)."""
         for job in self._engine.collect() if self._engine.has_finished() else ():
             v = self._judge.finish(job)
-            result = JobResult(
-                job.tag, "store" if job.kind == "store" else "load", v.success, v.completed, v.failed, v.nbytes, v.seconds, v.cause, v.skipped
-            )
+            kind: Literal["store", "load"] = "store" if job.kind == "store" else "load"
+            result = JobResult(job.tag, kind, v.success, v.completed, v.failed, v.nbytes, v.seconds, v.cause, v.skipped)
             with self._idle:
                 if v.stored:
                     self._events.append(BlockStored(v.stored))
