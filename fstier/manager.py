@@ -24,10 +24,10 @@ engine's scheduler owns one :class:`FsTier` and never blocks in it:
 - ``take_events()``: :class:`BlockStored` / :class:`BlockRemoved`;
   ``metrics``: a :class:`~fstier.tier.metrics.TierMetrics`.
 
-Invariants: one :class:`~fstier.io.engine.EngineJob` record per in-flight job (the
-tier's ``_inflight`` maps its id to it); jobs, results, events and fences under ``FsTier._lock``; no byte an op writes after its job was reported
-reaches a later job; malformed keys and slots the caller does not hold are a
-``ValueError`` (:mod:`~fstier.tier.checks`)."""
+Invariants: one :class:`~fstier.io.engine.EngineJob` record per in-flight job (``_inflight``
+maps its id to it); jobs, results, events and fences under ``FsTier._lock``; no byte a unit
+writes after its job was reported reaches a later job; malformed keys and slots the caller
+does not hold are a ``ValueError`` (:mod:`~fstier.tier.checks`)."""
 
 from __future__ import annotations
 

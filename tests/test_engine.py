@@ -207,3 +207,21 @@ def test_finished_jobs_leave_the_watchdogs_heap(tmp_path: Path, native_io: str) 
         assert len(t._engine.engine._deadlines) <= 1
     finally:
         t.close()
+
+
+def test_a_watchdog_wake_up_given_between_two_polls_is_kept() -> None:
+    """With a ManualClock the watchdog waits in 2 ms polls; a new job's
+    wake-up given between two polls (no waiter at that instant) was lost, so
+    the watchdog slept to its idle wake-up, an hour of the manual clock, past
+    the job's deadline (reliability/test_tier.py::
+    test_hung_io_fails_trips_breaker_and_recovers then saw a hung store
+    succeed after 10 s, about 1 run in 25). The wake-up is now kept until
+    the next wait."""
+    from fstier.io.engine.python import _Tick
+
+    lock = threading.Lock()
+    tick = _Tick(lock)
+    with lock:
+        tick.notify()  # nobody waits now
+        assert tick.wait(0.0) is True  # the next poll sees it
+        assert tick.wait(0.0) is False  # once

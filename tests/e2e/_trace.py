@@ -7,8 +7,8 @@ the methods vLLM calls on FstierTier and on vLLM's own fs tier (``lookup``,
 ``get_finished_jobs``, the async lookup's ``batch_lookup``), plus the
 fstier parts behind them (``FsTier.present``, the lookup probe and its
 thread pool's creation, ``Recency.note_many`` and the recency flush job,
-``IOPool.submit``, ``BlockStore.load_many``/``store_many``, the native
-``lookup_batch``) and every garbage collection. Each call appends one row
+``IOPool.submit``, the job engine's ``submit``, ``BlockStore.load_many``/
+``store_many``, the native ``lookup_batch``) and every garbage collection. Each call appends one row
 ``(name, thread, t_start, t_end, detail)`` to a list (a ``perf_counter``
 pair and one append: about a microsecond); ``lookup`` rows are kept only
 when the answer a key gets changes (its first RETRY, its HIT). The rows
@@ -182,6 +182,10 @@ spawned one (vLLM's engine core on CPU) runs tests/e2e/engine_run.py as its
     _wrap(BlockStore, "store_many", "BlockStore.store_many", lambda a: _size(a[1]))
     _wrap(IOPool, "submit", "IOPool.submit", lambda a: (a[0]._name, a[2], _size(a[3])))
     _wrap(IOPool, "__init__", "IOPool.__init__", lambda a: a[1:3])
+    from fstier.io.engine import PythonEngine
+
+    _wrap(PythonEngine, "submit", "engine.submit", lambda a: (a[2].kind, len(a[2].keys)))
+    _wrap(PythonEngine, "__init__", "PythonEngine.__init__", lambda a: a[1:3])
     try:
         from vllm.v1.kv_offload.tiering.fs import manager as vfs
     except Exception:

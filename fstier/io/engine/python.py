@@ -136,6 +136,32 @@ class Registration:
         self.engine.unregister(self)
 
 
+class _Tick(threading.Condition):
+    """The watchdog's wake-up, a condition of the engine's lock. A notify is
+    kept until the watchdog's next wait sees it: a clock that waits in short
+    polls (``ManualClock``) would otherwise lose one given between two
+    polls, and the watchdog would sleep to its old wake-up (an hour when
+    idle) past a new job's deadline."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        super().__init__(lock)
+        self._pending = False
+
+    def notify(self, n: int = 1) -> None:
+        self._pending = True
+        super().notify(n)
+
+    def notify_all(self) -> None:
+        self._pending = True
+        super().notify_all()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self._pending:
+            super().wait(timeout)
+        woken, self._pending = self._pending, False
+        return woken
+
+
 @dataclass(slots=True, eq=False)
 class _Worker:
     priority: str
@@ -161,7 +187,7 @@ class PythonEngine:
         self._name = name
         self.lock = threading.Lock()
         self._work = threading.Condition(self.lock)
-        self._tick = threading.Condition(self.lock)
+        self._tick = _Tick(self.lock)
         self._queues: dict[str, deque[EngineJob]] = {k: deque() for k in _QUEUES}
         #: units waiting for a thread, per queue (a job's unstarted units)
         self._queued = dict.fromkeys(_QUEUES, 0)
