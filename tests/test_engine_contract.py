@@ -21,7 +21,7 @@ import pytest
 from manager_support import FILE_BYTES, keys, payload_for, tiny_config
 
 from fstier.io import native
-from fstier.io.engine import EXPIRED, TIMED_OUT, EngineJob
+from fstier.io.engine import CANCELLED, EXPIRED, TIMED_OUT, EngineJob
 from fstier.io.engine.native import NativeEngine, available
 from fstier.io.engine.python import PythonEngine
 from fstier.io.iotypes import LoadStatus, StoreStatus
@@ -267,4 +267,30 @@ def test_a_forked_child_never_inherits_the_c_engine(tmp_path: Path) -> None:
         ld = r.run(r.job("l", "load", ks, list(range(10, 14))))  # the parent's engine still serves
         assert [o.status for o in outcomes(ld)] == [LoadStatus.LOADED] * 4
     finally:
+        r.close()
+
+
+def test_closing_a_registration_cancels_its_keys_not_started_on_the_c_engine(tmp_path: Path) -> None:
+    r = Rig(tmp_path / "root", "native", read_threads=1, write_threads=1)
+    try:
+        ks = keys(600, 6)
+        r.fill(ks, list(range(6)))
+        assert all(o.status is StoreStatus.STORED for o in outcomes(r.run(r.job("s", "store", ks, list(range(6))))))
+        other = r.engine.register()
+        native.fault("read", delay_s=0.4, times=-1)
+        job = r.job("l", "load", ks, list(range(10, 16)))
+        other.submit(job)
+        time.sleep(0.15)  # both workers are in a read of keys 0 and 1
+        other.close()
+        end = time.monotonic() + 10
+        while not other.has_finished() and time.monotonic() < end:
+            time.sleep(0.01)
+        (got,) = other.collect()
+        assert got is job
+        res = outcomes(got)
+        assert [o.status for o in res[:2]] == [LoadStatus.LOADED] * 2
+        assert res[2:] == [CANCELLED] * 4
+        assert got.fenced == ()
+    finally:
+        native.clear_faults()
         r.close()

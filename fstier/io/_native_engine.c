@@ -786,6 +786,38 @@ static PyObject *py_engine_shutdown(PyObject *self, PyObject *args) {
     return PyBool_FromLong(done);
 }
 
+/* engine_cancel(engine, tag) -> bool: the job's keys not started are
+ * cancelled (its caller left); the job is published once its running keys
+ * returned. False when no queued job has that tag. */
+static PyObject *py_engine_cancel(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *cap;
+    unsigned long long tag;
+    if (!PyArg_ParseTuple(args, "OK", &cap, &tag)) return NULL;
+    ce_engine *e = ce_get(cap);
+    if (!e) return NULL;
+    int found = 0, signal = 0;
+    pthread_mutex_lock(&e->mu);
+    for (int q = 0; q < 2 && !found; q++) {
+        for (ce_job *j = e->qhead[q]; j; j = j->qnext) {
+            if (j->tag != tag) continue;
+            found = 1;
+            ce_unqueue(e, j);
+            for (Py_ssize_t i = j->next; i < j->n; i++) j->kstate[i] = KS_CANCELLED;
+            j->left -= j->n - j->next;
+            j->next = j->n;
+            if (j->left == 0 && !j->published) {
+                ce_publish(e, j);
+                signal = 1;
+            }
+            break;
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (signal) ce_signal(e);
+    return PyBool_FromLong(found);
+}
+
 #define ENGINE_METHODS                                                                                        \
     {"engine_new", py_engine_new, METH_VARARGS,                                                               \
      "engine_new(read_threads, write_threads) -> engine: persistent C workers and a watchdog"},               \
@@ -796,6 +828,8 @@ static PyObject *py_engine_shutdown(PyObject *self, PyObject *args) {
      "engine_collect(engine) -> [(tag, 0, seconds, uniform, per_key, marks) | (tag, 1)]"},                    \
     {"engine_wait", py_engine_wait, METH_VARARGS,                                                             \
      "engine_wait(engine, timeout_s) -> bool: until an event is queued (GIL released)"},                      \
+    {"engine_cancel", py_engine_cancel, METH_VARARGS,                                                         \
+     "engine_cancel(engine, tag) -> bool: cancel a queued job's keys not started"},                           \
     {"engine_fd", py_engine_fd, METH_O, "engine_fd(engine) -> its eventfd"},                                  \
     {"engine_clock", py_engine_clock, METH_VARARGS,                                                           \
      "engine_clock(engine, now_s=None) -> the watchdog's time; now_s makes it a manual clock (tests)"},       \

@@ -122,8 +122,8 @@ class NativeEngine:
         return reg
 
     def unregister(self, reg: Registration) -> None:
-        """``reg`` leaves; the last one to leave stops the engine. Its
-        queued keys run on (the C queues hold no per-caller list)."""
+        """``reg`` leaves: its jobs' keys not started are cancelled; the last
+        one to leave stops the engine."""
         with self.lock:
             if reg.closed:
                 return
@@ -131,6 +131,9 @@ class NativeEngine:
             self._registrations.discard(reg)
             inner = self._inner.pop(reg, None)
             last = not self._registrations
+            mine = [tag for tag, job in self._jobs.items() if job.owner is reg]
+        for tag in mine:
+            self._ext.engine_cancel(self._cap, tag)
         if inner is not None:
             inner.close()
         if last:
@@ -233,7 +236,8 @@ class NativeEngine:
         python = self._python
         if python is not None:
             python.shutdown(timeout)
-        self._dispatcher.join(timeout if timeout is not None else None)
+        if threading.current_thread() is not self._dispatcher:  # a callback may close the last registration
+            self._dispatcher.join(timeout)
 
     @property
     def closed(self) -> bool:
