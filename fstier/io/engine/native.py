@@ -51,6 +51,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from functools import partial
+from operator import attrgetter
 from typing import Any
 
 from fstier.clock import SYSTEM_CLOCK, Clock
@@ -65,7 +66,7 @@ __all__ = ["NativeEngine", "available"]
 log = logging.getLogger("fstier.io")
 
 _MARKS = (None, TIMED_OUT, EXPIRED, CANCELLED)
-_HASH_GROUP: Callable[[Any], tuple[bytes, int]] = lambda k: (k.block_hash, k.group_idx)  # noqa: E731
+_HASH, _GROUP = attrgetter("block_hash"), attrgetter("group_idx")
 
 
 def available() -> bool:
@@ -194,9 +195,8 @@ class NativeEngine:
         base = os.fspath(blocks.mapper.blocks_dir)
         opts = blocks.options
         store = job.kind == "store"
-        hg = list(map(_HASH_GROUP, job.keys))
-        hashes = [h for h, _ in hg]
-        groups = [g for _, g in hg]
+        hashes = list(map(_HASH, job.keys))  # C-level loops: no bytecode per key
+        groups = list(map(_GROUP, job.keys))
         bufs = job.buffers.views(job.slots, job.nbytes)
         rels = nat.split(base, job.paths)
         tag = next(self._tags)
