@@ -8,8 +8,9 @@
  *   once, every signal blocked). Loads queue on the read queue, stores on
  *   the write queue; a read worker takes from the read queue first and from
  *   the write queue only when it is empty, a write worker the reverse. A
- *   worker takes the head job's NEXT KEY, so an idle worker joins any job:
- *   no thread is started or joined per call. Workers never take the GIL
+ *   worker takes the NEXT KEY of the first queued job with room (a job runs
+ *   on at most its `spread` workers at once, its keys taken in order), so
+ *   an idle worker joins any job: no thread is started or joined per call. Workers never take the GIL
  *   and touch no Python object: a job's buffers were pinned (Py_buffer) at
  *   submit and are released at collect, under the GIL.
  * - submit (engine_submit): one call per job with its keys (relative paths,
@@ -70,7 +71,8 @@ struct ce_job {
     PyObject *hold; /* the caller's sequences: item names and hashes point into them */
     uint8_t *kstate;
     Py_ssize_t next;    /* next key to take */
-    Py_ssize_t active;  /* keys taken and not returned */
+    Py_ssize_t active;  /* keys taken and not returned (workers in the job) */
+    Py_ssize_t spread;  /* at most this many workers in the job at once */
     Py_ssize_t left;    /* keys with no result yet */
     long late;          /* timed-out keys still running */
     double deadline;    /* engine clock; INFINITY: none */
@@ -208,19 +210,28 @@ static int ce_spawn(ce_engine *e, int priority) {
     return 0;
 }
 
-/* The next key for a worker of `priority` (mutex held): its job, or NULL. */
+/* The next key for a worker of `priority` (mutex held): its job, or NULL.
+ * A job runs on at most `spread` workers at once (its keys in order on one
+ * worker when spread is 1); a worker passes a full job for the next one. */
 static ce_job *ce_take(ce_engine *e, int priority, Py_ssize_t *idx) {
     for (int k = 0; k < 2; k++) {
         int q = k == 0 ? priority : 1 - priority;
-        ce_job *j = e->qhead[q];
+        ce_job *prev = NULL, *j = e->qhead[q];
+        while (j && j->active >= j->spread) {
+            prev = j;
+            j = j->qnext;
+        }
         if (!j) continue;
         *idx = j->next++;
         j->kstate[*idx] = KS_RUNNING;
         j->active++;
         e->qkeys[q]--;
         if (j->next == j->n) { /* its last key started: it leaves the queue */
-            e->qhead[q] = j->qnext;
-            if (!e->qhead[q]) e->qtail[q] = NULL;
+            if (prev)
+                prev->qnext = j->qnext;
+            else
+                e->qhead[q] = j->qnext;
+            if (e->qtail[q] == j) e->qtail[q] = prev;
             j->qnext = NULL;
             j->queued = 0;
         }
@@ -483,9 +494,10 @@ static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
     Py_buffer digest;
     Py_ssize_t alignment;
     double timeout_s;
-    if (!PyArg_ParseTuple(args, "OKiyOOOOOy*KiiKnd", &cap, &tag, &kind, &base, &rels, &hashes, &groups,
+    Py_ssize_t spread = 0;
+    if (!PyArg_ParseTuple(args, "OKiyOOOOOy*KiiKnd|n", &cap, &tag, &kind, &base, &rels, &hashes, &groups,
                           &bufs, &replace, &digest, &pages, &flags, &mode, &created_ns, &alignment,
-                          &timeout_s))
+                          &timeout_s, &spread))
         return NULL;
     ce_engine *e = ce_get(cap);
     ce_job *j = NULL;
@@ -541,6 +553,7 @@ static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
     j->pages = pages;
     j->created_ns = created_ns;
     j->left = n;
+    j->spread = spread >= 1 ? spread : n; /* 0: every worker may join */
     atomic_init(&j->no_tmpfile, 0);
     j->t_submit = ce_real_now();
     int signal = 0;
@@ -823,7 +836,8 @@ static PyObject *py_engine_cancel(PyObject *self, PyObject *args) {
      "engine_new(read_threads, write_threads) -> engine: persistent C workers and a watchdog"},               \
     {"engine_submit", py_engine_submit, METH_VARARGS,                                                         \
      "engine_submit(engine, tag, kind, base, rels, hashes, groups, buffers, replace, digest, pages, flags, "  \
-     "mode, created_ns, alignment, timeout_s): queue one job (kind 0 load, 1 store; timeout_s < 0: none)"},   \
+     "mode, created_ns, alignment, timeout_s, spread=0): queue one job (kind 0 load, 1 store; timeout_s < 0: " \
+     "none; spread: at most this many workers in it at once, 0: any)"},   \
     {"engine_collect", py_engine_collect, METH_O,                                                             \
      "engine_collect(engine) -> [(tag, 0, seconds, uniform, per_key, marks) | (tag, 1)]"},                    \
     {"engine_wait", py_engine_wait, METH_VARARGS,                                                             \

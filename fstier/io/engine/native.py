@@ -17,9 +17,13 @@ watchdog, a completion list and an eventfd).
   ``job.released`` and runs ``on_released``. It does no I/O but the rare
   hand-backs the batch path does too: a store that found its namespace
   directory removed, a corrupt file's removal.
+- A job runs on at most ``max(1, keys // MIN_KEYS_PER_THREAD)`` workers at
+  once (``spread``; the Python engine's split of a native job), its keys
+  taken in order: a small job's keys run one after another on one worker.
 - Deadlines and fences live in C (see ``_native_engine.c``): a job past its
-  deadline is published at once with the slots of its running keys in
-  ``job.fenced``; those keys' late returns release it.
+  deadline is published at once; when keys of it were still running, the
+  slots of those and of its keys that never ran are in ``job.fenced`` (as a
+  batch call's would be), released when the last late key returned.
 - ``"call"`` jobs (the recency flush: a Python callable) run on one Python
   thread, ``<name>-call``, in order; a job of a block store on the Python
   I/O path (``native_io: off``) runs on a :class:`PythonEngine` made on the
@@ -58,7 +62,7 @@ from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.errors import IOPoolClosedError
 from fstier.io import native as nat
 from fstier.io.engine.python import PythonEngine, Registration
-from fstier.io.engine.record import CANCELLED, EXPIRED, TIMED_OUT, EngineJob
+from fstier.io.engine.record import CANCELLED, EXPIRED, MIN_KEYS_PER_THREAD, TIMED_OUT, EngineJob
 from fstier.io.iotypes import StoreStatus
 
 __all__ = ["NativeEngine", "available"]
@@ -210,6 +214,7 @@ class NativeEngine:
                 self._cap, tag, 1 if store else 0, os.fsencode(base), rels, hashes, groups, bufs, replace,
                 blocks.mapper.digest_bytes, blocks._bpf, nat.flags(opts, mkdir=store), opts.file_mode,
                 time.time_ns(), opts.alignment, -1.0 if job.timeout_s is None else float(job.timeout_s),
+                max(1, n // MIN_KEYS_PER_THREAD),
             )
         except BaseException:
             with self.lock:
@@ -369,13 +374,15 @@ class NativeEngine:
         for i, o in zip(done, outs, strict=True):
             results[i] = [o]
         job.results = results
-        fenced = [i for i in range(n) if marks[i] == 1]
-        job.fenced = tuple(job.slots[i] for i in fenced)
-        job.late = len(fenced)
-        if fenced:
+        late = marks.count(1)
+        if late:
+            # Fenced as a batch call's would be: the keys running and those
+            # that never ran (released together, when the last late key returned).
+            job.fenced = tuple(job.slots[i] for i in range(n) if marks[i] in (1, 2))
+            job.late = late
             log.warning(
-                "I/O job %r exceeded its deadline (%ss): %d key(s) still running, their slots fenced",
-                job.tag, job.timeout_s, len(fenced),
+                "I/O job %r exceeded its deadline (%ss): %d key(s) still running, %d slot(s) fenced",
+                job.tag, job.timeout_s, late, len(job.fenced),
             )
 
     @staticmethod
