@@ -29,7 +29,10 @@ from fstier.manager import FsTier
 from fstier.slots.host_pool import HostBlockPool
 from fstier.tier.jobs import SlotBuffers
 
-pytestmark = pytest.mark.skipif(not available(), reason="the native extension is not built")
+pytestmark = pytest.mark.skipif(
+    not available() or os.environ.get("FSTIER_NATIVE") == "0",
+    reason="the native extension is not built, or FSTIER_NATIVE=0 forces the Python I/O path",
+)
 
 ENGINES = ["python", "native"]
 

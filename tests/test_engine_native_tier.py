@@ -9,9 +9,11 @@ deadline."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from manager_support import FILE_BYTES, keys, load, open_tier, store, tiny_config
@@ -49,7 +51,10 @@ def _engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     native.clear_faults()
 
 
-BOTH = pytest.mark.parametrize("engine", ["python", "native"])
+def BOTH(test: Any) -> Any:  # noqa: N802 - a decorator named like pytest's marks
+    """On both engines, on the native I/O path (skipped where FSTIER_NATIVE=0 forces the Python path)."""
+    skip = pytest.mark.skipif(os.environ.get("FSTIER_NATIVE") == "0", reason="FSTIER_NATIVE=0: the Python I/O path")
+    return skip(pytest.mark.parametrize("engine", ["python", "native"])(test))
 
 
 @BOTH
