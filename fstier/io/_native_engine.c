@@ -430,6 +430,39 @@ static void ce_job_free(ce_job *j) { /* GIL held */
     free(j);
 }
 
+/* The capsule's destructor (GIL held): once no thread of the engine runs,
+ * its undelivered events and jobs, eventfd and struct are freed; while a
+ * worker is still stuck in a late key the engine is left to it (a leak of
+ * one struct per engine whose mount hung, never a use after free). In a
+ * forked child the parent's engine is never touched. */
+static void ce_capsule_free(PyObject *cap) {
+    ce_engine *e = (ce_engine *)PyCapsule_GetPointer(cap, CE_CAPSULE);
+    if (!e || e->generation != atomic_load(&ce_generation)) {
+        PyErr_Clear();
+        return;
+    }
+    pthread_mutex_lock(&e->mu);
+    int idle = e->closed && e->live == 0 && !e->watchdog_live;
+    ce_event *ev = idle ? e->ev_head : NULL;
+    if (idle) e->ev_head = e->ev_tail = NULL;
+    pthread_mutex_unlock(&e->mu);
+    if (!idle) return;
+    while (ev) {
+        ce_event *nx = ev->next;
+        ce_job *j = ev->job;
+        if (ev->kind == EV_RELEASED || !j->had_late) ce_job_free(j);
+        free(ev);
+        ev = nx;
+    }
+    close(e->efd);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->work);
+    pthread_cond_destroy(&e->tick);
+    pthread_cond_destroy(&e->base_cv);
+    pthread_cond_destroy(&e->gone);
+    free(e);
+}
+
 static PyObject *py_engine_new(PyObject *self, PyObject *args) {
     (void)self;
     int rt, wt;
@@ -481,8 +514,15 @@ static PyObject *py_engine_new(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_OSError, "could not start the engine's threads");
         return NULL;
     }
-    /* No destructor: stuck workers may outlive every Python reference. */
-    return PyCapsule_New(e, CE_CAPSULE, NULL);
+    PyObject *cap = PyCapsule_New(e, CE_CAPSULE, ce_capsule_free);
+    if (!cap) { /* the threads run on; the struct is theirs (never freed) */
+        pthread_mutex_lock(&e->mu);
+        e->closed = 1;
+        pthread_cond_broadcast(&e->work);
+        pthread_cond_broadcast(&e->tick);
+        pthread_mutex_unlock(&e->mu);
+    }
+    return cap;
 }
 
 static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
@@ -794,7 +834,8 @@ static PyObject *py_engine_shutdown(PyObject *self, PyObject *args) {
     }
     done = e->live <= e->stuck && !e->watchdog_live;
     pthread_mutex_unlock(&e->mu);
-    if (signal) ce_signal(e);
+    (void)signal;
+    ce_signal(e); /* wakes the completion thread at once, events or not */
     Py_END_ALLOW_THREADS
     return PyBool_FromLong(done);
 }
