@@ -10,13 +10,25 @@ deadline."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from manager_support import FILE_BYTES, keys, load, open_tier, store, tiny_config
+from conftest import make_config
+from manager_support import (
+    FILE_BYTES,
+    TINY_GROUP,
+    keys,
+    load,
+    open_tier,
+    payload_for,
+    slot_bytes,
+    store,
+    tiny_config,
+)
 from test_fences import test_hundreds_of_timeouts_leave_no_slot_fenced  # noqa: F401
 from test_manager_faults import (  # noqa: F401
     test_a_block_that_vanishes_between_open_and_read_is_a_miss,
@@ -121,3 +133,37 @@ def test_native_path_keys_behind_hung_calls_fail_by_the_deadline(tmp_path: Path,
         assert tier.fenced_slots == frozenset(range(10, 18))
         native.clear_faults()
         assert tier.wait_fences_released(timeout=10)
+
+
+def test_namespaces_share_one_c_engine_and_start_no_python_io_thread(tmp_path: Path) -> None:
+    """tests/test_engine.py's sharing on the C engine: 12 namespaces, one
+    engine of 3 + 2 C workers, no fstier-io Python thread, every namespace's
+    bytes stored and loaded; the last close stops the workers."""
+    if os.environ.get("FSTIER_NATIVE") == "0":
+        pytest.skip("FSTIER_NATIVE=0: the Python I/O path")
+    before = {t.name for t in threading.enumerate()}
+    tiers = []
+    for i in range(12):
+        cfg = make_config(tmp_path / "root", groups=[dict(TINY_GROUP)], model={"name": f"acme/m-{i}"},
+                          tier={"read_threads": 3, "write_threads": 2, "native_io": "on"})
+        tiers.append(FsTier.from_config(cfg))
+        tiers[-1].pool.alloc(64)  # type: ignore[attr-defined]
+    try:
+        engine = tiers[0]._engine.engine
+        assert {id(t._engine.engine) for t in tiers} == {id(engine)}
+        assert type(engine).__name__ == "NativeEngine"
+        assert engine.info()["live"] == 3 + 2  # type: ignore[attr-defined]
+        for i, t in enumerate(tiers):
+            assert store(t, f"s{i}", keys(100 * i, 6)).success
+        for i, t in enumerate(tiers):
+            ks = keys(100 * i, 6)
+            assert load(t, f"l{i}", ks, first_slot=8).success
+            assert [slot_bytes(t, k, 8 + j) for j, k in enumerate(ks)] == [
+                payload_for(k, t.payload_bytes(k)) for k in ks
+            ]
+        new = {t.name for t in threading.enumerate()} - before
+        assert not [n for n in new if n.startswith("fstier-io")], sorted(new)
+    finally:
+        for t in tiers:
+            t.close()
+    assert engine.info()["live"] == 0 and engine.closed  # type: ignore[attr-defined]
