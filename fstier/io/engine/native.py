@@ -70,7 +70,7 @@ __all__ = ["NativeEngine", "available"]
 log = logging.getLogger("fstier.io")
 
 _MARKS = (None, TIMED_OUT, EXPIRED, CANCELLED)
-_HASH, _GROUP = attrgetter("block_hash"), attrgetter("group_idx")
+_HASH, _GROUP, _STATUS = attrgetter("block_hash"), attrgetter("group_idx"), attrgetter("status")
 
 
 def available() -> bool:
@@ -393,6 +393,8 @@ class NativeEngine:
         if job.kind == "load":
             return nat.load_outcomes(raw, paths)
         outs = nat.store_outcomes(raw, paths, blocks.options)
+        if StoreStatus.FAILED not in set(map(_STATUS, outs)):  # C-level: most jobs need no loop below
+            return outs
         for j, o in enumerate(outs):
             if o.status is StoreStatus.FAILED and o.cause == "ENOENT":
                 # The namespace directory was removed under the tier: the batch
