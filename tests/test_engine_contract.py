@@ -314,3 +314,24 @@ def test_a_c_engine_that_stopped_leaves_no_fd_or_thread() -> None:
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) <= fds
     assert threading.active_count() <= threads
+
+
+def test_a_hung_call_job_is_given_up_on_at_its_deadline_on_the_c_engine() -> None:
+    """A recency flush on a hung mount: the call job finishes (as timed out)
+    by its deadline so a drain does not wait for the mount, and the calls
+    queued behind it run on a new thread."""
+    engine = NativeEngine(1, 1)
+    reg = engine.register()
+    release = threading.Event()
+    ran: list[str] = []
+    try:
+        reg.submit(EngineJob("hung", "call", call=lambda: release.wait(10), timeout_s=0.2))
+        reg.submit(EngineJob("next", "call", call=lambda: ran.append("next"), timeout_s=5.0))
+        t0 = time.monotonic()
+        assert reg.wait_idle(5.0)
+        assert time.monotonic() - t0 < 1.5
+        assert ran == ["next"]
+        assert reg.collect() == []  # a call job publishes nothing
+    finally:
+        release.set()
+        reg.close()

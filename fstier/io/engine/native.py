@@ -25,7 +25,9 @@ watchdog, a completion list and an eventfd).
   slots of those and of its keys that never ran are in ``job.fenced`` (as a
   batch call's would be), released when the last late key returned.
 - ``"call"`` jobs (the recency flush: a Python callable) run on one Python
-  thread, ``<name>-call``, in order; a job of a block store on the Python
+  thread, ``<name>-call``, in order; one past its deadline is finished as
+  timed out by the completion thread, which starts a new call thread for the
+  calls behind it (the stuck one exits when its call returns); a job of a block store on the Python
   I/O path (``native_io: off``) runs on a :class:`PythonEngine` made on the
   first such job.
 
@@ -106,6 +108,8 @@ class NativeEngine:
         self._calls: deque[EngineJob] = deque()
         self._call_ready = threading.Condition(self.lock)
         self._call_thread: threading.Thread | None = None
+        #: the call job running now and its deadline (perf_counter seconds), or None
+        self._call_running: tuple[EngineJob, float] | None = None
         self._python: PythonEngine | None = None
         self._inner: dict[Registration, Registration] = {}
         self._closed = False
@@ -280,20 +284,53 @@ class NativeEngine:
             self._call_thread.start()
 
     def _run_calls(self) -> None:
+        me = threading.current_thread()
         while True:
             with self.lock:
-                while not self._calls and not self._closed:
+                while not self._calls and not self._closed and self._call_thread is me:
                     self._call_ready.wait()
-                if not self._calls:
+                if not self._calls or self._call_thread is not me:
+                    if self._call_thread is me:
+                        self._call_thread = None
                     return
                 job = self._calls.popleft()
+                limit = math.inf if job.timeout_s is None else time.perf_counter() + job.timeout_s
+                self._call_running = (job, limit)
             assert job.call is not None
             try:
                 job.call()
             except Exception:
                 log.exception("engine call job %r raised", job.tag)
+            with self.lock:
+                late = self._call_running is None or self._call_running[0] is not job
+                if not late:
+                    self._call_running = None
+            if late:  # given up on at its deadline; a new call thread took over
+                log.warning("late call job %r returned after its deadline", job.tag)
+                return
             job.results = [None]
             self._finish(job)
+
+    def _expire_call(self) -> float:
+        """A call job past its deadline (a touch on a hung mount) is given up
+        on: finished as timed out, its thread left to return on its own, a new
+        thread for the calls queued behind it. Returns seconds to the running
+        call's deadline (0.5 at most: the completion thread's wait)."""
+        with self.lock:
+            running = self._call_running
+            if running is None:
+                return 0.5
+            job, limit = running
+            left = limit - time.perf_counter()
+            if left > 0:
+                return min(0.5, left)
+            self._call_running = None
+            self._call_thread = None
+            if self._calls and not self._closed:
+                self._start_call_thread()
+        job.results = [TIMED_OUT]
+        self._finish(job)
+        return 0.5
 
     def _finish(self, job: EngineJob) -> None:
         """Publish ``job`` to its registration and signal it."""
@@ -317,8 +354,10 @@ class NativeEngine:
 
     def _dispatch(self) -> None:
         ext, cap = self._ext, self._cap
+        wait = 0.5
         while True:
-            ext.engine_wait(cap, 0.5)
+            ext.engine_wait(cap, wait)
+            wait = self._expire_call()
             try:
                 events = ext.engine_collect(cap)
             except RuntimeError:  # a forked child's copy of this thread does not exist; defensive
