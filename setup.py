@@ -16,7 +16,7 @@ if sys.platform.startswith("linux") and sys.byteorder == "little":
         Extension(
             "fstier.io._native",
             sources=["fstier/io/_native.c"],
-            depends=["fstier/io/_native_xxh3.h"],
+            depends=["fstier/io/_native_xxh3.h", "fstier/io/_native_engine.c"],
             extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden"],
             optional=True,
         )

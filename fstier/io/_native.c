@@ -554,6 +554,7 @@ typedef struct {
     uint32_t group;
     Py_buffer buf;
     int have_buf;
+    int replace; /* store: write even over a regular file (its last load failed) */
     /* results */
     int status, err, stage;
     int tmpfile_err; /* errno of this block's O_TMPFILE refusal (0: none) */
@@ -769,7 +770,7 @@ static void store_one(fx_item *it, int base_fd, int flags, mode_t mode, size_t a
     if (!fresh) {
         struct stat st;
         if (x_fstatat(dfd, name, &st) == 0) {
-            if (S_ISREG(st.st_mode)) {
+            if (S_ISREG(st.st_mode) && !it->replace) {
                 it->status = ST_SKIPPED;
                 close(dfd);
                 return;
@@ -1831,7 +1832,11 @@ static PyObject *py_configure(PyObject *self, PyObject *args, PyObject *kw) {
                          fx_impl == 2 ? "avx2" : fx_impl == 1 ? "sse2" : "scalar");
 }
 
+/* The job engine (persistent workers, deadlines, fences): its own file. */
+#include "_native_engine.c"
+
 static PyMethodDef methods[] = {
+    ENGINE_METHODS
     {"store_batch", py_store_batch, METH_VARARGS,
      "store_batch(base, rels, hashes, groups, payloads, digest, page_count, flags, mode, "
      "created_ns, alignment, helpers=0) -> [(status, errno, nbytes, stage, tmpfile_refused_errno)] "
@@ -1884,6 +1889,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     atomic_store(&use_openat2, fd >= 0);
     pthread_atfork(NULL, NULL, lk_atfork_child);
     pthread_atfork(NULL, NULL, fan_atfork_child);
+    pthread_atfork(NULL, NULL, ce_atfork_child);
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
     PyModule_AddIntConstant(m, "F_CHECKSUM", F_CHECKSUM);

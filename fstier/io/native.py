@@ -70,15 +70,19 @@ __all__ = [
     "clear_faults",
     "fault",
     "fault_count",
+    "flags",
     "load_batch",
+    "load_outcomes",
     "log_selection_once",
     "lookup_batch",
     "lookup_stuck",
     "lookup_within",
     "native_backend",
     "python_backend",
+    "split",
     "status",
     "store_batch",
+    "store_outcomes",
     "touch_batch",
     "xxh3_64",
 ]
@@ -211,7 +215,8 @@ def _errname(code: int) -> str:
     return errno.errorcode.get(code, f"errno{code}")
 
 
-def _flags(opts: IOOptions, *, mkdir: bool = False) -> int:
+def flags(opts: IOOptions, *, mkdir: bool = False) -> int:
+    """The extension's flag bits for ``opts`` (``mkdir``: create missing directories)."""
     ext = _require()
     f = 0
     if opts.checksum:
@@ -232,7 +237,7 @@ def _flags(opts: IOOptions, *, mkdir: bool = False) -> int:
     return f
 
 
-def _split(base: str, paths: Sequence[str]) -> list[bytes]:
+def split(base: str, paths: Sequence[str]) -> list[bytes]:
     """Paths below ``base`` made relative to it, as bytes (``os.fsencode``:
     a root's path need not be UTF-8; a path elsewhere is a bug)."""
     cut = len(base) + 1
@@ -271,12 +276,20 @@ def store_batch(
     root's, never the process's), so later calls for this root skip it; a
     call without capabilities tries ``O_TMPFILE`` again next time."""
     ext = _require()
-    rels = _split(base, paths)
+    rels = split(base, paths)
     raw = ext.store_batch(
         os.fsencode(base), rels, list(map(_HASH, keys)), list(map(_GROUP, keys)), list(payloads),
-        namespace_digest, page_count, _flags(opts, mkdir=True), opts.file_mode,
+        namespace_digest, page_count, flags(opts, mkdir=True), opts.file_mode,
         created_ns if created_ns is not None else _now_ns(), opts.alignment, helpers,
     )
+    return store_outcomes(raw, paths, opts)
+
+
+def store_outcomes(
+    raw: Sequence[tuple[int, int, int, int, int]], paths: Sequence[str], opts: IOOptions
+) -> list[StoreOutcome]:
+    """The outcomes of the extension's per-key store tuples (``store_batch``'s,
+    or the native engine's), a refusal of ``O_TMPFILE`` recorded in ``opts``."""
     if len(raw) == len(paths) and len(set(raw)) == 1 and raw[0][0] != 2 and not raw[0][4]:
         # Every block got the same success tuple (the common batch): one
         # shared outcome, no loop over the keys (outcomes are frozen; mixed
@@ -325,11 +338,19 @@ def load_batch(
     of them at once (-1: all), the rest one per read that would block (each
     read asks the page cache first, ``RWF_NOWAIT``: see ``_native.c``)."""
     ext = _require()
-    rels = _split(base, paths)
+    rels = split(base, paths)
     raw = ext.load_batch(
         os.fsencode(base), rels, list(map(_HASH, keys)), list(map(_GROUP, keys)), list(buffers),
-        namespace_digest, _flags(opts), opts.alignment, helpers, eager,
+        namespace_digest, flags(opts), opts.alignment, helpers, eager,
     )
+    return load_outcomes(raw, paths)
+
+
+def load_outcomes(
+    raw: Sequence[tuple[int, int, int, int, int, int]], paths: Sequence[str]
+) -> list[LoadOutcome]:
+    """The outcomes of the extension's per-key load tuples (``load_batch``'s,
+    or the native engine's); proven-corrupt files and planted links removed."""
     if len(raw) == len(paths) and len(set(raw)) == 1 and raw[0][0] == 0:
         # Every block LOADED with one length: one shared (frozen) outcome.
         return [LoadOutcome(LoadStatus.LOADED, nbytes=raw[0][2])] * len(raw)
@@ -384,7 +405,7 @@ def lookup_batch(base: str, paths: Sequence[str], *, prefix: bool = False) -> li
     not; nor is a file reached through a symlinked directory). One call,
     GIL released. With ``prefix`` the answer stops after the first miss."""
     ext = _require()
-    got = ext.lookup_batch(os.fsencode(base), _split(base, paths), prefix)
+    got = ext.lookup_batch(os.fsencode(base), split(base, paths), prefix)
     return [b == 1 for b in got]
 
 
@@ -400,7 +421,7 @@ def lookup_within(base: str, paths: Sequence[str], *, prefix: bool, timeout_s: f
     if not timeout_s >= 0:  # nan too
         raise ValueError(f"lookup_within(timeout_s={timeout_s!r}): expected seconds >= 0")
     timeout_s = min(float(timeout_s), threading.TIMEOUT_MAX)
-    got = ext.lookup_within(os.fsencode(base), _split(base, paths), prefix, timeout_s)
+    got = ext.lookup_within(os.fsencode(base), split(base, paths), prefix, timeout_s)
     return None if got is None else [b == 1 for b in got]
 
 
@@ -415,7 +436,7 @@ def touch_batch(base: str, paths: Sequence[str]) -> list[bool]:
     released: no symlink followed anywhere below ``base``, only a regular
     file with one link touched (as :func:`fstier.io.fsops.touch_file`)."""
     ext = _require()
-    got = ext.touch_batch(os.fsencode(base), _split(base, paths))
+    got = ext.touch_batch(os.fsencode(base), split(base, paths))
     return [b == 1 for b in got]
 
 
@@ -425,7 +446,7 @@ def remove_batch(base: str, paths: Sequence[str]) -> list[bool]:
     name itself never followed (a symlink there is removed, a directory
     stays). True where a name was removed."""
     ext = _require()
-    got = ext.remove_batch(os.fsencode(base), _split(base, paths))
+    got = ext.remove_batch(os.fsencode(base), split(base, paths))
     return [b == 1 for b in got]
 
 

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from fstier.clock import SYSTEM_CLOCK, Clock
-from fstier.errors import IOPoolClosedError
+from fstier.errors import ConfigError, IOPoolClosedError
 from fstier.io.engine.python import PythonEngine, Registration
 from fstier.io.engine.record import CANCELLED, EXPIRED, PENDING, TIMED_OUT, EngineJob, Marker
 
@@ -63,6 +63,9 @@ class Engine(Protocol):
     read_threads: int
     write_threads: int
 
+    @property
+    def closed(self) -> bool: ...
+
     def register(
         self, on_complete: Callable[[str], None] | None = None,
         on_released: Callable[[EngineJob], None] | None = None,
@@ -81,7 +84,31 @@ class Engine(Protocol):
 
 
 _lock = threading.Lock()
-_engines: dict[tuple[int, int, int], PythonEngine] = {}
+_engines: dict[tuple[int, int, int, str], Engine] = {}
+
+#: The backends :func:`shared_engine` builds; ``FSTIER_ENGINE`` picks one
+#: (default ``python``; ``native``: the C engine, opt-in until it passed the suite).
+BACKENDS = ("python", "native")
+
+
+def _backend(backend: str | None) -> str:
+    name = backend or os.environ.get("FSTIER_ENGINE", "").strip() or "python"
+    if name not in BACKENDS:
+        raise ConfigError(f"FSTIER_ENGINE={name!r} names no job engine; use one of {', '.join(BACKENDS)}")
+    return name
+
+
+def _make(backend: str, read_threads: int, write_threads: int, clock: Clock) -> Engine:
+    if backend == "native":
+        from fstier.io.engine.native import NativeEngine, available
+
+        if not available():
+            raise ConfigError(
+                "FSTIER_ENGINE=native, but fstier's native extension is not built; "
+                "reinstall fstier where a C compiler exists, or unset FSTIER_ENGINE"
+            )
+        return NativeEngine(read_threads, write_threads, clock=clock)
+    return PythonEngine(read_threads, write_threads, clock=clock)
 
 
 def _forget_after_fork() -> None:
@@ -98,12 +125,14 @@ if hasattr(os, "register_at_fork"):
 def shared_engine(
     read_threads: int, write_threads: int, *, clock: Clock = SYSTEM_CLOCK,
     on_complete: Callable[[str], None] | None = None,
-    on_released: Callable[[EngineJob], None] | None = None,
+    on_released: Callable[[EngineJob], None] | None = None, backend: str | None = None,
 ) -> Registration:
     """A registration with this process's engine of ``read_threads`` read-
     and ``write_threads`` write-priority threads on ``clock`` (one engine per
-    such triple, started by its first registration)."""
-    key = (read_threads, write_threads, id(clock))
+    such triple and backend, started by its first registration). ``backend``:
+    ``"python"`` or ``"native"`` (None: ``FSTIER_ENGINE``, else python)."""
+    name = _backend(backend)
+    key = (read_threads, write_threads, id(clock), name)
     with _lock:
         engine = _engines.get(key)
         if engine is not None and not engine.closed:
@@ -111,5 +140,5 @@ def shared_engine(
                 return engine.register(on_complete, on_released)
             except IOPoolClosedError:  # its last registration closed meanwhile
                 pass
-        engine = _engines[key] = PythonEngine(read_threads, write_threads, clock=clock)
+        engine = _engines[key] = _make(name, read_threads, write_threads, clock)
         return engine.register(on_complete, on_released)

@@ -1,0 +1,446 @@
+"""The native engine: the :class:`~fstier.io.engine.Engine` protocol over the
+C job engine of ``fstier/io/_native_engine.c`` (persistent C workers, a C
+watchdog, a completion list and an eventfd).
+
+- ``submit``: ONE C call per job (``engine_submit``) with its relative paths,
+  key hashes, groups, buffers, a store's replace flags, its flags and
+  deadline, and an integer tag naming the record here. The C workers (read-
+  and write-priority, sized like the Python engine's threads) take the job's
+  keys one at a time: no Python runs on an I/O thread and no thread is
+  started per call.
+- Completion: one Python thread, ``<name>-complete``, waits on the engine's
+  eventfd with the GIL released and turns each C summary into the record's
+  results (one unit of every key when every key returned, one unit per key
+  otherwise: a key the engine gave up on is :data:`TIMED_OUT`,
+  :data:`EXPIRED` or :data:`CANCELLED`), then publishes it to its
+  registration and runs ``on_complete``; at a "released" event it sets
+  ``job.released`` and runs ``on_released``. It does no I/O but the rare
+  hand-backs the batch path does too: a store that found its namespace
+  directory removed, a corrupt file's removal.
+- A job runs on at most ``max(1, keys // MIN_KEYS_PER_THREAD)`` workers at
+  once (``spread``; the Python engine's split of a native job), its keys
+  taken in order: a small job's keys run one after another on one worker.
+- Deadlines and fences live in C (see ``_native_engine.c``): a job past its
+  deadline is published at once; when keys of it were still running, the
+  slots of those and of its keys that never ran are in ``job.fenced`` (as a
+  batch call's would be), released when the last late key returned.
+- ``"call"`` jobs (the recency flush: a Python callable) run on one Python
+  thread, ``<name>-call``, in order; one past its deadline is finished as
+  timed out by the completion thread, which starts a new call thread for the
+  calls behind it (the stuck one exits when its call returns); a job of a block store on the Python
+  I/O path (``native_io: off``) runs on a :class:`PythonEngine` made on the
+  first such job.
+
+The C watchdog reads the monotonic clock; :meth:`NativeEngine.set_clock`
+makes it a manual clock a test moves (a :class:`~fstier.clock.Clock` other
+than the system clock is not read by the C side).
+
+Invariants
+    Every record's engine fields change under :attr:`NativeEngine.lock`;
+    a job is published exactly once; ``on_released`` runs after
+    ``job.released`` is set and after the job was published.
+
+Costs
+    Per job: one C call at submit and a share of one ``engine_collect`` at
+    completion; O(1) Python per uniform job, O(keys) only when keys
+    differed or were given up on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from functools import partial
+from operator import attrgetter
+from typing import Any
+
+from fstier.clock import SYSTEM_CLOCK, Clock
+from fstier.errors import IOPoolClosedError
+from fstier.io import native as nat
+from fstier.io.engine.python import PythonEngine, Registration
+from fstier.io.engine.record import CANCELLED, EXPIRED, MIN_KEYS_PER_THREAD, TIMED_OUT, EngineJob
+from fstier.io.iotypes import StoreStatus
+
+__all__ = ["NativeEngine", "available"]
+
+log = logging.getLogger("fstier.io")
+
+_MARKS = (None, TIMED_OUT, EXPIRED, CANCELLED)
+_HASH, _GROUP, _STATUS = attrgetter("block_hash"), attrgetter("group_idx"), attrgetter("status")
+
+
+def available() -> bool:
+    """Whether the extension with the engine is built."""
+    return nat._ext is not None and hasattr(nat._ext, "engine_new")
+
+
+class NativeEngine:
+    """The C job engine behind the engine protocol (module docstring)."""
+
+    backend = "native"
+
+    def __init__(
+        self, read_threads: int, write_threads: int, *, clock: Clock = SYSTEM_CLOCK, name: str = "fstier-engine",
+    ) -> None:
+        if read_threads < 1 or write_threads < 1:
+            raise ValueError(
+                f"an engine needs at least one read and one write thread, got {read_threads} and {write_threads}"
+            )
+        if not available():
+            raise RuntimeError("the native engine needs fstier's native extension; it is not built")
+        ext: Any = nat._ext
+        self._ext = ext
+        self.read_threads = read_threads
+        self.write_threads = write_threads
+        self._clock = clock
+        self._name = name
+        self.lock = threading.Lock()
+        self._cap = self._ext.engine_new(read_threads, write_threads)
+        self._jobs: dict[int, EngineJob] = {}
+        self._tags = itertools.count(1)
+        self._registrations: set[Registration] = set()
+        self._calls: deque[EngineJob] = deque()
+        self._call_ready = threading.Condition(self.lock)
+        self._call_thread: threading.Thread | None = None
+        #: the call job running now and its deadline (perf_counter seconds), or None
+        self._call_running: tuple[EngineJob, float] | None = None
+        self._python: PythonEngine | None = None
+        self._inner: dict[Registration, Registration] = {}
+        self._closed = False
+        self._pid = os.getpid()
+        self._dispatcher = threading.Thread(target=self._dispatch, name=f"{name}-complete", daemon=True)
+        self._dispatcher.start()
+
+    # ------------------------------------------------------------ public
+    def register(
+        self, on_complete: Callable[[str], None] | None = None,
+        on_released: Callable[[EngineJob], None] | None = None,
+    ) -> Registration:
+        """A new caller of this engine (see :class:`Registration`)."""
+        reg = Registration(self, on_complete, on_released)  # type: ignore[arg-type]  # the same protocol
+        with self.lock:
+            if self._closed:
+                raise IOPoolClosedError("the native I/O engine is shut down; cannot register")
+            self._registrations.add(reg)
+        return reg
+
+    def unregister(self, reg: Registration) -> None:
+        """``reg`` leaves: its jobs' keys not started are cancelled; the last
+        one to leave stops the engine."""
+        with self.lock:
+            if reg.closed:
+                return
+            reg.closed = True
+            self._registrations.discard(reg)
+            inner = self._inner.pop(reg, None)
+            last = not self._registrations
+            mine = [tag for tag, job in self._jobs.items() if job.owner is reg]
+        for tag in mine:
+            self._ext.engine_cancel(self._cap, tag)
+        if inner is not None:
+            inner.close()
+        if last:
+            self.shutdown()
+
+    def spare_threads(self, queue: str) -> int:
+        """Workers of ``queue``'s priority less the keys queued there (a hint)."""
+        info = self._ext.engine_info(self._cap)
+        threads = self.read_threads if queue == "read" else self.write_threads
+        return max(0, threads - int(info["queued_" + queue]))
+
+    def queue_depth(self, queue: str) -> int:
+        """Keys of ``queue`` waiting for a worker."""
+        return int(self._ext.engine_info(self._cap)["queued_" + queue])
+
+    @property
+    def stuck_threads(self) -> int:
+        """C workers still blocked in a key that timed out."""
+        return int(self._ext.engine_info(self._cap)["stuck"])
+
+    @property
+    def timeouts(self) -> int:
+        """Keys reported timed out or expired since creation."""
+        return int(self._ext.engine_info(self._cap)["timeouts"])
+
+    def info(self) -> dict[str, int]:
+        """The C engine's counters (live and stuck workers, queued keys, jobs held)."""
+        return dict(self._ext.engine_info(self._cap))
+
+    def set_clock(self, now_s: float) -> None:
+        """Make the C watchdog's clock manual, at ``now_s`` (tests; a later
+        call moves it and wakes the watchdog)."""
+        self._ext.engine_clock(self._cap, float(now_s))
+
+    def submit(self, reg: Registration, job: EngineJob) -> None:
+        """Queue ``job`` for ``reg``: one C call; never blocks."""
+        blocks = job.blocks
+        if job.call is None and (blocks is None or not blocks.batched):
+            self._submit_python(reg, job)
+            return
+        n = len(job.keys)
+        job.owner = reg
+        job.t_submit = time.perf_counter()
+        job.submitted = now = self._clock.monotonic()
+        job.deadline = math.inf if job.timeout_s is None else now + job.timeout_s
+        job.bounds, job.helpers = (0, n if job.call is None else 1), 0
+        job.results = []
+        job.remaining = 1
+        if job.call is not None:
+            with self.lock:
+                self._check_open(reg, job)
+                reg.active += 1
+                self._calls.append(job)
+                self._start_call_thread()
+                self._call_ready.notify()
+            return
+        assert blocks is not None and job.buffers is not None
+        base = os.fspath(blocks.mapper.blocks_dir)
+        opts = blocks.options
+        store = job.kind == "store"
+        hashes = list(map(_HASH, job.keys))  # C-level loops: no bytecode per key
+        groups = list(map(_GROUP, job.keys))
+        bufs = job.buffers.views(job.slots, job.nbytes)
+        rels = nat.split(base, job.paths)
+        tag = next(self._tags)
+        replace = list(job.replace) if store and job.replace is not None and any(job.replace) else None
+        with self.lock:
+            self._check_open(reg, job)
+            reg.active += 1
+            self._jobs[tag] = job
+        try:
+            self._ext.engine_submit(
+                self._cap, tag, 1 if store else 0, os.fsencode(base), rels, hashes, groups, bufs, replace,
+                blocks.mapper.digest_bytes, blocks._bpf, nat.flags(opts, mkdir=store), opts.file_mode,
+                time.time_ns(), opts.alignment, -1.0 if job.timeout_s is None else float(job.timeout_s),
+                max(1, n // MIN_KEYS_PER_THREAD),
+            )
+        except BaseException:
+            with self.lock:
+                self._jobs.pop(tag, None)
+                reg.active -= 1
+            raise
+
+    def shutdown(self, timeout: float | None = 10.0) -> None:
+        """Cancel queued keys, let running ones finish, stop the workers
+        (stuck ones are not waited for). Idempotent."""
+        with self.lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._call_ready.notify_all()
+            calls = list(self._calls)
+            self._calls.clear()
+        for job in calls:
+            job.results = [CANCELLED]
+            self._finish(job)
+        if os.getpid() != self._pid:
+            return  # a forked child: the parent's engine is not ours to stop
+        self._ext.engine_shutdown(self._cap, -1.0 if timeout is None else float(timeout))
+        python = self._python
+        if python is not None:
+            python.shutdown(timeout)
+        if threading.current_thread() is not self._dispatcher:  # a callback may close the last registration
+            self._dispatcher.join(timeout)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ----------------------------------------------------------- internals
+    def _check_open(self, reg: Registration, job: EngineJob) -> None:
+        if self._closed or reg.closed:
+            raise IOPoolClosedError(f"the native I/O engine is shut down; cannot submit job {job.tag!r}")
+
+    def _submit_python(self, reg: Registration, job: EngineJob) -> None:
+        """A job of a Python-path block store: on a Python engine, published here."""
+        with self.lock:
+            self._check_open(reg, job)
+            if self._python is None:
+                self._python = PythonEngine(self.read_threads, self.write_threads, clock=self._clock)
+            inner = self._inner.get(reg)
+            if inner is None:
+                inner = self._inner[reg] = self._python.register(
+                    partial(self._forward, reg), reg.on_released
+                )
+            reg.active += 1
+        inner.submit(job)
+
+    def _forward(self, reg: Registration, _kind: str = "") -> None:
+        inner = self._inner.get(reg)
+        if inner is not None:
+            for job in inner.collect():
+                job.owner = reg
+                self._finish(job)
+
+    def _start_call_thread(self) -> None:
+        if self._call_thread is None:
+            self._call_thread = threading.Thread(target=self._run_calls, name=f"{self._name}-call", daemon=True)
+            self._call_thread.start()
+
+    def _run_calls(self) -> None:
+        me = threading.current_thread()
+        while True:
+            with self.lock:
+                while not self._calls and not self._closed and self._call_thread is me:
+                    self._call_ready.wait()
+                if not self._calls or self._call_thread is not me:
+                    if self._call_thread is me:
+                        self._call_thread = None
+                    return
+                job = self._calls.popleft()
+                limit = math.inf if job.timeout_s is None else time.perf_counter() + job.timeout_s
+                self._call_running = (job, limit)
+            assert job.call is not None
+            try:
+                job.call()
+            except Exception:
+                log.exception("engine call job %r raised", job.tag)
+            with self.lock:
+                late = self._call_running is None or self._call_running[0] is not job
+                if not late:
+                    self._call_running = None
+            if late:  # given up on at its deadline; a new call thread took over
+                log.warning("late call job %r returned after its deadline", job.tag)
+                return
+            job.results = [None]
+            self._finish(job)
+
+    def _expire_call(self) -> float:
+        """A call job past its deadline (a touch on a hung mount) is given up
+        on: finished as timed out, its thread left to return on its own, a new
+        thread for the calls queued behind it. Returns seconds to the running
+        call's deadline (0.5 at most: the completion thread's wait)."""
+        with self.lock:
+            running = self._call_running
+            if running is None:
+                return 0.5
+            job, limit = running
+            left = limit - time.perf_counter()
+            if left > 0:
+                return min(0.5, left)
+            self._call_running = None
+            self._call_thread = None
+            if self._calls and not self._closed:
+                self._start_call_thread()
+        job.results = [TIMED_OUT]
+        self._finish(job)
+        return 0.5
+
+    def _finish(self, job: EngineJob) -> None:
+        """Publish ``job`` to its registration and signal it."""
+        reg: Registration = job.owner
+        with self.lock:
+            job.done = True
+            job.remaining = 0
+            job.started_units = len(job.results)
+            if not job.t_end:
+                job.t_end = time.perf_counter()
+            if job.call is None:
+                reg.finished.append(job)
+            reg.active -= 1
+            if reg.active == 0:
+                reg.idle.notify_all()
+        if job.call is None and reg.on_complete is not None:
+            try:
+                reg.on_complete(job.kind)
+            except Exception:
+                log.exception("on_complete callback failed for job %r", job.tag)
+
+    def _dispatch(self) -> None:
+        ext, cap = self._ext, self._cap
+        wait = 0.5
+        while True:
+            ext.engine_wait(cap, wait)
+            wait = self._expire_call()
+            try:
+                events = ext.engine_collect(cap)
+            except RuntimeError:  # a forked child's copy of this thread does not exist; defensive
+                return
+            for ev in events:
+                try:
+                    self._event(ev)
+                except Exception:
+                    log.exception("native engine: completing job tag %r failed", ev[0])
+            with self.lock:
+                if self._closed and not self._jobs and not events:
+                    return
+
+    def _event(self, ev: tuple[Any, ...]) -> None:
+        tag, kind = ev[0], ev[1]
+        if kind == 1:  # released: every late key returned
+            with self.lock:
+                job = self._jobs.pop(tag)
+                job.released = True
+                job.late = 0
+            reg: Registration = job.owner
+            log.warning("late I/O returned for job %r after its deadline; results dropped, slots released", job.tag)
+            if reg.on_released is not None:
+                try:
+                    reg.on_released(job)
+                except Exception:
+                    log.exception("on_released callback failed for job %r", job.tag)
+            if reg.on_complete is not None:
+                try:
+                    reg.on_complete(job.kind)
+                except Exception:
+                    log.exception("on_complete callback failed for job %r", job.tag)
+            return
+        _, _, seconds, uniform, per_key, marks = ev
+        with self.lock:
+            job = self._jobs[tag] if marks is not None and 1 in marks else self._jobs.pop(tag)
+        self._judge_summary(job, uniform, per_key, marks)
+        job.t_end = job.t_submit + seconds
+        self._finish(job)
+
+    def _judge_summary(self, job: EngineJob, uniform: Any, per_key: Any, marks: bytes | None) -> None:
+        """The record's results from a C summary (see the module docstring)."""
+        n = len(job.keys)
+        if marks is None:
+            raw = [uniform] * n if uniform is not None else per_key
+            job.bounds = (0, n)
+            job.results = [self._outcomes(job, raw, range(n))]
+            return
+        job.bounds = tuple(range(n + 1))
+        done = [i for i in range(n) if marks[i] == 0]
+        outs = self._outcomes(job, [per_key[i] for i in done], done) if done else []
+        results: list[Any] = [_MARKS[m] for m in marks]
+        for i, o in zip(done, outs, strict=True):
+            results[i] = [o]
+        job.results = results
+        late = marks.count(1)
+        if late:
+            # Fenced as a batch call's would be: the keys running and those
+            # that never ran (released together, when the last late key returned).
+            job.fenced = tuple(job.slots[i] for i in range(n) if marks[i] in (1, 2))
+            job.late = late
+            log.warning(
+                "I/O job %r exceeded its deadline (%ss): %d key(s) still running, %d slot(s) fenced",
+                job.tag, job.timeout_s, late, len(job.fenced),
+            )
+
+    @staticmethod
+    def _outcomes(job: EngineJob, raw: list[Any], idx: Any) -> list[Any]:
+        blocks = job.blocks
+        assert blocks is not None
+        paths = [job.paths[i] for i in idx] if len(raw) != len(job.paths) else job.paths
+        if job.kind == "load":
+            return nat.load_outcomes(raw, paths)
+        outs = nat.store_outcomes(raw, paths, blocks.options)
+        if StoreStatus.FAILED not in set(map(_STATUS, outs)):  # C-level: most jobs need no loop below
+            return outs
+        for j, o in enumerate(outs):
+            if o.status is StoreStatus.FAILED and o.cause == "ENOENT":
+                # The namespace directory was removed under the tier: the batch
+                # path's hand-back (re-create it and store this key again).
+                i = idx[j]
+                assert job.buffers is not None
+                view = job.buffers.views(job.slots[i : i + 1], job.nbytes[i : i + 1])[0]
+                replace = [bool(job.replace[i])] if job.replace is not None else None
+                outs[j] = blocks.store_many([(job.keys[i], view)], replace=replace, paths=[job.paths[i]])[0]
+        return outs
