@@ -109,7 +109,8 @@ class FsTier:
         self._own_pool: HostBlockPool | None = None  # closed by close() (from_config)
         self._payload_len = [self.mapper.expected_payload_bytes(g) for g in range(self.mapper.num_groups)]
         check_pool(pool, max(self._payload_len))
-        self._job_payload_len = self._payload_len[:1] if len(set(self._payload_len)) == 1 else self._payload_len  # one size for all groups: payload_sizes is a product, no loop over a job's keys
+        # One size for all groups: a job's payload sizes are a product, no loop over its keys.
+        self._job_payload_len = self._payload_len[:1] if len(set(self._payload_len)) == 1 else self._payload_len
         #: key -> file end to end (namespace, directories, recovery, headers, I/O)
         self.blocks = BlockStore.for_tier(self.mapper, tier, clock)
         self.io_options = self.blocks.options
@@ -257,15 +258,14 @@ class FsTier:
                 self._finish_now_locked(job_id, kind, n, cause)
                 return
             job = self._inflight[job_id] = self._maker.job(job_id, kind, keys_t, slots_t, op_bytes)
-        # Native: one call per job, a C helper per further spare I/O thread; Python: per key.
         self._engine.submit(job)
 
     def touch(self, keys: Sequence[BlockKey]) -> None:
         """Mark ``keys`` recently used (LRU recency) without a system call
         here: their mtimes are bumped by the batched recency writes. Keys
-        without a file are ignored."""
+        without a file are ignored (one lock, no bytecode per key)."""
         self._check_open()
-        self._recency.note_many(self.blocks.paths(known_groups(keys, len(self._payload_len))))  # one lock, no bytecode per key
+        self._recency.note_many(self.blocks.paths(known_groups(keys, len(self._payload_len))))
 
     def flush_recency(self) -> None:
         """Write pending hit recency to the files' mtimes now (it is otherwise

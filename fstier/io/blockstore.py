@@ -31,15 +31,13 @@ API shape (the seam between backends)
     batches and how many C helper threads each native call may start.
 
 Costs
-    A native batch: one call for the batch (Python around it per batch, no
-    bytecode per key unless a key failed or must be replaced),
-    then per key the system calls below, made in C. A store into a directory already made: the per-file store path (7 system
-    calls). Into a new fan-out directory: the walk's ``mkdirat``/``openat``
-    calls, then the store through the fd the walk opened (no second
-    resolution, no existence check). A load: 3 system calls. Directories
-    known to exist are remembered only to skip ``mkdir`` calls: the memory
-    grants nothing, since every store resolves its directory again without
-    following a symlink.
+    A native batch: one call for the batch (Python around it per batch, no bytecode per key unless a
+    key failed or must be replaced), then per key the system calls below, made in C. A store into a
+    directory already made: the per-file store path (7 system calls). Into a new fan-out directory:
+    the walk's ``mkdirat``/``openat`` calls, then the store through the fd the walk opened (no
+    second resolution, no existence check). A load: 3 system calls. Directories known to exist are
+    remembered only to skip ``mkdir`` calls: the memory grants nothing, since every store resolves
+    its directory again without following a symlink.
 """
 
 from __future__ import annotations
@@ -222,7 +220,7 @@ def _present_python(base: str, paths: Sequence[str], prefix: bool) -> list[bool]
             try:
                 for i in idx:
                     try:
-                        out[i] = stat.S_ISREG(os.stat(paths[i].rpartition("/")[2], dir_fd=dfd, follow_symlinks=False).st_mode)
+                        out[i] = stat.S_ISREG(os.lstat(paths[i].rpartition("/")[2], dir_fd=dfd).st_mode)
                     except (OSError, ValueError):
                         out[i] = False
                     if prefix and not out[i]:
@@ -381,7 +379,9 @@ class BlockStore:
         itself; a path refused as unsafe is :class:`PathSafetyError`."""
         return self.store_many([(key, payload)], replace=[replace])[0]
 
-    def _store_guarded(self, key: BlockKey, payload: memoryview, replace: bool, path: str | None = None) -> StoreOutcome:
+    def _store_guarded(
+        self, key: BlockKey, payload: memoryview, replace: bool, path: str | None = None
+    ) -> StoreOutcome:
         """:meth:`_store_one`, its refusal (:class:`PathSafetyError`: a
         fan-out directory swapped for a symlink) or unexpected ``OSError``
         turned into this key's FAILED outcome, so one key never fails the

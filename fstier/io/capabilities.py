@@ -323,7 +323,8 @@ class RootCapabilities:
                 return
             self._tmpfile = False
         why = errno_name(exc) if exc is not None else "asked"
-        log.info("O_TMPFILE unavailable under %s (%s); publishing through named temp files", self.root or "this root", why)
+        where = self.root or "this root"
+        log.info("O_TMPFILE unavailable under %s (%s); publishing through named temp files", where, why)
 
     def __repr__(self) -> str:
         return f"RootCapabilities(root={self.root!r}, o_direct={self.o_direct.enabled}, tmpfile={self._tmpfile})"

@@ -126,10 +126,10 @@ def read_manifest_bytes(path: Path, dir_fd: int | None = None) -> bytes | None:
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
         # O_NONBLOCK: a FIFO must not block the open (FsTier start, the CLI).
-        if dir_fd is None:
-            fd = open_nofollow(path, flags)
-        else:
-            fd = os.open(path.name, flags | os.O_CLOEXEC, dir_fd=dir_fd)
+        fd = (
+            open_nofollow(path, flags) if dir_fd is None
+            else os.open(path.name, flags | os.O_CLOEXEC, dir_fd=dir_fd)
+        )
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -199,7 +199,9 @@ def read_manifest(namespace_dir: Path, dir_fd: int | None = None) -> Manifest | 
     manifest = parse_manifest(path, raw)
     digest = hashlib.sha256(canonical_json(manifest.fields)).hexdigest()[:16]
     if manifest.digest != digest:
-        raise _refuse(path, f"its fields differ from its digest {manifest.digest!r} (they hash to {digest}): altered by hand")
+        raise _refuse(
+            path, f"its fields differ from its digest {manifest.digest!r} (they hash to {digest}): altered by hand"
+        )
     if manifest.namespace != namespace_dir.name or not namespace_dir.name.endswith("-" + digest):
         raise _refuse(path, f"it names namespace {manifest.namespace!r}, not this directory")
     return manifest

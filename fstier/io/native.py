@@ -117,8 +117,9 @@ class NativeStatus(NamedTuple):
 def status(mode: str = "auto") -> NativeStatus:
     """The path a tier configured with ``native_io: mode`` uses now (reads
     ``FSTIER_NATIVE`` each call: ``0`` forces the Python path; ``1`` turns
-    ``auto`` into ``on``, i.e. the extension is required; ``off`` stays off). Raises :class:`~fstier.errors.ConfigError` when the
-    extension is required but does not import."""
+    ``auto`` into ``on``, i.e. the extension is required; ``off`` stays
+    off). Raises :class:`~fstier.errors.ConfigError` when the extension is
+    required but does not import."""
     env = os.environ.get("FSTIER_NATIVE", "").strip()
     if env == "0":
         return python_backend("FSTIER_NATIVE=0 forces the Python I/O path")
@@ -466,9 +467,10 @@ def fault(
     unlink``, ``nowait``: a fan-out's page-cache-only read attempt, whose
     injected error makes it find nothing cached, and ``cachestat``:
     ``o_direct: cold``'s page-cache test, whose injected error makes it
-    find nothing cached, but ``ENOSYS``: a kernel without the call) on, for ``times`` calls (-1: all), sleep ``delay_s``, move at
-    most ``short`` bytes (read/write), and fail with ``err`` (before the
-    call, or ``after`` it happened). Rules add up until :func:`clear_faults`."""
+    find nothing cached, but ``ENOSYS``: a kernel without the call) on, for
+    ``times`` calls (-1: all), sleep ``delay_s``, move at most ``short``
+    bytes (read/write), and fail with ``err`` (before the call, or ``after``
+    it happened). Rules add up until :func:`clear_faults`."""
     _require().fault_set(op, err, nth, times, delay_s, short, after)
 
 
