@@ -7,19 +7,16 @@ block files' sizes summed here) and name each process by host and pid.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
+from _hung_mount import hung_mount
 from click.testing import CliRunner
 from manager_support import FILE_BYTES, keys, open_tier, store
 
@@ -185,28 +182,6 @@ def test_a_walk_past_the_deadline_is_reported_not_waited_for(tmp_path: Path) -> 
     assert doc["ok"] is False and "the walk of ROOT did not answer within 0.3 s" in doc["error"], (doc, walk)
     # the usage directory answered (none: no tier with max_bytes ran here); the walk was cut
     assert doc["published"] is False and doc["scan_bytes"] is None and took < walk, (took, walk)
-
-
-@contextlib.contextmanager
-def hung_mount(path: Path) -> Iterator[None]:
-    """A FUSE filesystem mounted at ``path`` whose server never answers:
-    every stat or listing under it blocks, as on an NFS or FUSE mount whose
-    server hangs. Closing the server's fd aborts it (the blocked calls fail
-    with ENOTCONN); then it is unmounted."""
-    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
-        pytest.skip("a hung FUSE mount needs root and /dev/fuse")
-    path.mkdir(parents=True, exist_ok=True)
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open("/dev/fuse", os.O_RDWR)
-    opts = f"fd={fd},rootmode=40000,user_id=0,group_id=0".encode()
-    if libc.mount(b"fstier-test-hung", str(path).encode(), b"fuse", 0, opts) != 0:
-        os.close(fd)
-        pytest.skip(f"cannot mount FUSE here: {os.strerror(ctypes.get_errno())}")
-    try:
-        yield
-    finally:
-        os.close(fd)
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def _status_bin(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:

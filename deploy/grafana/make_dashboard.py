@@ -10,8 +10,9 @@ scraping a real ``vllm serve`` and fails on a query with no data.
 Queries use two Grafana variables: ``$instance`` (the scrape targets shown)
 and ``$__rate_interval``. Rows: the tier under vLLM (``FstierTier``, names
 ``vllm:kv_offload_fstier_*``, with vLLM's own prefill figures), then
-fstier's own exporter (``FsTier.metrics.start_prometheus_exporter``:
-``fstier_*`` names, for SGLang, LMCache or FsTier used directly).
+fstier's own exporter (``fstier_*`` names: the ``metrics_port`` option
+under SGLang and LMCache, ``FsTier.metrics.start_prometheus_exporter`` for
+FsTier used directly).
 """
 
 from __future__ import annotations

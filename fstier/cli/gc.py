@@ -20,7 +20,7 @@ from fstier.cli.exits import ReportFailed, UsageFailure
 from fstier.cli.options import json_option, parse_size_option
 from fstier.cli.output import MAX_LISTED, display, emit_report, fmt_size
 from fstier.cli.progress import progress_bar, show_progress
-from fstier.cli.roots import fstier_root
+from fstier.cli.roots import checked_root_argument, deadline_option, fstier_root
 from fstier.config import MAX_TEMP_AGE_SECONDS
 
 __all__ = ["run_gc"]
@@ -78,7 +78,8 @@ def run_gc(
 
 # -- the command -----------------------------------------------------------
 @click.command("gc")
-@click.argument("root", type=click.Path(file_okay=False))
+# A plain string: click.Path would stat ROOT on this thread, past any deadline on a hung mount.
+@click.argument("root")
 @click.option("--max-bytes", "max_bytes", required=True, help="Target size, e.g. 500GiB or 2TB.")
 @click.option("--dry-run", is_flag=True, help="Report what would be removed; remove nothing.")
 @click.option(
@@ -94,9 +95,11 @@ def run_gc(
     is_flag=True,
     help="Also remove whole namespaces of another fstier format version (e.g. v1 after an upgrade).",
 )
+@deadline_option
 @json_option
 def gc_cmd(
-    root: str, max_bytes: str, dry_run: bool, temp_max_age: float, remove_foreign: bool, as_json: bool
+    root: str, max_bytes: str, dry_run: bool, temp_max_age: float, remove_foreign: bool, deadline: float,
+    as_json: bool,
 ) -> None:
     """Evict least-recently-used blocks under ROOT down to --max-bytes and sweep
     stale temp files, with the same code as FsTier's capacity manager."""
@@ -109,8 +112,9 @@ def gc_cmd(
             f"--temp-max-age: must be a finite number of seconds in (0, {MAX_TEMP_AGE_SECONDS:.0f}], "
             f"got {temp_max_age}",
         )
+    root_path = checked_root_argument(lambda: fstier_root(root), root, deadline)
     result = run_gc(
-        fstier_root(root), limit, dry_run=dry_run, temp_max_age_s=temp_max_age,
+        root_path, limit, dry_run=dry_run, temp_max_age_s=temp_max_age,
         progress=show_progress(as_json), remove_foreign=remove_foreign,
     )
     ok = result["errors"] == 0

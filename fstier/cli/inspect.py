@@ -25,7 +25,7 @@ from fstier.cli.output import (
     print_unreadable,
 )
 from fstier.cli.progress import progress_bar, show_progress
-from fstier.cli.roots import fstier_root
+from fstier.cli.roots import checked_root_argument, deadline_option, fstier_root
 from fstier.cli.tables import Column, terminal_width
 
 if TYPE_CHECKING:  # scan imports the I/O layer (numpy): not for `inspect --help`
@@ -76,19 +76,22 @@ def inspect_rows(namespaces: Sequence[NamespaceStats]) -> tuple[tuple[Column, ..
 
 
 @click.command("inspect")
-@click.argument("root", type=click.Path(file_okay=False))
+# A plain string: click.Path would stat ROOT on this thread, past any deadline on a hung mount.
+@click.argument("root")
+@deadline_option
 @click.option("--wide", is_flag=True, help="Show every column, however wide (default: what fits the terminal).")
 @json_option
-def inspect_cmd(root: str, wide: bool, as_json: bool) -> None:
+def inspect_cmd(root: str, deadline: float, wide: bool, as_json: bool) -> None:
     """One row per namespace under ROOT: model, parallel layout, files, bytes, ages.
 
     Namespace, files and bytes are always shown, whole; other columns as the
     terminal's width (COLUMNS) allows, all with --wide. Exit 1 when part of
-    ROOT could not be read (the totals are then partial).
+    ROOT could not be read (the totals are then partial), or when ROOT did
+    not answer within --deadline (a hung mount).
     """
     from fstier.tier.scan import inspect_root
 
-    root_path = fstier_root(root)
+    root_path = checked_root_argument(lambda: fstier_root(root), root, deadline)
     with progress_bar("inspect", show_progress(as_json)) as bar:
         report = inspect_root(root_path, on_file=bar.advance)
     verdict = (

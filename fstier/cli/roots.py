@@ -5,6 +5,11 @@ directory this user can list or plainly not an fstier root.
 (``fstier config validate --check-root`` proves a configured ``root_dir``
 works for writing: that is :mod:`fstier.cli.rootcheck`.) Only the top-level
 names of ROOT are read, so the checks cost nothing on a big root.
+
+Every command that takes ROOT runs these checks through :func:`within_deadline`
+(a daemon thread waited for at most ``--deadline``): ROOT is a plain string on
+the command line (click's ``Path`` would stat it on the main thread), so a
+hung mount is exit 1 with one line, never a command that hangs.
 """
 
 from __future__ import annotations
@@ -12,13 +17,55 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
-from fstier.cli.exits import RootRefused
+import click
+
+from fstier.cli.exits import RootRefused, RuntimeFailure, UsageFailure
 from fstier.cli.output import display
 from fstier.file_mapper import MANIFEST_NAME, is_namespace_name
 
-__all__ = ["check_root_shape", "existing_root", "fstier_root"]
+__all__ = [
+    "check_root_shape", "checked_root_argument", "deadline_option", "existing_root", "fstier_root", "within_deadline",
+]
+
+T = TypeVar("T")
+
+#: ``--deadline``: how long the ROOT checks may take before a command gives up.
+deadline_option = click.option(
+    "--deadline", type=float, default=10.0, show_default=True, metavar="SECONDS",
+    help="Give up on ROOT (a hung mount) after this long.",
+)
+
+
+def within_deadline(check: Callable[[], T], root: str, deadline: float) -> T:
+    """``check()`` (the ROOT checks, whose errors are the command's: exit 2
+    for a refused ROOT) on a daemon thread waited for at most ``deadline``
+    seconds: a ROOT that does not answer (a hung NFS or FUSE mount) is a
+    :class:`RuntimeFailure` (exit 1) naming it. The thread, stuck in the
+    kernel, is left behind; it dies with the process."""
+    if not deadline > 0 or deadline == float("inf"):
+        raise UsageFailure(f"--deadline: must be a finite number > 0 seconds, got {deadline:g}")
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(check())
+        except BaseException as exc:  # handed to the caller's thread
+            out.append(exc)
+
+    worker = threading.Thread(target=run, name="fstier-root-check", daemon=True)
+    worker.start()
+    worker.join(deadline)
+    if not out:
+        raise RuntimeFailure(f"ROOT {display(repr(root))} did not answer within {deadline:g} s (a hung mount?)")
+    if isinstance(out[0], BaseException):
+        raise out[0]
+    result: T = out[0]
+    return result
 
 
 def existing_root(root: str) -> Path:
@@ -50,6 +97,21 @@ def existing_root(root: str) -> Path:
     if not os.access(p, os.R_OK | os.X_OK):
         raise RootRefused(f"ROOT {shown}: permission denied (cannot list it); run as a user who can read it")
     return Path(os.path.realpath(p))
+
+
+def checked_root_argument(check: Callable[[], T], root: str, deadline: float) -> T:
+    """The ROOT argument of the running command as click's
+    ``Path(file_okay=False)`` checks it (its usage errors: a file given as
+    ROOT, a directory that cannot be read), then ``check()``, both under
+    :func:`within_deadline`."""
+    ctx = click.get_current_context()
+    param = next(p for p in ctx.command.params if p.name == "root")
+
+    def run() -> T:
+        click.Path(file_okay=False).convert(root, param, ctx)
+        return check()
+
+    return within_deadline(run, root, deadline)
 
 
 _MANIFEST = MANIFEST_NAME

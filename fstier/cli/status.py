@@ -14,17 +14,15 @@ under the tables), 2 for a bad ROOT or option.
 from __future__ import annotations
 
 import sys
-import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from fstier.cli.exits import ReportFailed, RuntimeFailure, UsageFailure
+from fstier.cli.exits import ReportFailed, UsageFailure
 from fstier.cli.options import json_option, parse_size_option
 from fstier.cli.output import display, emit_report, fmt_size, fmt_time
-from fstier.cli.roots import fstier_root
+from fstier.cli.roots import fstier_root, within_deadline
 from fstier.cli.tables import Column, print_table
 
 if TYPE_CHECKING:
@@ -118,28 +116,6 @@ def _verdict(st: RootStatus) -> str | None:
     return f"{len(st.problems)} problem(s) on this root: {st.problems[0]}"
 
 
-def _checked_root(root: str, deadline: float) -> Path:
-    """:func:`~fstier.cli.roots.fstier_root` (exit 2 for a ROOT that is not
-    an fstier root), on a daemon thread waited for at most ``deadline``: a
-    hung mount is exit 1 with one line, not a hang."""
-    out: list[Path | BaseException] = []
-
-    def run() -> None:
-        try:
-            out.append(fstier_root(root))
-        except BaseException as exc:  # handed to the caller's thread
-            out.append(exc)
-
-    worker = threading.Thread(target=run, name="fstier-status-root", daemon=True)
-    worker.start()
-    worker.join(deadline)
-    if not out:
-        raise RuntimeFailure(f"ROOT {display(repr(root))} did not answer within {deadline:g} s (a hung mount?)")
-    if isinstance(out[0], BaseException):
-        raise out[0]
-    return out[0]
-
-
 @click.command("status")
 # A plain string: click.Path would stat ROOT on this thread, past any deadline on a hung mount.
 @click.argument("root")
@@ -172,7 +148,7 @@ def status_cmd(
     if count is not None and (count < 1 or watch is None):
         raise UsageFailure("--count: must be >= 1, and only with --watch")
     max_bytes = None if max_bytes_text is None else parse_size_option(max_bytes_text, "--max-bytes")
-    root_path = _checked_root(root, deadline)
+    root_path = within_deadline(lambda: fstier_root(root), root, deadline)
     shown = 0
     while True:
         st = read_status(root_path, deadline_s=deadline, scan=not no_scan, max_bytes=max_bytes)

@@ -26,7 +26,7 @@ from fstier.cli.output import (
     print_unreadable,
 )
 from fstier.cli.progress import progress_bar, show_progress
-from fstier.cli.roots import check_root_shape, existing_root
+from fstier.cli.roots import check_root_shape, checked_root_argument, deadline_option, existing_root
 from fstier.tier.scan import checked_root
 from fstier.tier.verify import (
     BadFile,
@@ -50,23 +50,9 @@ def run_verify(
         return verify_root(root, namespace=namespace, fix=fix, headers_only=not full, on_file=bar.advance)
 
 
-# -- the command -----------------------------------------------------------
-@click.command("verify")
-@click.argument("root", type=click.Path(file_okay=False))
-@click.option("--namespace", "namespace", default=None, help="Only this namespace directory name.")
-@click.option("--wide", is_flag=True, help="Show every column, however wide (default: what fits the terminal).")
-@click.option("--fix", is_flag=True, help="Remove every bad block file (temp files are left to `fstier gc`).")
-@click.option(
-    "--headers-only",
-    is_flag=True,
-    help="Check headers, keys and lengths but skip reading payloads (fast).",
-)
-@json_option
-def verify_cmd(root: str, namespace: str | None, wide: bool, fix: bool, headers_only: bool, as_json: bool) -> None:
-    """Read and check every block under ROOT (header, key, length, checksum).
-
-    Exit 1 when a bad file was found and not removed.
-    """
+def _checked_root(root: str, namespace: str | None) -> Path:
+    """ROOT as :func:`~fstier.cli.roots.existing_root` has it, refused when it
+    is not an fstier root or ``--namespace`` is not one directory name in it."""
     root_path = existing_root(root)
     if namespace is not None:
         try:
@@ -80,6 +66,32 @@ def verify_cmd(root: str, namespace: str | None, wide: bool, fix: bool, headers_
             raise UsageFailure(f"--{exc}") from None
     else:
         check_root_shape(root_path, root)
+    return root_path
+
+
+# -- the command -----------------------------------------------------------
+@click.command("verify")
+# A plain string: click.Path would stat ROOT on this thread, past any deadline on a hung mount.
+@click.argument("root")
+@click.option("--namespace", "namespace", default=None, help="Only this namespace directory name.")
+@click.option("--wide", is_flag=True, help="Show every column, however wide (default: what fits the terminal).")
+@click.option("--fix", is_flag=True, help="Remove every bad block file (temp files are left to `fstier gc`).")
+@click.option(
+    "--headers-only",
+    is_flag=True,
+    help="Check headers, keys and lengths but skip reading payloads (fast).",
+)
+@deadline_option
+@json_option
+def verify_cmd(
+    root: str, namespace: str | None, wide: bool, fix: bool, headers_only: bool, deadline: float, as_json: bool,
+) -> None:
+    """Read and check every block under ROOT (header, key, length, checksum).
+
+    Exit 1 when a bad file was found and not removed, or when ROOT did not
+    answer within --deadline (a hung mount).
+    """
+    root_path = checked_root_argument(lambda: _checked_root(root, namespace), root, deadline)
     report = run_verify(root_path, namespace=namespace, fix=fix, full=not headers_only, progress=show_progress(as_json))
     if as_json:
         emit_report(report.to_json(), None if report.ok else _verdict(report))

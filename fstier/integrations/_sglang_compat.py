@@ -8,6 +8,8 @@
   ``--hicache-storage-backend-extra-config`` as a
   :class:`~fstier.config.TierConfig`: SGLang's own keys set aside, the rest
   fstier's options, the first bad key one :class:`~fstier.errors.ConfigError`.
+* :func:`sglang_metrics_port`: the port this rank serves fstier's metrics
+  on (``metrics_port`` plus the rank's index), or None.
 
 Importing this module never imports SGLang; each call reads package metadata
 or a dict only.
@@ -21,12 +23,14 @@ from typing import Any
 
 from fstier.config import TierConfig
 from fstier.errors import ConfigError, FstierError
+from fstier.integrations._exporter import check_metrics_port
 from fstier.integrations._options import tier_config_from_engine_options
 
 __all__ = [
     "SUPPORTED_SGLANG",
     "SglangUnavailableError",
     "check_supported",
+    "sglang_metrics_port",
     "sglang_version",
     "tier_config_from_extra_config",
 ]
@@ -36,6 +40,8 @@ __all__ = [
 SUPPORTED_SGLANG = ">=0.5.23,<0.6"
 _MIN_VERSION = (0, 5, 23)
 _MAX_VERSION_EXCL = (0, 6, 0)
+
+_DOC = "docs/sglang.md"
 
 #: Keys SGLang itself reads from (or leaves in) the extra config.
 _SGLANG_KEYS = frozenset(
@@ -112,11 +118,27 @@ def tier_config_from_extra_config(extra_config: dict[str, Any] | None) -> TierCo
             f"object, got {type(extra_config).__name__}"
         )
     opts = {k: v for k, v in (extra_config or {}).items() if k not in _SGLANG_KEYS}
+    check_metrics_port(opts.pop("metrics_port", None), "FstierHiCacheStorage", _DOC)
     return tier_config_from_engine_options(
         opts,
         who="FstierHiCacheStorage",
         engine="SGLang",
         engine_keys=_SGLANG_KEYS,
         aliases={},
-        doc="docs/sglang.md",
+        doc=_DOC,
     )
+
+
+def sglang_metrics_port(storage_config: Any) -> int | None:
+    """The port this SGLang rank serves fstier's metrics on: the extra
+    config's ``metrics_port`` plus the rank's index among the scheduler
+    processes (``tp_rank + tp_size * (pp_rank + pp_size * dp_rank)``), so the
+    ranks of one host never ask for one port; None without ``metrics_port``."""
+    extra = storage_config.extra_config or {}
+    base = check_metrics_port(extra.get("metrics_port"), "FstierHiCacheStorage", _DOC)
+    if base is None:
+        return None
+    c = storage_config
+    tp, pp = int(c.tp_size or 1), int(c.pp_size or 1)
+    rank = int(c.tp_rank or 0) + tp * (int(c.pp_rank or 0) + pp * int(c.dp_rank or 0))
+    return check_metrics_port(base + rank, "FstierHiCacheStorage", _DOC)

@@ -17,6 +17,7 @@ what their files are called.
   together unless the KV is rank-replicated.
 * :func:`page_hash`: SGLang's page key (exactly 64 lowercase hex digits;
   anything else is no page) as a :class:`~fstier.keys.BlockKey` hash.
+* :func:`count_true_prefix`: the pages of a batch that count (a prefix).
 
 Importing this module imports neither SGLang nor torch (torch is imported
 when a pool is measured).
@@ -25,6 +26,7 @@ when a pool is measured).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from fstier.errors import ConfigError
@@ -35,7 +37,7 @@ from fstier.slots.rows import RowSlots
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig
 
-__all__ = ["SUPPORTED_LAYOUTS", "PoolGeometry", "page_hash", "pool_mapper"]
+__all__ = ["SUPPORTED_LAYOUTS", "PoolGeometry", "count_true_prefix", "page_hash", "pool_mapper"]
 
 #: Host-pool layouts whose pages are fixed-size fragments of one buffer.
 SUPPORTED_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
@@ -223,3 +225,11 @@ def _uint8() -> Any:
     import torch
 
     return torch.uint8
+
+
+def count_true_prefix(flags: Sequence[bool]) -> int:
+    """How many leading pages of a batch succeeded (its results are a prefix)."""
+    for i, f in enumerate(flags):
+        if not f:
+            return i
+    return len(flags)

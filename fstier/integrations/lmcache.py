@@ -15,6 +15,9 @@ section gives defaults) and any ``tier`` field inline; anything else is a
 :class:`~fstier.errors.ConfigError` naming the key, raised when LMCache
 builds the adapter (``FstierL2AdapterConfig.from_dict``). ``o_direct``
 left unset is :data:`DEFAULT_O_DIRECT` (buffered), not fstier's ``auto``.
+``metrics_port`` (opt-in) serves every open namespace's ``fstier_*``
+metrics over HTTP (:mod:`fstier.integrations._exporter`), since LMCache does
+not put them on its own endpoint.
 
 How LMCache's world maps onto fstier (:mod:`fstier.integrations.lmcache_space`)
     * One chunk is one block file, ``BlockKey(chunk_hash, group=object_group_id)``,
@@ -68,11 +71,13 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
+from fstier.integrations._exporter import export_tier, serve_metrics, unexport_tier
 from fstier.integrations.lmcache_config import (
     DEFAULT_O_DIRECT,
     SUPPORTED_LMCACHE,
     LmcacheUnavailableError,
     lmcache_version,
+    metrics_port_from_adapter_params,
     tier_config_from_adapter_params,
 )
 from fstier.integrations.lmcache_space import (
@@ -155,20 +160,23 @@ else:
         """``adapter_params`` parsed (LMCache's plugin loader finds this class
         by name and calls :meth:`from_dict`)."""
 
-        def __init__(self, tier: TierConfig) -> None:
+        def __init__(self, tier: TierConfig, metrics_port: int | None = None) -> None:
             self.tier = tier
+            #: fstier's own Prometheus exporter's port (None: none started)
+            self.metrics_port = metrics_port
 
         @classmethod
         def from_dict(cls, d: dict[str, Any]) -> FstierL2AdapterConfig:
             check_lmcache()
-            return cls(tier_config_from_adapter_params(d))
+            return cls(tier_config_from_adapter_params(d), metrics_port_from_adapter_params(d))
 
         @classmethod
         def help(cls) -> str:
             return (
                 "fstier L2 adapter (adapter_params): root_dir (required), config (an fstier "
                 "YAML with a tier: section), any fstier tier field (max_bytes, checksum, "
-                "read_threads, write_threads, ...); see docs/lmcache.md"
+                "read_threads, write_threads, ...), metrics_port (serve fstier's Prometheus "
+                "metrics); see docs/lmcache.md"
             )
 
     class FstierL2Adapter(RootOps, L2AdapterInterface):  # type: ignore[no-redef,misc,unused-ignore]
@@ -179,6 +187,7 @@ else:
             if not isinstance(config, FstierL2AdapterConfig):
                 config = FstierL2AdapterConfig.from_dict(config)
             self.tier_config: TierConfig = config.tier
+            self._metrics_port = serve_metrics(config.metrics_port, "FstierL2Adapter")
             super().__init__(max_capacity_bytes=config.tier.max_bytes or 0)
             self._efd = {k: create_event_notifier() for k in ("store", "lookup", "load")}
             self._reg = Spaces(self._open_space, self._closed_space, MAX_SPACES)
@@ -253,12 +262,14 @@ else:
                 mapper.namespace, sid.model_name, sid.kv_rank,
                 "MLA" if sid.layout.mla else "MHA", sid.layout.nbytes,
             )
+            export_tier(tier, self._metrics_port)
             return Space(sid, tier, slots)
 
         def _closed_space(self, space: Space) -> None:
             """A namespace left the open set (:class:`Spaces`' closer thread):
             close its tier and tell LMCache what its last events say."""
             self._resolved.clear()
+            unexport_tier(space.tier)
             space.tier.close()
             notes = Notes()
             for ev in space.tier.take_events():
@@ -497,6 +508,7 @@ else:
                     return
                 self._closed = True
             for space in self._reg.close():
+                unexport_tier(space.tier)
                 try:
                     space.tier.close()
                 except Exception:

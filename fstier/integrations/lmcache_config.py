@@ -6,7 +6,9 @@
 * :func:`tier_config_from_adapter_params`: ``adapter_params`` as a
   :class:`~fstier.config.TierConfig`, checked like every fstier config
   (one :class:`~fstier.errors.ConfigError` naming the key); ``o_direct``
-  left unset is :data:`DEFAULT_O_DIRECT`.
+  left unset is :data:`DEFAULT_O_DIRECT`; ``metrics_port`` (fstier's own
+  Prometheus exporter, :mod:`fstier.integrations._exporter`) is set aside.
+* :func:`metrics_port_from_adapter_params`: that ``metrics_port``, checked.
 
 Importing this module imports neither LMCache nor torch; costs nothing
 beyond one package metadata read per check.
@@ -18,6 +20,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from fstier.errors import ConfigError, FstierError
+from fstier.integrations._exporter import check_metrics_port
 from fstier.integrations._options import tier_config_from_engine_options
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -25,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "DEFAULT_O_DIRECT", "SUPPORTED_LMCACHE", "LmcacheUnavailableError", "lmcache_version",
-    "tier_config_from_adapter_params",
+    "metrics_port_from_adapter_params", "tier_config_from_adapter_params",
 ]
 
 _DOC = "docs/lmcache.md"
@@ -74,15 +77,25 @@ DEFAULT_O_DIRECT = "cold"
 
 def tier_config_from_adapter_params(params: Any) -> TierConfig:
     """The :class:`~fstier.config.TierConfig` of ``adapter_params``
-    (``o_direct`` unset: :data:`DEFAULT_O_DIRECT`)."""
+    (``o_direct`` unset: :data:`DEFAULT_O_DIRECT`; ``metrics_port`` is
+    :func:`metrics_port_from_adapter_params`'s)."""
+    metrics_port_from_adapter_params(params)
+    tier = tier_config_from_engine_options(
+        {k: v for k, v in params.items() if k != "metrics_port"},
+        who="FstierL2Adapter", engine="LMCache", engine_keys=(), aliases={}, doc=_DOC,
+    )
+    if "o_direct" not in tier.model_fields_set:
+        tier = tier.model_copy(update={"o_direct": DEFAULT_O_DIRECT})
+    return tier
+
+
+def metrics_port_from_adapter_params(params: Any) -> int | None:
+    """``adapter_params``' ``metrics_port`` (None: not given): the port the
+    adapter's process serves fstier's metrics on, or one
+    :class:`ConfigError` naming it."""
     if not isinstance(params, dict):
         raise ConfigError(
             f"FstierL2Adapter adapter_params: expected a JSON object such as "
             f'{{"root_dir": "/mnt/kv"}}, got {type(params).__name__}; see {_DOC}'
         )
-    tier = tier_config_from_engine_options(
-        params, who="FstierL2Adapter", engine="LMCache", engine_keys=(), aliases={}, doc=_DOC
-    )
-    if "o_direct" not in tier.model_fields_set:
-        tier = tier.model_copy(update={"o_direct": DEFAULT_O_DIRECT})
-    return tier
+    return check_metrics_port(params.get("metrics_port"), "FstierL2Adapter", _DOC)

@@ -70,16 +70,19 @@ from fstier.config_file import shown
 from fstier.errors import ConfigError, KeyFormatError
 from fstier.file_mapper import FileMapper
 from fstier.integrations._blocking import BlockingJobs
+from fstier.integrations._exporter import export_tier, serve_metrics
 from fstier.integrations._sglang_compat import (
     SUPPORTED_SGLANG,
     SglangUnavailableError,
     check_supported,
+    sglang_metrics_port,
     sglang_version,
     tier_config_from_extra_config,
 )
 from fstier.integrations._sglang_pool import (
     SUPPORTED_LAYOUTS,
     PoolGeometry,
+    count_true_prefix,
     page_hash,
     pool_mapper,
 )
@@ -112,13 +115,6 @@ def check_sglang() -> str:
     it, else raise :class:`SglangUnavailableError` naming what is installed
     and what is supported."""
     return check_supported(sglang_version(), _IMPORT_ERROR)
-
-
-def _count_true_prefix(flags: Sequence[bool]) -> int:
-    for i, f in enumerate(flags):
-        if not f:
-            return i
-    return len(flags)
 
 
 # ------------------------------------------------------------------ backend
@@ -185,6 +181,7 @@ else:
             self._scratch_lock = threading.Lock()
             self._jobs: BlockingJobs | None = None
             self._unsupported_pools: list[str] = []
+            self._metrics_port = serve_metrics(sglang_metrics_port(storage_config), "FstierHiCacheStorage")
             self._pools_registered = False
             self._closed = False
             self._stats_lock = threading.Lock()
@@ -232,6 +229,7 @@ else:
             self.mapper = mapper
             self.fstier = tier
             self._jobs = BlockingJobs(tier, "SGLang")
+            export_tier(tier, self._metrics_port)
             log.info(
                 "fstier: SGLang HiCache storage at %s (namespace %s, %s, %s layout, %d "
                 "fragment(s) of %d bytes per page, %s)",
@@ -416,7 +414,7 @@ else:
                 for start in range(0, len(hashes), _SCRATCH_PAGES):
                     chunk = hashes[start : start + _SCRATCH_PAGES]
                     views = [geo.flat_page_bytes(t) for t in tensors[start : start + len(chunk)]]
-                    usable = _count_true_prefix([v is not None for v in views])
+                    usable = count_true_prefix([v is not None for v in views])
                     if usable < len(chunk):
                         log.error(
                             "fstier: SGLang legacy %s: page %d is not a contiguous host tensor "

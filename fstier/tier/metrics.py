@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fstier.errors import MetricsUnavailableError
 
-__all__ = ["Counter", "Gauge", "Histogram", "HistogramSnapshot", "LabeledCounter", "TierMetrics"]
+__all__ = [
+    "Counter", "Gauge", "Histogram", "HistogramSnapshot", "LabeledCounter", "TierMetrics", "serve_collector",
+    "tiers_collector",
+]
 
 #: Seconds buckets for per-job latency (0.1 ms .. 60 s).
 SECONDS_BUCKETS: tuple[float, ...] = (
@@ -219,46 +222,72 @@ class TierMetrics:
     def prometheus_collector(self) -> Any:
         """A ``prometheus_client`` collector reading these metrics at scrape
         time. Register it with ``registry.register(...)``."""
-        core = _import_prometheus()
-        metrics = self
-
-        class _Collector:
-            def collect(self) -> Iterator[Any]:
-                for m in metrics._all():
-                    if isinstance(m, Counter):
-                        fam = core.CounterMetricFamily(m.name.removesuffix("_total"), m.doc)
-                        fam.add_metric([], m.value)
-                    elif isinstance(m, Gauge):
-                        fam = core.GaugeMetricFamily(m.name, m.doc)
-                        fam.add_metric([], m.value)
-                    elif isinstance(m, LabeledCounter):
-                        fam = core.CounterMetricFamily(
-                            m.name.removesuffix("_total"), m.doc, labels=[m.label]
-                        )
-                        for label, v in sorted(m.values().items()):
-                            fam.add_metric([label], v)
-                    else:
-                        s = m.snapshot()
-                        fam = core.HistogramMetricFamily(m.name, m.doc)
-                        buckets = [(repr(b), float(c)) for b, c in zip(s.buckets, s.cumulative, strict=True)]
-                        buckets.append(("+Inf", float(s.count)))
-                        fam.add_metric([], buckets, s.total)
-                    yield fam
-
-            def describe(self) -> list[Any]:
-                return []
-
-        return _Collector()
+        return tiers_collector(lambda: [((), self)])
 
     def start_prometheus_exporter(self, port: int, addr: str = "0.0.0.0") -> Any:
         """Serve these metrics over HTTP on ``port`` from a daemon thread, in a
         private registry (so several FsTier instances never collide). Returns
         the registry."""
-        client = _import_prometheus_client()
-        registry = client.CollectorRegistry()
-        registry.register(self.prometheus_collector())
-        client.start_http_server(port, addr=addr, registry=registry)
-        return registry
+        return serve_collector(self.prometheus_collector(), port, addr)
+
+
+def serve_collector(collector: Any, port: int, addr: str = "0.0.0.0") -> Any:
+    """Serve ``collector`` over HTTP on ``port`` from a daemon thread, in a
+    private registry of its own. Returns the registry; ``OSError`` when the
+    port cannot be listened on."""
+    client = _import_prometheus_client()
+    registry = client.CollectorRegistry()
+    registry.register(collector)
+    client.start_http_server(port, addr=addr, registry=registry)
+    return registry
+
+
+def tiers_collector(
+    tiers: Callable[[], Sequence[tuple[tuple[str, ...], TierMetrics]]], labels: tuple[str, ...] = (),
+) -> Any:
+    """A ``prometheus_client`` collector of several tiers' metrics: at each
+    scrape ``tiers()`` gives ``(label values, metrics)`` pairs, and each
+    metric name is one family with one sample per tier, told apart by
+    ``labels`` (so tiers never collide in one registry). Costs one
+    :meth:`TierMetrics.snapshot`'s worth of reads per tier and scrape."""
+    core = _import_prometheus()
+
+    class _Collector:
+        def collect(self) -> Iterator[Any]:
+            listed = list(tiers())
+            if not listed:
+                return
+            for i, first in enumerate(listed[0][1]._metrics):
+                name = first.name.removesuffix("_total")
+                if isinstance(first, Counter):
+                    fam = core.CounterMetricFamily(name, first.doc, labels=labels)
+                elif isinstance(first, Gauge):
+                    fam = core.GaugeMetricFamily(first.name, first.doc, labels=labels)
+                elif isinstance(first, LabeledCounter):
+                    fam = core.CounterMetricFamily(name, first.doc, labels=[*labels, first.label])
+                else:
+                    fam = core.HistogramMetricFamily(first.name, first.doc, labels=labels)
+                for values, metrics in listed:
+                    _add_sample(fam, metrics._metrics[i], list(values))
+                yield fam
+
+        def describe(self) -> list[Any]:
+            return []
+
+    return _Collector()
+
+
+def _add_sample(fam: Any, m: Counter | Gauge | LabeledCounter | Histogram, values: list[str]) -> None:
+    if isinstance(m, Counter | Gauge):
+        fam.add_metric(values, m.value)
+    elif isinstance(m, LabeledCounter):
+        for label, v in sorted(m.values().items()):
+            fam.add_metric([*values, label], v)
+    else:
+        s = m.snapshot()
+        buckets = [(repr(b), float(c)) for b, c in zip(s.buckets, s.cumulative, strict=True)]
+        buckets.append(("+Inf", float(s.count)))
+        fam.add_metric(values, buckets, s.total)
 
 
 def _import_prometheus_client() -> Any:
