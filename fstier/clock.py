@@ -8,7 +8,8 @@ interval, the job engine's watchdog, the O_DIRECT re-probe) read a
 rest read the system clock: the lookup cache's answer lifetime, the
 capacity resync and eviction waits, ``drain``'s and the engine's shutdown
 deadlines, the durations reported, the wall-clock stamps written into block
-headers and lease files, and ``fstier status``'s report time
+headers and lease files, ``fstier status``'s report time, and the C job
+engine's watchdog (``CLOCK_MONOTONIC``, or a test's ``engine_clock``)
 (tests/test_doc_claims.py lists them). Production uses
 :data:`SYSTEM_CLOCK` (a :class:`MonotonicClock`); a test builds a
 :class:`ManualClock` and calls :meth:`ManualClock.advance`.

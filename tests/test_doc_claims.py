@@ -32,6 +32,9 @@ SYSTEM_CLOCK_READERS = {
     "fstier/tier/outcomes.py": "the lookup cache's answer lifetime (answers a finished job leaves)",
     "fstier/tier/capacity.py": "the capacity resync interval and the waits for an eviction pass",
     "fstier/io/engine/python.py": "a job's seconds; shutdown's deadline",
+    "fstier/io/engine/native.py": (
+        "a job's seconds, the headers' creation stamp, a call job's deadline (the C watchdog keeps its own clock)"
+    ),
     "fstier/tier/status.py": "`fstier status`: the report's wall-clock time (ages of counts) and its walk's seconds",
     "fstier/manager.py": "drain's deadline",
     "fstier/io/pool.py": "shutdown's deadline",

@@ -237,7 +237,7 @@ with open_tier(root, native_io=native_io, lookup_cache_ttl_s=0) as t:
             assert t.blocks.present_within(ks, timeout_s=v) == [True, False], v
             base = t.blocks.mapper.blocks_dir
             ext = native._require()  # the C entry clamps on its own, without the Python entry's clamp
-            rels = native._split(os.fspath(base), t.blocks.paths(ks))
+            rels = native.split(os.fspath(base), t.blocks.paths(ks))
             assert ext.lookup_within(os.fsencode(base), rels, False, v) == b"\\x01\\x00", v
     if t.blocks.batched:  # a slow probe under an infinite deadline is waited for, and answers
         native.fault("stat", delay_s=0.5, times=1)
