@@ -63,6 +63,18 @@ def test_lru_eviction_removes_oldest_down_to_low_watermark(tmp_path: Path) -> No
     assert rep.removed_files == 0  # below the high watermark: nothing to do
 
 
+def test_stores_in_flight_count_toward_both_watermarks(tmp_path: Path) -> None:
+    """``pending_bytes`` (admitted stores not on disk yet) count toward the
+    trigger and the target; ``final_bytes`` stays what is on disk."""
+    paths = [_block(tmp_path, i, 1000, age_s=100 - i) for i in range(8)]  # 0 is oldest
+    rep = collect_garbage(tmp_path, 10_000, low_watermark=0.5, high_watermark=0.9)
+    assert rep.removed_files == 0  # 8,000 on disk: below the high watermark
+    rep = collect_garbage(tmp_path, 10_000, low_watermark=0.5, high_watermark=0.9, pending_bytes=2_000)
+    # 8,000 + 2,000 in flight > 9,000 (high) -> down to 5,000 with them: 3,000 on disk.
+    assert (rep.removed_files, rep.final_bytes) == (5, 3000)
+    assert [p.exists() for p in paths] == [False] * 5 + [True] * 3
+
+
 def test_slow_walk_polls_should_stop_in_time(tmp_path: Path) -> None:
     """A pass renews its eviction lease where it polls ``should_stop``. That
     was every 1024 files: on ceph-fuse, walking another host's fresh files
@@ -785,6 +797,42 @@ def test_admission_counts_the_job_above_the_high_watermark(tmp_path: Path) -> No
         assert not cap.root_full(4_000) and not cap.root_full()
         cap.reserve(5_000)
         assert cap.root_full()  # over max_bytes: every store is dropped
+    finally:
+        cap.close()
+
+
+def test_a_pass_makes_room_for_stores_in_flight(tmp_path: Path) -> None:
+    """A pass evicted only for bytes on disk, so while admitted stores were
+    in flight above the high watermark it removed nothing, and admission
+    refused every store until the whole queue had landed: four namespaces
+    sharing the job engine's threads on the Python I/O path had 85% of
+    max_bytes in flight and dropped all 263 jobs offered meanwhile
+    (test_four_namespaces_of_one_process_storing_at_once_stay_within_max_bytes,
+    296 files stored of the > 300 it asks). A pass now evicts so that the
+    disk plus this process's stores in flight reach the low watermark, and
+    the next store is admitted before they land."""
+    from conftest import make_config
+
+    from fstier.tier.capacity import Capacity
+    from fstier.tier.metrics import TierMetrics
+
+    root = tmp_path / "root"
+    paths = [_block(root, i, 1000, age_s=100 - i) for i in range(10)]  # 0 is oldest
+    tier = make_config(root, tier={"max_bytes": 12_000}).tier  # high 11,400, low 9,600
+    cap = Capacity(root, tier, TierMetrics(), on_evicted=lambda p: None,
+                   before_pass=lambda: None, background=False)
+    try:
+        assert cap.run_pass().removed_files == 0 and cap.usage_bytes == 10_000
+        assert cap.try_reserve(2_000)  # admitted below the high watermark: 12,000 with it
+        assert not cap.try_reserve(1_000)  # above the high watermark and over max_bytes with it
+        report = cap.run_pass()  # the 2,000 are still in flight
+        assert (report.removed_files, report.final_bytes) == (3, 7_000)
+        assert [p.exists() for p in paths] == [False] * 3 + [True] * 7
+        assert cap.usage_bytes == 9_000  # 7,000 on disk + 2,000 in flight
+        assert cap.try_reserve(1_000)  # admitted before the first store landed
+        cap.settle(2_000, 2_000)
+        cap.settle(1_000, 1_000)
+        assert cap.usage_bytes == 10_000
     finally:
         cap.close()
 

@@ -9,7 +9,10 @@ One :class:`Capacity` per :class:`~fstier.manager.FsTier` with ``max_bytes``:
   It is reported as ``None`` until this instance's first scan.
 - **Admission.** :meth:`Capacity.try_reserve` counts a store or says it
   must be dropped (cause ``capacity``), in one step; crossing the high
-  watermark wakes the thread. Tiers of one process on one root hold one
+  watermark wakes the thread, and so does a refusal. A pass counts this
+  process's stores in flight toward both watermarks, so it makes room for
+  them before they land (a deep write queue no longer keeps admission
+  refusing until it drained). Tiers of one process on one root hold one
   count (:mod:`fstier.tier.rootcount`), so each sees the others' stores at
   once, and one of them runs a pass at a time.
 - **The thread.** ``fstier-capacity`` runs a pass (:func:`fstier.tier.gc.collect_garbage`)
@@ -201,8 +204,9 @@ class Capacity:
         return True
 
     def _over_high(self) -> bool:
-        # This instance's stores in flight are not on disk yet: a pass now
-        # would evict for them and race their writes.
+        # The thread wakes by itself for bytes on disk only: stores in flight
+        # above the watermark wake it when admission refuses one (a pass then
+        # makes room for them too: pending_bytes), not at every settle.
         return (
             self._shared is not None
             and self.max_bytes is not None
@@ -222,7 +226,8 @@ class Capacity:
     def reserve(self, nbytes: int) -> None:
         """Count an admitted store's ``nbytes`` now, before it is written
         (every instance's admission sees stores in flight); :meth:`settle`
-        when it ends. No pass starts for bytes not on disk yet."""
+        when it ends. A pass counts this process's stores in flight toward
+        both watermarks (room is made for them before they land)."""
         if self._shared is not None and self.max_bytes is not None and nbytes > 0:
             view = self._shared.reserve(nbytes)
             if view is not None:
@@ -324,6 +329,9 @@ class Capacity:
                 high_watermark=tier.high_watermark,
                 on_removed=self._on_removed,
                 should_stop=should_stop,
+                # This process's admitted stores not on disk yet: room is made
+                # for them now, not once they land (admission refuses meanwhile).
+                pending_bytes=shared.inflight if shared is not None else 0,
             )
             self._flush_removed()
             if shared is not None and token is not None and report.complete:
