@@ -69,7 +69,11 @@ def test_stores_in_flight_count_toward_both_watermarks(tmp_path: Path) -> None:
     paths = [_block(tmp_path, i, 1000, age_s=100 - i) for i in range(8)]  # 0 is oldest
     rep = collect_garbage(tmp_path, 10_000, low_watermark=0.5, high_watermark=0.9)
     assert rep.removed_files == 0  # 8,000 on disk: below the high watermark
-    rep = collect_garbage(tmp_path, 10_000, low_watermark=0.5, high_watermark=0.9, pending_bytes=2_000)
+    walked: list[int] = []
+    rep = collect_garbage(
+        tmp_path, 10_000, low_watermark=0.5, high_watermark=0.9, pending_bytes=lambda w: walked.append(w) or 2_000
+    )
+    assert walked == [8_000]  # asked once, after the walk, with what it found
     # 8,000 + 2,000 in flight > 9,000 (high) -> down to 5,000 with them: 3,000 on disk.
     assert (rep.removed_files, rep.final_bytes) == (5, 3000)
     assert [p.exists() for p in paths] == [False] * 5 + [True] * 3
@@ -810,7 +814,9 @@ def test_a_pass_makes_room_for_stores_in_flight(tmp_path: Path) -> None:
     (test_four_namespaces_of_one_process_storing_at_once_stay_within_max_bytes,
     296 files stored of the > 300 it asks). A pass now evicts so that the
     disk plus this process's stores in flight reach the low watermark, and
-    the next store is admitted before they land."""
+    the next store is admitted before they land; a store whose file landed
+    but whose job is not reaped counts once (the newest files are not
+    evicted for their own bytes: test_vllm_tier's newest batch was)."""
     from conftest import make_config
 
     from fstier.tier.capacity import Capacity
@@ -830,6 +836,12 @@ def test_a_pass_makes_room_for_stores_in_flight(tmp_path: Path) -> None:
         assert [p.exists() for p in paths] == [False] * 3 + [True] * 7
         assert cap.usage_bytes == 9_000  # 7,000 on disk + 2,000 in flight
         assert cap.try_reserve(1_000)  # admitted before the first store landed
+        # The three files land; their jobs are not reaped yet (still counted in
+        # flight): they count once, in the walk, and nothing is evicted for them.
+        landed = [_block(root, 10 + i, 1000) for i in range(3)]
+        report = cap.run_pass()
+        assert (report.removed_files, report.final_bytes) == (0, 10_000)
+        assert all(p.exists() for p in paths[3:] + landed)
         cap.settle(2_000, 2_000)
         cap.settle(1_000, 1_000)
         assert cap.usage_bytes == 10_000

@@ -331,7 +331,7 @@ class Capacity:
                 should_stop=should_stop,
                 # This process's admitted stores not on disk yet: room is made
                 # for them now, not once they land (admission refuses meanwhile).
-                pending_bytes=shared.inflight if shared is not None else 0,
+                pending_bytes=self._pending if shared is not None else None,
             )
             self._flush_removed()
             if shared is not None and token is not None and report.complete:
@@ -362,6 +362,18 @@ class Capacity:
                 report.removed_files, report.removed_bytes, report.final_bytes,
             )
         return report
+
+    def _pending(self, walked: int) -> int:
+        """Bytes of this process's stores in flight that a walk finding
+        ``walked`` bytes did not see: what the count holds beyond the walk,
+        at most the bytes in flight. A store whose file landed (the walk saw
+        it) but whose job is not reaped yet counts once, in the walk: the
+        newest files are never evicted for their own bytes."""
+        shared = self._shared
+        if shared is None:
+            return 0
+        self._flush_removed()  # this pass's removals so far leave the count first
+        return min(shared.inflight, max(0, shared.read() - walked))
 
     def _rescan_due(self) -> bool:
         now = time.monotonic()

@@ -265,7 +265,7 @@ def collect_garbage(
     on_error: Callable[[OSError], None] | None = None,
     on_file: Callable[[], None] | None = None,
     unlink_threads: int = UNLINK_THREADS,
-    pending_bytes: int = 0,
+    pending_bytes: Callable[[int], int] | None = None,
 ) -> GcReport:
     """Sweep stale temp/``.nfs*`` files and, when block files under ``root``
     total more than ``high_watermark x max_bytes``, unlink the least recently
@@ -283,10 +283,11 @@ def collect_garbage(
     path) so that a caller can say which. ``on_file()`` is called for every
     file walked (progress). Victims are unlinked by ``unlink_threads``
     threads at once (``on_removed`` is still called from the calling thread,
-    oldest first). ``pending_bytes``: bytes admitted but not on disk yet
-    (stores in flight); they count toward both watermarks, so a pass makes
-    room for them before they land (the report's ``final_bytes`` is still
-    what is on disk).
+    oldest first). ``pending_bytes(walked)`` is called after each walk with
+    the block bytes it found and returns the bytes admitted but not on disk
+    yet (stores in flight, none the walk saw); they count toward both
+    watermarks, so a pass makes room for them before they land (the
+    report's ``final_bytes`` is still what is on disk).
     """
     if max_bytes is not None and max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes}")
@@ -304,7 +305,6 @@ def collect_garbage(
         raise ValueError(f"low_watermark ({low_watermark}) must be <= high_watermark ({high_watermark})")
     if max_candidates < 1:
         raise ValueError(f"max_candidates must be >= 1, got {max_candidates}")
-    pending_bytes = max(0, pending_bytes)
     t0 = time.perf_counter()
     root_s = os.fspath(root)
     now = time.time_ns() if now_ns is None else now_ns
@@ -375,9 +375,10 @@ def collect_garbage(
             first = False
         if stopped:
             break
-        if trigger is None or target is None or usage + pending_bytes <= (trigger if passes == 1 else target):
+        pending = 0 if pending_bytes is None or target is None else max(0, pending_bytes(usage))
+        if trigger is None or target is None or usage + pending <= (trigger if passes == 1 else target):
             break
-        excess = usage + pending_bytes - target
+        excess = usage + pending - target
         # Keep only the oldest candidates that cover the excess: pop newest
         # while the rest still cover it.
         while heap and heap_bytes - heap[0][2] >= excess:
@@ -399,7 +400,7 @@ def collect_garbage(
                 kept += 1
             elif result == "error":
                 errors += 1
-        if dry_run or progress == 0 or usage == 0 or usage + pending_bytes <= target:
+        if dry_run or progress == 0 or usage == 0 or usage + pending <= target:
             break
         # The cap limited this pass, or files were kept/raced: rescan.
     return GcReport(
