@@ -225,3 +225,13 @@ def test_a_watchdog_wake_up_given_between_two_polls_is_kept() -> None:
         tick.notify()  # nobody waits now
         assert tick.wait(0.0) is True  # the next poll sees it
         assert tick.wait(0.0) is False  # once
+
+
+def test_a_job_without_a_block_store_is_one_clear_error_not_an_assert() -> None:
+    """``EngineJob.block_io`` is what both engines read a store or load job's
+    block store and buffers through: a job built without them is one
+    ValueError naming the job (an ``assert`` vanished under ``python -O``)."""
+    from fstier.io.engine import EngineJob
+
+    with pytest.raises(ValueError, match=r"engine job 'j7' \(load\) has no block store or buffers"):
+        EngineJob("j7", "load").block_io()

@@ -185,9 +185,11 @@ class Capacity:
         return self._full(self._shared.read(), nbytes)
 
     def _full(self, view: int, nbytes: int) -> bool:
-        assert self.max_bytes is not None
-        return view > self.max_bytes or (
-            view + nbytes > self.max_bytes and view > self.max_bytes * self._tier.high_watermark
+        max_bytes = self.max_bytes
+        if max_bytes is None:  # no limit: never full
+            return False
+        return view > max_bytes or (
+            view + nbytes > max_bytes and view > max_bytes * self._tier.high_watermark
         )
 
     def try_reserve(self, nbytes: int) -> bool:

@@ -381,8 +381,7 @@ def _judge(status: RootStatus) -> None:
     """Add the problems the figures show: disagreement, over max_bytes, an
     expired lease, bad names. A silent instance is not one: a tier that
     closed cleanly leaves its last count (the others keep summing it)."""
-    if status.agree is False:
-        assert status.counts_bytes is not None and status.scan_bytes is not None
+    if status.agree is False and status.counts_bytes is not None and status.scan_bytes is not None:
         status.problems.append(
             f"the shared count holds {status.counts_bytes:,} bytes but the disk holds {status.scan_bytes:,}: "
             f"the next capacity pass rescans; if this persists, run `fstier gc` on ROOT"

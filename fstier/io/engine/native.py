@@ -199,13 +199,13 @@ class NativeEngine:
                 self._start_call_thread()
                 self._call_ready.notify()
             return
-        assert blocks is not None and job.buffers is not None
+        blocks, buffers = job.block_io()  # a store or load job: its block store and buffers, or one clear error
         base = os.fspath(blocks.mapper.blocks_dir)
         opts = blocks.options
         store = job.kind == "store"
         hashes = list(map(_HASH, job.keys))  # C-level loops: no bytecode per key
         groups = list(map(_GROUP, job.keys))
-        bufs = job.buffers.views(job.slots, job.nbytes)
+        bufs = buffers.views(job.slots, job.nbytes)
         rels = nat.split(base, job.paths)
         tag = next(self._tags)
         replace = list(job.replace) if store and job.replace is not None and any(job.replace) else None
@@ -296,8 +296,9 @@ class NativeEngine:
                 job = self._calls.popleft()
                 limit = math.inf if job.timeout_s is None else time.perf_counter() + job.timeout_s
                 self._call_running = (job, limit)
-            assert job.call is not None
             try:
+                if job.call is None:
+                    raise ValueError(f"engine call job {job.tag!r} has no call")
                 job.call()
             except Exception:
                 log.exception("engine call job %r raised", job.tag)
@@ -426,8 +427,7 @@ class NativeEngine:
 
     @staticmethod
     def _outcomes(job: EngineJob, raw: list[Any], idx: Any) -> list[Any]:
-        blocks = job.blocks
-        assert blocks is not None
+        blocks, buffers = job.block_io()
         paths = [job.paths[i] for i in idx] if len(raw) != len(job.paths) else job.paths
         if job.kind == "load":
             return nat.load_outcomes(raw, paths)
@@ -439,8 +439,7 @@ class NativeEngine:
                 # The namespace directory was removed under the tier: the batch
                 # path's hand-back (re-create it and store this key again).
                 i = idx[j]
-                assert job.buffers is not None
-                view = job.buffers.views(job.slots[i : i + 1], job.nbytes[i : i + 1])[0]
+                view = buffers.views(job.slots[i : i + 1], job.nbytes[i : i + 1])[0]
                 replace = [bool(job.replace[i])] if job.replace is not None else None
                 outs[j] = blocks.store_many([(job.keys[i], view)], replace=replace, paths=[job.paths[i]])[0]
         return outs

@@ -84,8 +84,7 @@ def run_unit(job: EngineJob, unit: int) -> Any:
     if job.call is not None:
         return job.call()
     lo, hi = job.bounds[unit], job.bounds[unit + 1]
-    blocks, buffers = job.blocks, job.buffers
-    assert blocks is not None and buffers is not None
+    blocks, buffers = job.block_io()
     keys = job.keys[lo:hi]
     items = list(zip(keys, buffers.views(job.slots[lo:hi], job.nbytes[lo:hi]), strict=True))
     paths = job.paths[lo:hi]

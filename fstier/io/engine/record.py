@@ -154,6 +154,18 @@ class EngineJob:
         """The queue it waits in: loads are reads, stores and calls writes."""
         return "read" if self.kind == "load" else "write"
 
+    def block_io(self) -> tuple[BlockStore, Buffers]:
+        """The block store and buffers a store or load job moves its keys
+        with. A job without them (a call job, a record built by hand) is a
+        caller's bug: one ``ValueError`` naming the job, never an ``assert``
+        that ``python -O`` drops."""
+        if self.blocks is None or self.buffers is None:
+            raise ValueError(
+                f"engine job {self.tag!r} ({self.kind}) has no block store or buffers: "
+                "only a store or load job built by its tier moves keys"
+            )
+        return self.blocks, self.buffers
+
     def unit_keys(self, unit: int) -> range:
         """The key indices unit ``unit`` moves."""
         return range(self.bounds[unit], self.bounds[unit + 1])
