@@ -63,7 +63,7 @@ from typing import Any
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.errors import IOPoolClosedError
 from fstier.io import native as nat
-from fstier.io.engine.python import PythonEngine, Registration
+from fstier.io.engine.python import PythonEngine, Registration, check_threads
 from fstier.io.engine.record import CANCELLED, EXPIRED, MIN_KEYS_PER_THREAD, TIMED_OUT, EngineJob
 from fstier.io.iotypes import StoreStatus
 
@@ -88,10 +88,7 @@ class NativeEngine:
     def __init__(
         self, read_threads: int, write_threads: int, *, clock: Clock = SYSTEM_CLOCK, name: str = "fstier-engine",
     ) -> None:
-        if read_threads < 1 or write_threads < 1:
-            raise ValueError(
-                f"an engine needs at least one read and one write thread, got {read_threads} and {write_threads}"
-            )
+        check_threads(read_threads, write_threads)
         if not available():
             raise RuntimeError("the native engine needs fstier's native extension; it is not built")
         ext: Any = nat._ext

@@ -58,7 +58,7 @@ from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.errors import IOPoolClosedError
 from fstier.io.engine.record import CANCELLED, EXPIRED, PENDING, TIMED_OUT, EngineJob, plan
 
-__all__ = ["PythonEngine", "Registration"]
+__all__ = ["PythonEngine", "Registration", "check_threads"]
 
 log = logging.getLogger("fstier.io")
 
@@ -168,6 +168,14 @@ class _Worker:
     retired: bool = False
 
 
+def check_threads(read_threads: int, write_threads: int) -> None:
+    """Every engine's thread counts: at least one of each priority, or one ValueError naming both."""
+    if read_threads < 1 or write_threads < 1:
+        raise ValueError(
+            f"an engine needs at least one read and one write thread, got {read_threads} and {write_threads}"
+        )
+
+
 class PythonEngine:
     """Read- and write-priority I/O threads; see the module docstring."""
 
@@ -176,10 +184,7 @@ class PythonEngine:
     def __init__(
         self, read_threads: int, write_threads: int, *, clock: Clock = SYSTEM_CLOCK, name: str = "fstier-io",
     ) -> None:
-        if read_threads < 1 or write_threads < 1:
-            raise ValueError(
-                f"an engine needs at least one read and one write thread, got {read_threads} and {write_threads}"
-            )
+        check_threads(read_threads, write_threads)
         self.read_threads = read_threads
         self.write_threads = write_threads
         self._clock = clock
