@@ -6,7 +6,7 @@ write budget's speed sample, the eviction lease, the recency flush
 interval, the job engine's watchdog, the O_DIRECT re-probe) read a
 :class:`Clock` handed to them, never :func:`time.monotonic` directly. The
 rest read the system clock: the lookup cache's answer lifetime, the
-capacity resync and eviction waits, ``drain``'s and the engine's shutdown
+capacity resync and eviction waits, ``drain``'s, ``wait``'s and the engine's shutdown
 deadlines, the durations reported, the wall-clock stamps written into block
 headers and lease files, ``fstier status``'s report time, and the C job
 engine's watchdog (``CLOCK_MONOTONIC``, or a test's ``engine_clock``)

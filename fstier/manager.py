@@ -18,6 +18,7 @@ engine's scheduler owns one :class:`FsTier` and never blocks in it:
   fail ``slot_busy``. With ``hold_fenced_results=True`` (a provider that cannot stop the
   engine from reusing a slot it freed: an engine's own rows) :meth:`get_finished` holds
   back the result of a job holding a fenced slot until the slot is released.
+- A caller that waits inside its own call (SGLang's) :meth:`wait` s for its job (:mod:`~fstier.tier.waiting`).
 - ``on_finished(kind)`` signals that a "store"/"load" result waits in ``get_finished()``.
 - Capacity (:mod:`~fstier.tier.capacity`): with ``max_bytes``, a thread keeps the root under its high
   watermark by evicting LRU files, each told to ``on_evicted(path)`` as it goes (any namespace's).
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Literal
 
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.config import FstierConfig, TierConfig, load_config
-from fstier.errors import ConfigError, StorageError, TierClosedError
+from fstier.errors import ConfigError, TierClosedError
 from fstier.file_mapper import FileMapper
 from fstier.io import BlockStore
 from fstier.io.engine import EngineJob, shared_engine
@@ -57,8 +58,9 @@ from fstier.tier.metrics import TierMetrics
 from fstier.tier.outcomes import Judge
 from fstier.tier.private_pool import private_pool
 from fstier.tier.recency import Recency
-from fstier.tier.records import BlockRemoved, BlockStored, JobResult, TierEvent
+from fstier.tier.records import BlockRemoved, BlockStored, JobResult, TierEvent, add_evicted
 from fstier.tier.removal import clear_blocks, remove_blocks
+from fstier.tier.waiting import Waiters
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.slots.host_pool import HostBlockPool
@@ -155,6 +157,7 @@ class FsTier:
             blocks=self.blocks, recency=self._recency, cache=self._cache, breaker=self._breaker,
             budget=self._budget, capacity=self.capacity, metrics=metrics, payload_len=self._payload_len,
         )
+        self._waiters = Waiters(self)  # FsTier.wait: woken by the engine's completion
         self._lookup.start()  # last: not at a first lookup (test_lookup_presence.py)
 
     @classmethod
@@ -293,6 +296,10 @@ class FsTier:
                     self._finished.append(result)
                 self._idle.notify_all()
 
+    def wait(self, job_id: Hashable, timeout: float | None = None) -> JobResult | None:
+        """Job ``job_id``'s result once it finished, taken from :meth:`get_finished`; None on timeout."""
+        return self._waiters.wait(job_id, wait_timeout("wait", timeout))
+
     def has_news(self) -> bool:
         """Whether :meth:`get_finished` or :meth:`take_events` may return something now.
         No lock: a poll per scheduler step skips both while nothing happened."""
@@ -372,12 +379,7 @@ class FsTier:
             return  # another namespace sharing the root
         self._cache.forget([key])
         with self._lock:
-            # Coalesce a burst of evictions into one event.
-            last = self._events[-1] if self._events else None
-            if isinstance(last, BlockRemoved) and last.reason == "evicted":
-                self._events[-1] = BlockRemoved((*last.keys, key), "evicted")
-            else:
-                self._events.append(BlockRemoved((key,), "evicted"))
+            add_evicted(self._events, key)  # a burst of evictions is one event
 
     def run_capacity_pass(self, max_bytes: int | None = None, timeout: float | None = 60.0) -> GcReport:
         """One synchronous capacity pass over the root: sweep stale temp and
@@ -400,15 +402,12 @@ class FsTier:
         file it could not remove raises :class:`~fstier.errors.StorageError` naming it."""
         self._check_open()
         self.drain()
-        errors: list[OSError] = []
-        removed = clear_blocks(self.blocks, self._cache, self.capacity, errors.append)
+        removed, error = clear_blocks(self.blocks, self._cache, self.capacity)  # logged; error: files left
         if removed:
             with self._lock:
                 self._events.append(BlockRemoved(tuple(removed), "cleared"))
-        log.info("fstier: cleared %d block file(s) under %s", len(removed), self.mapper.blocks_dir)
-        if errors:
-            where = f"{len(errors)} file(s) under {self.mapper.blocks_dir}"
-            raise StorageError(f"clear: {where} not removed, first: {errors[0]}", errors[0].errno)
+        if error is not None:
+            raise error
         return len(removed)
 
     def remove(self, keys: Sequence[BlockKey]) -> list[bool]:

@@ -37,6 +37,7 @@ SYSTEM_CLOCK_READERS = {
     ),
     "fstier/tier/status.py": "`fstier status`: the report's wall-clock time (ages of counts) and its walk's seconds",
     "fstier/manager.py": "drain's deadline",
+    "fstier/tier/waiting.py": "FsTier.wait's deadline",
     "fstier/io/pool.py": "shutdown's deadline",
     "fstier/tier/gc.py": "gc's seconds and how often a walk asks whether to stop",
     "fstier/tier/verify.py": "verify's seconds",

@@ -44,11 +44,13 @@ How SGLang's world maps onto fstier
     * **Multi-pool (v2) models** (Mamba, SWA, DSA sidecars) are refused when
       the pools are registered: only the KV pool is stored. ``batch_*_v2``
       calls that name the KV pool alone are served by the v1 path.
-    * **Waiting** (:class:`~fstier.integrations._blocking.BlockingJobs`):
-      SGLang's storage calls are synchronous; each call is one FsTier job it
-      waits for. FsTier holds back (``hold_fenced_results``) a job whose op
-      timed out until the late call released its rows, so SGLang never
-      reuses a row a late read may still fill.
+    * **Waiting** (:func:`~fstier.integrations._blocking.run_job`):
+      SGLang's storage calls are synchronous; each call is one FsTier job,
+      tagged, that it waits for (:meth:`~fstier.manager.FsTier.wait`: the
+      engine's completion wakes it; no table of results). FsTier holds back
+      (``hold_fenced_results``) a job whose op timed out until the late call
+      released its rows, so SGLang never reuses a row a late read may still
+      fill.
 
 Importing :mod:`fstier` never imports SGLang. Importing this module does;
 without SGLang, or with a version outside :data:`SUPPORTED_SGLANG`,
@@ -60,6 +62,7 @@ failures are ``False`` pages (and log lines).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -69,7 +72,7 @@ from typing import TYPE_CHECKING, Any
 from fstier.config_file import shown
 from fstier.errors import ConfigError, KeyFormatError
 from fstier.file_mapper import FileMapper
-from fstier.integrations._blocking import BlockingJobs
+from fstier.integrations._blocking import run_job
 from fstier.integrations._exporter import export_tier, serve_metrics
 from fstier.integrations._sglang_compat import (
     SUPPORTED_SGLANG,
@@ -179,7 +182,7 @@ else:
             self._rows: JoinedSlots | None = None
             self._scratch_base = 0
             self._scratch_lock = threading.Lock()
-            self._jobs: BlockingJobs | None = None
+            self._tags = itertools.count()  # each call's job id: ("sglang", kind, n)
             self._unsupported_pools: list[str] = []
             self._metrics_port = serve_metrics(sglang_metrics_port(storage_config), "FstierHiCacheStorage")
             self._pools_registered = False
@@ -228,7 +231,6 @@ else:
             self._scratch_base = rows.start_of(1)
             self.mapper = mapper
             self.fstier = tier
-            self._jobs = BlockingJobs(tier, "SGLang")
             export_tier(tier, self._metrics_port)
             log.info(
                 "fstier: SGLang HiCache storage at %s (namespace %s, %s, %s layout, %d "
@@ -298,8 +300,8 @@ else:
         ) -> int:
             """Store or load whole pages (every fragment); the number of
             leading pages that completed."""
-            jobs = self._jobs if self._ready() is not None else None
-            if jobs is None or not hashes:
+            tier = self._ready()
+            if tier is None or not hashes:
                 return 0
             f = len(rows[0])
             bkeys: list[BlockKey] = []
@@ -312,7 +314,7 @@ else:
             except KeyFormatError as exc:  # cannot happen for 32-byte hashes
                 log.error("fstier: %s", exc)
                 return 0
-            result = jobs.run(kind, bkeys, slots)
+            result = run_job(tier, ("sglang", kind, next(self._tags)), kind, bkeys, slots, "SGLang")
             if result is None:
                 return 0
             return result.keys_completed // f

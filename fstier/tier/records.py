@@ -6,6 +6,8 @@ changed on disk (:class:`BlockStored`, :class:`BlockRemoved`, together
 ``take_events()``; engines' adapters translate them. They are importable
 from :mod:`fstier.manager` (and :mod:`fstier`), their public home.
 
+:func:`add_evicted` coalesces a burst of evictions into one event.
+
 Invariants: frozen, slotted values; a result's ``keys_completed`` is always
 a leading prefix of the job's keys. Costs: none beyond the values.
 """
@@ -18,7 +20,7 @@ from typing import Literal
 
 from fstier.keys import BlockKey
 
-__all__ = ["BlockRemoved", "BlockStored", "JobResult", "TierEvent"]
+__all__ = ["BlockRemoved", "BlockStored", "JobResult", "TierEvent", "add_evicted"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,3 +71,13 @@ class BlockRemoved:
 
 
 TierEvent = BlockStored | BlockRemoved
+
+
+def add_evicted(events: list[TierEvent], key: BlockKey) -> None:
+    """Append ``key``'s eviction to ``events``: a burst of evictions is one
+    ``BlockRemoved(keys, "evicted")`` (the last event grows while it is one)."""
+    last = events[-1] if events else None
+    if isinstance(last, BlockRemoved) and last.reason == "evicted":
+        events[-1] = BlockRemoved((*last.keys, key), "evicted")
+    else:
+        events.append(BlockRemoved((key,), "evicted"))

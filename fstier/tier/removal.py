@@ -22,8 +22,10 @@ rule every other usage update follows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Sequence
 
+from fstier.errors import StorageError
 from fstier.io.blockfile import block_file_size
 from fstier.io.blockstore import BlockStore
 from fstier.keys import BlockKey
@@ -31,6 +33,8 @@ from fstier.tier.capacity import Capacity
 from fstier.tier.lookup import LookupCache
 
 __all__ = ["clear_blocks", "remove_blocks"]
+
+log = logging.getLogger("fstier.manager")
 
 
 def remove_blocks(
@@ -50,12 +54,20 @@ def remove_blocks(
 
 
 def clear_blocks(
-    blocks: BlockStore, cache: LookupCache, capacity: Capacity, on_error: Callable[[OSError], None]
-) -> list[BlockKey]:
+    blocks: BlockStore, cache: LookupCache, capacity: Capacity
+) -> tuple[list[BlockKey], StorageError | None]:
     """Remove every block file of ``blocks``' namespace (see
-    :meth:`~fstier.io.blockstore.BlockStore.clear`); the keys removed. The
-    cache is cleared; the usage count drops by the bytes removed."""
-    removed = blocks.clear(on_error)
+    :meth:`~fstier.io.blockstore.BlockStore.clear`): the keys removed, and a
+    :class:`~fstier.errors.StorageError` naming the first file that was not
+    (None when every one went). The cache is cleared; the usage count drops
+    by the bytes removed; one log line says how many went."""
+    errors: list[OSError] = []
+    removed = blocks.clear(errors.append)
     cache.clear()
     capacity.add(-sum(size for _, size in removed))
-    return [k for k, _ in removed]
+    log.info("fstier: cleared %d block file(s) under %s", len(removed), blocks.mapper.blocks_dir)
+    error = None
+    if errors:
+        where = f"{len(errors)} file(s) under {blocks.mapper.blocks_dir}"
+        error = StorageError(f"clear: {where} not removed, first: {errors[0]}", errors[0].errno)
+    return [k for k, _ in removed], error
