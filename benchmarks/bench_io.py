@@ -6,14 +6,14 @@ For each block size and thread count, in the same run and the same directory:
   per block) and pread of them back, with the same thread count
   (benchmarks/_raw.py);
 - fstier: ``store_block`` (header + xxh3 checksum + temp file + rename) and
-  ``load_block`` (fstat, preadv, header/key/length/checksum checks) on an
-  ``IOPool`` with the same number of threads, checksums on and off.
+  ``load_block`` (fstat, preadv, header/key/length/checksum checks) on a
+  thread pool with the same number of threads, checksums on and off.
 
 Buffers come from a prefaulted, reused aligned pool (first-touch page faults
 are slow on these VMs, docs/architecture.md), and a warm-up pass runs first. ``raw_gbps``
 is the faster of the two raw shapes (the strictest baseline) and ``ratio`` is
 fstier GB/s over it. ``--aio`` also compares an aiofiles-only block path with the
-AsyncBlockIO pool path.
+AsyncBlockIO path (on the job engine).
 
     .venv/bin/python benchmarks/bench_io.py                 # default, < 3 min on 2 cores
     .venv/bin/python benchmarks/bench_io.py --full          # threads 1,2,4,8,16, more data
@@ -61,7 +61,6 @@ from fstier.io.blockfile import (  # noqa: E402
 from fstier.io.capabilities import probe_o_direct  # noqa: E402
 from fstier.io.fsops import temp_path_for  # noqa: E402
 from fstier.io.iotypes import IOOptions, LoadRequest, LoadStatus, StoreRequest, StoreStatus  # noqa: E402
-from fstier.io.pool import IOPool  # noqa: E402
 from fstier.keys import BlockKey  # noqa: E402
 
 DIGEST = b"benchio!"
@@ -147,17 +146,11 @@ class FstierRun:
             results = [op() for op in ops]
             seconds = time.perf_counter() - t0
         else:
-            # read + write threads == threads; every thread takes either queue when idle.
-            pool = IOPool(threads // 2, threads - threads // 2, io_timeout_s=None, name="bench")
-            try:
+            # ``threads`` threads, each taking the next op when idle (the ops are Python-path calls).
+            with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="bench") as ex:
                 t0 = time.perf_counter()
-                pool.submit(kind, "write" if kind == "store" else "read", ops)
-                pool.wait_idle()
+                results = list(ex.map(lambda op: op(), ops))
                 seconds = time.perf_counter() - t0
-                (job,) = pool.get_finished()
-                results = job.results
-            finally:
-                pool.shutdown()
         want = StoreStatus.STORED if kind == "store" else LoadStatus.LOADED
         bad = [r for r in results if getattr(r, "status", None) is not want]
         if bad:
@@ -245,7 +238,7 @@ def _progress(r: Row) -> None:
     )
 
 
-# ----------------------------------------------------- aiofiles vs the pool
+# --------------------------------------------------- aiofiles vs the engine
 async def _aio_pool_path(
     directory: Path, size: int, count: int, threads: int, opts: IOOptions
 ) -> tuple[float, float]:
@@ -254,9 +247,8 @@ async def _aio_pool_path(
     bufs = [aligned(padded_len(size), PATTERN) for _ in range(count)]
     keys = [_key(i) for i in range(count)]
     blocks = _bench_blocks(root, size, opts, native.status())
-    pool = IOPool(threads // 2 or 1, threads - threads // 2, io_timeout_s=None, name="bench-aio")
+    aio = AsyncBlockIO(blocks, read_threads=threads // 2 or 1, write_threads=threads - threads // 2, io_timeout_s=None)
     try:
-        aio = AsyncBlockIO(blocks, pool)
         t0 = time.perf_counter()
         outs = await aio.store([(k, b[:size]) for k, b in zip(keys, bufs, strict=True)])
         t_store = time.perf_counter() - t0
@@ -266,7 +258,7 @@ async def _aio_pool_path(
         t_load = time.perf_counter() - t0
         assert all(o.status is LoadStatus.LOADED for o in res)
     finally:
-        pool.shutdown()
+        await aio.aclose()
         shutil.rmtree(root)
     return t_store, t_load
 

@@ -146,7 +146,7 @@ class FsTier:
             on_released=self._fences.on_released,
         )
         self._lookup = Lookup(self._cache, self.blocks, self.mapper.num_groups, tier.io_timeout_s,
-                              breaker=self._breaker, metrics=metrics)
+                              breaker=self._breaker, metrics=metrics, engine=self._engine)
         self._recency = Recency(self._engine, self.blocks, clock=clock, timeout_s=tier.io_timeout_s)
         self.capacity = Capacity(
             self.mapper.root, tier, metrics, on_evicted=self._on_evicted, before_pass=self._recency.flush, clock=clock
@@ -158,7 +158,6 @@ class FsTier:
             budget=self._budget, capacity=self.capacity, metrics=metrics, payload_len=self._payload_len,
         )
         self._waiters = Waiters(self)  # FsTier.wait: woken by the engine's completion
-        self._lookup.start()  # last: not at a first lookup (test_lookup_presence.py)
 
     @classmethod
     def from_config(

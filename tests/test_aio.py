@@ -1,5 +1,6 @@
 """AsyncBlockIO: async store/load/presence through a BlockStore on real
-files, never blocking the loop, on both backends."""
+files, on the process's job engine (a registration, no threads of its own),
+never blocking the loop, on both backends."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from fstier.io.blockstore import BlockStore
 from fstier.io.fsops import aligned_buffer
 from fstier.io.iotypes import IOOptions, LoadStatus, StoreStatus
 from fstier.io.manifest import ensure_manifest
-from fstier.io.pool import IOPool
 from fstier.keys import BlockKey
 
 N = 3 * 4096 + 100
@@ -114,13 +114,17 @@ def test_loop_is_not_blocked_by_slow_io(tmp_path: Path, monkeypatch: pytest.Monk
     assert asyncio.run(main()) >= 10  # the loop kept running during 0.3 s of I/O
 
 
-def test_timeout_becomes_error_outcome_and_shared_pool_stays_open(blocks: BlockStore) -> None:
+def test_timeout_becomes_error_outcome_and_shared_engine_stays_open(blocks: BlockStore) -> None:
+    """A load past io_timeout_s is one ETIMEDOUT outcome per key; closing one
+    facade leaves the engine it shares with another running (a namespace is a
+    registration: the engine stops with its last one)."""
     release = threading.Event()
-    pool = IOPool(1, 1, io_timeout_s=0.2)
     try:
 
         async def main() -> None:
-            aio = AsyncBlockIO(blocks, pool)
+            aio = AsyncBlockIO(blocks, read_threads=1, write_threads=1, io_timeout_s=0.2)
+            other = AsyncBlockIO(blocks, read_threads=1, write_threads=1, io_timeout_s=30.0)
+            assert aio.engine.engine is other.engine.engine  # one engine, two registrations
             await aio.store(_items(1))
             if blocks.batched:
                 native.fault("read", delay_s=1.0)
@@ -138,13 +142,54 @@ def test_timeout_becomes_error_outcome_and_shared_pool_stays_open(blocks: BlockS
                 vars(fsops.FS).pop("preadv", None)
             assert [(o.status, o.cause) for o in res] == [(LoadStatus.ERROR, "ETIMEDOUT")]
             await aio.aclose()
-            assert not pool.closed  # a shared pool belongs to its owner
+            release.set()
+            native.clear_faults()
+            assert not other.engine.engine.closed  # the other registration keeps the engine
+            buf = _bufs(1)[0]
+            assert [o.status for o in await other.load([(_key(0), buf)])] == [LoadStatus.LOADED]
+            assert bytes(buf) == payload_for(_key(0), N)
+            await other.aclose()
+            assert other.engine.engine.closed  # the last registration stopped it
 
         asyncio.run(main())
     finally:
         release.set()
-        pool.shutdown()
         native.clear_faults()
+
+
+@pytest.mark.parametrize("timeout", [0.0, -1.0, float("inf"), float("nan")])
+def test_io_timeout_must_be_positive_and_finite(blocks: BlockStore, timeout: float) -> None:
+    """inf or nan would be a deadline no engine keeps (it once killed the
+    pool's watchdog, silently disabling every deadline); 0 or less, none."""
+    with pytest.raises(ValueError, match="io_timeout_s"):
+        AsyncBlockIO(blocks, io_timeout_s=timeout)
+
+
+def test_present_is_taken_before_queued_loads(tmp_path: Path) -> None:
+    """present() is a probe job: the next thread free takes it before the
+    loads queued ahead of it, so it answers after one slow read, not after
+    all of them (8 reads of 0.4 s on 2 threads: 1.6 s)."""
+    blocks = _blocks(tmp_path / "root", native.python_backend())
+    real = fsops.FS.preadv
+
+    def slow(fd, bufs, off):  # type: ignore[no-untyped-def]
+        time.sleep(0.4)
+        return real(fd, bufs, off)
+
+    async def main() -> None:
+        async with AsyncBlockIO(blocks, read_threads=1, write_threads=1, io_timeout_s=30.0) as aio:
+            await aio.store(_items(8))
+            fsops.FS.preadv = slow  # type: ignore[method-assign]
+            try:
+                loads = asyncio.ensure_future(aio.load([(_key(i), b) for i, b in enumerate(_bufs(8))]))
+                await asyncio.sleep(0.1)  # both threads in a read; six more queued
+                assert await aio.present([_key(0), _key(9)]) == [True, False]
+                assert not loads.done(), "the probe waited behind the queued loads"
+                assert [o.status for o in await loads] == [LoadStatus.LOADED] * 8
+            finally:
+                vars(fsops.FS).pop("preadv", None)
+
+    asyncio.run(main())
 
 
 def test_read_manifest_is_none_when_the_namespace_is_gone(blocks: BlockStore) -> None:

@@ -15,7 +15,6 @@ from manager_support import FILE_BYTES, key, keys, load, open_tier, store
 
 from fstier.io.engine import EngineJob
 from fstier.io.iotypes import LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
-from fstier.io.pool import IOPool
 from fstier.slots.host_pool import HostBlockPool
 from fstier.slots.provider import plain_indices
 from fstier.slots.rows import RowSlots
@@ -106,29 +105,6 @@ def test_mixed_batches_are_still_judged_key_by_key(tmp_path: Path) -> None:
         # A load whose 6th key is missing keeps its 5-key prefix.
         res = load(tier, "l1", [*ks[:5], key(99), *ks[5:]])
         assert not res.success and res.keys_completed == 5 and res.cause == "miss"
-
-
-def test_spare_threads_counts_the_queue() -> None:
-    with IOPool(3, 2, io_timeout_s=5) as pool:
-        assert pool.spare_threads("read") == 3 and pool.spare_threads("write") == 2
-        gate = threading.Event()
-        started = threading.Semaphore(0)
-
-        def hold() -> None:
-            started.release()
-            gate.wait()
-
-        pool.submit("busy", "read", [hold] * 5)  # 5 threads take 5 ops: none queued
-        for _ in range(5):
-            assert started.acquire(timeout=5)
-        assert pool.spare_threads("read") == 3
-        pool.submit("queued", "read", [lambda: None] * 2)
-        assert pool.spare_threads("read") == 1
-        pool.submit("more", "read", [lambda: None] * 4)
-        assert pool.spare_threads("read") == 0 and pool.spare_threads("write") == 2
-        gate.set()
-        assert pool.wait_idle(5)
-        assert pool.spare_threads("read") == 3
 
 
 def test_a_job_queued_behind_busy_threads_is_one_batch(tmp_path: Path) -> None:

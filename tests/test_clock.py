@@ -80,10 +80,10 @@ def test_a_manual_wait_on_a_condition_ends_on_notify_or_advance() -> None:
     assert got == [True, False]
 
 
-def test_the_pool_watchdog_runs_on_the_injected_clock() -> None:
-    """An op hung past io_timeout_s times out when the pool's clock says so,
-    not when real time passes: none of this test's waits is a sleep."""
-    from fstier.io.pool import OP_TIMED_OUT, IOPool
+def test_the_engine_watchdog_runs_on_the_injected_clock() -> None:
+    """A unit hung past its job's deadline times out when the engine's clock
+    says so, not when real time passes: none of this test's waits is a sleep."""
+    from fstier.io.engine import TIMED_OUT, EngineJob, PythonEngine
 
     clock = ManualClock()
     release, running = threading.Event(), threading.Event()
@@ -93,20 +93,21 @@ def test_the_pool_watchdog_runs_on_the_injected_clock() -> None:
         release.wait(10)
         return 1
 
-    pool = IOPool(1, 1, io_timeout_s=30.0, clock=clock)
+    engine = PythonEngine(1, 1, clock=clock)
+    reg = engine.register()
     try:
-        pool.submit("hung", "read", [hung])
+        job = EngineJob("hung", "load", call=hung, timeout_s=30.0)
+        reg.submit(job)
         assert running.wait(5)
-        assert pool.wait_idle(0.2) is False and pool.timeouts == 0  # 0.2 real s: no timeout
+        assert reg.wait_idle(0.2) is False and engine.timeouts == 0  # 0.2 real s: no timeout
         clock.advance(29.9)
-        assert pool.wait_idle(0.1) is False and pool.timeouts == 0
+        assert reg.wait_idle(0.1) is False and engine.timeouts == 0
         clock.advance(0.1)
-        assert pool.wait_idle(5)
-        (job,) = pool.get_finished()
-        assert job.results == [OP_TIMED_OUT] and pool.stuck_threads == 1
+        assert reg.wait_idle(5)
+        assert job.results == [TIMED_OUT] and engine.stuck_threads == 1
     finally:
         release.set()
-        pool.shutdown()
+        engine.shutdown()
 
 
 def test_the_breaker_cools_down_on_the_injected_clock() -> None:

@@ -3,22 +3,25 @@ and a test can check it, the test is here (or names the test that does).
 
 * which timers read a :class:`~fstier.clock.Clock` and which read the system clock (fstier/clock.py, the module
   table of docs/architecture.md); that the ones said to read it move with a ``ManualClock`` is held where each
-  is tested: the pool's watchdog and the breaker in tests/test_clock.py, the write budget and the breaker in
+  is tested: the engine's watchdog and the breaker in tests/test_clock.py, the write budget and the breaker in
   tests/test_manager_faults.py, the recency flush in tests/test_manager.py, the eviction lease in
   tests/test_capacity.py;
-* what a finished pool job's ``ok`` means (fstier/io/pool.py ``PoolJob.ok``), and the cause an op that expired
-  unrun is reported with (fstier/io/aio.py).
+* that a job whose units expired unrun is not a success (fstier/tier/outcomes.py; it was the thread pool's
+  ``PoolJob.ok`` before the job engine), and the cause an op that expired unrun is reported with (fstier/io/aio.py).
 """
 
 from __future__ import annotations
 
 import ast
 import threading
-import time
 from pathlib import Path
 
+import pytest
+from manager_support import keys, open_tier, store
+
 from fstier.io.aio import _failure_cause
-from fstier.io.pool import OP_EXPIRED, OP_TIMED_OUT, IOPool, PoolJob
+from fstier.io.engine import EXPIRED
+from fstier.io.fsops import FS
 
 REPO = Path(__file__).resolve().parents[1]
 TIER = [REPO / "fstier" / "manager.py", *sorted((REPO / "fstier" / "tier").glob("*.py")),
@@ -38,7 +41,6 @@ SYSTEM_CLOCK_READERS = {
     "fstier/tier/status.py": "`fstier status`: the report's wall-clock time (ages of counts) and its walk's seconds",
     "fstier/manager.py": "drain's deadline",
     "fstier/tier/waiting.py": "FsTier.wait's deadline",
-    "fstier/io/pool.py": "shutdown's deadline",
     "fstier/tier/gc.py": "gc's seconds and how often a walk asks whether to stop",
     "fstier/tier/verify.py": "verify's seconds",
     "fstier/io/native.py": "the wall-clock creation stamp of a block header",
@@ -70,29 +72,29 @@ def test_the_timers_that_bypass_the_clock_are_the_documented_ones() -> None:
         assert words in " ".join(clock_doc.split()) and words in arch, words
 
 
-def test_a_job_with_ops_that_expired_unrun_is_not_ok() -> None:
-    """``PoolJob.ok`` read True for a job whose queued ops expired behind a hung call (issue 43); an expired op
-    never ran, so the job did not do its work."""
+def test_a_job_with_units_that_expired_unrun_is_not_a_success(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job whose queued units expired behind hung calls did not do its work (issue 43: the pool's
+    ``PoolJob.ok`` once read True for it): its result is a failure, ``timeout``, no key loaded."""
     release = threading.Event()
-    pool = IOPool(1, 1, io_timeout_s=0.5)
-    done: list[PoolJob] = []
-    try:
-        pool.submit("hung", "read", [release.wait] * 4, on_done=done.append)
-        deadline = time.monotonic() + 20
-        while not done and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert done, "the job never finished"
-        results = done[0].results
-        assert OP_EXPIRED in results and set(results) <= {OP_TIMED_OUT, OP_EXPIRED}, results
-        assert done[0].ok is False
-    finally:
-        release.set()
-        pool.shutdown()
-    assert PoolJob("only-expired", "read", [OP_EXPIRED], 0.0).ok is False
-    assert PoolJob("fine", "read", [None, 3], 0.0).ok is True
+    with open_tier(tmp_path / "root", native_io="off", io_timeout_s=0.5, read_threads=1, write_threads=1) as t:
+        ks = keys(0, 4)
+        assert store(t, "s", ks).success
+        real = FS.preadv
+
+        def hang(fd, bufs, off):  # type: ignore[no-untyped-def]
+            release.wait(20)
+            return real(fd, bufs, off)
+
+        monkeypatch.setattr(FS, "preadv", hang)
+        try:
+            t.submit_load("hung", ks, [8, 9, 10, 11])  # 2 threads: 2 units hang, 2 expire unrun
+            r = t.wait("hung", 20)
+        finally:
+            release.set()
+        assert r is not None and not r.success and r.keys_completed == 0 and r.cause == "timeout", r
 
 
 def test_an_expired_op_is_reported_as_a_timeout_not_as_a_marker_class() -> None:
     """aio reported an expired op's cause as ``"_Marker"`` (the sentinel's class name)."""
-    cause, detail = _failure_cause(OP_EXPIRED)
+    cause, detail = _failure_cause(EXPIRED)
     assert cause == "ETIMEDOUT" and "never ran" in detail

@@ -24,25 +24,27 @@ PATHS = pytest.mark.parametrize("native_io", ["auto", "off"])
 @PATHS
 def test_the_first_lookup_starts_no_thread(tmp_path: Path, native_io: str) -> None:
     """Every thread a lookup needs runs once the tier is built: the first
-    present()/lookup() starts none. The lookup pool used to start at the
-    first probe, on vLLM's lookup thread: three thread starts, each waiting
-    for the GIL that an in-process engine's scheduler (which never sleeps)
+    present()/lookup() starts none. A lookup pool once started at the first
+    probe, on vLLM's lookup thread: three thread starts, each waiting for
+    the GIL that an in-process engine's scheduler (which never sleeps)
     holds, cost the first prompt after a restart 28-34 ms (docs/vllm.md
-    "Time to first token"). Closing the tier stops them."""
+    "Time to first token"). Now no lookup thread exists at all: the native
+    probe runs on the caller's thread (its deadline in C), the Python one
+    as a probe job of the tier's engine, whose threads run since the tier
+    was built; closing the tier stops them."""
+    engine_threads: set[threading.Thread] = set()
     with open_tier(tmp_path / "root", native_io=native_io, lookup_cache_ttl_s=0) as t:
         ks = keys(0, 4)
         assert store(t, "s", ks).success
         lookup_threads = [th for th in threading.enumerate() if th.name.startswith("fstier-lookup")]
-        if t.blocks.batched:  # the native probe runs on the caller's thread, its deadline in C
-            assert not lookup_threads, "a lookup thread runs beside the native probe"
-        else:
-            assert lookup_threads, "the lookup pool is not running after construction"
+        assert not lookup_threads, f"a lookup thread runs: {sorted(th.name for th in lookup_threads)}"
+        engine_threads = {th for th in threading.enumerate() if th.name.startswith("fstier-")}
         before = set(threading.enumerate())
         assert t.present(ks + keys(50, 2)) == [True] * 4 + [False] * 2
         assert t.lookup(ks) == 4
         started = set(threading.enumerate()) - before
         assert not started, f"the first lookup started {sorted(th.name for th in started)}"
-    for th in lookup_threads:
+    for th in engine_threads:
         th.join(5)
         assert not th.is_alive(), f"{th.name} still runs after close()"
 
@@ -227,8 +229,7 @@ with open_tier(root, native_io=native_io, lookup_cache_ttl_s=0) as t:
     assert store(t, "s", ks[:1]).success
     for v in huge:
         m = TierMetrics()
-        look = Lookup(LookupCache(0), t.blocks, 1, v, breaker=Breaker(8, 10.0, m), metrics=m)
-        look.start()
+        look = Lookup(LookupCache(0), t.blocks, 1, v, breaker=Breaker(8, 10.0, m), metrics=m, engine=t._engine)
         try:
             assert look.present(ks)[0] == [True, False], v
         finally:
@@ -282,7 +283,7 @@ def test_a_nan_or_negative_probe_deadline_is_refused(tmp_path: Path, native_io: 
     with open_tier(tmp_path / "root", native_io=native_io) as t:
         m = TierMetrics()
         with pytest.raises(ValueError, match="timeout"):
-            Lookup(LookupCache(0), t.blocks, 1, bad, breaker=Breaker(8, 10.0, m), metrics=m)
+            Lookup(LookupCache(0), t.blocks, 1, bad, breaker=Breaker(8, 10.0, m), metrics=m, engine=t._engine)
         if t.blocks.batched:
             with pytest.raises(ValueError, match="timeout_s"):
                 t.blocks.present_within(keys(0, 1), timeout_s=bad)

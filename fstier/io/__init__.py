@@ -1,5 +1,5 @@
 """Block I/O: the on-disk format, atomic O_DIRECT stores, checked loads, the
-dual-queue thread pool and its asyncio facade.
+job engine's asyncio facade.
 
 This is the storage side of fstier: it moves the bytes of host slots to and
 from block files and knows nothing of GPUs, ranks or layouts (those are
@@ -15,7 +15,8 @@ check of a stored file, ``iotypes`` the options and outcomes, ``capabilities``
 what a root's filesystem can do (O_DIRECT, O_TMPFILE), ``fsops`` the
 syscall seam every Python-path file operation goes through and the atomic
 small-file write, ``tree`` and ``manifest`` what in a root is fstier's,
-``pool`` the threads that run the block store, ``aio`` the same for asyncio
+``engine`` the job engine whose threads run the block store's jobs (one per
+process, every namespace a registration), ``aio`` its face for asyncio
 callers; ``FsTier`` (``manager``) drives them.
 
 This package exports the names below, each defined in one module.
@@ -31,7 +32,6 @@ from fstier.io.blockstore import BlockStore
 from fstier.io.capabilities import RootCapabilities, probe_o_direct
 from fstier.io.fsops import aligned_buffer
 from fstier.io.iotypes import IOOptions, LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
-from fstier.io.pool import IOPool
 
 __all__ = [
     "FORMAT_VERSION",
@@ -41,7 +41,6 @@ __all__ = [
     "BlockStore",
     "FileCheck",
     "IOOptions",
-    "IOPool",
     "LoadOutcome",
     "LoadStatus",
     "RootCapabilities",

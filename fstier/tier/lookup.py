@@ -26,20 +26,22 @@ Any deadline a caller can pass ends: ``inf`` is no deadline here, one past
 ``threading.TIMEOUT_MAX`` is clamped to it (in C too), nan or a negative one
 is a ``ValueError`` (a deadline of 2**63 ns once spun the native probe
 forever: test_lookup_presence.py::test_a_huge_or_infinite_probe_deadline_returns).
-The Python path probes on a lookup thread (an :class:`~fstier.io.pool.IOPool`
-shared by every tier of the process on the same root and deadline: a
-namespace costs no threads of its own; a hung probe delays only probes of
-its own root, by at most the deadline), taken by :meth:`Lookup.start` as
-the tier's constructor ends: a pool started at the first lookup cost the
-first prompt after an engine's restart 28-34 ms, each new thread waiting
-for the GIL; test_lookup_presence.py::test_the_first_lookup_starts_no_thread).
-The last tier of a root to close stops its pool; a forked child starts its own.
+The Python path probes on the tier's job engine (:mod:`fstier.io.engine`): one
+``"probe"`` job per batch, in the engine's probe queue, which every engine
+thread takes before queued reads and writes, so a probe never waits behind a
+burst of I/O; the caller waits on the job's own answer at most the deadline,
+and a probe stuck past it is the engine's (its thread counted stuck and
+replaced, as for any unit). A namespace costs no lookup thread: the engine's
+threads, running since the tier was built, serve every namespace's probes
+(there was a lookup pool of 3 threads per root and deadline, which the
+first lookup once started, costing the first prompt after an engine's
+restart 28-34 ms; test_lookup_presence.py::test_the_first_lookup_starts_no_thread).
 
 :class:`Lookup` counts what it answers in the tier's metrics (keys looked
 up, hits, misses, lookup seconds). Costs per batch: one cache pass under
 one lock, one probe call for the uncached keys (native: one ``openat2``
-and one ``fstat`` per key, on one short-lived C thread; Python: two
-thread hand-offs). Memory is bounded: at most 2**20
+and one ``fstat`` per key, on one short-lived C thread; Python: one engine
+job and two thread hand-offs). Memory is bounded: at most 2**20
 answers and 2**18 bad keys.
 """
 
@@ -52,8 +54,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from fstier.errors import IOPoolClosedError
 from fstier.io.blockstore import BlockStore
-from fstier.io.pool import IOPool, PoolJob
+from fstier.io.engine import EngineJob, Registration
 from fstier.keys import BlockKey
 from fstier.tier.admission import Breaker
 from fstier.tier.checks import wait_timeout
@@ -146,8 +149,9 @@ class LookupCache:
 # ---------------------------------------------------------------- the probe
 class Lookup:
     """Which keys' block files are present: ``cache`` first, then one probe
-    call for the uncached keys on the lookup thread, waited for at most
-    ``timeout_s`` (see the module docstring)."""
+    call for the uncached keys (native: on the caller's thread; Python: a
+    probe job of ``engine``), waited for at most ``timeout_s`` (see the
+    module docstring)."""
 
     def __init__(
         self,
@@ -158,6 +162,7 @@ class Lookup:
         *,
         breaker: Breaker,
         metrics: TierMetrics,
+        engine: Registration,
     ) -> None:
         self._breaker = breaker
         self._metrics = metrics
@@ -167,9 +172,8 @@ class Lookup:
         self._num_groups = num_groups
         # inf: no deadline; nan or negative: ValueError; else at most threading.TIMEOUT_MAX
         self._timeout = wait_timeout("Lookup", timeout_s)
-        self._lock = threading.Lock()
-        #: started by start(), never at the first lookup (see the module docstring)
-        self._pool: IOPool | None = None
+        #: the tier's registration with its engine: the Python path's probes are its jobs
+        self._engine = engine
         self._closed = False
         self._logged_slow = False
 
@@ -248,36 +252,38 @@ class Lookup:
         self._cache.put_many(misses, False, now)
         return out, True
 
-    # -- the probe call, on the lookup thread ------------------------------------
+    # -- the probe call ----------------------------------------------------------
     def _probe(self, keys: list[BlockKey], prefix: bool) -> list[bool] | None:
         """One probe of ``keys``; None if it did not answer within the
         deadline (a hung mount), counted as a timeout. Native: on the
-        caller's thread, the deadline kept in C (one GIL release); Python:
-        on the lookup thread."""
+        caller's thread, the deadline kept in C (one GIL release); Python: a
+        probe job of the engine, its answer waited for at most the deadline."""
+        if self._closed:
+            return [False] * len(keys)
         if self._blocks.batched:
-            if self._closed:
-                return [False] * len(keys)
             if self._timeout is None:
                 return self._blocks.present_many(keys, prefix=prefix)
             found = self._blocks.present_within(keys, prefix=prefix, timeout_s=self._timeout)
             if found is None:
                 self._timed_out(keys, "past the deadline in the native probe")
             return found
-        pool = self._executor()
-        if pool is None:  # closed: nothing is probed any more
-            return [False] * len(keys)
         done = threading.Event()
         got: list[object] = []
 
-        def finished(pj: PoolJob) -> None:
-            got.append(pj.results[0])
-            done.set()
+        def probe() -> None:
+            try:
+                got.append(self._probe_now(keys, prefix))
+            except Exception as exc:  # the caller's answer: a failed probe is a timeout-like miss
+                got.append(exc)
+            finally:
+                done.set()
 
-        pool.submit("lookup", "read", [lambda: self._probe_now(keys, prefix)], on_done=finished)
-        # The pool's watchdog ends the op at the deadline; the extra second
-        # covers its wake-up, never a hung call.
-        wait = None if self._timeout is None else min(self._timeout + 1.0, threading.TIMEOUT_MAX)
-        if not done.wait(wait) or not isinstance(got[0], list):
+        try:
+            self._engine.submit(EngineJob("lookup", "probe", call=probe, timeout_s=self._timeout))
+        except IOPoolClosedError:  # the tier closed meanwhile: nothing is probed any more
+            return [False] * len(keys)
+        # The engine gives the probe up at the same deadline (its thread counted stuck, replaced).
+        if not done.wait(self._timeout) or not isinstance(got[0], list):
             self._timed_out(keys, got[0] if got else "no answer")
             return None
         return got[0]
@@ -299,59 +305,6 @@ class Lookup:
             )
         return self._blocks.present_many(keys, prefix=prefix)
 
-    def start(self) -> None:
-        """Take the root's lookup pool now, starting it if no tier of the
-        root holds it (idempotent; a no-op once closed)."""
-        with self._lock:
-            # the native path probes on the caller's thread (deadline in C)
-            if self._pool is None and not self._closed and not self._blocks.batched:
-                self._pool = _SHARED.take((os.fspath(self._blocks.mapper.root), self._timeout))
-
-    def _executor(self) -> IOPool | None:
-        """The lookup pool; None once closed (or never started)."""
-        with self._lock:
-            return self._pool
-
     def close(self) -> None:
-        """Stop the lookup threads (idempotent)."""
-        with self._lock:
-            self._closed = True
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            _SHARED.give_back(pool)
-
-
-class _SharedPools:
-    """The lookup pools of the process, one per (root, deadline), each with
-    the count of tiers holding it; forgotten in a forked child."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pools: dict[tuple[str, float | None], tuple[IOPool, int]] = {}
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._forget)
-
-    def _forget(self) -> None:
-        self._lock = threading.Lock()
-        self._pools = {}
-
-    def take(self, key: tuple[str, float | None]) -> IOPool:
-        with self._lock:
-            pool, n = self._pools.get(key, (None, 0))
-            if pool is None or pool.closed:
-                pool, n = IOPool(1, 1, key[1], name="fstier-lookup"), 0
-            self._pools[key] = (pool, n + 1)
-            return pool
-
-    def give_back(self, pool: IOPool) -> None:
-        with self._lock:
-            key = next((k for k, (p, _) in self._pools.items() if p is pool), None)
-            if key is not None and self._pools[key][1] > 1:
-                self._pools[key] = (pool, self._pools[key][1] - 1)
-                return
-            if key is not None:
-                del self._pools[key]
-        pool.shutdown()
-
-
-_SHARED = _SharedPools()
+        """Probe nothing any more: every key is absent (idempotent)."""
+        self._closed = True

@@ -7,7 +7,7 @@ the methods vLLM calls on FstierTier and on vLLM's own fs tier (``lookup``,
 ``get_finished_jobs``, the async lookup's ``batch_lookup``), plus the
 fstier parts behind them (``FsTier.present``, the lookup probe and its
 thread pool's creation, ``Recency.note_many`` and the recency flush job,
-``IOPool.submit``, the job engine's ``submit``, ``BlockStore.load_many``/
+the job engine's ``submit``, ``BlockStore.load_many``/
 ``store_many``, the native ``lookup_batch``) and every garbage collection. Each call appends one row
 ``(name, thread, t_start, t_end, detail)`` to a list (a ``perf_counter``
 pair and one append: about a microsecond); ``lookup`` rows are kept only
@@ -151,7 +151,6 @@ spawned one (vLLM's engine core on CPU) runs tests/e2e/engine_run.py as its
     _dir.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGUSR1, lambda *_: dump("core"))
     from fstier.integrations import vllm as fv
-    from fstier.io.pool import IOPool
     from fstier.manager import FsTier
     from fstier.tier import lookup as flookup
     from fstier.tier import recency as frec
@@ -168,7 +167,7 @@ spawned one (vLLM's engine core on CPU) runs tests/e2e/engine_run.py as its
         _wrap_shutdown(cls, label)
     _wrap(fv._PresenceLookup, "batch_lookup", "fstier.batch_lookup", n_keys)
     _wrap(FsTier, "present", "FsTier.present", n_keys)
-    _wrap(flookup.Lookup, "_executor", "Lookup._executor")
+    _wrap(flookup.Lookup, "_probe", "Lookup._probe", n_keys)
     _wrap(flookup.Lookup, "_probe_now", "Lookup._probe_now", n_keys)
     from fstier.io import native
 
@@ -180,8 +179,6 @@ spawned one (vLLM's engine core on CPU) runs tests/e2e/engine_run.py as its
 
     _wrap(BlockStore, "load_many", "BlockStore.load_many", lambda a: _size(a[1]))
     _wrap(BlockStore, "store_many", "BlockStore.store_many", lambda a: _size(a[1]))
-    _wrap(IOPool, "submit", "IOPool.submit", lambda a: (a[0]._name, a[2], _size(a[3])))
-    _wrap(IOPool, "__init__", "IOPool.__init__", lambda a: a[1:3])
     from fstier.io.engine import PythonEngine
 
     _wrap(PythonEngine, "submit", "engine.submit", lambda a: (a[2].kind, len(a[2].keys)))

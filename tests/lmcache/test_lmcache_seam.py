@@ -1,6 +1,6 @@
 """What FstierL2Adapter stands on that needs no LMCache (runs in every
-venv): the completion signal (``FsTier(on_finished=...)``,
-``IOPool(on_complete=...)``) that lets an engine sleep on an eventfd instead
+venv): the completion signal (``FsTier(on_finished=...)``, the job
+engine's ``on_complete``) that lets an engine sleep on an eventfd instead
 of polling, the lent slots, the namespace rules, the options, and the
 error a user without LMCache gets."""
 
@@ -19,7 +19,6 @@ from fstier.config import TierConfig
 from fstier.errors import ConfigError
 from fstier.integrations.lmcache import LmcacheUnavailableError, tier_config_from_adapter_params
 from fstier.integrations.lmcache_space import Layout, LentSlots, SpaceId, space_mapper
-from fstier.io.pool import IOPool
 from fstier.keys import BlockKey
 from fstier.manager import FsTier
 
@@ -95,30 +94,39 @@ def test_a_finished_job_is_signalled_and_then_found_in_get_finished(tmp_path: Pa
         tier.close()
 
 
-def test_iopool_on_complete_runs_once_the_job_is_published() -> None:
-    seen: list[tuple[str, int]] = []
-    pool: IOPool | None = None
+def test_engine_on_complete_runs_once_the_job_is_published(tmp_path: Path) -> None:
+    """The engine calls ``on_complete`` from the thread that finished the
+    job once the engine's lock is released (the woken caller's
+    ``get_finished`` does not wait for it) and once the job is published."""
+    seen: list[tuple[str, int, bool]] = []
+    done = threading.Event()
+    box: list[FsTier] = []
 
-    def on_complete(kind: str) -> None:
-        assert pool is not None
-        # Called from the worker once the pool's lock is released (the woken
-        # caller's get_finished does not wait for it; before, it was held
-        # here). The job is already published (checked after, from the waiter).
-        free = pool._lock.acquire(blocking=False)
+    def on_finished(kind: str) -> None:
+        tier = box[0]
+        lock = tier._engine.engine.lock
+        free = lock.acquire(blocking=False)
         if free:
-            pool._lock.release()
-        seen.append((kind, int(free)))
+            lock.release()
+        seen.append((kind, int(free), tier._engine.has_finished()))
         done.set()
 
-    done = threading.Event()
-    pool = IOPool(1, 1, 5.0, on_complete=on_complete)
+    cfg = TierConfig(root_dir=tmp_path, native_io="off")  # type: ignore[arg-type]
+    layout = Layout.of([(2, 2048)], ["float16"])
+    assert layout is not None
+    slots = LentSlots(layout.nbytes)
+    tier = FsTier(cfg, slots, space_mapper(SpaceId("m", 0x01000100, "", layout), cfg), on_finished=on_finished)
+    box.append(tier)
     try:
-        pool.submit("j", "write", [lambda: 1])
+        buf = np.full(layout.nbytes, 7, dtype=np.uint8)
+        ids = slots.lend([memoryview(buf)])
+        assert ids is not None
+        tier.submit_store("j", [BlockKey(b"\x01" * 32)], ids)
         assert done.wait(10)
-        assert [j.job_id for j in pool.get_finished()] == ["j"]
-        assert seen == [("write", 1)]
+        assert seen == [("store", 1, True)]
+        assert [r.job_id for r in tier.get_finished()] == ["j"]
     finally:
-        pool.shutdown()
+        tier.close()
 
 
 def test_lent_slots_lend_release_and_fence() -> None:

@@ -28,8 +28,9 @@ watchdog, a completion list and an eventfd).
   thread, ``<name>-call``, in order; one past its deadline is finished as
   timed out by the completion thread, which starts a new call thread for the
   calls behind it (the stuck one exits when its call returns); a job of a block store on the Python
-  I/O path (``native_io: off``) runs on a :class:`PythonEngine` made on the
-  first such job.
+  I/O path (``native_io: off``), and a ``"probe"`` job (a presence probe of
+  that path, waited for by its caller), runs on a :class:`PythonEngine` made
+  on the first such job.
 
 The C watchdog reads the monotonic clock; :meth:`NativeEngine.set_clock`
 makes it a manual clock a test moves (a :class:`~fstier.clock.Clock` other
@@ -177,7 +178,7 @@ class NativeEngine:
     def submit(self, reg: Registration, job: EngineJob) -> None:
         """Queue ``job`` for ``reg``: one C call; never blocks."""
         blocks = job.blocks
-        if job.call is None and (blocks is None or not blocks.batched):
+        if job.kind == "probe" or (job.call is None and (blocks is None or not blocks.batched)):
             self._submit_python(reg, job)
             return
         n = len(job.keys)
@@ -255,7 +256,9 @@ class NativeEngine:
             raise IOPoolClosedError(f"the native I/O engine is shut down; cannot submit job {job.tag!r}")
 
     def _submit_python(self, reg: Registration, job: EngineJob) -> None:
-        """A job of a Python-path block store: on a Python engine, published here."""
+        """A job of a Python-path block store: on a Python engine, published
+        here; a probe (its caller waits on its own call) in that engine's
+        probe queue, published nowhere."""
         with self.lock:
             self._check_open(reg, job)
             if self._python is None:
@@ -265,7 +268,8 @@ class NativeEngine:
                 inner = self._inner[reg] = self._python.register(
                     partial(self._forward, reg), reg.on_released
                 )
-            reg.active += 1
+            if job.call is None:
+                reg.active += 1
         inner.submit(job)
 
     def _forward(self, reg: Registration, _kind: str = "") -> None:

@@ -6,9 +6,11 @@ backend of :mod:`fstier.io.engine` and the worked example of one.
   calls). Read-priority threads take from the read queue first and from the
   write queue only when it is empty; write-priority threads the reverse:
   loads (which an engine waits for) never wait behind a burst of stores, and
-  stores never starve. An idle thread takes the head job's next unit, so the
-  units of one job run in parallel; the job leaves its queue when its last
-  unit started.
+  stores never starve. Before either, every thread takes the ``probe``
+  queue's jobs (presence probes a caller waits for, a few ``fstatat`` each):
+  a probe never waits behind queued I/O, only for a thread to finish a
+  unit. An idle thread takes the head job's next unit, so the units of one
+  job run in parallel; the job leaves its queue when its last unit started.
 - A unit's work is the block store's batch call (``store_many`` /
   ``load_many``: one GIL-free native call for a whole native job, one key on
   the Python backend) into the job's buffers.
@@ -38,7 +40,10 @@ Costs
     one thread wake-up per unit queued. The watchdog wakes at the earliest
     deadline of a job in flight (a heap), never once per job; a finished
     job leaves the heap when it reaches its head (jobs of one deadline
-    finish about in order, so the heap holds about the jobs in flight).
+    finish about in order, so the heap holds about the jobs in flight). With
+    none in flight it sleeps the last job's timeout, so a job that finds the
+    engine idle does not wake it either: no thread wake-up per serial job
+    (test_engine_queues.py::test_watchdog_is_not_woken_for_each_job).
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ __all__ = ["PythonEngine", "Registration", "check_threads"]
 
 log = logging.getLogger("fstier.io")
 
-_QUEUES = ("read", "write")
+_QUEUES = ("probe", "read", "write")
 
 
 def without_traceback(exc: BaseException) -> BaseException:
@@ -200,6 +205,9 @@ class PythonEngine:
         self._registrations: set[Registration] = set()
         self._workers: list[_Worker] = []
         self._watch_at = -math.inf
+        #: how long the watchdog sleeps with no deadline pending: the last job's timeout, so
+        #: the next job of that timeout has its deadline after the wake-up and need not wake it
+        self._idle_wait = 3600.0
         self._stuck = 0
         self._timeouts = 0
         self._closed = False
@@ -287,6 +295,7 @@ class PythonEngine:
             self._queues[queue].append(job)
             self._queued[queue] += units
             if job.timeout_s is not None:
+                self._idle_wait = job.timeout_s
                 heapq.heappush(self._deadlines, (job.deadline, next(self._seq), job))
                 if job.deadline < self._watch_at:
                     self._tick.notify()
@@ -367,7 +376,7 @@ class PythonEngine:
     def _take(self, worker: _Worker) -> tuple[EngineJob, int] | None:
         """The next unit for ``worker`` (lock held)."""
         own = worker.priority
-        for q in (own, "write" if own == "read" else "read"):
+        for q in ("probe", own, "write" if own == "read" else "read"):
             queue = self._queues[q]
             if queue:
                 job = queue[0]
@@ -441,7 +450,7 @@ class PythonEngine:
                 self._stuck += 1
                 fenced.extend(job.slots[job.bounds[u]:job.bounds[u + 1]])
                 if not self._closed:
-                    self._spawn("read" if job.kind == "load" else "write")
+                    self._spawn("write" if job.kind_queue == "write" else "read")
             else:
                 job.results[u] = EXPIRED
         unstarted = len(job.results) - job.started_units
@@ -474,7 +483,7 @@ class PythonEngine:
                 if not expired:
                     if self._closed and not heap:
                         return
-                    wait = heap[0][0] - now if heap else 3600.0
+                    wait = heap[0][0] - now if heap else self._idle_wait
                     self._watch_at = now + wait
                     self._clock.wait(self._tick, max(0.001, wait))
                     self._watch_at = -math.inf

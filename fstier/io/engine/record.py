@@ -94,7 +94,7 @@ EXPIRED = Marker("OP_EXPIRED")
 #: The unit has not returned yet.
 PENDING = Marker("PENDING")
 
-Kind = Literal["store", "load", "call"]
+Kind = Literal["store", "load", "call", "probe"]
 
 
 class Buffers(Protocol):
@@ -109,7 +109,11 @@ class EngineJob:
     """One job, submit to completion (see the module docstring).
 
     A ``"call"`` job is one unit that runs ``call()`` (a recency flush);
-    its result is dropped and nothing is published for it."""
+    its result is dropped and nothing is published for it. A ``"probe"``
+    job is a call job that a caller waits for (a presence probe on the
+    Python I/O path, :class:`~fstier.io.aio.AsyncBlockIO`'s ``present``): it
+    waits in the engine's probe queue, which every thread takes before reads
+    and writes, and hands its answer back through its own ``call``."""
 
     tag: Hashable
     kind: Kind
@@ -151,8 +155,9 @@ class EngineJob:
 
     @property
     def kind_queue(self) -> str:
-        """The queue it waits in: loads are reads, stores and calls writes."""
-        return "read" if self.kind == "load" else "write"
+        """The queue it waits in: loads are reads, probes probes, stores and calls writes."""
+        kind = self.kind
+        return "read" if kind == "load" else "probe" if kind == "probe" else "write"
 
     def block_io(self) -> tuple[BlockStore, Buffers]:
         """The block store and buffers a store or load job moves its keys
