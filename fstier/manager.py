@@ -43,8 +43,7 @@ from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.config import FstierConfig, TierConfig, load_config
 from fstier.errors import ConfigError, TierClosedError
 from fstier.file_mapper import FileMapper
-from fstier.io import BlockStore
-from fstier.io.engine import EngineJob, shared_engine
+from fstier.io import BlockStore, EngineJob, shared_engine
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
 from fstier.tier.admission import Admission, Breaker, WriteBudget

@@ -85,8 +85,8 @@ def test_integrations_translate_only() -> None:
     storage layer itself (only the format version, for its namespace, and the
     file size rule, for the usage it reports in fstier's units)."""
     files = _modules("integrations")
-    facts = ("", ".FORMAT_VERSION", ".block_file_size")
-    allowed = tuple(f"imports fstier.io.blockfile{f}" for f in facts)
+    facts = ("", ".FORMAT_VERSION", ".block_file_size")  # from the storage layer's face
+    allowed = tuple(f"imports fstier.io{f}" for f in facts)
     bad = [v for v in _violations(files, ("fstier.io",)) if not v.endswith(allowed)]
     assert bad == []
 
@@ -141,6 +141,54 @@ def test_the_private_name_check_sees_every_spelling() -> None:
     assert got == [
         "fstier.config._x", "fstier._cudart", "fstier._units", "fstier.io._native.y",
         "fstier.tier.capacity._loop",
+    ]
+
+
+def _io_internals(imports: list[str], face: set[str]) -> list[str]:
+    """The ``fstier.io`` imports that are not a name of its face: a module of
+    ``io/`` (``fstier.io.blockfile...``, ``from fstier.io import native``) or
+    anything below one."""
+    out = []
+    for m in imports:
+        parts = m.split(".")
+        if parts[:2] == ["fstier", "io"] and len(parts) > 2 and (len(parts) > 3 or parts[2] not in face):
+            out.append(m)
+    return out
+
+
+def test_nothing_outside_io_imports_its_modules() -> None:
+    """Code outside ``io/`` takes the storage layer's names from its face
+    (``fstier.io.__all__``), never from one of its modules, at import time,
+    in a function or for type checking: ``io/`` can move what its modules
+    hold without touching the tier, the command line or an engine adapter."""
+    import fstier.io
+
+    face = set(fstier.io.__all__)
+    bad = []
+    for f in sorted(PKG.rglob("*.py")):
+        rel = f.relative_to(PKG)
+        if rel.parts[0] == "io":
+            continue
+        package = ".".join(("fstier", *rel.parts[:-1]))
+        for m in _io_internals(_fstier_imports(f.read_text(), package), face):
+            bad.append(f"{f.relative_to(REPO)} imports {m}")
+    assert bad == [], "import these from fstier.io (add the name to its __all__ if it is missing)"
+
+
+def test_the_io_face_check_sees_every_spelling() -> None:
+    import fstier.io
+
+    source = (
+        "from fstier.io import BlockStore, native\n"
+        "import fstier.io.tree\n"
+        "from fstier.io.blockfile import padded_len\n"
+        "if TYPE_CHECKING:\n    from fstier.io.engine import EngineJob\n"
+        "def f():\n    from .io import fsops\n"
+    )
+    got = _io_internals(_fstier_imports(source, "fstier"), set(fstier.io.__all__))
+    assert got == [
+        "fstier.io.native", "fstier.io.tree", "fstier.io.blockfile.padded_len", "fstier.io.engine.EngineJob",
+        "fstier.io.fsops",
     ]
 
 

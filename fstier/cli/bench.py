@@ -42,12 +42,16 @@ from fstier.cli.output import display, emit_report, fmt_size, make_console
 from fstier.cli.progress import progress_bar, show_progress
 from fstier.config import parse_config
 from fstier.file_mapper import FileMapper
-from fstier.io import native
-from fstier.io.blockfile import HEADER_SIZE, padded_len
-from fstier.io.blockstore import BlockStore
-from fstier.io.capabilities import probe_o_direct
-from fstier.io.fsops import aligned_buffer
-from fstier.io.iotypes import IOOptions
+from fstier.io import (
+    HEADER_SIZE,
+    BlockStore,
+    IOOptions,
+    NativeStatus,
+    aligned_buffer,
+    native_status,
+    padded_len,
+    probe_o_direct,
+)
 from fstier.keys import BlockKey
 
 __all__ = ["BenchRow", "bench_files", "run_bench"]
@@ -86,7 +90,7 @@ def _parallel(ex: ThreadPoolExecutor, jobs: Sequence[Callable[[], bool]]) -> flo
 BATCH = 4
 
 
-def _bench_blocks(root: Path, block_bytes: int, opts: IOOptions, backend: native.NativeStatus) -> BlockStore:
+def _bench_blocks(root: Path, block_bytes: int, opts: IOOptions, backend: NativeStatus) -> BlockStore:
     """The block store the fstier side runs: a namespace of one group whose
     files hold ``block_bytes`` of payload, under ``root``."""
     cfg = parse_config({
@@ -172,7 +176,7 @@ def run_bench(
         support = probe_o_direct(work, "auto")
         opts = IOOptions(o_direct=support.enabled, alignment=support.alignment)
         direct = support.enabled
-        path_now = native.status()
+        path_now = native_status()
         n = min(num_blocks, 1 << 16)
         payload = padded_len(block_bytes)
         fill = bytes(range(256)) * (min(block_bytes, 1 << 16) // 256)

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fstier.config import TierConfig
-from fstier.io.heldtree import open_held_dir, rmdir_if_same
+from fstier.io import open_held_dir, rmdir_if_same
 
 __all__ = ["RootCheck", "check_root"]
 

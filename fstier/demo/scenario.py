@@ -49,7 +49,7 @@ from fstier.demo.processes import (
 from fstier.demo.ranks import Check, Fill, Setup, Stage
 from fstier.errors import ConfigError
 from fstier.file_mapper import FileMapper, is_parallel_agnostic
-from fstier.io.blockfile import HEADER_SIZE, padded_len
+from fstier.io import HEADER_SIZE, padded_len
 from fstier.keys import BlockKey, chain_hashes
 
 __all__ = ["CaseResult", "DemoOptions", "DemoReport", "DemoScenario", "run_demo"]

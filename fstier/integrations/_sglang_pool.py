@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from fstier.errors import ConfigError
 from fstier.file_mapper import FileMapper, parallel_identity
-from fstier.io.blockfile import FORMAT_VERSION
+from fstier.io import FORMAT_VERSION
 from fstier.slots.rows import RowSlots
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -36,7 +36,7 @@ from fstier.errors import ConfigError
 from fstier.file_mapper import FileMapper, parallel_identity
 from fstier.integrations._options import tier_config_from_engine_options
 from fstier.integrations._vllm_compat import sliding_window_chunks
-from fstier.io.blockfile import FORMAT_VERSION
+from fstier.io import FORMAT_VERSION
 from fstier.units import parse_size
 
 __all__ = ["cpu_rows_for_prompt", "cpu_tier_shortfall", "engine_mapper", "small_cpu_tier", "tier_config_from_options"]

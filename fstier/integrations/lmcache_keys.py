@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from fstier.integrations.lmcache_space import MAX_GROUPS, block_keys_of, hash_form
 from fstier.integrations.lmcache_spaces import walk_keys
-from fstier.io.blockfile import block_file_size
+from fstier.io import block_file_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig

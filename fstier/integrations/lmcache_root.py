@@ -43,7 +43,7 @@ from fstier.integrations.lmcache_keys import (
 )
 from fstier.integrations.lmcache_space import MAX_GROUPS, Layout, hash_form, one_owner
 from fstier.integrations.lmcache_spaces import DiskIndex, Spaces, key_of_path, walk_keys
-from fstier.io.blockfile import block_file_size
+from fstier.io import block_file_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig

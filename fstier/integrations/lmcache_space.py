@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 from fstier.config import DTYPE_SIZES
 from fstier.file_mapper import FileMapper
-from fstier.io.blockfile import FORMAT_VERSION
+from fstier.io import FORMAT_VERSION
 from fstier.keys import MAX_HASH_BYTES, MIN_HASH_BYTES, BlockKey, block_keys
 
 if TYPE_CHECKING:  # pragma: no cover

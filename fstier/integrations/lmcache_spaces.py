@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from fstier.file_mapper import decode
 from fstier.integrations.lmcache_space import SpaceId, space_of_fields, split_kv_rank
-from fstier.io.blockfile import block_file_size
+from fstier.io import block_file_size
 from fstier.tier import scan
 
 if TYPE_CHECKING:  # pragma: no cover

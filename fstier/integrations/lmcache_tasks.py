@@ -18,7 +18,7 @@ from itertools import repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from fstier.io.blockfile import block_file_size
+from fstier.io import block_file_size
 from fstier.tier.records import BlockRemoved, BlockStored
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -19,7 +19,10 @@ small-file write, ``tree`` and ``manifest`` what in a root is fstier's,
 process, every namespace a registration), ``aio`` its face for asyncio
 callers; ``FsTier`` (``manager``) drives them.
 
-This package exports the names below, each defined in one module.
+This package exports the names below, each defined in one module: what
+code outside ``io/`` needs of the storage layer (the tier, the command line,
+the engines' adapters) comes from here, never from a module of ``io/``
+(tests/test_layers.py::test_nothing_outside_io_imports_its_modules).
 ``fstier.io`` is torch-free: importing it never imports torch.
 """
 
@@ -27,26 +30,64 @@ from __future__ import annotations
 
 from fstier.io.aio import AsyncBlockIO
 from fstier.io.blockcheck import FileCheck, verify_file
-from fstier.io.blockfile import FORMAT_VERSION, HEADER_SIZE, BlockHeader
+from fstier.io.blockfile import FORMAT_VERSION, HEADER_SIZE, BlockHeader, Expected, block_file_size, padded_len
 from fstier.io.blockstore import BlockStore
 from fstier.io.capabilities import RootCapabilities, probe_o_direct
-from fstier.io.fsops import aligned_buffer
+from fstier.io.engine import CANCELLED, EXPIRED, TIMED_OUT, EngineJob, Registration, shared_engine
+from fstier.io.fsops import FS, aligned_buffer, touch_file, unlink_if_same
+from fstier.io.heldtree import empty_held_dir, held_tree_size, open_held_dir, rmdir_if_same
 from fstier.io.iotypes import IOOptions, LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
+from fstier.io.manifest import Manifest
+from fstier.io.native import NativeStatus
+from fstier.io.native import status as native_status
+from fstier.io.tree import (
+    FileKind,
+    TreeFile,
+    check_namespace,
+    iter_namespace_dirs,
+    iter_namespace_files,
+    iter_root,
+)
 
 __all__ = [
+    "CANCELLED",
+    "EXPIRED",
     "FORMAT_VERSION",
+    "FS",
     "HEADER_SIZE",
+    "TIMED_OUT",
     "AsyncBlockIO",
     "BlockHeader",
     "BlockStore",
+    "EngineJob",
+    "Expected",
     "FileCheck",
+    "FileKind",
     "IOOptions",
     "LoadOutcome",
     "LoadStatus",
+    "Manifest",
+    "NativeStatus",
+    "Registration",
     "RootCapabilities",
     "StoreOutcome",
     "StoreStatus",
+    "TreeFile",
     "aligned_buffer",
+    "block_file_size",
+    "check_namespace",
+    "empty_held_dir",
+    "held_tree_size",
+    "iter_namespace_dirs",
+    "iter_namespace_files",
+    "iter_root",
+    "native_status",
+    "open_held_dir",
+    "padded_len",
     "probe_o_direct",
+    "rmdir_if_same",
+    "shared_engine",
+    "touch_file",
+    "unlink_if_same",
     "verify_file",
 ]

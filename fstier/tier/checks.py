@@ -18,7 +18,7 @@ from operator import attrgetter
 from typing import cast
 
 from fstier.errors import PoolError
-from fstier.io.blockfile import padded_len
+from fstier.io import padded_len
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider, plain_indices
 

@@ -36,7 +36,7 @@ import logging
 import threading
 from collections.abc import Iterable
 
-from fstier.io.engine import EngineJob
+from fstier.io import EngineJob
 from fstier.slots.provider import SlotProvider
 from fstier.tier.metrics import Gauge
 

@@ -45,9 +45,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from fstier.io.fsops import unlink_if_same
-from fstier.io.heldtree import empty_held_dir, held_tree_size, open_held_dir, rmdir_if_same
-from fstier.io.tree import FileKind, TreeFile, check_namespace, iter_root
+from fstier.io import (
+    FileKind,
+    TreeFile,
+    check_namespace,
+    empty_held_dir,
+    held_tree_size,
+    iter_root,
+    open_held_dir,
+    rmdir_if_same,
+    unlink_if_same,
+)
 
 __all__ = [
     "DEFAULT_MAX_CANDIDATES",

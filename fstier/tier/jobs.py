@@ -21,9 +21,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Literal
 
-from fstier.io.blockfile import block_file_size
-from fstier.io.blockstore import BlockStore
-from fstier.io.engine import EngineJob
+from fstier.io import BlockStore, EngineJob, block_file_size
 from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider, payload_views
 from fstier.tier.lookup import LookupCache

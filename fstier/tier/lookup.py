@@ -55,8 +55,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from fstier.errors import IOPoolClosedError
-from fstier.io.blockstore import BlockStore
-from fstier.io.engine import EngineJob, Registration
+from fstier.io import BlockStore, EngineJob, Registration
 from fstier.keys import BlockKey
 from fstier.tier.admission import Breaker
 from fstier.tier.checks import wait_timeout

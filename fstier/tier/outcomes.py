@@ -44,10 +44,18 @@ from collections.abc import Sequence
 from operator import attrgetter
 from typing import NamedTuple
 
-from fstier.io.blockfile import block_file_size
-from fstier.io.blockstore import BlockStore
-from fstier.io.engine import CANCELLED, EXPIRED, TIMED_OUT, EngineJob
-from fstier.io.iotypes import LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
+from fstier.io import (
+    CANCELLED,
+    EXPIRED,
+    TIMED_OUT,
+    BlockStore,
+    EngineJob,
+    LoadOutcome,
+    LoadStatus,
+    StoreOutcome,
+    StoreStatus,
+    block_file_size,
+)
 from fstier.keys import BlockKey
 from fstier.tier.admission import BAD_FILE_CAUSES, Breaker, Failure, WriteBudget
 from fstier.tier.capacity import Capacity

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from fstier.config import FstierConfig
 from fstier.file_mapper import FileMapper
-from fstier.io.blockfile import padded_len
+from fstier.io import padded_len
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.slots.host_pool import HostBlockPool

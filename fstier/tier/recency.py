@@ -24,8 +24,7 @@ from pathlib import Path
 
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.errors import IOPoolClosedError
-from fstier.io import blockstore, fsops
-from fstier.io.engine import EngineJob, Registration
+from fstier.io import BlockStore, EngineJob, Registration, touch_file
 
 __all__ = ["FLUSH_S", "MAX_PENDING", "Recency"]
 
@@ -38,14 +37,14 @@ FLUSH_S = 5.0
 MAX_PENDING = 4096
 
 
-def _bump_mtimes(paths: Sequence[str], blocks: blockstore.BlockStore | None = None) -> None:
+def _bump_mtimes(paths: Sequence[str], blocks: BlockStore | None = None) -> None:
     """Evicted or replaced meanwhile is fine; never through a symlink. One
     native call for the batch when ``blocks`` runs the native path."""
     if blocks is not None:
         blocks.touch_many(paths)
         return
     for p in paths:
-        fsops.touch_file(p)
+        touch_file(p)
 
 
 class Recency:
@@ -53,7 +52,7 @@ class Recency:
     (each flush's deadline ``timeout_s``)."""
 
     def __init__(
-        self, io: Registration, blocks: blockstore.BlockStore | None = None, *, clock: Clock = SYSTEM_CLOCK,
+        self, io: Registration, blocks: BlockStore | None = None, *, clock: Clock = SYSTEM_CLOCK,
         timeout_s: float | None = None,
     ) -> None:
         self._io = io

@@ -26,8 +26,7 @@ import logging
 from collections.abc import Sequence
 
 from fstier.errors import StorageError
-from fstier.io.blockfile import block_file_size
-from fstier.io.blockstore import BlockStore
+from fstier.io import BlockStore, block_file_size
 from fstier.keys import BlockKey
 from fstier.tier.capacity import Capacity
 from fstier.tier.lookup import LookupCache

@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from fstier.file_mapper import MANIFEST_NAME, is_namespace_name
-from fstier.io.manifest import Manifest
-from fstier.io.tree import (
+from fstier.io import (
     FileKind,
+    Manifest,
     TreeFile,
     check_namespace,
     iter_namespace_dirs,

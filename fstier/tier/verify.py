@@ -40,8 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from fstier.file_mapper import decode
-from fstier.io.fsops import unlink_if_same
-from fstier.io.tree import FileKind, check_namespace, iter_namespace_dirs, iter_namespace_files
+from fstier.io import FileKind, check_namespace, iter_namespace_dirs, iter_namespace_files, unlink_if_same
 from fstier.tier.scan import Unreadable, checked_root, is_namespace_dir
 from fstier.tier.usage import ROOT_FILES
 
@@ -190,9 +189,7 @@ def _namespaces(root: Path, only: str | None) -> Iterator[Path]:
 
 def _check_one(path: str, full: bool, expect: _Expect) -> tuple[str, int, os.stat_result | None]:
     """``(reason or '', size, stat)``; reason ``gone`` when the file vanished."""
-    from fstier.io.blockcheck import verify_file
-    from fstier.io.blockfile import Expected
-    from fstier.io.fsops import FS
+    from fstier.io import FS, Expected, verify_file
 
     try:
         before = FS.lstat(path)  # no symlink followed anywhere on the path
