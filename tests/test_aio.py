@@ -202,3 +202,29 @@ def test_read_manifest_is_none_when_the_namespace_is_gone(blocks: BlockStore) ->
             assert await aio.read_manifest() is None
 
     asyncio.run(main())
+
+
+def test_python_path_jobs_after_the_native_engines_python_side_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The C engine runs a Python-path block store's jobs on a Python engine
+    of its own; when that engine's last registration left it stopped, and the
+    next Python-path job of another registration was refused ("the I/O engine
+    is shut down") instead of starting a new one."""
+    from fstier.io.engine.native import available
+
+    if not available():
+        pytest.skip("the native extension (and its C engine) is not built")
+    monkeypatch.setenv("FSTIER_ENGINE", "native")
+    blocks = _blocks(tmp_path / "root", native.python_backend())
+
+    async def main() -> None:
+        a = AsyncBlockIO(blocks, read_threads=1, write_threads=3)  # a thread count of its own: a fresh engine
+        b = AsyncBlockIO(blocks, read_threads=1, write_threads=3)
+        assert a.engine.engine is b.engine.engine and a.engine.engine.backend == "native"
+        assert [o.status for o in await a.store(_items(1))] == [StoreStatus.STORED]
+        await a.aclose()  # the Python side's only registration leaves: it stops
+        assert [o.status for o in await b.store(_items(1, 1))] == [StoreStatus.STORED]
+        await b.aclose()
+
+    asyncio.run(main())

@@ -261,7 +261,7 @@ class NativeEngine:
         probe queue, published nowhere."""
         with self.lock:
             self._check_open(reg, job)
-            if self._python is None:
+            if self._python is None or self._python.closed:  # its last registration left: a new one
                 self._python = PythonEngine(self.read_threads, self.write_threads, clock=self._clock)
             inner = self._inner.get(reg)
             if inner is None:
