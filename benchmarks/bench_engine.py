@@ -1,7 +1,7 @@
 """Stores and cold loads through FsTier on each job engine (the Python engine
 and the C engine, ``FSTIER_ENGINE``), native block I/O path.
 
-Per payload size (64 KiB and 1 MiB by default) and engine: a fresh root,
+Per payload size (``--sizes``: 64 KiB and 1 MiB by default) and engine: a fresh root,
 ``--mib`` MiB of files stored in jobs of ``--job`` keys (all submitted, then
 drained: GB/s to completion), then every file dropped from the page cache
 (``posix_fadvise(DONTNEED)`` per file: only these files, so other processes
@@ -99,19 +99,28 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--job", type=int, default=16, help="keys per job")
     ap.add_argument("--threads", type=int, default=4, help="read and write threads of the engine")
+    ap.add_argument("--engines", default=",".join(ENGINES), help="engines to run, from python,native")
+    ap.add_argument("--sizes", default="64KiB,1MiB", help="payload sizes, from 64KiB,256KiB,1MiB,2MiB")
     args = ap.parse_args()
+    engines = tuple(e.strip() for e in args.engines.split(","))
+    if not engines or set(engines) - set(ENGINES):
+        ap.error(f"--engines: {args.engines!r}; use names from {', '.join(ENGINES)}")
     base = Path(tempfile.mkdtemp(prefix="bench-engine-", dir=args.dir))
     print(f"load average before: {Path('/proc/loadavg').read_text().strip()}")
-    sizes = {"64 KiB": 2, "1 MiB": 32}
+    known = {"64KiB": ("64 KiB", 2), "256KiB": ("256 KiB", 8), "1MiB": ("1 MiB", 32), "2MiB": ("2 MiB", 64)}
+    try:
+        sizes = dict(known[s.strip()] for s in args.sizes.split(","))
+    except KeyError as e:
+        ap.error(f"--sizes: {e.args[0]!r} is not one of {', '.join(known)}")
     print("| size | engine | store GB/s | cold load GB/s | CPU us/file store | CPU us/file load |")
     print("|---|---|---|---|---|---|")
     for label, layers in sizes.items():
-        runs: dict[str, list[dict[str, Any]]] = {e: [] for e in ENGINES}
+        runs: dict[str, list[dict[str, Any]]] = {e: [] for e in engines}
         for rep in range(args.reps):
-            order = ENGINES if rep % 2 == 0 else ENGINES[::-1]
+            order = engines if rep % 2 == 0 else engines[::-1]
             for e in order:
                 runs[e].append(_run(e, base, layers, args.mib, args.job, args.threads))
-        for e in ENGINES:
+        for e in engines:
             med = {k: statistics.median(r[k] for r in runs[e]) for k in runs[e][0]}
             print(f"| {label} | {e} | {med['store_gbs']:.2f} | {med['load_gbs']:.2f} | "
                   f"{med['store_cpu_us']:.0f} | {med['load_cpu_us']:.0f} |")

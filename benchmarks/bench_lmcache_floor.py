@@ -9,7 +9,8 @@ and memory objects), then loaded warm (from the page cache) over and over as:
 * **fs_native**: LMCache's C++ adapter (no checksum);
 * **fstier**: fstier's adapter, the whole task: LMCache's submit, the
   adapter, ``FsTier``'s job and I/O pool, the native call, the eventfd,
-  the result;
+  the result; on the Python engine (``FSTIER_ENGINE=python``, set here:
+  the C engine makes no batch call to capture);
 * **floor**: the SAME native call the adapter made (captured from it:
   names, buffers, options, helper threads; XXH3 checked) run by one waiting
   Python thread that writes an eventfd, the caller polling it as LMCache
@@ -149,6 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_lmcache_floor.py: fstier's I/O path here is {path} ({native.status().reason}); "
               "the floor replays the adapter's native load call: build the extension and unset FSTIER_NATIVE=0",
               file=sys.stderr)
+        return 2
+    # The floor replays the Python engine's batch call (native.load_batch); the C engine, the default on
+    # the native path, makes none to capture: this benchmark measures the adapter on the Python engine.
+    engine = os.environ.setdefault("FSTIER_ENGINE", "python")
+    if engine != "python":
+        print(f"bench_lmcache_floor.py: FSTIER_ENGINE={engine}; the floor replays the adapter's native load "
+              "call of the Python engine (the C engine makes none): unset FSTIER_ENGINE", file=sys.stderr)
         return 2
     before = os.getloadavg()[0]
     rows = []

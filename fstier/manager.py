@@ -142,7 +142,7 @@ class FsTier:
         #: this tier's registration with the process's engine (its threads are shared)
         self._engine = shared_engine(
             tier.read_threads, tier.write_threads, clock=clock, on_complete=on_finished,
-            on_released=self._fences.on_released,
+            on_released=self._fences.on_released, native_io=self.blocks.batched,
         )
         self._lookup = Lookup(self._cache, self.blocks, self.mapper.num_groups, tier.io_timeout_s,
                               breaker=self._breaker, metrics=metrics, engine=self._engine)

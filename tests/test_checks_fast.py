@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from manager_support import FILE_BYTES, key, keys, load, open_tier, store
 
+from fstier.io import native
 from fstier.io.engine import EngineJob
 from fstier.io.iotypes import LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
 from fstier.slots.host_pool import HostBlockPool
@@ -107,11 +108,12 @@ def test_mixed_batches_are_still_judged_key_by_key(tmp_path: Path) -> None:
         assert not res.success and res.keys_completed == 5 and res.cause == "miss"
 
 
-def test_a_job_queued_behind_busy_threads_is_one_batch(tmp_path: Path) -> None:
-    """Native path: a job cut while every write thread has queued work is
-    one call on one thread, so its fixed Python is paid once; an idle tier
-    still spreads a job over its threads, as C helpers inside one call (one
-    Python call and GIL hand-off per job, not per thread)."""
+def test_a_job_queued_behind_busy_threads_is_one_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Native path, Python engine: a job cut while every write thread has
+    queued work is one call on one thread, so its fixed Python is paid once;
+    an idle tier still spreads a job over its threads, as C helpers inside
+    one call (one Python call and GIL hand-off per job, not per thread)."""
+    monkeypatch.setenv("FSTIER_ENGINE", "python")  # its plan; the C engine's case is the next test
     with open_tier(tmp_path, write_threads=2) as tier:
         if not tier.blocks.batched:
             pytest.skip("one key per op on the Python path")
@@ -142,6 +144,44 @@ def test_a_job_queued_behind_busy_threads_is_one_batch(tmp_path: Path) -> None:
         tier.drain()
         (res,) = [r for r in tier.get_finished() if r.job_id == "idle"]
         assert res.success and res.keys_completed == 16
+
+
+def test_a_job_on_the_c_engine_is_one_call_busy_or_idle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Native path, C engine: a job is ONE ``engine_submit`` call with all
+    its keys whether the workers are busy or idle (its workers take the keys
+    in C), so its fixed Python is paid once either way."""
+    monkeypatch.setenv("FSTIER_ENGINE", "native")
+    with open_tier(tmp_path, write_threads=2) as tier:
+        if not tier.blocks.batched:
+            pytest.skip("the C engine moves jobs of the native I/O path")
+        engine = tier._engine.engine
+        calls: list[int] = []
+        real = engine._ext
+
+        class Counting:
+            def __getattr__(self, name: str) -> object:
+                return getattr(real, name)
+
+            def engine_submit(self, *args: object) -> None:
+                calls.append(len(args[4]))  # type: ignore[arg-type]  # the job's relative paths
+                real.engine_submit(*args)
+
+        monkeypatch.setattr(engine, "_ext", Counting())
+        native.fault("write", delay_s=0.3, times=8)  # every worker held in its first key's write
+        try:
+            for i in range(3):
+                tier.submit_store(f"busy{i}", keys(16 * i, 16), list(range(16 * i, 16 * i + 16)))
+            assert engine.queue_depth("write") > 0  # keys wait: the workers are busy
+            assert calls == [16, 16, 16]
+            assert tier._inflight["busy0"].bounds == (0, 16) and tier._inflight["busy0"].helpers == 0
+            tier.drain()
+        finally:
+            native.clear_faults()
+        tier.submit_store("idle", keys(48, 16), list(range(48, 64)))
+        assert calls == [16, 16, 16, 16] and tier._inflight["idle"].bounds == (0, 16)
+        tier.drain()
+        res = {r.job_id: r for r in tier.get_finished() if isinstance(r.job_id, str)}
+        assert all(res[j].success and res[j].keys_completed == 16 for j in ("busy0", "busy1", "busy2", "idle"))
 
 
 def test_idle_poll_takes_no_lock_and_misses_nothing(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
 """The job engine (fstier.io.engine): one engine per process and thread
 configuration serves every namespace (a namespace costs a registration, not
 threads), closing one namespace leaves the others' jobs alone, and a forked
-child never inherits the parent's engine. On both I/O paths."""
+child never inherits the parent's engine. On both I/O paths; what differs
+between the engines (their threads, what they hold) is asserted per engine,
+and the native path's default is the C engine."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 from conftest import make_config
 from manager_support import TINY_GROUP, keys, load, payload_for, slot_bytes, store
 
+from fstier.io import native
 from fstier.manager import FsTier
 
 
@@ -34,20 +37,46 @@ def _tier(root: Path, model: str, native_io: str) -> FsTier:
     return tier
 
 
-@pytest.mark.parametrize("native_io", ["auto", "off"])
-def test_namespaces_share_one_engine_and_its_threads(tmp_path: Path, native_io: str) -> None:
-    """12 namespaces: 3 read + 2 write I/O threads and one watchdog in all
-    (each FsTier had its own 3 + 2 + 1 before: 72), and no lookup thread on
-    either path (the Python path's probes are jobs of the engine; there was
-    a lookup pool of the root, 2 threads and a watchdog, and 36 before it);
-    every namespace's bytes stored and loaded; the last close stops the threads."""
-    before, lookups_before = _io_threads(), _lookup_threads()
+def _engine_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("fstier-engine")}
+
+
+def _on_engine(monkeypatch: pytest.MonkeyPatch, engine: str, native_io: str) -> None:
+    """Tiers made next run on ``engine``; the C engine's cases need the native path."""
+    monkeypatch.setenv("FSTIER_ENGINE", engine)
+    if engine == "native" and native.status(native_io).backend != "native":
+        pytest.skip("the C engine moves jobs of the native I/O path; this run has the Python path")
+
+
+@pytest.mark.parametrize(("engine", "native_io"), [("python", "auto"), ("python", "off"), ("native", "auto")])
+def test_namespaces_share_one_engine_and_its_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str, native_io: str,
+) -> None:
+    """12 namespaces share one engine (each FsTier had its own 3 + 2 + 1
+    threads before: 72). The Python engine: 3 read + 2 write I/O threads and
+    one watchdog in all, and no lookup thread on either path (the Python
+    path's probes are jobs of the engine; there was a lookup pool of the root,
+    2 threads and a watchdog, and 36 before it). The C engine: 3 + 2 C workers and no
+    Python I/O thread, one Python completion thread. Every namespace's bytes
+    stored and loaded, no thread started per job; the last close stops the
+    threads."""
+    _on_engine(monkeypatch, engine, native_io)
+    before, lookups_before, engines_before = _io_threads(), _lookup_threads(), _engine_threads()
     tiers = [_tier(tmp_path / "root", f"acme/model-{i}", native_io) for i in range(12)]
     try:
         assert len({t.mapper.namespace for t in tiers}) == 12
         assert len({id(t._engine.engine) for t in tiers}) == 1
+        assert tiers[0]._engine.engine.backend == engine
         started = _io_threads() - before
-        assert len(started) == 3 + 2 + 1, sorted(t.name for t in started)
+        if engine == "python":
+            assert len(started) == 3 + 2 + 1, sorted(t.name for t in started)
+        else:
+            assert started == set(), sorted(t.name for t in started)  # no Python thread does I/O
+            completion = _engine_threads() - engines_before
+            assert [t.name for t in completion] == ["fstier-engine-complete"]
+            info = tiers[0]._engine.engine.info()
+            assert (info["live"], info["stuck"], info["watchdog"]) == (3 + 2, 0, 1)
+            started |= completion
         lookups = _lookup_threads() - lookups_before
         assert not lookups, sorted(t.name for t in lookups)
         started |= lookups
@@ -61,7 +90,11 @@ def test_namespaces_share_one_engine_and_its_threads(tmp_path: Path, native_io: 
             assert [slot_bytes(t, k, 8 + j) for j, k in enumerate(ks)] == [
                 payload_for(k, t.payload_bytes(k)) for k in ks
             ]
-        assert (_io_threads() - before) | (_lookup_threads() - lookups_before) == started  # none per job
+        now = (_io_threads() - before) | (_lookup_threads() - lookups_before)
+        if engine == "native":
+            now |= {t for t in _engine_threads() - engines_before if t.name != "fstier-engine-call"}
+            assert tiers[0]._engine.engine.info()["live"] == 3 + 2
+        assert now == started  # none per job (the C engine's call thread runs the recency flushes)
     finally:
         for t in tiers[:-1]:
             t.close()
@@ -70,6 +103,30 @@ def test_namespaces_share_one_engine_and_its_threads(tmp_path: Path, native_io: 
     for th in started:
         th.join(5)
         assert not th.is_alive(), f"{th.name} still runs after the last namespace closed"
+
+
+def test_the_native_path_runs_no_python_io_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no ``FSTIER_ENGINE``, a tier on the native I/O path moves its
+    jobs on the C engine: stores and loads run and no Python thread named
+    ``fstier-io-*`` exists (issue 41); a tier on the Python path keeps the
+    Python engine."""
+    monkeypatch.delenv("FSTIER_ENGINE", raising=False)
+    if native.status("auto").backend != "native":
+        pytest.skip("the native extension is not in use in this run (FSTIER_NATIVE=0 or not built)")
+    t = _tier(tmp_path / "root", "acme/default", "auto")
+    p = _tier(tmp_path / "root", "acme/python-path", "off")
+    try:
+        assert t._engine.engine.backend == "native"
+        assert p._engine.engine.backend == "python"
+        p.close()
+        ks = keys(0, 8)
+        assert store(t, "s", ks).success
+        assert load(t, "l", ks, first_slot=8).success
+        assert [slot_bytes(t, k, 8 + j) for j, k in enumerate(ks)] == [payload_for(k, t.payload_bytes(k)) for k in ks]
+        assert sorted(th.name for th in threading.enumerate() if th.name.startswith("fstier-io")) == []
+    finally:
+        p.close()
+        t.close()
 
 
 @pytest.mark.parametrize("native_io", ["auto", "off"])
@@ -194,18 +251,27 @@ def test_the_record_of_a_job_past_its_deadline(tmp_path: Path, monkeypatch: pyte
         t.close()
 
 
-@pytest.mark.parametrize("native_io", ["auto", "off"])
-def test_finished_jobs_leave_the_watchdogs_heap(tmp_path: Path, native_io: str) -> None:
+@pytest.mark.parametrize(("engine", "native_io"), [("python", "auto"), ("python", "off"), ("native", "auto")])
+def test_finished_jobs_leave_the_watchdogs_heap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str, native_io: str,
+) -> None:
     """A finished record is not kept until its deadline: 200 jobs done
     well inside their 30 s deadline leave at most the one in flight in the
-    watchdog's heap (each held its keys, paths and outcomes for 30 s)."""
+    Python engine's watchdog heap (each held its keys, paths and outcomes
+    for 30 s); the C engine holds none of them (its jobs are freed at
+    collect, its tag table empty)."""
+    _on_engine(monkeypatch, engine, native_io)
     t = _tier(tmp_path / "root", "acme/heap", native_io)
     try:
         for i in range(100):
             ks = keys(4 * i, 4)
             assert store(t, f"s{i}", ks).success
             assert load(t, f"l{i}", ks, first_slot=8).success
-        assert len(t._engine.engine._deadlines) <= 1
+        eng = t._engine.engine
+        if engine == "python":
+            assert len(eng._deadlines) <= 1
+        else:
+            assert eng.info()["jobs"] == 0 and eng._jobs == {}
     finally:
         t.close()
 

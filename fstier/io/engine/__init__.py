@@ -86,13 +86,18 @@ class Engine(Protocol):
 _lock = threading.Lock()
 _engines: dict[tuple[int, int, int, str], Engine] = {}
 
-#: The backends :func:`shared_engine` builds; ``FSTIER_ENGINE`` picks one
-#: (default ``python``; ``native``: the C engine, opt-in until it passed the suite).
+#: The backends :func:`shared_engine` builds; ``FSTIER_ENGINE`` picks one. Unset: ``native`` (the C
+#: engine) for a caller on the native I/O path where the extension has the engine, else ``python``.
 BACKENDS = ("python", "native")
 
 
-def _backend(backend: str | None) -> str:
-    name = backend or os.environ.get("FSTIER_ENGINE", "").strip() or "python"
+def _backend(backend: str | None, native_io: bool = False) -> str:
+    """The backend to build: ``backend``, else ``FSTIER_ENGINE``, else the default (above)."""
+    name = backend or os.environ.get("FSTIER_ENGINE", "").strip()
+    if not name:
+        from fstier.io.engine.native import available
+
+        name = "native" if native_io and available() else "python"
     if name not in BACKENDS:
         raise ConfigError(f"FSTIER_ENGINE={name!r} names no job engine; use one of {', '.join(BACKENDS)}")
     return name
@@ -126,12 +131,15 @@ def shared_engine(
     read_threads: int, write_threads: int, *, clock: Clock = SYSTEM_CLOCK,
     on_complete: Callable[[str], None] | None = None,
     on_released: Callable[[EngineJob], None] | None = None, backend: str | None = None,
+    native_io: bool = False,
 ) -> Registration:
     """A registration with this process's engine of ``read_threads`` read-
     and ``write_threads`` write-priority threads on ``clock`` (one engine per
     such triple and backend, started by its first registration). ``backend``:
-    ``"python"`` or ``"native"`` (None: ``FSTIER_ENGINE``, else python)."""
-    name = _backend(backend)
+    ``"python"`` or ``"native"`` (None: ``FSTIER_ENGINE``, else the C engine
+    when ``native_io`` (the caller's blocks move on the native I/O path) and
+    the extension has it, else python)."""
+    name = _backend(backend, native_io)
     key = (read_threads, write_threads, id(clock), name)
     with _lock:
         engine = _engines.get(key)

@@ -28,9 +28,10 @@ watchdog, a completion list and an eventfd).
   thread, ``<name>-call``, in order; one past its deadline is finished as
   timed out by the completion thread, which starts a new call thread for the
   calls behind it (the stuck one exits when its call returns); a job of a block store on the Python
-  I/O path (``native_io: off``), and a ``"probe"`` job (a presence probe of
-  that path, waited for by its caller), runs on a :class:`PythonEngine` made
-  on the first such job.
+  I/O path (``native_io: off``), a ``"probe"`` job (a presence probe of
+  that path, waited for by its caller), and a store while its root's O_DIRECT
+  probe is to run again (it could not run at start: ``BlockStore.store_many``
+  probes first), run on a :class:`PythonEngine` made on the first such job.
 
 The C watchdog reads the monotonic clock; :meth:`NativeEngine.set_clock`
 makes it a manual clock a test moves (a :class:`~fstier.clock.Clock` other
@@ -74,6 +75,15 @@ log = logging.getLogger("fstier.io")
 
 _MARKS = (None, TIMED_OUT, EXPIRED, CANCELLED)
 _HASH, _GROUP, _STATUS = attrgetter("block_hash"), attrgetter("group_idx"), attrgetter("status")
+
+
+def _reprobe_due(blocks: Any) -> bool:
+    """Whether the root's O_DIRECT probe is to run again (it could not run at
+    start): the store then goes through ``BlockStore.store_many`` on a Python
+    I/O thread, which probes first, as on the Python engine (an attribute
+    read while no probe is pending)."""
+    caps = blocks.options.capabilities
+    return caps is not None and caps.reprobe_due()
 
 
 def available() -> bool:
@@ -178,7 +188,8 @@ class NativeEngine:
     def submit(self, reg: Registration, job: EngineJob) -> None:
         """Queue ``job`` for ``reg``: one C call; never blocks."""
         blocks = job.blocks
-        if job.kind == "probe" or (job.call is None and (blocks is None or not blocks.batched)):
+        python_path = blocks is None or not blocks.batched or (job.kind == "store" and _reprobe_due(blocks))
+        if job.kind == "probe" or (job.call is None and python_path):
             self._submit_python(reg, job)
             return
         n = len(job.keys)
