@@ -29,7 +29,8 @@ forever: test_lookup_presence.py::test_a_huge_or_infinite_probe_deadline_returns
 The Python path probes on the tier's job engine (:mod:`fstier.io.engine`): one
 ``"probe"`` job per batch, in the engine's probe queue, which every engine
 thread takes before queued reads and writes, so a probe never waits behind a
-burst of I/O; the caller waits on the job's own answer at most the deadline,
+burst of queued I/O, only for a thread to finish its unit (one key on this
+path); the caller waits on the job's own answer at most the deadline,
 and a probe stuck past it is the engine's (its thread counted stuck and
 replaced, as for any unit). A namespace costs no lookup thread: the engine's
 threads, running since the tier was built, serve every namespace's probes
