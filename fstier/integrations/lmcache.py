@@ -44,10 +44,13 @@ How LMCache's world maps onto fstier (:mod:`fstier.integrations.lmcache_space`)
       key's owner on the root), answered at once; hits are touched (LRU
       recency), which is the lock: a file evicted before its load is a load
       miss. Unlock has nothing to release.
-    * **Completion**: FsTier signals each finished job
-      (``FsTier(on_finished=...)``) on LMCache's store or load eventfd; the
-      results are collected when LMCache asks (``pop_completed_store_tasks``,
-      ``query_load_result``), each returned once. No thread polls.
+    * **Completion**: each namespace's tier is given LMCache's store and load
+      eventfds (``FsTier(notify_fds=...)``): the engine writes the job's
+      kind's fd when it finishes (the C engine in C, no Python at
+      completion; the Python engine from its I/O thread). LMCache's
+      ``pop_completed_store_tasks`` / ``query_load_result`` collect, on its
+      own thread, each result returned once. No job table: a job's tag is
+      its task (:mod:`~fstier.integrations.lmcache_tasks`). No thread polls.
     * **Capacity**: fstier's ``max_bytes`` and eviction; LMCache is told
       what was stored (files this process wrote, and at start what the root
       holds), accessed (loaded) and deleted (evicted, as each file goes;
@@ -231,9 +234,9 @@ else:
             return int(self._efd["load"].fileno())
 
         def _signal(self, kind: str) -> None:
-            """FsTier's ``on_finished``: wake LMCache's controller (only signals).
-            Never after close: the fd number may name another file by then (a
-            late I/O call returning after its tier closed still signals)."""
+            """Wake LMCache's controller for a task no job of which ran (a job's
+            completion writes the fd from the engine: ``FsTier(notify_fds=...)``).
+            Never after close: the fd number may name another file by then."""
             if self._efd_closed:
                 return
             with contextlib.suppress(OSError, ValueError):
@@ -254,8 +257,8 @@ else:
             try:
                 mapper = space_mapper(sid, self.tier_config)
                 tier = FsTier(
-                    self.tier_config, slots, mapper, hold_fenced_results=True,
-                    on_finished=self._signal, on_evicted=self._evicted,
+                    self.tier_config, slots, mapper, hold_fenced_results=True, on_evicted=self._evicted,
+                    notify_fds={k: self._efd[k].fileno() for k in ("store", "load")},
                 )
             except Exception:
                 log.exception("fstier: cannot open the LMCache namespace of %s", sid)
