@@ -31,8 +31,9 @@ How LMCache's world maps onto fstier (:mod:`fstier.integrations.lmcache_space`)
       MLA ``kv_rank`` is; other files are rank-private.
     * **Store / load**: the L1 objects are lent to FsTier in place
       (:class:`~fstier.integrations.lmcache_space.LentSlots`); an LMCache
-      task is one FsTier job per namespace it touches, each one GIL-free
-      native call with C helper threads inside it. Each chunk of a load has its
+      task is one FsTier job per namespace it touches, tagged with its
+      :class:`~fstier.integrations.lmcache_tasks.Task` (no job table: the
+      tier hands the tag back with the result). Each chunk of a load has its
       own result (``JobResult.loaded_after`` past the first miss): a
       missing, short, corrupt or foreign file fails its chunk only (each load
       is checked: size, header, key, namespace, checksum), never a wrong
