@@ -160,7 +160,7 @@ class Registration:
     def has_finished(self) -> bool:
         """Whether :meth:`collect` has a job now (no lock: one atomic read,
         after :attr:`pump` collected the engine's completions, if set)."""
-        if self.pump is not None and not self.finished:
+        if self.pump is not None:  # always: a job already here says nothing of one still in the engine
             self.pump()
         return bool(self.finished)
 
