@@ -12,7 +12,9 @@ and memory objects), then loaded warm (from the page cache) over and over as:
   the result; on the Python engine (``FSTIER_ENGINE=python``, set here:
   the C engine makes no batch call to capture);
 * **floor**: the SAME native call the adapter made (captured from it:
-  names, buffers, options, helper threads; XXH3 checked) run by one waiting
+  names, buffers, options, helper threads; XXH3 checked; under the C
+  engine, ``FSTIER_ENGINE=native``, which makes no such call, the one the
+  Python engine makes for the same task) run by one waiting
   Python thread that writes an eventfd, the caller polling it as LMCache
   does: everything fstier's job path adds removed. No job path of fstier
   can load faster than this with checksums on;
@@ -84,6 +86,21 @@ class Floor:
         os.close(self.efd)
 
 
+def python_engine_load(adapter: Any, keys: list[Any], objs: list[Any], size: int) -> None:
+    """The native call the Python engine makes for this warm load task
+    (the C engine runs the same per-key work in its own workers): one
+    ``load_many`` with the helpers its plan gives 32 keys on idle threads."""
+    from fstier.integrations.lmcache_space import block_keys_of
+    from fstier.io.engine.record import plan
+
+    (space,) = adapter._open_spaces()
+    blocks = space.tier.blocks
+    bkeys = block_keys_of(keys)
+    helpers = plan(len(bkeys), adapter.tier_config.read_threads, True)[1]
+    outs = blocks.load_many(list(zip(bkeys, adapter._arena.views_of(objs, size), strict=True)), helpers=helpers)
+    assert all(o.status.name == "LOADED" for o in outs), outs
+
+
 def run_size(size: int, reps: int, work: Path) -> dict[str, float]:
     from fstier.io import native
 
@@ -106,6 +123,8 @@ def run_size(size: int, reps: int, work: Path) -> dict[str, float]:
     native.load_batch = capture
     try:
         benches["fstier"]._load(keys["fstier"], dst["fstier"])
+        if "args" not in captured:  # the C engine makes no load_batch call: the Python engine's one
+            python_engine_load(benches["fstier"].adapter, keys["fstier"], dst["fstier"], size)
     finally:
         native.load_batch = real
     floor = Floor(real, captured["args"], captured["kw"])

@@ -3,9 +3,8 @@ fencing, events; its parts live in :mod:`fstier.tier` (one concept each), its fi
 :mod:`fstier.io` (:class:`~fstier.io.blockstore.BlockStore`: one key <-> one file). The
 engine's scheduler owns one :class:`FsTier` and never blocks in it:
 
-- ``lookup(keys)`` counts the leading keys whose files exist
-  (:mod:`~fstier.tier.lookup`); a key whose load failed is never a hit again
-  until stored again, so a stale hit cannot livelock a request.
+- ``lookup(keys)`` counts the leading keys whose files exist (:mod:`~fstier.tier.lookup`); a key whose
+  load failed is never a hit again until stored again, so a stale hit cannot livelock a request.
 - ``submit_store`` / ``submit_load`` build ONE :class:`~fstier.io.engine.EngineJob` and
   submit it to this process's job engine (:mod:`fstier.io.engine`, shared by every
   namespace: a tier is a registration, not threads); ``get_finished()`` returns :class:`JobResult` records
@@ -19,16 +18,17 @@ engine's scheduler owns one :class:`FsTier` and never blocks in it:
   engine from reusing a slot it freed: an engine's own rows) :meth:`get_finished` holds
   back the result of a job holding a fenced slot until the slot is released.
 - A caller that waits inside its own call (SGLang's) :meth:`wait` s for its job (:mod:`~fstier.tier.waiting`).
-- ``on_finished(kind)`` signals that a "store"/"load" result waits in ``get_finished()``.
+- ``on_finished(kind)`` signals that a "store"/"load" result waits in ``get_finished()``; or the engine
+  writes ``notify_fds[kind]``, a caller's eventfd, itself (the C engine in C: no Python at completion).
 - Capacity (:mod:`~fstier.tier.capacity`): with ``max_bytes``, a thread keeps the root under its high
   watermark by evicting LRU files, each told to ``on_evicted(path)`` as it goes (any namespace's).
 - ``take_events()``: :class:`BlockStored` / :class:`BlockRemoved`;
   ``metrics``: a :class:`~fstier.tier.metrics.TierMetrics`.
 
-Invariants: one :class:`~fstier.io.engine.EngineJob` record per in-flight job (``_inflight``
-maps its id to it); jobs, results, events and fences under ``FsTier._lock``; no byte a unit
-writes after its job was reported reaches a later job; malformed keys and slots the caller
-does not hold are a ``ValueError`` (:mod:`~fstier.tier.checks`)."""
+Invariants: one :class:`~fstier.io.engine.EngineJob` record per in-flight job (``_inflight`` maps its id
+to it); jobs, results, events and fences under ``FsTier._lock``; no byte a unit writes after its job was
+reported reaches a later job; malformed keys and slots the caller does not hold are a ``ValueError``
+(:mod:`~fstier.tier.checks`)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from fstier.clock import SYSTEM_CLOCK, Clock
@@ -93,6 +93,7 @@ class FsTier:
         *, hold_fenced_results: bool = False, clock: Clock = SYSTEM_CLOCK,
         on_finished: Callable[[str], None] | None = None,
         on_evicted: Callable[[str], None] | None = None,
+        notify_fds: Mapping[str, int] | None = None,
     ) -> None:
         if isinstance(config, FstierConfig) and mapper is None:
             self.config: FstierConfig | None = config
@@ -141,8 +142,8 @@ class FsTier:
         self._budget = WriteBudget(tier.max_write_queue_seconds, metrics, clock=clock)
         #: this tier's registration with the process's engine (its threads are shared)
         self._engine = shared_engine(
-            tier.read_threads, tier.write_threads, clock=clock, on_complete=on_finished,
-            on_released=self._fences.on_released, native_io=self.blocks.batched,
+            tier.read_threads, tier.write_threads, clock=clock, on_complete=None if notify_fds else on_finished,
+            on_released=self._fences.on_released, native_io=self.blocks.batched, notify_fds=notify_fds,
         )
         self._lookup = Lookup(self._cache, self.blocks, self.mapper.num_groups, tier.io_timeout_s,
                               breaker=self._breaker, metrics=metrics, engine=self._engine)
@@ -221,8 +222,7 @@ class FsTier:
 
     def _finish_now_locked(self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str) -> None:
         self._finished.append(JobResult(job_id, kind, n == 0, 0, n, 0, 0.0, None if n == 0 else cause))
-        if self._on_finished is not None:  # refused at once: wake the caller too
-            self._on_finished(kind)
+        (self._on_finished or self._engine.notify)(kind)  # refused at once: wake the caller too
 
     def submit_store(self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]) -> None:
         """Queue the store of ``slots[i]`` as ``keys[i]``'s file. Never blocks;

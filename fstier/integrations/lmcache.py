@@ -31,8 +31,9 @@ How LMCache's world maps onto fstier (:mod:`fstier.integrations.lmcache_space`)
       MLA ``kv_rank`` is; other files are rank-private.
     * **Store / load**: the L1 objects are lent to FsTier in place
       (:class:`~fstier.integrations.lmcache_space.LentSlots`); an LMCache
-      task is one FsTier job per namespace it touches, each one GIL-free
-      native call with C helper threads inside it. Each chunk of a load has its
+      task is one FsTier job per namespace it touches, tagged with its
+      :class:`~fstier.integrations.lmcache_tasks.Task` (no job table: the
+      tier hands the tag back with the result). Each chunk of a load has its
       own result (``JobResult.loaded_after`` past the first miss): a
       missing, short, corrupt or foreign file fails its chunk only (each load
       is checked: size, header, key, namespace, checksum), never a wrong
@@ -44,10 +45,13 @@ How LMCache's world maps onto fstier (:mod:`fstier.integrations.lmcache_space`)
       key's owner on the root), answered at once; hits are touched (LRU
       recency), which is the lock: a file evicted before its load is a load
       miss. Unlock has nothing to release.
-    * **Completion**: FsTier signals each finished job
-      (``FsTier(on_finished=...)``) on LMCache's store or load eventfd; the
-      results are collected when LMCache asks (``pop_completed_store_tasks``,
-      ``query_load_result``), each returned once. No thread polls.
+    * **Completion**: each namespace's tier is given LMCache's store and load
+      eventfds (``FsTier(notify_fds=...)``): the engine writes the job's
+      kind's fd when it finishes (the C engine in C, no Python at
+      completion; the Python engine from its I/O thread). LMCache's
+      ``pop_completed_store_tasks`` / ``query_load_result`` collect, on its
+      own thread, each result returned once. No job table: a job's tag is
+      its task (:mod:`~fstier.integrations.lmcache_tasks`). No thread polls.
     * **Capacity**: fstier's ``max_bytes`` and eviction; LMCache is told
       what was stored (files this process wrote, and at start what the root
       holds), accessed (loaded) and deleted (evicted, as each file goes;
@@ -95,8 +99,10 @@ from fstier.integrations.lmcache_spaces import DiskIndex, Spaces
 from fstier.integrations.lmcache_tasks import Notes, Part, Space, StoreKeys, Task
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig
-    from fstier.manager import JobResult
 
 __all__ = [
     "DEFAULT_O_DIRECT",
@@ -196,15 +202,16 @@ else:
             #: (model, kv_rank, salt, hash form, group ok, value signature) -> namespace:
             #: a task's keys resolve with one dict lookup each (see _resolve)
             self._resolved: dict[tuple[Any, ...], Space | None] = {}
-            self._lock = threading.Lock()  # tasks, parts, results
+            #: submits, collections and the results waiting for LMCache (no job table:
+            #: a job's tag is its task, or a Part naming it)
             self._collect_lock = threading.Lock()
             self._ids = itertools.count()
-            self._tasks: dict[int, Task] = {}
-            self._parts: dict[tuple[str, int, int], Part] = {}
+            self._in_flight = 0  # tasks submitted, not yet complete
             self._store_keys = StoreKeys()  # a stored event's own LMCache keys
             self._done_store: dict[int, Any] = {}
-            self._done_lookup: dict[int, Any] = {}
             self._done_load: dict[int, Any] = {}
+            self._lock = threading.Lock()  # lookup results (RootOps)
+            self._done_lookup: dict[int, Any] = {}
             self._closed = False
             self._efd_closed = False
             self._arena = L1Arena.of(l1_memory_desc)
@@ -228,9 +235,9 @@ else:
             return int(self._efd["load"].fileno())
 
         def _signal(self, kind: str) -> None:
-            """FsTier's ``on_finished``: wake LMCache's controller (only signals).
-            Never after close: the fd number may name another file by then (a
-            late I/O call returning after its tier closed still signals)."""
+            """Wake LMCache's controller for a task no job of which ran (a job's
+            completion writes the fd from the engine: ``FsTier(notify_fds=...)``).
+            Never after close: the fd number may name another file by then."""
             if self._efd_closed:
                 return
             with contextlib.suppress(OSError, ValueError):
@@ -251,8 +258,8 @@ else:
             try:
                 mapper = space_mapper(sid, self.tier_config)
                 tier = FsTier(
-                    self.tier_config, slots, mapper, hold_fenced_results=True,
-                    on_finished=self._signal, on_evicted=self._evicted,
+                    self.tier_config, slots, mapper, hold_fenced_results=True, on_evicted=self._evicted,
+                    notify_fds={k: self._efd[k].fileno() for k in ("store", "load")},
                 )
             except Exception:
                 log.exception("fstier: cannot open the LMCache namespace of %s", sid)
@@ -316,9 +323,8 @@ else:
 
         # -- store / load ---------------------------------------------------
         def _submit(self, kind: str, keys: list[Any], objects: list[Any]) -> int:
-            task_id = next(self._ids)
-            task = Task(kind, len(keys))
-            parts: dict[Space, list[int]] = {}
+            task = Task(next(self._ids), kind, len(keys))
+            jobs: list[tuple[Space, Sequence[int]]] = []
             try:
                 if len(keys) != len(objects):
                     raise ValueError(f"{len(keys)} keys but {len(objects)} objects")
@@ -327,8 +333,9 @@ else:
                     if one[0] is None:
                         task.failed = True
                     else:
-                        parts[one[0]] = list(range(len(keys)))
+                        jobs.append((one[0], range(len(keys))))
                 else:
+                    parts: dict[Space, list[int]] = {}
                     resolve = self._resolve
                     for i, (k, o) in enumerate(zip(keys, objects, strict=True)):
                         space = resolve(k, o)
@@ -336,42 +343,39 @@ else:
                             task.failed = True
                         else:
                             parts.setdefault(space, []).append(i)
+                    jobs = list(parts.items())
             except Exception:
                 log.exception("fstier: LMCache %s task of %d key(s) refused", kind, len(keys))
-                task.failed, parts = True, {}
+                task.failed, jobs = True, []
             # FsTier reaps finished jobs on submit too: the tiers are submitted
             # to under the collect lock, so a reap and the publication of
             # what it took are never split by a collection (a caller woken by
             # a job's eventfd write then always finds its result:
             # test_lmcache_adapter.py::test_results_reaped_by_a_submit_are_found).
             with self._collect_lock:
-                with self._lock:
-                    self._tasks[task_id] = task
-                    task.pending = len(parts)
-                for n, (space, positions) in enumerate(parts.items()):
-                    self._submit_part(kind, task_id, n, space, positions, keys, objects)
-                with self._lock:
-                    done = task.pending == 0 and self._tasks.pop(task_id, None) is not None
+                self._in_flight += 1
+                task.pending = len(jobs)
+                for space, positions in jobs:
+                    self._submit_job(task, space, positions, keys, objects)
+                done = task.pending == 0
                 if done:  # no job of it ran: nothing else signals its result
-                    self._publish(task_id, task, Notes())
+                    self._publish(task, Notes())
             if done:
                 self._signal(kind)
-            return task_id
+            return task.id
 
-        def _submit_part(
-            self, kind: str, task_id: int, n: int, space: Space, positions: list[int],
-            keys: list[Any], objects: list[Any],
+        def _submit_job(
+            self, task: Task, space: Space, positions: Sequence[int], keys: list[Any], objects: list[Any],
         ) -> None:
-            job_id = (kind, task_id, n)
+            """Submit ``task``'s job in ``space`` (collect lock held), tagged
+            with the task or a :class:`Part` of it; a refusal fails the task."""
+            kind = task.kind
             slots: list[int] | None = None
             bkeys: list[Any] = []
-            pinned = self._reg.acquire(space)  # released with the part's result
+            pinned = self._reg.acquire(space)  # released with the job's result
             if pinned is None:
                 log.error("fstier: LMCache %s of %d chunk(s) refused: namespace not open", kind, len(positions))
-                with self._lock:
-                    task = self._tasks[task_id]
-                    task.failed = True
-                    task.pending -= 1
+                task.refused()
                 return
             space = pinned
             try:
@@ -382,44 +386,31 @@ else:
                     pkeys = list(map(keys.__getitem__, positions))
                     pobjs = list(map(objects.__getitem__, positions))
                 bkeys = block_keys_of(pkeys)
-                # Every object of a part resolved to this namespace with its
+                # Every object of a job resolved to this namespace with its
                 # layout's size (the memo signature holds get_size()).
                 slots = self._arena.lend(space.slots, pobjs)
                 if slots is None:
                     raise ValueError("an L1 object is not a writable buffer of its layout's size")
-                part = Part(task_id, space, positions, slots, pkeys, bkeys)
-                with self._lock:
-                    self._parts[job_id] = part
+                tag = task.part(space, positions, slots, pkeys, bkeys)
                 if kind == "store":
                     self._store_keys.add(bkeys, pkeys)
-                    space.tier.submit_store(job_id, bkeys, slots)
+                    space.tier.submit_store(tag, bkeys, slots)
                 else:
-                    space.tier.submit_load(job_id, bkeys, slots)
+                    space.tier.submit_load(tag, bkeys, slots)
             except Exception as exc:
                 log.error("fstier: LMCache %s of %d chunk(s) refused: %s", kind, len(positions), exc)
                 self._store_keys.forget(bkeys)
-                with self._lock:
-                    self._parts.pop(job_id, None)
-                    task = self._tasks[task_id]
-                    task.failed = True
-                    task.pending -= 1
+                task.refused()
                 if slots is not None:
                     space.slots.release(slots)
                 self._reg.release(space)
 
-        def _collect(self) -> None:
-            """Take every tier's finished jobs and events, publish the tasks
-            they complete, and tell LMCache what was stored, removed or loaded."""
-            with self._collect_lock:
-                notes = self._collect_locked()
-            notes.tell(self)
-
         def _collect_locked(self) -> Notes:
-            """:meth:`_collect` under the collect lock: the results are
-            published here; what LMCache is to be told is returned. No eventfd
-            is written: each job's result was signalled when FsTier finished it."""
+            """Take every tier's finished jobs and events (collect lock held)
+            and publish the tasks they complete; what LMCache is to be told
+            is returned, to tell once the lock is released. No eventfd is
+            written here: each job's completion was signalled already."""
             notes = Notes()
-            finished: list[tuple[int, Task]] = []
             for space in self._open_spaces():
                 try:
                     results = space.tier.get_finished()
@@ -427,61 +418,50 @@ else:
                 except Exception:
                     log.exception("fstier: collecting LMCache results failed")
                     continue
-                for ev in events:  # before the results: their parts' keys are still known
+                for ev in events:  # before the results: their jobs' keys are still known
                     notes.add(space, ev, ObjectKey, self._store_keys)
                 for r in results:
-                    done = self._route(r)
-                    if done is not None:
-                        finished.append(done)
-            for task_id, task in finished:
-                self._publish(task_id, task, notes)
+                    part = r.job_id  # the job's tag: its task, or a Part of it
+                    if not isinstance(part, Part):  # pragma: no cover - only the adapter submits here
+                        continue
+                    if r.kind == "store":  # a load's keys were never added
+                        self._store_keys.forget(part.bkeys)
+                    part.space.slots.release(part.slots)
+                    self._reg.release(part.space)
+                    if part.task.add(part, r):
+                        self._publish(part.task, notes)
             return notes
 
-        def _route(self, r: JobResult) -> tuple[int, Task] | None:
-            """Apply one FsTier result to its task; the task when it is complete."""
-            with self._lock:
-                part = self._parts.pop(r.job_id, None)  # type: ignore[call-overload]
-                if part is None:
-                    return None
-                if r.kind == "store":  # a load's keys were never added
-                    self._store_keys.forget(part.bkeys)
-                task = self._tasks.get(part.task_id)
-                done = task is not None and task.add(part, r)
-                if done:
-                    del self._tasks[part.task_id]
-            part.space.slots.release(part.slots)
-            self._reg.release(part.space)
-            return (part.task_id, task) if done and task is not None else None
-
-        def _publish(self, task_id: int, task: Task, notes: Notes) -> None:
-            """Make a complete task's result available (returned once)."""
+        def _publish(self, task: Task, notes: Notes) -> None:
+            """Make a complete task's result available, returned once (collect lock held)."""
+            self._in_flight -= 1
             if task.kind == "store":
-                result = L2StoreResult(not task.failed, task.nbytes)
-                with self._lock:
-                    self._done_store[task_id] = result
+                self._done_store[task.id] = L2StoreResult(not task.failed, task.nbytes)
                 return
             bits = Bitmap(task.n)
             bits.batched_set(task.ok)
-            with self._lock:
-                self._done_load[task_id] = bits
+            self._done_load[task.id] = bits
             notes.accessed += task.accessed
 
         def submit_store_task(self, keys: list[Any], objects: list[Any]) -> int:
             return self._submit("store", keys, objects)
 
         def pop_completed_store_tasks(self) -> dict[int, Any]:
-            self._collect()
-            with self._lock:
+            with self._collect_lock:
+                notes = self._collect_locked()
                 out, self._done_store = self._done_store, {}
+            notes.tell(self)
             return out
 
         def submit_load_task(self, keys: list[Any], objects: list[Any]) -> int:
             return self._submit("load", keys, objects)
 
         def query_load_result(self, task_id: int) -> Any:
-            self._collect()
-            with self._lock:
-                return self._done_load.pop(task_id, None)
+            with self._collect_lock:
+                notes = self._collect_locked()
+                out = self._done_load.pop(task_id, None)
+            notes.tell(self)
+            return out
 
         def report_status(self) -> dict[str, Any]:
             spaces = self._open_spaces()
@@ -498,7 +478,7 @@ else:
                 "checksum": self.tier_config.checksum,
                 "max_bytes": self.tier_config.max_bytes,
                 "usage_bytes": usage,
-                "tasks_in_flight": len(self._tasks),
+                "tasks_in_flight": self._in_flight,
             }
 
         def close(self) -> None:

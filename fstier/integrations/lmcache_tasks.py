@@ -1,12 +1,17 @@
 """The book-keeping records of :class:`~fstier.integrations.lmcache.FstierL2Adapter`:
-an open namespace (:class:`Space`), an LMCache task (:class:`Task`), its
-FsTier job in one namespace (:class:`Part`), and what one collection of
-results tells LMCache's listeners (:class:`Notes`).
+an open namespace (:class:`Space`), an LMCache task (:class:`Task`), the
+tag of each FsTier job (the task itself, or a :class:`Part` of a task
+spanning several namespaces), and what one collection of results tells
+LMCache's listeners (:class:`Notes`).
 
-Invariants: a :class:`Task`'s and a :class:`Part`'s mutable fields change
-only under the adapter's task lock; a task is complete when ``pending``
-reaches 0, and its result is then published once. Importing this module
-imports neither LMCache nor torch.
+No table of jobs or tasks: a job's tag is its record, handed back by the
+tier with its result (``JobResult.job_id``), and a :class:`Part` names its
+task. Invariants: a :class:`Task`'s mutable fields change only under the
+adapter's collect lock; a task is complete when ``pending`` reaches 0, and
+its result is then published once. Importing this module imports neither
+LMCache nor torch. Costs: one record per task of one namespace, one more
+per further namespace; O(1) Python per job's result when its keys all
+completed (slices and ``+=``).
 """
 
 from __future__ import annotations
@@ -62,19 +67,56 @@ class Space:
         ))
 
 
-@dataclass(eq=False)
-class Task:
-    """One LMCache store or load task: its FsTier jobs (one per namespace).
-    ``ok``: the positions of the keys stored or loaded (each part adds its
-    completed prefix, a slice: no loop over keys)."""
+class Part:
+    """One FsTier job of an LMCache task, and that job's tag: the tier hands
+    it back as ``JobResult.job_id``, so a result finds its task with no
+    table. ``positions``: the task's key positions the job moves (a
+    ``range`` of all of them for a task of one namespace); ``slots``: the
+    slots lent for them; ``keys`` / ``bkeys``: their LMCache and block keys."""
 
-    kind: str
-    n: int
-    pending: int = 0
-    failed: bool = False
-    nbytes: int = 0
-    ok: list[int] = field(default_factory=list)
-    accessed: list[Any] = field(default_factory=list)
+    __slots__ = ("bkeys", "keys", "positions", "slots", "space", "task")
+
+    def __init__(
+        self, task: Task, space: Space, positions: Sequence[int], slots: list[int], keys: list[Any],
+        bkeys: list[BlockKey],
+    ) -> None:
+        self.task, self.space, self.positions = task, space, positions
+        self.slots, self.keys, self.bkeys = slots, keys, bkeys
+
+
+class Task(Part):
+    """One LMCache store or load task, and the tag of its first FsTier job
+    (a task of one namespace, the common one, is ONE record): ``pending``
+    counts its jobs without a result; ``ok`` the positions of the keys
+    stored or loaded (each job adds its completed prefix, a slice: no loop
+    over keys). A task spanning several namespaces tags each further job
+    with a :class:`Part` naming it (:meth:`part`)."""
+
+    __slots__ = ("accessed", "failed", "id", "kind", "n", "nbytes", "ok", "pending")
+
+    def __init__(self, task_id: int, kind: str, n: int) -> None:
+        self.task = self
+        self.id, self.kind, self.n = task_id, kind, n
+        self.pending = self.nbytes = 0
+        self.failed = False
+        self.ok: list[int] = []
+        self.accessed: list[Any] = []
+        self.space: Space | None = None  # type: ignore[assignment]  # set by its first part
+
+    def part(
+        self, space: Space, positions: Sequence[int], slots: list[int], keys: list[Any], bkeys: list[BlockKey],
+    ) -> Part:
+        """The tag of the task's job in ``space``: the task itself for its
+        first job, else a new :class:`Part`."""
+        if self.space is not None:
+            return Part(self, space, positions, slots, keys, bkeys)
+        self.space, self.positions, self.slots, self.keys, self.bkeys = space, positions, slots, keys, bkeys
+        return self
+
+    def refused(self) -> None:
+        """A job of the task was not submitted: it fails, one job fewer pending."""
+        self.failed = True
+        self.pending -= 1
 
     def add(self, part: Part, r: JobResult) -> bool:
         """Count ``part``'s FsTier result (its completed keys are a leading
@@ -90,20 +132,6 @@ class Task:
         self.failed |= not r.success
         self.pending -= 1
         return self.pending == 0
-
-
-@dataclass(eq=False)
-class Part:
-    """A task's FsTier job in one namespace: the task's key ``positions``
-    it moves, the slots lent for them and their LMCache keys."""
-
-    task_id: int
-    space: Space
-    positions: list[int]
-    slots: list[int]
-    keys: list[Any]
-    #: the block keys its job was given (StoreKeys finds a store's by them)
-    bkeys: list[BlockKey] = field(default_factory=list)
 
 
 @dataclass(eq=False)

@@ -83,6 +83,7 @@ def engine_submit(
     alignment: int,
     timeout_s: float,
     spread: int = ...,
+    notify_fd: int = ...,
     /,
 ) -> None: ...
 def engine_collect(engine: Any, /) -> list[tuple[Any, ...]]: ...

@@ -17,7 +17,10 @@
  *   hashes, groups), buffers, kind, flags, deadline and a 64-bit tag.
  * - completion: a finished job (and later a released one, see below) is
  *   appended to the engine's completion list and the engine's eventfd is
- *   written; engine_collect returns one compact tuple per event: uniform
+ *   written, or, for a job submitted with a notify fd (a caller's own
+ *   eventfd, e.g. LMCache's: the job holds a dup of it until it is freed),
+ *   that fd instead, in C under the mutex once the event is queued, so a
+ *   caller woken by it always finds the event; engine_collect returns one compact tuple per event: uniform
  *   jobs one shared per-key tuple, others a tuple per key, and a byte per
  *   key only when some key did not complete (timed out, expired, cancelled).
  * - deadlines: a watchdog thread wakes at the earliest deadline of a job in
@@ -79,6 +82,7 @@ struct ce_job {
     double t_submit, t_end;
     int queued, published, timed_out, in_flight, had_late;
     atomic_int no_tmpfile;
+    int notify_fd; /* the caller's eventfd (a dup) written at its events, or -1 */
 };
 
 typedef struct ce_event {
@@ -136,7 +140,8 @@ static void ce_signal(ce_engine *e) {
     (void)w; /* EAGAIN: the counter is already non-zero, a reader wakes anyway */
 }
 
-/* Queue an event (mutex held). */
+/* Queue an event (mutex held). 0: queued, the engine's eventfd to be
+ * written by the caller; 1: queued and the job's notify fd written. */
 static int ce_push(ce_engine *e, ce_job *j, int kind) {
     ce_event *ev = malloc(sizeof *ev);
     if (!ev) return -1; /* never expected; the job then stays until shutdown */
@@ -149,6 +154,12 @@ static int ce_push(ce_engine *e, ce_job *j, int kind) {
         e->ev_head = ev;
     e->ev_tail = ev;
     e->events++;
+    if (j->notify_fd >= 0) {
+        uint64_t one = 1;
+        ssize_t w = write(j->notify_fd, &one, sizeof one);
+        (void)w; /* EAGAIN: the counter is already non-zero, the caller wakes anyway */
+        return 1;
+    }
     return 0;
 }
 
@@ -177,12 +188,13 @@ static void ce_unflight(ce_engine *e, ce_job *j) {
     j->in_flight = 0;
 }
 
-/* Publish j (mutex held); the caller signals the eventfd after unlocking. */
-static void ce_publish(ce_engine *e, ce_job *j) {
+/* Publish j (mutex held); 1: the caller signals the engine's eventfd after
+ * unlocking (0: the job's own notify fd was written). */
+static int ce_publish(ce_engine *e, ce_job *j) {
     j->published = 1;
     j->t_end = ce_real_now();
     ce_unflight(e, j);
-    ce_push(e, j, EV_DONE);
+    return ce_push(e, j, EV_DONE) != 1;
 }
 
 static void *ce_worker(void *arg);
@@ -333,10 +345,7 @@ static void *ce_worker(void *arg) {
             if (j->late == 0) signal = ce_push(e, j, EV_RELEASED) == 0;
         } else {
             j->kstate[i] = KS_DONE;
-            if (--j->left == 0 && !j->published) {
-                ce_publish(e, j);
-                signal = 1;
-            }
+            if (--j->left == 0 && !j->published) signal = ce_publish(e, j);
         }
         if (fd >= 0 || signal) {
             pthread_mutex_unlock(&e->mu);
@@ -373,8 +382,7 @@ static int ce_expire(ce_engine *e, ce_job *j) {
     j->next = j->n;
     j->left = 0;
     j->timed_out = 1;
-    ce_publish(e, j);
-    return 1;
+    return ce_publish(e, j);
 }
 
 static void *ce_watch(void *arg) {
@@ -429,6 +437,7 @@ static ce_engine *ce_get(PyObject *cap) {
 }
 
 static void ce_job_free(ce_job *j) { /* GIL held */
+    if (j->notify_fd >= 0) close(j->notify_fd);
     if (j->items) items_free(j->items, j->n);
     Py_XDECREF(j->hold);
     if (j->base_fd >= 0) close(j->base_fd);
@@ -542,9 +551,10 @@ static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
     Py_ssize_t alignment;
     double timeout_s;
     Py_ssize_t spread = 0;
-    if (!PyArg_ParseTuple(args, "OKiyOOOOOy*KiiKnd|n", &cap, &tag, &kind, &base, &rels, &hashes, &groups,
+    int notify_fd = -1;
+    if (!PyArg_ParseTuple(args, "OKiyOOOOOy*KiiKnd|ni", &cap, &tag, &kind, &base, &rels, &hashes, &groups,
                           &bufs, &replace, &digest, &pages, &flags, &mode, &created_ns, &alignment,
-                          &timeout_s, &spread))
+                          &timeout_s, &spread, &notify_fd))
         return NULL;
     ce_engine *e = ce_get(cap);
     ce_job *j = NULL;
@@ -561,6 +571,11 @@ static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
         goto fail;
     }
     j->base_fd = -1;
+    j->notify_fd = -1;
+    if (notify_fd >= 0 && (j->notify_fd = fcntl(notify_fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto fail;
+    }
     j->base = strdup(base);
     Py_ssize_t n = 0;
     j->items = items_from(rels, hashes, groups, bufs, kind == CE_LOAD, &n);
@@ -614,8 +629,7 @@ static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
     e->jobs++;
     j->deadline = timeout_s >= 0 ? ce_now(e) + timeout_s : INFINITY;
     if (n == 0) {
-        ce_publish(e, j);
-        signal = 1;
+        signal = ce_publish(e, j);
     } else {
         int q = kind == CE_LOAD ? 0 : 1;
         if (e->qtail[q])
@@ -885,8 +899,9 @@ static PyObject *py_engine_cancel(PyObject *self, PyObject *args) {
      "engine_new(read_threads, write_threads) -> engine: persistent C workers and a watchdog"},               \
     {"engine_submit", py_engine_submit, METH_VARARGS,                                                         \
      "engine_submit(engine, tag, kind, base, rels, hashes, groups, buffers, replace, digest, pages, flags, "  \
-     "mode, created_ns, alignment, timeout_s, spread=0): queue one job (kind 0 load, 1 store; timeout_s < 0: " \
-     "none; spread: at most this many workers in it at once, 0: any)"},   \
+     "mode, created_ns, alignment, timeout_s, spread=0, notify_fd=-1): queue one job (kind 0 load, 1 store; "  \
+     "timeout_s < 0: none; spread: at most this many workers in it at once, 0: any; notify_fd: an eventfd "  \
+     "written at its events instead of the engine's, dup'ed)"},                                                \
     {"engine_collect", py_engine_collect, METH_O,                                                             \
      "engine_collect(engine) -> [(tag, 0, seconds, uniform, per_key, marks) | (tag, 1)]"},                    \
     {"engine_wait", py_engine_wait, METH_VARARGS,                                                             \

@@ -360,6 +360,42 @@ def test_a_task_of_mixed_layouts_and_ranks_splits_by_namespace(adapters: Any, tm
     free(src + dst + other + dst2)
 
 
+def test_a_jobs_tag_is_its_task_and_the_adapter_keeps_no_job_table(
+    adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41: the tag FsTier carries is the adapter's record. A task of
+    one namespace is ONE Task, its job's id; a task over three namespaces
+    tags its other jobs with Parts naming that Task; each result finds its
+    task through the tag, and nothing is left in flight after."""
+    from fstier.integrations.lmcache_tasks import Part, Task
+    from fstier.manager import FsTier
+
+    seen: list[Any] = []
+    real = FsTier._submit
+
+    def spy(self: FsTier, job_id: Any, *args: Any) -> None:
+        seen.append(job_id)
+        real(self, job_id, *args)
+
+    monkeypatch.setattr(FsTier, "_submit", spy)
+    a = adapters(tmp_path)
+    ks, src = keys(4, seed=21), objects(4, seed=21)
+    assert store(a, ks, src).is_successful()
+    (tag,) = seen
+    assert type(tag) is Task and tag.task is tag and tag.kind == "store" and list(tag.positions) == [0, 1, 2, 3]
+    seen.clear()
+    r0, r1 = ObjectKey.ComputeKVRank(2, 0, 2, 0), ObjectKey.ComputeKVRank(2, 1, 2, 1)
+    mixed = keys(2, seed=22, kv_rank=r0) + keys(2, seed=23, kv_rank=r1) + keys(2, seed=24, kv_rank=r0)
+    msrc = objects(4, seed=22) + objects(2, shape=MLA_SHAPE, seed=24)
+    assert store(a, mixed, msrc).is_successful()
+    assert len(seen) == 3 and type(seen[0]) is Task and all(type(p) is Part for p in seen[1:])
+    assert all(p.task is seen[0] for p in seen) and seen[0].pending == 0
+    assert sorted(i for p in seen for i in p.positions) == list(range(6))
+    assert a.report_status()["tasks_in_flight"] == 0
+    assert not hasattr(a, "_tasks") and not hasattr(a, "_parts")
+    free(src + msrc)
+
+
 def test_results_reaped_by_a_submit_are_found(
     adapters: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

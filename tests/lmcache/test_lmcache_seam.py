@@ -1,14 +1,19 @@
 """What FstierL2Adapter stands on that needs no LMCache (runs in every
 venv): the completion signal (``FsTier(on_finished=...)``, the job
-engine's ``on_complete``) that lets an engine sleep on an eventfd instead
+engine's ``on_complete``, and the eventfds the job engine writes itself,
+``FsTier(notify_fds=...)``) that lets an engine sleep on an eventfd instead
 of polling, the lent slots, the namespace rules, the options, and the
 error a user without LMCache gets."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import select
 import threading
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -19,6 +24,7 @@ from fstier.config import TierConfig
 from fstier.errors import ConfigError
 from fstier.integrations.lmcache import LmcacheUnavailableError, tier_config_from_adapter_params
 from fstier.integrations.lmcache_space import Layout, LentSlots, SpaceId, space_mapper
+from fstier.io.engine.native import available as native_engine_available
 from fstier.keys import BlockKey
 from fstier.manager import FsTier
 
@@ -92,6 +98,86 @@ def test_a_finished_job_is_signalled_and_then_found_in_get_finished(tmp_path: Pa
         assert [r.job_id for r in tier.get_finished()] == ["empty"]
     finally:
         tier.close()
+
+
+def _readable(fd: int, timeout: float = 30.0) -> bool:
+    """Whether ``fd`` turned readable within ``timeout`` (and drain it)."""
+    if not select.select([fd], [], [], timeout)[0]:
+        return False
+    os.eventfd_read(fd)
+    return True
+
+
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_the_engine_writes_the_callers_eventfd_and_the_caller_collects(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    """``FsTier(notify_fds=...)`` (LMCache's adapter): the engine writes the
+    job's kind's eventfd once the job is published, with no callback; the
+    caller's own ``get_finished`` collects it. On the C engine the fd is
+    written in C: the engine's completion thread is kept out of every
+    collection here (its lock held) and the fd still turns readable, so no
+    Python ran between the I/O and the wake-up."""
+    if engine == "native" and not native_engine_available():
+        pytest.skip("the C engine is not built here")
+    monkeypatch.setenv("FSTIER_ENGINE", engine)
+    cfg = TierConfig(root_dir=tmp_path)
+    layout = Layout.of([(2, 2048)], ["float16"])
+    assert layout is not None
+    slots = LentSlots(layout.nbytes)
+    fds = {k: os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for k in ("store", "load")}
+    mapper = space_mapper(SpaceId("m", 0x01000100, "", layout), cfg)
+    tier = FsTier(cfg, slots, mapper, hold_fenced_results=True, notify_fds=fds)
+    reg = tier._engine
+    try:
+        native_io = tier.io_path.backend == "native"
+
+        @contextlib.contextmanager
+        def no_collection() -> Iterator[None]:
+            """Nothing collects the C engine's completions meanwhile: not the
+            tier (its pump is off), not the completion thread (the lock of
+            every collection is held here)."""
+            if engine != "native" or not native_io:
+                yield
+                return
+            pump, reg.pump = reg.pump, None
+            try:
+                with reg.engine._collecting:
+                    yield
+            finally:
+                reg.pump = pump
+
+        bufs = [np.full(8192, i + 1, dtype=np.uint8) for i in range(4)]
+        keys = [BlockKey(bytes([i + 1]) * 32) for i in range(4)]
+        ids = slots.lend([memoryview(b) for b in bufs])
+        assert ids is not None
+        with no_collection():
+            tier.submit_store("s", keys, ids)
+            assert _readable(fds["store"]), "the store's eventfd was not written"
+        assert not _readable(fds["load"], 0), "a store wrote the load's eventfd"
+        (res,) = tier.get_finished()
+        assert res.job_id == "s" and res.success and res.keys_completed == 4
+        slots.release(ids)
+        out = [np.zeros(8192, dtype=np.uint8) for _ in range(4)]
+        ids = slots.lend([memoryview(b) for b in out])
+        assert ids is not None
+        with no_collection():
+            tier.submit_load("l", keys, ids)
+            assert _readable(fds["load"]), "the load's eventfd was not written"
+        (res,) = tier.get_finished()
+        assert res.job_id == "l" and res.keys_completed == 4
+        assert all((o == b).all() for o, b in zip(out, bufs, strict=True))
+        slots.release(ids)
+        tier.submit_load("empty", [], [])  # finished at once: written by the tier
+        assert _readable(fds["load"], 5)
+        assert [r.job_id for r in tier.get_finished()] == ["empty"]
+        assert tier.drain(10)
+    finally:
+        tier.close()
+        dups = dict(reg.notify_fds)
+        for fd in fds.values():
+            os.close(fd)
+    assert dups == {}, "the registration kept its dups of the caller's fds after close"
 
 
 def test_engine_on_complete_runs_once_the_job_is_published(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from fstier.clock import SYSTEM_CLOCK, Clock
@@ -68,7 +68,7 @@ class Engine(Protocol):
 
     def register(
         self, on_complete: Callable[[str], None] | None = None,
-        on_released: Callable[[EngineJob], None] | None = None,
+        on_released: Callable[[EngineJob], None] | None = None, notify_fds: Mapping[str, int] | None = None,
     ) -> Registration: ...
 
     def submit(self, reg: Registration, job: EngineJob) -> None: ...
@@ -132,21 +132,24 @@ def shared_engine(
     on_complete: Callable[[str], None] | None = None,
     on_released: Callable[[EngineJob], None] | None = None, backend: str | None = None,
     native_io: bool = False,
+    notify_fds: Mapping[str, int] | None = None,
 ) -> Registration:
     """A registration with this process's engine of ``read_threads`` read-
     and ``write_threads`` write-priority threads on ``clock`` (one engine per
     such triple and backend, started by its first registration). ``backend``:
     ``"python"`` or ``"native"`` (None: ``FSTIER_ENGINE``, else the C engine
     when ``native_io`` (the caller's blocks move on the native I/O path) and
-    the extension has it, else python)."""
+    the extension has it, else python). ``notify_fds``: an eventfd per job
+    kind the engine writes when a job of that kind is published or released
+    (the C engine in C), in place of ``on_complete`` (:class:`Registration`)."""
     name = _backend(backend, native_io)
     key = (read_threads, write_threads, id(clock), name)
     with _lock:
         engine = _engines.get(key)
         if engine is not None and not engine.closed:
             try:
-                return engine.register(on_complete, on_released)
+                return engine.register(on_complete, on_released, notify_fds)
             except IOPoolClosedError:  # its last registration closed meanwhile
                 pass
         engine = _engines[key] = _make(name, read_threads, write_threads, clock)
-        return engine.register(on_complete, on_released)
+        return engine.register(on_complete, on_released, notify_fds)

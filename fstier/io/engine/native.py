@@ -17,6 +17,13 @@ watchdog, a completion list and an eventfd).
   ``job.released`` and runs ``on_released``. It does no I/O but the rare
   hand-backs the batch path does too: a store that found its namespace
   directory removed, a corrupt file's removal.
+- A registration with ``notify_fds`` (LMCache's eventfds): its jobs are
+  submitted with their kind's fd, which C writes (not the engine's eventfd)
+  once the event is queued, so no Python runs at their completion; the
+  caller collects on its own thread (:meth:`NativeEngine.pump`, run by the
+  registration's ``has_finished`` and ``wait_idle``). Collections, the
+  completion thread's included, hold one lock, so a caller woken by its fd
+  that finds the engine's list empty finds the job published already.
 - A job runs on at most ``max(1, keys // MIN_KEYS_PER_THREAD)`` workers at
   once (``spread``; the Python engine's split of a native job), its keys
   taken in order: a small job's keys run one after another on one worker.
@@ -57,7 +64,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from operator import attrgetter
 from typing import Any
@@ -65,7 +72,7 @@ from typing import Any
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.errors import IOPoolClosedError
 from fstier.io import native as nat
-from fstier.io.engine.python import PythonEngine, Registration, check_threads
+from fstier.io.engine.python import PythonEngine, Registration, check_threads, write_fd
 from fstier.io.engine.record import CANCELLED, EXPIRED, MIN_KEYS_PER_THREAD, TIMED_OUT, EngineJob
 from fstier.io.iotypes import StoreStatus
 
@@ -122,21 +129,37 @@ class NativeEngine:
         self._inner: dict[Registration, Registration] = {}
         self._closed = False
         self._pid = os.getpid()
+        #: held across each engine_collect and the handling of what it returned
+        #: (reentrant: a callback run by a collection may collect again)
+        self._collecting = threading.RLock()
         self._dispatcher = threading.Thread(target=self._dispatch, name=f"{name}-complete", daemon=True)
         self._dispatcher.start()
 
     # ------------------------------------------------------------ public
     def register(
         self, on_complete: Callable[[str], None] | None = None,
-        on_released: Callable[[EngineJob], None] | None = None,
+        on_released: Callable[[EngineJob], None] | None = None, notify_fds: Mapping[str, int] | None = None,
     ) -> Registration:
         """A new caller of this engine (see :class:`Registration`)."""
-        reg = Registration(self, on_complete, on_released)  # type: ignore[arg-type]  # the same protocol
+        reg = Registration(self, on_complete, on_released, notify_fds)  # type: ignore[arg-type]  # same protocol
+        if reg.notify_fds:
+            reg.pump = self.pump
         with self.lock:
             if self._closed:
+                reg.close_fds()
                 raise IOPoolClosedError("the native I/O engine is shut down; cannot register")
             self._registrations.add(reg)
         return reg
+
+    def pump(self) -> None:
+        """Collect the C engine's completions now, on the calling thread."""
+        with self._collecting:
+            events = self._ext.engine_collect(self._cap)
+            for ev in events:
+                try:
+                    self._event(ev)
+                except Exception:
+                    log.exception("native engine: completing job tag %r failed", ev[0])
 
     def unregister(self, reg: Registration) -> None:
         """``reg`` leaves: its jobs' keys not started are cancelled; the last
@@ -147,6 +170,7 @@ class NativeEngine:
             reg.closed = True
             self._registrations.discard(reg)
             inner = self._inner.pop(reg, None)
+            reg.close_fds()  # under the lock: a submit with a notify fd dups it under it too
             last = not self._registrations
             mine = [tag for tag, job in self._jobs.items() if job.owner is reg]
         for tag in mine:
@@ -218,17 +242,28 @@ class NativeEngine:
         rels = nat.split(base, job.paths)
         tag = next(self._tags)
         replace = list(job.replace) if store and job.replace is not None and any(job.replace) else None
+        call = partial(
+            self._ext.engine_submit,
+            self._cap, tag, 1 if store else 0, os.fsencode(base), rels, hashes, groups, bufs, replace,
+            blocks.mapper.digest_bytes, blocks._bpf, nat.flags(opts, mkdir=store), opts.file_mode,
+            time.time_ns(), opts.alignment, -1.0 if job.timeout_s is None else float(job.timeout_s),
+            max(1, n // MIN_KEYS_PER_THREAD),
+        )
         with self.lock:
             self._check_open(reg, job)
             reg.active += 1
             self._jobs[tag] = job
+            fd = reg.notify_fds.get(job.kind)
+            if fd is not None:  # C dups the fd before unregister can close it (under this lock)
+                try:
+                    call(fd)
+                except BaseException:
+                    self._jobs.pop(tag, None)
+                    reg.active -= 1
+                    raise
+                return
         try:
-            self._ext.engine_submit(
-                self._cap, tag, 1 if store else 0, os.fsencode(base), rels, hashes, groups, bufs, replace,
-                blocks.mapper.digest_bytes, blocks._bpf, nat.flags(opts, mkdir=store), opts.file_mode,
-                time.time_ns(), opts.alignment, -1.0 if job.timeout_s is None else float(job.timeout_s),
-                max(1, n // MIN_KEYS_PER_THREAD),
-            )
+            call()
         except BaseException:
             with self.lock:
                 self._jobs.pop(tag, None)
@@ -288,7 +323,7 @@ class NativeEngine:
         if inner is not None:
             for job in inner.collect():
                 job.owner = reg
-                self._finish(job)
+                self._finish(job, notify=True)
 
     def _start_call_thread(self) -> None:
         if self._call_thread is None:
@@ -345,8 +380,9 @@ class NativeEngine:
         self._finish(job)
         return 0.5
 
-    def _finish(self, job: EngineJob) -> None:
-        """Publish ``job`` to its registration and signal it."""
+    def _finish(self, job: EngineJob, notify: bool = False) -> None:
+        """Publish ``job`` to its registration and signal it (``notify``:
+        write its notify fd too; C wrote it for a job of the C engine)."""
         reg: Registration = job.owner
         with self.lock:
             job.done = True
@@ -359,6 +395,9 @@ class NativeEngine:
             reg.active -= 1
             if reg.active == 0:
                 reg.idle.notify_all()
+            fd = reg.notify_fds.get(job.kind) if notify and job.call is None else None
+            if fd is not None:
+                write_fd(fd)
         if job.call is None and reg.on_complete is not None:
             try:
                 reg.on_complete(job.kind)
@@ -371,15 +410,16 @@ class NativeEngine:
         while True:
             ext.engine_wait(cap, wait)
             wait = self._expire_call()
-            try:
-                events = ext.engine_collect(cap)
-            except RuntimeError:  # a forked child's copy of this thread does not exist; defensive
-                return
-            for ev in events:
+            with self._collecting:
                 try:
-                    self._event(ev)
-                except Exception:
-                    log.exception("native engine: completing job tag %r failed", ev[0])
+                    events = ext.engine_collect(cap)
+                except RuntimeError:  # a forked child's copy of this thread does not exist; defensive
+                    return
+                for ev in events:
+                    try:
+                        self._event(ev)
+                    except Exception:
+                        log.exception("native engine: completing job tag %r failed", ev[0])
             with self.lock:
                 if self._closed and not self._jobs and not events:
                     return

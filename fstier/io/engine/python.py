@@ -26,7 +26,10 @@ backend of :mod:`fstier.io.engine` and the worked example of one.
 - Completion: a finished job is appended to its registration's list and
   ``on_complete(kind)`` runs after the engine's lock is released (it must
   only signal: an eventfd write, a Condition's notify); ``collect`` takes
-  the list. One engine serves many registrations (namespaces): a
+  the list. A registration with ``notify_fds`` (a caller's own eventfd per
+  kind, e.g. LMCache's) runs no callback: the engine's thread writes the
+  job's kind's fd under the lock, once the job is in the list (the
+  registration holds a dup of each fd until it closes). One engine serves many registrations (namespaces): a
   registration costs a list and a counter, not threads.
 
 Invariants
@@ -48,14 +51,16 @@ Costs
 
 from __future__ import annotations
 
+import fcntl
 import heapq
 import itertools
 import logging
 import math
+import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,13 +104,29 @@ def run_unit(job: EngineJob, unit: int) -> Any:
     return blocks.load_many(items, helpers=job.helpers, paths=paths)
 
 
+def write_fd(fd: int) -> None:
+    """Add 1 to the eventfd ``fd`` (a counter already at its maximum wakes its reader anyway)."""
+    try:
+        os.eventfd_write(fd, 1)
+    except OSError:
+        log.debug("eventfd %d not written", fd, exc_info=True)
+
+
 class Registration:
     """One caller of an engine (a tier, a namespace): where its finished
-    jobs wait. Created by :meth:`PythonEngine.register`."""
+    jobs wait. Created by :meth:`PythonEngine.register`.
+
+    ``notify_fds``: ``{"store": fd, "load": fd}``, eventfds the engine
+    writes when a job of that kind is published (and released), instead of
+    calling ``on_complete``; dup'ed here, closed with the registration
+    (under the engine's lock, so no write can come after). ``pump``: set by
+    an engine whose completions wait to be collected (the C engine's), run
+    by :meth:`has_finished` and :meth:`wait_idle`, so a caller woken by its
+    fd collects them on its own thread."""
 
     def __init__(
         self, engine: PythonEngine, on_complete: Callable[[str], None] | None,
-        on_released: Callable[[EngineJob], None] | None,
+        on_released: Callable[[EngineJob], None] | None, notify_fds: Mapping[str, int] | None = None,
     ) -> None:
         self.engine = engine
         self.on_complete = on_complete
@@ -114,13 +135,38 @@ class Registration:
         self.active = 0
         self.closed = False
         self.idle = threading.Condition(engine.lock)
+        self.notify_fds: dict[str, int] = {}
+        try:
+            for kind, fd in (notify_fds or {}).items():
+                self.notify_fds[kind] = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 0)
+        except BaseException:
+            self.close_fds()
+            raise
+        self.pump: Callable[[], None] | None = None
+
+    def notify(self, kind: str) -> None:
+        """Write ``kind``'s notify fd, if any (takes the engine's lock)."""
+        if self.notify_fds:
+            with self.engine.lock:
+                fd = self.notify_fds.get(kind)
+                if fd is not None:
+                    write_fd(fd)
+
+    def close_fds(self) -> None:
+        """Close the notify fds' dups (the engine's lock held, or before the registration is known)."""
+        fds, self.notify_fds = self.notify_fds, {}
+        for fd in fds.values():
+            os.close(fd)
 
     def submit(self, job: EngineJob) -> None:
         """Queue ``job``; never blocks."""
         self.engine.submit(self, job)
 
     def has_finished(self) -> bool:
-        """Whether :meth:`collect` has a job now (no lock: one atomic read)."""
+        """Whether :meth:`collect` has a job now (no lock: one atomic read,
+        after :attr:`pump` collected the engine's completions, if set)."""
+        if self.pump is not None:  # always: a job already here says nothing of one still in the engine
+            self.pump()
         return bool(self.finished)
 
     def collect(self) -> list[EngineJob]:
@@ -130,9 +176,23 @@ class Registration:
         return out
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Until every job submitted here finished; False on timeout."""
-        with self.engine.lock:
-            return self.idle.wait_for(lambda: self.active == 0, timeout)
+        """Until every job submitted here finished; False on timeout. With
+        :attr:`pump` (nothing else may collect its completions), it pumps
+        every 5 ms meanwhile."""
+        pump = self.pump
+        if pump is None:
+            with self.engine.lock:
+                return self.idle.wait_for(lambda: self.active == 0, timeout)
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            pump()
+            with self.engine.lock:
+                if self.active == 0:
+                    return True
+                left = 0.005 if end is None else min(0.005, end - time.monotonic())
+                if left <= 0:
+                    return False
+                self.idle.wait(left)
 
     def close(self) -> None:
         """Cancel this registration's queued units; the engine stops once
@@ -223,12 +283,13 @@ class PythonEngine:
     # ------------------------------------------------------------ public
     def register(
         self, on_complete: Callable[[str], None] | None = None,
-        on_released: Callable[[EngineJob], None] | None = None,
+        on_released: Callable[[EngineJob], None] | None = None, notify_fds: Mapping[str, int] | None = None,
     ) -> Registration:
         """A new caller of this engine (see :class:`Registration`)."""
-        reg = Registration(self, on_complete, on_released)
+        reg = Registration(self, on_complete, on_released, notify_fds)
         with self.lock:
             if self._closed:
+                reg.close_fds()
                 raise IOPoolClosedError("the I/O engine is shut down; cannot register")
             self._registrations.add(reg)
         return reg
@@ -244,6 +305,7 @@ class PythonEngine:
             for q in _QUEUES:
                 for job in [j for j in self._queues[q] if j.owner is reg]:
                     self._cancel_locked(job)
+            reg.close_fds()
             last = not self._registrations
         if last:
             self.shutdown()
@@ -357,6 +419,9 @@ class PythonEngine:
         reg: Registration = job.owner
         if job.call is None:
             reg.finished.append(job)
+            fd = reg.notify_fds.get(job.kind)
+            if fd is not None:  # published: a caller woken by it finds the job
+                write_fd(fd)
         reg.active -= 1
         if reg.active == 0:
             reg.idle.notify_all()
@@ -433,6 +498,7 @@ class PythonEngine:
                         job.owner.on_released(job)
                     except Exception:
                         log.exception("on_released callback failed for job %r", job.tag)
+                    job.owner.notify(job.kind)
                     self._signal(job)
                 return  # a replacement thread already serves the queues
 
