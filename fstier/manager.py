@@ -36,7 +36,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.config import FstierConfig, TierConfig, load_config
@@ -57,7 +57,7 @@ from fstier.tier.metrics import TierMetrics
 from fstier.tier.outcomes import Judge
 from fstier.tier.private_pool import private_pool
 from fstier.tier.recency import Recency
-from fstier.tier.records import BlockRemoved, BlockStored, JobResult, TierEvent
+from fstier.tier.records import BlockRemoved, BlockStored, JobResult, TierEvent, job_result
 from fstier.tier.removal import clear_blocks, remove_blocks
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -218,23 +218,32 @@ class FsTier:
         if self._closed:
             raise TierClosedError("FsTier is closed; create a new one with FsTier.from_config(...)")
 
-    def _finish_now_locked(self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str) -> None:
-        self._finished.append(JobResult(job_id, kind, n == 0, 0, n, 0, 0.0, None if n == 0 else cause))
+    def _finish_now_locked(
+        self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str, context: Any
+    ) -> None:
+        self._finished.append(JobResult(job_id, kind, n == 0, 0, n, 0, 0.0, None if n == 0 else cause, 0, (), context))
         if self._on_finished is not None:  # refused at once: wake the caller too
             self._on_finished(kind)
 
-    def submit_store(self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]) -> None:
+    def submit_store(
+        self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int], *, context: Any = None
+    ) -> None:
         """Queue the store of ``slots[i]`` as ``keys[i]``'s file. Never blocks;
         a job that cannot run (degraded, backpressure, fenced slot) finishes at
-        once with ``success=False`` and that cause."""
-        self._submit(job_id, "store", keys, slots)
+        once with ``success=False`` and that cause. ``context`` comes back
+        untouched as the result's ``context`` (the caller keeps no job table)."""
+        self._submit(job_id, "store", keys, slots, context)
 
-    def submit_load(self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]) -> None:
-        """Queue the load of ``keys[i]``'s file into ``slots[i]``. Never blocks."""
-        self._submit(job_id, "load", keys, slots)
+    def submit_load(
+        self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int], *, context: Any = None
+    ) -> None:
+        """Queue the load of ``keys[i]``'s file into ``slots[i]``. Never blocks
+        (``context`` as for :meth:`submit_store`)."""
+        self._submit(job_id, "load", keys, slots, context)
 
     def _submit(
-        self, job_id: Hashable, kind: Literal["store", "load"], keys: Sequence[BlockKey], slots: Sequence[int]
+        self, job_id: Hashable, kind: Literal["store", "load"], keys: Sequence[BlockKey], slots: Sequence[int],
+        context: Any,
     ) -> None:
         self._check_open()
         check_job(job_id, keys, slots, self._pool, len(self._payload_len))
@@ -250,14 +259,14 @@ class FsTier:
             if job_id in self._inflight:
                 raise ValueError(f"job id {job_id!r} is already in flight; job ids must be unique")
             if n == 0:
-                self._finish_now_locked(job_id, kind, 0, "")
+                self._finish_now_locked(job_id, kind, 0, "", context)
                 return
             busy = self._fences.busy(slots_t)
             cause = self._admission.refuse(kind, n, file_bytes, slot_busy=busy)
             if cause is not None:
-                self._finish_now_locked(job_id, kind, n, cause)
+                self._finish_now_locked(job_id, kind, n, cause, context)
                 return
-            job = self._inflight[job_id] = self._maker.job(job_id, kind, keys_t, slots_t, op_bytes)
+            job = self._inflight[job_id] = self._maker.job(job_id, kind, keys_t, slots_t, op_bytes, context)
         self._engine.submit(job)
 
     def touch(self, keys: Sequence[BlockKey]) -> None:
@@ -276,27 +285,36 @@ class FsTier:
 
     # -- completion --------------------------------------------------------------
     def _reap(self) -> None:
-        """Turn finished engine jobs into JobResults (never blocks; no lock taken while none finished)."""
-        for job in self._engine.collect() if self._engine.has_finished() else ():
-            v = self._judge.finish(job)
-            result = JobResult(job.tag, "store" if job.kind == "store" else "load", v.success, *v[:6], v.loaded_after)
-            with self._idle:
+        """Turn finished engine jobs into JobResults (never blocks; no lock taken while none finished;
+        one lock for all the jobs one collect returned). Fence waiters are woken by the release, not here."""
+        if not self._engine.has_finished():
+            return
+        done = [(job, self._judge.finish(job)) for job in self._engine.collect()]
+        with self._lock:
+            for job, v in done:
                 if v.stored:
                     self._events.append(BlockStored(v.stored))
                 if v.removed:
                     self._events.append(BlockRemoved(v.removed, "corrupt"))
-                self._fences.fence_job(job)  # before its result is published
+                if job.fenced:
+                    self._fences.fence_job(job)  # before its result is published
                 del self._inflight[job.tag]
+                result = job_result(job.tag, job.kind, v.success, *v[:6], v.loaded_after, job.context)
                 if self._hold_fenced and self._fences.busy(job.slots):
                     self._held.append((result, job.slots))
                 else:
                     self._finished.append(result)
-                self._idle.notify_all()
 
     def has_news(self) -> bool:
         """Whether :meth:`get_finished` or :meth:`take_events` may return something now.
         No lock: a poll per scheduler step skips both while nothing happened."""
         return bool(self._finished or self._held or self._events or self._engine.has_finished())
+
+    def has_pending(self) -> bool:
+        """Whether a job submitted here has a result :meth:`get_finished` has
+        not returned yet (in flight, finished, or held back)."""
+        with self._lock:
+            return bool(self._inflight or self._finished or self._held)
 
     def get_finished(self) -> list[JobResult]:
         """Results of jobs finished since the last call (never blocks); with

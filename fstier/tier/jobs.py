@@ -19,7 +19,7 @@ Costs
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from fstier.io.blockfile import block_file_size
 from fstier.io.blockstore import BlockStore
@@ -65,12 +65,13 @@ class JobMaker:
 
     def job(
         self, job_id: Hashable, kind: Literal["store", "load"], keys: tuple[BlockKey, ...],
-        slots: tuple[int, ...], nbytes: tuple[int, ...],
+        slots: tuple[int, ...], nbytes: tuple[int, ...], context: Any = None,
     ) -> EngineJob:
         """The record: keys named once (for the I/O and the recency note); a
-        store replaces the files of keys whose last load failed (bad)."""
+        store replaces the files of keys whose last load failed (bad); the
+        caller's ``context`` rides on it to the job's result."""
         replace = self._cache.bad_flags(keys) if kind == "store" else None
         return EngineJob(
             job_id, kind, keys, slots, nbytes, self._blocks, self._buffers, self._blocks.paths(keys), replace,
-            self._timeout_s,
+            self._timeout_s, None, context,
         )
