@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.config import FstierConfig, TierConfig, load_config
-from fstier.errors import ConfigError, StorageError, TierClosedError
+from fstier.errors import ConfigError, TierClosedError
 from fstier.file_mapper import FileMapper
 from fstier.io import BlockStore
 from fstier.io.engine import EngineJob, shared_engine
@@ -57,8 +57,9 @@ from fstier.tier.metrics import TierMetrics
 from fstier.tier.outcomes import Judge
 from fstier.tier.private_pool import private_pool
 from fstier.tier.recency import Recency
-from fstier.tier.records import BlockRemoved, BlockStored, JobResult, TierEvent, job_result
-from fstier.tier.removal import clear_blocks, remove_blocks
+from fstier.tier.records import BlockRemoved, BlockStored, JobResult, TierEvent, job_result, note_evicted
+from fstier.tier.removal import clear_namespace, remove_blocks
+from fstier.tier.results import Results
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.slots.host_pool import HostBlockPool
@@ -124,12 +125,9 @@ class FsTier:
         self._idle = threading.Condition(self._lock)
         #: job id -> its one record, from submit until its result is published
         self._inflight: dict[Hashable, EngineJob] = {}
-        self._finished: list[JobResult] = []
-        self._hold_fenced = hold_fenced_results
-        #: results held back while a slot of their job is fenced (hold_fenced_results)
-        self._held: list[tuple[JobResult, tuple[int, ...]]] = []
         self._events: list[TierEvent] = []
         self._fences = Fences(pool, self._idle, metrics.fenced_slots)
+        self._results = Results(self._fences, hold_fenced_results)
         self._closed = False
         self._on_finished = on_finished
         self._on_evicted_hook = on_evicted or (lambda path: None)  # capacity thread; must not raise
@@ -221,7 +219,7 @@ class FsTier:
     def _finish_now_locked(
         self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str, context: Any
     ) -> None:
-        self._finished.append(JobResult(job_id, kind, n == 0, 0, n, 0, 0.0, None if n == 0 else cause, 0, (), context))
+        self._results.refused_locked(job_id, kind, n, cause, context)
         if self._on_finished is not None:  # refused at once: wake the caller too
             self._on_finished(kind)
 
@@ -299,37 +297,29 @@ class FsTier:
                 if job.fenced:
                     self._fences.fence_job(job)  # before its result is published
                 del self._inflight[job.tag]
-                result = job_result(job.tag, job.kind, v.success, *v[:6], v.loaded_after, job.context)
-                if self._hold_fenced and self._fences.busy(job.slots):
-                    self._held.append((result, job.slots))
-                else:
-                    self._finished.append(result)
+                self._results.publish_locked(
+                    job_result(job.tag, job.kind, v.success, *v[:6], v.loaded_after, job.context), job.slots
+                )
 
     def has_news(self) -> bool:
         """Whether :meth:`get_finished` or :meth:`take_events` may return something now.
         No lock: a poll per scheduler step skips both while nothing happened."""
-        return bool(self._finished or self._held or self._events or self._engine.has_finished())
+        return bool(self._results.finished or self._results.held or self._events or self._engine.has_finished())
 
     def has_pending(self) -> bool:
-        """Whether a job submitted here has a result :meth:`get_finished` has
-        not returned yet (in flight, finished, or held back)."""
+        """Whether a submitted job's result was not returned yet (in flight, finished, held)."""
         with self._lock:
-            return bool(self._inflight or self._finished or self._held)
+            return bool(self._inflight or self._results)
 
     def get_finished(self) -> list[JobResult]:
         """Results of jobs finished since the last call (never blocks); with
         ``hold_fenced_results``, a job's result comes once none of its slots
         is fenced (held results first, in the order they finished)."""
-        if not (self._finished or self._held or self._engine.has_finished()):
+        if not (self._results.finished or self._results.held or self._engine.has_finished()):
             return []
         self._reap()
         with self._lock:
-            out, self._finished = self._finished, []
-            if self._held:
-                ready = [r for r, slots in self._held if not self._fences.busy(slots)]
-                self._held = [(r, slots) for r, slots in self._held if self._fences.busy(slots)]
-                out = ready + out
-        return out
+            return self._results.take_locked()
 
     def take_events(self) -> list[TierEvent]:
         """Stored/removed events since the last call, in order."""
@@ -390,12 +380,7 @@ class FsTier:
             return  # another namespace sharing the root
         self._cache.forget([key])
         with self._lock:
-            # Coalesce a burst of evictions into one event.
-            last = self._events[-1] if self._events else None
-            if isinstance(last, BlockRemoved) and last.reason == "evicted":
-                self._events[-1] = BlockRemoved((*last.keys, key), "evicted")
-            else:
-                self._events.append(BlockRemoved((key,), "evicted"))
+            note_evicted(self._events, key)
 
     def run_capacity_pass(self, max_bytes: int | None = None, timeout: float | None = 60.0) -> GcReport:
         """One synchronous capacity pass over the root: sweep stale temp and
@@ -418,16 +403,11 @@ class FsTier:
         file it could not remove raises :class:`~fstier.errors.StorageError` naming it."""
         self._check_open()
         self.drain()
-        errors: list[OSError] = []
-        removed = clear_blocks(self.blocks, self._cache, self.capacity, errors.append)
-        if removed:
-            with self._lock:
-                self._events.append(BlockRemoved(tuple(removed), "cleared"))
-        log.info("fstier: cleared %d block file(s) under %s", len(removed), self.mapper.blocks_dir)
-        if errors:
-            where = f"{len(errors)} file(s) under {self.mapper.blocks_dir}"
-            raise StorageError(f"clear: {where} not removed, first: {errors[0]}", errors[0].errno)
-        return len(removed)
+        return clear_namespace(self.blocks, self._cache, self.capacity, self._cleared)
+
+    def _cleared(self, keys: tuple[BlockKey, ...]) -> None:
+        with self._lock:
+            self._events.append(BlockRemoved(keys, "cleared"))
 
     def remove(self, keys: Sequence[BlockKey]) -> list[bool]:
         """Remove ``keys``' files in ONE batch (:mod:`~fstier.tier.removal`: cached answers

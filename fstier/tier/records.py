@@ -90,3 +90,14 @@ class BlockRemoved:
 
 
 TierEvent = BlockStored | BlockRemoved
+
+
+def note_evicted(events: list[TierEvent], key: BlockKey) -> None:
+    """Add ``key``'s eviction to ``events``, a burst of evictions coalesced
+    into one ``BlockRemoved(keys, "evicted")`` event (the caller holds the
+    list's lock)."""
+    last = events[-1] if events else None
+    if isinstance(last, BlockRemoved) and last.reason == "evicted":
+        events[-1] = BlockRemoved((*last.keys, key), "evicted")
+    else:
+        events.append(BlockRemoved((key,), "evicted"))

@@ -22,15 +22,19 @@ rule every other usage update follows.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 
+from fstier.errors import StorageError
 from fstier.io.blockfile import block_file_size
 from fstier.io.blockstore import BlockStore
 from fstier.keys import BlockKey
 from fstier.tier.capacity import Capacity
 from fstier.tier.lookup import LookupCache
 
-__all__ = ["clear_blocks", "remove_blocks"]
+__all__ = ["clear_blocks", "clear_namespace", "remove_blocks"]
+
+log = logging.getLogger("fstier.manager")
 
 
 def remove_blocks(
@@ -59,3 +63,21 @@ def clear_blocks(
     cache.clear()
     capacity.add(-sum(size for _, size in removed))
     return [k for k, _ in removed]
+
+
+def clear_namespace(
+    blocks: BlockStore, cache: LookupCache, capacity: Capacity, publish: Callable[[tuple[BlockKey, ...]], None]
+) -> int:
+    """:func:`clear_blocks`, then ``publish`` the keys removed (the tier's
+    one ``BlockRemoved(keys, "cleared")`` event) and log how many; a file it
+    could not remove raises :class:`~fstier.errors.StorageError` naming the
+    first. How many files it removed."""
+    errors: list[OSError] = []
+    removed = clear_blocks(blocks, cache, capacity, errors.append)
+    if removed:
+        publish(tuple(removed))
+    log.info("fstier: cleared %d block file(s) under %s", len(removed), blocks.mapper.blocks_dir)
+    if errors:
+        where = f"{len(errors)} file(s) under {blocks.mapper.blocks_dir}"
+        raise StorageError(f"clear: {where} not removed, first: {errors[0]}", errors[0].errno)
+    return len(removed)
