@@ -233,9 +233,13 @@ class Judge:
         or what stands for all its keys) and do what follows. A unit the
         engine gave up on is judged once; the breaker hears each run of
         successes once, failures with their count, in key order. A job the
-        engine summarised as one success for every key (``job.uniform``) is
-        judged in O(1) lines (:meth:`_finish_alike`)."""
+        engine summarised as one success for every key (``job.uniform``), or
+        whose one unit's outcomes are all one success, is judged in O(1)
+        lines (:meth:`_finish_alike`)."""
         what = DONE.get(job.uniform.status) if job.uniform is not None else None
+        if what is None and len(job.results) == 1 and isinstance(job.results[0], list):
+            # One unit of every key (a batched job on the Python engine): alike when its outcomes are.
+            what = _all_one_success(job.results[0]) if len(job.results[0]) == len(job.keys) else None
         if what is not None:
             return self._finish_alike(job, what)
         now = time.monotonic()

@@ -2,8 +2,9 @@
 C job engine of ``fstier/io/_native_engine.c`` (persistent C workers, a C
 watchdog, a completion list and an eventfd).
 
-- ``submit``: ONE C call per job (``engine_submit``) with its relative paths,
-  key hashes, groups, buffers, a store's replace flags, its flags and
+- ``submit``: ONE C call per job (``engine_submit``) with its key hashes
+  and groups (the C side formats each file's name by the path codec:
+  no Python path string is made for the I/O), buffers, a store's replace flags, its flags and
   deadline, and an integer tag naming the record here. The C workers (read-
   and write-priority, sized like the Python engine's threads) take the job's
   keys one at a time: no Python runs on an I/O thread and no thread is
@@ -192,12 +193,11 @@ class NativeEngine:
         blocks, buffers = job.block_io()  # a store or load job: its block store and buffers, or one clear error
         n = len(job.keys)
         store = job.kind == "store"
-        opts, base, fbase, digest, pages, flags = self._fixed(blocks, store)
+        opts, base, digest, pages, flags = self._fixed(blocks, store)
         job.owner = reg
         job.bounds = (0, n)
         job.remaining = 1
         bufs = buffers.views(job.slots, job.nbytes)
-        rels = nat.split(base, job.paths)
         tag = next(self._tags)
         replace = job.replace if store and job.replace is not None and any(job.replace) else None
         with self.lock:
@@ -206,7 +206,7 @@ class NativeEngine:
             self._jobs[tag] = job
         try:
             self._ext.engine_submit(
-                self._cap, tag, 1 if store else 0, fbase, rels, list(map(_HASH, job.keys)),
+                self._cap, tag, 1 if store else 0, base, None, list(map(_HASH, job.keys)),
                 list(map(_GROUP, job.keys)), bufs, replace, digest, pages, flags, opts.file_mode, time.time_ns(),
                 opts.alignment, -1.0 if job.timeout_s is None else float(job.timeout_s),
                 max(1, n // MIN_KEYS_PER_THREAD),
@@ -217,10 +217,10 @@ class NativeEngine:
                 reg.active -= 1
             raise
 
-    def _fixed(self, blocks: Any, store: bool) -> tuple[Any, str, bytes, bytes, int, int]:
+    def _fixed(self, blocks: Any, store: bool) -> tuple[Any, bytes, bytes, int, int]:
         """A block store's ``engine_submit`` arguments that do not change from
-        job to job: its options, base directory (str and bytes), namespace
-        digest, pages per file and flag bits. Cached per store, kind and
+        job to job: its options, base directory, namespace digest, pages per
+        file and flag bits. Cached per store, kind and
         ``O_TMPFILE`` state (a root that refused it gets new flags); at most
         :data:`_FIXED_MAX` stores are kept (the store is held, so its id is
         not reused while cached)."""
@@ -232,8 +232,7 @@ class NativeEngine:
             return got[1:]
         if len(self._fixed_args) >= _FIXED_MAX:
             self._fixed_args.clear()
-        base = os.fspath(blocks.mapper.blocks_dir)
-        got = (blocks, opts, base, os.fsencode(base), blocks.mapper.digest_bytes, blocks._bpf,
+        got = (blocks, opts, os.fsencode(blocks.mapper.blocks_dir), blocks.mapper.digest_bytes, blocks._bpf,
                nat.flags(opts, mkdir=store))
         self._fixed_args[key] = got
         return got[1:]

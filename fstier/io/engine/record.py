@@ -123,8 +123,7 @@ class EngineJob:
     nbytes: tuple[int, ...]
     blocks: BlockStore | None
     buffers: Buffers | None
-    #: each key's file path (``blocks.paths(keys)``), named once for the I/O and the caller's recency note
-    paths: Sequence[str]
+    _paths: Sequence[str] | None
     #: a store's per-key "replace the file" flags (a key whose last load failed), or None
     replace: Sequence[bool] | None
     #: seconds from submission to the deadline (None: no deadline)
@@ -161,7 +160,7 @@ class EngineJob:
     def __init__(
         self, tag: Hashable, kind: Kind, keys: tuple[BlockKey, ...] = (), slots: tuple[int, ...] = (),
         nbytes: tuple[int, ...] = (), blocks: BlockStore | None = None, buffers: Buffers | None = None,
-        paths: Sequence[str] = (), replace: Sequence[bool] | None = None, timeout_s: float | None = None,
+        paths: Sequence[str] | None = None, replace: Sequence[bool] | None = None, timeout_s: float | None = None,
         call: Callable[[], Any] | None = None, context: Any = None,
     ) -> None:
         self.tag = tag
@@ -171,7 +170,7 @@ class EngineJob:
         self.nbytes = nbytes
         self.blocks = blocks
         self.buffers = buffers
-        self.paths = paths
+        self._paths = paths
         self.replace = replace
         self.timeout_s = timeout_s
         self.call = call
@@ -180,6 +179,15 @@ class EngineJob:
 
     def __repr__(self) -> str:
         return f"EngineJob({self.tag!r}, {self.kind!r}, keys={len(self.keys)}, done={self.done})"
+
+    @property
+    def paths(self) -> Sequence[str]:
+        """Each key's file path (``blocks.paths(keys)``), named on first use
+        (the C engine formats its own names: a uniform store never needs them)."""
+        paths = self._paths
+        if paths is None:
+            paths = self._paths = () if self.blocks is None else self.blocks.paths(self.keys)
+        return paths
 
     @property
     def kind_queue(self) -> str:
