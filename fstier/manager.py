@@ -17,9 +17,8 @@ engine's scheduler owns one :class:`FsTier` and never blocks in it:
   fail ``slot_busy``. With ``hold_fenced_results=True`` (a provider that cannot stop the
   engine from reusing a slot it freed: an engine's own rows) :meth:`get_finished` holds
   back the result of a job holding a fenced slot until the slot is released.
-- A caller that waits inside its own call (SGLang's) :meth:`wait` s for its job (:mod:`~fstier.tier.waiting`).
-- ``on_finished(kind)`` signals that a "store"/"load" result waits in ``get_finished()``; or the engine
-  writes ``notify_fds[kind]``, a caller's eventfd, itself (the C engine in C: no Python at completion).
+- ``on_finished(kind)`` signals a "store"/"load" result waits in ``get_finished()``, or the engine writes
+  ``notify_fds[kind]`` (a caller's eventfd; C: no Python); a caller inside its own call (SGLang) :meth:`wait` s.
 - Capacity (:mod:`~fstier.tier.capacity`): with ``max_bytes``, a thread keeps the root under its high
   watermark by evicting LRU files, each told to ``on_evicted(path)`` as it goes (any namespace's).
 - ``take_events()``: :class:`BlockStored` / :class:`BlockRemoved`;
@@ -37,7 +36,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.config import FstierConfig, TierConfig, load_config
@@ -57,8 +56,9 @@ from fstier.tier.metrics import TierMetrics
 from fstier.tier.outcomes import Judge
 from fstier.tier.private_pool import private_pool
 from fstier.tier.recency import Recency
-from fstier.tier.records import BlockRemoved, BlockStored, JobResult, TierEvent, add_evicted
-from fstier.tier.removal import clear_blocks, remove_blocks
+from fstier.tier.records import BlockRemoved, BlockStored, JobResult, TierEvent, job_result, note_evicted
+from fstier.tier.removal import clear_namespace, remove_blocks
+from fstier.tier.results import Results
 from fstier.tier.waiting import Waiters
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -126,12 +126,9 @@ class FsTier:
         self._idle = threading.Condition(self._lock)
         #: job id -> its one record, from submit until its result is published
         self._inflight: dict[Hashable, EngineJob] = {}
-        self._finished: list[JobResult] = []
-        self._hold_fenced = hold_fenced_results
-        #: results held back while a slot of their job is fenced (hold_fenced_results)
-        self._held: list[tuple[JobResult, tuple[int, ...]]] = []
         self._events: list[TierEvent] = []
         self._fences = Fences(pool, self._idle, metrics.fenced_slots)
+        self._results = Results(self._fences, hold_fenced_results)
         self._closed = False
         self._on_finished = on_finished
         self._on_evicted_hook = on_evicted or (lambda path: None)  # capacity thread; must not raise
@@ -164,9 +161,8 @@ class FsTier:
         cls, config: str | os.PathLike[str] | FstierConfig, pool: SlotProvider | None = None,
         *, clock: Clock = SYSTEM_CLOCK,
     ) -> FsTier:
-        """Build from a YAML path or an :class:`FstierConfig`. Without ``pool``
-        a private :class:`HostBlockPool` is created (slots of the largest
-        payload, about 256 MiB in all) and closed by :meth:`close`."""
+        """Build from a YAML path or an :class:`FstierConfig`. Without ``pool`` a private :class:`HostBlockPool`
+        is created (slots of the largest payload, about 256 MiB in all) and closed by :meth:`close`."""
         cfg = config if isinstance(config, FstierConfig) else load_config(config)
         if pool is not None:
             return cls(cfg, pool, clock=clock)
@@ -204,11 +200,9 @@ class FsTier:
         return self._lookup.lookup(keys)
 
     def present(self, keys: Sequence[BlockKey]) -> list[bool]:
-        """Per key, whether its block is present (no prefix stop, unlike
-        :meth:`lookup`): for engines that ask about keys out of order (vLLM's
-        sliding-window scan). Bad keys are absent; cached answers are used and
-        the rest are probed in one call waited for at most ``io_timeout_s``
-        (then absent; :mod:`~fstier.tier.lookup`)."""
+        """Per key, whether its block is present (no prefix stop, unlike :meth:`lookup`): for engines that
+        ask about keys out of order (vLLM's sliding-window scan). Bad keys are absent; cached answers are
+        used and the rest probed in one call waited for at most ``io_timeout_s`` (then absent)."""
         self._check_open()
         check_keys(keys, len(self._payload_len), "present")
         if not keys:
@@ -220,22 +214,31 @@ class FsTier:
         if self._closed:
             raise TierClosedError("FsTier is closed; create a new one with FsTier.from_config(...)")
 
-    def _finish_now_locked(self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str) -> None:
-        self._finished.append(JobResult(job_id, kind, n == 0, 0, n, 0, 0.0, None if n == 0 else cause))
+    def _finish_now_locked(
+        self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str, context: Any
+    ) -> None:
+        self._results.refused_locked(job_id, kind, n, cause, context)
         (self._on_finished or self._engine.notify)(kind)  # refused at once: wake the caller too
 
-    def submit_store(self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]) -> None:
+    def submit_store(
+        self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int], *, context: Any = None
+    ) -> None:
         """Queue the store of ``slots[i]`` as ``keys[i]``'s file. Never blocks;
         a job that cannot run (degraded, backpressure, fenced slot) finishes at
-        once with ``success=False`` and that cause."""
-        self._submit(job_id, "store", keys, slots)
+        once with ``success=False`` and that cause. ``context`` comes back
+        untouched as the result's ``context`` (the caller keeps no job table)."""
+        self._submit(job_id, "store", keys, slots, context)
 
-    def submit_load(self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int]) -> None:
-        """Queue the load of ``keys[i]``'s file into ``slots[i]``. Never blocks."""
-        self._submit(job_id, "load", keys, slots)
+    def submit_load(
+        self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int], *, context: Any = None
+    ) -> None:
+        """Queue the load of ``keys[i]``'s file into ``slots[i]``. Never blocks
+        (``context`` as for :meth:`submit_store`)."""
+        self._submit(job_id, "load", keys, slots, context)
 
     def _submit(
-        self, job_id: Hashable, kind: Literal["store", "load"], keys: Sequence[BlockKey], slots: Sequence[int]
+        self, job_id: Hashable, kind: Literal["store", "load"], keys: Sequence[BlockKey], slots: Sequence[int],
+        context: Any,
     ) -> None:
         self._check_open()
         check_job(job_id, keys, slots, self._pool, len(self._payload_len))
@@ -251,14 +254,14 @@ class FsTier:
             if job_id in self._inflight:
                 raise ValueError(f"job id {job_id!r} is already in flight; job ids must be unique")
             if n == 0:
-                self._finish_now_locked(job_id, kind, 0, "")
+                self._finish_now_locked(job_id, kind, 0, "", context)
                 return
             busy = self._fences.busy(slots_t)
             cause = self._admission.refuse(kind, n, file_bytes, slot_busy=busy)
             if cause is not None:
-                self._finish_now_locked(job_id, kind, n, cause)
+                self._finish_now_locked(job_id, kind, n, cause, context)
                 return
-            job = self._inflight[job_id] = self._maker.job(job_id, kind, keys_t, slots_t, op_bytes)
+            job = self._inflight[job_id] = self._maker.job(job_id, kind, keys_t, slots_t, op_bytes, context)
         self._engine.submit(job)
 
     def touch(self, keys: Sequence[BlockKey]) -> None:
@@ -277,21 +280,24 @@ class FsTier:
 
     # -- completion --------------------------------------------------------------
     def _reap(self) -> None:
-        """Turn finished engine jobs into JobResults (never blocks; no lock taken while none finished)."""
-        for job in self._engine.collect() if self._engine.has_finished() else ():
-            v = self._judge.finish(job)
-            result = JobResult(job.tag, "store" if job.kind == "store" else "load", v.success, *v[:6], v.loaded_after)
-            with self._idle:
+        """Turn finished engine jobs into JobResults (never blocks; no lock taken while none finished;
+        one lock for all the jobs one collect returned). Fence waiters are woken by the release, not here."""
+        if not self._engine.has_finished():
+            return
+        done = [(job, self._judge.finish(job)) for job in self._engine.collect()]
+        with self._lock:
+            for job, v in done:
                 if v.stored:
                     self._events.append(BlockStored(v.stored))
                 if v.removed:
                     self._events.append(BlockRemoved(v.removed, "corrupt"))
-                self._fences.fence_job(job)  # before its result is published
+                if job.fenced:
+                    self._fences.fence_job(job)  # before its result is published
                 del self._inflight[job.tag]
-                if self._hold_fenced and self._fences.busy(job.slots):
-                    self._held.append((result, job.slots))
-                else:
-                    self._finished.append(result)
+                self._results.publish_locked(
+                    job_result(job.tag, job.kind, v.success, *v[:6], v.loaded_after, job.context), job.slots
+                )
+            if self._waiters.asleep:  # a waiter's job may be among them
                 self._idle.notify_all()
 
     def wait(self, job_id: Hashable, timeout: float | None = None) -> JobResult | None:
@@ -301,22 +307,21 @@ class FsTier:
     def has_news(self) -> bool:
         """Whether :meth:`get_finished` or :meth:`take_events` may return something now.
         No lock: a poll per scheduler step skips both while nothing happened."""
-        return bool(self._finished or self._held or self._events or self._engine.has_finished())
+        return bool(self._results.finished or self._results.held or self._events or self._engine.has_finished())
+
+    def has_pending(self) -> bool:
+        """Whether a submitted job's result was not returned yet (in flight, finished, held)."""
+        with self._lock:
+            return bool(self._inflight or self._results)
 
     def get_finished(self) -> list[JobResult]:
-        """Results of jobs finished since the last call (never blocks); with
-        ``hold_fenced_results``, a job's result comes once none of its slots
-        is fenced (held results first, in the order they finished)."""
-        if not (self._finished or self._held or self._engine.has_finished()):
+        """Results of jobs finished since the last call (never blocks); with ``hold_fenced_results``, a job's
+        result comes once none of its slots is fenced (held results first, in the order they finished)."""
+        if not (self._results.finished or self._results.held or self._engine.has_finished()):
             return []
         self._reap()
         with self._lock:
-            out, self._finished = self._finished, []
-            if self._held:
-                ready = [r for r, slots in self._held if not self._fences.busy(slots)]
-                self._held = [(r, slots) for r, slots in self._held if self._fences.busy(slots)]
-                out = ready + out
-        return out
+            return self._results.take_locked()
 
     def take_events(self) -> list[TierEvent]:
         """Stored/removed events since the last call, in order."""
@@ -377,7 +382,7 @@ class FsTier:
             return  # another namespace sharing the root
         self._cache.forget([key])
         with self._lock:
-            add_evicted(self._events, key)  # a burst of evictions is one event
+            note_evicted(self._events, key)  # a burst of evictions is one event
 
     def run_capacity_pass(self, max_bytes: int | None = None, timeout: float | None = 60.0) -> GcReport:
         """One synchronous capacity pass over the root: sweep stale temp and
@@ -400,13 +405,11 @@ class FsTier:
         file it could not remove raises :class:`~fstier.errors.StorageError` naming it."""
         self._check_open()
         self.drain()
-        removed, error = clear_blocks(self.blocks, self._cache, self.capacity)  # logged; error: files left
-        if removed:
-            with self._lock:
-                self._events.append(BlockRemoved(tuple(removed), "cleared"))
-        if error is not None:
-            raise error
-        return len(removed)
+        return clear_namespace(self.blocks, self._cache, self.capacity, self._cleared)
+
+    def _cleared(self, keys: tuple[BlockKey, ...]) -> None:
+        with self._lock:
+            self._events.append(BlockRemoved(keys, "cleared"))
 
     def remove(self, keys: Sequence[BlockKey]) -> list[bool]:
         """Remove ``keys``' files in ONE batch (:mod:`~fstier.tier.removal`: cached answers

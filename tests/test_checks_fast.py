@@ -163,7 +163,7 @@ def test_a_job_on_the_c_engine_is_one_call_busy_or_idle(tmp_path: Path, monkeypa
                 return getattr(real, name)
 
             def engine_submit(self, *args: object) -> None:
-                calls.append(len(args[4]))  # type: ignore[arg-type]  # the job's relative paths
+                calls.append(len(args[5]))  # type: ignore[arg-type]  # the job's key hashes (names: made in C)
                 real.engine_submit(*args)
 
         monkeypatch.setattr(engine, "_ext", Counting())

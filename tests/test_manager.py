@@ -45,6 +45,31 @@ def test_round_trip_bytes_and_paths(tmp_path: Path) -> None:
         assert res.cause is None
 
 
+def test_a_jobs_context_comes_back_on_its_result_and_pending_counts_until_taken(tmp_path: Path) -> None:
+    """What the caller passes with a job rides on the job's record to its
+    result (an adapter keeps no job table), for a job that ran, one refused
+    at once and an empty one; has_pending() holds until get_finished() took it."""
+    with open_tier(tmp_path / "root") as tier:
+        ks = keys(0, 4)
+        fill(tier, ks, [0, 1, 2, 3])
+        assert not tier.has_pending()
+        ctx = ("vllm keys", object())
+        tier.submit_store("s", ks, [0, 1, 2, 3], context=ctx)
+        tier.submit_load("empty", [], [], context=["e"])
+        assert tier.has_pending()
+        tier.drain()
+        assert tier.has_pending()  # finished, not yet taken
+        got = {r.job_id: r for r in tier.get_finished()}
+        assert not tier.has_pending()
+        assert got["s"].success and got["s"].context is ctx
+        assert got["empty"].context == ["e"]
+        assert got["s"] == JobResult("s", "store", True, 4, 0, 4 * 128, got["s"].seconds, None, 0)  # not compared
+        tier.submit_load("l", ks, [8, 9, 10, 11], context="mine")
+        tier.drain()
+        (res,) = tier.get_finished()
+        assert res.success and res.context == "mine" and "mine" not in repr(res)
+
+
 def test_lookup_is_a_prefix_and_stops_at_first_miss(tmp_path: Path) -> None:
     with open_tier(tmp_path / "root") as tier:
         ks = keys(0, 6)

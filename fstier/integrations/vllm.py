@@ -34,9 +34,10 @@ How vLLM's world maps onto fstier
       with the deadline kept in C, the GIL released once per batch; Python:
       ``present_many`` on the tier's lookup thread).
     * **Jobs.** ``submit_store``/``submit_load`` become one FsTier job each
-      on the dual-queue pool (native I/O path: one op, one GIL-free call
-      with C helper threads inside it; Python path: one op per row); ``get_finished_jobs``
-      turns FsTier results into vLLM ``JobResult``s with ``successful_keys``
+      on the process's job engine (:mod:`fstier.io.engine`); the adapter keeps
+      no job table: vLLM's keys ride on FsTier's one record of the job
+      (``context``) and come back on its result, so ``get_finished_jobs``
+      turns each FsTier result into vLLM's ``JobResult`` in O(1) lines, with ``successful_keys``
       for the loaded prefix of a partial load, ``transfer_time`` and
       ``transfer_bytes``. Every load is verified (size, header, key,
       namespace, checksum): a corrupt, short, foreign or missing file fails
@@ -57,11 +58,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from functools import partial
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from fstier.errors import ConfigError, FstierError, KeyFormatError
 from fstier.integrations._vllm_compat import (
@@ -180,17 +180,6 @@ def _slot_ints(chunk_ids: Any) -> tuple[int, ...]:
     if kind in ("i", "u") and getattr(chunk_ids, "ndim", 0) == 1:
         return tuple(chunk_ids.tolist())
     return tuple(int(c) for c in chunk_ids)
-
-
-@dataclass(frozen=True, slots=True)
-class _Job:
-    """One vLLM job in flight (under ``FstierTier._lock``)."""
-
-    job_id: int
-    keys: tuple[Any, ...]
-    is_load: bool
-    #: keys[:submitted] went to FsTier; a later key was not nameable
-    submitted: int
 
 
 # ------------------------------------------------------------------ the tier
@@ -314,10 +303,9 @@ else:
             self.events_enabled = globally and enable_events is not False
             self._events: list[OffloadingEvent] = []
             self._lock = threading.Lock()
-            #: submitted jobs (vLLM's keys and rows), until FsTier reports them
-            self._jobs: dict[Hashable, _Job] = {}
-            #: jobs FsTier refused at submission: reported failed next poll
-            self._refused: list[_Job] = []
+            #: jobs FsTier refused at submission (job id, vLLM's keys, is_load): reported failed next poll.
+            #: Jobs FsTier took carry vLLM's keys on their one record (``context``): no table here.
+            self._refused: list[tuple[int, tuple[Any, ...], bool]] = []
             #: fstier's metrics as vLLM reports them (get_stats)
             self.vllm_metrics = VllmMetrics()
             self._closed = False
@@ -388,19 +376,13 @@ else:
             keys = tuple(job.keys)
             slots = _slot_ints(job.chunk_ids)
             bkeys = _block_keys(keys)
-            if len(bkeys) < len(keys):
-                log.warning(
-                    "fstier: key %r of job %d has no fstier name; it fails", keys[len(bkeys)], job.job_id
-                )
-            rec = _Job(job.job_id, keys, is_load, len(bkeys))
             n = len(bkeys)
+            if n < len(keys):
+                log.warning("fstier: key %r of job %d has no fstier name; it fails", keys[n], job.job_id)
             try:
-                with self._lock:
-                    self._jobs[job.job_id] = rec
-                if is_load:
-                    self.fstier.submit_load(job.job_id, bkeys, slots[:n])
-                else:
-                    self.fstier.submit_store(job.job_id, bkeys, slots[:n])
+                # vLLM's keys ride on FsTier's record of the job and come back on its result.
+                submit = self.fstier.submit_load if is_load else self.fstier.submit_store
+                submit(job.job_id, bkeys, slots[:n], context=keys)
             except Exception as exc:
                 # A job FsTier refuses (a row out of range or fenced, a closed
                 # tier), or any other failure, fails as a job: an exception
@@ -410,8 +392,7 @@ else:
                 else:
                     log.exception("fstier: vLLM job %d failed at submission", job.job_id)
                 with self._lock:
-                    self._jobs.pop(job.job_id, None)
-                    self._refused.append(rec)
+                    self._refused.append((job.job_id, keys, is_load))
 
         def submit_store(self, job_metadata: TransferJob) -> None:
             # Keys already on disk are skipped by the store op itself (one
@@ -423,18 +404,23 @@ else:
         def submit_load(self, job_metadata: TransferJob) -> None:
             self._submit(job_metadata, is_load=True)
 
-        def _to_vllm(self, rec: _Job, r: FsJobResult) -> VllmJobResult:
-            complete = r.success and rec.submitted == len(rec.keys)
+        def _to_vllm(self, r: FsJobResult) -> VllmJobResult:
+            """vLLM's result of a job from FsTier's: its keys are the result's
+            ``context``; FsTier had the first ``keys_completed + keys_failed`` of them."""
+            keys = r.context
+            complete = r.success and r.keys_completed + r.keys_failed == len(keys)
             successful = None
-            if rec.is_load and not complete:
-                failed = rec.keys[r.keys_completed :]
+            if r.kind == "load" and not complete:
                 # A failed key must answer MISS from now on, or vLLM re-promotes
                 # it forever; FsTier also remembers it for later requests.
-                self._lookup.mark_miss(failed)
+                self._lookup.mark_miss(keys[r.keys_completed :])
                 if r.keys_completed:
-                    successful = rec.keys[: r.keys_completed]
+                    successful = keys[: r.keys_completed]
+            self.vllm_metrics.observe(f"{r.kind}_job_seconds", r.seconds)
+            if r.nbytes:
+                self.vllm_metrics.observe(f"{r.kind}_job_bytes", r.nbytes)
             return VllmJobResult(
-                job_id=rec.job_id,
+                job_id=cast("int", r.job_id),  # vLLM's own job id, FsTier's job id
                 success=complete,
                 successful_keys=successful,
                 transfer_time=r.seconds,
@@ -445,31 +431,22 @@ else:
             )
 
         def get_finished_jobs(self) -> Iterable[VllmJobResult]:
-            out: list[VllmJobResult] = []
             if not self._refused and not self.fstier.has_news():
-                return out  # polled every scheduler step: no lock while nothing happened
+                return []  # polled every scheduler step: no lock while nothing happened
             # FsTier holds back a job whose rows are fenced (hold_fenced_results).
             try:
                 fresh = self.fstier.get_finished()
             except Exception:  # never into vLLM's scheduler; results stay queued
                 log.exception("fstier: collecting finished jobs failed; retrying next step")
-                return out
-            with self._lock:
-                done = [(self._jobs.pop(r.job_id, None), r) for r in fresh]
-                refused, self._refused = self._refused, []
-            for rec, r in done:
-                if rec is None:  # not a job of ours (cannot happen; never crash vLLM)
-                    log.error("fstier: result for unknown job %r dropped", r.job_id)
-                    continue
-                out.append(self._to_vllm(rec, r))
-                kind = "load" if rec.is_load else "store"
-                self.vllm_metrics.observe(f"{kind}_job_seconds", r.seconds)
-                if r.nbytes:
-                    self.vllm_metrics.observe(f"{kind}_job_bytes", r.nbytes)
-            for rec in refused:
-                if rec.is_load:
-                    self._lookup.mark_miss(rec.keys)
-                out.append(VllmJobResult(job_id=rec.job_id, success=False))
+                return []
+            out = [self._to_vllm(r) for r in fresh]
+            if self._refused:
+                with self._lock:
+                    refused, self._refused = self._refused, []
+                for job_id, keys, is_load in refused:
+                    if is_load:
+                        self._lookup.mark_miss(keys)
+                    out.append(VllmJobResult(job_id=job_id, success=False))
             try:
                 self._collect_events()
             except Exception:
@@ -477,8 +454,8 @@ else:
             return out
 
         def has_pending_work(self) -> bool:
-            with self._lock:
-                return bool(self._jobs or self._refused)
+            """A job not reported yet: refused here, or FsTier's (in flight, finished, held back)."""
+            return bool(self._refused) or self.fstier.has_pending()
 
         def drain_jobs(self) -> None:
             """Wait until every submitted job finished and no late I/O call

@@ -541,6 +541,60 @@ static PyObject *py_engine_new(PyObject *self, PyObject *args) {
     return cap;
 }
 
+/* THE path codec's names (fstier.file_mapper.encode: "<hex[:3]>/<hex>-g<group>.bin"),
+ * formatted here for a job submitted without them: a new list of bytes, one
+ * per key; test_engine_names.py pins it against encode for many keys and groups. */
+#define CE_FANOUT_HEX 3
+static PyObject *ce_names(PyObject *hashes, PyObject *groups) {
+    if ((!PyList_Check(hashes) && !PyTuple_Check(hashes)) || (!PyList_Check(groups) && !PyTuple_Check(groups))) {
+        PyErr_SetString(PyExc_TypeError, "hashes and groups must be lists or tuples");
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(hashes);
+    if (PySequence_Fast_GET_SIZE(groups) != n) {
+        PyErr_SetString(PyExc_ValueError, "hashes and groups differ in length");
+        return NULL;
+    }
+    static const char hexd[] = "0123456789abcdef";
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        PyObject *h = PySequence_Fast_GET_ITEM(hashes, i), *g = PySequence_Fast_GET_ITEM(groups, i);
+        if (!PyBytes_Check(h) || PyBytes_GET_SIZE(h) < MIN_HASH || PyBytes_GET_SIZE(h) > MAX_HASH) {
+            PyErr_Format(PyExc_ValueError, "hashes[%zd] must be 8..64 bytes", i);
+            Py_CLEAR(out);
+            break;
+        }
+        long gv = PyLong_Check(g) ? PyLong_AsLong(g) : -1;
+        if (gv < 0 || gv > 65535) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "groups[%zd] must be an int in 0..65535", i);
+            Py_CLEAR(out);
+            break;
+        }
+        const uint8_t *b = (const uint8_t *)PyBytes_AS_STRING(h);
+        Py_ssize_t hl = PyBytes_GET_SIZE(h);
+        char name[CE_FANOUT_HEX + 1 + 2 * MAX_HASH + 16], *w = name + CE_FANOUT_HEX + 1;
+        for (Py_ssize_t k = 0; k < hl; k++) {
+            w[2 * k] = hexd[b[k] >> 4];
+            w[2 * k + 1] = hexd[b[k] & 15];
+        }
+        memcpy(name, w, CE_FANOUT_HEX);
+        name[CE_FANOUT_HEX] = '/';
+        int len = CE_FANOUT_HEX + 1 + (int)(2 * hl);
+        len += snprintf(name + len, sizeof name - (size_t)len, "-g%ld.bin", gv);
+        PyObject *t = PyBytes_FromStringAndSize(name, len);
+        if (!t) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, i, t);
+    }
+    return out;
+}
+
+static PyObject *py_engine_names(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *hashes, *groups;
+    if (!PyArg_ParseTuple(args, "OO", &hashes, &groups)) return NULL;
+    return ce_names(hashes, groups);
+}
+
 static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *cap, *rels, *hashes, *groups, *bufs, *replace;
@@ -558,7 +612,12 @@ static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
         return NULL;
     ce_engine *e = ce_get(cap);
     ce_job *j = NULL;
+    PyObject *named = NULL; /* the names formatted here when rels is None */
     if (!e) goto fail;
+    if (rels == Py_None) {
+        rels = named = ce_names(hashes, groups);
+        if (!named) goto fail;
+    }
     if ((kind != CE_LOAD && kind != CE_STORE) || digest.len != 8 || alignment < 1 || PAGE % alignment ||
         (kind == CE_STORE && pages < 1)) {
         PyErr_SetString(PyExc_ValueError,
@@ -624,6 +683,7 @@ static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
         pthread_mutex_unlock(&e->mu);
         PyErr_SetString(PyExc_RuntimeError, "the native engine is shut down; cannot submit");
         ce_job_free(j);
+        Py_XDECREF(named);
         return NULL;
     }
     e->jobs++;
@@ -654,10 +714,12 @@ static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
     }
     pthread_mutex_unlock(&e->mu);
     if (signal) ce_signal(e);
+    Py_XDECREF(named); /* the job holds its own reference */
     Py_RETURN_NONE;
 fail:
     PyBuffer_Release(&digest);
     if (j) ce_job_free(j);
+    Py_XDECREF(named);
     return NULL;
 }
 
@@ -901,7 +963,9 @@ static PyObject *py_engine_cancel(PyObject *self, PyObject *args) {
      "engine_submit(engine, tag, kind, base, rels, hashes, groups, buffers, replace, digest, pages, flags, "  \
      "mode, created_ns, alignment, timeout_s, spread=0, notify_fd=-1): queue one job (kind 0 load, 1 store; "  \
      "timeout_s < 0: none; spread: at most this many workers in it at once, 0: any; notify_fd: an eventfd "  \
-     "written at its events instead of the engine's, dup'ed)"},                                                \
+     "written at its events instead of the engine's, dup'ed; rels None: the codec's names, formatted in C)"},  \
+    {"engine_names", py_engine_names, METH_VARARGS,                                                           \
+     "engine_names(hashes, groups) -> [bytes]: file_mapper.encode's names, formatted in C"},                  \
     {"engine_collect", py_engine_collect, METH_O,                                                             \
      "engine_collect(engine) -> [(tag, 0, seconds, uniform, per_key, marks) | (tag, 1)]"},                    \
     {"engine_wait", py_engine_wait, METH_VARARGS,                                                             \

@@ -89,6 +89,8 @@ class Breaker:
             return self._state != self.OPEN
 
     def success(self) -> None:
+        if self._failures == 0 and self._state == self.CLOSED:
+            return  # nothing to reset (a job's success on a healthy tier takes no lock)
         with self._lock:
             self._failures = 0
             if self._state != self.CLOSED:

@@ -80,7 +80,16 @@ def check_job(
     num_groups: int,
 ) -> None:
     """A job's arguments: valid keys (:func:`check_keys`), one distinct slot
-    index per key, each currently handed out by ``pool``."""
+    index per key, each currently handed out by ``pool``. The common job
+    (lists or tuples of one length, BlockKeys of known groups, distinct
+    plain slot indices) is accepted by one test of C-level loops."""
+    if (
+        type(keys) in _PLAIN_SEQUENCES and type(slots) in _PLAIN_SEQUENCES and len(keys) == len(slots)
+        and (len(keys) == 0 or (set(map(type, keys)) == {BlockKey} and max(map(_GROUP, keys)) < num_groups
+                                and plain_indices(slots, pool.num_slots) and len(set(slots)) == len(slots)))
+    ):
+        _provider_check(job_id, pool, slots)
+        return
     _check_sequence(keys, "keys", f"job {job_id!r}")
     _check_sequence(slots, "slots", f"job {job_id!r}")
     if len(keys) != len(slots):
@@ -96,10 +105,14 @@ def check_job(
             )
     if len(set(slots)) != len(slots):
         raise ValueError(f"job {job_id!r}: a slot appears twice; one slot per key")
-    # The provider knows which slots the caller holds now: a slot that was
-    # never allocated, or was freed, may be handed to someone else at any
-    # time, so moving bytes through it is refused
-    # (test_slots_not_currently_allocated_are_refused).
+    _provider_check(job_id, pool, slots)
+
+
+def _provider_check(job_id: Hashable, pool: SlotProvider, slots: Sequence[int]) -> None:
+    """The provider knows which slots the caller holds now: a slot that was
+    never allocated, or was freed, may be handed to someone else at any
+    time, so moving bytes through it is refused
+    (test_slots_not_currently_allocated_are_refused)."""
     try:
         pool.check_slots(slots)
     except ValueError as exc:

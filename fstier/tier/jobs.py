@@ -1,7 +1,7 @@
 """What the tier hands the engine with a job: each key's payload bytes
 (:func:`payload_sizes`), where the bytes live (:class:`SlotBuffers`: the
 slot provider's payload views) and the job's one record (:class:`JobMaker`:
-keys, slots, paths named once, a store's replace flags, the deadline).
+keys, slots, a store's replace flags, the deadline; paths named on first use).
 
 The job's one record is the engine's :class:`~fstier.io.engine.EngineJob`;
 the tier keeps no table or per-batch record of its own.
@@ -19,7 +19,7 @@ Costs
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from fstier.io import BlockStore, EngineJob, block_file_size
 from fstier.keys import BlockKey
@@ -63,12 +63,13 @@ class JobMaker:
 
     def job(
         self, job_id: Hashable, kind: Literal["store", "load"], keys: tuple[BlockKey, ...],
-        slots: tuple[int, ...], nbytes: tuple[int, ...],
+        slots: tuple[int, ...], nbytes: tuple[int, ...], context: Any = None,
     ) -> EngineJob:
-        """The record: keys named once (for the I/O and the recency note); a
-        store replaces the files of keys whose last load failed (bad)."""
+        """The record (its paths named on first use, by ``EngineJob.paths``); a
+        store replaces the files of keys whose last load failed (bad); the
+        caller's ``context`` rides on it to the job's result."""
         replace = self._cache.bad_flags(keys) if kind == "store" else None
         return EngineJob(
-            job_id, kind, keys, slots, nbytes, self._blocks, self._buffers, self._blocks.paths(keys), replace,
-            self._timeout_s,
+            job_id, kind, keys, slots, nbytes, self._blocks, self._buffers, None, replace,
+            self._timeout_s, None, context,
         )

@@ -54,6 +54,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from operator import attrgetter
 
 from fstier.errors import IOPoolClosedError
 from fstier.io import BlockStore, EngineJob, Registration
@@ -68,24 +69,28 @@ log = logging.getLogger("fstier.manager")
 
 _CACHE_MAX_ENTRIES = 1 << 20
 _BAD_MAX_ENTRIES = 1 << 18
+#: a key as the cache holds it: ``(block_hash, group_idx)``, made and hashed in C
+_ID = attrgetter("block_hash", "group_idx")
 
 
 class LookupCache:
     """Short-lived present/absent answers plus the *bad* set (keys whose load
     failed; never a hit until stored again). One lock; batch methods take it
-    once per batch."""
+    once per batch. Keys are held as ``(block_hash, group_idx)`` tuples
+    (:data:`_ID`: made and hashed in C), so a batch of keys costs no
+    ``BlockKey.__hash__`` call per key."""
 
     def __init__(self, ttl_s: float) -> None:
         self.ttl = ttl_s
-        self._entries: dict[BlockKey, tuple[bool, float]] = {}
-        self._bad: OrderedDict[BlockKey, None] = OrderedDict()
+        self._entries: dict[tuple[bytes, int], tuple[bool, float]] = {}
+        self._bad: OrderedDict[tuple[bytes, int], None] = OrderedDict()
         self._lock = threading.Lock()
 
     def get_many(self, keys: Sequence[BlockKey], now: float) -> list[bool | None]:
         out: list[bool | None] = []
         with self._lock:
             entries, bad = self._entries, self._bad
-            for k in keys:
+            for k in map(_ID, keys):
                 if k in bad:
                     out.append(False)
                     continue
@@ -94,28 +99,32 @@ class LookupCache:
         return out
 
     def put_many(self, keys: Sequence[BlockKey], present: bool, now: float) -> None:
-        if self.ttl <= 0 or not keys:
+        self._put(list(map(_ID, keys)), present, now)
+
+    def _put(self, ids: list[tuple[bytes, int]], present: bool, now: float) -> None:
+        if self.ttl <= 0 or not ids:
             return
         expiry = now + self.ttl
         with self._lock:
-            if len(self._entries) + len(keys) > _CACHE_MAX_ENTRIES:
+            if len(self._entries) + len(ids) > _CACHE_MAX_ENTRIES:
                 self._entries = {k: v for k, v in self._entries.items() if v[1] > now}
-                if len(self._entries) + len(keys) > _CACHE_MAX_ENTRIES:
+                if len(self._entries) + len(ids) > _CACHE_MAX_ENTRIES:
                     self._entries.clear()
-            self._entries.update(dict.fromkeys(keys, (present, expiry)))  # one C-level loop per batch
+            self._entries.update(dict.fromkeys(ids, (present, expiry)))  # one C-level loop per batch
 
     def stored(self, keys: Sequence[BlockKey], now: float) -> None:
         """Keys now present on disk (stored, or found present by a store)."""
+        ids = list(map(_ID, keys))
         with self._lock:
             bad = self._bad
-            if bad and not bad.keys().isdisjoint(keys):
-                for k in keys:
+            if bad and not bad.keys().isdisjoint(ids):
+                for k in ids:
                     bad.pop(k, None)
-        self.put_many(keys, True, now)
+        self._put(ids, True, now)
 
     def mark_bad(self, keys: Sequence[BlockKey]) -> None:
         with self._lock:
-            for k in keys:
+            for k in map(_ID, keys):
                 self._entries.pop(k, None)
                 self._bad[k] = None
                 self._bad.move_to_end(k)
@@ -124,21 +133,24 @@ class LookupCache:
 
     def is_bad(self, key: BlockKey) -> bool:
         with self._lock:
-            return key in self._bad
+            return _ID(key) in self._bad
 
     def bad_flags(self, keys: Sequence[BlockKey]) -> list[bool] | None:
         """Per key, whether it is bad; None when none is (the common case:
         one lock and one set test per batch)."""
         with self._lock:
             bad = self._bad
-            if not bad or bad.keys().isdisjoint(keys):
+            if not bad:
                 return None
-            return [k in bad for k in keys]
+            ids = list(map(_ID, keys))
+            if bad.keys().isdisjoint(ids):
+                return None
+            return list(map(bad.__contains__, ids))
 
     def forget(self, keys: Sequence[BlockKey]) -> None:
         """Keys whose files were removed: drop any cached answer."""
         with self._lock:
-            for k in keys:
+            for k in map(_ID, keys):
                 self._entries.pop(k, None)
 
     def clear(self) -> None:

@@ -29,8 +29,10 @@ Invariants
     a unit the engine gave up on is judged once for all its keys.
 
 Costs
-    O(keys) per job (one status lookup per key) unless every unit succeeded
-    alike (then C-level loops); a unit the engine gave up on costs O(1) plus
+    O(1) Python lines for a job whose engine summarised every key as one
+    success (``EngineJob.uniform``: the native engine's uniform summary);
+    else O(keys) per job (one status lookup per key) unless every unit
+    succeeded alike (then C-level loops); a unit the engine gave up on costs O(1) plus
     its keys' slice; one breaker call per run of successes or failures; one
     recency lock; one log line per failed key whose family logs.
 """
@@ -195,6 +197,37 @@ class Judge:
             else:
                 log.log(level, "fstier: %s of %s failed: %s (%s)", kind, path, f.cause, f.detail)
 
+    def _finish_alike(self, job: EngineJob, what: str) -> Verdict:
+        """:meth:`finish` for a job whose every key succeeded alike (``what``:
+        stored, skipped or loaded): the same effects, with no loop over its
+        keys in Python (byte counts are products for one payload size)."""
+        self._breaker.success()
+        keys, op_bytes, m, n = job.keys, job.nbytes, self._metrics, len(job.keys)
+        seconds = job.seconds
+        if op_bytes.count(op_bytes[0]) == n:  # one payload size (one KV group): products
+            nbytes, files = op_bytes[0] * n, block_file_size(op_bytes[0]) * n
+        else:
+            nbytes, files = sum(op_bytes), sum(map(block_file_size, op_bytes))
+        if what == "loaded":
+            self._recency.note_many(job.paths)
+            m.loaded_blocks.inc(n)
+            m.loaded_bytes.inc(nbytes)
+            m.load_seconds.observe(seconds)
+            return Verdict(n, 0, nbytes, seconds, None, 0, (), ())
+        self._cache.stored(keys, time.monotonic())
+        if what == "skipped":  # every key was on disk already: nothing written, each one used
+            self._recency.note_many(job.paths)
+            m.skipped_blocks.inc(n)
+            nbytes = written = 0
+        else:
+            m.stored_blocks.inc(n)
+            m.stored_bytes.inc(nbytes)
+            written = files
+        m.store_seconds.observe(seconds)
+        self._capacity.settle(files, written)
+        self._budget.release(files, written)
+        return Verdict(n, 0, nbytes, seconds, None, n if what == "skipped" else 0, keys if written else (), ())
+
     def _note_recency(self, job: EngineJob, hits: list[int]) -> None:
         """Keys a load loaded, or a store found present already, were used:
         their files' recency (one lock; all of a job's paths when all hit)."""
@@ -207,7 +240,16 @@ class Judge:
         """Judge ``job.results`` (one per unit: the unit's list of outcomes,
         or what stands for all its keys) and do what follows. A unit the
         engine gave up on is judged once; the breaker hears each run of
-        successes once, failures with their count, in key order."""
+        successes once, failures with their count, in key order. A job the
+        engine summarised as one success for every key (``job.uniform``), or
+        whose one unit's outcomes are all one success, is judged in O(1)
+        lines (:meth:`_finish_alike`)."""
+        what = DONE.get(job.uniform.status) if job.uniform is not None else None
+        if what is None and len(job.results) == 1 and isinstance(job.results[0], list):
+            # One unit of every key (a batched job on the Python engine): alike when its outcomes are.
+            what = _all_one_success(job.results[0]) if len(job.results[0]) == len(job.keys) else None
+        if what is not None:
+            return self._finish_alike(job, what)
         now = time.monotonic()
         done: dict[str, list[int]] = {"stored": [], "skipped": [], "loaded": []}
         failed: list[int] = []

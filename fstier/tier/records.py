@@ -6,21 +6,24 @@ changed on disk (:class:`BlockStored`, :class:`BlockRemoved`, together
 ``take_events()``; engines' adapters translate them. They are importable
 from :mod:`fstier.manager` (and :mod:`fstier`), their public home.
 
-:func:`add_evicted` coalesces a burst of evictions into one event.
+:func:`note_evicted` coalesces a burst of evictions into one event.
 
 Invariants: frozen, slotted values; a result's ``keys_completed`` is always
-a leading prefix of the job's keys. Costs: none beyond the values.
+a leading prefix of the job's keys. Costs: none beyond the values
+(:func:`job_result` builds a result with no bytecode per field).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field, fields
+from itertools import repeat
+from typing import Any, Literal
 
 from fstier.keys import BlockKey
 
-__all__ = ["BlockRemoved", "BlockStored", "JobResult", "TierEvent", "add_evicted"]
+__all__ = ["BlockRemoved", "BlockStored", "JobResult", "TierEvent", "job_result", "note_evicted"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +42,9 @@ class JobResult:
     already present. ``loaded_after`` (loads): the positions past the prefix
     whose keys loaded and checked anyway, their bytes in their slots (an
     engine that can use a chunk after a miss, e.g. LMCache, takes them;
-    others keep the prefix).
+    others keep the prefix). ``context``: what the caller passed with the
+    job (``submit_store(..., context=...)``), given back untouched, so a
+    caller needs no table of its jobs (not compared, not in the repr).
     """
 
     job_id: Hashable
@@ -52,6 +57,22 @@ class JobResult:
     cause: str | None = None
     skipped: int = 0
     loaded_after: tuple[int, ...] = ()
+    context: Any = field(default=None, compare=False, repr=False)
+
+
+_NEW, _SET = object.__new__, object.__setattr__
+_RESULT_FIELDS = tuple(f.name for f in fields(JobResult))
+
+
+def job_result(*values: Any) -> JobResult:
+    """``JobResult(*values)``, every field given in order, built with
+    C-level loops (the tier builds one per finished job; the frozen
+    dataclass's ``__init__`` runs one line per field)."""
+    if len(values) != len(_RESULT_FIELDS):
+        raise TypeError(f"job_result: {len(_RESULT_FIELDS)} values expected, got {len(values)}")
+    result = _NEW(JobResult)
+    deque(map(_SET, repeat(result), _RESULT_FIELDS, values), maxlen=0)
+    return result
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +94,10 @@ class BlockRemoved:
 TierEvent = BlockStored | BlockRemoved
 
 
-def add_evicted(events: list[TierEvent], key: BlockKey) -> None:
-    """Append ``key``'s eviction to ``events``: a burst of evictions is one
-    ``BlockRemoved(keys, "evicted")`` (the last event grows while it is one)."""
+def note_evicted(events: list[TierEvent], key: BlockKey) -> None:
+    """Add ``key``'s eviction to ``events``, a burst of evictions coalesced
+    into one ``BlockRemoved(keys, "evicted")`` event (the caller holds the
+    list's lock)."""
     last = events[-1] if events else None
     if isinstance(last, BlockRemoved) and last.reason == "evicted":
         events[-1] = BlockRemoved((*last.keys, key), "evicted")

@@ -23,7 +23,7 @@ rule every other usage update follows.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from fstier.errors import StorageError
 from fstier.io import BlockStore, block_file_size
@@ -31,7 +31,7 @@ from fstier.keys import BlockKey
 from fstier.tier.capacity import Capacity
 from fstier.tier.lookup import LookupCache
 
-__all__ = ["clear_blocks", "remove_blocks"]
+__all__ = ["clear_blocks", "clear_namespace", "remove_blocks"]
 
 log = logging.getLogger("fstier.manager")
 
@@ -53,20 +53,30 @@ def remove_blocks(
 
 
 def clear_blocks(
-    blocks: BlockStore, cache: LookupCache, capacity: Capacity
-) -> tuple[list[BlockKey], StorageError | None]:
+    blocks: BlockStore, cache: LookupCache, capacity: Capacity, on_error: Callable[[OSError], None]
+) -> list[BlockKey]:
     """Remove every block file of ``blocks``' namespace (see
-    :meth:`~fstier.io.blockstore.BlockStore.clear`): the keys removed, and a
-    :class:`~fstier.errors.StorageError` naming the first file that was not
-    (None when every one went). The cache is cleared; the usage count drops
-    by the bytes removed; one log line says how many went."""
-    errors: list[OSError] = []
-    removed = blocks.clear(errors.append)
+    :meth:`~fstier.io.blockstore.BlockStore.clear`); the keys removed. The
+    cache is cleared; the usage count drops by the bytes removed."""
+    removed = blocks.clear(on_error)
     cache.clear()
     capacity.add(-sum(size for _, size in removed))
+    return [k for k, _ in removed]
+
+
+def clear_namespace(
+    blocks: BlockStore, cache: LookupCache, capacity: Capacity, publish: Callable[[tuple[BlockKey, ...]], None]
+) -> int:
+    """:func:`clear_blocks`, then ``publish`` the keys removed (the tier's
+    one ``BlockRemoved(keys, "cleared")`` event) and log how many; a file it
+    could not remove raises :class:`~fstier.errors.StorageError` naming the
+    first. How many files it removed."""
+    errors: list[OSError] = []
+    removed = clear_blocks(blocks, cache, capacity, errors.append)
+    if removed:
+        publish(tuple(removed))
     log.info("fstier: cleared %d block file(s) under %s", len(removed), blocks.mapper.blocks_dir)
-    error = None
     if errors:
         where = f"{len(errors)} file(s) under {blocks.mapper.blocks_dir}"
-        error = StorageError(f"clear: {where} not removed, first: {errors[0]}", errors[0].errno)
-    return [k for k, _ in removed], error
+        raise StorageError(f"clear: {where} not removed, first: {errors[0]}", errors[0].errno)
+    return len(removed)

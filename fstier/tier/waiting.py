@@ -43,7 +43,7 @@ class Waiters:
     def __init__(self, tier: FsTier) -> None:
         self._tier = tier
         #: threads asleep in wait (the completion takes the tier's lock only while any sleeps)
-        self._asleep = 0
+        self.asleep = 0
         #: the caller's own on_complete, called after the wake-up (set at the first wait)
         self._on_finished: Callable[[str], None] | None = None
 
@@ -63,35 +63,36 @@ class Waiters:
                 result = self._take_locked(job_id)
                 if result is not None:
                     return result
-                if job_id not in tier._inflight and not any(r.job_id == job_id for r, _ in tier._held):
+                if job_id not in tier._inflight and not any(r.job_id == job_id for r, _ in tier._results.held):
                     raise ValueError(f"job id {job_id!r} is neither in flight nor finished here; nothing to wait for")
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return None
                 if reg.has_finished():
                     continue  # published since the reap above: judge it first
-                self._asleep += 1
+                self.asleep += 1
                 try:
                     tier._idle.wait(left)  # the engine's completion, a reap or a fence's release notifies it
                 finally:
-                    self._asleep -= 1
+                    self.asleep -= 1
 
     def _take_locked(self, job_id: Hashable) -> JobResult | None:
         """``job_id``'s result, out of the finished or released held ones (the tier's lock held)."""
         tier = self._tier
-        for i, r in enumerate(tier._finished):
+        results = tier._results
+        for i, r in enumerate(results.finished):
             if r.job_id == job_id:
-                return tier._finished.pop(i)
-        for i, (r, slots) in enumerate(tier._held):
+                return results.finished.pop(i)
+        for i, (r, slots) in enumerate(results.held):
             if r.job_id == job_id and not tier._fences.busy(slots):
-                del tier._held[i]
+                del results.held[i]
                 return r
         return None
 
     def completed(self, kind: str) -> None:
         """The registration's ``on_complete`` from the first wait on: wake the
         sleepers, then the caller's own ``on_finished``. Signals only (an engine thread runs it)."""
-        if self._asleep:
+        if self.asleep:
             with self._tier._idle:
                 self._tier._idle.notify_all()
         if self._on_finished is not None:

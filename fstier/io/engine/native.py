@@ -2,8 +2,9 @@
 C job engine of ``fstier/io/_native_engine.c`` (persistent C workers, a C
 watchdog, a completion list and an eventfd).
 
-- ``submit``: ONE C call per job (``engine_submit``) with its relative paths,
-  key hashes, groups, buffers, a store's replace flags, its flags and
+- ``submit``: ONE C call per job (``engine_submit``) with its key hashes
+  and groups (the C side formats each file's name by the path codec:
+  no Python path string is made for the I/O), buffers, a store's replace flags, its flags and
   deadline, and an integer tag naming the record here. The C workers (read-
   and write-priority, sized like the Python engine's threads) take the job's
   keys one at a time: no Python runs on an I/O thread and no thread is
@@ -81,6 +82,13 @@ __all__ = ["NativeEngine", "available"]
 log = logging.getLogger("fstier.io")
 
 _MARKS = (None, TIMED_OUT, EXPIRED, CANCELLED)
+#: block stores whose fixed engine_submit arguments are cached at most (``NativeEngine._fixed``),
+#: and uniform outcomes (``NativeEngine._judge_uniform``)
+_FIXED_MAX = 256
+#: a store's status code for "failed" in the extension's per-key tuples (0 stored, 1 skipped)
+_ST_FAILED = 2
+#: (kind, a uniform C summary's per-key tuple) -> its one (frozen) success outcome
+_UNIFORM: dict[tuple[str, tuple[int, ...]], Any] = {}
 _HASH, _GROUP, _STATUS = attrgetter("block_hash"), attrgetter("group_idx"), attrgetter("status")
 
 
@@ -118,6 +126,8 @@ class NativeEngine:
         self.lock = threading.Lock()
         self._cap = self._ext.engine_new(read_threads, write_threads)
         self._jobs: dict[int, EngineJob] = {}
+        #: per block store and kind: the engine_submit arguments that do not change per job (``_fixed``)
+        self._fixed_args: dict[tuple[int, bool, bool], tuple[Any, ...]] = {}
         self._tags = itertools.count(1)
         self._registrations: set[Registration] = set()
         self._calls: deque[EngineJob] = deque()
@@ -212,41 +222,25 @@ class NativeEngine:
     def submit(self, reg: Registration, job: EngineJob) -> None:
         """Queue ``job`` for ``reg``: one C call; never blocks."""
         blocks = job.blocks
-        python_path = blocks is None or not blocks.batched or (job.kind == "store" and _reprobe_due(blocks))
-        if job.kind == "probe" or (job.call is None and python_path):
-            self._submit_python(reg, job)
-            return
-        n = len(job.keys)
-        job.owner = reg
-        job.t_submit = time.perf_counter()
-        job.submitted = now = self._clock.monotonic()
-        job.deadline = math.inf if job.timeout_s is None else now + job.timeout_s
-        job.bounds, job.helpers = (0, n if job.call is None else 1), 0
-        job.results = []
-        job.remaining = 1
-        if job.call is not None:
-            with self.lock:
-                self._check_open(reg, job)
-                reg.active += 1
-                self._calls.append(job)
-                self._start_call_thread()
-                self._call_ready.notify()
+        if (job.call is not None or job.kind == "probe" or blocks is None or not blocks.batched
+                or (job.kind == "store" and _reprobe_due(blocks))):
+            self._submit_other(reg, job)
             return
         blocks, buffers = job.block_io()  # a store or load job: its block store and buffers, or one clear error
-        base = os.fspath(blocks.mapper.blocks_dir)
-        opts = blocks.options
+        n = len(job.keys)
         store = job.kind == "store"
-        hashes = list(map(_HASH, job.keys))  # C-level loops: no bytecode per key
-        groups = list(map(_GROUP, job.keys))
+        opts, base, digest, pages, flags = self._fixed(blocks, store)
+        job.owner = reg
+        job.bounds = (0, n)
+        job.remaining = 1
         bufs = buffers.views(job.slots, job.nbytes)
-        rels = nat.split(base, job.paths)
         tag = next(self._tags)
-        replace = list(job.replace) if store and job.replace is not None and any(job.replace) else None
+        replace = job.replace if store and job.replace is not None and any(job.replace) else None
         call = partial(
             self._ext.engine_submit,
-            self._cap, tag, 1 if store else 0, os.fsencode(base), rels, hashes, groups, bufs, replace,
-            blocks.mapper.digest_bytes, blocks._bpf, nat.flags(opts, mkdir=store), opts.file_mode,
-            time.time_ns(), opts.alignment, -1.0 if job.timeout_s is None else float(job.timeout_s),
+            self._cap, tag, 1 if store else 0, base, None, list(map(_HASH, job.keys)),
+            list(map(_GROUP, job.keys)), bufs, replace, digest, pages, flags, opts.file_mode, time.time_ns(),
+            opts.alignment, -1.0 if job.timeout_s is None else float(job.timeout_s),
             max(1, n // MIN_KEYS_PER_THREAD),
         )
         with self.lock:
@@ -269,6 +263,45 @@ class NativeEngine:
                 self._jobs.pop(tag, None)
                 reg.active -= 1
             raise
+
+    def _fixed(self, blocks: Any, store: bool) -> tuple[Any, bytes, bytes, int, int]:
+        """A block store's ``engine_submit`` arguments that do not change from
+        job to job: its options, base directory, namespace digest, pages per
+        file and flag bits. Cached per store, kind and
+        ``O_TMPFILE`` state (a root that refused it gets new flags); at most
+        :data:`_FIXED_MAX` stores are kept (the store is held, so its id is
+        not reused while cached)."""
+        opts = blocks.options
+        caps = opts.capabilities
+        key = (id(blocks), store, caps is None or caps.tmpfile)
+        got = self._fixed_args.get(key)
+        if got is not None and got[0] is blocks and got[1] is opts:
+            return got[1:]
+        if len(self._fixed_args) >= _FIXED_MAX:
+            self._fixed_args.clear()
+        got = (blocks, opts, os.fsencode(blocks.mapper.blocks_dir), blocks.mapper.digest_bytes, blocks._bpf,
+               nat.flags(opts, mkdir=store))
+        self._fixed_args[key] = got
+        return got[1:]
+
+    def _submit_other(self, reg: Registration, job: EngineJob) -> None:
+        """A call job (on the call thread); a job of a Python-path block store,
+        a probe, or a store while its root's O_DIRECT probe is due (on the
+        Python engine)."""
+        if job.call is None or job.kind == "probe":
+            self._submit_python(reg, job)
+            return
+        job.owner = reg
+        job.t_submit = time.perf_counter()
+        job.bounds, job.helpers = (0, 1), 0
+        job.results = []
+        job.remaining = 1
+        with self.lock:
+            self._check_open(reg, job)
+            reg.active += 1
+            self._calls.append(job)
+            self._start_call_thread()
+            self._call_ready.notify()
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Cancel queued keys, let running ones finish, stop the workers
@@ -380,15 +413,19 @@ class NativeEngine:
         self._finish(job)
         return 0.5
 
-    def _finish(self, job: EngineJob, notify: bool = False) -> None:
-        """Publish ``job`` to its registration and signal it (``notify``:
-        write its notify fd too; C wrote it for a job of the C engine)."""
+    def _finish(self, job: EngineJob, seconds: float | None = None, notify: bool = False) -> None:
+        """Publish ``job`` to its registration and signal it; ``seconds``: its
+        run time from the C summary (None: measured here, or by the Python
+        engine); ``notify``: write its notify fd too (C wrote it for a job of
+        the C engine)."""
         reg: Registration = job.owner
         with self.lock:
             job.done = True
             job.remaining = 0
             job.started_units = len(job.results)
-            if not job.t_end:
+            if seconds is not None:
+                job.t_end = job.t_submit + seconds
+            elif not job.t_end:
                 job.t_end = time.perf_counter()
             if job.call is None:
                 reg.finished.append(job)
@@ -445,19 +482,42 @@ class NativeEngine:
                     log.exception("on_complete callback failed for job %r", job.tag)
             return
         _, _, seconds, uniform, per_key, marks = ev
-        with self.lock:
-            job = self._jobs[tag] if marks is not None and 1 in marks else self._jobs.pop(tag)
-        self._judge_summary(job, uniform, per_key, marks)
-        job.t_end = job.t_submit + seconds
-        self._finish(job)
+        if uniform is not None:  # every key returned alike (C: no marks then)
+            with self.lock:
+                job = self._jobs.pop(tag)
+            self._judge_uniform(job, uniform)
+        else:
+            with self.lock:
+                job = self._jobs[tag] if marks is not None and 1 in marks else self._jobs.pop(tag)
+            self._judge_summary(job, per_key, marks)
+        self._finish(job, seconds)
 
-    def _judge_summary(self, job: EngineJob, uniform: Any, per_key: Any, marks: bytes | None) -> None:
-        """The record's results from a C summary (see the module docstring)."""
+    def _judge_uniform(self, job: EngineJob, raw: tuple[int, ...]) -> None:
+        """The record's results from a uniform C summary: a success is one
+        shared outcome (cached per kind and summary: outcomes are frozen),
+        held ``len(keys)`` times in one unit and set as ``job.uniform`` (the
+        caller judges the job with no loop over its keys); anything else is
+        turned into per-key outcomes as a mixed job's are."""
+        one = _UNIFORM.get((job.kind, raw))
+        if one is None:
+            outs = self._outcomes(job, [raw] * len(job.keys), range(len(job.keys)))
+            # Judged on C's tuple, not on the outcomes (a store's hand-back may
+            # have replaced failures): loaded; stored or skipped with no O_TMPFILE refusal.
+            failed = raw[0] != 0 if job.kind == "load" else (raw[0] == _ST_FAILED or raw[4] != 0)
+            if failed:
+                job.results = [outs]
+                return
+            if len(_UNIFORM) >= _FIXED_MAX:
+                _UNIFORM.clear()
+            one = _UNIFORM[(job.kind, raw)] = outs[0]
+        job.uniform = one
+        job.results = [[one] * len(job.keys)]
+
+    def _judge_summary(self, job: EngineJob, per_key: Any, marks: bytes | None) -> None:
+        """The record's results from a mixed C summary (see the module docstring)."""
         n = len(job.keys)
         if marks is None:
-            raw = [uniform] * n if uniform is not None else per_key
-            job.bounds = (0, n)
-            job.results = [self._outcomes(job, raw, range(n))]
+            job.results = [self._outcomes(job, per_key, range(n))]
             return
         job.bounds = tuple(range(n + 1))
         done = [i for i in range(n) if marks[i] == 0]

@@ -30,7 +30,8 @@ Invariants
     every one of them returned (no late call can touch a buffer any more).
 
 Costs
-    One record per job (slots: no ``__dict__``); :func:`plan` is arithmetic;
+    One record per job: its constructor sets the caller's fields only (the
+    engine's start at class defaults); :func:`plan` is arithmetic;
     :data:`CPUS` is read once at import.
 """
 
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -104,7 +104,6 @@ class Buffers(Protocol):
     def views(self, slots: Sequence[int], nbytes: Sequence[int]) -> list[memoryview]: ...
 
 
-@dataclass(slots=True, eq=False)
 class EngineJob:
     """One job, submit to completion (see the module docstring).
 
@@ -113,27 +112,36 @@ class EngineJob:
     job is a call job that a caller waits for (a presence probe on the
     Python I/O path, :class:`~fstier.io.aio.AsyncBlockIO`'s ``present``): it
     waits in the engine's probe queue, which every thread takes before reads
-    and writes, and hands its answer back through its own ``call``."""
+    and writes, and hands its answer back through its own ``call``.
+
+    A plain class: the constructor sets the caller's fields and the empty
+    results list; the engine's fields start at their class defaults and are
+    set (on the instance) by the engine that runs the job, so a job costs
+    no assignment of a field its engine never writes."""
 
     tag: Hashable
     kind: Kind
-    keys: tuple[BlockKey, ...] = ()
-    slots: tuple[int, ...] = ()
+    keys: tuple[BlockKey, ...]
+    slots: tuple[int, ...]
     #: each key's payload bytes
-    nbytes: tuple[int, ...] = ()
-    blocks: BlockStore | None = None
-    buffers: Buffers | None = None
-    #: each key's file path (``blocks.paths(keys)``), named once for the I/O and the caller's recency note
-    paths: Sequence[str] = ()
+    nbytes: tuple[int, ...]
+    blocks: BlockStore | None
+    buffers: Buffers | None
+    _paths: Sequence[str] | None
     #: a store's per-key "replace the file" flags (a key whose last load failed), or None
-    replace: Sequence[bool] | None = None
+    replace: Sequence[bool] | None
     #: seconds from submission to the deadline (None: no deadline)
-    timeout_s: float | None = None
-    call: Callable[[], Any] | None = None
+    timeout_s: float | None
+    call: Callable[[], Any] | None
+    #: what the caller keeps on the record and reads back at completion (no table of its own)
+    context: Any
     # -- set by the engine ---------------------------------------------------
+    results: list[Any]
     bounds: tuple[int, ...] = ()
     helpers: int = 0
-    results: list[Any] = field(default_factory=list)
+    #: the one outcome every key of the job returned alike (the engine's
+    #: compact summary: ``results`` then holds it once per key), or None
+    uniform: Any = None
     #: units handed to a thread so far (units below it started)
     started_units: int = 0
     #: units with no result yet
@@ -151,7 +159,39 @@ class EngineJob:
     late: int = 0
     released: bool = False
     #: the registration that collects it (set by ``submit``)
-    owner: Any = field(default=None, repr=False)
+    owner: Any = None
+
+    def __init__(
+        self, tag: Hashable, kind: Kind, keys: tuple[BlockKey, ...] = (), slots: tuple[int, ...] = (),
+        nbytes: tuple[int, ...] = (), blocks: BlockStore | None = None, buffers: Buffers | None = None,
+        paths: Sequence[str] | None = None, replace: Sequence[bool] | None = None, timeout_s: float | None = None,
+        call: Callable[[], Any] | None = None, context: Any = None,
+    ) -> None:
+        self.tag = tag
+        self.kind = kind
+        self.keys = keys
+        self.slots = slots
+        self.nbytes = nbytes
+        self.blocks = blocks
+        self.buffers = buffers
+        self._paths = paths
+        self.replace = replace
+        self.timeout_s = timeout_s
+        self.call = call
+        self.context = context
+        self.results = []
+
+    def __repr__(self) -> str:
+        return f"EngineJob({self.tag!r}, {self.kind!r}, keys={len(self.keys)}, done={self.done})"
+
+    @property
+    def paths(self) -> Sequence[str]:
+        """Each key's file path (``blocks.paths(keys)``), named on first use
+        (the C engine formats its own names: a uniform store never needs them)."""
+        paths = self._paths
+        if paths is None:
+            paths = self._paths = () if self.blocks is None else self.blocks.paths(self.keys)
+        return paths
 
     @property
     def kind_queue(self) -> str:

@@ -1,0 +1,68 @@
+"""The tier's finished results, from a job's completion until the caller
+takes them (:meth:`fstier.manager.FsTier.get_finished`).
+
+A result waits in :attr:`Results.finished`, or, with ``hold_fenced``
+(a slot provider that cannot stop the engine from reusing a slot it freed:
+an engine's own rows), in :attr:`Results.held` while a slot of its job is
+fenced (:class:`~fstier.tier.fences.Fences`), so the caller never gets a
+slot back that a timed-out call may still write.
+
+Invariants
+    Every method runs under the tier's lock (``*_locked``), except the
+    lock-free truth test a poll makes. Held results come out in the order
+    their jobs finished, before the fresh ones.
+
+Costs
+    O(1) per result published; a take is O(held) only while some are held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any, Literal
+
+from fstier.tier.fences import Fences
+from fstier.tier.records import JobResult
+
+__all__ = ["Results"]
+
+
+class Results:
+    """Finished results of one tier, until taken (see the module docstring)."""
+
+    __slots__ = ("_fences", "_hold", "finished", "held")
+
+    def __init__(self, fences: Fences, hold_fenced: bool) -> None:
+        self._fences = fences
+        self._hold = hold_fenced
+        self.finished: list[JobResult] = []
+        #: results held back while a slot of their job is fenced (hold_fenced)
+        self.held: list[tuple[JobResult, Sequence[int]]] = []
+
+    def __bool__(self) -> bool:
+        """Whether a result waits (no lock: one poll's test)."""
+        return bool(self.finished or self.held)
+
+    def publish_locked(self, result: JobResult, slots: Sequence[int]) -> None:
+        """``result`` of a job that moved ``slots``: held while one is fenced."""
+        if self._hold and self._fences.busy(slots):
+            self.held.append((result, slots))
+        else:
+            self.finished.append(result)
+
+    def refused_locked(
+        self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str, context: Any
+    ) -> None:
+        """A job of ``n`` keys that finished at submission: with no keys, a
+        success; else failed with ``cause`` (degraded, slot_busy, capacity, backpressure)."""
+        self.finished.append(JobResult(job_id, kind, n == 0, 0, n, 0, 0.0, None if n == 0 else cause, 0, (), context))
+
+    def take_locked(self) -> list[JobResult]:
+        """Every result ready now: held ones whose slots were released first."""
+        out, self.finished = self.finished, []
+        if self.held:
+            busy = self._fences.busy
+            ready = [r for r, slots in self.held if not busy(slots)]
+            self.held = [(r, slots) for r, slots in self.held if busy(slots)]
+            out = ready + out
+        return out
