@@ -8,8 +8,8 @@ through one ``load_batch`` call, every byte compared; then runs
 ``benchmarks/ceiling_loop.c`` (built here with ``cc -O2``) on the same count,
 size and thread count. Both use O_DIRECT when the filesystem takes it (as the
 tier's ``o_direct: auto`` does). ``--fanout existing`` makes the 4096 fan-out
-directories before the timed stores (as the ceiling's ``existing``);
-``fresh`` lets the stores make them. Prints user and system µs per file
+directories before the timed stores (the ceiling's ``existing``);
+``fresh`` lets each directory's first store make it (the ceiling's ``lazy``). Prints user and system µs per file
 (``getrusage``; the Python process's own time is measured around the one call
 only) and the load average before and after.
 
@@ -94,7 +94,7 @@ def ceiling_run(exe: Path, root: Path, files: int, size: int, fanout: str, direc
         if mode == "load":  # the ceiling's files leave the page cache too
             _drop([str(p) for p in root.rglob("*.bin")])
         r = subprocess.run([str(exe), mode, str(root), str(files), str(size), "1",
-                            "existing" if fanout == "existing" else "perfile", "1" if direct else "0"],
+                            "existing" if fanout == "existing" else "lazy", "1" if direct else "0"],
                            check=True, capture_output=True, text=True)
         j = json.loads(r.stdout)
         out[mode] = {"user_us_per_file": j["user_us_per_file"], "sys_us_per_file": j["sys_us_per_file"],
