@@ -18,8 +18,10 @@ xxh3 checksums ON, header and key checked on every load):
 
 plus the **C ceiling** (``benchmarks/ceiling_loop.c``, built with ``cc``):
 the same files (4096 + row bytes, O_DIRECT) published with O_TMPFILE +
-linkat into existing directories and read back cold, no checksum, no
-Python, 8 store / 16 load threads. They are driven
+linkat and read back cold, no checksum, no Python, 8 store / 16 load
+threads; each of its 4096 fan-out directories made by the first store into
+it, as the tiers' stores make theirs in the bench's fresh roots
+(``--ceiling-fanout existing``: all made before its timed stores). They are driven
 through the tier API the tiering manager uses: ``submit_store`` /
 ``submit_load`` of ``TransferJob``s (``--job-rows`` rows each, all submitted
 at once, like many requests' cascades) and ``get_finished_jobs`` polled
@@ -294,13 +296,14 @@ def _build_ceiling() -> Path:
     return out
 
 
-def ceiling(binary: Path, root: Path, size: int, rows: int) -> dict[str, float]:
-    """The C loop's store then cold load of ``rows`` files of ``size`` bytes."""
+def ceiling(binary: Path, root: Path, size: int, rows: int, fanout: str = "lazy") -> dict[str, float]:
+    """The C loop's store then cold load of ``rows`` files of ``size`` bytes
+    (``fanout``: ``lazy`` or ``existing``, see ``ceiling_loop.c``)."""
     root.mkdir(parents=True, exist_ok=True)
     try:
         def one(mode: str, threads: int) -> dict[str, float]:
             p = subprocess.run([str(binary), mode, str(root), str(rows), str(size), str(threads),
-                                "existing", "1"], check=True, capture_output=True, text=True)
+                                fanout, "1"], check=True, capture_output=True, text=True)
             return dict(json.loads(p.stdout))
 
         st = one("store", 8)
@@ -356,7 +359,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               f"  load {nbytes / ld / 1e9:5.2f} GB/s  user us/file {su / rows * 1e6:5.0f}",
                               file=sys.stderr, flush=True)
                 if binary is not None:
-                    c = ceiling(binary, base / f"row{size}" / "ceiling", size, rows)
+                    c = ceiling(binary, base / f"row{size}" / "ceiling", size, rows, args.ceiling_fanout)
                     ceil.append(c)
                     if not args.quiet:
                         print(f"  {size >> 10:>5} KiB rows x {rows}: C ceiling store {c['store']:5.2f} GB/s"
@@ -542,6 +545,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="passes per size, rotating which contender goes first")
     ap.add_argument("--tiers", default=",".join(TIERS), help="contenders, from " + ",".join(TIERS))
     ap.add_argument("--no-ceiling", action="store_true", help="skip the C ceiling loop")
+    ap.add_argument("--ceiling-fanout", choices=("lazy", "existing"), default="lazy",
+                    help="the ceiling's fan-out directories: made by their first store (as the tiers'), or before")
     ap.add_argument("--allow-vllm-python", action="store_true",
                     help="do not insist on vLLM's native path (vllm.fs_io_C)")
     ap.add_argument("--no-lookup", action="store_true")

@@ -11,6 +11,9 @@
  *            (DIR/<hhh>/<hh>/ of format v1 at cache sizes below ~1e7 files).
  *            "flat": one directory DIR/flat (CEILING_OFFSET=N names files from
  *            N on, so a second run adds to a directory already holding N).
+ *            "lazy": the directories of "existing", each made by the first
+ *            store into it (open; on ENOENT mkdir, then open), as fstier's
+ *            store makes them in a fresh root.
  *     Per file: O_TMPFILE (O_DIRECT when DIRECT=1) in the directory, one
  *     pwrite of 4096 + BYTES rounded up to 4096, linkat to its name, close.
  *   ceiling_loop load DIR FILES BYTES THREADS FANOUT DIRECT
@@ -35,7 +38,7 @@
 
 static const char *dir;
 static long files, bytes, nthreads;
-static int perfile, flat, direct, loading;
+static int perfile, flat, lazy, direct, loading;
 static long offset;
 static size_t fbytes;
 
@@ -77,6 +80,10 @@ static void *worker(void *arg) {
             if (mkdir(d, 0755) != 0 && errno != EEXIST) return (void *)3;
         }
         int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0 && errno == ENOENT && lazy) {
+            if (mkdir(d, 0755) != 0 && errno != EEXIST) return (void *)3;
+            dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        }
         if (dfd < 0) return (void *)4;
         int fd = openat(dfd, ".", O_WRONLY | O_TMPFILE | O_CLOEXEC | (direct ? O_DIRECT : 0), 0644);
         if (fd < 0 || pwrite(fd, buf, fbytes, 0) != (ssize_t)fbytes) return (void *)5;
@@ -99,7 +106,7 @@ static double tv(struct timeval t) { return (double)t.tv_sec + (double)t.tv_usec
 
 int main(int argc, char **argv) {
     if (argc != 8) {
-        fprintf(stderr, "usage: %s store|load DIR FILES BYTES THREADS existing|perfile DIRECT\n",
+        fprintf(stderr, "usage: %s store|load DIR FILES BYTES THREADS existing|perfile|flat|lazy DIRECT\n",
                 argv[0]);
         return 2;
     }
@@ -110,6 +117,7 @@ int main(int argc, char **argv) {
     nthreads = atol(argv[5]);
     perfile = strcmp(argv[6], "perfile") == 0;
     flat = strcmp(argv[6], "flat") == 0;
+    lazy = strcmp(argv[6], "lazy") == 0;
     offset = getenv("CEILING_OFFSET") ? atol(getenv("CEILING_OFFSET")) : 0;
     direct = atoi(argv[7]);
     fbytes = 4096 + (((size_t)bytes + 4095) & ~(size_t)4095);
@@ -118,7 +126,7 @@ int main(int argc, char **argv) {
         snprintf(d, sizeof d, "%s/flat", dir);
         mkdir(d, 0755);
     }
-    if (!loading && !perfile && !flat) {
+    if (!loading && !perfile && !flat && !lazy) {
         char d[4096];
         for (int i = 0; i < 4096; i++) {
             snprintf(d, sizeof d, "%s/%03x", dir, i);

@@ -591,8 +591,9 @@ static void discard_at(int dfd, const char *name) {
 }
 
 /* Create the directories of `dir` (relative to base_fd) that are missing,
- * one mkdirat per level inside O_NOFOLLOW directory fds; returns an fd of
- * `dir`, *fresh = 1 when its last level was created by this call. */
+ * one mkdirat per level inside O_NOFOLLOW directory fds (the first level
+ * made in base_fd itself, not a dup of it); returns an fd of `dir` for the
+ * caller to close, *fresh = 1 when its last level was created by this call. */
 static int make_dirs(int base_fd, const char *dir, int *fresh, int *stage) {
     char buf[PATH_MAX];
     size_t n = strlen(dir);
@@ -601,15 +602,14 @@ static int make_dirs(int base_fd, const char *dir, int *fresh, int *stage) {
         return -1;
     }
     memcpy(buf, dir, n + 1);
-    int cur = fcntl(base_fd, F_DUPFD_CLOEXEC, 0);
-    if (cur < 0) return -1;
+    int cur = base_fd; /* borrowed, never closed here: no dup per directory made */
     char *p = buf;
     *fresh = 0;
     while (p && *p) {
         char *slash = strchr(p, '/');
         if (slash) *slash = 0;
         if (strcmp(p, "..") == 0 || strcmp(p, ".") == 0) {
-            close(cur);
+            if (cur != base_fd) close(cur);
             errno = EXDEV;
             return -1;
         }
@@ -618,14 +618,14 @@ static int make_dirs(int base_fd, const char *dir, int *fresh, int *stage) {
             *fresh = 1;
         else if (errno != EEXIST) {
             int e = errno;
-            close(cur);
+            if (cur != base_fd) close(cur);
             *stage = SG_MKDIR;
             errno = e;
             return -1;
         }
         int fd = x_openat(cur, p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW, 0);
         int e = errno;
-        close(cur);
+        if (cur != base_fd) close(cur);
         if (fd < 0) {
             errno = e;
             *stage = SG_OPENDIR;
@@ -634,7 +634,7 @@ static int make_dirs(int base_fd, const char *dir, int *fresh, int *stage) {
         cur = fd;
         p = slash ? slash + 1 : NULL;
     }
-    return cur;
+    return cur != base_fd ? cur : fcntl(base_fd, F_DUPFD_CLOEXEC, 0); /* the caller closes it */
 }
 
 /* An O_TMPFILE inode unless `no_tmpfile`; a refusal stores its errno in
