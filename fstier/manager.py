@@ -306,7 +306,8 @@ class FsTier:
 
     def has_news(self) -> bool:
         """Whether :meth:`get_finished` or :meth:`take_events` may return something now.
-        No lock: a poll per scheduler step skips both while nothing happened."""
+        No lock: a poll per scheduler step skips both while nothing happened (a job in flight: collected here)."""
+        self._engine.poll()
         return bool(self._results.finished or self._results.held or self._events or self._engine.has_finished())
 
     def has_pending(self) -> bool:
@@ -317,6 +318,7 @@ class FsTier:
     def get_finished(self) -> list[JobResult]:
         """Results of jobs finished since the last call (never blocks); with ``hold_fenced_results``, a job's
         result comes once none of its slots is fenced (held results first, in the order they finished)."""
+        self._engine.poll()  # a job in flight: the C engine's completions, here (no wait for its thread's GIL)
         if not (self._results.finished or self._results.held or self._engine.has_finished()):
             return []
         self._reap()
@@ -385,14 +387,11 @@ class FsTier:
             note_evicted(self._events, key)  # a burst of evictions is one event
 
     def run_capacity_pass(self, max_bytes: int | None = None, timeout: float | None = 60.0) -> GcReport:
-        """One synchronous capacity pass over the root: sweep stale temp and
-        ``.nfs*`` files and, above the high watermark of ``max_bytes``
-        (default: ``tier.max_bytes``), evict LRU files down to the low
-        watermark; resynchronise the shared usage count. Waits at most
-        ``timeout`` s (None: no limit) for another instance's pass, then
-        raises :class:`TimeoutError` (a dead or hung lease holder loses the
-        lease within 30 s); a pass walking at the deadline stops there
-        (``complete=False``)."""
+        """One synchronous capacity pass over the root: sweep stale temp and ``.nfs*`` files and, above the
+        high watermark of ``max_bytes`` (default: ``tier.max_bytes``), evict LRU files down to the low watermark;
+        resynchronise the shared usage count. Waits at most ``timeout`` s (None: no limit) for another
+        instance's pass, then raises :class:`TimeoutError` (a dead or hung lease holder loses the lease within
+        30 s); a pass walking at the deadline stops there (``complete=False``)."""
         self._check_open()
         timeout = wait_timeout("run_capacity_pass", timeout)
         return self.capacity.run_pass(max_bytes, timeout)

@@ -302,3 +302,44 @@ def test_a_job_without_a_block_store_is_one_clear_error_not_an_assert() -> None:
 
     with pytest.raises(ValueError, match=r"engine job 'j7' \(load\) has no block store or buffers"):
         EngineJob("j7", "load").block_io()
+
+
+def test_a_polling_caller_collects_on_its_own_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """C engine: a caller that polls (vLLM's scheduler: ``has_news``, then
+    ``get_finished``) collects the engine's completions on its own thread,
+    so a finished job reaches it while the engine's completion thread cannot
+    run (as in an engine whose scheduler holds the GIL: that thread would
+    get it only every switch interval, ~5 ms per job)."""
+    monkeypatch.setenv("FSTIER_ENGINE", "native")
+    if native.status("auto").backend != "native":
+        pytest.skip("the C engine moves jobs of the native I/O path; this run has the Python path")
+    t = _tier(tmp_path / "root", "acme/polled", "auto")
+    engine = t._engine.engine
+    gate, held = threading.Event(), threading.Event()
+    real = engine._expire_call
+
+    def stalled() -> float:  # the completion thread stops here before it collects anything
+        if threading.current_thread() is engine._dispatcher:
+            held.set()
+            gate.wait(30)
+        return real()
+
+    monkeypatch.setattr(engine, "_expire_call", stalled)
+    try:
+        assert held.wait(5), "the completion thread did not come round"
+        ks = keys(0, 8)
+        for j, k in enumerate(ks):
+            t.pool.slot_view(j)[: t.payload_bytes(k)] = payload_for(k, t.payload_bytes(k))
+        t.submit_store("polled", ks, list(range(8)))
+        got = []
+        for _ in range(500):  # up to ~5 s of scheduler steps
+            if t.has_news():
+                got = t.get_finished()
+                if got:
+                    break
+            threading.Event().wait(0.01)
+        assert [(r.job_id, r.success, r.keys_completed) for r in got] == [("polled", True, 8)]
+        assert held.is_set() and not gate.is_set()  # the completion thread never collected it
+    finally:
+        gate.set()
+        t.close()

@@ -144,6 +144,18 @@ class Registration:
             raise
         self.pump: Callable[[], None] | None = None
 
+    def poll(self) -> None:
+        """With jobs of this registration in flight, collect the engine's
+        completions on the calling thread now (the C engine's ``pump``: one C
+        call; the Python engine publishes from its own threads: nothing to
+        do). A caller that polls (vLLM's scheduler) so never waits for the
+        engine's completion thread to get the GIL, which an engine holding it
+        hands over only every switch interval (5 ms)."""
+        if self.active:
+            pump = getattr(self.engine, "pump", None)
+            if pump is not None:
+                pump()
+
     def notify(self, kind: str) -> None:
         """Write ``kind``'s notify fd, if any (takes the engine's lock)."""
         if self.notify_fds:
