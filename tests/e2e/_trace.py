@@ -7,7 +7,8 @@ the methods vLLM calls on FstierTier and on vLLM's own fs tier (``lookup``,
 ``get_finished_jobs``, the async lookup's ``batch_lookup``), plus the
 fstier parts behind them (``FsTier.present``, the lookup probe and its
 thread pool's creation, ``Recency.note_many`` and the recency flush job,
-the job engine's ``submit``, ``BlockStore.load_many``/
+the job engine's ``submit`` (either engine) and the C engine's completion of
+each job on its completion thread (``engine.complete``), ``BlockStore.load_many``/
 ``store_many``, the native ``lookup_batch``) and every garbage collection. Each call appends one row
 ``(name, thread, t_start, t_end, detail)`` to a list (a ``perf_counter``
 pair and one append: about a microsecond); ``lookup`` rows are kept only
@@ -183,6 +184,13 @@ spawned one (vLLM's engine core on CPU) runs tests/e2e/engine_run.py as its
 
     _wrap(PythonEngine, "submit", "engine.submit", lambda a: (a[2].kind, len(a[2].keys)))
     _wrap(PythonEngine, "__init__", "PythonEngine.__init__", lambda a: a[1:3])
+    from fstier.io.engine.native import NativeEngine
+
+    # The C engine: its submit (one C call) and, on its completion thread, each
+    # summary turned into the record (detail: the kind, 0 finished / 1 released,
+    # and the job's seconds in C from submit to its last key).
+    _wrap(NativeEngine, "submit", "engine.submit", lambda a: (a[2].kind, len(a[2].keys)))
+    _wrap(NativeEngine, "_event", "engine.complete", lambda a: (a[1][1], round(a[1][2] * 1000, 2)))
     try:
         from vllm.v1.kv_offload.tiering.fs import manager as vfs
     except Exception:
