@@ -97,9 +97,9 @@ clean:
 NATIVE_STAMP := $(VENV)/.fstier-native-built
 .PHONY: native
 native: $(NATIVE_STAMP)
-$(NATIVE_STAMP): $(STAMP) setup.py fstier/io/_native.c fstier/io/_native_xxh3.h
+$(NATIVE_STAMP): $(STAMP) setup.py fstier/io/_native.c fstier/io/_native_engine.c fstier/io/_native_xxh3.h
 	@so=$$(ls fstier/io/_native*.so 2>/dev/null | head -1); \
-	if [ -z "$$so" ] || [ -n "$$(find setup.py fstier/io/_native.c fstier/io/_native_xxh3.h -newer $$so)" ]; then \
+	if [ -z "$$so" ] || [ -n "$$(find setup.py fstier/io/_native.c fstier/io/_native_engine.c fstier/io/_native_xxh3.h -newer $$so)" ]; then \
 	echo "building fstier's native extension"; $(BIN)/python -m pip install --quiet --no-deps -e .; fi
 	$(BIN)/python -c "from fstier.io import native; print('fstier I/O path:', native.status().reason)"
 	touch $(NATIVE_STAMP)
