@@ -435,11 +435,8 @@ class NativeEngine:
             fd = reg.notify_fds.get(job.kind) if notify and job.call is None else None
             if fd is not None:
                 write_fd(fd)
-        if job.call is None and reg.on_complete is not None:
-            try:
-                reg.on_complete(job.kind)
-            except Exception:
-                log.exception("on_complete callback failed for job %r", job.tag)
+        if job.call is None:
+            _completed(reg, job)
 
     def _dispatch(self) -> None:
         ext, cap = self._ext, self._cap
@@ -475,16 +472,27 @@ class NativeEngine:
                     reg.on_released(job)
                 except Exception:
                     log.exception("on_released callback failed for job %r", job.tag)
-            if reg.on_complete is not None:
-                try:
-                    reg.on_complete(job.kind)
-                except Exception:
-                    log.exception("on_complete callback failed for job %r", job.tag)
+            _completed(reg, job)
             return
         _, _, seconds, uniform, per_key, marks = ev
         if uniform is not None:  # every key returned alike (C: no marks then)
             with self.lock:
                 job = self._jobs.pop(tag)
+                one = _UNIFORM.get((job.kind, uniform))
+                if one is not None and job.call is None:
+                    # The common job, a success seen before: judged and published
+                    # under this one lock (what _judge_uniform and _finish do).
+                    job.uniform, job.results = one, [[one] * len(job.keys)]
+                    job.done, job.remaining, job.started_units = True, 0, 1
+                    job.t_end = job.t_submit + seconds
+                    reg = job.owner
+                    reg.finished.append(job)
+                    reg.active -= 1
+                    if reg.active == 0:
+                        reg.idle.notify_all()
+            if one is not None and job.call is None:
+                _completed(reg, job)
+                return
             self._judge_uniform(job, uniform)
         else:
             with self.lock:
@@ -555,3 +563,13 @@ class NativeEngine:
                 replace = [bool(job.replace[i])] if job.replace is not None else None
                 outs[j] = blocks.store_many([(job.keys[i], view)], replace=replace, paths=[job.paths[i]])[0]
         return outs
+
+
+def _completed(reg: Registration, job: EngineJob) -> None:
+    """Tell ``reg``'s ``on_complete`` callback, if any, that a ``job.kind`` job
+    completed; a callback's exception is logged, never raised into the engine."""
+    if reg.on_complete is not None:
+        try:
+            reg.on_complete(job.kind)
+        except Exception:
+            log.exception("on_complete callback failed for job %r", job.tag)
