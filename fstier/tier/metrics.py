@@ -1,7 +1,10 @@
 """Plain in-process metrics for FsTier, with an optional Prometheus bridge.
 
-Counters, gauges and fixed-bucket histograms are small lock-protected objects
-with no dependency; :meth:`TierMetrics.snapshot` returns a plain dict (what
+Counters, gauges and fixed-bucket histograms are small objects with no
+dependency; the metrics of one :class:`TierMetrics` share one lock, so a
+finished job's counts and latency are one acquisition
+(:meth:`TierMetrics.job_stored`, :meth:`TierMetrics.job_loaded`), and no
+metric calls out while holding it. :meth:`TierMetrics.snapshot` returns a plain dict (what
 tests, logs and ``--json`` read). ``prometheus_client`` is imported only when
 :meth:`TierMetrics.start_prometheus_exporter` or
 :meth:`TierMetrics.prometheus_collector` is called; without the ``metrics``
