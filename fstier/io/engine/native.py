@@ -234,35 +234,24 @@ class NativeEngine:
         job.bounds = (0, n)
         job.remaining = 1
         bufs = buffers.views(job.slots, job.nbytes)
+        hashes, groups = list(map(_HASH, job.keys)), list(map(_GROUP, job.keys))
         tag = next(self._tags)
         replace = job.replace if store and job.replace is not None and any(job.replace) else None
-        call = partial(
-            self._ext.engine_submit,
-            self._cap, tag, 1 if store else 0, base, None, list(map(_HASH, job.keys)),
-            list(map(_GROUP, job.keys)), bufs, replace, digest, pages, flags, opts.file_mode, time.time_ns(),
-            opts.alignment, -1.0 if job.timeout_s is None else float(job.timeout_s),
-            max(1, n // MIN_KEYS_PER_THREAD),
-        )
+        timeout = -1.0 if job.timeout_s is None else float(job.timeout_s)
         with self.lock:
             self._check_open(reg, job)
             reg.active += 1
             self._jobs[tag] = job
-            fd = reg.notify_fds.get(job.kind)
-            if fd is not None:  # C dups the fd before unregister can close it (under this lock)
-                try:
-                    call(fd)
-                except BaseException:
-                    self._jobs.pop(tag, None)
-                    reg.active -= 1
-                    raise
-                return
-        try:
-            call()
-        except BaseException:
-            with self.lock:
+            try:  # under this lock: C dups the notify fd (-1: none) before unregister can close it
+                self._ext.engine_submit(
+                    self._cap, tag, 1 if store else 0, base, None, hashes, groups, bufs, replace, digest, pages,
+                    flags, opts.file_mode, time.time_ns(), opts.alignment, timeout,
+                    max(1, n // MIN_KEYS_PER_THREAD), reg.notify_fds.get(job.kind, -1),
+                )
+            except BaseException:
                 self._jobs.pop(tag, None)
                 reg.active -= 1
-            raise
+                raise
 
     def _fixed(self, blocks: Any, store: bool) -> tuple[Any, bytes, bytes, int, int]:
         """A block store's ``engine_submit`` arguments that do not change from
