@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
@@ -167,6 +167,16 @@ class VllmMetrics:
         """One observation of histogram ``name`` for the next report."""
         with self._lock:
             self._observations[name].append(float(value))
+
+    def observe_jobs(self, results: Iterable[Any]) -> None:
+        """Each finished job's seconds and bytes (when it moved any) for the
+        next report: one lock per collected batch, none per job."""
+        obs = self._observations
+        with self._lock:
+            for r in results:
+                obs[f"{r.kind}_job_seconds"].append(float(r.seconds))
+                if r.nbytes:
+                    obs[f"{r.kind}_job_bytes"].append(float(r.nbytes))
 
     def _counter_delta(self, name: str, labels: tuple[str, ...], now: float) -> float:
         key = (name, labels)

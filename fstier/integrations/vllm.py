@@ -416,9 +416,6 @@ else:
                 self._lookup.mark_miss(keys[r.keys_completed :])
                 if r.keys_completed:
                     successful = keys[: r.keys_completed]
-            self.vllm_metrics.observe(f"{r.kind}_job_seconds", r.seconds)
-            if r.nbytes:
-                self.vllm_metrics.observe(f"{r.kind}_job_bytes", r.nbytes)
             return VllmJobResult(
                 job_id=cast("int", r.job_id),  # vLLM's own job id, FsTier's job id
                 success=complete,
@@ -440,6 +437,7 @@ else:
                 log.exception("fstier: collecting finished jobs failed; retrying next step")
                 return []
             out = [self._to_vllm(r) for r in fresh]
+            self.vllm_metrics.observe_jobs(fresh)
             if self._refused:
                 with self._lock:
                     refused, self._refused = self._refused, []

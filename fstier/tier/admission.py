@@ -84,6 +84,8 @@ class Breaker:
 
     def allow(self) -> bool:
         """False while open (degraded)."""
+        if self._state == self.CLOSED:
+            return True  # a healthy tier takes no lock (a failure racing this admits as if it came after)
         with self._lock:
             self._tick(self._clock.monotonic())
             return self._state != self.OPEN

@@ -102,25 +102,27 @@ class LookupCache:
         self._put(list(map(_ID, keys)), present, now)
 
     def _put(self, ids: list[tuple[bytes, int]], present: bool, now: float) -> None:
+        with self._lock:
+            self._put_locked(ids, present, now)
+
+    def _put_locked(self, ids: list[tuple[bytes, int]], present: bool, now: float) -> None:
         if self.ttl <= 0 or not ids:
             return
-        expiry = now + self.ttl
-        with self._lock:
+        if len(self._entries) + len(ids) > _CACHE_MAX_ENTRIES:
+            self._entries = {k: v for k, v in self._entries.items() if v[1] > now}
             if len(self._entries) + len(ids) > _CACHE_MAX_ENTRIES:
-                self._entries = {k: v for k, v in self._entries.items() if v[1] > now}
-                if len(self._entries) + len(ids) > _CACHE_MAX_ENTRIES:
-                    self._entries.clear()
-            self._entries.update(dict.fromkeys(ids, (present, expiry)))  # one C-level loop per batch
+                self._entries.clear()
+        self._entries.update(dict.fromkeys(ids, (present, now + self.ttl)))  # one C-level loop per batch
 
     def stored(self, keys: Sequence[BlockKey], now: float) -> None:
-        """Keys now present on disk (stored, or found present by a store)."""
+        """Keys now present on disk (stored, or found present by a store): one lock."""
         ids = list(map(_ID, keys))
         with self._lock:
             bad = self._bad
             if bad and not bad.keys().isdisjoint(ids):
                 for k in ids:
                     bad.pop(k, None)
-        self._put(ids, True, now)
+            self._put_locked(ids, True, now)
 
     def mark_bad(self, keys: Sequence[BlockKey]) -> None:
         with self._lock:
@@ -137,7 +139,9 @@ class LookupCache:
 
     def bad_flags(self, keys: Sequence[BlockKey]) -> list[bool] | None:
         """Per key, whether it is bad; None when none is (the common case:
-        one lock and one set test per batch)."""
+        one lock and one set test per batch; no lock while no key is bad)."""
+        if not self._bad:
+            return None  # a key marked bad while this runs is as if marked after it
         with self._lock:
             bad = self._bad
             if not bad:

@@ -1,7 +1,10 @@
 """Plain in-process metrics for FsTier, with an optional Prometheus bridge.
 
-Counters, gauges and fixed-bucket histograms are small lock-protected objects
-with no dependency; :meth:`TierMetrics.snapshot` returns a plain dict (what
+Counters, gauges and fixed-bucket histograms are small objects with no
+dependency; the metrics of one :class:`TierMetrics` share one lock, so a
+finished job's counts and latency are one acquisition
+(:meth:`TierMetrics.job_stored`, :meth:`TierMetrics.job_loaded`), and no
+metric calls out while holding it. :meth:`TierMetrics.snapshot` returns a plain dict (what
 tests, logs and ``--json`` read). ``prometheus_client`` is imported only when
 :meth:`TierMetrics.start_prometheus_exporter` or
 :meth:`TierMetrics.prometheus_collector` is called; without the ``metrics``
@@ -12,6 +15,7 @@ saying what to install.
 from __future__ import annotations
 
 import bisect
+import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -32,13 +36,14 @@ SECONDS_BUCKETS: tuple[float, ...] = (
 
 
 class Counter:
-    """A monotonically increasing number."""
+    """A monotonically increasing number. ``lock``: the lock it shares with
+    the other metrics of its :class:`TierMetrics` (its own when None)."""
 
-    def __init__(self, name: str, doc: str) -> None:
+    def __init__(self, name: str, doc: str, lock: threading.Lock | None = None) -> None:
         self.name = name
         self.doc = doc
         self._value = 0.0
-        self._lock = threading.Lock()
+        self._lock = lock or threading.Lock()
         #: how many times the value changed (see :meth:`TierMetrics.changes`)
         self.changes = 0
 
@@ -46,8 +51,12 @@ class Counter:
         if amount < 0:
             raise ValueError(f"counter {self.name}: increment must be >= 0, got {amount}")
         with self._lock:
-            self._value += amount
-            self.changes += 1
+            self._add(amount)
+
+    def _add(self, amount: float) -> None:
+        """:meth:`inc` with the lock held by the caller."""
+        self._value += amount
+        self.changes += 1
 
     @property
     def value(self) -> float:
@@ -58,11 +67,11 @@ class Counter:
 class Gauge:
     """A number that goes up and down (e.g. usage bytes)."""
 
-    def __init__(self, name: str, doc: str) -> None:
+    def __init__(self, name: str, doc: str, lock: threading.Lock | None = None) -> None:
         self.name = name
         self.doc = doc
         self._value = 0.0
-        self._lock = threading.Lock()
+        self._lock = lock or threading.Lock()
         self.changes = 0
 
     def set(self, value: float) -> None:
@@ -86,12 +95,12 @@ class Gauge:
 class LabeledCounter:
     """Counters keyed by one label (e.g. failures by cause)."""
 
-    def __init__(self, name: str, doc: str, label: str) -> None:
+    def __init__(self, name: str, doc: str, label: str, lock: threading.Lock | None = None) -> None:
         self.name = name
         self.doc = doc
         self.label = label
         self._values: dict[str, float] = {}
-        self._lock = threading.Lock()
+        self._lock = lock or threading.Lock()
         self.changes = 0
 
     def inc(self, label_value: str, amount: float = 1.0) -> None:
@@ -117,21 +126,26 @@ class HistogramSnapshot:
 class Histogram:
     """A fixed-bucket histogram of observations."""
 
-    def __init__(self, name: str, doc: str, buckets: Sequence[float] = SECONDS_BUCKETS) -> None:
+    def __init__(
+        self, name: str, doc: str, buckets: Sequence[float] = SECONDS_BUCKETS, lock: threading.Lock | None = None,
+    ) -> None:
         self.name = name
         self.doc = doc
         self.buckets = tuple(sorted(buckets))
         self._counts = [0] * (len(self.buckets) + 1)
         self._sum = 0.0
-        self._lock = threading.Lock()
+        self._lock = lock or threading.Lock()
         self.changes = 0
 
     def observe(self, value: float) -> None:
-        i = bisect.bisect_left(self.buckets, value)
         with self._lock:
-            self._counts[i] += 1
-            self._sum += value
-            self.changes += 1
+            self._add(value)
+
+    def _add(self, value: float) -> None:
+        """:meth:`observe` with the lock held by the caller."""
+        self._counts[bisect.bisect_left(self.buckets, value)] += 1
+        self._sum += value
+        self.changes += 1
 
     def snapshot(self) -> HistogramSnapshot:
         with self._lock:
@@ -146,10 +160,14 @@ class Histogram:
 
 
 class TierMetrics:
-    """Every metric one FsTier keeps. Names follow Prometheus conventions."""
+    """Every metric one FsTier keeps. Names follow Prometheus conventions.
+    They share one lock, so a finished job's counts and latency are one
+    acquisition (:meth:`job_stored`, :meth:`job_loaded`), not one per metric."""
 
     def __init__(self) -> None:
-        c = Counter
+        self._lock = lock = threading.Lock()
+        c = functools.partial(Counter, lock=lock)
+        g = functools.partial(Gauge, lock=lock)
         self.stored_bytes = c("fstier_stored_bytes_total", "payload bytes written to new block files")
         self.stored_blocks = c("fstier_stored_blocks_total", "block files written")
         self.skipped_blocks = c("fstier_store_skipped_blocks_total", "stores skipped: key already present")
@@ -159,34 +177,54 @@ class TierMetrics:
         self.hits = c("fstier_lookup_hits_total", "keys reported present by lookup()")
         self.misses = c("fstier_lookup_misses_total", "lookups that stopped at a missing key")
         self.load_misses = c("fstier_load_missed_blocks_total", "blocks a load reported as misses to recompute")
-        self.drops = LabeledCounter("fstier_store_dropped_blocks_total", "stores dropped, by reason", "reason")
-        self.failures = LabeledCounter("fstier_failures_total", "failed block operations, by cause", "cause")
+        self.drops = LabeledCounter("fstier_store_dropped_blocks_total", "stores dropped, by reason", "reason", lock)
+        self.failures = LabeledCounter("fstier_failures_total", "failed block operations, by cause", "cause", lock)
         self.corrupt = c("fstier_corrupt_blocks_total", "block files proven bad and removed")
         self.evicted_blocks = c("fstier_evicted_blocks_total", "block files removed by LRU eviction")
         self.evicted_bytes = c("fstier_evicted_bytes_total", "bytes removed by LRU eviction")
         self.temp_swept = c("fstier_temp_swept_total", "stale temp/.nfs files removed")
         self.breaker_trips = c("fstier_breaker_trips_total", "times the circuit breaker opened")
-        self.usage_bytes = Gauge("fstier_usage_bytes", "bytes of block files under the root (tracked)")
-        self.write_speed = Gauge("fstier_write_bytes_per_second", "EMA of measured write speed")
-        self.queued_store_bytes = Gauge("fstier_queued_store_bytes", "bytes of stores queued or running")
-        self.degraded = Gauge("fstier_degraded", "1 while the circuit breaker is open")
-        self.native_io = Gauge("fstier_native_io", "1 when the native I/O path runs, 0 for the Python path")
-        self.fenced_slots = Gauge("fstier_fenced_slots", "slots held by timed-out I/O that has not returned")
+        self.usage_bytes = g("fstier_usage_bytes", "bytes of block files under the root (tracked)")
+        self.write_speed = g("fstier_write_bytes_per_second", "EMA of measured write speed")
+        self.queued_store_bytes = g("fstier_queued_store_bytes", "bytes of stores queued or running")
+        self.degraded = g("fstier_degraded", "1 while the circuit breaker is open")
+        self.native_io = g("fstier_native_io", "1 when the native I/O path runs, 0 for the Python path")
+        self.fenced_slots = g("fstier_fenced_slots", "slots held by timed-out I/O that has not returned")
         # Set by the capacity manager (fstier.tier.capacity), with max_bytes only.
-        self.max_bytes = Gauge("fstier_max_bytes", "max_bytes of the root (0: no limit)")
-        self.high_watermark_bytes = Gauge("fstier_high_watermark_bytes", "usage above which eviction starts")
-        self.usage_correction_bytes = Gauge(
+        self.max_bytes = g("fstier_max_bytes", "max_bytes of the root (0: no limit)")
+        self.high_watermark_bytes = g("fstier_high_watermark_bytes", "usage above which eviction starts")
+        self.usage_correction_bytes = g(
             "fstier_usage_correction_bytes", "how far the shared count was from the disk at the last quiet rescan"
         )
-        self.root_instances = Gauge(
+        self.root_instances = g(
             "fstier_root_instances", "instances (this one included) whose usage count on the root is live"
         )
-        self.store_seconds = Histogram("fstier_store_job_seconds", "store job latency")
-        self.load_seconds = Histogram("fstier_load_job_seconds", "load job latency")
-        self.lookup_seconds = Histogram("fstier_lookup_seconds", "lookup() latency")
+        self.store_seconds = Histogram("fstier_store_job_seconds", "store job latency", lock=lock)
+        self.load_seconds = Histogram("fstier_load_job_seconds", "load job latency", lock=lock)
+        self.lookup_seconds = Histogram("fstier_lookup_seconds", "lookup() latency", lock=lock)
         self._metrics = tuple(
             v for v in vars(self).values() if isinstance(v, Counter | Gauge | LabeledCounter | Histogram)
         )
+
+    def job_stored(self, blocks: int, nbytes: int, skipped: int, seconds: float) -> None:
+        """A store job ended: ``blocks`` files of ``nbytes`` payload written,
+        ``skipped`` keys found present, in ``seconds`` (one lock)."""
+        with self._lock:
+            self.stored_blocks._add(blocks)
+            self.stored_bytes._add(nbytes)
+            if skipped:
+                self.skipped_blocks._add(skipped)
+            self.store_seconds._add(seconds)
+
+    def job_loaded(self, blocks: int, nbytes: int, missed: int, seconds: float) -> None:
+        """A load job ended: ``blocks`` files of ``nbytes`` payload loaded and
+        verified, ``missed`` keys reported as misses, in ``seconds`` (one lock)."""
+        with self._lock:
+            self.loaded_blocks._add(blocks)
+            self.loaded_bytes._add(nbytes)
+            if missed:
+                self.load_misses._add(missed)
+            self.load_seconds._add(seconds)
 
     def _all(self) -> Iterator[Counter | Gauge | LabeledCounter | Histogram]:
         yield from self._metrics

@@ -210,20 +210,16 @@ class Judge:
             nbytes, files = sum(op_bytes), sum(map(block_file_size, op_bytes))
         if what == "loaded":
             self._recency.note_many(job.paths)
-            m.loaded_blocks.inc(n)
-            m.loaded_bytes.inc(nbytes)
-            m.load_seconds.observe(seconds)
+            m.job_loaded(n, nbytes, 0, seconds)
             return Verdict(n, 0, nbytes, seconds, None, 0, (), ())
         self._cache.stored(keys, time.monotonic())
         if what == "skipped":  # every key was on disk already: nothing written, each one used
             self._recency.note_many(job.paths)
-            m.skipped_blocks.inc(n)
             nbytes = written = 0
+            m.job_stored(0, 0, n, seconds)
         else:
-            m.stored_blocks.inc(n)
-            m.stored_bytes.inc(nbytes)
             written = files
-        m.store_seconds.observe(seconds)
+            m.job_stored(n, nbytes, 0, seconds)
         self._capacity.settle(files, written)
         self._budget.release(files, written)
         return Verdict(n, 0, nbytes, seconds, None, n if what == "skipped" else 0, keys if written else (), ())
@@ -312,11 +308,7 @@ class Judge:
                 reserved = sum(block_file_size(b) for b in op_bytes)
                 written = sum(block_file_size(op_bytes[i]) for i in ok)
             self._cache.stored([*stored, *(keys[i] for i in done["skipped"])], now)
-            m.stored_blocks.inc(len(stored))
-            m.stored_bytes.inc(nbytes)
-            if done["skipped"]:  # a counter's lock only when it changes
-                m.skipped_blocks.inc(len(done["skipped"]))
-            m.store_seconds.observe(seconds)
+            m.job_stored(len(stored), nbytes, len(done["skipped"]), seconds)
             # Admission counted the whole job (Admission.refuse): give back
             # what was not stored (skipped, failed); its reservation leaves the write budget.
             self._capacity.settle(reserved, written)
@@ -328,11 +320,7 @@ class Judge:
                 self._cache.mark_bad([keys[i] for i in failed])
             if removed:
                 self._capacity.add(-sum(block_file_size(self._payload_len[k.group_idx]) for k in removed))
-            m.loaded_blocks.inc(prefix)
-            m.loaded_bytes.inc(nbytes)
-            if n > prefix:
-                m.load_misses.inc(n - prefix)
-            m.load_seconds.observe(seconds)
+            m.job_loaded(prefix, nbytes, n - prefix, seconds)
         # A load's keys past the first failure that loaded and checked anyway
         # (their bytes are in their slots): only built when a key failed.
         after = tuple(i for i in done["loaded"] if i > prefix) if failed and job.kind == "load" else ()

@@ -78,11 +78,9 @@ class Recency:
             return
         with self._lock:
             self._recent.update(dict.fromkeys(paths))
-            due = (
-                len(self._recent) >= MAX_PENDING
-                or self._clock.monotonic() - self._flushed >= FLUSH_S
-            )
-            take = self._take_locked() if due else []
+            if len(self._recent) < MAX_PENDING and self._clock.monotonic() - self._flushed < FLUSH_S:
+                return  # not due: written by a later batch or the periodic flush
+            take = self._take_locked()
             self._seq += 1
             job_id = ("recency", self._seq)
         if take:

@@ -234,35 +234,24 @@ class NativeEngine:
         job.bounds = (0, n)
         job.remaining = 1
         bufs = buffers.views(job.slots, job.nbytes)
+        hashes, groups = list(map(_HASH, job.keys)), list(map(_GROUP, job.keys))
         tag = next(self._tags)
         replace = job.replace if store and job.replace is not None and any(job.replace) else None
-        call = partial(
-            self._ext.engine_submit,
-            self._cap, tag, 1 if store else 0, base, None, list(map(_HASH, job.keys)),
-            list(map(_GROUP, job.keys)), bufs, replace, digest, pages, flags, opts.file_mode, time.time_ns(),
-            opts.alignment, -1.0 if job.timeout_s is None else float(job.timeout_s),
-            max(1, n // MIN_KEYS_PER_THREAD),
-        )
+        timeout = -1.0 if job.timeout_s is None else float(job.timeout_s)
         with self.lock:
             self._check_open(reg, job)
             reg.active += 1
             self._jobs[tag] = job
-            fd = reg.notify_fds.get(job.kind)
-            if fd is not None:  # C dups the fd before unregister can close it (under this lock)
-                try:
-                    call(fd)
-                except BaseException:
-                    self._jobs.pop(tag, None)
-                    reg.active -= 1
-                    raise
-                return
-        try:
-            call()
-        except BaseException:
-            with self.lock:
+            try:  # under this lock: C dups the notify fd (-1: none) before unregister can close it
+                self._ext.engine_submit(
+                    self._cap, tag, 1 if store else 0, base, None, hashes, groups, bufs, replace, digest, pages,
+                    flags, opts.file_mode, time.time_ns(), opts.alignment, timeout,
+                    max(1, n // MIN_KEYS_PER_THREAD), reg.notify_fds.get(job.kind, -1),
+                )
+            except BaseException:
                 self._jobs.pop(tag, None)
                 reg.active -= 1
-            raise
+                raise
 
     def _fixed(self, blocks: Any, store: bool) -> tuple[Any, bytes, bytes, int, int]:
         """A block store's ``engine_submit`` arguments that do not change from
@@ -435,11 +424,8 @@ class NativeEngine:
             fd = reg.notify_fds.get(job.kind) if notify and job.call is None else None
             if fd is not None:
                 write_fd(fd)
-        if job.call is None and reg.on_complete is not None:
-            try:
-                reg.on_complete(job.kind)
-            except Exception:
-                log.exception("on_complete callback failed for job %r", job.tag)
+        if job.call is None:
+            _completed(reg, job)
 
     def _dispatch(self) -> None:
         ext, cap = self._ext, self._cap
@@ -475,16 +461,27 @@ class NativeEngine:
                     reg.on_released(job)
                 except Exception:
                     log.exception("on_released callback failed for job %r", job.tag)
-            if reg.on_complete is not None:
-                try:
-                    reg.on_complete(job.kind)
-                except Exception:
-                    log.exception("on_complete callback failed for job %r", job.tag)
+            _completed(reg, job)
             return
         _, _, seconds, uniform, per_key, marks = ev
         if uniform is not None:  # every key returned alike (C: no marks then)
             with self.lock:
                 job = self._jobs.pop(tag)
+                one = _UNIFORM.get((job.kind, uniform))
+                if one is not None and job.call is None:
+                    # The common job, a success seen before: judged and published
+                    # under this one lock (what _judge_uniform and _finish do).
+                    job.uniform, job.results = one, [[one] * len(job.keys)]
+                    job.done, job.remaining, job.started_units = True, 0, 1
+                    job.t_end = job.t_submit + seconds
+                    reg = job.owner
+                    reg.finished.append(job)
+                    reg.active -= 1
+                    if reg.active == 0:
+                        reg.idle.notify_all()
+            if one is not None and job.call is None:
+                _completed(reg, job)
+                return
             self._judge_uniform(job, uniform)
         else:
             with self.lock:
@@ -555,3 +552,13 @@ class NativeEngine:
                 replace = [bool(job.replace[i])] if job.replace is not None else None
                 outs[j] = blocks.store_many([(job.keys[i], view)], replace=replace, paths=[job.paths[i]])[0]
         return outs
+
+
+def _completed(reg: Registration, job: EngineJob) -> None:
+    """Tell ``reg``'s ``on_complete`` callback, if any, that a ``job.kind`` job
+    completed; a callback's exception is logged, never raised into the engine."""
+    if reg.on_complete is not None:
+        try:
+            reg.on_complete(job.kind)
+        except Exception:
+            log.exception("on_complete callback failed for job %r", job.tag)
