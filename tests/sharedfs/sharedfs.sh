@@ -476,7 +476,16 @@ print(next(p['stats']['stored'] for p in json.load(sys.stdin)['pools'] if p['nam
                 || return 1
             ceph_cli "$dir" osd pool set-quota "$CEPH_FULL_POOL" max_bytes $((stored + CEPH_FULL_POOL_BYTES)) >/dev/null 2>&1
             ;;
-        ceph-quota-off) ceph_cli "$dir" osd pool set-quota "$CEPH_FULL_POOL" max_bytes 0 >/dev/null 2>&1 ;;
+        ceph-quota-off)
+            ceph_cli "$dir" osd pool set-quota "$CEPH_FULL_POOL" max_bytes 0 >/dev/null 2>&1
+            # The monitor clears the pool's full_quota flag at a later stats tick: a test that sets the next
+            # quota before then finds the pool still full (ENOSPC at its first write). Wait for it (<= 30 s).
+            local i
+            for i in $(seq 60); do
+                ceph_cli "$dir" osd pool ls detail 2>/dev/null | grep "'$CEPH_FULL_POOL'" | grep -q full_quota || break
+                sleep 0.5
+            done
+            ;;
         link-down-a) ip -n "$nsa" link set eth0 down ;;
         link-up-a) ip -n "$nsa" link set eth0 up ;;
         *) die "unknown fault $what" ;;
