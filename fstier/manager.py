@@ -145,9 +145,12 @@ class FsTier:
         self._lookup = Lookup(self._cache, self.blocks, self.mapper.num_groups, tier.io_timeout_s,
                               breaker=self._breaker, metrics=metrics, engine=self._engine)
         self._recency = Recency(self._engine, self.blocks, clock=clock, timeout_s=tier.io_timeout_s)
-        self.capacity = Capacity(
-            self.mapper.root, tier, metrics, on_evicted=self._on_evicted, before_pass=self._recency.flush, clock=clock
-        )
+        try:  # the one part here that touches the root (the shared usage count's files), so can fail
+            self.capacity = Capacity(self.mapper.root, tier, metrics, on_evicted=self._on_evicted,
+                                     before_pass=self._recency.flush, clock=clock)
+        except BaseException:
+            self._engine.close()  # else the registration, and the engine's threads, outlive the failed tier
+            raise
         self._maker = JobMaker(self.blocks, pool, self._cache, tier.io_timeout_s)
         self._admission = Admission(self._breaker, self._budget, self.capacity, metrics)
         self._judge = Judge(
@@ -363,8 +366,7 @@ class FsTier:
         return self._fences.slots
 
     def wait_fences_released(self, timeout: float | None = None) -> bool:
-        """Wait until no slot is fenced by a timed-out op (every stuck call
-        returned). Returns False if ``timeout`` expired first."""
+        """Wait until no slot is fenced by a timed-out op (every stuck call returned); False on timeout."""
         timeout = wait_timeout("wait_fences_released", timeout)
         self._reap()
         return self._fences.wait_released(timeout)
@@ -372,9 +374,8 @@ class FsTier:
     # ---------------------------------------------------------------- capacity
     @property
     def usage_bytes(self) -> int | None:
-        """Bytes of block files under the root, counted by every instance
-        storing into it (None before this instance's first scan or without
-        ``max_bytes``)."""
+        """Bytes of block files under the root, counted by every instance storing into it (None before
+        this instance's first scan or without ``max_bytes``)."""
         return self.capacity.usage_bytes
 
     def _on_evicted(self, path: str) -> None:
@@ -419,8 +420,7 @@ class FsTier:
 
     # ------------------------------------------------------------------ close
     def close(self) -> None:
-        """Finish in-flight jobs, stop every thread, release a private pool.
-        Idempotent. Results of finished jobs remain readable."""
+        """Finish in-flight jobs, stop every thread, release a private pool (idempotent; results stay readable)."""
         with self._lock:
             if self._closed:
                 return

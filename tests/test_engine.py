@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import make_config
@@ -343,3 +344,43 @@ def test_a_polling_caller_collects_on_its_own_thread(tmp_path: Path, monkeypatch
     finally:
         gate.set()
         t.close()
+
+
+@pytest.mark.parametrize("native_io", ["auto", "off"])
+def test_a_tier_that_fails_to_start_leaves_no_registration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native_io: str
+) -> None:
+    """FsTier's constructor failing after it registered with the engine (its
+    capacity part touches the root: a full or unwritable one raises there)
+    closes that registration, so an engine no tier uses stops its threads."""
+    import fstier.manager as manager
+
+    def _engine_or_io() -> set[str]:
+        return {t.name for t in threading.enumerate() if t.name.startswith(("fstier-io", "fstier-engine"))}
+
+    before = _engine_or_io()
+    made: list[Any] = []
+    real = manager.shared_engine
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    class Broken:
+        def __init__(self, *_args: object, **_kwargs: object) -> None:
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(manager, "shared_engine", recording)
+    monkeypatch.setattr(manager, "Capacity", Broken)
+    cfg = make_config(
+        tmp_path / "root", groups=[dict(TINY_GROUP)],
+        tier={"read_threads": 5, "write_threads": 3, "native_io": native_io},  # an engine of its own
+    )
+    with pytest.raises(OSError, match="No space left"):
+        FsTier.from_config(cfg)
+    assert len(made) == 1 and made[0].closed, "the failed tier's registration is still open"
+    for _ in range(100):  # the threads end a moment after the last registration closed
+        if _engine_or_io() <= before:
+            break
+        threading.Event().wait(0.05)
+    assert _engine_or_io() <= before, sorted(_engine_or_io() - before)
