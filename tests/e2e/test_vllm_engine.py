@@ -118,7 +118,9 @@ def baseline(model: str, prompt: list[int], work: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def fstier_restart(model: str, prompt: list[int], work: Path) -> dict[str, Any]:
     root = work / "root-fstier"
-    first = run_engine(spec(model, [prompt], "fstier", root), work, "fstier-1")
+    # A tier stores in the background, a scheduler step at a time, after the request: the engine steps on
+    # (one-token pokes) until the prompt's blocks are files, as vLLM's fs control does below (at most 120 s).
+    first = run_engine(spec(model, [prompt], "fstier", root, wait_files=PROMPT_LEN // BLOCK), work, "fstier-1")
     second = run_engine(spec(model, [prompt], "fstier", root), work, "fstier-2")
     return {"root": root, "first": first, "second": second}
 
@@ -133,7 +135,7 @@ def test_restart_hits_the_stored_prefix_and_generates_the_same(
         assert "Loading out-of-tree secondary tier 'FstierTier'" in second["log"]
     else:  # vLLM's own fs tier, same spec and worker: the control
         root = work / "root-fs"
-        first = run_engine(spec(model, [prompt], "fs", root), work, "fs-1")
+        first = run_engine(spec(model, [prompt], "fs", root, wait_files=PROMPT_LEN // BLOCK), work, "fs-1")
         second = run_engine(spec(model, [prompt], "fs", root), work, "fs-2")
     assert "Loading out-of-tree offloading spec 'FstierCpuOffloadingSpec'" in first["log"]
     assert len(first["files"]) >= PROMPT_LEN // BLOCK, f"first engine stored {first['files']}"
