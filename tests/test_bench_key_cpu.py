@@ -48,5 +48,8 @@ def test_ceiling_loop_lazy_makes_only_the_directories_its_stores_use(tmp_path: P
         subprocess.run([str(exe), mode, str(root), "24", "4096", "2", "lazy", "0"], check=True, capture_output=True)
     dirs = [d for d in root.iterdir() if d.is_dir()]
     files = [f for d in dirs for f in d.iterdir()]
-    assert 1 <= len(dirs) <= 24 and len(files) == 24  # "existing" would have made all 4096
+    assert len(files) == 24
+    # Only the directories its stores used: none of them empty ("existing" would have made all 4096).
+    assert [d.name for d in dirs if not any(d.iterdir())] == []
+    assert len(dirs) == len({f.parent for f in files}) <= 24
     assert all(f.stat().st_size == 4096 + 4096 for f in files)

@@ -161,8 +161,9 @@ class NativeEngine:
             self._registrations.add(reg)
         return reg
 
-    def pump(self) -> None:
-        """Collect the C engine's completions now, on the calling thread."""
+    def pump(self) -> int:
+        """Collect the C engine's completions now, on the calling thread (the
+        completion thread's own step too); how many events it handled."""
         with self._collecting:
             events = self._ext.engine_collect(self._cap)
             for ev in events:
@@ -170,6 +171,7 @@ class NativeEngine:
                     self._event(ev)
                 except Exception:
                     log.exception("native engine: completing job tag %r failed", ev[0])
+        return len(events)
 
     def unregister(self, reg: Registration) -> None:
         """``reg`` leaves: its jobs' keys not started are cancelled; the last
@@ -433,16 +435,10 @@ class NativeEngine:
         while True:
             ext.engine_wait(cap, wait)
             wait = self._expire_call()
-            with self._collecting:
-                try:
-                    events = ext.engine_collect(cap)
-                except RuntimeError:  # a forked child's copy of this thread does not exist; defensive
-                    return
-                for ev in events:
-                    try:
-                        self._event(ev)
-                    except Exception:
-                        log.exception("native engine: completing job tag %r failed", ev[0])
+            try:
+                events = self.pump()
+            except RuntimeError:  # a forked child's copy of this thread does not exist; defensive
+                return
             with self.lock:
                 if self._closed and not self._jobs and not events:
                     return

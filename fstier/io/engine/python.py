@@ -142,7 +142,7 @@ class Registration:
         except BaseException:
             self.close_fds()
             raise
-        self.pump: Callable[[], None] | None = None
+        self.pump: Callable[[], object] | None = None
 
     def poll(self) -> None:
         """With jobs of this registration in flight, collect the engine's
