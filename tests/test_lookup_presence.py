@@ -106,6 +106,66 @@ def test_native_probes_stuck_past_the_deadline_are_bounded(tmp_path: Path) -> No
         assert t.lookup(ks) == 1
 
 
+def _kernel_at_least(major: int, minor: int) -> bool:
+    release = os.uname().release.split(".")
+    try:
+        return (int(release[0]), int(release[1].split("-")[0])) >= (major, minor)
+    except (IndexError, ValueError):
+        return False
+
+
+def test_a_probe_the_caches_answer_keeps_the_gil(tmp_path: Path) -> None:
+    """A native probe of files whose entries the kernel has cached is
+    answered on the caller's thread without releasing the GIL (openat2's
+    RESOLVE_CACHED, statx's AT_STATX_DONT_SYNC): a caller that let the GIL go
+    waits up to the switch interval (5 ms) to take it back from a thread
+    that runs Python without a pause (vLLM's in-process scheduler), which
+    every prompt's lookup paid. Seen as: a Python thread spinning beside the
+    prober gets no bytecode in during a cached probe, and does during a
+    probe that must wait (fault injection sends it down the slow path)."""
+    if native.status("auto").backend != "native":
+        pytest.skip("the native I/O path is off here (FSTIER_NATIVE=0, or the extension is not built)")
+    if not _kernel_at_least(5, 12):
+        pytest.skip("openat2's RESOLVE_CACHED needs Linux 5.12")
+    with open_tier(tmp_path / "root", native_io="on", lookup_cache_ttl_s=0) as t:
+        ks = keys(0, 16)
+        assert store(t, "s", ks).success
+        assert t.blocks.present_within(ks, timeout_s=5.0) == [True] * 16  # entries cached
+        counter = [0]
+        stop = threading.Event()
+
+        def spin() -> None:
+            while not stop.is_set():
+                counter[0] += 1
+
+        def probes(n: int) -> int:
+            moved = 0
+            for _ in range(n):
+                before = counter[0]
+                assert t.blocks.present_within(ks, timeout_s=5.0) == [True] * 16
+                moved += counter[0] != before
+            return moved
+
+        spinner = threading.Thread(target=spin, daemon=True)
+        spinner.start()
+        try:
+            while counter[0] == 0:
+                time.sleep(0.001)
+            cached = probes(200)
+            native.fault("stat", delay_s=0.002, times=-1)
+            try:
+                slow = probes(20)
+            finally:
+                native.clear_faults()
+        finally:
+            stop.set()
+            spinner.join(5)
+        # A cached probe lets the spinner in only where the interpreter's own
+        # switch interval falls (about one call in 50); a waiting one at every call.
+        assert cached <= 100, f"the spinner ran during {cached} of 200 cached probes: the GIL was released"
+        assert slow >= 1, "the spinner never ran during a probe that waits: the check cannot see a release"
+
+
 @PATHS
 def test_a_symlinked_fan_out_directory_is_a_miss(tmp_path: Path, native_io: str) -> None:
     """A fan-out directory swapped for a symlink to a copy outside the root:
