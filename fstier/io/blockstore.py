@@ -500,7 +500,8 @@ class BlockStore:
         return _padded(got, len(keys))
 
     def present_within(self, keys: Sequence[BlockKey], *, prefix: bool = False, timeout_s: float) -> list[bool] | None:
-        """:meth:`present_many` with a deadline, on the calling thread: the
+        """:meth:`present_many` with a deadline, on the calling thread: answered
+        from the kernel's caches with the GIL held when they can, else the
         native probe runs on a C thread waited for at most ``timeout_s``
         (one GIL release, no Python thread hand-off); None past it. Native
         only (``ValueError`` on the Python path, whose caller keeps its own

@@ -403,17 +403,22 @@ def _corrupt_detail(why: str, size: int, path: str) -> str:
 def lookup_batch(base: str, paths: Sequence[str], *, prefix: bool = False) -> list[bool]:
     """Whether a regular file is at each path, resolved below ``base`` with
     no symlink in any component (a symlink, FIFO, socket or directory is
-    not; nor is a file reached through a symlinked directory). One call,
-    GIL released. With ``prefix`` the answer stops after the first miss."""
+    not; nor is a file reached through a symlinked directory). One call:
+    answered from the kernel's dentry and inode caches with the GIL held
+    when they hold every key (no system call there can wait on a device or
+    a server), else the GIL released for the probe. With ``prefix`` the
+    answer stops after the first miss."""
     ext = _require()
     got = ext.lookup_batch(os.fsencode(base), split(base, paths), prefix)
     return [b == 1 for b in got]
 
 
 def lookup_within(base: str, paths: Sequence[str], *, prefix: bool, timeout_s: float) -> list[bool] | None:
-    """:func:`lookup_batch` with its deadline kept in C: the probe runs on a
-    C thread and the caller waits at most ``timeout_s`` with the GIL
-    released once (no Python thread in between). None past the deadline (a
+    """:func:`lookup_batch` with its deadline kept in C: a probe the kernel's
+    caches answer returns at once with the GIL held (the caller never waits
+    the switch interval to take it back from a scheduler thread that never
+    sleeps); any other runs on a C thread and the caller waits at most
+    ``timeout_s`` with the GIL released once (no Python thread in between). None past the deadline (a
     hung mount: the C thread finishes on its own and frees what it holds),
     or at once while 4 earlier probes are still stuck (:func:`lookup_stuck`).
     ``timeout_s`` above ``threading.TIMEOUT_MAX`` (``inf`` included) is

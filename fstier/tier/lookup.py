@@ -272,7 +272,7 @@ class Lookup:
     def _probe(self, keys: list[BlockKey], prefix: bool) -> list[bool] | None:
         """One probe of ``keys``; None if it did not answer within the
         deadline (a hung mount), counted as a timeout. Native: on the
-        caller's thread, the deadline kept in C (one GIL release); Python: a
+        caller's thread, the deadline kept in C (no GIL release when the kernel's caches answer, else one); Python: a
         probe job of the engine, its answer waited for at most the deadline."""
         if self._closed:
             return [False] * len(keys)
