@@ -560,6 +560,8 @@ typedef struct {
     int tmpfile_err; /* errno of this block's O_TMPFILE refusal (0: none) */
     uint64_t nbytes;
     uint64_t dev, ino;
+    int removed; /* load: the corrupt file (or planted link) at its name was removed (remove_bad) */
+    int rm_err;  /* load: errno of a removal that failed for a reason other than "gone" (logged by Python) */
 } fx_item;
 
 typedef struct {
@@ -948,6 +950,41 @@ static int load_once(fx_item *it, int base_fd, int flags, int direct, size_t ali
     return direct;
 }
 
+/* THE removal of a load's bad file, as fstier.io.fsops.unlink_if_same and
+ * _blockio._remove_planted_link do it on the Python path: the name's
+ * directory is resolved below the base with no symlink in any component,
+ * then, through that fd, a proven-corrupt file is unlinked only while the
+ * name still holds the inode that was read (a regular file, same dev and
+ * ino: a good file renamed over it meanwhile stays), and a planted symlink
+ * at the name only while it is a symlink (never its target, never through a
+ * symlinked directory). Sets it->removed; it->rm_err for a corrupt file's
+ * removal that failed for a reason other than "gone" (ENOENT), which the
+ * caller logs as the Python path does (a planted link's failure is not). */
+static void remove_bad(fx_item *it, int base_fd) {
+    int link = it->stage == RS_SYMLINK;
+    if (it->status != LD_CORRUPT || (!link && !it->ino)) return;
+    char dir[PATH_MAX];
+    const char *slash = strrchr(it->rel, '/');
+    const char *name = slash ? slash + 1 : it->rel;
+    size_t dlen = slash ? (size_t)(slash - it->rel) : 0;
+    if (dlen >= sizeof dir) return;
+    memcpy(dir, it->rel, dlen);
+    dir[dlen] = 0;
+    int dfd = x_opendir(base_fd, dir);
+    struct stat st;
+    int rc = dfd < 0 ? -1 : x_fstatat(dfd, name, &st);
+    if (rc == 0) {
+        int same = link ? S_ISLNK(st.st_mode)
+                        : S_ISREG(st.st_mode) && (uint64_t)st.st_ino == it->ino && (uint64_t)st.st_dev == it->dev;
+        if (same) {
+            rc = x_unlinkat(dfd, name);
+            if (rc == 0) it->removed = 1;
+        }
+    }
+    if (rc != 0 && !link && errno != ENOENT) it->rm_err = errno ? errno : EIO;
+    if (dfd >= 0) close(dfd);
+}
+
 static void load_one(fx_item *it, int base_fd, int flags, size_t alignment,
                      const uint8_t *digest, fx_scratch *sc) {
     int direct = (flags & F_DIRECT) && ((uintptr_t)it->buf.buf % alignment) == 0;
@@ -960,6 +997,7 @@ static void load_one(fx_item *it, int base_fd, int flags, size_t alignment,
         it->nbytes = 0;
         load_once(it, base_fd, flags & ~F_DIRECT_COLD, 0, alignment, digest, sc);
     }
+    if (it->status == LD_CORRUPT) remove_bad(it, base_fd);
 }
 
 /* ------------------------------------------------------- Python glue */
@@ -1327,9 +1365,8 @@ static PyObject *py_load_batch(PyObject *self, PyObject *args) {
     PyObject *out = PyList_New(n);
     for (Py_ssize_t i = 0; out && i < n; i++) {
         fx_item *it = &items[i];
-        PyObject *t = Py_BuildValue("(iiKiKK)", it->status, it->err, (unsigned long long)it->nbytes,
-                                    it->stage, (unsigned long long)it->dev,
-                                    (unsigned long long)it->ino);
+        PyObject *t = Py_BuildValue("(iiKiii)", it->status, it->err, (unsigned long long)it->nbytes,
+                                    it->stage, it->removed, it->rm_err);
         if (!t) {
             Py_CLEAR(out);
             break;

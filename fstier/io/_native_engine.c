@@ -21,8 +21,13 @@
  *   eventfd, e.g. LMCache's: the job holds a dup of it until it is freed),
  *   that fd instead, in C under the mutex once the event is queued, so a
  *   caller woken by it always finds the event; engine_collect returns one compact tuple per event: uniform
- *   jobs one shared per-key tuple, others a tuple per key, and a byte per
- *   key only when some key did not complete (timed out, expired, cancelled).
+ *   jobs one shared per-key tuple, others a byte per key naming one of a
+ *   few shared success tuples, with a tuple only for each key that failed
+ *   (ce_mixed), and a mark byte per key only when some key did not complete
+ *   (timed out, expired, cancelled).
+ * - a load's proven-corrupt file (or a planted link at its name) is removed
+ *   by the worker that read it (remove_bad, _native.c), before the job is
+ *   published: its summary says whether it was.
  * - deadlines: a watchdog thread wakes at the earliest deadline of a job in
  *   flight. A job past it completes at once: keys running then are marked
  *   timed out (their slots fenced by the caller), keys not started expire
@@ -727,16 +732,79 @@ static PyObject *ce_raw(ce_job *j, fx_item *it) {
     if (j->kind == CE_STORE)
         return Py_BuildValue("(iiKii)", it->status, it->err, (unsigned long long)it->nbytes, it->stage,
                              it->tmpfile_err);
-    return Py_BuildValue("(iiKiKK)", it->status, it->err, (unsigned long long)it->nbytes, it->stage,
-                         (unsigned long long)it->dev, (unsigned long long)it->ino);
+    return Py_BuildValue("(iiKiii)", it->status, it->err, (unsigned long long)it->nbytes, it->stage, it->removed,
+                         it->rm_err);
 }
 
 static int ce_same(const fx_item *a, const fx_item *b) {
     return a->status == b->status && a->err == b->err && a->nbytes == b->nbytes && a->stage == b->stage &&
-           a->tmpfile_err == b->tmpfile_err && a->dev == b->dev && a->ino == b->ino;
+           a->tmpfile_err == b->tmpfile_err && a->dev == b->dev && a->ino == b->ino && a->removed == b->removed &&
+           a->rm_err == b->rm_err;
 }
 
-/* One published job's summary: (tag, EV_DONE, seconds, uniform, per_key, marks). */
+/* A mixed job's summary classes: at most CE_CLASSES distinct successes
+ * (past that a success is listed with the failures); CE_NONE: no class. */
+#define CE_CLASSES 16
+#define CE_NONE 255
+
+/* A key's result that is one of a few shared outcomes (it needs no per-key
+ * judging): a load LOADED, a store STORED or SKIPPED with no O_TMPFILE
+ * refusal to record. */
+static int ce_success(const ce_job *j, const fx_item *it) {
+    if (j->kind == CE_LOAD) return it->status == LD_LOADED;
+    return it->status != ST_FAILED && !it->tmpfile_err;
+}
+
+/* A job that was not uniform, summarised without a tuple per key:
+ * (codes, classes, failures). codes: one byte per key, the index of its
+ * success in classes (the distinct success tuples, ce_raw's shape), or
+ * CE_NONE: a key that returned nothing (see the marks) or one listed in
+ * failures, ((key index, ce_raw tuple), ...) in key order (its first item is
+ * the job's first failure). Python judges the classes once each and only
+ * the failures per key. */
+static PyObject *ce_mixed(ce_job *j) {
+    PyObject *codes = PyBytes_FromStringAndSize(NULL, j->n), *classes = PyList_New(0), *fails = PyList_New(0);
+    if (!codes || !classes || !fails) goto fail;
+    uint8_t *c = (uint8_t *)PyBytes_AS_STRING(codes);
+    Py_ssize_t cls[CE_CLASSES], ncls = 0;
+    for (Py_ssize_t i = 0; i < j->n; i++) {
+        fx_item *it = &j->items[i];
+        c[i] = CE_NONE;
+        if (j->kstate[i] != KS_DONE) continue;
+        if (ce_success(j, it)) {
+            Py_ssize_t k = 0;
+            while (k < ncls && !ce_same(&j->items[cls[k]], it)) k++;
+            if (k == ncls && ncls < CE_CLASSES) {
+                PyObject *t = ce_raw(j, it);
+                if (!t || PyList_Append(classes, t) != 0) {
+                    Py_XDECREF(t);
+                    goto fail;
+                }
+                Py_DECREF(t);
+                cls[ncls++] = i;
+            }
+            if (k < ncls) {
+                c[i] = (uint8_t)k;
+                continue;
+            }
+        }
+        PyObject *t = ce_raw(j, it);
+        PyObject *f = t ? Py_BuildValue("(nN)", i, t) : NULL;
+        if (!f || PyList_Append(fails, f) != 0) {
+            Py_XDECREF(f);
+            goto fail;
+        }
+        Py_DECREF(f);
+    }
+    return Py_BuildValue("(NNN)", codes, classes, fails);
+fail:
+    Py_XDECREF(codes);
+    Py_XDECREF(classes);
+    Py_XDECREF(fails);
+    return NULL;
+}
+
+/* One published job's summary: (tag, EV_DONE, seconds, uniform, per_key, marks); per_key: ce_mixed's. */
 static PyObject *ce_summary(ce_job *j) {
     PyObject *uniform = Py_None, *per_key = Py_None, *marks = Py_None;
     Py_INCREF(Py_None);
@@ -752,12 +820,7 @@ static PyObject *ce_summary(ce_job *j) {
         uniform = ce_raw(j, &j->items[0]);
     } else if (j->n) {
         Py_DECREF(per_key);
-        per_key = PyList_New(j->n);
-        for (Py_ssize_t i = 0; per_key && i < j->n; i++) {
-            PyObject *t = j->kstate[i] == KS_DONE ? ce_raw(j, &j->items[i]) : (Py_INCREF(Py_None), Py_None);
-            if (!t) Py_CLEAR(per_key);
-            else PyList_SET_ITEM(per_key, i, t);
-        }
+        per_key = ce_mixed(j);
         if (!all_done) {
             Py_DECREF(marks);
             marks = PyBytes_FromStringAndSize(NULL, j->n);
@@ -967,7 +1030,7 @@ static PyObject *py_engine_cancel(PyObject *self, PyObject *args) {
     {"engine_names", py_engine_names, METH_VARARGS,                                                           \
      "engine_names(hashes, groups) -> [bytes]: file_mapper.encode's names, formatted in C"},                  \
     {"engine_collect", py_engine_collect, METH_O,                                                             \
-     "engine_collect(engine) -> [(tag, 0, seconds, uniform, per_key, marks) | (tag, 1)]"},                    \
+     "engine_collect(engine) -> [(tag, 0, seconds, uniform, (codes, classes, failures), marks) | (tag, 1)]"}, \
     {"engine_wait", py_engine_wait, METH_VARARGS,                                                             \
      "engine_wait(engine, timeout_s) -> bool: until an event is queued (GIL released)"},                      \
     {"engine_cancel", py_engine_cancel, METH_VARARGS,                                                         \

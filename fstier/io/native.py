@@ -25,8 +25,9 @@ Invariants
       every path is resolved by the kernel below the base directory's fd with
       no symlink in any component (``openat2`` RESOLVE_BENEATH |
       RESOLVE_NO_SYMLINKS; a walk of ``O_NOFOLLOW`` opens where the kernel
-      lacks it). A corrupt file is removed by :func:`fstier.io.fsops.unlink_if_same`
-      (the name must still hold the inode that was read).
+      lacks it). A corrupt file is removed by the C call that read it, by
+      :func:`fstier.io.fsops.unlink_if_same`'s rule (the name must still hold
+      the inode that was read).
     - Only LOADED means the buffer holds verified bytes.
     - The extension keeps references to the caller's buffers only for the
       duration of the call; a late call (a hung mount) still holds them, which
@@ -55,7 +56,7 @@ from typing import Any, NamedTuple
 from fstier.errors import ConfigError
 from fstier.io import _blockio
 from fstier.io.blockfile import FORMAT_VERSION
-from fstier.io.fsops import _HOST, unlink_if_same
+from fstier.io.fsops import _HOST
 from fstier.io.iotypes import (
     IOOptions,
     LoadOutcome,
@@ -350,13 +351,17 @@ def load_batch(
 def load_outcomes(
     raw: Sequence[tuple[int, int, int, int, int, int]], paths: Sequence[str]
 ) -> list[LoadOutcome]:
-    """The outcomes of the extension's per-key load tuples (``load_batch``'s,
-    or the native engine's); proven-corrupt files and planted links removed."""
+    """The outcomes of the extension's per-key load tuples ``(status, errno,
+    nbytes, reason, removed, removal errno)`` (``load_batch``'s, or the
+    native engine's). A proven-corrupt file or a planted link was removed by
+    the C call itself (``remove_bad`` in ``_native.c``: the same rule as
+    :func:`fstier.io.fsops.unlink_if_same`); a removal that failed is logged
+    here, as the Python path logs it."""
     if len(raw) == len(paths) and len(set(raw)) == 1 and raw[0][0] == 0:
         # Every block LOADED with one length: one shared (frozen) outcome.
         return [LoadOutcome(LoadStatus.LOADED, nbytes=raw[0][2])] * len(raw)
     out: list[LoadOutcome] = []
-    for (st, err, nbytes, reason, dev, ino), path in zip(raw, paths, strict=True):
+    for (st, err, nbytes, reason, removed, rm_err), path in zip(raw, paths, strict=True):
         if st == 0:
             out.append(LoadOutcome(LoadStatus.LOADED, nbytes=nbytes))
             continue
@@ -366,16 +371,13 @@ def load_outcomes(
         if status_ is LoadStatus.MISSING:
             out.append(LoadOutcome(LoadStatus.MISSING, "ENOENT"))
         elif why == "symlink":
-            removed = _blockio._remove_planted_link(path)
             out.append(LoadOutcome(
-                LoadStatus.CORRUPT, "symlink", f"{name}: a symlink on its path", removed=removed
+                LoadStatus.CORRUPT, "symlink", f"{name}: a symlink on its path", removed=bool(removed)
             ))
         elif status_ is LoadStatus.CORRUPT:
-            detail = _corrupt_detail(why, nbytes, path)
-            removed = bool(ino) and unlink_if_same(
-                path, ino=ino, dev=dev, on_error=_blockio._removal_failed
-            ) == "removed"
-            out.append(LoadOutcome(LoadStatus.CORRUPT, why, detail, removed=removed))
+            if rm_err:
+                _blockio._removal_failed(OSError(rm_err, os.strerror(rm_err), path))
+            out.append(LoadOutcome(LoadStatus.CORRUPT, why, _corrupt_detail(why, nbytes, path), removed=bool(removed)))
         elif why == "not_regular":
             out.append(LoadOutcome(LoadStatus.ERROR, "not_regular", f"{name} is not a regular file"))
         elif why == "read" and err in (errno.ENOENT, errno.ESTALE):

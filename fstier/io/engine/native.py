@@ -507,18 +507,26 @@ class NativeEngine:
         job.results = [[one] * len(job.keys)]
 
     def _judge_summary(self, job: EngineJob, per_key: Any, marks: bytes | None) -> None:
-        """The record's results from a mixed C summary (see the module docstring)."""
-        n = len(job.keys)
+        """The record's results from a mixed C summary ``(codes, classes,
+        failures)`` (``ce_mixed`` in ``_native_engine.c``): each class (a
+        shared success, a few per job) is judged once, the keys' outcomes
+        picked by their code byte in one C-level pass, and only the failed
+        keys judged one by one; with ``marks``, the keys given up on are
+        :data:`TIMED_OUT`, :data:`EXPIRED` or :data:`CANCELLED`."""
+        codes, classes, failures = per_key
+        table: list[Any] = [self._success(job, raw) for raw in classes]
+        table += [None] * (256 - len(table))
+        outs = list(map(table.__getitem__, codes))  # C-level: no bytecode per key
+        if failures:
+            idx = [i for i, _ in failures]
+            for i, o in zip(idx, self._outcomes(job, [raw for _, raw in failures], idx), strict=True):
+                outs[i] = o
         if marks is None:
-            job.results = [self._outcomes(job, per_key, range(n))]
+            job.results = [outs]
             return
+        n = len(job.keys)
         job.bounds = tuple(range(n + 1))
-        done = [i for i in range(n) if marks[i] == 0]
-        outs = self._outcomes(job, [per_key[i] for i in done], done) if done else []
-        results: list[Any] = [_MARKS[m] for m in marks]
-        for i, o in zip(done, outs, strict=True):
-            results[i] = [o]
-        job.results = results
+        job.results = [[o] if m == 0 else _MARKS[m] for o, m in zip(outs, marks, strict=True)]
         late = marks.count(1)
         if late:
             # Fenced as a batch call's would be: the keys running and those
@@ -531,9 +539,28 @@ class NativeEngine:
             )
 
     @staticmethod
+    def _success(job: EngineJob, raw: Any) -> Any:
+        """The one shared outcome of a success tuple (a load LOADED, a store
+        STORED or SKIPPED with no O_TMPFILE refusal: no path in it), cached
+        with the uniform ones."""
+        one = _UNIFORM.get((job.kind, raw))
+        if one is None:
+            if job.kind == "load":
+                one = nat.load_outcomes([raw], ("",))[0]
+            else:
+                one = nat.store_outcomes([raw], ("",), job.block_io()[0].options)[0]
+            if len(_UNIFORM) >= _FIXED_MAX:
+                _UNIFORM.clear()
+            _UNIFORM[(job.kind, raw)] = one
+        return one
+
+    @staticmethod
     def _outcomes(job: EngineJob, raw: list[Any], idx: Any) -> list[Any]:
+        """The outcomes of per-key tuples ``raw`` of the keys ``idx`` (a failed
+        uniform job's, or a mixed job's failures): the one place a key is
+        judged alone."""
         blocks, buffers = job.block_io()
-        paths = [job.paths[i] for i in idx] if len(raw) != len(job.paths) else job.paths
+        paths = [job.paths[i] for i in idx] if len(raw) != len(job.keys) else job.paths
         if job.kind == "load":
             return nat.load_outcomes(raw, paths)
         outs = nat.store_outcomes(raw, paths, blocks.options)
