@@ -6,13 +6,15 @@ proven-corrupt file (or a planted link at its name) is removed by the C
 worker that read it, by :func:`fstier.io.fsops.unlink_if_same`'s rule: only
 while the name still holds the inode that was read, never through a
 symlinked directory, a failed removal logged (both engines run the native
-I/O path here, so both remove in C)."""
+I/O path here, so both remove in C). A store whose namespace directory was
+removed under the running tier makes it again in the C worker."""
 
 from __future__ import annotations
 
 import errno
 import logging
 import os
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,8 +25,10 @@ from manager_support import keys, payload_for
 from test_engine_contract import Rig, outcomes
 
 from fstier.io import native
+from fstier.io.engine import summary
 from fstier.io.engine.native import NativeEngine, available
 from fstier.io.iotypes import LoadStatus, StoreStatus
+from fstier.io.manifest import manifest_bytes
 
 pytestmark = pytest.mark.skipif(
     not available() or os.environ.get("FSTIER_NATIVE") == "0",
@@ -108,11 +112,10 @@ def test_the_c_summary_of_a_mixed_job_holds_a_tuple_only_per_failed_key(
 ) -> None:
     r = Rig(tmp_path / "root", "native")
     summaries: list[Any] = []
-    real = NativeEngine._judge_summary
 
-    def spy(self: NativeEngine, job: Any, per_key: Any, marks: Any) -> None:
+    def spy(_self: NativeEngine, job: Any, per_key: Any, marks: Any) -> None:
         summaries.append(per_key)
-        real(self, job, per_key, marks)
+        summary.judge_mixed(job, per_key, marks)
 
     monkeypatch.setattr(NativeEngine, "_judge_summary", spy)
     try:
@@ -178,3 +181,52 @@ def test_nothing_is_removed_through_a_symlinked_fan_out_directory(rig: Rig, tmp_
     (out,) = outcomes(rig.run(rig.job("l", "load", ks, [3])))
     assert (out.status, out.cause, out.removed) == (LoadStatus.CORRUPT, "symlink", False)
     assert victim.exists() and os.path.islink(fan)
+
+
+def test_a_namespace_removed_under_a_running_tier_is_made_again_alike_on_both_engines(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rm -rf of the namespace (manifest included) between stores: the next
+    store job makes the directories and the manifest again and stores every
+    key; the C engine does it in its worker (no key is handed to Python's
+    ``BlockStore.store_many``), logging the re-creation once per job (a
+    one-key job too: its uniform summary is never cached as a success)."""
+    seen: dict[str, Any] = {}
+    for kind in ("python", "native"):
+        r = Rig(tmp_path / kind / "root", kind)
+        if kind == "native":
+            def refuse(*_a: Any, **_k: Any) -> Any:
+                raise AssertionError("the C engine handed a store to Python")
+
+            monkeypatch.setattr(type(r.blocks), "store_many", refuse)
+        try:
+            mapper = r.blocks.mapper
+            ks = keys(900, 5)
+            rounds = []
+            for first, job in ((0, ks[:1]), (1, ks[1:5]), (0, ks[:1])):
+                shutil.rmtree(mapper.namespace_dir)
+                slots = list(range(len(job)))
+                r.fill(job, slots)
+                caplog.clear()
+                with caplog.at_level(logging.WARNING, logger="fstier"):
+                    got = outcomes(r.run(r.job(("s", first), "store", job, slots)))
+                logs = [x.getMessage() for x in caplog.records if "re-created it" in x.getMessage()]
+                rounds.append(([(o.status, o.nbytes) for o in got], len(logs)))
+                assert (mapper.namespace_dir / "config.json").read_bytes() == manifest_bytes(mapper)
+                assert oct(os.stat(mapper.namespace_dir).st_mode & 0o777) == oct(0o755 & ~_umask())
+            ld = outcomes(r.run(r.job("l", "load", ks[:1], [40])))
+            assert ld[0].status is LoadStatus.LOADED
+            assert r.slot(ks[0], 40) == payload_for(ks[0], r.tier.payload_bytes(ks[0]))
+            seen[kind] = rounds
+        finally:
+            monkeypatch.undo()
+            r.close()
+    assert seen["native"] == seen["python"]
+    assert [len(got) for got, _ in seen["native"]] == [1, 4, 1] and [n for _, n in seen["native"]] == [1, 1, 1]
+    assert all(o[0] is StoreStatus.STORED for got, _ in seen["native"] for o in got)
+
+
+def _umask() -> int:
+    old = os.umask(0)
+    os.umask(old)
+    return old

@@ -106,7 +106,8 @@ static _Atomic uint64_t cold_direct_min = COLD_DIRECT_MIN; /* configure(): tests
 enum { ST_STORED = 0, ST_SKIPPED = 1, ST_FAILED = 2 };
 enum {
     SG_NONE = 0, SG_OPENDIR, SG_STAT, SG_CREATE, SG_WRITE, SG_FSYNC, SG_LINK, SG_CLOSE,
-    SG_RENAME, SG_FSYNC_DIR, SG_MKDIR, SG_OPENBASE
+    SG_RENAME, SG_FSYNC_DIR, SG_MKDIR, SG_OPENBASE,
+    SG_NSBACK /* a success's mark: stored after its namespace directory was made again (the engine's) */
 };
 /* load status / reason codes */
 enum { LD_LOADED = 0, LD_MISSING = 1, LD_CORRUPT = 2, LD_ERROR = 3 };

@@ -90,6 +90,19 @@ struct ce_job {
     int notify_fd; /* the caller's eventfd (a dup) written at its events, or -1 */
 };
 
+/* A block store's namespace as engine_namespace registered it: what a store
+ * needs to make the directories again when they were removed under it. */
+typedef struct ce_ns {
+    struct ce_ns *next;
+    char *base;     /* the blocks directory (a job's base) */
+    char *root;     /* the tier's root, never created here */
+    char *ns;       /* the namespace directory, relative to root (one component) */
+    char *rest;     /* the blocks directory relative to the namespace's ("" when it is the namespace) */
+    char *manifest; /* the manifest's name in the namespace directory */
+    char *data;     /* and its bytes */
+    size_t len;
+} ce_ns;
+
 typedef struct ce_event {
     struct ce_event *next;
     ce_job *job;
@@ -117,6 +130,7 @@ typedef struct {
     int generation;      /* ce_generation of the process that made it */
     int watchdog_live;
     pthread_t watchdog;
+    ce_ns *spaces;       /* engine_namespace's, never removed before the engine is freed */
 } ce_engine;
 
 typedef struct {
@@ -285,6 +299,70 @@ static int ce_base(ce_engine *e, ce_job *j, int *err) {
     return fd;
 }
 
+/* The namespace registered for `base`, or NULL (entries are immutable and
+ * live as long as the engine, so the pointer stays good unlocked). */
+static ce_ns *ce_ns_find(ce_engine *e, const char *base) {
+    pthread_mutex_lock(&e->mu);
+    ce_ns *ns = e->spaces;
+    while (ns && strcmp(ns->base, base) != 0) ns = ns->next;
+    pthread_mutex_unlock(&e->mu);
+    return ns;
+}
+
+/* Write the manifest into a namespace directory this call made (ns_fd), as
+ * fstier.io.fsops.atomic_write does (a temp name beside it, written, fsynced,
+ * renamed over the name, the directory fsynced; mode 0644, its default). */
+static void ce_write_manifest(int ns_fd, const ce_ns *ns) {
+    char tmp[MAX_NAME + 160];
+    temp_name(tmp, sizeof tmp, ns->manifest);
+    int fd = x_openat(ns_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644);
+    if (fd < 0) return;
+    size_t done = 0;
+    while (done < ns->len) {
+        ssize_t w = write(fd, ns->data + done, ns->len - done);
+        if (w <= 0 && !(w < 0 && errno == EINTR)) break;
+        if (w > 0) done += (size_t)w;
+    }
+    int ok = done == ns->len && x_fsync(fd) == 0;
+    ok = x_close(fd) == 0 && ok;
+    if (ok && x_renameat(ns_fd, tmp, ns->manifest) == 0)
+        x_fsync(ns_fd);
+    else
+        discard_at(ns_fd, tmp);
+}
+
+/* A store that failed ENOENT (its namespace or blocks directory was removed
+ * under the running tier: an operator's rm -rf) is stored once more, as
+ * BlockStore._store_one does on the Python path: the directories from the
+ * namespace's down are made again below the root (resolved with no
+ * symlink; mode 0755, each level opened O_NOFOLLOW; the root itself is
+ * never created), the manifest written when this call made the namespace
+ * directory, then the key stored through a fresh base fd. Such a key's
+ * success carries the stage SG_NSBACK (Python logs the re-creation). */
+static void ce_store_again(ce_engine *e, ce_job *j, fx_item *it, fx_scratch *sc) {
+    ce_ns *ns = ce_ns_find(e, j->base);
+    if (!ns) return;
+    int root_fd = open_base(ns->root);
+    if (root_fd < 0) return;
+    int fresh = 0, stage = 0, dummy = 0;
+    int ns_fd = make_dirs(root_fd, ns->ns, &fresh, &stage);
+    close(root_fd);
+    if (ns_fd < 0) return;
+    if (fresh) ce_write_manifest(ns_fd, ns);
+    int dfd = ns->rest[0] ? make_dirs(ns_fd, ns->rest, &dummy, &stage) : -1;
+    if (dfd >= 0) close(dfd);
+    close(ns_fd);
+    int base_fd = open_base(j->base);
+    if (base_fd < 0) return;
+    it->status = it->err = it->stage = 0;
+    it->nbytes = 0;
+    int flags = j->flags | (atomic_load(&j->no_tmpfile) ? F_NO_TMPFILE : 0);
+    store_one(it, base_fd, flags, j->mode, j->alignment, j->digest, j->pages, j->created_ns, sc);
+    close(base_fd);
+    if (it->tmpfile_err) atomic_store(&j->no_tmpfile, 1);
+    if (fresh && it->status != ST_FAILED) it->stage = SG_NSBACK;
+}
+
 static void ce_run_key(ce_engine *e, ce_job *j, Py_ssize_t i, fx_scratch *sc) {
     fx_item *it = &j->items[i];
     int err = 0;
@@ -294,6 +372,7 @@ static void ce_run_key(ce_engine *e, ce_job *j, Py_ssize_t i, fx_scratch *sc) {
         if (j->kind == CE_STORE) {
             it->status = ST_FAILED;
             it->stage = SG_OPENBASE;
+            if (err == ENOENT) ce_store_again(e, j, it, sc);
         } else {
             it->status = err == ENOENT ? LD_MISSING : LD_ERROR;
             it->stage = err == ELOOP ? RS_SYMLINK : RS_OPEN;
@@ -307,6 +386,7 @@ static void ce_run_key(ce_engine *e, ce_job *j, Py_ssize_t i, fx_scratch *sc) {
         int flags = j->flags | (atomic_load(&j->no_tmpfile) ? F_NO_TMPFILE : 0);
         store_one(it, base_fd, flags, j->mode, j->alignment, j->digest, j->pages, j->created_ns, sc);
         if (it->tmpfile_err) atomic_store(&j->no_tmpfile, 1);
+        if (it->status == ST_FAILED && it->err == ENOENT) ce_store_again(e, j, it, sc);
     }
 }
 
@@ -474,6 +554,11 @@ static void ce_capsule_free(PyObject *cap) {
         if (ev->kind == EV_RELEASED || !j->had_late) ce_job_free(j);
         free(ev);
         ev = nx;
+    }
+    while (e->spaces) {
+        ce_ns *nx = e->spaces->next;
+        free(e->spaces);
+        e->spaces = nx;
     }
     close(e->efd);
     pthread_mutex_destroy(&e->mu);
@@ -752,7 +837,7 @@ static int ce_same(const fx_item *a, const fx_item *b) {
  * refusal to record. */
 static int ce_success(const ce_job *j, const fx_item *it) {
     if (j->kind == CE_LOAD) return it->status == LD_LOADED;
-    return it->status != ST_FAILED && !it->tmpfile_err;
+    return it->status != ST_FAILED && !it->tmpfile_err && it->stage == SG_NONE;
 }
 
 /* A job that was not uniform, summarised without a tuple per key:
@@ -1019,6 +1104,55 @@ static PyObject *py_engine_cancel(PyObject *self, PyObject *args) {
     return PyBool_FromLong(found);
 }
 
+/* engine_namespace(engine, base, root, ns, rest, manifest_name, manifest): register
+ * the namespace of the block store whose blocks directory is `base` (see
+ * ce_ns; ce_store_again uses it). One allocation holds the strings; a
+ * registration equal to one held is not added again. */
+static PyObject *py_engine_namespace(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *cap;
+    const char *base, *root, *nsdir, *rest, *mname;
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "Oyyyyyy*", &cap, &base, &root, &nsdir, &rest, &mname, &data)) return NULL;
+    ce_engine *e = ce_get(cap);
+    if (!e || !nsdir[0] || strchr(nsdir, '/') || rest[0] == '/' || !mname[0] || strchr(mname, '/')) {
+        if (e) PyErr_SetString(PyExc_ValueError, "ns and manifest_name must be one component, rest relative");
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    const char *parts[5] = {base, root, nsdir, rest, mname};
+    size_t size = sizeof(ce_ns) + (size_t)data.len + 1;
+    for (int k = 0; k < 5; k++) size += strlen(parts[k]) + 1;
+    ce_ns *ns = calloc(1, size);
+    if (!ns) {
+        PyBuffer_Release(&data);
+        return PyErr_NoMemory();
+    }
+    char *w = (char *)(ns + 1), **dst[5] = {&ns->base, &ns->root, &ns->ns, &ns->rest, &ns->manifest};
+    for (int k = 0; k < 5; k++) {
+        *dst[k] = w;
+        w = stpcpy(w, parts[k]) + 1;
+    }
+    ns->data = w;
+    memcpy(w, data.buf, (size_t)data.len);
+    ns->len = (size_t)data.len;
+    PyBuffer_Release(&data);
+    pthread_mutex_lock(&e->mu);
+    ce_ns *had = e->spaces;
+    while (had && !(strcmp(had->base, ns->base) == 0 && strcmp(had->root, ns->root) == 0 &&
+                    strcmp(had->ns, ns->ns) == 0 && strcmp(had->rest, ns->rest) == 0 &&
+                    strcmp(had->manifest, ns->manifest) == 0 && had->len == ns->len &&
+                    memcmp(had->data, ns->data, ns->len) == 0))
+        had = had->next;
+    if (!had) {
+        ns->next = e->spaces;
+        e->spaces = ns;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (had) free(ns);
+    return PyBool_FromLong(!had);
+}
+
 #define ENGINE_METHODS                                                                                        \
     {"engine_new", py_engine_new, METH_VARARGS,                                                               \
      "engine_new(read_threads, write_threads) -> engine: persistent C workers and a watchdog"},               \
@@ -1036,6 +1170,9 @@ static PyObject *py_engine_cancel(PyObject *self, PyObject *args) {
     {"engine_cancel", py_engine_cancel, METH_VARARGS,                                                         \
      "engine_cancel(engine, tag) -> bool: cancel a queued job's keys not started"},                           \
     {"engine_fd", py_engine_fd, METH_O, "engine_fd(engine) -> its eventfd"},                                  \
+    {"engine_namespace", py_engine_namespace, METH_VARARGS,                                                   \
+     "engine_namespace(engine, base, root, ns, rest, manifest_name, manifest) -> bool: what a store whose "    \
+     "directories were removed under it makes again (True: registered, False: held already)"},                \
     {"engine_clock", py_engine_clock, METH_VARARGS,                                                           \
      "engine_clock(engine, now_s=None) -> the watchdog's time; now_s makes it a manual clock (tests)"},       \
     {"engine_info", py_engine_info, METH_O, "engine_info(engine) -> counters"},                               \

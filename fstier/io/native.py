@@ -208,6 +208,8 @@ _REASONS = (
 
 
 _HASH, _GROUP = attrgetter("block_hash"), attrgetter("group_idx")
+#: a load whose file is not there (outcomes are frozen: one for every such key)
+_MISSING = LoadOutcome(LoadStatus.MISSING, "ENOENT")
 _FSENCODE = methodcaller("encode", "utf-8", "surrogateescape")
 #: os.fsencode is _FSENCODE here (Linux's usual locale)
 _FS_UTF8 = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()) == ("utf-8", "surrogateescape")
@@ -357,9 +359,11 @@ def load_outcomes(
     the C call itself (``remove_bad`` in ``_native.c``: the same rule as
     :func:`fstier.io.fsops.unlink_if_same`); a removal that failed is logged
     here, as the Python path logs it."""
-    if len(raw) == len(paths) and len(set(raw)) == 1 and raw[0][0] == 0:
-        # Every block LOADED with one length: one shared (frozen) outcome.
-        return [LoadOutcome(LoadStatus.LOADED, nbytes=raw[0][2])] * len(raw)
+    if len(raw) == len(paths) and len(set(raw)) == 1 and raw[0][0] in (0, 1):
+        # Every block LOADED with one length, or every one MISSING (no name
+        # in it): one shared (frozen) outcome.
+        one = LoadOutcome(LoadStatus.LOADED, nbytes=raw[0][2]) if raw[0][0] == 0 else _MISSING
+        return [one] * len(raw)
     out: list[LoadOutcome] = []
     for (st, err, nbytes, reason, removed, rm_err), path in zip(raw, paths, strict=True):
         if st == 0:
@@ -369,7 +373,7 @@ def load_outcomes(
         status_ = _LOAD_STATUS[st]
         why = _REASONS[reason]
         if status_ is LoadStatus.MISSING:
-            out.append(LoadOutcome(LoadStatus.MISSING, "ENOENT"))
+            out.append(_MISSING)
         elif why == "symlink":
             out.append(LoadOutcome(
                 LoadStatus.CORRUPT, "symlink", f"{name}: a symlink on its path", removed=bool(removed)

@@ -15,9 +15,11 @@ watchdog, a completion list and an eventfd).
   otherwise: a key the engine gave up on is :data:`TIMED_OUT`,
   :data:`EXPIRED` or :data:`CANCELLED`), then publishes it to its
   registration and runs ``on_complete``; at a "released" event it sets
-  ``job.released`` and runs ``on_released``. It does no I/O but the rare
-  hand-backs the batch path does too: a store that found its namespace
-  directory removed, a corrupt file's removal.
+  ``job.released`` and runs ``on_released``. A mixed summary is judged by
+  :mod:`fstier.io.engine.summary` (a byte per key, a tuple per failed key).
+  It does no I/O: a corrupt file's removal and a store whose namespace
+  directory was removed are done by the C worker; only a key C still
+  failed ENOENT then (the root itself gone) is handed to the batch path.
 - A registration with ``notify_fds`` (LMCache's eventfds): its jobs are
   submitted with their kind's fd, which C writes (not the engine's eventfd)
   once the event is queued, so no Python runs at their completion; the
@@ -73,23 +75,21 @@ from typing import Any
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.errors import IOPoolClosedError
 from fstier.io import native as nat
+from fstier.io.engine import summary
 from fstier.io.engine.python import PythonEngine, Registration, check_threads, write_fd
-from fstier.io.engine.record import CANCELLED, EXPIRED, MIN_KEYS_PER_THREAD, TIMED_OUT, EngineJob
-from fstier.io.iotypes import StoreStatus
+from fstier.io.engine.record import CANCELLED, MIN_KEYS_PER_THREAD, TIMED_OUT, EngineJob
+from fstier.io.engine.summary import _ST_FAILED
+from fstier.io.engine.summary import SHARED as _UNIFORM
+from fstier.io.manifest import MANIFEST_NAME, manifest_bytes
 
 __all__ = ["NativeEngine", "available"]
 
 log = logging.getLogger("fstier.io")
 
-_MARKS = (None, TIMED_OUT, EXPIRED, CANCELLED)
 #: block stores whose fixed engine_submit arguments are cached at most (``NativeEngine._fixed``),
 #: and uniform outcomes (``NativeEngine._judge_uniform``)
 _FIXED_MAX = 256
-#: a store's status code for "failed" in the extension's per-key tuples (0 stored, 1 skipped)
-_ST_FAILED = 2
-#: (kind, a uniform C summary's per-key tuple) -> its one (frozen) success outcome
-_UNIFORM: dict[tuple[str, tuple[int, ...]], Any] = {}
-_HASH, _GROUP, _STATUS = attrgetter("block_hash"), attrgetter("group_idx"), attrgetter("status")
+_HASH, _GROUP = attrgetter("block_hash"), attrgetter("group_idx")
 
 
 def _reprobe_due(blocks: Any) -> bool:
@@ -272,8 +272,21 @@ class NativeEngine:
             self._fixed_args.clear()
         got = (blocks, opts, os.fsencode(blocks.mapper.blocks_dir), blocks.mapper.digest_bytes, blocks._bpf,
                nat.flags(opts, mkdir=store))
+        if store:
+            self._namespace(blocks.mapper)
         self._fixed_args[key] = got
         return got[1:]
+
+    def _namespace(self, mapper: Any) -> None:
+        """Tell the C engine what a store of ``mapper``'s namespace makes
+        again when its directories were removed under the running tier
+        (``ce_store_again``: the chain below the root, the manifest)."""
+        root, blocks_dir = os.fsencode(mapper.root), os.fsencode(mapper.blocks_dir)
+        chain = os.path.relpath(blocks_dir, root).split(b"/")
+        self._ext.engine_namespace(
+            self._cap, blocks_dir, root, chain[0], b"/".join(chain[1:]), os.fsencode(MANIFEST_NAME),
+            manifest_bytes(mapper),
+        )
 
     def _submit_other(self, reg: Registration, job: EngineJob) -> None:
         """A call job (on the call thread); a job of a Python-path block store,
@@ -494,9 +507,9 @@ class NativeEngine:
         one = _UNIFORM.get((job.kind, raw))
         if one is None:
             outs = self._outcomes(job, [raw] * len(job.keys), range(len(job.keys)))
-            # Judged on C's tuple, not on the outcomes (a store's hand-back may
-            # have replaced failures): loaded; stored or skipped with no O_TMPFILE refusal.
-            failed = raw[0] != 0 if job.kind == "load" else (raw[0] == _ST_FAILED or raw[4] != 0)
+            # Shared only when loaded, or stored or skipped with no O_TMPFILE
+            # refusal and no stage (SG_NSBACK: logged per job, never cached).
+            failed = raw[0] != 0 if job.kind == "load" else (raw[0] == _ST_FAILED or raw[4] != 0 or raw[3] != 0)
             if failed:
                 job.results = [outs]
                 return
@@ -506,75 +519,9 @@ class NativeEngine:
         job.uniform = one
         job.results = [[one] * len(job.keys)]
 
-    def _judge_summary(self, job: EngineJob, per_key: Any, marks: bytes | None) -> None:
-        """The record's results from a mixed C summary ``(codes, classes,
-        failures)`` (``ce_mixed`` in ``_native_engine.c``): each class (a
-        shared success, a few per job) is judged once, the keys' outcomes
-        picked by their code byte in one C-level pass, and only the failed
-        keys judged one by one; with ``marks``, the keys given up on are
-        :data:`TIMED_OUT`, :data:`EXPIRED` or :data:`CANCELLED`."""
-        codes, classes, failures = per_key
-        table: list[Any] = [self._success(job, raw) for raw in classes]
-        table += [None] * (256 - len(table))
-        outs = list(map(table.__getitem__, codes))  # C-level: no bytecode per key
-        if failures:
-            idx = [i for i, _ in failures]
-            for i, o in zip(idx, self._outcomes(job, [raw for _, raw in failures], idx), strict=True):
-                outs[i] = o
-        if marks is None:
-            job.results = [outs]
-            return
-        n = len(job.keys)
-        job.bounds = tuple(range(n + 1))
-        job.results = [[o] if m == 0 else _MARKS[m] for o, m in zip(outs, marks, strict=True)]
-        late = marks.count(1)
-        if late:
-            # Fenced as a batch call's would be: the keys running and those
-            # that never ran (released together, when the last late key returned).
-            job.fenced = tuple(job.slots[i] for i in range(n) if marks[i] in (1, 2))
-            job.late = late
-            log.warning(
-                "I/O job %r exceeded its deadline (%ss): %d key(s) still running, %d slot(s) fenced",
-                job.tag, job.timeout_s, late, len(job.fenced),
-            )
-
-    @staticmethod
-    def _success(job: EngineJob, raw: Any) -> Any:
-        """The one shared outcome of a success tuple (a load LOADED, a store
-        STORED or SKIPPED with no O_TMPFILE refusal: no path in it), cached
-        with the uniform ones."""
-        one = _UNIFORM.get((job.kind, raw))
-        if one is None:
-            if job.kind == "load":
-                one = nat.load_outcomes([raw], ("",))[0]
-            else:
-                one = nat.store_outcomes([raw], ("",), job.block_io()[0].options)[0]
-            if len(_UNIFORM) >= _FIXED_MAX:
-                _UNIFORM.clear()
-            _UNIFORM[(job.kind, raw)] = one
-        return one
-
-    @staticmethod
-    def _outcomes(job: EngineJob, raw: list[Any], idx: Any) -> list[Any]:
-        """The outcomes of per-key tuples ``raw`` of the keys ``idx`` (a failed
-        uniform job's, or a mixed job's failures): the one place a key is
-        judged alone."""
-        blocks, buffers = job.block_io()
-        paths = [job.paths[i] for i in idx] if len(raw) != len(job.keys) else job.paths
-        if job.kind == "load":
-            return nat.load_outcomes(raw, paths)
-        outs = nat.store_outcomes(raw, paths, blocks.options)
-        if StoreStatus.FAILED not in set(map(_STATUS, outs)):  # C-level: most jobs need no loop below
-            return outs
-        for j, o in enumerate(outs):
-            if o.status is StoreStatus.FAILED and o.cause == "ENOENT":
-                # The namespace directory was removed under the tier: the batch
-                # path's hand-back (re-create it and store this key again).
-                i = idx[j]
-                view = buffers.views(job.slots[i : i + 1], job.nbytes[i : i + 1])[0]
-                replace = [bool(job.replace[i])] if job.replace is not None else None
-                outs[j] = blocks.store_many([(job.keys[i], view)], replace=replace, paths=[job.paths[i]])[0]
-        return outs
+    #: a mixed C summary judged into the record's results; per-key tuples judged (``summary.py``)
+    _judge_summary = staticmethod(summary.judge_mixed)
+    _outcomes = staticmethod(summary.outcomes)
 
 
 def _completed(reg: Registration, job: EngineJob) -> None:
