@@ -1622,11 +1622,23 @@ static PyObject *name_batch_start(PyObject *args, const char **base, fx_item **i
     return out;
 }
 
-/* Set each block file's mtime to now (its LRU recency), one call per batch:
+/* Set each block file's mtime to now (its LRU recency), one call per batch (touch_one per name; the C
+ * engine's touch jobs run touch_one too):
  * the directory resolved below the base with no symlink (reused while the
  * names share it), the file opened O_NOFOLLOW|O_NONBLOCK, touched only when
  * it is a regular file with one link (a second link is someone else's name
  * for the inode), through its fd. Returns bytes (1: touched). */
+static int touch_one(int base_fd, const char *rel) {
+    /* resolved below base_fd with no symlink in any component; O_NONBLOCK:
+     * a FIFO planted at the name never blocks the open */
+    int fd = x_openfile(base_fd, rel, O_RDONLY | O_NOFOLLOW | O_NONBLOCK); /* the fault seam's "open" */
+    if (fd < 0) return 0;
+    struct stat st;
+    int done = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 && futimens(fd, NULL) == 0;
+    close(fd);
+    return done;
+}
+
 static PyObject *py_touch_batch(PyObject *self, PyObject *args) {
     (void)self;
     const char *base;
@@ -1637,16 +1649,7 @@ static PyObject *py_touch_batch(PyObject *self, PyObject *args) {
     if (!out) return NULL;
     Py_BEGIN_ALLOW_THREADS
     int base_fd = open_base(base);
-    for (Py_ssize_t i = 0; base_fd >= 0 && i < n; i++) {
-        /* resolved below base_fd with no symlink in any component; O_NONBLOCK:
-         * a FIFO planted at the name never blocks the open */
-        int fd = fx_resolve(base_fd, items[i].rel, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0, 1);
-        if (fd < 0) continue;
-        struct stat st;
-        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 && futimens(fd, NULL) == 0)
-            res[i] = 1;
-        close(fd);
-    }
+    for (Py_ssize_t i = 0; base_fd >= 0 && i < n; i++) res[i] = (uint8_t)touch_one(base_fd, items[i].rel);
     if (base_fd >= 0) close(base_fd);
     Py_END_ALLOW_THREADS
     items_free(items, n);

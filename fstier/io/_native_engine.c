@@ -53,7 +53,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 
-enum { CE_LOAD = 0, CE_STORE = 1 };
+enum { CE_LOAD = 0, CE_STORE = 1, CE_TOUCH = 2 /* engine_touch: mtimes (the recency flush), write queue */ };
 /* per-key state */
 enum { KS_QUEUED = 0, KS_RUNNING, KS_DONE, KS_TIMED_OUT, KS_EXPIRED, KS_CANCELLED };
 /* mark bytes of a summary: what stands for a key that returned nothing */
@@ -367,6 +367,10 @@ static void ce_run_key(ce_engine *e, ce_job *j, Py_ssize_t i, fx_scratch *sc) {
     fx_item *it = &j->items[i];
     int err = 0;
     int base_fd = ce_base(e, j, &err);
+    if (j->kind == CE_TOUCH) {
+        it->status = base_fd >= 0 && touch_one(base_fd, it->rel) ? 0 : 1; /* 1: not touched */
+        return;
+    }
     if (base_fd < 0) {
         it->err = err;
         if (j->kind == CE_STORE) {
@@ -1104,6 +1108,74 @@ static PyObject *py_engine_cancel(PyObject *self, PyObject *args) {
     return PyBool_FromLong(found);
 }
 
+/* engine_touch(engine, tag, base, rels, timeout_s): queue a touch job (the
+ * recency flush): each name's mtime set to now by touch_one (_native.c:
+ * resolved below base with no symlink, only a regular file with one link),
+ * on the write queue, its names in order on one worker; a deadline as a
+ * store's (timeout_s < 0: none). Its events are the engine's (no notify fd);
+ * its summary's per-key status is 0 where a file was touched. */
+static PyObject *py_engine_touch(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *cap, *rels;
+    unsigned long long tag;
+    const char *base;
+    double timeout_s;
+    if (!PyArg_ParseTuple(args, "OKyOd", &cap, &tag, &base, &rels, &timeout_s)) return NULL;
+    ce_engine *e = ce_get(cap);
+    if (!e) return NULL;
+    ce_job *j = calloc(1, sizeof *j);
+    if (!j) return PyErr_NoMemory();
+    j->base_fd = j->notify_fd = -1;
+    j->kind = CE_TOUCH;
+    j->tag = tag;
+    j->alignment = 1;
+    j->base = strdup(base);
+    j->items = items_from(rels, NULL, NULL, NULL, 0, &j->n);
+    j->kstate = j->items ? calloc((size_t)(j->n ? j->n : 1), 1) : NULL;
+    j->hold = j->kstate ? Py_BuildValue("(O)", rels) : NULL;
+    if (!j->base || !j->hold) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        ce_job_free(j);
+        return NULL;
+    }
+    j->left = j->n;
+    j->spread = 1;
+    atomic_init(&j->no_tmpfile, 0);
+    j->t_submit = ce_real_now();
+    int signal = 0;
+    pthread_mutex_lock(&e->mu);
+    if (e->closed) {
+        pthread_mutex_unlock(&e->mu);
+        ce_job_free(j);
+        PyErr_SetString(PyExc_RuntimeError, "the native engine is shut down; cannot submit");
+        return NULL;
+    }
+    e->jobs++;
+    j->deadline = timeout_s >= 0 ? ce_now(e) + timeout_s : INFINITY;
+    if (j->n == 0) {
+        signal = ce_publish(e, j);
+    } else {
+        if (e->qtail[1])
+            e->qtail[1]->qnext = j;
+        else
+            e->qhead[1] = j;
+        e->qtail[1] = j;
+        e->qkeys[1] += j->n;
+        j->queued = 1;
+        if (timeout_s >= 0) {
+            j->fnext = e->flight;
+            if (e->flight) e->flight->fprev = j;
+            e->flight = j;
+            j->in_flight = 1;
+            pthread_cond_signal(&e->tick);
+        }
+        if (e->idle) pthread_cond_signal(&e->work);
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (signal) ce_signal(e);
+    Py_RETURN_NONE;
+}
+
 /* engine_namespace(engine, base, root, ns, rest, manifest_name, manifest): register
  * the namespace of the block store whose blocks directory is `base` (see
  * ce_ns; ce_store_again uses it). One allocation holds the strings; a
@@ -1170,6 +1242,8 @@ static PyObject *py_engine_namespace(PyObject *self, PyObject *args) {
     {"engine_cancel", py_engine_cancel, METH_VARARGS,                                                         \
      "engine_cancel(engine, tag) -> bool: cancel a queued job's keys not started"},                           \
     {"engine_fd", py_engine_fd, METH_O, "engine_fd(engine) -> its eventfd"},                                  \
+    {"engine_touch", py_engine_touch, METH_VARARGS,                                                           \
+     "engine_touch(engine, tag, base, rels, timeout_s): queue a touch job (mtimes to now; the recency flush)"}, \
     {"engine_namespace", py_engine_namespace, METH_VARARGS,                                                   \
      "engine_namespace(engine, base, root, ns, rest, manifest_name, manifest) -> bool: what a store whose "    \
      "directories were removed under it makes again (True: registered, False: held already)"},                \

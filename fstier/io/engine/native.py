@@ -34,8 +34,11 @@ watchdog, a completion list and an eventfd).
   deadline is published at once; when keys of it were still running, the
   slots of those and of its keys that never ran are in ``job.fenced`` (as a
   batch call's would be), released when the last late key returned.
-- ``"call"`` jobs (the recency flush: a Python callable) run on one Python
-  thread, ``<name>-call``, in order; one past its deadline is finished as
+- A ``"call"`` job naming a native block store's files (``blocks`` and
+  ``paths``, no keys: the recency flush) is a C touch job
+  (``engine_touch``, write queue, its deadline in C); its ``call`` never
+  runs. Other ``"call"`` jobs (a Python-path store's flush) run on one Python
+  thread, ``<name>-call``, started on the first, in order; one past its deadline is finished as
   timed out by the completion thread, which starts a new call thread for the
   calls behind it (the stuck one exits when its call returns); a job of a block store on the Python
   I/O path (``native_io: off``), a ``"probe"`` job (a presence probe of
@@ -90,6 +93,8 @@ log = logging.getLogger("fstier.io")
 #: and uniform outcomes (``NativeEngine._judge_uniform``)
 _FIXED_MAX = 256
 _HASH, _GROUP = attrgetter("block_hash"), attrgetter("group_idx")
+#: the tag bit of a touch job (``_submit_touch``): its events are told apart by the tag alone
+_TOUCH_TAGS = 1 << 62
 
 
 def _reprobe_due(blocks: Any) -> bool:
@@ -295,6 +300,9 @@ class NativeEngine:
         if job.call is None or job.kind == "probe":
             self._submit_python(reg, job)
             return
+        if job.blocks is not None and job.blocks.batched and not job.keys and job.paths:
+            self._submit_touch(reg, job)
+            return
         job.owner = reg
         job.t_submit = time.perf_counter()
         job.bounds, job.helpers = (0, 1), 0
@@ -306,6 +314,49 @@ class NativeEngine:
             self._calls.append(job)
             self._start_call_thread()
             self._call_ready.notify()
+
+    def _submit_touch(self, reg: Registration, job: EngineJob) -> None:
+        """A call job naming a native block store's files (``blocks``,
+        ``paths``: the recency flush, :class:`~fstier.tier.recency.Recency`):
+        a C touch job (``engine_touch``) on the write queue, its ``call``
+        never run; no Python thread touches a file. Finished by
+        :meth:`_touch_event`."""
+        base = os.fspath(job.blocks.mapper.blocks_dir)  # type: ignore[union-attr]  # checked by the caller
+        rels = nat.split(base, job.paths)
+        job.owner = reg
+        job.t_submit = time.perf_counter()
+        job.bounds, job.helpers = (0, 1), 0
+        job.results = []
+        job.remaining = 1
+        tag = _TOUCH_TAGS | next(self._tags)
+        with self.lock:
+            self._check_open(reg, job)
+            reg.active += 1
+            self._jobs[tag] = job
+            try:
+                self._ext.engine_touch(
+                    self._cap, tag, os.fsencode(base), rels, -1.0 if job.timeout_s is None else float(job.timeout_s)
+                )
+            except BaseException:
+                self._jobs.pop(tag, None)
+                reg.active -= 1
+                raise
+
+    def _touch_event(self, ev: tuple[Any, ...]) -> None:
+        """A touch job's event: finished as a call job is (None, or
+        :data:`TIMED_OUT` / :data:`CANCELLED` when names were given up on);
+        its "released" event (a late touch returned) only logged."""
+        tag = ev[0]
+        if ev[1] == 1:
+            with self.lock:
+                job = self._jobs.pop(tag)
+            log.warning("late call job %r returned after its deadline", job.tag)
+            return
+        marks = ev[5]
+        with self.lock:
+            job = self._jobs[tag] if marks is not None and 1 in marks else self._jobs.pop(tag)
+        job.results = [None if not marks or not any(marks) else CANCELLED if 3 in marks else TIMED_OUT]
+        self._finish(job, ev[2])
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Cancel queued keys, let running ones finish, stop the workers
@@ -458,6 +509,8 @@ class NativeEngine:
 
     def _event(self, ev: tuple[Any, ...]) -> None:
         tag, kind = ev[0], ev[1]
+        if tag >= _TOUCH_TAGS:
+            return self._touch_event(ev)
         if kind == 1:  # released: every late key returned
             with self.lock:
                 job = self._jobs.pop(tag)
