@@ -6,7 +6,7 @@ due flush run with only the main thread and the engine's completion thread
 (no ``-call`` or ``fstier-io-*`` thread), no Python-level I/O on any thread
 (an audit hook: ``open``, ``os.utime``, ``os.remove``, ``os.mkdir``, ...; run
 in a child process, since a hook cannot be removed), and, while the flush's
-first open is held in the C fault seam, no Python thread's stack is in a
+first touch is held in the C fault seam, no Python thread's stack is in a
 touch. The flush keeps its semantics (test_recency_batch.py runs both
 paths) and its deadline: one held past it is finished as timed out and its
 late return logged."""
@@ -78,7 +78,7 @@ with open_tier(Path(sys.argv[1]), clock=clock, native_io="on") as t:
     t.drain()
     out["corrupt_removed"] = not paths[7].exists()
     clock.advance(FLUSH_S + 1)
-    native.fault("open", delay_s=0.6, times=1)  # the flush's first open, held in C
+    native.fault("touch", delay_s=0.6, times=1)  # the flush's first touch, held in C
     t.touch(ks[:7])  # due: the flush job is submitted
     in_touch, end = [], time.monotonic() + 0.4
     while time.monotonic() < end:
@@ -93,7 +93,7 @@ with open_tier(Path(sys.argv[1]), clock=clock, native_io="on") as t:
     while time.monotonic() < end and not all(p.stat().st_mtime > 1_000_000 for p in paths[:7]):
         time.sleep(0.01)
     on[0] = False
-    out["held_open"] = native.fault_count("open") >= 1
+    out["held_open"] = native.fault_count("touch") >= 1
     out["bumped"] = [p.stat().st_mtime > 1_000_000 for p in paths[:7]]
     out["in_touch"] = sorted(set(in_touch))
     out["threads"] = sorted({th.name for th in threading.enumerate()})
@@ -133,7 +133,7 @@ def test_a_flush_past_its_deadline_is_timed_out_and_its_late_return_logged(
         engine = t._engine.engine
         timeouts = engine.timeouts
         clock.advance(FLUSH_S + 1)
-        native.fault("open", delay_s=1.0, times=1)
+        native.fault("touch", delay_s=1.0, times=1)
         try:
             with caplog.at_level(logging.WARNING, logger="fstier.io"):
                 t.touch(ks)

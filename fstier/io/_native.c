@@ -123,12 +123,12 @@ static int format_version = 1;
 /* ------------------------------------------------------------ fault seam */
 enum {
     OP_OPENDIR = 0, OP_OPEN, OP_STAT, OP_WRITE, OP_READ, OP_FSYNC, OP_LINK, OP_RENAME,
-    OP_CLOSE, OP_MKDIR, OP_UNLINK, OP_NOWAIT, OP_CACHESTAT, OP_COUNT
+    OP_CLOSE, OP_MKDIR, OP_UNLINK, OP_NOWAIT, OP_CACHESTAT, OP_TOUCH, OP_COUNT
 };
 static const char *const op_names[OP_COUNT] = {"opendir", "open",  "stat",  "write",
                                                "read",    "fsync", "link",  "rename",
                                                "close",   "mkdir", "unlink", "nowait",
-                                               "cachestat"};
+                                               "cachestat", "touch"};
 
 typedef struct {
     int op;
@@ -1631,7 +1631,9 @@ static PyObject *name_batch_start(PyObject *args, const char **base, fx_item **i
 static int touch_one(int base_fd, const char *rel) {
     /* resolved below base_fd with no symlink in any component; O_NONBLOCK:
      * a FIFO planted at the name never blocks the open */
-    int fd = x_openfile(base_fd, rel, O_RDONLY | O_NOFOLLOW | O_NONBLOCK); /* the fault seam's "open" */
+    fx_inject inj; /* the fault seam's own "touch" op: a rule for "open" never meets a recency touch */
+    if (fx_hook(OP_TOUCH, &inj)) return 0;
+    int fd = fx_resolve(base_fd, rel, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0, 1);
     if (fd < 0) return 0;
     struct stat st;
     int done = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 && futimens(fd, NULL) == 0;

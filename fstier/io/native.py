@@ -473,7 +473,9 @@ def fault(
     unlink``, ``nowait``: a fan-out's page-cache-only read attempt, whose
     injected error makes it find nothing cached, and ``cachestat``:
     ``o_direct: cold``'s page-cache test, whose injected error makes it
-    find nothing cached, but ``ENOSYS``: a kernel without the call) on, for
+    find nothing cached, but ``ENOSYS``: a kernel without the call, and
+    ``touch``: a recency touch, whose injected error leaves the file
+    untouched) on, for
     ``times`` calls (-1: all), sleep ``delay_s``, move at most ``short``
     bytes (read/write), and fail with ``err`` (before the call, or ``after``
     it happened). Rules add up until :func:`clear_faults`."""
