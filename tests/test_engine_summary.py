@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -140,12 +141,15 @@ def test_a_good_file_renamed_over_a_corrupt_one_is_not_removed(rig: Rig) -> None
     _flip(path)
     native.fault("opendir", delay_s=0.6)  # a load opens no directory but for the removal
 
-    def publish() -> None:
+    def publish() -> None:  # once the removal is held (the load has judged the file)
+        end = time.monotonic() + 10
+        while native.fault_count("opendir") < 1 and time.monotonic() < end:
+            time.sleep(0.005)
         tmp = path + ".swap"
         Path(tmp).write_bytes(good)
         os.replace(tmp, path)
 
-    t = threading.Timer(0.2, publish)
+    t = threading.Thread(target=publish)
     t.start()
     (out,) = outcomes(rig.run(rig.job("l", "load", ks, [9])))
     t.join()
