@@ -27,7 +27,13 @@
  *   (timed out, expired, cancelled).
  * - a load's proven-corrupt file (or a planted link at its name) is removed
  *   by the worker that read it (remove_bad, _native.c), before the job is
- *   published: its summary says whether it was.
+ *   published: its summary says whether it was. A store that failed ENOENT
+ *   (its namespace removed under the tier) is stored once more after the
+ *   directories below the root and the manifest are made again
+ *   (ce_store_again, from what engine_namespace registered per block store).
+ * - touch jobs (engine_touch: the recency flush) queue on the write queue
+ *   and set each name's mtime (touch_one, _native.c), with a deadline as a
+ *   store's.
  * - deadlines: a watchdog thread wakes at the earliest deadline of a job in
  *   flight. A job past it completes at once: keys running then are marked
  *   timed out (their slots fenced by the caller), keys not started expire
