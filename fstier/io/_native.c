@@ -106,7 +106,8 @@ static _Atomic uint64_t cold_direct_min = COLD_DIRECT_MIN; /* configure(): tests
 enum { ST_STORED = 0, ST_SKIPPED = 1, ST_FAILED = 2 };
 enum {
     SG_NONE = 0, SG_OPENDIR, SG_STAT, SG_CREATE, SG_WRITE, SG_FSYNC, SG_LINK, SG_CLOSE,
-    SG_RENAME, SG_FSYNC_DIR, SG_MKDIR, SG_OPENBASE
+    SG_RENAME, SG_FSYNC_DIR, SG_MKDIR, SG_OPENBASE,
+    SG_NSBACK /* a success's mark: stored after its namespace directory was made again (the engine's) */
 };
 /* load status / reason codes */
 enum { LD_LOADED = 0, LD_MISSING = 1, LD_CORRUPT = 2, LD_ERROR = 3 };
@@ -122,12 +123,12 @@ static int format_version = 1;
 /* ------------------------------------------------------------ fault seam */
 enum {
     OP_OPENDIR = 0, OP_OPEN, OP_STAT, OP_WRITE, OP_READ, OP_FSYNC, OP_LINK, OP_RENAME,
-    OP_CLOSE, OP_MKDIR, OP_UNLINK, OP_NOWAIT, OP_CACHESTAT, OP_COUNT
+    OP_CLOSE, OP_MKDIR, OP_UNLINK, OP_NOWAIT, OP_CACHESTAT, OP_TOUCH, OP_COUNT
 };
 static const char *const op_names[OP_COUNT] = {"opendir", "open",  "stat",  "write",
                                                "read",    "fsync", "link",  "rename",
                                                "close",   "mkdir", "unlink", "nowait",
-                                               "cachestat"};
+                                               "cachestat", "touch"};
 
 typedef struct {
     int op;
@@ -560,6 +561,8 @@ typedef struct {
     int tmpfile_err; /* errno of this block's O_TMPFILE refusal (0: none) */
     uint64_t nbytes;
     uint64_t dev, ino;
+    int removed; /* load: the corrupt file (or planted link) at its name was removed (remove_bad) */
+    int rm_err;  /* load: errno of a removal that failed for a reason other than "gone" (logged by Python) */
 } fx_item;
 
 typedef struct {
@@ -948,6 +951,41 @@ static int load_once(fx_item *it, int base_fd, int flags, int direct, size_t ali
     return direct;
 }
 
+/* THE removal of a load's bad file, as fstier.io.fsops.unlink_if_same and
+ * _blockio._remove_planted_link do it on the Python path: the name's
+ * directory is resolved below the base with no symlink in any component,
+ * then, through that fd, a proven-corrupt file is unlinked only while the
+ * name still holds the inode that was read (a regular file, same dev and
+ * ino: a good file renamed over it meanwhile stays), and a planted symlink
+ * at the name only while it is a symlink (never its target, never through a
+ * symlinked directory). Sets it->removed; it->rm_err for a corrupt file's
+ * removal that failed for a reason other than "gone" (ENOENT), which the
+ * caller logs as the Python path does (a planted link's failure is not). */
+static void remove_bad(fx_item *it, int base_fd) {
+    int link = it->stage == RS_SYMLINK;
+    if (it->status != LD_CORRUPT || (!link && !it->ino)) return;
+    char dir[PATH_MAX];
+    const char *slash = strrchr(it->rel, '/');
+    const char *name = slash ? slash + 1 : it->rel;
+    size_t dlen = slash ? (size_t)(slash - it->rel) : 0;
+    if (dlen >= sizeof dir) return;
+    memcpy(dir, it->rel, dlen);
+    dir[dlen] = 0;
+    int dfd = x_opendir(base_fd, dir);
+    struct stat st;
+    int rc = dfd < 0 ? -1 : x_fstatat(dfd, name, &st);
+    if (rc == 0) {
+        int same = link ? S_ISLNK(st.st_mode)
+                        : S_ISREG(st.st_mode) && (uint64_t)st.st_ino == it->ino && (uint64_t)st.st_dev == it->dev;
+        if (same) {
+            rc = x_unlinkat(dfd, name);
+            if (rc == 0) it->removed = 1;
+        }
+    }
+    if (rc != 0 && !link && errno != ENOENT) it->rm_err = errno ? errno : EIO;
+    if (dfd >= 0) close(dfd);
+}
+
 static void load_one(fx_item *it, int base_fd, int flags, size_t alignment,
                      const uint8_t *digest, fx_scratch *sc) {
     int direct = (flags & F_DIRECT) && ((uintptr_t)it->buf.buf % alignment) == 0;
@@ -960,6 +998,7 @@ static void load_one(fx_item *it, int base_fd, int flags, size_t alignment,
         it->nbytes = 0;
         load_once(it, base_fd, flags & ~F_DIRECT_COLD, 0, alignment, digest, sc);
     }
+    if (it->status == LD_CORRUPT) remove_bad(it, base_fd);
 }
 
 /* ------------------------------------------------------- Python glue */
@@ -1327,9 +1366,8 @@ static PyObject *py_load_batch(PyObject *self, PyObject *args) {
     PyObject *out = PyList_New(n);
     for (Py_ssize_t i = 0; out && i < n; i++) {
         fx_item *it = &items[i];
-        PyObject *t = Py_BuildValue("(iiKiKK)", it->status, it->err, (unsigned long long)it->nbytes,
-                                    it->stage, (unsigned long long)it->dev,
-                                    (unsigned long long)it->ino);
+        PyObject *t = Py_BuildValue("(iiKiii)", it->status, it->err, (unsigned long long)it->nbytes,
+                                    it->stage, it->removed, it->rm_err);
         if (!t) {
             Py_CLEAR(out);
             break;
@@ -1670,11 +1708,25 @@ static PyObject *name_batch_start(PyObject *args, const char **base, fx_item **i
     return out;
 }
 
-/* Set each block file's mtime to now (its LRU recency), one call per batch:
+/* Set each block file's mtime to now (its LRU recency), one call per batch (touch_one per name; the C
+ * engine's touch jobs run touch_one too):
  * the directory resolved below the base with no symlink (reused while the
  * names share it), the file opened O_NOFOLLOW|O_NONBLOCK, touched only when
  * it is a regular file with one link (a second link is someone else's name
  * for the inode), through its fd. Returns bytes (1: touched). */
+static int touch_one(int base_fd, const char *rel) {
+    /* resolved below base_fd with no symlink in any component; O_NONBLOCK:
+     * a FIFO planted at the name never blocks the open */
+    fx_inject inj; /* the fault seam's own "touch" op: a rule for "open" never meets a recency touch */
+    if (fx_hook(OP_TOUCH, &inj)) return 0;
+    int fd = fx_resolve(base_fd, rel, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0, 1);
+    if (fd < 0) return 0;
+    struct stat st;
+    int done = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 && futimens(fd, NULL) == 0;
+    close(fd);
+    return done;
+}
+
 static PyObject *py_touch_batch(PyObject *self, PyObject *args) {
     (void)self;
     const char *base;
@@ -1685,16 +1737,7 @@ static PyObject *py_touch_batch(PyObject *self, PyObject *args) {
     if (!out) return NULL;
     Py_BEGIN_ALLOW_THREADS
     int base_fd = open_base(base);
-    for (Py_ssize_t i = 0; base_fd >= 0 && i < n; i++) {
-        /* resolved below base_fd with no symlink in any component; O_NONBLOCK:
-         * a FIFO planted at the name never blocks the open */
-        int fd = fx_resolve(base_fd, items[i].rel, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0, 1);
-        if (fd < 0) continue;
-        struct stat st;
-        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 && futimens(fd, NULL) == 0)
-            res[i] = 1;
-        close(fd);
-    }
+    for (Py_ssize_t i = 0; base_fd >= 0 && i < n; i++) res[i] = (uint8_t)touch_one(base_fd, items[i].rel);
     if (base_fd >= 0) close(base_fd);
     Py_END_ALLOW_THREADS
     items_free(items, n);

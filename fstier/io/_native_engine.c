@@ -21,8 +21,19 @@
  *   eventfd, e.g. LMCache's: the job holds a dup of it until it is freed),
  *   that fd instead, in C under the mutex once the event is queued, so a
  *   caller woken by it always finds the event; engine_collect returns one compact tuple per event: uniform
- *   jobs one shared per-key tuple, others a tuple per key, and a byte per
- *   key only when some key did not complete (timed out, expired, cancelled).
+ *   jobs one shared per-key tuple, others a byte per key naming one of a
+ *   few shared success tuples, with a tuple only for each key that failed
+ *   (ce_mixed), and a mark byte per key only when some key did not complete
+ *   (timed out, expired, cancelled).
+ * - a load's proven-corrupt file (or a planted link at its name) is removed
+ *   by the worker that read it (remove_bad, _native.c), before the job is
+ *   published: its summary says whether it was. A store that failed ENOENT
+ *   (its namespace removed under the tier) is stored once more after the
+ *   directories below the root and the manifest are made again
+ *   (ce_store_again, from what engine_namespace registered per block store).
+ * - touch jobs (engine_touch: the recency flush) queue on the write queue
+ *   and set each name's mtime (touch_one, _native.c), with a deadline as a
+ *   store's.
  * - deadlines: a watchdog thread wakes at the earliest deadline of a job in
  *   flight. A job past it completes at once: keys running then are marked
  *   timed out (their slots fenced by the caller), keys not started expire
@@ -48,7 +59,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 
-enum { CE_LOAD = 0, CE_STORE = 1 };
+enum { CE_LOAD = 0, CE_STORE = 1, CE_TOUCH = 2 /* engine_touch: mtimes (the recency flush), write queue */ };
 /* per-key state */
 enum { KS_QUEUED = 0, KS_RUNNING, KS_DONE, KS_TIMED_OUT, KS_EXPIRED, KS_CANCELLED };
 /* mark bytes of a summary: what stands for a key that returned nothing */
@@ -85,6 +96,19 @@ struct ce_job {
     int notify_fd; /* the caller's eventfd (a dup) written at its events, or -1 */
 };
 
+/* A block store's namespace as engine_namespace registered it: what a store
+ * needs to make the directories again when they were removed under it. */
+typedef struct ce_ns {
+    struct ce_ns *next;
+    char *base;     /* the blocks directory (a job's base) */
+    char *root;     /* the tier's root, never created here */
+    char *ns;       /* the namespace directory, relative to root (one component) */
+    char *rest;     /* the blocks directory relative to the namespace's ("" when it is the namespace) */
+    char *manifest; /* the manifest's name in the namespace directory */
+    char *data;     /* and its bytes */
+    size_t len;
+} ce_ns;
+
 typedef struct ce_event {
     struct ce_event *next;
     ce_job *job;
@@ -112,6 +136,7 @@ typedef struct {
     int generation;      /* ce_generation of the process that made it */
     int watchdog_live;
     pthread_t watchdog;
+    ce_ns *spaces;       /* engine_namespace's, never removed before the engine is freed */
 } ce_engine;
 
 typedef struct {
@@ -280,15 +305,84 @@ static int ce_base(ce_engine *e, ce_job *j, int *err) {
     return fd;
 }
 
+/* The namespace registered for `base`, or NULL (entries are immutable and
+ * live as long as the engine, so the pointer stays good unlocked). */
+static ce_ns *ce_ns_find(ce_engine *e, const char *base) {
+    pthread_mutex_lock(&e->mu);
+    ce_ns *ns = e->spaces;
+    while (ns && strcmp(ns->base, base) != 0) ns = ns->next;
+    pthread_mutex_unlock(&e->mu);
+    return ns;
+}
+
+/* Write the manifest into a namespace directory this call made (ns_fd), as
+ * fstier.io.fsops.atomic_write does (a temp name beside it, written, fsynced,
+ * renamed over the name, the directory fsynced; mode 0644, its default). */
+static void ce_write_manifest(int ns_fd, const ce_ns *ns) {
+    char tmp[MAX_NAME + 160];
+    temp_name(tmp, sizeof tmp, ns->manifest);
+    int fd = x_openat(ns_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644);
+    if (fd < 0) return;
+    size_t done = 0;
+    while (done < ns->len) {
+        ssize_t w = write(fd, ns->data + done, ns->len - done);
+        if (w <= 0 && !(w < 0 && errno == EINTR)) break;
+        if (w > 0) done += (size_t)w;
+    }
+    int ok = done == ns->len && x_fsync(fd) == 0;
+    ok = x_close(fd) == 0 && ok;
+    if (ok && x_renameat(ns_fd, tmp, ns->manifest) == 0)
+        x_fsync(ns_fd);
+    else
+        discard_at(ns_fd, tmp);
+}
+
+/* A store that failed ENOENT (its namespace or blocks directory was removed
+ * under the running tier: an operator's rm -rf) is stored once more, as
+ * BlockStore._store_one does on the Python path: the directories from the
+ * namespace's down are made again below the root (resolved with no
+ * symlink; mode 0755, each level opened O_NOFOLLOW; the root itself is
+ * never created), the manifest written when this call made the namespace
+ * directory, then the key stored through a fresh base fd. Such a key's
+ * success carries the stage SG_NSBACK (Python logs the re-creation). */
+static void ce_store_again(ce_engine *e, ce_job *j, fx_item *it, fx_scratch *sc) {
+    ce_ns *ns = ce_ns_find(e, j->base);
+    if (!ns) return;
+    int root_fd = open_base(ns->root);
+    if (root_fd < 0) return;
+    int fresh = 0, stage = 0, dummy = 0;
+    int ns_fd = make_dirs(root_fd, ns->ns, &fresh, &stage);
+    close(root_fd);
+    if (ns_fd < 0) return;
+    if (fresh) ce_write_manifest(ns_fd, ns);
+    int dfd = ns->rest[0] ? make_dirs(ns_fd, ns->rest, &dummy, &stage) : -1;
+    if (dfd >= 0) close(dfd);
+    close(ns_fd);
+    int base_fd = open_base(j->base);
+    if (base_fd < 0) return;
+    it->status = it->err = it->stage = 0;
+    it->nbytes = 0;
+    int flags = j->flags | (atomic_load(&j->no_tmpfile) ? F_NO_TMPFILE : 0);
+    store_one(it, base_fd, flags, j->mode, j->alignment, j->digest, j->pages, j->created_ns, sc);
+    close(base_fd);
+    if (it->tmpfile_err) atomic_store(&j->no_tmpfile, 1);
+    if (fresh && it->status != ST_FAILED) it->stage = SG_NSBACK;
+}
+
 static void ce_run_key(ce_engine *e, ce_job *j, Py_ssize_t i, fx_scratch *sc) {
     fx_item *it = &j->items[i];
     int err = 0;
     int base_fd = ce_base(e, j, &err);
+    if (j->kind == CE_TOUCH) {
+        it->status = base_fd >= 0 && touch_one(base_fd, it->rel) ? 0 : 1; /* 1: not touched */
+        return;
+    }
     if (base_fd < 0) {
         it->err = err;
         if (j->kind == CE_STORE) {
             it->status = ST_FAILED;
             it->stage = SG_OPENBASE;
+            if (err == ENOENT) ce_store_again(e, j, it, sc);
         } else {
             it->status = err == ENOENT ? LD_MISSING : LD_ERROR;
             it->stage = err == ELOOP ? RS_SYMLINK : RS_OPEN;
@@ -302,6 +396,7 @@ static void ce_run_key(ce_engine *e, ce_job *j, Py_ssize_t i, fx_scratch *sc) {
         int flags = j->flags | (atomic_load(&j->no_tmpfile) ? F_NO_TMPFILE : 0);
         store_one(it, base_fd, flags, j->mode, j->alignment, j->digest, j->pages, j->created_ns, sc);
         if (it->tmpfile_err) atomic_store(&j->no_tmpfile, 1);
+        if (it->status == ST_FAILED && it->err == ENOENT) ce_store_again(e, j, it, sc);
     }
 }
 
@@ -469,6 +564,11 @@ static void ce_capsule_free(PyObject *cap) {
         if (ev->kind == EV_RELEASED || !j->had_late) ce_job_free(j);
         free(ev);
         ev = nx;
+    }
+    while (e->spaces) {
+        ce_ns *nx = e->spaces->next;
+        free(e->spaces);
+        e->spaces = nx;
     }
     close(e->efd);
     pthread_mutex_destroy(&e->mu);
@@ -727,16 +827,79 @@ static PyObject *ce_raw(ce_job *j, fx_item *it) {
     if (j->kind == CE_STORE)
         return Py_BuildValue("(iiKii)", it->status, it->err, (unsigned long long)it->nbytes, it->stage,
                              it->tmpfile_err);
-    return Py_BuildValue("(iiKiKK)", it->status, it->err, (unsigned long long)it->nbytes, it->stage,
-                         (unsigned long long)it->dev, (unsigned long long)it->ino);
+    return Py_BuildValue("(iiKiii)", it->status, it->err, (unsigned long long)it->nbytes, it->stage, it->removed,
+                         it->rm_err);
 }
 
 static int ce_same(const fx_item *a, const fx_item *b) {
     return a->status == b->status && a->err == b->err && a->nbytes == b->nbytes && a->stage == b->stage &&
-           a->tmpfile_err == b->tmpfile_err && a->dev == b->dev && a->ino == b->ino;
+           a->tmpfile_err == b->tmpfile_err && a->dev == b->dev && a->ino == b->ino && a->removed == b->removed &&
+           a->rm_err == b->rm_err;
 }
 
-/* One published job's summary: (tag, EV_DONE, seconds, uniform, per_key, marks). */
+/* A mixed job's summary classes: at most CE_CLASSES distinct successes
+ * (past that a success is listed with the failures); CE_NONE: no class. */
+#define CE_CLASSES 16
+#define CE_NONE 255
+
+/* A key's result that is one of a few shared outcomes (it needs no per-key
+ * judging): a load LOADED, a store STORED or SKIPPED with no O_TMPFILE
+ * refusal to record. */
+static int ce_success(const ce_job *j, const fx_item *it) {
+    if (j->kind == CE_LOAD) return it->status == LD_LOADED;
+    return it->status != ST_FAILED && !it->tmpfile_err && it->stage == SG_NONE;
+}
+
+/* A job that was not uniform, summarised without a tuple per key:
+ * (codes, classes, failures). codes: one byte per key, the index of its
+ * success in classes (the distinct success tuples, ce_raw's shape), or
+ * CE_NONE: a key that returned nothing (see the marks) or one listed in
+ * failures, ((key index, ce_raw tuple), ...) in key order (its first item is
+ * the job's first failure). Python judges the classes once each and only
+ * the failures per key. */
+static PyObject *ce_mixed(ce_job *j) {
+    PyObject *codes = PyBytes_FromStringAndSize(NULL, j->n), *classes = PyList_New(0), *fails = PyList_New(0);
+    if (!codes || !classes || !fails) goto fail;
+    uint8_t *c = (uint8_t *)PyBytes_AS_STRING(codes);
+    Py_ssize_t cls[CE_CLASSES], ncls = 0;
+    for (Py_ssize_t i = 0; i < j->n; i++) {
+        fx_item *it = &j->items[i];
+        c[i] = CE_NONE;
+        if (j->kstate[i] != KS_DONE) continue;
+        if (ce_success(j, it)) {
+            Py_ssize_t k = 0;
+            while (k < ncls && !ce_same(&j->items[cls[k]], it)) k++;
+            if (k == ncls && ncls < CE_CLASSES) {
+                PyObject *t = ce_raw(j, it);
+                if (!t || PyList_Append(classes, t) != 0) {
+                    Py_XDECREF(t);
+                    goto fail;
+                }
+                Py_DECREF(t);
+                cls[ncls++] = i;
+            }
+            if (k < ncls) {
+                c[i] = (uint8_t)k;
+                continue;
+            }
+        }
+        PyObject *t = ce_raw(j, it);
+        PyObject *f = t ? Py_BuildValue("(nN)", i, t) : NULL;
+        if (!f || PyList_Append(fails, f) != 0) {
+            Py_XDECREF(f);
+            goto fail;
+        }
+        Py_DECREF(f);
+    }
+    return Py_BuildValue("(NNN)", codes, classes, fails);
+fail:
+    Py_XDECREF(codes);
+    Py_XDECREF(classes);
+    Py_XDECREF(fails);
+    return NULL;
+}
+
+/* One published job's summary: (tag, EV_DONE, seconds, uniform, per_key, marks); per_key: ce_mixed's. */
 static PyObject *ce_summary(ce_job *j) {
     PyObject *uniform = Py_None, *per_key = Py_None, *marks = Py_None;
     Py_INCREF(Py_None);
@@ -752,12 +915,7 @@ static PyObject *ce_summary(ce_job *j) {
         uniform = ce_raw(j, &j->items[0]);
     } else if (j->n) {
         Py_DECREF(per_key);
-        per_key = PyList_New(j->n);
-        for (Py_ssize_t i = 0; per_key && i < j->n; i++) {
-            PyObject *t = j->kstate[i] == KS_DONE ? ce_raw(j, &j->items[i]) : (Py_INCREF(Py_None), Py_None);
-            if (!t) Py_CLEAR(per_key);
-            else PyList_SET_ITEM(per_key, i, t);
-        }
+        per_key = ce_mixed(j);
         if (!all_done) {
             Py_DECREF(marks);
             marks = PyBytes_FromStringAndSize(NULL, j->n);
@@ -956,6 +1114,123 @@ static PyObject *py_engine_cancel(PyObject *self, PyObject *args) {
     return PyBool_FromLong(found);
 }
 
+/* engine_touch(engine, tag, base, rels, timeout_s): queue a touch job (the
+ * recency flush): each name's mtime set to now by touch_one (_native.c:
+ * resolved below base with no symlink, only a regular file with one link),
+ * on the write queue, its names in order on one worker; a deadline as a
+ * store's (timeout_s < 0: none). Its events are the engine's (no notify fd);
+ * its summary's per-key status is 0 where a file was touched. */
+static PyObject *py_engine_touch(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *cap, *rels;
+    unsigned long long tag;
+    const char *base;
+    double timeout_s;
+    if (!PyArg_ParseTuple(args, "OKyOd", &cap, &tag, &base, &rels, &timeout_s)) return NULL;
+    ce_engine *e = ce_get(cap);
+    if (!e) return NULL;
+    ce_job *j = calloc(1, sizeof *j);
+    if (!j) return PyErr_NoMemory();
+    j->base_fd = j->notify_fd = -1;
+    j->kind = CE_TOUCH;
+    j->tag = tag;
+    j->alignment = 1;
+    j->base = strdup(base);
+    j->items = items_from(rels, NULL, NULL, NULL, 0, &j->n);
+    j->kstate = j->items ? calloc((size_t)(j->n ? j->n : 1), 1) : NULL;
+    j->hold = j->kstate ? Py_BuildValue("(O)", rels) : NULL;
+    if (!j->base || !j->hold) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        ce_job_free(j);
+        return NULL;
+    }
+    j->left = j->n;
+    j->spread = 1;
+    atomic_init(&j->no_tmpfile, 0);
+    j->t_submit = ce_real_now();
+    int signal = 0;
+    pthread_mutex_lock(&e->mu);
+    if (e->closed) {
+        pthread_mutex_unlock(&e->mu);
+        ce_job_free(j);
+        PyErr_SetString(PyExc_RuntimeError, "the native engine is shut down; cannot submit");
+        return NULL;
+    }
+    e->jobs++;
+    j->deadline = timeout_s >= 0 ? ce_now(e) + timeout_s : INFINITY;
+    if (j->n == 0) {
+        signal = ce_publish(e, j);
+    } else {
+        if (e->qtail[1])
+            e->qtail[1]->qnext = j;
+        else
+            e->qhead[1] = j;
+        e->qtail[1] = j;
+        e->qkeys[1] += j->n;
+        j->queued = 1;
+        if (timeout_s >= 0) {
+            j->fnext = e->flight;
+            if (e->flight) e->flight->fprev = j;
+            e->flight = j;
+            j->in_flight = 1;
+            pthread_cond_signal(&e->tick);
+        }
+        if (e->idle) pthread_cond_signal(&e->work);
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (signal) ce_signal(e);
+    Py_RETURN_NONE;
+}
+
+/* engine_namespace(engine, base, root, ns, rest, manifest_name, manifest): register
+ * the namespace of the block store whose blocks directory is `base` (see
+ * ce_ns; ce_store_again uses it). One allocation holds the strings; a
+ * registration equal to one held is not added again. */
+static PyObject *py_engine_namespace(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *cap;
+    const char *base, *root, *nsdir, *rest, *mname;
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "Oyyyyyy*", &cap, &base, &root, &nsdir, &rest, &mname, &data)) return NULL;
+    ce_engine *e = ce_get(cap);
+    if (!e || !nsdir[0] || strchr(nsdir, '/') || rest[0] == '/' || !mname[0] || strchr(mname, '/')) {
+        if (e) PyErr_SetString(PyExc_ValueError, "ns and manifest_name must be one component, rest relative");
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    const char *parts[5] = {base, root, nsdir, rest, mname};
+    size_t size = sizeof(ce_ns) + (size_t)data.len + 1;
+    for (int k = 0; k < 5; k++) size += strlen(parts[k]) + 1;
+    ce_ns *ns = calloc(1, size);
+    if (!ns) {
+        PyBuffer_Release(&data);
+        return PyErr_NoMemory();
+    }
+    char *w = (char *)(ns + 1), **dst[5] = {&ns->base, &ns->root, &ns->ns, &ns->rest, &ns->manifest};
+    for (int k = 0; k < 5; k++) {
+        *dst[k] = w;
+        w = stpcpy(w, parts[k]) + 1;
+    }
+    ns->data = w;
+    memcpy(w, data.buf, (size_t)data.len);
+    ns->len = (size_t)data.len;
+    PyBuffer_Release(&data);
+    pthread_mutex_lock(&e->mu);
+    ce_ns *had = e->spaces;
+    while (had && !(strcmp(had->base, ns->base) == 0 && strcmp(had->root, ns->root) == 0 &&
+                    strcmp(had->ns, ns->ns) == 0 && strcmp(had->rest, ns->rest) == 0 &&
+                    strcmp(had->manifest, ns->manifest) == 0 && had->len == ns->len &&
+                    memcmp(had->data, ns->data, ns->len) == 0))
+        had = had->next;
+    if (!had) {
+        ns->next = e->spaces;
+        e->spaces = ns;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (had) free(ns);
+    return PyBool_FromLong(!had);
+}
+
 #define ENGINE_METHODS                                                                                        \
     {"engine_new", py_engine_new, METH_VARARGS,                                                               \
      "engine_new(read_threads, write_threads) -> engine: persistent C workers and a watchdog"},               \
@@ -967,12 +1242,17 @@ static PyObject *py_engine_cancel(PyObject *self, PyObject *args) {
     {"engine_names", py_engine_names, METH_VARARGS,                                                           \
      "engine_names(hashes, groups) -> [bytes]: file_mapper.encode's names, formatted in C"},                  \
     {"engine_collect", py_engine_collect, METH_O,                                                             \
-     "engine_collect(engine) -> [(tag, 0, seconds, uniform, per_key, marks) | (tag, 1)]"},                    \
+     "engine_collect(engine) -> [(tag, 0, seconds, uniform, (codes, classes, failures), marks) | (tag, 1)]"}, \
     {"engine_wait", py_engine_wait, METH_VARARGS,                                                             \
      "engine_wait(engine, timeout_s) -> bool: until an event is queued (GIL released)"},                      \
     {"engine_cancel", py_engine_cancel, METH_VARARGS,                                                         \
      "engine_cancel(engine, tag) -> bool: cancel a queued job's keys not started"},                           \
     {"engine_fd", py_engine_fd, METH_O, "engine_fd(engine) -> its eventfd"},                                  \
+    {"engine_touch", py_engine_touch, METH_VARARGS,                                                           \
+     "engine_touch(engine, tag, base, rels, timeout_s): queue a touch job (mtimes to now; the recency flush)"}, \
+    {"engine_namespace", py_engine_namespace, METH_VARARGS,                                                   \
+     "engine_namespace(engine, base, root, ns, rest, manifest_name, manifest) -> bool: what a store whose "    \
+     "directories were removed under it makes again (True: registered, False: held already)"},                \
     {"engine_clock", py_engine_clock, METH_VARARGS,                                                           \
      "engine_clock(engine, now_s=None) -> the watchdog's time; now_s makes it a manual clock (tests)"},       \
     {"engine_info", py_engine_info, METH_O, "engine_info(engine) -> counters"},                               \

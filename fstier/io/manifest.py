@@ -30,6 +30,7 @@ from fstier.io.fsops import atomic_write, open_nofollow
 __all__ = [
     "MANIFEST_MAX_BYTES",
     "ensure_manifest",
+    "manifest_bytes",
     "MANIFEST_NAME",
     "Manifest",
     "ManifestFields",
@@ -227,6 +228,12 @@ def ensure_manifest(mapper: FileMapper) -> None:
         ) from None
 
 
+def manifest_bytes(mapper: FileMapper) -> bytes:
+    """The bytes of ``mapper``'s ``config.json`` as fstier writes it (here,
+    and in C when the C engine makes a removed namespace directory again)."""
+    return json.dumps(mapper.manifest(), indent=2, sort_keys=True).encode()
+
+
 def _ensure_manifest(mapper: FileMapper) -> None:
     root = mapper.root
     try:
@@ -246,7 +253,7 @@ def _ensure_manifest(mapper: FileMapper) -> None:
     # with NamespaceMismatchError naming it (read_manifest).
     existing = read_manifest(ns)
     if existing is None:
-        atomic_write(path, json.dumps(want, indent=2, sort_keys=True).encode(), fsync="file+dir")
+        atomic_write(path, manifest_bytes(mapper), fsync="file+dir")
         return
     if existing.fields != want["fields"]:
         raise NamespaceMismatchError(

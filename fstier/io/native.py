@@ -25,8 +25,9 @@ Invariants
       every path is resolved by the kernel below the base directory's fd with
       no symlink in any component (``openat2`` RESOLVE_BENEATH |
       RESOLVE_NO_SYMLINKS; a walk of ``O_NOFOLLOW`` opens where the kernel
-      lacks it). A corrupt file is removed by :func:`fstier.io.fsops.unlink_if_same`
-      (the name must still hold the inode that was read).
+      lacks it). A corrupt file is removed by the C call that read it, by
+      :func:`fstier.io.fsops.unlink_if_same`'s rule (the name must still hold
+      the inode that was read).
     - Only LOADED means the buffer holds verified bytes.
     - The extension keeps references to the caller's buffers only for the
       duration of the call; a late call (a hung mount) still holds them, which
@@ -55,7 +56,7 @@ from typing import Any, NamedTuple
 from fstier.errors import ConfigError
 from fstier.io import _blockio
 from fstier.io.blockfile import FORMAT_VERSION
-from fstier.io.fsops import _HOST, unlink_if_same
+from fstier.io.fsops import _HOST
 from fstier.io.iotypes import (
     IOOptions,
     LoadOutcome,
@@ -207,6 +208,8 @@ _REASONS = (
 
 
 _HASH, _GROUP = attrgetter("block_hash"), attrgetter("group_idx")
+#: a load whose file is not there (outcomes are frozen: one for every such key)
+_MISSING = LoadOutcome(LoadStatus.MISSING, "ENOENT")
 _FSENCODE = methodcaller("encode", "utf-8", "surrogateescape")
 #: os.fsencode is _FSENCODE here (Linux's usual locale)
 _FS_UTF8 = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()) == ("utf-8", "surrogateescape")
@@ -350,13 +353,19 @@ def load_batch(
 def load_outcomes(
     raw: Sequence[tuple[int, int, int, int, int, int]], paths: Sequence[str]
 ) -> list[LoadOutcome]:
-    """The outcomes of the extension's per-key load tuples (``load_batch``'s,
-    or the native engine's); proven-corrupt files and planted links removed."""
-    if len(raw) == len(paths) and len(set(raw)) == 1 and raw[0][0] == 0:
-        # Every block LOADED with one length: one shared (frozen) outcome.
-        return [LoadOutcome(LoadStatus.LOADED, nbytes=raw[0][2])] * len(raw)
+    """The outcomes of the extension's per-key load tuples ``(status, errno,
+    nbytes, reason, removed, removal errno)`` (``load_batch``'s, or the
+    native engine's). A proven-corrupt file or a planted link was removed by
+    the C call itself (``remove_bad`` in ``_native.c``: the same rule as
+    :func:`fstier.io.fsops.unlink_if_same`); a removal that failed is logged
+    here, as the Python path logs it."""
+    if len(raw) == len(paths) and len(set(raw)) == 1 and raw[0][0] in (0, 1):
+        # Every block LOADED with one length, or every one MISSING (no name
+        # in it): one shared (frozen) outcome.
+        one = LoadOutcome(LoadStatus.LOADED, nbytes=raw[0][2]) if raw[0][0] == 0 else _MISSING
+        return [one] * len(raw)
     out: list[LoadOutcome] = []
-    for (st, err, nbytes, reason, dev, ino), path in zip(raw, paths, strict=True):
+    for (st, err, nbytes, reason, removed, rm_err), path in zip(raw, paths, strict=True):
         if st == 0:
             out.append(LoadOutcome(LoadStatus.LOADED, nbytes=nbytes))
             continue
@@ -364,18 +373,15 @@ def load_outcomes(
         status_ = _LOAD_STATUS[st]
         why = _REASONS[reason]
         if status_ is LoadStatus.MISSING:
-            out.append(LoadOutcome(LoadStatus.MISSING, "ENOENT"))
+            out.append(_MISSING)
         elif why == "symlink":
-            removed = _blockio._remove_planted_link(path)
             out.append(LoadOutcome(
-                LoadStatus.CORRUPT, "symlink", f"{name}: a symlink on its path", removed=removed
+                LoadStatus.CORRUPT, "symlink", f"{name}: a symlink on its path", removed=bool(removed)
             ))
         elif status_ is LoadStatus.CORRUPT:
-            detail = _corrupt_detail(why, nbytes, path)
-            removed = bool(ino) and unlink_if_same(
-                path, ino=ino, dev=dev, on_error=_blockio._removal_failed
-            ) == "removed"
-            out.append(LoadOutcome(LoadStatus.CORRUPT, why, detail, removed=removed))
+            if rm_err:
+                _blockio._removal_failed(OSError(rm_err, os.strerror(rm_err), path))
+            out.append(LoadOutcome(LoadStatus.CORRUPT, why, _corrupt_detail(why, nbytes, path), removed=bool(removed)))
         elif why == "not_regular":
             out.append(LoadOutcome(LoadStatus.ERROR, "not_regular", f"{name} is not a regular file"))
         elif why == "read" and err in (errno.ENOENT, errno.ESTALE):
@@ -472,7 +478,9 @@ def fault(
     unlink``, ``nowait``: a fan-out's page-cache-only read attempt, whose
     injected error makes it find nothing cached, and ``cachestat``:
     ``o_direct: cold``'s page-cache test, whose injected error makes it
-    find nothing cached, but ``ENOSYS``: a kernel without the call) on, for
+    find nothing cached, but ``ENOSYS``: a kernel without the call, and
+    ``touch``: a recency touch, whose injected error leaves the file
+    untouched) on, for
     ``times`` calls (-1: all), sleep ``delay_s``, move at most ``short``
     bytes (read/write), and fail with ``err`` (before the call, or ``after``
     it happened). Rules add up until :func:`clear_faults`."""

@@ -5,12 +5,15 @@ of a present key) is recorded in memory and written to the file's mtime at
 most every :data:`FLUSH_S` seconds, or once :data:`MAX_PENDING` distinct
 files are pending, and before every capacity pass: a hot block costs one
 metadata write per interval, not one per hit (a SETATTR round trip on NFS).
-The writes run as their own job (a ``"call"`` job) on the engine's write
-queue, so no load waits for them; every process's eviction and ``fstier gc`` read them.
-Hits of a batch are noted under one lock (:meth:`Recency.note_many`); on
-the native path a flush is ONE call (:meth:`BlockStore.touch_many`,
-GIL released), on the Python path one touch per file. Either way no
-symlink is followed and a file with a second link is left alone
+The writes run as their own job (a ``"call"`` job naming the block store
+and the files) on the engine's write queue, so no load waits for them;
+every process's eviction and ``fstier gc`` read them. Hits of a batch are
+noted under one lock (:meth:`Recency.note_many`). On the native path a
+flush is ONE C job of the C engine (``engine_touch``: its worker touches
+the files, no Python thread runs it), or ONE call
+(:meth:`BlockStore.touch_many`, GIL released) on the Python engine's
+thread; on the Python path one touch per file. Either way no symlink is
+followed and a file with a second link is left alone
 (test_recency_batch.py).
 """
 
@@ -85,9 +88,10 @@ class Recency:
             job_id = ("recency", self._seq)
         if take:
             try:
-                self._io.submit(
-                    EngineJob(job_id, "call", call=partial(_bump_mtimes, take, self._blocks), timeout_s=self._timeout_s)
-                )
+                self._io.submit(EngineJob(
+                    job_id, "call", blocks=self._blocks, paths=take, timeout_s=self._timeout_s,
+                    call=partial(_bump_mtimes, take, self._blocks),
+                ))
             except IOPoolClosedError:  # the tier is closing: do it here
                 _bump_mtimes(take, self._blocks)
 

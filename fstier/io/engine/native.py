@@ -15,9 +15,11 @@ watchdog, a completion list and an eventfd).
   otherwise: a key the engine gave up on is :data:`TIMED_OUT`,
   :data:`EXPIRED` or :data:`CANCELLED`), then publishes it to its
   registration and runs ``on_complete``; at a "released" event it sets
-  ``job.released`` and runs ``on_released``. It does no I/O but the rare
-  hand-backs the batch path does too: a store that found its namespace
-  directory removed, a corrupt file's removal.
+  ``job.released`` and runs ``on_released``. A mixed summary is judged by
+  :mod:`fstier.io.engine.summary` (a byte per key, a tuple per failed key).
+  It does no I/O: a corrupt file's removal and a store whose namespace
+  directory was removed are done by the C worker; only a key C still
+  failed ENOENT then (the root itself gone) is handed to the batch path.
 - A registration with ``notify_fds`` (LMCache's eventfds): its jobs are
   submitted with their kind's fd, which C writes (not the engine's eventfd)
   once the event is queued, so no Python runs at their completion; the
@@ -32,8 +34,11 @@ watchdog, a completion list and an eventfd).
   deadline is published at once; when keys of it were still running, the
   slots of those and of its keys that never ran are in ``job.fenced`` (as a
   batch call's would be), released when the last late key returned.
-- ``"call"`` jobs (the recency flush: a Python callable) run on one Python
-  thread, ``<name>-call``, in order; one past its deadline is finished as
+- A ``"call"`` job naming a native block store's files (``blocks`` and
+  ``paths``, no keys: the recency flush) is a C touch job
+  (``engine_touch``, write queue, its deadline in C); its ``call`` never
+  runs. Other ``"call"`` jobs (a Python-path store's flush) run on one Python
+  thread, ``<name>-call``, started on the first, in order; one past its deadline is finished as
   timed out by the completion thread, which starts a new call thread for the
   calls behind it (the stuck one exits when its call returns); a job of a block store on the Python
   I/O path (``native_io: off``), a ``"probe"`` job (a presence probe of
@@ -73,23 +78,23 @@ from typing import Any
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.errors import IOPoolClosedError
 from fstier.io import native as nat
+from fstier.io.engine import summary
 from fstier.io.engine.python import PythonEngine, Registration, check_threads, write_fd
-from fstier.io.engine.record import CANCELLED, EXPIRED, MIN_KEYS_PER_THREAD, TIMED_OUT, EngineJob
-from fstier.io.iotypes import StoreStatus
+from fstier.io.engine.record import CANCELLED, MIN_KEYS_PER_THREAD, TIMED_OUT, EngineJob
+from fstier.io.engine.summary import _ST_FAILED
+from fstier.io.engine.summary import SHARED as _UNIFORM
+from fstier.io.manifest import MANIFEST_NAME, manifest_bytes
 
 __all__ = ["NativeEngine", "available"]
 
 log = logging.getLogger("fstier.io")
 
-_MARKS = (None, TIMED_OUT, EXPIRED, CANCELLED)
 #: block stores whose fixed engine_submit arguments are cached at most (``NativeEngine._fixed``),
 #: and uniform outcomes (``NativeEngine._judge_uniform``)
 _FIXED_MAX = 256
-#: a store's status code for "failed" in the extension's per-key tuples (0 stored, 1 skipped)
-_ST_FAILED = 2
-#: (kind, a uniform C summary's per-key tuple) -> its one (frozen) success outcome
-_UNIFORM: dict[tuple[str, tuple[int, ...]], Any] = {}
-_HASH, _GROUP, _STATUS = attrgetter("block_hash"), attrgetter("group_idx"), attrgetter("status")
+_HASH, _GROUP = attrgetter("block_hash"), attrgetter("group_idx")
+#: the tag bit of a touch job (``_submit_touch``): its events are told apart by the tag alone
+_TOUCH_TAGS = 1 << 62
 
 
 def _reprobe_due(blocks: Any) -> bool:
@@ -272,8 +277,21 @@ class NativeEngine:
             self._fixed_args.clear()
         got = (blocks, opts, os.fsencode(blocks.mapper.blocks_dir), blocks.mapper.digest_bytes, blocks._bpf,
                nat.flags(opts, mkdir=store))
+        if store:
+            self._namespace(blocks.mapper)
         self._fixed_args[key] = got
         return got[1:]
+
+    def _namespace(self, mapper: Any) -> None:
+        """Tell the C engine what a store of ``mapper``'s namespace makes
+        again when its directories were removed under the running tier
+        (``ce_store_again``: the chain below the root, the manifest)."""
+        root, blocks_dir = os.fsencode(mapper.root), os.fsencode(mapper.blocks_dir)
+        chain = os.path.relpath(blocks_dir, root).split(b"/")
+        self._ext.engine_namespace(
+            self._cap, blocks_dir, root, chain[0], b"/".join(chain[1:]), os.fsencode(MANIFEST_NAME),
+            manifest_bytes(mapper),
+        )
 
     def _submit_other(self, reg: Registration, job: EngineJob) -> None:
         """A call job (on the call thread); a job of a Python-path block store,
@@ -281,6 +299,9 @@ class NativeEngine:
         Python engine)."""
         if job.call is None or job.kind == "probe":
             self._submit_python(reg, job)
+            return
+        if job.blocks is not None and job.blocks.batched and not job.keys and job.paths:
+            self._submit_touch(reg, job)
             return
         job.owner = reg
         job.t_submit = time.perf_counter()
@@ -293,6 +314,49 @@ class NativeEngine:
             self._calls.append(job)
             self._start_call_thread()
             self._call_ready.notify()
+
+    def _submit_touch(self, reg: Registration, job: EngineJob) -> None:
+        """A call job naming a native block store's files (``blocks``,
+        ``paths``: the recency flush, :class:`~fstier.tier.recency.Recency`):
+        a C touch job (``engine_touch``) on the write queue, its ``call``
+        never run; no Python thread touches a file. Finished by
+        :meth:`_touch_event`."""
+        base = os.fspath(job.blocks.mapper.blocks_dir)  # type: ignore[union-attr]  # checked by the caller
+        rels = nat.split(base, job.paths)
+        job.owner = reg
+        job.t_submit = time.perf_counter()
+        job.bounds, job.helpers = (0, 1), 0
+        job.results = []
+        job.remaining = 1
+        tag = _TOUCH_TAGS | next(self._tags)
+        with self.lock:
+            self._check_open(reg, job)
+            reg.active += 1
+            self._jobs[tag] = job
+            try:
+                self._ext.engine_touch(
+                    self._cap, tag, os.fsencode(base), rels, -1.0 if job.timeout_s is None else float(job.timeout_s)
+                )
+            except BaseException:
+                self._jobs.pop(tag, None)
+                reg.active -= 1
+                raise
+
+    def _touch_event(self, ev: tuple[Any, ...]) -> None:
+        """A touch job's event: finished as a call job is (None, or
+        :data:`TIMED_OUT` / :data:`CANCELLED` when names were given up on);
+        its "released" event (a late touch returned) only logged."""
+        tag = ev[0]
+        if ev[1] == 1:
+            with self.lock:
+                job = self._jobs.pop(tag)
+            log.warning("late call job %r returned after its deadline", job.tag)
+            return
+        marks = ev[5]
+        with self.lock:
+            job = self._jobs[tag] if marks is not None and 1 in marks else self._jobs.pop(tag)
+        job.results = [None if not marks or not any(marks) else CANCELLED if 3 in marks else TIMED_OUT]
+        self._finish(job, ev[2])
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Cancel queued keys, let running ones finish, stop the workers
@@ -445,6 +509,8 @@ class NativeEngine:
 
     def _event(self, ev: tuple[Any, ...]) -> None:
         tag, kind = ev[0], ev[1]
+        if tag >= _TOUCH_TAGS:
+            return self._touch_event(ev)
         if kind == 1:  # released: every late key returned
             with self.lock:
                 job = self._jobs.pop(tag)
@@ -494,9 +560,9 @@ class NativeEngine:
         one = _UNIFORM.get((job.kind, raw))
         if one is None:
             outs = self._outcomes(job, [raw] * len(job.keys), range(len(job.keys)))
-            # Judged on C's tuple, not on the outcomes (a store's hand-back may
-            # have replaced failures): loaded; stored or skipped with no O_TMPFILE refusal.
-            failed = raw[0] != 0 if job.kind == "load" else (raw[0] == _ST_FAILED or raw[4] != 0)
+            # Shared only when loaded, or stored or skipped with no O_TMPFILE
+            # refusal and no stage (SG_NSBACK: logged per job, never cached).
+            failed = raw[0] != 0 if job.kind == "load" else (raw[0] == _ST_FAILED or raw[4] != 0 or raw[3] != 0)
             if failed:
                 job.results = [outs]
                 return
@@ -506,48 +572,9 @@ class NativeEngine:
         job.uniform = one
         job.results = [[one] * len(job.keys)]
 
-    def _judge_summary(self, job: EngineJob, per_key: Any, marks: bytes | None) -> None:
-        """The record's results from a mixed C summary (see the module docstring)."""
-        n = len(job.keys)
-        if marks is None:
-            job.results = [self._outcomes(job, per_key, range(n))]
-            return
-        job.bounds = tuple(range(n + 1))
-        done = [i for i in range(n) if marks[i] == 0]
-        outs = self._outcomes(job, [per_key[i] for i in done], done) if done else []
-        results: list[Any] = [_MARKS[m] for m in marks]
-        for i, o in zip(done, outs, strict=True):
-            results[i] = [o]
-        job.results = results
-        late = marks.count(1)
-        if late:
-            # Fenced as a batch call's would be: the keys running and those
-            # that never ran (released together, when the last late key returned).
-            job.fenced = tuple(job.slots[i] for i in range(n) if marks[i] in (1, 2))
-            job.late = late
-            log.warning(
-                "I/O job %r exceeded its deadline (%ss): %d key(s) still running, %d slot(s) fenced",
-                job.tag, job.timeout_s, late, len(job.fenced),
-            )
-
-    @staticmethod
-    def _outcomes(job: EngineJob, raw: list[Any], idx: Any) -> list[Any]:
-        blocks, buffers = job.block_io()
-        paths = [job.paths[i] for i in idx] if len(raw) != len(job.paths) else job.paths
-        if job.kind == "load":
-            return nat.load_outcomes(raw, paths)
-        outs = nat.store_outcomes(raw, paths, blocks.options)
-        if StoreStatus.FAILED not in set(map(_STATUS, outs)):  # C-level: most jobs need no loop below
-            return outs
-        for j, o in enumerate(outs):
-            if o.status is StoreStatus.FAILED and o.cause == "ENOENT":
-                # The namespace directory was removed under the tier: the batch
-                # path's hand-back (re-create it and store this key again).
-                i = idx[j]
-                view = buffers.views(job.slots[i : i + 1], job.nbytes[i : i + 1])[0]
-                replace = [bool(job.replace[i])] if job.replace is not None else None
-                outs[j] = blocks.store_many([(job.keys[i], view)], replace=replace, paths=[job.paths[i]])[0]
-        return outs
+    #: a mixed C summary judged into the record's results; per-key tuples judged (``summary.py``)
+    _judge_summary = staticmethod(summary.judge_mixed)
+    _outcomes = staticmethod(summary.outcomes)
 
 
 def _completed(reg: Registration, job: EngineJob) -> None:
