@@ -1431,7 +1431,11 @@ static atomic_int cached_ok = 1;
  * base and every component reached with no symlink, a regular file). Returns
  * how many answers it wrote, or -1 when some key needs I/O, fault injection
  * is armed, or the kernel lacks openat2 or RESOLVE_CACHED: the caller then
- * probes every key the slow way. */
+ * probes every key the slow way. Only where the caller says the caches are
+ * the truth (`cached`: a local filesystem, whose entries no other host
+ * changes): on FUSE, NFS or CephFS a cached entry can name a file another
+ * host removed, which the slow path's fstat asks the server about
+ * (tests/sharedfs: host b's gc, host a's lookup). */
 static Py_ssize_t lookup_cached(const char *base, const char *const *rels, Py_ssize_t n, int prefix,
                                 uint8_t *res) {
 #if defined(SYS_openat2) && defined(SYS_statx)
@@ -1481,8 +1485,8 @@ static PyObject *py_lookup_batch(PyObject *self, PyObject *args) {
     (void)self;
     const char *base;
     PyObject *rels;
-    int prefix;
-    if (!PyArg_ParseTuple(args, "yOp", &base, &rels, &prefix)) return NULL;
+    int prefix, cached = 0;
+    if (!PyArg_ParseTuple(args, "yOp|p", &base, &rels, &prefix, &cached)) return NULL;
     Py_ssize_t n = 0;
     fx_item *items = items_from(rels, NULL, NULL, NULL, 0, &n);
     if (!items) return NULL;
@@ -1495,7 +1499,7 @@ static PyObject *py_lookup_batch(PyObject *self, PyObject *args) {
     }
     for (Py_ssize_t i = 0; i < n; i++) names[i] = items[i].rel;
     uint8_t *res = (uint8_t *)PyBytes_AS_STRING(out);
-    Py_ssize_t done = lookup_cached(base, names, n, prefix, res);
+    Py_ssize_t done = cached ? lookup_cached(base, names, n, prefix, res) : -1;
     if (done < 0) {
         Py_BEGIN_ALLOW_THREADS
         done = lookup_run(base, names, n, prefix, res);
@@ -1600,9 +1604,9 @@ static PyObject *py_lookup_within(PyObject *self, PyObject *args) {
     (void)self;
     const char *base;
     PyObject *rels;
-    int prefix;
+    int prefix, cached = 0;
     double timeout_s;
-    if (!PyArg_ParseTuple(args, "yOpd", &base, &rels, &prefix, &timeout_s)) return NULL;
+    if (!PyArg_ParseTuple(args, "yOpd|p", &base, &rels, &prefix, &timeout_s, &cached)) return NULL;
     if (!(timeout_s >= 0)) {
         PyErr_SetString(PyExc_ValueError, "lookup_within: timeout_s must be seconds >= 0 (not nan)");
         return NULL;
@@ -1619,7 +1623,7 @@ static PyObject *py_lookup_within(PyObject *self, PyObject *args) {
         return NULL;
     }
     for (Py_ssize_t i = 0; i < n; i++) names[i] = items[i].rel;
-    Py_ssize_t quick = lookup_cached(base, names, n, prefix, (uint8_t *)PyBytes_AS_STRING(fast));
+    Py_ssize_t quick = cached ? lookup_cached(base, names, n, prefix, (uint8_t *)PyBytes_AS_STRING(fast)) : -1;
     PyMem_Free(names);
     if (quick >= 0) { /* answered from the caches: no thread, no GIL release */
         items_free(items, n);
@@ -1980,9 +1984,9 @@ static PyMethodDef methods[] = {
     {"remove_batch", py_remove_batch, METH_VARARGS,
      "remove_batch(base, rels) -> bytes (1: the name was unlinked)"},
     {"lookup_batch", py_lookup_batch, METH_VARARGS,
-     "lookup_batch(base, rels, prefix) -> bytes (1: a regular file is there)"},
+     "lookup_batch(base, rels, prefix, cached=False) -> bytes (1: a regular file is there)"},
     {"lookup_within", py_lookup_within, METH_VARARGS,
-     "lookup_within(base, rels, prefix, timeout_s) -> bytes | None (lookup_batch on a C thread, "
+     "lookup_within(base, rels, prefix, timeout_s, cached=False) -> bytes | None (lookup_batch on a C thread, "
      "waited for at most timeout_s; None past it)"},
     {"lookup_stuck", py_lookup_stuck, METH_NOARGS,
      "lookup_stuck() -> int (lookup_within threads abandoned past their deadline, still running)"},

@@ -487,21 +487,22 @@ class BlockStore:
         ``prefix`` probing stops at the first absent key (the rest answer
         False). Never raises ``OSError``: what cannot be checked is absent.
 
-        Costs: native, ONE call for the batch with the GIL released (one
-        ``openat2`` + ``fstat`` per key); Python, one directory open per
+        Costs: native, ONE call for the batch (one ``openat2`` + ``fstat``
+        per key), the GIL held where a local filesystem's caches answer it
+        (:attr:`~fstier.io.capabilities.RootCapabilities.coherent_cache`), else released; Python, one directory open per
         distinct fan-out directory and one ``fstatat`` per key."""
         if not keys:
             return []
         paths = self.paths(keys)
         if self._native:
-            got = native.lookup_batch(self._prefix, paths, prefix=prefix)
+            got = native.lookup_batch(self._prefix, paths, prefix=prefix, cached=self._coherent_cache())
         else:
             got = _present_python(self._prefix, paths, prefix)
         return _padded(got, len(keys))
 
     def present_within(self, keys: Sequence[BlockKey], *, prefix: bool = False, timeout_s: float) -> list[bool] | None:
         """:meth:`present_many` with a deadline, on the calling thread: answered
-        from the kernel's caches with the GIL held when they can, else the
+        from a local filesystem's caches with the GIL held when they can, else the
         native probe runs on a C thread waited for at most ``timeout_s``
         (one GIL release, no Python thread hand-off); None past it. Native
         only (``ValueError`` on the Python path, whose caller keeps its own
@@ -510,8 +511,16 @@ class BlockStore:
             raise ValueError("present_within needs the native I/O path")
         if not keys:
             return []
-        got = native.lookup_within(self._prefix, self.paths(keys), prefix=prefix, timeout_s=timeout_s)
+        got = native.lookup_within(
+            self._prefix, self.paths(keys), prefix=prefix, timeout_s=timeout_s, cached=self._coherent_cache()
+        )
         return None if got is None else _padded(got, len(keys))
+
+    def _coherent_cache(self) -> bool:
+        """Whether a probe may trust the kernel's caches: the root's
+        filesystem is local (probed with its capabilities; none: no)."""
+        caps = self.options.capabilities
+        return caps is not None and caps.coherent_cache
 
     def clear(self, on_error: Callable[[OSError], None] | None = None) -> list[tuple[BlockKey, int]]:
         """Remove every block file this store names: the files under

@@ -73,7 +73,8 @@ from fstier.io.fsops import (
 )
 
 __all__ = [
-    "LATE_WRITE_ERROR_FS", "REPROBE_S", "DirectIOSupport", "RootCapabilities", "filesystem_type", "probe_o_direct",
+    "COHERENT_CACHE_FS", "LATE_WRITE_ERROR_FS", "REPROBE_S", "DirectIOSupport", "RootCapabilities",
+    "filesystem_type", "probe_o_direct",
 ]
 
 log = logging.getLogger("fstier.io")
@@ -86,6 +87,14 @@ REPROBE_S = 60.0
 LATE_WRITE_ERROR_FS = {
     0x65735546: "fuse", 0x00C36400: "ceph", 0x6969: "nfs", 0xFF534D42: "cifs", 0xFE534D42: "smb2",
     0x517B: "smb", 0x0BD00BD0: "lustre", 0x01021997: "9p", 0x5346414F: "afs", 0x47504653: "gpfs",
+}
+#: statfs ``f_type`` of local filesystems, whose dentry and inode caches no
+#: other host changes: a presence probe may trust them
+#: (:attr:`RootCapabilities.coherent_cache`). Anything else (FUSE, NFS,
+#: CephFS, an unknown type) asks the filesystem.
+COHERENT_CACHE_FS = {
+    0xEF53: "ext4", 0x58465342: "xfs", 0x9123683E: "btrfs", 0x01021994: "tmpfs", 0xF2F52010: "f2fs",
+    0x858458F6: "ramfs", 0x2FC12FC1: "zfs", 0xCA451A4E: "bcachefs",
 }
 
 
@@ -247,10 +256,15 @@ class RootCapabilities:
     def __init__(
         self, o_direct: DirectIOSupport | None = None, *, tmpfile: bool = True, root: str | Path = "",
         o_direct_mode: str = "auto", late_write_errors: bool = False, clock: Clock | None = None,
+        coherent_cache: bool = False,
     ) -> None:
         self.o_direct = o_direct if o_direct is not None else DirectIOSupport(False, ALIGNMENT, "not probed")
         #: the filesystem may report a buffered write's error late or drop it (module docstring)
         self.late_write_errors = late_write_errors
+        #: a local filesystem (:data:`COHERENT_CACHE_FS`): a presence probe may
+        #: be answered from the kernel's caches, holding the GIL
+        #: (:func:`fstier.io.native.lookup_batch`'s ``cached``)
+        self.coherent_cache = coherent_cache
         self.root = str(root)
         self._tmpfile = tmpfile and bool(O_TMPFILE)
         self._lock = threading.Lock()
@@ -267,13 +281,14 @@ class RootCapabilities:
         """Probe ``directory`` (the root, or its namespace directory) once;
         a probe that could not run is repeated by :meth:`reprobe`, every
         ``REPROBE_S`` of ``clock`` (the tier's; the system clock by default)."""
-        kind = LATE_WRITE_ERROR_FS.get(filesystem_type(directory) or 0)
+        fstype = filesystem_type(directory) or 0
+        kind = LATE_WRITE_ERROR_FS.get(fstype)
         if kind is not None:
             log.info("%s is on %s, which may report a buffered write's error late: buffered stores "
                      "are fsynced before they are acknowledged", directory, kind)
         return cls(
             probe_o_direct(directory, o_direct), root=directory, o_direct_mode=o_direct,
-            late_write_errors=kind is not None, clock=clock,
+            late_write_errors=kind is not None, clock=clock, coherent_cache=fstype in COHERENT_CACHE_FS,
         )
 
     def reprobe_due(self) -> bool:

@@ -406,21 +406,25 @@ def _corrupt_detail(why: str, size: int, path: str) -> str:
 
 
 # -------------------------------------------------------------------- lookup
-def lookup_batch(base: str, paths: Sequence[str], *, prefix: bool = False) -> list[bool]:
+def lookup_batch(base: str, paths: Sequence[str], *, prefix: bool = False, cached: bool = False) -> list[bool]:
     """Whether a regular file is at each path, resolved below ``base`` with
     no symlink in any component (a symlink, FIFO, socket or directory is
-    not; nor is a file reached through a symlinked directory). One call:
-    answered from the kernel's dentry and inode caches with the GIL held
-    when they hold every key (no system call there can wait on a device or
-    a server), else the GIL released for the probe. With ``prefix`` the
-    answer stops after the first miss."""
+    not; nor is a file reached through a symlinked directory). One call,
+    the GIL released for the probe; with ``cached`` (only where the kernel's
+    caches are the truth: a local filesystem, :attr:`RootCapabilities.coherent_cache
+    <fstier.io.capabilities.RootCapabilities.coherent_cache>`) answered from
+    its dentry and inode caches with the GIL held when they hold every key
+    (no system call there can wait on a device or a server). With ``prefix``
+    the answer stops after the first miss."""
     ext = _require()
-    got = ext.lookup_batch(os.fsencode(base), split(base, paths), prefix)
+    got = ext.lookup_batch(os.fsencode(base), split(base, paths), prefix, cached)
     return [b == 1 for b in got]
 
 
-def lookup_within(base: str, paths: Sequence[str], *, prefix: bool, timeout_s: float) -> list[bool] | None:
-    """:func:`lookup_batch` with its deadline kept in C: a probe the kernel's
+def lookup_within(
+    base: str, paths: Sequence[str], *, prefix: bool, timeout_s: float, cached: bool = False
+) -> list[bool] | None:
+    """:func:`lookup_batch` with its deadline kept in C: with ``cached``, a probe the kernel's
     caches answer returns at once with the GIL held (the caller never waits
     the switch interval to take it back from a scheduler thread that never
     sleeps); any other runs on a C thread and the caller waits at most
@@ -433,7 +437,7 @@ def lookup_within(base: str, paths: Sequence[str], *, prefix: bool, timeout_s: f
     if not timeout_s >= 0:  # nan too
         raise ValueError(f"lookup_within(timeout_s={timeout_s!r}): expected seconds >= 0")
     timeout_s = min(float(timeout_s), threading.TIMEOUT_MAX)
-    got = ext.lookup_within(os.fsencode(base), split(base, paths), prefix, timeout_s)
+    got = ext.lookup_within(os.fsencode(base), split(base, paths), prefix, timeout_s, cached)
     return None if got is None else [b == 1 for b in got]
 
 
