@@ -82,6 +82,7 @@ struct ce_job {
     double t_submit, t_end;
     int queued, published, timed_out, in_flight, had_late;
     atomic_int no_tmpfile;
+    atomic_int lazy; /* a buffered load: more workers woken only as its reads would block (ce_wake) */
     int notify_fd; /* the caller's eventfd (a dup) written at its events, or -1 */
 };
 
@@ -104,6 +105,8 @@ typedef struct {
     int live;            /* workers running (stuck ones included) */
     int stuck;
     int idle;            /* workers waiting for a key */
+    int cpus;            /* CPUs this process may run on: a buffered load's workers woken at once */
+    long woken;          /* workers signalled for jobs, at submit and as reads would block (tests) */
     int closed;
     int manual;          /* manual clock (tests) */
     double manual_now;
@@ -195,6 +198,48 @@ static int ce_publish(ce_engine *e, ce_job *j) {
     j->t_end = ce_real_now();
     ce_unflight(e, j);
     return ce_push(e, j, EV_DONE) != 1;
+}
+
+/* Wake the idle workers a new job j of n keys may use (mutex held): its
+ * spread, but for a buffered load no more than the CPUs at first. Warm
+ * files are a copy and a hash each, CPU work: 8 workers on 2 CPUs woken per
+ * 32-key job loaded cached 256 KiB chunks with 16 thread wake-ups and
+ * ~15-25% more CPU per task than 2 (bench_lmcache_floor.py --timeline).
+ * Its further workers are woken one per read that would block (ce_grow,
+ * through x_preadv's RWF_NOWAIT attempt), so cold files still get the
+ * job's spread of reads in flight; a direct load and a store wake them all. */
+static void ce_wake(ce_engine *e, ce_job *j, Py_ssize_t n) {
+    Py_ssize_t wake = j->spread < n ? j->spread : n;
+    if (j->kind == CE_LOAD && !(j->flags & F_DIRECT) && wake > e->cpus) {
+        atomic_store(&j->lazy, 1);
+        wake = e->cpus;
+    }
+    for (wake = wake < e->idle ? wake : e->idle; wake > 0; wake--) {
+        pthread_cond_signal(&e->work);
+        e->woken++;
+    }
+}
+
+typedef struct {
+    ce_engine *e;
+    ce_job *j;
+} ce_grow_arg;
+
+static int ce_may_grow(void *arg) { return atomic_load_explicit(&((ce_grow_arg *)arg)->j->lazy, memory_order_relaxed); }
+
+/* A read of a lazy job would block: wake one more idle worker while the
+ * job has keys to take and room (its spread); none left to take: stop asking. */
+static void ce_grow(void *arg) {
+    ce_engine *e = ((ce_grow_arg *)arg)->e;
+    ce_job *j = ((ce_grow_arg *)arg)->j;
+    pthread_mutex_lock(&e->mu);
+    if (j->next >= j->n) {
+        atomic_store(&j->lazy, 0);
+    } else if (j->active < j->spread && e->idle > 0) {
+        pthread_cond_signal(&e->work);
+        e->woken++;
+    }
+    pthread_mutex_unlock(&e->mu);
 }
 
 static void *ce_worker(void *arg);
@@ -334,7 +379,11 @@ static void *ce_worker(void *arg) {
         }
         if (!j) break; /* closed */
         pthread_mutex_unlock(&e->mu);
+        ce_grow_arg ga = {e, j};
+        fx_grower grower = {ce_may_grow, ce_grow, &ga};
+        tl_grower = atomic_load(&j->lazy) ? &grower : NULL;
         ce_run_key(e, j, i, &sc);
+        tl_grower = NULL;
         pthread_mutex_lock(&e->mu);
         j->active--;
         int fd = ce_base_done(j), signal = 0, retire = 0;
@@ -505,6 +554,9 @@ static PyObject *py_engine_new(PyObject *self, PyObject *args) {
     pthread_cond_init(&e->gone, NULL);
     e->threads[0] = rt;
     e->threads[1] = wt;
+    cpu_set_t cpus;
+    e->cpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (e->cpus < 1) e->cpus = 1;
     e->generation = atomic_load(&ce_generation);
     pthread_mutex_lock(&e->mu);
     int ok = 1;
@@ -676,6 +728,7 @@ static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
     j->left = n;
     j->spread = spread >= 1 ? spread : n; /* 0: every worker may join */
     atomic_init(&j->no_tmpfile, 0);
+    atomic_init(&j->lazy, 0);
     j->t_submit = ce_real_now();
     int signal = 0;
     pthread_mutex_lock(&e->mu);
@@ -708,9 +761,9 @@ static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
         }
         /* wake as many idle workers as can join the job (its spread), no
          * more: a broadcast woke all 12 workers of the default engine for a
-         * 16-key job that 4 may run, 8 of them only to wait again */
-        Py_ssize_t wake = j->spread < n ? j->spread : n;
-        for (wake = wake < e->idle ? wake : e->idle; wake > 0; wake--) pthread_cond_signal(&e->work);
+         * 16-key job that 4 may run, 8 of them only to wait again; a
+         * buffered load's beyond the CPUs as its reads would block (ce_wake) */
+        ce_wake(e, j, n);
     }
     pthread_mutex_unlock(&e->mu);
     if (signal) ce_signal(e);
@@ -864,10 +917,10 @@ static PyObject *py_engine_info(PyObject *self, PyObject *cap) {
     ce_engine *e = ce_get(cap);
     if (!e) return NULL;
     pthread_mutex_lock(&e->mu);
-    PyObject *d = Py_BuildValue("{s:i,s:i,s:l,s:l,s:i,s:l,s:l,s:i,s:i}", "live", e->live, "stuck", e->stuck,
-                                "queued_read", e->qkeys[0], "queued_write", e->qkeys[1], "closed", e->closed,
-                                "timeouts", e->timeouts, "jobs", e->jobs, "watchdog", e->watchdog_live,
-                                "manual_clock", e->manual);
+    PyObject *d = Py_BuildValue("{s:i,s:i,s:l,s:l,s:i,s:l,s:l,s:i,s:i,s:l,s:i}", "live", e->live, "stuck",
+                                e->stuck, "queued_read", e->qkeys[0], "queued_write", e->qkeys[1], "closed",
+                                e->closed, "timeouts", e->timeouts, "jobs", e->jobs, "watchdog", e->watchdog_live,
+                                "manual_clock", e->manual, "woken", e->woken, "cpus", e->cpus);
     pthread_mutex_unlock(&e->mu);
     return d;
 }
