@@ -252,18 +252,17 @@ def run_size(size: int, reps: int, work: Path) -> dict[str, float]:
 
 def _switches() -> dict[int, tuple[int, int, int]]:
     """Each thread of this process: (voluntary, involuntary) context switches
-    and CPU clock ticks (user + system) so far."""
+    and nanoseconds on a CPU (the scheduler's own count, ``schedstat``) so far."""
     out = {}
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/status") as f:
                 lines = dict(line.split(":", 1) for line in f if "ctxt_switches" in line)
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read().rsplit(")", 1)[1].split()  # fields from the state on: utime, stime are 12, 13
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                on_cpu = int(f.read().split()[0])
         except OSError:
             continue  # a thread that exited
-        out[int(tid)] = (int(lines["voluntary_ctxt_switches"]), int(lines["nonvoluntary_ctxt_switches"]),
-                         int(stat[11]) + int(stat[12]))
+        out[int(tid)] = (int(lines["voluntary_ctxt_switches"]), int(lines["nonvoluntary_ctxt_switches"]), on_cpu)
     return out
 
 
@@ -300,7 +299,6 @@ def timeline(size: int, reps: int, work: Path) -> list[str]:
     main_id = threading.main_thread().native_id
     rows = [f"{c}: {statistics.median(v) / 1e3:.0f} us" for c, v in got.items()]
     woken: dict[str, list[float]] = {}
-    tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
     for tid, (vol, invol, cpu) in after.items():
         v0, i0, c0 = before.get(tid, (0, 0, 0))
         if vol == v0 and invol == i0:
@@ -310,9 +308,9 @@ def timeline(size: int, reps: int, work: Path) -> list[str]:
         agg[0] += 1
         agg[1] += (vol - v0) / reps
         agg[2] += (invol - i0) / reps
-        agg[3] += (cpu - c0) * tick_us / reps
+        agg[3] += (cpu - c0) / 1e3 / reps
     rows.append("per task, each thread that ran: context switches (voluntary: it slept and was woken; "
-                "involuntary: preempted) and CPU (clock ticks: coarse)")
+                "involuntary: preempted) and time on a CPU")
     for who, (threads, vol, invol, cpu) in sorted(woken.items()):
         rows.append(f"  {who}: {threads:.0f} thread(s), {vol:.2f} voluntary, {invol:.2f} involuntary, "
                     f"{cpu:.0f} us CPU")
