@@ -48,7 +48,8 @@ def test_the_timeline_names_the_engine_and_the_threads_a_task_wakes(tmp_path: Pa
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     want = "python" if os.environ.get("FSTIER_ENGINE") == "python" else "native (C)"
     assert run.stdout.startswith(f"engine {want};"), run.stdout
-    for phase in ("submit", "wait", "collect", "caller_cpu_submit", "process_cpu"):
+    for phase in ("submit", "wait", "collect", "job in the engine (its submit to its completion)",
+                  "caller_cpu_submit", "process_cpu"):
         assert f"  {phase}: " in run.stdout, run.stdout
     assert "  caller: 1 thread(s)" in run.stdout, run.stdout
     assert not list(tmp_path.iterdir())
