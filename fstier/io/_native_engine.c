@@ -83,6 +83,7 @@ struct ce_job {
     int queued, published, timed_out, in_flight, had_late;
     atomic_int no_tmpfile;
     atomic_int lazy; /* a buffered load: more workers woken only as its reads would block (ce_wake) */
+    Py_ssize_t woken;  /* workers signalled for it (ce_wake, ce_grow): a lazy job's never past its spread */
     int notify_fd; /* the caller's eventfd (a dup) written at its events, or -1 */
 };
 
@@ -217,6 +218,7 @@ static void ce_wake(ce_engine *e, ce_job *j, Py_ssize_t n) {
     for (wake = wake < e->idle ? wake : e->idle; wake > 0; wake--) {
         pthread_cond_signal(&e->work);
         e->woken++;
+        j->woken++;
     }
 }
 
@@ -228,16 +230,21 @@ typedef struct {
 static int ce_may_grow(void *arg) { return atomic_load_explicit(&((ce_grow_arg *)arg)->j->lazy, memory_order_relaxed); }
 
 /* A read of a lazy job would block: wake one more idle worker while the
- * job has keys to take and room (its spread); none left to take: stop asking. */
+ * job has keys to take and room (its spread). No key left to take, its
+ * whole spread at work (a worker stays in the job until its keys run out)
+ * or signalled (a woken worker may not have run yet: on a busy CPU every
+ * read of the first worker would wake another): stop asking, so its later
+ * reads make no page-cache-only attempt first. */
 static void ce_grow(void *arg) {
     ce_engine *e = ((ce_grow_arg *)arg)->e;
     ce_job *j = ((ce_grow_arg *)arg)->j;
     pthread_mutex_lock(&e->mu);
-    if (j->next >= j->n) {
+    if (j->next >= j->n || j->active >= j->spread || j->woken >= j->spread) {
         atomic_store(&j->lazy, 0);
-    } else if (j->active < j->spread && e->idle > 0) {
+    } else if (e->idle > 0) {
         pthread_cond_signal(&e->work);
         e->woken++;
+        j->woken++;
     }
     pthread_mutex_unlock(&e->mu);
 }
