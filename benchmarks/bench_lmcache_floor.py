@@ -167,7 +167,8 @@ class _Capture:
     """The C extension seen through: its ``engine_submit`` calls are kept."""
 
     def __init__(self, ext: Any) -> None:
-        self._ext, self.calls = ext, []
+        self._ext = ext
+        self.calls: list[tuple[Any, ...]] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ext, name)
@@ -267,6 +268,17 @@ def _switches() -> dict[int, tuple[int, int, int]]:
     return out
 
 
+def _comm(tid: int) -> str:
+    """A thread Python does not know (a C thread) by its kernel name: the C
+    engine names its workers ``fstier-cread`` / ``fstier-cwrite`` and its
+    watchdog ``fstier-cwatch``."""
+    try:
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "(exited)"
+
+
 def timeline(size: int, reps: int, work: Path) -> list[str]:
     """Where one warm fstier task's time goes (module docstring, ``--timeline``)."""
     n = 32
@@ -277,7 +289,8 @@ def timeline(size: int, reps: int, work: Path) -> list[str]:
     cols = ("submit", "wait", "collect", "total", "caller_cpu_submit", "caller_cpu_collect", "process_cpu")
     got: dict[str, list[int]] = {c: [] for c in cols}
     (space,) = a._open_spaces()
-    tier, engine_s = space.tier, []
+    tier = space.tier
+    engine_s: list[float] = []
     real_finished = tier.get_finished
 
     def finished() -> list[Any]:  # the job's own time, engine submit to publish (JobResult.seconds)
@@ -304,7 +317,8 @@ def timeline(size: int, reps: int, work: Path) -> list[str]:
             for c, v in zip(cols, (t1 - t0, t2 - t1, t3 - t2, t3 - t0, c1 - c0, c3 - c2, p3 - p0), strict=True):
                 got[c].append(v)
         after = _switches()
-        names = {t.native_id: t.name for t in threading.enumerate()}
+        names = {tid: _comm(tid) for tid in after}  # before the engine's threads exit with the adapter
+        names.update((t.native_id, t.name) for t in threading.enumerate() if t.native_id is not None)
     finally:
         b.close()
     main_id = threading.main_thread().native_id
@@ -316,7 +330,7 @@ def timeline(size: int, reps: int, work: Path) -> list[str]:
         v0, i0, c0 = before.get(tid, (0, 0, 0))
         if vol == v0 and invol == i0:
             continue
-        who = "caller" if tid == main_id else names.get(tid, "C threads (engine workers, watchdog)")
+        who = "caller" if tid == main_id else names[tid]
         agg = woken.setdefault(who, [0.0, 0.0, 0.0, 0.0])
         agg[0] += 1
         agg[1] += (vol - v0) / reps
@@ -324,9 +338,9 @@ def timeline(size: int, reps: int, work: Path) -> list[str]:
         agg[3] += (cpu - c0) / 1e3 / reps
     rows.append("per task, each thread that ran: context switches (voluntary: it slept and was woken; "
                 "involuntary: preempted) and time on a CPU")
-    for who, (threads, vol, invol, cpu) in sorted(woken.items()):
-        rows.append(f"  {who}: {threads:.0f} thread(s), {vol:.2f} voluntary, {invol:.2f} involuntary, "
-                    f"{cpu:.0f} us CPU")
+    for who, (threads, per_vol, per_invol, per_cpu) in sorted(woken.items()):
+        rows.append(f"  {who}: {threads:.0f} thread(s), {per_vol:.2f} voluntary, {per_invol:.2f} involuntary, "
+                    f"{per_cpu:.0f} us CPU")
     return rows
 
 
@@ -346,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     before = os.getloadavg()[0]
-    rows = []
+    rows: list[tuple[int, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-lmcache-floor-", dir=a.workdir) as tmp:
         for kib in (int(x) for x in a.sizes_kib.split(",")):
             work = Path(tmp) / f"{kib}k"
