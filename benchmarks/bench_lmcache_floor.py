@@ -8,29 +8,37 @@ and memory objects), then loaded warm (from the page cache) over and over as:
 
 * **fs_native**: LMCache's C++ adapter (no checksum);
 * **fstier**: fstier's adapter, the whole task: LMCache's submit, the
-  adapter, ``FsTier``'s job and I/O pool, the native call, the eventfd,
-  the result; on the Python engine (``FSTIER_ENGINE=python``, set here:
-  the C engine makes no batch call to capture);
-* **floor**: the SAME native call the adapter made (captured from it:
-  names, buffers, options, helper threads; XXH3 checked; under the C
-  engine, ``FSTIER_ENGINE=native``, which makes no such call, the one the
-  Python engine makes for the same task) run by one waiting
-  Python thread that writes an eventfd, the caller polling it as LMCache
-  does: everything fstier's job path adds removed. No job path of fstier
-  can load faster than this with checksums on;
+  adapter, ``FsTier``'s job, the engine, the eventfd, the result;
+* **floor**: the SAME engine work with fstier's job path removed, XXH3
+  checked. On the C engine (the default on the native path) the adapter's
+  own ``engine_submit`` call, captured from it (names, buffers, flags,
+  spread) and replayed on the caller's thread with an eventfd of its own,
+  then one ``engine_collect``: the same C workers and per-key work. On the
+  Python engine (``FSTIER_ENGINE=python``) the native batch call its job
+  makes (``load_batch``, with its helper threads), run by one waiting
+  Python thread that writes an eventfd. Either way the caller polls the
+  eventfd as LMCache does; no job path of fstier on that engine can load
+  faster than this with checksums on;
 * **floor_unchecked**: the floor without the checksum (what the hash costs).
 
 Every load's bytes are compared with what was stored (a wrong byte fails
-the run). Prints the median microseconds per task and each one's ratio to
-``fs_native`` (>1: faster), with the load average before and after.
+the run). Prints the engine, the median microseconds per task and each
+one's ratio to ``fs_native`` (>1: faster), with the load average before and
+after. ``--timeline`` prints, per size, where one fstier task's time goes
+instead: the caller's submit, its wait on the eventfd and its collect (wall
+and the caller thread's CPU), the job's own time in the engine (its
+submit to its completion), the process CPU, and each thread's context
+switches and time on a CPU per task (which threads a task wakes).
 
     DO_NOT_TRACK=1 .venv-lmcache/bin/python benchmarks/bench_lmcache_floor.py --sizes-kib 256,1024,2048
+    DO_NOT_TRACK=1 .venv-lmcache/bin/python benchmarks/bench_lmcache_floor.py --sizes-kib 256 --timeline
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import os
 import select
 import statistics
@@ -45,11 +53,23 @@ sys.path.insert(0, str(Path(__file__).parent))
 import bench_lmcache as B  # noqa: E402  (sets LMCache's environment first)
 
 VARIANTS = ("fs_native", "fstier", "floor", "floor_unchecked")
+#: the job engines fstier's adapter ran on (printed)
+ENGINES: set[str] = set()
+
+
+def wait_fd(efd: int) -> None:
+    """Wait for ``efd`` as LMCache's caller does (poll), then reset it."""
+    poller = select.poll()
+    poller.register(efd, select.POLLIN)
+    if not poller.poll(60_000):
+        raise SystemExit("floor: no completion within 60 s")
+    os.eventfd_read(efd)
 
 
 class Floor:
-    """A waiting thread that runs one captured native call per task and
-    writes an eventfd, as the cheapest job path around that call would."""
+    """The Python engine's floor: a waiting thread that runs one captured
+    native batch call per task and writes an eventfd, as the cheapest job
+    path around that call would."""
 
     def __init__(self, call: Any, args: tuple[Any, ...], kw: dict[str, Any]) -> None:
         self.call, self.kw = call, kw
@@ -70,14 +90,12 @@ class Floor:
             self.out.append(self.call(*self.args[self.checked], **self.kw))
             os.eventfd_write(self.efd, 1)
 
-    def load(self, checked: bool) -> list[Any]:
+    def load(self, checked: bool) -> None:
         self.checked = checked
         self.go.release()
-        poller = select.poll()
-        poller.register(self.efd, select.POLLIN)
-        poller.poll(60_000)
-        os.eventfd_read(self.efd)
-        return self.out.pop()
+        wait_fd(self.efd)
+        outs = self.out.pop()
+        assert all(o.status.name == "LOADED" for o in outs), outs
 
     def close(self) -> None:
         self.stop = True
@@ -86,9 +104,44 @@ class Floor:
         os.close(self.efd)
 
 
+#: positions in NativeEngine.submit's engine_submit call: the flag bits and, last, the notify fd
+_FLAGS, _NOTIFY = 11, -1
+
+
+class EngineFloor:
+    """The C engine's floor: the adapter's own ``engine_submit`` call,
+    replayed on the caller's thread with a new tag and an eventfd of its
+    own, then one ``engine_collect``. The engine's collection lock is held
+    from submit to collect, so its completion thread cannot take the event."""
+
+    def __init__(self, engine: Any, args: tuple[Any, ...]) -> None:
+        self.engine, self.args = engine, list(args)
+        self.efd = os.eventfd(0, os.EFD_CLOEXEC)
+        self.args[_NOTIFY] = self.efd
+        flags = args[_FLAGS]
+        self.flags = {True: flags, False: flags & ~engine._ext.F_CHECKSUM}
+        assert flags & engine._ext.F_CHECKSUM, "the adapter's load was not checked"
+        self.tags = itertools.count(1 << 60)
+
+    def load(self, checked: bool) -> None:
+        eng, a = self.engine, self.args
+        a[1], a[_FLAGS] = next(self.tags), self.flags[checked]
+        with eng._collecting:
+            eng._ext.engine_submit(*a)
+            wait_fd(self.efd)
+            events = eng._ext.engine_collect(eng._cap)
+            for ev in events:
+                if ev[0] != a[1]:
+                    eng._event(ev)  # not the floor's: the engine's own handling
+        (ev,) = [ev for ev in events if ev[0] == a[1]]
+        assert ev[3] is not None and ev[3][0] == 0, f"floor: not every chunk loaded: {ev}"
+
+    def close(self) -> None:
+        os.close(self.efd)
+
+
 def python_engine_load(adapter: Any, keys: list[Any], objs: list[Any], size: int) -> None:
-    """The native call the Python engine makes for this warm load task
-    (the C engine runs the same per-key work in its own workers): one
+    """The native call the Python engine makes for this warm load task: one
     ``load_many`` with the helpers its plan gives 32 keys on idle threads."""
     from fstier.integrations.lmcache_space import block_keys_of
     from fstier.io.engine.record import plan
@@ -101,18 +154,44 @@ def python_engine_load(adapter: Any, keys: list[Any], objs: list[Any], size: int
     assert all(o.status.name == "LOADED" for o in outs), outs
 
 
-def run_size(size: int, reps: int, work: Path) -> dict[str, float]:
+def native_engine(adapter: Any) -> Any:
+    """The C engine behind the adapter's namespace, or None (the Python engine)."""
+    from fstier.io.engine.native import NativeEngine
+
+    (space,) = adapter._open_spaces()
+    engine = space.tier._engine.engine
+    return engine if isinstance(engine, NativeEngine) else None
+
+
+class _Capture:
+    """The C extension seen through: its ``engine_submit`` calls are kept."""
+
+    def __init__(self, ext: Any) -> None:
+        self._ext = ext
+        self.calls: list[tuple[Any, ...]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ext, name)
+
+    def engine_submit(self, *args: Any) -> Any:
+        self.calls.append(args)
+        return self._ext.engine_submit(*args)
+
+
+def make_floor(bench: Any, keys: list[Any], dst: list[Any], size: int) -> Floor | EngineFloor:
+    """Capture the adapter's engine call of one warm load and wrap it as its floor."""
     from fstier.io import native
 
-    n = 32
-    benches = {name: B.Bench(name, B._spec(name, work, size, 4 * n), size, n) for name in ("fs_native", "fstier")}
-    keys, dst, src = {}, {}, {}
-    for name, b in benches.items():
-        src[name] = b.data.make_memory_objects(b.buf, n, size, 0, fill_offset=1)
-        keys[name] = B._keys(n, 0, name)
-        b.store(keys[name], src[name])
-        dst[name] = b.data.make_memory_objects(b.buf, n, size, n * size, fill_offset=3)
-    # Capture the adapter's own native call (one warm load through it).
+    engine = native_engine(bench.adapter)
+    if engine is not None:
+        ext = engine._ext
+        engine._ext = cap = _Capture(ext)
+        try:
+            bench._load(keys, dst)
+        finally:
+            engine._ext = ext
+        (args,) = cap.calls
+        return EngineFloor(engine, args)
     captured: dict[str, Any] = {}
     real = native.load_batch
 
@@ -122,12 +201,30 @@ def run_size(size: int, reps: int, work: Path) -> dict[str, float]:
 
     native.load_batch = capture
     try:
-        benches["fstier"]._load(keys["fstier"], dst["fstier"])
-        if "args" not in captured:  # the C engine makes no load_batch call: the Python engine's one
-            python_engine_load(benches["fstier"].adapter, keys["fstier"], dst["fstier"], size)
+        python_engine_load(bench.adapter, keys, dst, size)
     finally:
         native.load_batch = real
-    floor = Floor(real, captured["args"], captured["kw"])
+    return Floor(real, captured["args"], captured["kw"])
+
+
+def _stored(size: int, work: Path, names: tuple[str, ...]) -> tuple[dict[str, Any], ...]:
+    """Each adapter of ``names`` with 32 chunks stored: (benches, keys, src, dst)."""
+    n = 32
+    benches = {name: B.Bench(name, B._spec(name, work, size, 4 * n), size, n) for name in names}
+    keys, dst, src = {}, {}, {}
+    for name, b in benches.items():
+        src[name] = b.data.make_memory_objects(b.buf, n, size, 0, fill_offset=1)
+        keys[name] = B._keys(n, 0, name)
+        b.store(keys[name], src[name])
+        dst[name] = b.data.make_memory_objects(b.buf, n, size, n * size, fill_offset=3)
+    ENGINES.add("native (C)" if native_engine(benches["fstier"].adapter) is not None else "python")
+    return benches, keys, src, dst
+
+
+def run_size(size: int, reps: int, work: Path) -> dict[str, float]:
+    n = 32
+    benches, keys, src, dst = _stored(size, work, ("fs_native", "fstier"))
+    floor = make_floor(benches["fstier"], keys["fstier"], dst["fstier"], size)
     want = {name: [bytes(x.byte_array) for x in src[name]] for name in benches}
 
     def target(variant: str) -> str:  # whose files and memory objects a variant loads
@@ -144,8 +241,7 @@ def run_size(size: int, reps: int, work: Path) -> dict[str, float]:
                     _, _, bits = benches[v]._load(keys[v], dst[v])
                     assert bits.popcount() == n, f"{v}: not every chunk loaded"
                 else:
-                    outs = floor.load(v == "floor")
-                    assert all(o.status.name == "LOADED" for o in outs), outs
+                    floor.load(v == "floor")
                 times[v].append(time.perf_counter() - t)
                 if [bytes(x.byte_array) for x in dst[target(v)]] != want[target(v)]:
                     raise SystemExit(f"{v}: loaded bytes differ from what was stored")
@@ -156,11 +252,104 @@ def run_size(size: int, reps: int, work: Path) -> dict[str, float]:
     return {v: statistics.median(ts) * 1e6 for v, ts in times.items()}
 
 
+def _switches() -> dict[int, tuple[int, int, int]]:
+    """Each thread of this process: (voluntary, involuntary) context switches
+    and nanoseconds on a CPU (the scheduler's own count, ``schedstat``) so far."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/status") as f:
+                lines = dict(line.split(":", 1) for line in f if "ctxt_switches" in line)
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                on_cpu = int(f.read().split()[0])
+        except OSError:
+            continue  # a thread that exited
+        out[int(tid)] = (int(lines["voluntary_ctxt_switches"]), int(lines["nonvoluntary_ctxt_switches"]), on_cpu)
+    return out
+
+
+def _comm(tid: int) -> str:
+    """A thread Python does not know (a C thread) by its kernel name: the C
+    engine names its workers ``fstier-cread`` / ``fstier-cwrite`` and its
+    watchdog ``fstier-cwatch``."""
+    try:
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "(exited)"
+
+
+def timeline(size: int, reps: int, work: Path) -> list[str]:
+    """Where one warm fstier task's time goes (module docstring, ``--timeline``)."""
+    n = 32
+    benches, keys, src, dst = _stored(size, work, ("fstier",))
+    b = benches["fstier"]
+    a, k, d = b.adapter, keys["fstier"], dst["fstier"]
+    efd = a.get_load_event_fd()
+    cols = ("submit", "wait", "collect", "total", "caller_cpu_submit", "caller_cpu_collect", "process_cpu")
+    got: dict[str, list[int]] = {c: [] for c in cols}
+    (space,) = a._open_spaces()
+    tier = space.tier
+    engine_s: list[float] = []
+    real_finished = tier.get_finished
+
+    def finished() -> list[Any]:  # the job's own time, engine submit to publish (JobResult.seconds)
+        out = real_finished()
+        engine_s.extend(r.seconds for r in out if r.kind == "load")
+        return out
+
+    tier.get_finished = finished
+    try:
+        for _ in range(5):
+            b._load(k, d)
+        before = _switches()
+        for _ in range(reps):
+            p0, c0, t0 = time.process_time_ns(), time.thread_time_ns(), time.perf_counter_ns()
+            tid = a.submit_load_task(k, d)
+            t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
+            bits = None
+            while bits is None:
+                wait_fd(efd)
+                t2, c2 = time.perf_counter_ns(), time.thread_time_ns()
+                bits = a.query_load_result(tid)
+            t3, c3, p3 = time.perf_counter_ns(), time.thread_time_ns(), time.process_time_ns()
+            assert bits.popcount() == n, "fstier: not every chunk loaded"
+            for c, v in zip(cols, (t1 - t0, t2 - t1, t3 - t2, t3 - t0, c1 - c0, c3 - c2, p3 - p0), strict=True):
+                got[c].append(v)
+        after = _switches()
+        names = {tid: _comm(tid) for tid in after}  # before the engine's threads exit with the adapter
+        names.update((t.native_id, t.name) for t in threading.enumerate() if t.native_id is not None)
+    finally:
+        b.close()
+    main_id = threading.main_thread().native_id
+    rows = [f"{c}: {statistics.median(v) / 1e3:.0f} us" for c, v in got.items()]
+    in_engine = statistics.median(engine_s[-reps:]) * 1e6
+    rows.insert(4, f"job in the engine (its submit to its completion): {in_engine:.0f} us")
+    woken: dict[str, list[float]] = {}
+    for tid, (vol, invol, cpu) in after.items():
+        v0, i0, c0 = before.get(tid, (0, 0, 0))
+        if vol == v0 and invol == i0:
+            continue
+        who = "caller" if tid == main_id else names[tid]
+        agg = woken.setdefault(who, [0.0, 0.0, 0.0, 0.0])
+        agg[0] += 1
+        agg[1] += (vol - v0) / reps
+        agg[2] += (invol - i0) / reps
+        agg[3] += (cpu - c0) / 1e3 / reps
+    rows.append("per task, each thread that ran: context switches (voluntary: it slept and was woken; "
+                "involuntary: preempted) and time on a CPU")
+    for who, (threads, per_vol, per_invol, per_cpu) in sorted(woken.items()):
+        rows.append(f"  {who}: {threads:.0f} thread(s), {per_vol:.2f} voluntary, {per_invol:.2f} involuntary, "
+                    f"{per_cpu:.0f} us CPU")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes-kib", default="256,1024,2048")
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--workdir", default=None, help="directory for the roots (default: the temp dir)")
+    p.add_argument("--timeline", action="store_true", help="where one fstier task's time goes (docstring)")
     a = p.parse_args(argv)
     from fstier.io import native
 
@@ -170,22 +359,24 @@ def main(argv: list[str] | None = None) -> int:
               "the floor replays the adapter's native load call: build the extension and unset FSTIER_NATIVE=0",
               file=sys.stderr)
         return 2
-    # The floor replays the Python engine's batch call (native.load_batch); the C engine, the default on
-    # the native path, makes none to capture: this benchmark measures the adapter on the Python engine.
-    engine = os.environ.setdefault("FSTIER_ENGINE", "python")
-    if engine != "python":
-        print(f"bench_lmcache_floor.py: FSTIER_ENGINE={engine}; the floor replays the adapter's native load "
-              "call of the Python engine (the C engine makes none): unset FSTIER_ENGINE", file=sys.stderr)
-        return 2
     before = os.getloadavg()[0]
-    rows = []
+    rows: list[tuple[int, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-lmcache-floor-", dir=a.workdir) as tmp:
         for kib in (int(x) for x in a.sizes_kib.split(",")):
             work = Path(tmp) / f"{kib}k"
             work.mkdir()
-            rows.append((kib, run_size(kib << 10, a.reps, work)))
-    print(f"load average before {before:.2f}, after {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs); "
-          f"32 chunks per task, warm; median us per task (ratio: fs_native / it, >1 is faster)")
+            if a.timeline:
+                rows.append((kib, timeline(kib << 10, a.reps, work)))
+            else:
+                rows.append((kib, run_size(kib << 10, a.reps, work)))
+    print(f"engine {', '.join(sorted(ENGINES))}; load average before {before:.2f}, after {os.getloadavg()[0]:.2f} "
+          f"({os.cpu_count()} CPUs); 32 chunks per task, warm")
+    if a.timeline:
+        for kib, lines in rows:
+            print(f"{kib} KiB, median per task over {a.reps}:")
+            print("\n".join("  " + line for line in lines))
+        return 0
+    print("median us per task (ratio: fs_native / it, >1 is faster)")
     print()
     print("| chunk | " + " | ".join(VARIANTS) + " |")
     print("| --- | " + " | ".join("---:" for _ in VARIANTS) + " |")

@@ -428,6 +428,16 @@ static __thread fx_fan *tl_fan = NULL;
 static int fan_may_grow(const fx_fan *f);
 static void fan_grow(fx_fan *f);
 
+/* The same growth for a C engine worker (_native_engine.c): set around each
+ * key of a job whose further workers are woken only as its reads would
+ * block. may_grow is a cheap hint; grow wakes at most one more worker. */
+typedef struct {
+    int (*may_grow)(void *arg);
+    void (*grow)(void *arg);
+    void *arg;
+} fx_grower;
+static __thread const fx_grower *tl_grower = NULL;
+
 static ssize_t x_preadv(int fd, struct iovec *iov, int cnt, off_t off, int direct) {
     FAIL_BEFORE(OP_READ);
     struct iovec tmp[8];
@@ -438,12 +448,17 @@ static ssize_t x_preadv(int fd, struct iovec *iov, int cnt, off_t off, int direc
     }
     ssize_t rc;
     fx_fan *f = tl_fan;
+    const fx_grower *g = f ? NULL : tl_grower;
     if (direct && f && fan_may_grow(f)) {
         fan_grow(f); /* a direct read always waits for the device */
         f = NULL;
     }
+    if (direct && g && g->may_grow(g->arg)) {
+        g->grow(g->arg);
+        g = NULL;
+    }
 #ifdef RWF_NOWAIT
-    if (f && fan_may_grow(f)) {
+    if ((f && fan_may_grow(f)) || (g && g->may_grow(g->arg))) {
         /* From the page cache only: what is not there would block this
          * thread, so another thread takes the batch's next files first. */
         fx_inject nw;
@@ -457,7 +472,10 @@ static ssize_t x_preadv(int fd, struct iovec *iov, int cnt, off_t off, int direc
         }
         /* short (EOF, or only a part cached): the caller's next read asks again */
         if (rc >= 0 || (errno != EAGAIN && errno != EOPNOTSUPP && errno != EINVAL)) return rc;
-        fan_grow(f);
+        if (f)
+            fan_grow(f);
+        else
+            g->grow(g->arg);
     }
 #endif
     do {

@@ -93,6 +93,8 @@ struct ce_job {
     double t_submit, t_end;
     int queued, published, timed_out, in_flight, had_late;
     atomic_int no_tmpfile;
+    atomic_int lazy; /* a buffered load: more workers woken only as its reads would block (ce_wake) */
+    Py_ssize_t woken;  /* workers signalled for it (ce_wake, ce_grow): a lazy job's never past its spread */
     int notify_fd; /* the caller's eventfd (a dup) written at its events, or -1 */
 };
 
@@ -128,6 +130,8 @@ typedef struct {
     int live;            /* workers running (stuck ones included) */
     int stuck;
     int idle;            /* workers waiting for a key */
+    int cpus;            /* CPUs this process may run on: a buffered load's workers woken at once */
+    long woken;          /* workers signalled for jobs, at submit and as reads would block (tests) */
     int closed;
     int manual;          /* manual clock (tests) */
     double manual_now;
@@ -220,6 +224,54 @@ static int ce_publish(ce_engine *e, ce_job *j) {
     j->t_end = ce_real_now();
     ce_unflight(e, j);
     return ce_push(e, j, EV_DONE) != 1;
+}
+
+/* Wake the idle workers a new job j of n keys may use (mutex held): its
+ * spread, but for a buffered load no more than the CPUs at first. Warm
+ * files are a copy and a hash each, CPU work: 8 workers on 2 CPUs woken per
+ * 32-key job loaded cached 256 KiB chunks with 16 thread wake-ups and
+ * ~15-25% more CPU per task than 2 (bench_lmcache_floor.py --timeline).
+ * Its further workers are woken one per read that would block (ce_grow,
+ * through x_preadv's RWF_NOWAIT attempt), so cold files still get the
+ * job's spread of reads in flight; a direct load and a store wake them all. */
+static void ce_wake(ce_engine *e, ce_job *j, Py_ssize_t n) {
+    Py_ssize_t wake = j->spread < n ? j->spread : n;
+    if (j->kind == CE_LOAD && !(j->flags & F_DIRECT) && wake > e->cpus) {
+        atomic_store(&j->lazy, 1);
+        wake = e->cpus;
+    }
+    for (wake = wake < e->idle ? wake : e->idle; wake > 0; wake--) {
+        pthread_cond_signal(&e->work);
+        e->woken++;
+        j->woken++;
+    }
+}
+
+typedef struct {
+    ce_engine *e;
+    ce_job *j;
+} ce_grow_arg;
+
+static int ce_may_grow(void *arg) { return atomic_load_explicit(&((ce_grow_arg *)arg)->j->lazy, memory_order_relaxed); }
+
+/* A read of a lazy job would block: wake one more idle worker while the
+ * job has keys to take and room (its spread). No key left to take, its
+ * whole spread at work (a worker stays in the job until its keys run out)
+ * or signalled (a woken worker may not have run yet: on a busy CPU every
+ * read of the first worker would wake another): stop asking, so its later
+ * reads make no page-cache-only attempt first. */
+static void ce_grow(void *arg) {
+    ce_engine *e = ((ce_grow_arg *)arg)->e;
+    ce_job *j = ((ce_grow_arg *)arg)->j;
+    pthread_mutex_lock(&e->mu);
+    if (j->next >= j->n || j->active >= j->spread || j->woken >= j->spread) {
+        atomic_store(&j->lazy, 0);
+    } else if (e->idle > 0) {
+        pthread_cond_signal(&e->work);
+        e->woken++;
+        j->woken++;
+    }
+    pthread_mutex_unlock(&e->mu);
 }
 
 static void *ce_worker(void *arg);
@@ -416,6 +468,7 @@ static void *ce_worker(void *arg) {
     ce_engine *e = a->e;
     int priority = a->priority;
     free(a);
+    pthread_setname_np(pthread_self(), priority ? "fstier-cwrite" : "fstier-cread"); /* seen by top -H, perf */
     fx_scratch sc;
     int have_sc = scratch_alloc(&sc) == 0;
     pthread_mutex_lock(&e->mu);
@@ -429,7 +482,11 @@ static void *ce_worker(void *arg) {
         }
         if (!j) break; /* closed */
         pthread_mutex_unlock(&e->mu);
+        ce_grow_arg ga = {e, j};
+        fx_grower grower = {ce_may_grow, ce_grow, &ga};
+        tl_grower = atomic_load(&j->lazy) ? &grower : NULL;
         ce_run_key(e, j, i, &sc);
+        tl_grower = NULL;
         pthread_mutex_lock(&e->mu);
         j->active--;
         int fd = ce_base_done(j), signal = 0, retire = 0;
@@ -482,6 +539,7 @@ static int ce_expire(ce_engine *e, ce_job *j) {
 
 static void *ce_watch(void *arg) {
     ce_engine *e = (ce_engine *)arg;
+    pthread_setname_np(pthread_self(), "fstier-cwatch");
     pthread_mutex_lock(&e->mu);
     while (!e->closed) {
         double now = ce_now(e), next = INFINITY;
@@ -605,6 +663,9 @@ static PyObject *py_engine_new(PyObject *self, PyObject *args) {
     pthread_cond_init(&e->gone, NULL);
     e->threads[0] = rt;
     e->threads[1] = wt;
+    cpu_set_t cpus;
+    e->cpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (e->cpus < 1) e->cpus = 1;
     e->generation = atomic_load(&ce_generation);
     pthread_mutex_lock(&e->mu);
     int ok = 1;
@@ -776,6 +837,7 @@ static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
     j->left = n;
     j->spread = spread >= 1 ? spread : n; /* 0: every worker may join */
     atomic_init(&j->no_tmpfile, 0);
+    atomic_init(&j->lazy, 0);
     j->t_submit = ce_real_now();
     int signal = 0;
     pthread_mutex_lock(&e->mu);
@@ -808,9 +870,9 @@ static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
         }
         /* wake as many idle workers as can join the job (its spread), no
          * more: a broadcast woke all 12 workers of the default engine for a
-         * 16-key job that 4 may run, 8 of them only to wait again */
-        Py_ssize_t wake = j->spread < n ? j->spread : n;
-        for (wake = wake < e->idle ? wake : e->idle; wake > 0; wake--) pthread_cond_signal(&e->work);
+         * 16-key job that 4 may run, 8 of them only to wait again; a
+         * buffered load's beyond the CPUs as its reads would block (ce_wake) */
+        ce_wake(e, j, n);
     }
     pthread_mutex_unlock(&e->mu);
     if (signal) ce_signal(e);
@@ -1022,10 +1084,10 @@ static PyObject *py_engine_info(PyObject *self, PyObject *cap) {
     ce_engine *e = ce_get(cap);
     if (!e) return NULL;
     pthread_mutex_lock(&e->mu);
-    PyObject *d = Py_BuildValue("{s:i,s:i,s:l,s:l,s:i,s:l,s:l,s:i,s:i}", "live", e->live, "stuck", e->stuck,
-                                "queued_read", e->qkeys[0], "queued_write", e->qkeys[1], "closed", e->closed,
-                                "timeouts", e->timeouts, "jobs", e->jobs, "watchdog", e->watchdog_live,
-                                "manual_clock", e->manual);
+    PyObject *d = Py_BuildValue("{s:i,s:i,s:l,s:l,s:i,s:l,s:l,s:i,s:i,s:l,s:i}", "live", e->live, "stuck",
+                                e->stuck, "queued_read", e->qkeys[0], "queued_write", e->qkeys[1], "closed",
+                                e->closed, "timeouts", e->timeouts, "jobs", e->jobs, "watchdog", e->watchdog_live,
+                                "manual_clock", e->manual, "woken", e->woken, "cpus", e->cpus);
     pthread_mutex_unlock(&e->mu);
     return d;
 }

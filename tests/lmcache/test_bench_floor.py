@@ -1,7 +1,9 @@
 """benchmarks/bench_lmcache_floor.py runs on LMCache's real classes: it
-captures the adapter's own native load call, replays it as the floor, and
-fails on a wrong byte. A tiny run keeps it from rotting (its figures are in
-docs/lmcache.md, never checked here)."""
+captures the adapter's own native load call (the C engine's
+``engine_submit``, or the Python engine's batch call), replays it as the
+floor, and fails on a wrong byte; ``--timeline`` says where a task's time
+goes. Tiny runs keep it from rotting (its figures are in docs/lmcache.md,
+never checked here)."""
 
 from __future__ import annotations
 
@@ -32,3 +34,22 @@ def test_the_floor_benchmark_runs_and_checks_bytes(tmp_path: Path) -> None:
     row = next(line for line in run.stdout.splitlines() if line.startswith("| 64 KiB |"))
     assert row.count("x)") == 4  # fs_native, fstier, floor, floor_unchecked
     assert not list(tmp_path.iterdir())  # its roots are removed
+
+
+def test_the_timeline_names_the_engine_and_the_threads_a_task_wakes(tmp_path: Path) -> None:
+    if os.environ.get("FSTIER_NATIVE") == "0":
+        return  # refused as above
+    env = {**os.environ, "DO_NOT_TRACK": "1", "PYTHONPATH": str(REPO)}
+    run = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_lmcache_floor.py"),
+         "--sizes-kib", "64", "--reps", "3", "--workdir", str(tmp_path), "--timeline"],
+        capture_output=True, text=True, timeout=300, env=env, check=False,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    want = "python" if os.environ.get("FSTIER_ENGINE") == "python" else "native (C)"
+    assert run.stdout.startswith(f"engine {want};"), run.stdout
+    for phase in ("submit", "wait", "collect", "job in the engine (its submit to its completion)",
+                  "caller_cpu_submit", "process_cpu"):
+        assert f"  {phase}: " in run.stdout, run.stdout
+    assert "  caller: 1 thread(s)" in run.stdout, run.stdout
+    assert not list(tmp_path.iterdir())
