@@ -71,11 +71,13 @@ def BOTH(test: Any) -> Any:  # noqa: N802 - a decorator named like pytest's mark
 
 @BOTH
 def test_native_path_timeout_fences_only_until_the_late_read_returns(tmp_path: Path, engine: str) -> None:
-    with open_tier(tmp_path / "root", io_timeout_s=0.2, breaker_failures=100, native_io="on") as tier:
+    # 0.5 s: the other load below must finish inside it on a loaded CI machine (at 0.2 s it timed out
+    # once in ~15 runs at load 2-5); the hung read outlasts it fourfold.
+    with open_tier(tmp_path / "root", io_timeout_s=0.5, breaker_failures=100, native_io="on") as tier:
         assert type(tier._engine.engine).__name__ == ("NativeEngine" if engine == "native" else "PythonEngine")
         ks = keys(0, 3)
         assert store(tier, "s", ks).success
-        native.fault("read", delay_s=1.0, times=1)  # one hung read
+        native.fault("read", delay_s=2.0, times=1)  # one hung read
         tier.submit_load("hang", ks[:1], [5])
         assert tier.drain(10)
         (res,) = tier.get_finished()
@@ -94,11 +96,11 @@ def test_native_path_timeout_fences_only_until_the_late_read_returns(tmp_path: P
 def test_native_path_held_results_wait_for_the_release(tmp_path: Path, engine: str) -> None:
     pool = HostBlockPool(16, FILE_BYTES)
     pool.alloc(16)
-    tier = FsTier(tiny_config(tmp_path / "root", native_io="on", io_timeout_s=0.2), pool, hold_fenced_results=True)
+    tier = FsTier(tiny_config(tmp_path / "root", native_io="on", io_timeout_s=0.5), pool, hold_fenced_results=True)
     try:
         ks = keys(0, 2)
         assert store(tier, "s", ks).success
-        native.fault("read", delay_s=1.0, times=1)
+        native.fault("read", delay_s=2.0, times=1)  # outlasts the deadline fourfold (the "ok" load must not)
         tier.submit_load("hang", ks[:1], [5])
         tier.drain()
         assert tier.fenced_slots == frozenset({5})
