@@ -297,9 +297,8 @@ class FsTier:
                 if job.fenced:
                     self._fences.fence_job(job)  # before its result is published
                 del self._inflight[job.tag]
-                self._results.publish_locked(
-                    job_result(job.tag, job.kind, v.success, *v[:6], v.loaded_after, job.context), job.slots
-                )
+                result = job_result(job.tag, job.kind, not v.failed, *v[:6], v.loaded_after, job.context)
+                self._results.publish_locked(result, job.slots)
             if self._waiters.asleep:  # a waiter's job may be among them
                 self._idle.notify_all()
 

@@ -138,7 +138,14 @@ class WriteBudget:
         self._busy_since = 0.0
         self._busy_bytes = 0
         self._lock = threading.Lock()
+        #: changes of ``queued`` (the queued-bytes gauge reads both on demand: no gauge call per job)
+        self._changes = 0
         metrics.write_speed.set(self.speed)
+        metrics.queued_store_bytes.bind(self._queued_gauge)
+
+    def _queued_gauge(self) -> tuple[float, int]:
+        """``(queued bytes, changes)`` for the ``fstier_queued_store_bytes`` gauge."""
+        return float(self.queued), self._changes
 
     def admit(self, nbytes: int) -> bool:
         """Reserve ``nbytes`` if they fit; an idle queue always admits (a job
@@ -150,7 +157,7 @@ class WriteBudget:
                 self._busy_since = self._clock.monotonic()
                 self._busy_bytes = 0
             self.queued += nbytes
-            self._metrics.queued_store_bytes.set(self.queued)
+            self._changes += nbytes > 0
             return True
 
     def release(self, reserved: int, written: int) -> None:
@@ -177,7 +184,7 @@ class WriteBudget:
                 self._busy_bytes = 0
             elif self.queued == 0 and self._busy_bytes == 0:
                 self._busy_since = now
-            self._metrics.queued_store_bytes.set(self.queued)
+            self._changes += reserved > 0
 
 
 #: Causes that say the device or mount is failing: only these count toward

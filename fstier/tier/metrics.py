@@ -24,8 +24,8 @@ from typing import Any
 from fstier.errors import MetricsUnavailableError
 
 __all__ = [
-    "Counter", "Gauge", "Histogram", "HistogramSnapshot", "LabeledCounter", "TierMetrics", "serve_collector",
-    "tiers_collector",
+    "Counter", "Gauge", "Histogram", "HistogramSnapshot", "LabeledCounter", "OwnedGauge", "TierMetrics",
+    "serve_collector", "tiers_collector",
 ]
 
 #: Seconds buckets for per-job latency (0.1 ms .. 60 s).
@@ -90,6 +90,36 @@ class Gauge:
     def value(self) -> float:
         with self._lock:
             return self._value
+
+
+class OwnedGauge(Gauge):
+    """A gauge whose value another part keeps as a plain number (the write
+    budget's queued bytes): read on demand, one call per read, none per
+    change. ``changes`` is the owner's own count of changes, so
+    :meth:`TierMetrics.changes` still sees every one. Unbound, it reads 0."""
+
+    def __init__(self, name: str, doc: str, lock: threading.Lock | None = None) -> None:
+        self.name = name
+        self.doc = doc
+        self._read: Callable[[], tuple[float, int]] = lambda: (0.0, 0)
+
+    def bind(self, read: Callable[[], tuple[float, int]]) -> None:
+        """Read ``(value, changes)`` from ``read`` from now on."""
+        self._read = read
+
+    def set(self, value: float) -> None:
+        raise TypeError(f"gauge {self.name} is kept by its owner; it cannot be set")
+
+    def add(self, amount: float) -> None:
+        raise TypeError(f"gauge {self.name} is kept by its owner; it cannot be added to")
+
+    @property
+    def changes(self) -> int:  # type: ignore[override]  # the owner's count, read-only here
+        return self._read()[1]
+
+    @property
+    def value(self) -> float:
+        return self._read()[0]
 
 
 class LabeledCounter:
@@ -186,7 +216,8 @@ class TierMetrics:
         self.breaker_trips = c("fstier_breaker_trips_total", "times the circuit breaker opened")
         self.usage_bytes = g("fstier_usage_bytes", "bytes of block files under the root (tracked)")
         self.write_speed = g("fstier_write_bytes_per_second", "EMA of measured write speed")
-        self.queued_store_bytes = g("fstier_queued_store_bytes", "bytes of stores queued or running")
+        #: kept by the write budget (:class:`~fstier.tier.admission.WriteBudget`), read on demand
+        self.queued_store_bytes = OwnedGauge("fstier_queued_store_bytes", "bytes of stores queued or running")
         self.degraded = g("fstier_degraded", "1 while the circuit breaker is open")
         self.native_io = g("fstier_native_io", "1 when the native I/O path runs, 0 for the Python path")
         self.fenced_slots = g("fstier_fenced_slots", "slots held by timed-out I/O that has not returned")

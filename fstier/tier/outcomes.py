@@ -145,6 +145,8 @@ class Judge:
         self._capacity = capacity
         self._metrics = metrics
         self._payload_len = payload_len
+        #: (payload, file) bytes of a key when every group has one payload size, else None
+        self._one = (payload_len[0], block_file_size(payload_len[0])) if len(set(payload_len)) == 1 else None
 
     def judge(self, r: object, kind: str) -> Failure:
         """What a failed result ``r`` (one key's outcome, or what a whole
@@ -199,30 +201,31 @@ class Judge:
 
     def _finish_alike(self, job: EngineJob, what: str) -> Verdict:
         """:meth:`finish` for a job whose every key succeeded alike (``what``:
-        stored, skipped or loaded): the same effects, with no loop over its
-        keys in Python (byte counts are products for one payload size)."""
+        stored, skipped or loaded): the same effects, straight through, with
+        no loop over its keys in Python (byte counts are products for a
+        model of one payload size)."""
         self._breaker.success()
-        keys, op_bytes, m, n = job.keys, job.nbytes, self._metrics, len(job.keys)
+        keys, n = job.keys, len(job.keys)
         seconds = job.seconds
-        if op_bytes.count(op_bytes[0]) == n:  # one payload size (one KV group): products
-            nbytes, files = op_bytes[0] * n, block_file_size(op_bytes[0]) * n
+        if self._one is not None:  # one payload size (one KV group): products
+            nbytes, files = self._one[0] * n, self._one[1] * n
         else:
-            nbytes, files = sum(op_bytes), sum(map(block_file_size, op_bytes))
+            nbytes, files = sum(job.nbytes), sum(map(block_file_size, job.nbytes))
         if what == "loaded":
             self._recency.note_many(job.paths)
-            m.job_loaded(n, nbytes, 0, seconds)
+            self._metrics.job_loaded(n, nbytes, 0, seconds)
             return Verdict(n, 0, nbytes, seconds, None, 0, (), ())
         self._cache.stored(keys, time.monotonic())
         if what == "skipped":  # every key was on disk already: nothing written, each one used
             self._recency.note_many(job.paths)
-            nbytes = written = 0
-            m.job_stored(0, 0, n, seconds)
-        else:
-            written = files
-            m.job_stored(n, nbytes, 0, seconds)
-        self._capacity.settle(files, written)
-        self._budget.release(files, written)
-        return Verdict(n, 0, nbytes, seconds, None, n if what == "skipped" else 0, keys if written else (), ())
+            self._metrics.job_stored(0, 0, n, seconds)
+            self._capacity.settle(files, 0)
+            self._budget.release(files, 0)
+            return Verdict(n, 0, 0, seconds, None, n, (), ())
+        self._metrics.job_stored(n, nbytes, 0, seconds)
+        self._capacity.settle(files, files)
+        self._budget.release(files, files)
+        return Verdict(n, 0, nbytes, seconds, None, 0, keys, ())
 
     def _note_recency(self, job: EngineJob, hits: list[int]) -> None:
         """Keys a load loaded, or a store found present already, were used:

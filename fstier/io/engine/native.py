@@ -82,7 +82,7 @@ __all__ = ["NativeEngine", "available"]
 log = logging.getLogger("fstier.io")
 
 _MARKS = (None, TIMED_OUT, EXPIRED, CANCELLED)
-#: block stores whose fixed engine_submit arguments are cached at most (``NativeEngine._fixed``),
+#: (registration, block store, kind) whose fixed engine_submit arguments are cached at most (``NativeEngine._fixed``),
 #: and uniform outcomes (``NativeEngine._judge_uniform``)
 _FIXED_MAX = 256
 #: a store's status code for "failed" in the extension's per-key tuples (0 stored, 1 skipped)
@@ -126,8 +126,8 @@ class NativeEngine:
         self.lock = threading.Lock()
         self._cap = self._ext.engine_new(read_threads, write_threads)
         self._jobs: dict[int, EngineJob] = {}
-        #: per block store and kind: the engine_submit arguments that do not change per job (``_fixed``)
-        self._fixed_args: dict[tuple[int, bool, bool], tuple[Any, ...]] = {}
+        #: per registration, block store and kind: the engine_submit arguments that do not change per job (``_fixed``)
+        self._fixed_args: dict[tuple[Registration, Any, str], tuple[Any, ...]] = {}
         self._tags = itertools.count(1)
         self._registrations: set[Registration] = set()
         self._calls: deque[EngineJob] = deque()
@@ -183,6 +183,8 @@ class NativeEngine:
             self._registrations.discard(reg)
             inner = self._inner.pop(reg, None)
             reg.close_fds()  # under the lock: a submit with a notify fd dups it under it too
+            for key in [key for key in self._fixed_args if key[0] is reg]:
+                del self._fixed_args[key]  # they hold its closed fds' numbers
             last = not self._registrations
             mine = [tag for tag, job in self._jobs.items() if job.owner is reg]
         for tag in mine:
@@ -222,58 +224,70 @@ class NativeEngine:
         self._ext.engine_clock(self._cap, float(now_s))
 
     def submit(self, reg: Registration, job: EngineJob) -> None:
-        """Queue ``job`` for ``reg``: one C call; never blocks."""
-        blocks = job.blocks
-        if (job.call is not None or job.kind == "probe" or blocks is None or not blocks.batched
-                or (job.kind == "store" and _reprobe_due(blocks))):
-            self._submit_other(reg, job)
+        """Queue ``job`` for ``reg``: one C call; never blocks. A store or load
+        of a block store on the native path whose fixed arguments are cached
+        (``_fixed``: its registration's earlier jobs of that kind, with the
+        same options and O_TMPFILE state, and no O_DIRECT probe pending) runs
+        straight through; anything else goes by :meth:`_submit_checked`."""
+        fixed = self._fixed_args.get((reg, job.blocks, job.kind))
+        caps = None if fixed is None else fixed[1]
+        if fixed is None or fixed[0] is not job.blocks.options or (caps is not None and (  # type: ignore[union-attr]
+                caps.tmpfile is not fixed[2] or (job.kind == "store" and caps.reprobe_at is not None))):
+            self._submit_checked(reg, job)
             return
-        blocks, buffers = job.block_io()  # a store or load job: its block store and buffers, or one clear error
         n = len(job.keys)
-        store = job.kind == "store"
-        opts, base, digest, pages, flags = self._fixed(blocks, store)
-        job.owner = reg
-        job.bounds = (0, n)
-        job.remaining = 1
-        bufs = buffers.views(job.slots, job.nbytes)
-        hashes, groups = list(map(_HASH, job.keys)), list(map(_GROUP, job.keys))
+        job.owner, job.bounds, job.remaining = reg, (0, n), 1
+        bufs = job.buffers.views(job.slots, job.nbytes)  # type: ignore[union-attr]  # fixed: a store/load job
+        replace = job.replace if job.replace is not None and any(job.replace) else None
+        timeout = -1.0 if job.timeout_s is None else job.timeout_s
+        _, _, _, kind, base, digest, pages, flags, mode, alignment, fd = fixed
         tag = next(self._tags)
-        replace = job.replace if store and job.replace is not None and any(job.replace) else None
-        timeout = -1.0 if job.timeout_s is None else float(job.timeout_s)
         with self.lock:
             self._check_open(reg, job)
             reg.active += 1
             self._jobs[tag] = job
             try:  # under this lock: C dups the notify fd (-1: none) before unregister can close it
-                self._ext.engine_submit(
-                    self._cap, tag, 1 if store else 0, base, None, hashes, groups, bufs, replace, digest, pages,
-                    flags, opts.file_mode, time.time_ns(), opts.alignment, timeout,
-                    max(1, n // MIN_KEYS_PER_THREAD), reg.notify_fds.get(job.kind, -1),
-                )
+                self._ext.engine_submit(self._cap, tag, kind, base, None, list(map(_HASH, job.keys)),
+                                        list(map(_GROUP, job.keys)), bufs, replace, digest, pages, flags, mode,
+                                        time.time_ns(), alignment, timeout, max(1, n // MIN_KEYS_PER_THREAD), fd)
             except BaseException:
                 self._jobs.pop(tag, None)
                 reg.active -= 1
                 raise
 
-    def _fixed(self, blocks: Any, store: bool) -> tuple[Any, bytes, bytes, int, int]:
-        """A block store's ``engine_submit`` arguments that do not change from
-        job to job: its options, base directory, namespace digest, pages per
-        file and flag bits. Cached per store, kind and
-        ``O_TMPFILE`` state (a root that refused it gets new flags); at most
-        :data:`_FIXED_MAX` stores are kept (the store is held, so its id is
-        not reused while cached)."""
+    def _submit_checked(self, reg: Registration, job: EngineJob) -> None:
+        """:meth:`submit` with every check: a call job, a probe, a job of a
+        Python-path block store or a store whose root's O_DIRECT probe is
+        due go to :meth:`_submit_other`; a store or load caches its fixed
+        arguments (``_fixed``) and is submitted by :meth:`submit`."""
+        blocks = job.blocks
+        if (job.call is not None or job.kind == "probe" or blocks is None or not blocks.batched
+                or (job.kind == "store" and _reprobe_due(blocks))):
+            self._submit_other(reg, job)
+            return
+        job.block_io()  # a store or load job: its block store and buffers, or one clear error
+        self._fixed(reg, blocks, job)
+        self.submit(reg, job)
+
+    def _fixed(self, reg: Registration, blocks: Any, job: EngineJob) -> None:
+        """Cache the ``engine_submit`` arguments of ``reg``'s ``job.kind``
+        jobs of ``blocks`` that do not change from job to job: its options,
+        capabilities and their O_TMPFILE state (what the cache is valid
+        for), kind, base directory, namespace digest, pages per file, flag
+        bits, file mode, alignment and the kind's notify fd. At
+        most :data:`_FIXED_MAX` are kept (each holds its store and
+        registration, so neither's id is reused while cached)."""
         opts = blocks.options
         caps = opts.capabilities
-        key = (id(blocks), store, caps is None or caps.tmpfile)
-        got = self._fixed_args.get(key)
-        if got is not None and got[0] is blocks and got[1] is opts:
-            return got[1:]
+        store = job.kind == "store"
         if len(self._fixed_args) >= _FIXED_MAX:
             self._fixed_args.clear()
-        got = (blocks, opts, os.fsencode(blocks.mapper.blocks_dir), blocks.mapper.digest_bytes, blocks._bpf,
-               nat.flags(opts, mkdir=store))
-        self._fixed_args[key] = got
-        return got[1:]
+        self._fixed_args[(reg, blocks, job.kind)] = (
+            opts, caps, None if caps is None else caps.tmpfile, 1 if store else 0,
+            os.fsencode(blocks.mapper.blocks_dir), blocks.mapper.digest_bytes, blocks._bpf,
+            nat.flags(opts, mkdir=store), opts.file_mode, opts.alignment,
+            reg.notify_fds.get(job.kind, -1),
+        )
 
     def _submit_other(self, reg: Registration, job: EngineJob) -> None:
         """A call job (on the call thread); a job of a Python-path block store,
@@ -462,20 +476,18 @@ class NativeEngine:
         _, _, seconds, uniform, per_key, marks = ev
         if uniform is not None:  # every key returned alike (C: no marks then)
             with self.lock:
-                job = self._jobs.pop(tag)
+                job = self._jobs.pop(tag)  # a store or load: call jobs never reach C
                 one = _UNIFORM.get((job.kind, uniform))
-                if one is not None and job.call is None:
+                if one is not None:
                     # The common job, a success seen before: judged and published
                     # under this one lock (what _judge_uniform and _finish do).
-                    job.uniform, job.results = one, [[one] * len(job.keys)]
-                    job.done, job.remaining, job.started_units = True, 0, 1
-                    job.t_end = job.t_submit + seconds
-                    reg = job.owner
+                    job.uniform, job.results, job.done, job.remaining = one, [[one] * len(job.keys)], True, 0
+                    job.started_units, job.t_end, reg = 1, job.t_submit + seconds, job.owner
                     reg.finished.append(job)
                     reg.active -= 1
                     if reg.active == 0:
                         reg.idle.notify_all()
-            if one is not None and job.call is None:
+            if one is not None:
                 _completed(reg, job)
                 return
             self._judge_uniform(job, uniform)
