@@ -408,6 +408,8 @@ else:
             """vLLM's result of a job from FsTier's: its keys are the result's
             ``context``; FsTier had the first ``keys_completed + keys_failed`` of them."""
             keys = r.context
+            if r.success and r.keys_completed == len(keys):  # the common job: every key of vLLM's done
+                return VllmJobResult(r.job_id, True, None, r.seconds, r.nbytes or None)  # type: ignore[arg-type]
             complete = r.success and r.keys_completed + r.keys_failed == len(keys)
             successful = None
             if r.kind == "load" and not complete:

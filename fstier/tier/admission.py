@@ -90,6 +90,12 @@ class Breaker:
             self._tick(self._clock.monotonic())
             return self._state != self.OPEN
 
+    @property
+    def healthy(self) -> bool:
+        """Closed with no failure counted (no lock: a read a submit makes to
+        know no finished job can change the breaker's answer)."""
+        return self._state == self.CLOSED and self._failures == 0
+
     def success(self) -> None:
         if self._failures == 0 and self._state == self.CLOSED:
             return  # nothing to reset (a job's success on a healthy tier takes no lock)
@@ -146,6 +152,10 @@ class WriteBudget:
     def _queued_gauge(self) -> tuple[float, int]:
         """``(queued bytes, changes)`` for the ``fstier_queued_store_bytes`` gauge."""
         return float(self.queued), self._changes
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether :meth:`admit` would take ``nbytes`` now (no lock: a hint)."""
+        return self.queued == 0 or self.queued + nbytes <= self.max_queue_s * self.speed
 
     def admit(self, nbytes: int) -> bool:
         """Reserve ``nbytes`` if they fit; an idle queue always admits (a job
@@ -266,6 +276,18 @@ class Admission:
         self._budget = budget
         self._capacity = capacity
         self._metrics = metrics
+
+    def clear(self, kind: str, nbytes: int) -> bool:
+        """Whether a job is admitted whatever the finished jobs not judged yet
+        say (no lock, no count): the breaker closed with no failure counted
+        and, for a store of ``nbytes``, no ``max_bytes`` and room in the write
+        budget. Judging finished jobs can only open the breaker (failures)
+        or free budget, so when this is True the tier decides without
+        judging them first (they are judged in one batch at the next
+        collect); when False it judges them first, as before."""
+        return self._breaker.healthy and (
+            kind != "store" or (self._capacity.max_bytes is None and self._budget.fits(nbytes))
+        )
 
     def refuse(self, kind: str, n: int, nbytes: int, *, slot_busy: bool) -> str | None:
         """None when a job of ``n`` keys runs (a store's ``nbytes`` of files

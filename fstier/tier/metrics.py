@@ -19,6 +19,7 @@ import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from fstier.errors import MetricsUnavailableError
@@ -177,6 +178,15 @@ class Histogram:
         self._sum += value
         self.changes += 1
 
+    def _add_many(self, values: Sequence[float]) -> None:
+        """:meth:`_add` of each of ``values`` (the lock held by the caller):
+        a line per bucket they fall in, none per value."""
+        counts, where = self._counts, list(map(bisect.bisect_left, repeat(self.buckets), values))
+        for i in set(where):  # (not collections.Counter: its Mapping check runs Python ABC hooks)
+            counts[i] += where.count(i)
+        self._sum += sum(values)
+        self.changes += len(values)
+
     def snapshot(self) -> HistogramSnapshot:
         with self._lock:
             counts = list(self._counts)
@@ -256,6 +266,28 @@ class TierMetrics:
             if missed:
                 self.load_misses._add(missed)
             self.load_seconds._add(seconds)
+
+    def jobs_done(
+        self, stores: tuple[int, int, int, list[float]] | None, loads: tuple[int, int, list[float]] | None,
+    ) -> None:
+        """A batch of jobs that every key of succeeded ended, in one lock:
+        ``stores`` (files written, their payload bytes, keys skipped as
+        present, each store job's seconds) and ``loads`` (files loaded,
+        their bytes, each load job's seconds); None where the batch had no
+        job of that kind. The counters move as :meth:`job_stored` and
+        :meth:`job_loaded` would move them, job by job, and each job's
+        seconds are observed."""
+        with self._lock:
+            if stores is not None:
+                self.stored_blocks._add(stores[0])
+                self.stored_bytes._add(stores[1])
+                if stores[2]:
+                    self.skipped_blocks._add(stores[2])
+                self.store_seconds._add_many(stores[3])
+            if loads is not None:
+                self.loaded_blocks._add(loads[0])
+                self.loaded_bytes._add(loads[1])
+                self.load_seconds._add_many(loads[2])
 
     def _all(self) -> Iterator[Counter | Gauge | LabeledCounter | Histogram]:
         yield from self._metrics
