@@ -248,8 +248,8 @@ class FsTier:
         n = len(keys)
         keys_t, slots_t = tuple(keys), tuple(slots)
         op_bytes, file_bytes = payload_sizes(self._job_payload_len, keys_t)
-        if self._fences or not self._admission.clear(kind, file_bytes):
-            self._reap()  # a finished job may fence a slot, open the breaker or free budget: judged first
+        self._reap()  # finished jobs first: they may fence a slot, open the breaker or free budget
+        clear = not self._fences and self._admission.clear(kind, file_bytes)
         # Every outcome, even one decided at once (empty, degraded, slot busy,
         # backpressure), is taken under one lock after the duplicate-id check:
         # otherwise a second job "J" that finishes at once would report a
@@ -260,8 +260,10 @@ class FsTier:
             if n == 0:
                 self._finish_now_locked(job_id, kind, 0, "", context)
                 return
-            busy = self._fences.busy(slots_t)
-            cause = self._admission.refuse(kind, n, file_bytes, slot_busy=busy)
+            if clear and not self._fences and self._admission.take(kind, file_bytes):
+                cause = None  # no slot fenced, breaker closed, room for a store's bytes: taken (reserved)
+            else:
+                cause = self._admission.refuse(kind, n, file_bytes, slot_busy=self._fences.busy(slots_t))
             if cause is not None:
                 self._finish_now_locked(job_id, kind, n, cause, context)
                 return

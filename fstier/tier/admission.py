@@ -278,16 +278,22 @@ class Admission:
         self._metrics = metrics
 
     def clear(self, kind: str, nbytes: int) -> bool:
-        """Whether a job is admitted whatever the finished jobs not judged yet
-        say (no lock, no count): the breaker closed with no failure counted
-        and, for a store of ``nbytes``, no ``max_bytes`` and room in the write
-        budget. Judging finished jobs can only open the breaker (failures)
-        or free budget, so when this is True the tier decides without
-        judging them first (they are judged in one batch at the next
-        collect); when False it judges them first, as before."""
+        """Whether a job is admitted by the fast check (no lock, no count):
+        the breaker closed with no failure counted and, for a store of
+        ``nbytes``, no ``max_bytes`` and room in the write budget. True: the
+        tier takes it with :meth:`take` (no slot fenced either); False: the
+        full decision, :meth:`refuse`."""
         return self._breaker.healthy and (
             kind != "store" or (self._capacity.max_bytes is None and self._budget.fits(nbytes))
         )
+
+    def take(self, kind: str, nbytes: int) -> bool:
+        """After :meth:`clear` said True, under the tier's lock: take the job
+        (a store's ``nbytes`` reserved in the write budget, as :meth:`refuse`
+        would; no ``max_bytes``, so nothing to count in the root's usage).
+        False (nothing reserved) when the budget filled meanwhile: the
+        caller then asks :meth:`refuse`."""
+        return kind != "store" or self._budget.admit(nbytes)
 
     def refuse(self, kind: str, n: int, nbytes: int, *, slot_busy: bool) -> str | None:
         """None when a job of ``n`` keys runs (a store's ``nbytes`` of files
