@@ -162,8 +162,15 @@ class NativeEngine:
         return reg
 
     def pump(self) -> int:
-        """Collect the C engine's completions now, on the calling thread (the
-        completion thread's own step too); how many events it handled."""
+        """Collect the C engine's completions now, on the calling thread; how
+        many events it handled. No job in flight (none submitted, none
+        waiting for its late keys): no event can be due, so no call (one
+        read, no lock; the completion thread's step, :meth:`_pump_all`,
+        always collects, so the engine's eventfd is always drained)."""
+        return self._pump_all() if self._jobs else 0
+
+    def _pump_all(self) -> int:
+        """:meth:`pump` with no shortcut (the completion thread's step)."""
         with self._collecting:
             events = self._ext.engine_collect(self._cap)
             for ev in events:
@@ -450,7 +457,7 @@ class NativeEngine:
             ext.engine_wait(cap, wait)
             wait = self._expire_call()
             try:
-                events = self.pump()
+                events = self._pump_all()
             except RuntimeError:  # a forked child's copy of this thread does not exist; defensive
                 return
             with self.lock:
