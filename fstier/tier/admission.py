@@ -20,6 +20,11 @@
   :meth:`~fstier.tier.capacity.Capacity.root_full`),
   ``backpressure`` (a store over the write budget). Each is counted (stores
   as drops, loads as failures) and the job finishes at once with that cause.
+  A job first meets one fast check (:meth:`Admission.clear`, then
+  :meth:`Admission.take`: breaker closed with no failure counted, no
+  ``max_bytes``, room in the budget); only a job failing it takes the full
+  :meth:`Admission.refuse`. The write budget keeps the queued-bytes gauge's
+  value itself (read on demand: no gauge call per job).
 
 Every call takes one lock and does O(1) work.
 """

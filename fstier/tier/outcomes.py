@@ -30,7 +30,9 @@ Invariants
 
 Costs
     O(1) Python lines for a job whose engine summarised every key as one
-    success (``EngineJob.uniform``: the native engine's uniform summary);
+    success (``EngineJob.uniform``: the native engine's uniform summary),
+    and for a collect of several such jobs their effects once for the batch
+    (:meth:`Judge.finish_all`: C-level loops over the jobs, one verdict each);
     else O(keys) per job (one status lookup per key) unless every unit
     succeeded alike (then C-level loops); a unit the engine gave up on costs O(1) plus
     its keys' slice; one breaker call per run of successes or failures; one
