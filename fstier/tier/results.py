@@ -66,13 +66,16 @@ class Results:
         for job, v in done:
             if v.stored:
                 events.append(BlockStored(v.stored))
-            if v.removed:
-                events.append(BlockRemoved(v.removed, "corrupt"))
-            if job.fenced:
-                self._fences.fence_job(job)
+            if v.removed or job.fenced:  # rare: a corrupt file removed, a job past its deadline
+                if v.removed:
+                    events.append(BlockRemoved(v.removed, "corrupt"))
+                self._fences.fence_job(job)  # (no slot of a job that did not time out)
             del inflight[job.tag]
-            self.publish_locked(job_result(job.tag, job.kind, not v.failed, *v[:6], v.loaded_after, job.context),
-                                job.slots)
+            result = job_result(job.tag, job.kind, not v.failed, *v[:6], v.loaded_after, job.context)
+            if self._hold and self._fences and self._fences.busy(job.slots):
+                self.held.append((result, job.slots))
+            else:
+                self.finished.append(result)
 
     def refused_locked(
         self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str, context: Any

@@ -465,10 +465,9 @@ class NativeEngine:
                     return
 
     def _event(self, ev: tuple[Any, ...]) -> None:
-        tag, kind = ev[0], ev[1]
-        if kind == 1:  # released: every late key returned
+        if ev[1] == 1:  # released: every late key returned
             with self.lock:
-                job = self._jobs.pop(tag)
+                job = self._jobs.pop(ev[0])
                 job.released = True
                 job.late = 0
             reg: Registration = job.owner
@@ -480,7 +479,7 @@ class NativeEngine:
                     log.exception("on_released callback failed for job %r", job.tag)
             _completed(reg, job)
             return
-        _, _, seconds, uniform, per_key, marks = ev
+        tag, _, seconds, uniform, per_key, marks = ev
         if uniform is not None:  # every key returned alike (C: no marks then)
             with self.lock:
                 job = self._jobs.pop(tag)  # a store or load: call jobs never reach C
@@ -495,7 +494,8 @@ class NativeEngine:
                     if reg.active == 0:
                         reg.idle.notify_all()
             if one is not None:
-                _completed(reg, job)
+                if reg.on_complete is not None:
+                    _completed(reg, job)
                 return
             self._judge_uniform(job, uniform)
         else:
