@@ -314,10 +314,11 @@ class FsTier:
     def get_finished(self) -> list[JobResult]:
         """Results of jobs finished since the last call (never blocks); with ``hold_fenced_results``, a job's
         result comes once none of its slots is fenced (held results first, in the order they finished)."""
+        # Polled only when nothing is known finished (after has_news, which polled, it is not polled again).
         if not (self._results.finished or self._results.held or self._engine.has_finished()):
             self._engine.poll()  # a job in flight: the C engine's completions, here (no wait for its thread's GIL)
             if not self._engine.has_finished():
-                return []  # (has_news polled just before: this call does not poll again)
+                return []
         self._reap()
         with self._lock:
             return self._results.take_locked()

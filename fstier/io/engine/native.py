@@ -242,6 +242,10 @@ class NativeEngine:
                 caps.tmpfile is not fixed[2] or (job.kind == "store" and caps.reprobe_at is not None))):
             self._submit_checked(reg, job)
             return
+        self._submit_fixed(reg, job, fixed)
+
+    def _submit_fixed(self, reg: Registration, job: EngineJob, fixed: tuple[Any, ...]) -> None:
+        """The C call of a store or load job with its cached fixed arguments."""
         n = len(job.keys)
         job.owner, job.bounds, job.remaining = reg, (0, n), 1
         bufs = job.buffers.views(job.slots, job.nbytes)  # type: ignore[union-attr]  # fixed: a store/load job
@@ -273,15 +277,14 @@ class NativeEngine:
             self._submit_other(reg, job)
             return
         job.block_io()  # a store or load job: its block store and buffers, or one clear error
-        self._fixed(reg, blocks, job)
-        self.submit(reg, job)
+        self._submit_fixed(reg, job, self._fixed(reg, blocks, job))
 
-    def _fixed(self, reg: Registration, blocks: Any, job: EngineJob) -> None:
+    def _fixed(self, reg: Registration, blocks: Any, job: EngineJob) -> tuple[Any, ...]:
         """Cache the ``engine_submit`` arguments of ``reg``'s ``job.kind``
         jobs of ``blocks`` that do not change from job to job: its options,
         capabilities and their O_TMPFILE state (what the cache is valid
         for), kind, base directory, namespace digest, pages per file, flag
-        bits, file mode, alignment and the kind's notify fd. At
+        bits, file mode, alignment and the kind's notify fd; returns them. At
         most :data:`_FIXED_MAX` are kept (each holds its store and
         registration, so neither's id is reused while cached)."""
         opts = blocks.options
@@ -289,12 +292,13 @@ class NativeEngine:
         store = job.kind == "store"
         if len(self._fixed_args) >= _FIXED_MAX:
             self._fixed_args.clear()
-        self._fixed_args[(reg, blocks, job.kind)] = (
+        fixed = self._fixed_args[(reg, blocks, job.kind)] = (
             opts, caps, None if caps is None else caps.tmpfile, 1 if store else 0,
             os.fsencode(blocks.mapper.blocks_dir), blocks.mapper.digest_bytes, blocks._bpf,
             nat.flags(opts, mkdir=store), opts.file_mode, opts.alignment,
             reg.notify_fds.get(job.kind, -1),
         )
+        return fixed
 
     def _submit_other(self, reg: Registration, job: EngineJob) -> None:
         """A call job (on the call thread); a job of a Python-path block store,
