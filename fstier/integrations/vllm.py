@@ -89,6 +89,7 @@ from fstier.integrations._vllm_metrics import (
 )
 from fstier.keys import BlockKey, block_keys
 from fstier.slots.rows import RowSlots
+from fstier.tier.records import BlockRemoved
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.manager import FsTier
@@ -465,11 +466,10 @@ else:
 
         # -- events, stats, shutdown -------------------------------------------
         def _collect_events(self) -> None:
-            from fstier.manager import BlockRemoved
-
-            for ev in self.fstier.take_events():
-                if not self.events_enabled:
-                    continue  # still taken, so FsTier's list never grows
+            events = self.fstier.take_events()  # taken even when disabled, so FsTier's list never grows
+            if not self.events_enabled:
+                return
+            for ev in events:
                 self._events.append(
                     OffloadingEvent(
                         keys=[make_offload_key(k.block_hash, k.group_idx) for k in ev.keys],
