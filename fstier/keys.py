@@ -27,6 +27,7 @@ __all__ = ["BlockKey", "block_keys", "chain_hashes", "prefix_keys"]
 
 MIN_HASH_BYTES = 8
 MAX_HASH_BYTES = 64
+_MAX = MAX_HASH_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,18 +77,13 @@ def block_keys(hashes: Sequence[bytes], groups: Sequence[int]) -> list[BlockKey]
     so the first bad key raises its own :class:`KeyFormatError`
     (test_keys.py::test_block_keys_match_the_validated_constructor)."""
     n = len(hashes)
-    if n != len(groups):
-        raise ValueError(f"block_keys: {n} hashes but {len(groups)} groups")
-    if n == 0:
+    if n != len(groups) or n == 0:
+        if n != len(groups):
+            raise ValueError(f"block_keys: {n} hashes but {len(groups)} groups")
         return []
-    if not (
-        set(map(type, hashes)) == {bytes}
-        and min(map(len, hashes)) >= MIN_HASH_BYTES
-        and max(map(len, hashes)) <= MAX_HASH_BYTES
-        and set(map(type, groups)) == {int}  # bool is not int here, as in __post_init__
-        and min(groups) >= 0
-        and max(groups) < 65536
-    ):
+    # Every test a C-level loop over the batch (bool is not int here, as in __post_init__).
+    if not (set(map(type, hashes)) == {bytes} and set(map(type, groups)) == {int} and min(groups) >= 0
+            and max(groups) < 65536 and min(map(len, hashes)) >= MIN_HASH_BYTES and max(map(len, hashes)) <= _MAX):
         return list(map(BlockKey, hashes, groups))
     keys = list(map(_NEW, repeat(BlockKey, n)))
     deque(map(_SET_HASH, keys, hashes), maxlen=0)

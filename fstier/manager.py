@@ -56,7 +56,7 @@ from fstier.tier.metrics import TierMetrics
 from fstier.tier.outcomes import Judge
 from fstier.tier.private_pool import private_pool
 from fstier.tier.recency import Recency
-from fstier.tier.records import BlockRemoved, BlockStored, JobResult, TierEvent, job_result, note_evicted
+from fstier.tier.records import BlockRemoved, BlockStored, JobResult, TierEvent, note_evicted
 from fstier.tier.removal import clear_namespace, remove_blocks
 from fstier.tier.results import Results
 from fstier.tier.waiting import Waiters
@@ -245,10 +245,11 @@ class FsTier:
     ) -> None:
         self._check_open()
         check_job(job_id, keys, slots, self._pool, len(self._payload_len))
-        self._reap()
         n = len(keys)
         keys_t, slots_t = tuple(keys), tuple(slots)
         op_bytes, file_bytes = payload_sizes(self._job_payload_len, keys_t)
+        self._reap()  # finished jobs first: they may fence a slot, open the breaker or free budget
+        clear = not self._fences and self._admission.clear(kind, file_bytes)
         # Every outcome, even one decided at once (empty, degraded, slot busy,
         # backpressure), is taken under one lock after the duplicate-id check:
         # otherwise a second job "J" that finishes at once would report a
@@ -259,8 +260,10 @@ class FsTier:
             if n == 0:
                 self._finish_now_locked(job_id, kind, 0, "", context)
                 return
-            busy = self._fences.busy(slots_t)
-            cause = self._admission.refuse(kind, n, file_bytes, slot_busy=busy)
+            if clear and not self._fences and self._admission.take(kind, file_bytes):
+                cause = None  # no slot fenced, breaker closed, room for a store's bytes: taken (reserved)
+            else:
+                cause = self._admission.refuse(kind, n, file_bytes, slot_busy=self._fences.busy(slots_t))
             if cause is not None:
                 self._finish_now_locked(job_id, kind, n, cause, context)
                 return
@@ -287,19 +290,9 @@ class FsTier:
         one lock for all the jobs one collect returned). Fence waiters are woken by the release, not here."""
         if not self._engine.has_finished():
             return
-        done = [(job, self._judge.finish(job)) for job in self._engine.collect()]
+        done = self._judge.finish_all(self._engine.collect())
         with self._lock:
-            for job, v in done:
-                if v.stored:
-                    self._events.append(BlockStored(v.stored))
-                if v.removed:
-                    self._events.append(BlockRemoved(v.removed, "corrupt"))
-                if job.fenced:
-                    self._fences.fence_job(job)  # before its result is published
-                del self._inflight[job.tag]
-                self._results.publish_locked(
-                    job_result(job.tag, job.kind, v.success, *v[:6], v.loaded_after, job.context), job.slots
-                )
+            self._results.publish_jobs_locked(done, self._inflight, self._events)
             if self._waiters.asleep:  # a waiter's job may be among them
                 self._idle.notify_all()
 
@@ -321,9 +314,11 @@ class FsTier:
     def get_finished(self) -> list[JobResult]:
         """Results of jobs finished since the last call (never blocks); with ``hold_fenced_results``, a job's
         result comes once none of its slots is fenced (held results first, in the order they finished)."""
-        self._engine.poll()  # a job in flight: the C engine's completions, here (no wait for its thread's GIL)
+        # Polled only when nothing is known finished (after has_news, which polled, it is not polled again).
         if not (self._results.finished or self._results.held or self._engine.has_finished()):
-            return []
+            self._engine.poll()  # a job in flight: the C engine's completions, here (no wait for its thread's GIL)
+            if not self._engine.has_finished():
+                return []
         self._reap()
         with self._lock:
             return self._results.take_locked()
@@ -331,6 +326,8 @@ class FsTier:
     def take_events(self) -> list[TierEvent]:
         """Stored/removed events since the last call, in order."""
         self._reap()
+        if not self._events:
+            return []  # no lock (one read): an event added meanwhile is taken by the next call
         with self._lock:
             out, self._events = self._events, []
         return out

@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from manager_support import FILE_BYTES, key, keys, load, open_tier, store
+from manager_support import FILE_BYTES, fill, key, keys, load, open_tier, payload_for, slot_bytes, store
 
 from fstier.io import native
 from fstier.io.engine import EngineJob
@@ -19,7 +19,7 @@ from fstier.io.iotypes import LoadOutcome, LoadStatus, StoreOutcome, StoreStatus
 from fstier.slots.host_pool import HostBlockPool
 from fstier.slots.provider import plain_indices
 from fstier.slots.rows import RowSlots
-from fstier.tier.outcomes import _all_one_success
+from fstier.tier.outcomes import Judge, _all_one_success
 
 
 class _Idx(enum.IntEnum):
@@ -276,3 +276,37 @@ def test_touch_notes_the_files_of_keys_of_known_groups(tmp_path: Path) -> None:
         assert sorted(tier._recency._recent) == sorted(tier.blocks.path(k) for k in ks)
         tier.touch(k for k in keys(3, 2))  # any iterable of keys, as before
         assert len(tier._recency._recent) == 5
+
+
+def test_a_collect_of_many_alike_jobs_has_each_jobs_effects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Jobs collected together whose every key succeeded alike are judged as
+    one batch on the C engine (``Judge._finish_batch``: one breaker, cache,
+    recency, metrics and budget call for them all); each job's result,
+    event, counters, histogram observation and budget bytes are what it
+    alone would have given, and a mix of stores, skips and loads keeps its
+    order. On the Python engine the same jobs are judged one by one."""
+    batches: list[int] = []
+    real = Judge._finish_batch
+    monkeypatch.setattr(Judge, "_finish_batch", lambda self, jobs: batches.append(len(jobs)) or real(self, jobs))
+    with open_tier(tmp_path) as tier:
+        m, payload = tier.metrics, tier.payload_bytes(keys(0, 1)[0])
+        assert store(tier, "first", keys(0, 4)).success and tier.take_events()
+        fill(tier, keys(0, 12), list(range(12)))
+        for name, start in (("new1", 4), ("again", 0), ("new2", 8)):  # "again": keys on disk, skipped
+            tier.submit_store(name, keys(start, 4), list(range(start, start + 4)))
+        tier.submit_load("got", keys(0, 4), list(range(20, 24)))
+        tier.drain()  # every job finished before one collect takes them
+        got = {r.job_id: r for r in tier.get_finished()}
+        assert set(got) == {"new1", "again", "new2", "got"} and all(r.success for r in got.values())
+        assert [(got[j].keys_completed, got[j].nbytes, got[j].skipped) for j in ("new1", "again", "new2", "got")] \
+            == [(4, 4 * payload, 0), (4, 0, 4), (4, 4 * payload, 0), (4, 4 * payload, 0)]
+        assert {k for ev in tier.take_events() for k in ev.keys} == {*keys(4, 8)}  # written, not skipped
+        assert (m.stored_blocks.value, m.stored_bytes.value, m.skipped_blocks.value) == (12, 12 * payload, 4)
+        assert (m.loaded_blocks.value, m.loaded_bytes.value, m.load_misses.value) == (4, 4 * payload, 0)
+        assert (m.store_seconds.snapshot().count, m.load_seconds.snapshot().count) == (4, 1)
+        assert m.queued_store_bytes.value == 0 and tier._budget.queued == 0
+        assert tier.lookup(keys(0, 12)) == 12
+        for s in range(20, 24):
+            assert slot_bytes(tier, keys(0, 4)[s - 20], s) == payload_for(keys(0, 4)[s - 20], payload)
+        if tier._engine.engine.backend == "native":
+            assert batches and max(batches) >= 2

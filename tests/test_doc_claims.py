@@ -38,6 +38,7 @@ SYSTEM_CLOCK_READERS = {
     "fstier/io/engine/native.py": (
         "a job's seconds, the headers' creation stamp, a call job's deadline (the C watchdog keeps its own clock)"
     ),
+    "fstier/io/engine/touch.py": "a touch job's seconds (its deadline is the C watchdog's)",
     "fstier/tier/status.py": "`fstier status`: the report's wall-clock time (ages of counts) and its walk's seconds",
     "fstier/manager.py": "drain's deadline",
     "fstier/tier/waiting.py": "FsTier.wait's deadline",

@@ -169,3 +169,21 @@ def test_namespaces_share_one_c_engine_and_start_no_python_io_thread(tmp_path: P
         for t in tiers:
             t.close()
     assert engine.info()["live"] == 0 and engine.closed  # type: ignore[attr-defined]
+
+
+def test_a_store_while_an_o_direct_probe_is_pending_runs_on_the_c_engine(tmp_path: Path) -> None:
+    """A root whose O_DIRECT probe is to run again later (it could not run at
+    start), not due yet: its stores run on the C engine, each by the
+    submit's checked way (its cached arguments do not cover such a root),
+    never around it again (a submit that re-entered the fast path for them
+    recursed until Python's limit)."""
+    with open_tier(tmp_path / "root") as tier:
+        caps = tier.blocks.options.capabilities
+        if tier.io_path.backend != "native" or caps is None:
+            pytest.skip("the native I/O path with root capabilities only")
+        caps.reprobe_at = time.monotonic() + 3600.0  # the tier's clock is the system's
+        assert not caps.reprobe_due()
+        for i in range(3):
+            assert store(tier, f"s{i}", keys(4 * i, 4)).success
+        assert tier._engine.engine._python is None  # none went to the Python engine
+        assert load(tier, "l", keys(0, 12)).success

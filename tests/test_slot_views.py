@@ -127,6 +127,17 @@ def test_payload_views_are_each_slots_payload_exactly(provider: Any) -> None:
         payload_views(provider, slots, nbytes[:2])
 
 
+@pytest.mark.parametrize("slots", [*ORDERS, [0, NUM], [NUM + 5], [-1], [1, True], [0, 1.0], [np.int64(2)], ["0"]])
+def test_payload_views_answer_as_slot_view_cut_does(provider: Any, slots: list[Any]) -> None:
+    """Any slots, a provider's own ``payload_views`` (RowSlots' one slicing
+    pass) included: the views, or the refusal, of ``slot_view(s)[:n]``."""
+    nbytes = [1 + (7 * i) % provider.slot_bytes for i in range(len(slots))]
+    want = _answer(lambda: [provider.slot_view(s)[:n] for s, n in zip(slots, nbytes, strict=True)])
+    assert _answer(lambda: payload_views(provider, slots, nbytes)) == want
+    if hasattr(provider, "payload_views"):  # the provider's own, called directly
+        assert _answer(lambda: provider.payload_views(slots, nbytes)) == want
+
+
 def test_a_lent_slot_not_lent_is_the_same_key_error() -> None:
     p = LentSlots(16, num_slots=4)
     p.lend([memoryview(bytearray(16))])

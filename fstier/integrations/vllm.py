@@ -89,6 +89,7 @@ from fstier.integrations._vllm_metrics import (
 )
 from fstier.keys import BlockKey, block_keys
 from fstier.slots.rows import RowSlots
+from fstier.tier.records import BlockRemoved
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.manager import FsTier
@@ -408,6 +409,8 @@ else:
             """vLLM's result of a job from FsTier's: its keys are the result's
             ``context``; FsTier had the first ``keys_completed + keys_failed`` of them."""
             keys = r.context
+            if r.success and r.keys_completed == len(keys):  # the common job: every key of vLLM's done
+                return VllmJobResult(r.job_id, True, None, r.seconds, r.nbytes or None)  # type: ignore[arg-type]
             complete = r.success and r.keys_completed + r.keys_failed == len(keys)
             successful = None
             if r.kind == "load" and not complete:
@@ -463,11 +466,10 @@ else:
 
         # -- events, stats, shutdown -------------------------------------------
         def _collect_events(self) -> None:
-            from fstier.manager import BlockRemoved
-
-            for ev in self.fstier.take_events():
-                if not self.events_enabled:
-                    continue  # still taken, so FsTier's list never grows
+            events = self.fstier.take_events()  # taken even when disabled, so FsTier's list never grows
+            if not self.events_enabled:
+                return
+            for ev in events:
                 self._events.append(
                     OffloadingEvent(
                         keys=[make_offload_key(k.block_hash, k.group_idx) for k in ev.keys],

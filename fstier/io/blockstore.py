@@ -44,18 +44,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import logging
 import os
 import stat
-import threading
 from collections.abc import Callable, Sequence
 from itertools import starmap
 from operator import attrgetter, itemgetter
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fstier.errors import FstierError, PathSafetyError
+from fstier.errors import FstierError
 from fstier.file_mapper import FileMapper, decode, encode, encode_many
 from fstier.io import fsops, native
 from fstier.io._blockio import load_block, store_block, store_block_at
@@ -71,6 +68,8 @@ from fstier.io.iotypes import (
     StoreStatus,
 )
 from fstier.io.manifest import ensure_manifest
+from fstier.io.nsdirs import DIR_FLAGS as _DIR_FLAGS
+from fstier.io.nsdirs import NamespaceDirs
 from fstier.io.tree import iter_namespace_files
 from fstier.keys import BlockKey
 
@@ -83,106 +82,6 @@ __all__ = ["BlockStore", "NamespaceDirs"]
 log = logging.getLogger("fstier.manager")
 _STATUS = attrgetter("status")
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-
-
-class NamespaceDirs:
-    """Fan-out directories of one namespace, made one ``mkdirat`` per level
-    inside directory fds opened with no symlink on their path, so nothing
-    lands outside the root even if a directory is swapped for a symlink
-    meanwhile (that is refused with :class:`PathSafetyError`)."""
-
-    def __init__(self, mapper: FileMapper) -> None:
-        self._ns = os.fspath(mapper.namespace_dir)
-        self._made: set[str] = set()
-        self._lock = threading.Lock()
-
-    def ensure(self, path: str | Path) -> None:
-        """Create ``path``'s directory (and the levels above it, under the namespace)."""
-        made = self.open_parent(path)
-        if made is not None:
-            fsops.close_quietly(made[0])
-
-    def forget(self, path: str | Path) -> None:
-        """``path``'s directory was removed: make it again next time."""
-        with self._lock:
-            self._made.discard(os.fspath(path).rpartition("/")[0])
-
-    def open_parent(self, path: str | Path) -> tuple[int, bool] | None:
-        """:meth:`ensure`, keeping what the walk opened: ``None`` when the
-        directory was already known, else an fd of ``path``'s directory
-        (opened with no symlink on its path; the caller closes it) and
-        whether this call created it. The walk starts at the deepest
-        directory already made and goes through the syscall seam."""
-        # Strings, not pathlib: Path parsing cost more than the mkdirs
-        # (docs/performance.md, "No pathlib on the store and load paths").
-        key = os.fspath(path).rpartition("/")[0]
-        if key in self._made:
-            return None
-        ns = self._ns
-        if key != ns and not key.startswith(ns + "/"):
-            raise ValueError(f"{path!r} is not under the namespace directory {ns}")
-        parts = key[len(ns) + 1 :].split("/") if key != ns else []
-        start, base = 0, ns
-        for i in range(len(parts) - 1, 0, -1):
-            ancestor = f"{ns}/{'/'.join(parts[:i])}"
-            if ancestor in self._made:
-                start, base = i, ancestor
-                break
-        try:
-            fd = fsops.FS.open(base, _DIR_FLAGS)
-        except FileNotFoundError:
-            if base == ns:
-                raise
-            # That ancestor was removed too (gc of empty directories, an
-            # operator's rm -rf): forget it and walk from the namespace.
-            with self._lock:
-                self._made.discard(base)
-            start, base = 0, ns
-            try:
-                fd = fsops.FS.open(base, _DIR_FLAGS)
-            except OSError as exc:
-                raise _unsafe(Path(base), exc) from None
-        except OSError as exc:
-            raise _unsafe(Path(base), exc) from None
-        made: list[str] = []
-        fresh = False
-        try:
-            current = base
-            for part in parts[start:]:
-                current = f"{current}/{part}"
-                try:
-                    fsops.FS.mkdir_at(fd, part, 0o755)
-                    fresh = True
-                except FileExistsError:
-                    fresh = False
-                try:
-                    nfd = fsops.FS.openat(fd, part, _DIR_FLAGS)
-                except OSError as exc:
-                    raise _unsafe(Path(current), exc) from None
-                # Linux releases an fd even when close reports an error: a
-                # failing close of the parent must not leak the child.
-                parent, fd = fd, nfd
-                fsops.close_quietly(parent)
-                made.append(current)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                fsops.FS.close(fd)
-            raise
-        with self._lock:
-            self._made.update(made)
-        return fd, fresh
-
-
-def _unsafe(path: Path, exc: OSError) -> Exception:
-    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-        return PathSafetyError(
-            f"{path} (or a directory above it, below the root) is a symlink or not a "
-            "directory; fstier refuses to follow it. Remove it."
-        )
-    return exc
-
 
 _PATH_DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -286,6 +185,8 @@ class BlockStore:
         #: which path the batch methods run (fstier.io.native): "native" or "python"
         self.io_path = backend
         self._native = backend.backend == "native"
+        #: a probe may trust the kernel's caches: the root is on a local filesystem (RootCapabilities.coherent_cache)
+        self._cached = options.capabilities is not None and options.capabilities.coherent_cache
 
     @classmethod
     def for_tier(cls, mapper: FileMapper, tier: TierConfig, clock: Clock | None = None) -> BlockStore:
@@ -488,14 +389,14 @@ class BlockStore:
         False). Never raises ``OSError``: what cannot be checked is absent.
 
         Costs: native, ONE call for the batch (one ``openat2`` + ``fstat``
-        per key), the GIL held where a local filesystem's caches answer it
-        (:attr:`~fstier.io.capabilities.RootCapabilities.coherent_cache`), else released; Python, one directory open per
-        distinct fan-out directory and one ``fstatat`` per key."""
+        per key), the GIL held where a local filesystem's caches answer it,
+        else released; Python, one directory open per distinct fan-out
+        directory and one ``fstatat`` per key."""
         if not keys:
             return []
         paths = self.paths(keys)
         if self._native:
-            got = native.lookup_batch(self._prefix, paths, prefix=prefix, cached=self._coherent_cache())
+            got = native.lookup_batch(self._prefix, paths, prefix=prefix, cached=self._cached)
         else:
             got = _present_python(self._prefix, paths, prefix)
         return _padded(got, len(keys))
@@ -511,16 +412,9 @@ class BlockStore:
             raise ValueError("present_within needs the native I/O path")
         if not keys:
             return []
-        got = native.lookup_within(
-            self._prefix, self.paths(keys), prefix=prefix, timeout_s=timeout_s, cached=self._coherent_cache()
-        )
+        paths = self.paths(keys)
+        got = native.lookup_within(self._prefix, paths, prefix=prefix, timeout_s=timeout_s, cached=self._cached)
         return None if got is None else _padded(got, len(keys))
-
-    def _coherent_cache(self) -> bool:
-        """Whether a probe may trust the kernel's caches: the root's
-        filesystem is local (probed with its capabilities; none: no)."""
-        caps = self.options.capabilities
-        return caps is not None and caps.coherent_cache
 
     def clear(self, on_error: Callable[[OSError], None] | None = None) -> list[tuple[BlockKey, int]]:
         """Remove every block file this store names: the files under

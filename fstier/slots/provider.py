@@ -27,7 +27,9 @@ where it can; every provider in :mod:`fstier.slots` and LMCache's
 ``LentSlots`` has one. :func:`payload_views` is what FsTier's I/O threads
 call: one batch's views cut to each payload's exact length, with no
 bytecode per slot where the provider has ``slot_views``
-(test_slot_views.py pins each provider's against ``slot_view``).
+(test_slot_views.py pins each provider's against ``slot_view``); a provider
+may have its own ``payload_views(slots, nbytes)`` (RowSlots: one slicing
+pass), pinned the same way.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from itertools import repeat
 from operator import getitem
 from typing import Protocol, cast, runtime_checkable
 
-__all__ = ["SlotProvider", "payload_views", "plain_indices", "slot_views"]
+__all__ = ["SlotProvider", "generic_payload_views", "payload_views", "plain_indices", "slot_views"]
 
 #: ``view[:n]`` as a function of (view, slice(None, n))
 _CUT = cast("Callable[[memoryview, slice], memoryview]", getitem)
@@ -66,8 +68,16 @@ def slot_views(pool: SlotProvider, slots: Sequence[int]) -> list[memoryview]:
 
 def payload_views(pool: SlotProvider, slots: Sequence[int], nbytes: Sequence[int]) -> list[memoryview]:
     """``[pool.slot_view(s)[:n] for s, n in zip(slots, nbytes)]``: exactly
-    each payload's bytes of its slot, never a byte past them, cut by C-level
-    loops (:func:`slot_views`)."""
+    each payload's bytes of its slot, never a byte past them: the
+    provider's own ``payload_views`` where it has one (RowSlots: one pass),
+    else :func:`generic_payload_views`."""
+    own = getattr(pool, "payload_views", None)
+    return own(slots, nbytes) if own is not None else generic_payload_views(pool, slots, nbytes)
+
+
+def generic_payload_views(pool: SlotProvider, slots: Sequence[int], nbytes: Sequence[int]) -> list[memoryview]:
+    """:func:`payload_views` of any provider: its :func:`slot_views`, cut to
+    each payload's length by C-level loops."""
     if len(slots) != len(nbytes):
         raise ValueError(f"payload_views: {len(slots)} slots but {len(nbytes)} payload lengths")
     return list(map(_CUT, slot_views(pool, slots), map(slice, repeat(None), nbytes)))

@@ -4,7 +4,8 @@ An engine that keeps its KV blocks in host rows (vLLM's primary CPU tier)
 lends them to FsTier in place, with no copy: slot ``i`` is ``row_bytes``
 bytes at ``offset + i * stride``. Rows need not be 4096-aligned nor a
 multiple of 4096 long; the I/O layer moves exactly a payload's bytes.
-Checking a job's slots costs a few C-level passes over them under one
+A job's payload views are one pass of C-level slicing
+(:meth:`RowSlots.payload_views`). Checking a job's slots costs a few C-level passes over them under one
 lock (:func:`~fstier.slots.provider.plain_indices` and one set
 ``isdisjoint`` with the fenced rows: no Python bytecode per slot); only a
 job with a bad slot pays a per-slot loop, which names it.
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from itertools import repeat
 from operator import add, mul
 
-from fstier.slots.provider import plain_indices
+from fstier.slots.provider import generic_payload_views, plain_indices
 
 __all__ = ["RowSlots"]
 
@@ -112,7 +113,20 @@ class RowSlots:
         ends = map(add, starts, repeat(self._row_bytes))
         return list(map(self._flat.__getitem__, map(slice, starts, ends)))
 
+    def payload_views(self, slots: Sequence[int], nbytes: Sequence[int]) -> list[memoryview]:
+        """:func:`~fstier.slots.provider.payload_views` of these rows: each of
+        ``slots``' first ``nbytes[i]`` bytes (at most a row), sliced from the
+        buffer in one pass of C-level loops; anything else as that function
+        answers it (through :meth:`slot_views`)."""
+        if len(slots) != len(nbytes) or not plain_indices(slots, self._num_rows) or (
+                nbytes and not 0 <= min(nbytes) <= max(nbytes) <= self._row_bytes):
+            return generic_payload_views(self, slots, nbytes)
+        starts = list(map(add, map(mul, slots, repeat(self._stride)), repeat(self._offset)))
+        return list(map(self._flat.__getitem__, map(slice, starts, map(add, starts, nbytes))))
+
     def check_slots(self, slots: Sequence[int]) -> None:
+        if not self._fenced and plain_indices(slots, self._num_rows):
+            return  # no row fenced (one read; a fence racing this is as if it came after): no lock, no per-slot Python
         with self._lock:
             if plain_indices(slots, self._num_rows) and self._fenced.isdisjoint(slots):
                 return  # no per-slot Python (test_checks_fast.py)

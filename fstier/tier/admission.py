@@ -20,6 +20,11 @@
   :meth:`~fstier.tier.capacity.Capacity.root_full`),
   ``backpressure`` (a store over the write budget). Each is counted (stores
   as drops, loads as failures) and the job finishes at once with that cause.
+  A job first meets one fast check (:meth:`Admission.clear`, then
+  :meth:`Admission.take`: breaker closed with no failure counted, no
+  ``max_bytes``, room in the budget); only a job failing it takes the full
+  :meth:`Admission.refuse`. The write budget keeps the queued-bytes gauge's
+  value itself (read on demand: no gauge call per job).
 
 Every call takes one lock and does O(1) work.
 """
@@ -90,6 +95,12 @@ class Breaker:
             self._tick(self._clock.monotonic())
             return self._state != self.OPEN
 
+    @property
+    def healthy(self) -> bool:
+        """Closed with no failure counted (no lock: a read a submit makes to
+        know no finished job can change the breaker's answer)."""
+        return self._state == self.CLOSED and self._failures == 0
+
     def success(self) -> None:
         if self._failures == 0 and self._state == self.CLOSED:
             return  # nothing to reset (a job's success on a healthy tier takes no lock)
@@ -138,7 +149,18 @@ class WriteBudget:
         self._busy_since = 0.0
         self._busy_bytes = 0
         self._lock = threading.Lock()
+        #: changes of ``queued`` (the queued-bytes gauge reads both on demand: no gauge call per job)
+        self._changes = 0
         metrics.write_speed.set(self.speed)
+        metrics.queued_store_bytes.bind(self._queued_gauge)
+
+    def _queued_gauge(self) -> tuple[float, int]:
+        """``(queued bytes, changes)`` for the ``fstier_queued_store_bytes`` gauge."""
+        return float(self.queued), self._changes
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether :meth:`admit` would take ``nbytes`` now (no lock: a hint)."""
+        return self.queued == 0 or self.queued + nbytes <= self.max_queue_s * self.speed
 
     def admit(self, nbytes: int) -> bool:
         """Reserve ``nbytes`` if they fit; an idle queue always admits (a job
@@ -150,7 +172,7 @@ class WriteBudget:
                 self._busy_since = self._clock.monotonic()
                 self._busy_bytes = 0
             self.queued += nbytes
-            self._metrics.queued_store_bytes.set(self.queued)
+            self._changes += nbytes > 0
             return True
 
     def release(self, reserved: int, written: int) -> None:
@@ -177,7 +199,7 @@ class WriteBudget:
                 self._busy_bytes = 0
             elif self.queued == 0 and self._busy_bytes == 0:
                 self._busy_since = now
-            self._metrics.queued_store_bytes.set(self.queued)
+            self._changes += reserved > 0
 
 
 #: Causes that say the device or mount is failing: only these count toward
@@ -259,6 +281,24 @@ class Admission:
         self._budget = budget
         self._capacity = capacity
         self._metrics = metrics
+
+    def clear(self, kind: str, nbytes: int) -> bool:
+        """Whether a job is admitted by the fast check (no lock, no count):
+        the breaker closed with no failure counted and, for a store of
+        ``nbytes``, no ``max_bytes`` and room in the write budget. True: the
+        tier takes it with :meth:`take` (no slot fenced either); False: the
+        full decision, :meth:`refuse`."""
+        return self._breaker.healthy and (
+            kind != "store" or (self._capacity.max_bytes is None and self._budget.fits(nbytes))
+        )
+
+    def take(self, kind: str, nbytes: int) -> bool:
+        """After :meth:`clear` said True, under the tier's lock: take the job
+        (a store's ``nbytes`` reserved in the write budget, as :meth:`refuse`
+        would; no ``max_bytes``, so nothing to count in the root's usage).
+        False (nothing reserved) when the budget filled meanwhile: the
+        caller then asks :meth:`refuse`."""
+        return kind != "store" or self._budget.admit(nbytes)
 
     def refuse(self, kind: str, n: int, nbytes: int, *, slot_busy: bool) -> str | None:
         """None when a job of ``n`` keys runs (a store's ``nbytes`` of files

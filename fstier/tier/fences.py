@@ -103,6 +103,10 @@ class Fences:
             self._idle.notify_all()
         log.info("fstier: slots %s released; their timed-out I/O returned", _slots_text(job.fenced))
 
+    def __bool__(self) -> bool:
+        """Whether any slot is fenced (no lock: one read)."""
+        return bool(self._held)
+
     def busy(self, slots: Iterable[int]) -> bool:
         """Whether any of ``slots`` is fenced. The caller holds the lock."""
         return bool(self._held) and not self._held.keys().isdisjoint(slots)

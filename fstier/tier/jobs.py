@@ -18,7 +18,8 @@ Costs
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from functools import partial
 from typing import Any, Literal
 
 from fstier.io import BlockStore, EngineJob, block_file_size
@@ -40,26 +41,31 @@ def payload_sizes(payload_len: Sequence[int], keys: Sequence[BlockKey]) -> tuple
 
 
 class SlotBuffers:
-    """The engine's view of a tier's slots (:class:`fstier.io.engine.record.Buffers`)."""
+    """The engine's view of a tier's slots (:class:`fstier.io.engine.record.Buffers`):
+    ``views`` is the provider's own ``payload_views`` where it has one (no
+    call in between per job), else :func:`~fstier.slots.provider.payload_views`."""
 
-    __slots__ = ("_pool",)
+    __slots__ = ("_pool", "views")
 
     def __init__(self, pool: SlotProvider) -> None:
         self._pool = pool
-
-    def views(self, slots: Sequence[int], nbytes: Sequence[int]) -> list[memoryview]:
-        return payload_views(self._pool, slots, nbytes)
+        own = getattr(pool, "payload_views", None)
+        self.views: Callable[[Sequence[int], Sequence[int]], list[memoryview]] = (
+            own if own is not None else partial(payload_views, pool)
+        )
 
 
 class JobMaker:
     """Builds the one record of each job of a tier (``blocks``' files,
-    ``pool``'s slots, deadline ``timeout_s`` after submission)."""
+    ``pool``'s slots, deadline ``timeout_s`` after submission): the fields
+    that do not change from job to job are one dict, set with the job's own
+    in one update (no line per field)."""
 
     def __init__(self, blocks: BlockStore, pool: SlotProvider, cache: LookupCache, timeout_s: float | None) -> None:
-        self._blocks = blocks
-        self._buffers = SlotBuffers(pool)
         self._cache = cache
-        self._timeout_s = timeout_s
+        self._fixed: dict[str, Any] = {
+            "blocks": blocks, "buffers": SlotBuffers(pool), "_paths": None, "timeout_s": timeout_s, "call": None,
+        }
 
     def job(
         self, job_id: Hashable, kind: Literal["store", "load"], keys: tuple[BlockKey, ...],
@@ -69,7 +75,5 @@ class JobMaker:
         store replaces the files of keys whose last load failed (bad); the
         caller's ``context`` rides on it to the job's result."""
         replace = self._cache.bad_flags(keys) if kind == "store" else None
-        return EngineJob(
-            job_id, kind, keys, slots, nbytes, self._blocks, self._buffers, None, replace,
-            self._timeout_s, None, context,
-        )
+        return EngineJob.made(self._fixed, tag=job_id, kind=kind, keys=keys, slots=slots, nbytes=nbytes,
+                              replace=replace, context=context)

@@ -19,13 +19,14 @@ import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from fstier.errors import MetricsUnavailableError
 
 __all__ = [
-    "Counter", "Gauge", "Histogram", "HistogramSnapshot", "LabeledCounter", "TierMetrics", "serve_collector",
-    "tiers_collector",
+    "Counter", "Gauge", "Histogram", "HistogramSnapshot", "LabeledCounter", "OwnedGauge", "TierMetrics",
+    "serve_collector", "tiers_collector",
 ]
 
 #: Seconds buckets for per-job latency (0.1 ms .. 60 s).
@@ -92,6 +93,36 @@ class Gauge:
             return self._value
 
 
+class OwnedGauge(Gauge):
+    """A gauge whose value another part keeps as a plain number (the write
+    budget's queued bytes): read on demand, one call per read, none per
+    change. ``changes`` is the owner's own count of changes, so
+    :meth:`TierMetrics.changes` still sees every one. Unbound, it reads 0."""
+
+    def __init__(self, name: str, doc: str, lock: threading.Lock | None = None) -> None:
+        self.name = name
+        self.doc = doc
+        self._read: Callable[[], tuple[float, int]] = lambda: (0.0, 0)
+
+    def bind(self, read: Callable[[], tuple[float, int]]) -> None:
+        """Read ``(value, changes)`` from ``read`` from now on."""
+        self._read = read
+
+    def set(self, value: float) -> None:
+        raise TypeError(f"gauge {self.name} is kept by its owner; it cannot be set")
+
+    def add(self, amount: float) -> None:
+        raise TypeError(f"gauge {self.name} is kept by its owner; it cannot be added to")
+
+    @property
+    def changes(self) -> int:  # type: ignore[override]  # the owner's count, read-only here
+        return self._read()[1]
+
+    @property
+    def value(self) -> float:
+        return self._read()[0]
+
+
 class LabeledCounter:
     """Counters keyed by one label (e.g. failures by cause)."""
 
@@ -147,6 +178,15 @@ class Histogram:
         self._sum += value
         self.changes += 1
 
+    def _add_many(self, values: Sequence[float]) -> None:
+        """:meth:`_add` of each of ``values`` (the lock held by the caller):
+        a line per bucket they fall in, none per value."""
+        counts, where = self._counts, list(map(bisect.bisect_left, repeat(self.buckets), values))
+        for i in set(where):  # (not collections.Counter: its Mapping check runs Python ABC hooks)
+            counts[i] += where.count(i)
+        self._sum += sum(values)
+        self.changes += len(values)
+
     def snapshot(self) -> HistogramSnapshot:
         with self._lock:
             counts = list(self._counts)
@@ -186,7 +226,8 @@ class TierMetrics:
         self.breaker_trips = c("fstier_breaker_trips_total", "times the circuit breaker opened")
         self.usage_bytes = g("fstier_usage_bytes", "bytes of block files under the root (tracked)")
         self.write_speed = g("fstier_write_bytes_per_second", "EMA of measured write speed")
-        self.queued_store_bytes = g("fstier_queued_store_bytes", "bytes of stores queued or running")
+        #: kept by the write budget (:class:`~fstier.tier.admission.WriteBudget`), read on demand
+        self.queued_store_bytes = OwnedGauge("fstier_queued_store_bytes", "bytes of stores queued or running")
         self.degraded = g("fstier_degraded", "1 while the circuit breaker is open")
         self.native_io = g("fstier_native_io", "1 when the native I/O path runs, 0 for the Python path")
         self.fenced_slots = g("fstier_fenced_slots", "slots held by timed-out I/O that has not returned")
@@ -225,6 +266,28 @@ class TierMetrics:
             if missed:
                 self.load_misses._add(missed)
             self.load_seconds._add(seconds)
+
+    def jobs_done(
+        self, stores: tuple[int, int, int, list[float]] | None, loads: tuple[int, int, list[float]] | None,
+    ) -> None:
+        """A batch of jobs that every key of succeeded ended, in one lock:
+        ``stores`` (files written, their payload bytes, keys skipped as
+        present, each store job's seconds) and ``loads`` (files loaded,
+        their bytes, each load job's seconds); None where the batch had no
+        job of that kind. The counters move as :meth:`job_stored` and
+        :meth:`job_loaded` would move them, job by job, and each job's
+        seconds are observed."""
+        with self._lock:
+            if stores is not None:
+                self.stored_blocks._add(stores[0])
+                self.stored_bytes._add(stores[1])
+                if stores[2]:
+                    self.skipped_blocks._add(stores[2])
+                self.store_seconds._add_many(stores[3])
+            if loads is not None:
+                self.loaded_blocks._add(loads[0])
+                self.loaded_bytes._add(loads[1])
+                self.load_seconds._add_many(loads[2])
 
     def _all(self) -> Iterator[Counter | Gauge | LabeledCounter | Histogram]:
         yield from self._metrics

@@ -30,7 +30,9 @@ Invariants
 
 Costs
     O(1) Python lines for a job whose engine summarised every key as one
-    success (``EngineJob.uniform``: the native engine's uniform summary);
+    success (``EngineJob.uniform``: the native engine's uniform summary),
+    and for a collect of several such jobs their effects once for the batch
+    (:meth:`Judge.finish_all`: C-level loops over the jobs, one verdict each);
     else O(keys) per job (one status lookup per key) unless every unit
     succeeded alike (then C-level loops); a unit the engine gave up on costs O(1) plus
     its keys' slice; one breaker call per run of successes or failures; one
@@ -43,7 +45,8 @@ import errno
 import logging
 import time
 from collections.abc import Sequence
-from operator import attrgetter
+from itertools import chain, compress, repeat
+from operator import attrgetter, eq, mul, ne, not_, sub
 from typing import NamedTuple
 
 from fstier.io import (
@@ -103,6 +106,8 @@ class Verdict(NamedTuple):
 
 
 _STATUS = attrgetter("status")
+_UNIFORM_OF, _KEYS, _KIND, _PATHS = attrgetter("uniform"), attrgetter("keys"), attrgetter("kind"), attrgetter("paths")
+_T_END, _T_SUBMIT = attrgetter("t_end"), attrgetter("t_submit")
 _OUTCOME_TYPES = frozenset((StoreOutcome, LoadOutcome))
 
 
@@ -145,6 +150,8 @@ class Judge:
         self._capacity = capacity
         self._metrics = metrics
         self._payload_len = payload_len
+        #: (payload, file) bytes of a key when every group has one payload size, else None
+        self._one = (payload_len[0], block_file_size(payload_len[0])) if len(set(payload_len)) == 1 else None
 
     def judge(self, r: object, kind: str) -> Failure:
         """What a failed result ``r`` (one key's outcome, or what a whole
@@ -199,30 +206,75 @@ class Judge:
 
     def _finish_alike(self, job: EngineJob, what: str) -> Verdict:
         """:meth:`finish` for a job whose every key succeeded alike (``what``:
-        stored, skipped or loaded): the same effects, with no loop over its
-        keys in Python (byte counts are products for one payload size)."""
+        stored, skipped or loaded): the same effects, straight through, with
+        no loop over its keys in Python (byte counts are products for a
+        model of one payload size)."""
         self._breaker.success()
-        keys, op_bytes, m, n = job.keys, job.nbytes, self._metrics, len(job.keys)
+        keys, n = job.keys, len(job.keys)
         seconds = job.seconds
-        if op_bytes.count(op_bytes[0]) == n:  # one payload size (one KV group): products
-            nbytes, files = op_bytes[0] * n, block_file_size(op_bytes[0]) * n
+        if self._one is not None:  # one payload size (one KV group): products
+            nbytes, files = self._one[0] * n, self._one[1] * n
         else:
-            nbytes, files = sum(op_bytes), sum(map(block_file_size, op_bytes))
+            nbytes, files = sum(job.nbytes), sum(map(block_file_size, job.nbytes))
         if what == "loaded":
             self._recency.note_many(job.paths)
-            m.job_loaded(n, nbytes, 0, seconds)
+            self._metrics.job_loaded(n, nbytes, 0, seconds)
             return Verdict(n, 0, nbytes, seconds, None, 0, (), ())
         self._cache.stored(keys, time.monotonic())
         if what == "skipped":  # every key was on disk already: nothing written, each one used
             self._recency.note_many(job.paths)
-            nbytes = written = 0
-            m.job_stored(0, 0, n, seconds)
-        else:
-            written = files
-            m.job_stored(n, nbytes, 0, seconds)
-        self._capacity.settle(files, written)
-        self._budget.release(files, written)
-        return Verdict(n, 0, nbytes, seconds, None, n if what == "skipped" else 0, keys if written else (), ())
+            self._metrics.job_stored(0, 0, n, seconds)
+            self._capacity.settle(files, 0)
+            self._budget.release(files, 0)
+            return Verdict(n, 0, 0, seconds, None, n, (), ())
+        self._metrics.job_stored(n, nbytes, 0, seconds)
+        self._capacity.settle(files, files)
+        self._budget.release(files, files)
+        return Verdict(n, 0, nbytes, seconds, None, 0, keys, ())
+
+    def finish_all(self, jobs: list[EngineJob]) -> list[tuple[EngineJob, Verdict]]:
+        """:meth:`finish` of each of ``jobs`` (one collect's, in the order they
+        finished), with its verdict. When each is a success the engine
+        summarised for every key alike (``EngineJob.uniform``) on a tier of
+        one payload size, the common collect, their effects are made once
+        for the batch (:meth:`_finish_batch`); else job by job, in order."""
+        if len(jobs) < 2 or self._one is None or not all(map(_UNIFORM_OF, jobs)):
+            return [(job, self.finish(job)) for job in jobs]
+        return self._finish_batch(jobs)
+
+    def _finish_batch(self, jobs: list[EngineJob]) -> list[tuple[EngineJob, Verdict]]:
+        """:meth:`_finish_alike` of every job of a batch with its effects made
+        once: the breaker told one success, the lookup cache one insert of
+        every stored or skipped key, one recency note of the keys used
+        (loaded, or skipped as present), the metrics one lock (each job's
+        seconds observed), capacity and the write budget one settle of the
+        stores' bytes. C-level loops over the jobs, and one verdict each."""
+        payload, file = self._one  # type: ignore[misc]  # finish_all: a tier of one payload size
+        whats = list(map(DONE.__getitem__, map(_STATUS, map(_UNIFORM_OF, jobs))))
+        counts = list(map(len, map(_KEYS, jobs)))
+        seconds = list(map(max, repeat(0.0), map(sub, map(_T_END, jobs), map(_T_SUBMIT, jobs))))
+        stores = list(map(eq, map(_KIND, jobs), repeat("store")))
+        stored = sum(compress(counts, map(eq, whats, repeat("stored"))))
+        skipped = sum(compress(counts, map(eq, whats, repeat("skipped"))))
+        loaded = sum(counts) - stored - skipped
+        self._breaker.success()
+        used = list(chain.from_iterable(map(_PATHS, compress(jobs, map(ne, whats, repeat("stored"))))))
+        if used:
+            self._recency.note_many(used)
+        if any(stores):
+            self._cache.stored(list(chain.from_iterable(map(_KEYS, compress(jobs, stores)))), time.monotonic())
+            self._capacity.settle(file * (stored + skipped), file * stored)
+            self._budget.release(file * (stored + skipped), file * stored)
+        self._metrics.jobs_done(
+            (stored, payload * stored, skipped, list(compress(seconds, stores))) if any(stores) else None,
+            (loaded, payload * loaded, list(compress(seconds, map(not_, stores)))) if not all(stores) else None,
+        )
+        skips = list(map(eq, whats, repeat("skipped")))
+        moved = map(mul, counts, map(mul, repeat(payload), map(not_, skips)))  # a skipped store moved no byte
+        wrote = [job.keys if w == "stored" else () for job, w in zip(jobs, whats, strict=True)]
+        skipped_each = map(mul, counts, skips)
+        verdicts = map(Verdict, counts, repeat(0), moved, seconds, repeat(None), skipped_each, wrote, repeat(()))
+        return list(zip(jobs, verdicts, strict=True))
 
     def _note_recency(self, job: EngineJob, hits: list[int]) -> None:
         """Keys a load loaded, or a store found present already, were used:

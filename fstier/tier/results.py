@@ -13,16 +13,22 @@ Invariants
     their jobs finished, before the fresh ones.
 
 Costs
-    O(1) per result published; a take is O(held) only while some are held.
+    O(1) per result published (:meth:`Results.publish_jobs_locked`: one
+    collect's jobs, their events and results, under the tier's lock once);
+    a take is O(held) only while some are held.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from fstier.tier.fences import Fences
-from fstier.tier.records import JobResult
+from fstier.tier.records import BlockRemoved, BlockStored, JobResult, TierEvent, job_result
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fstier.io import EngineJob
+    from fstier.tier.outcomes import Verdict
 
 __all__ = ["Results"]
 
@@ -49,6 +55,27 @@ class Results:
             self.held.append((result, slots))
         else:
             self.finished.append(result)
+
+    def publish_jobs_locked(
+        self, done: Sequence[tuple[EngineJob, Verdict]], inflight: dict[Hashable, EngineJob], events: list[TierEvent],
+    ) -> None:
+        """Each finished job of one collect with its verdict, in order: its
+        events (the keys it wrote, the corrupt files it removed), its fence
+        (before its result is published), out of ``inflight``, its result
+        published as :meth:`publish_locked` does."""
+        for job, v in done:
+            if v.stored:
+                events.append(BlockStored(v.stored))
+            if v.removed or job.fenced:  # rare: a corrupt file removed, a job past its deadline
+                if v.removed:
+                    events.append(BlockRemoved(v.removed, "corrupt"))
+                self._fences.fence_job(job)  # (no slot of a job that did not time out)
+            del inflight[job.tag]
+            result = job_result(job.tag, job.kind, not v.failed, *v[:6], v.loaded_after, job.context)
+            if self._hold and self._fences and self._fences.busy(job.slots):
+                self.held.append((result, job.slots))
+            else:
+                self.finished.append(result)
 
     def refused_locked(
         self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str, context: Any

@@ -36,7 +36,7 @@ watchdog, a completion list and an eventfd).
   batch call's would be), released when the last late key returned.
 - A ``"call"`` job naming a native block store's files (``blocks`` and
   ``paths``, no keys: the recency flush) is a C touch job
-  (``engine_touch``, write queue, its deadline in C); its ``call`` never
+  (``engine_touch``, write queue, its deadline in C; :mod:`fstier.io.engine.touch`); its ``call`` never
   runs. Other ``"call"`` jobs (a Python-path store's flush) run on one Python
   thread, ``<name>-call``, started on the first, in order; one past its deadline is finished as
   timed out by the completion thread, which starts a new call thread for the
@@ -78,7 +78,7 @@ from typing import Any
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.errors import IOPoolClosedError
 from fstier.io import native as nat
-from fstier.io.engine import summary
+from fstier.io.engine import summary, touch
 from fstier.io.engine.python import PythonEngine, Registration, check_threads, write_fd
 from fstier.io.engine.record import CANCELLED, MIN_KEYS_PER_THREAD, TIMED_OUT, EngineJob
 from fstier.io.engine.summary import _ST_FAILED
@@ -89,12 +89,10 @@ __all__ = ["NativeEngine", "available"]
 
 log = logging.getLogger("fstier.io")
 
-#: block stores whose fixed engine_submit arguments are cached at most (``NativeEngine._fixed``),
+#: (registration, block store, kind) whose fixed engine_submit arguments are cached at most (``NativeEngine._fixed``),
 #: and uniform outcomes (``NativeEngine._judge_uniform``)
 _FIXED_MAX = 256
 _HASH, _GROUP = attrgetter("block_hash"), attrgetter("group_idx")
-#: the tag bit of a touch job (``_submit_touch``): its events are told apart by the tag alone
-_TOUCH_TAGS = 1 << 62
 
 
 def _reprobe_due(blocks: Any) -> bool:
@@ -131,8 +129,8 @@ class NativeEngine:
         self.lock = threading.Lock()
         self._cap = self._ext.engine_new(read_threads, write_threads)
         self._jobs: dict[int, EngineJob] = {}
-        #: per block store and kind: the engine_submit arguments that do not change per job (``_fixed``)
-        self._fixed_args: dict[tuple[int, bool, bool], tuple[Any, ...]] = {}
+        #: per registration, block store and kind: the engine_submit arguments that do not change per job (``_fixed``)
+        self._fixed_args: dict[tuple[Registration, Any, str], tuple[Any, ...]] = {}
         self._tags = itertools.count(1)
         self._registrations: set[Registration] = set()
         self._calls: deque[EngineJob] = deque()
@@ -167,8 +165,15 @@ class NativeEngine:
         return reg
 
     def pump(self) -> int:
-        """Collect the C engine's completions now, on the calling thread (the
-        completion thread's own step too); how many events it handled."""
+        """Collect the C engine's completions now, on the calling thread; how
+        many events it handled. No job in flight (none submitted, none
+        waiting for its late keys): no event can be due, so no call (one
+        read, no lock; the completion thread's step, :meth:`_pump_all`,
+        always collects, so the engine's eventfd is always drained)."""
+        return self._pump_all() if self._jobs else 0
+
+    def _pump_all(self) -> int:
+        """:meth:`pump` with no shortcut (the completion thread's step)."""
         with self._collecting:
             events = self._ext.engine_collect(self._cap)
             for ev in events:
@@ -188,6 +193,8 @@ class NativeEngine:
             self._registrations.discard(reg)
             inner = self._inner.pop(reg, None)
             reg.close_fds()  # under the lock: a submit with a notify fd dups it under it too
+            for key in [key for key in self._fixed_args if key[0] is reg]:
+                del self._fixed_args[key]  # they hold its closed fds' numbers
             last = not self._registrations
             mine = [tag for tag, job in self._jobs.items() if job.owner is reg]
         for tag in mine:
@@ -227,60 +234,76 @@ class NativeEngine:
         self._ext.engine_clock(self._cap, float(now_s))
 
     def submit(self, reg: Registration, job: EngineJob) -> None:
-        """Queue ``job`` for ``reg``: one C call; never blocks."""
-        blocks = job.blocks
-        if (job.call is not None or job.kind == "probe" or blocks is None or not blocks.batched
-                or (job.kind == "store" and _reprobe_due(blocks))):
-            self._submit_other(reg, job)
+        """Queue ``job`` for ``reg``: one C call; never blocks. A store or load
+        of a block store on the native path whose fixed arguments are cached
+        (``_fixed``: its registration's earlier jobs of that kind, with the
+        same options and O_TMPFILE state, and no O_DIRECT probe pending) runs
+        straight through; anything else goes by :meth:`_submit_checked`."""
+        fixed = self._fixed_args.get((reg, job.blocks, job.kind))
+        caps = None if fixed is None else fixed[1]
+        if fixed is None or fixed[0] is not job.blocks.options or (caps is not None and (  # type: ignore[union-attr]
+                caps.tmpfile is not fixed[2] or (job.kind == "store" and caps.reprobe_at is not None))):
+            self._submit_checked(reg, job)
             return
-        blocks, buffers = job.block_io()  # a store or load job: its block store and buffers, or one clear error
+        self._submit_fixed(reg, job, fixed)
+
+    def _submit_fixed(self, reg: Registration, job: EngineJob, fixed: tuple[Any, ...]) -> None:
+        """The C call of a store or load job with its cached fixed arguments."""
         n = len(job.keys)
-        store = job.kind == "store"
-        opts, base, digest, pages, flags = self._fixed(blocks, store)
-        job.owner = reg
-        job.bounds = (0, n)
-        job.remaining = 1
-        bufs = buffers.views(job.slots, job.nbytes)
-        hashes, groups = list(map(_HASH, job.keys)), list(map(_GROUP, job.keys))
+        job.owner, job.bounds, job.remaining = reg, (0, n), 1
+        bufs = job.buffers.views(job.slots, job.nbytes)  # type: ignore[union-attr]  # fixed: a store/load job
+        replace = job.replace if job.replace is not None and any(job.replace) else None
+        timeout = -1.0 if job.timeout_s is None else job.timeout_s
+        _, _, _, kind, base, digest, pages, flags, mode, alignment, fd = fixed
         tag = next(self._tags)
-        replace = job.replace if store and job.replace is not None and any(job.replace) else None
-        timeout = -1.0 if job.timeout_s is None else float(job.timeout_s)
         with self.lock:
             self._check_open(reg, job)
             reg.active += 1
             self._jobs[tag] = job
             try:  # under this lock: C dups the notify fd (-1: none) before unregister can close it
-                self._ext.engine_submit(
-                    self._cap, tag, 1 if store else 0, base, None, hashes, groups, bufs, replace, digest, pages,
-                    flags, opts.file_mode, time.time_ns(), opts.alignment, timeout,
-                    max(1, n // MIN_KEYS_PER_THREAD), reg.notify_fds.get(job.kind, -1),
-                )
+                self._ext.engine_submit(self._cap, tag, kind, base, None, list(map(_HASH, job.keys)),
+                                        list(map(_GROUP, job.keys)), bufs, replace, digest, pages, flags, mode,
+                                        time.time_ns(), alignment, timeout, max(1, n // MIN_KEYS_PER_THREAD), fd)
             except BaseException:
                 self._jobs.pop(tag, None)
                 reg.active -= 1
                 raise
 
-    def _fixed(self, blocks: Any, store: bool) -> tuple[Any, bytes, bytes, int, int]:
-        """A block store's ``engine_submit`` arguments that do not change from
-        job to job: its options, base directory, namespace digest, pages per
-        file and flag bits. Cached per store, kind and
-        ``O_TMPFILE`` state (a root that refused it gets new flags); at most
-        :data:`_FIXED_MAX` stores are kept (the store is held, so its id is
-        not reused while cached)."""
+    def _submit_checked(self, reg: Registration, job: EngineJob) -> None:
+        """:meth:`submit` with every check: a call job, a probe, a job of a
+        Python-path block store or a store whose root's O_DIRECT probe is
+        due go to :meth:`_submit_other`; a store or load caches its fixed
+        arguments (``_fixed``) and is submitted by :meth:`submit`."""
+        blocks = job.blocks
+        if (job.call is not None or job.kind == "probe" or blocks is None or not blocks.batched
+                or (job.kind == "store" and _reprobe_due(blocks))):
+            self._submit_other(reg, job)
+            return
+        job.block_io()  # a store or load job: its block store and buffers, or one clear error
+        self._submit_fixed(reg, job, self._fixed(reg, blocks, job))
+
+    def _fixed(self, reg: Registration, blocks: Any, job: EngineJob) -> tuple[Any, ...]:
+        """Cache the ``engine_submit`` arguments of ``reg``'s ``job.kind``
+        jobs of ``blocks`` that do not change from job to job: its options,
+        capabilities and their O_TMPFILE state (what the cache is valid
+        for), kind, base directory, namespace digest, pages per file, flag
+        bits, file mode, alignment and the kind's notify fd; returns them. At
+        most :data:`_FIXED_MAX` are kept (each holds its store and
+        registration, so neither's id is reused while cached)."""
         opts = blocks.options
         caps = opts.capabilities
-        key = (id(blocks), store, caps is None or caps.tmpfile)
-        got = self._fixed_args.get(key)
-        if got is not None and got[0] is blocks and got[1] is opts:
-            return got[1:]
+        store = job.kind == "store"
         if len(self._fixed_args) >= _FIXED_MAX:
             self._fixed_args.clear()
-        got = (blocks, opts, os.fsencode(blocks.mapper.blocks_dir), blocks.mapper.digest_bytes, blocks._bpf,
-               nat.flags(opts, mkdir=store))
+        fixed = self._fixed_args[(reg, blocks, job.kind)] = (
+            opts, caps, None if caps is None else caps.tmpfile, 1 if store else 0,
+            os.fsencode(blocks.mapper.blocks_dir), blocks.mapper.digest_bytes, blocks._bpf,
+            nat.flags(opts, mkdir=store), opts.file_mode, opts.alignment,
+            reg.notify_fds.get(job.kind, -1),
+        )
         if store:
             self._namespace(blocks.mapper)
-        self._fixed_args[key] = got
-        return got[1:]
+        return fixed
 
     def _namespace(self, mapper: Any) -> None:
         """Tell the C engine what a store of ``mapper``'s namespace makes
@@ -301,7 +324,7 @@ class NativeEngine:
             self._submit_python(reg, job)
             return
         if job.blocks is not None and job.blocks.batched and not job.keys and job.paths:
-            self._submit_touch(reg, job)
+            touch.submit(self, reg, job)
             return
         job.owner = reg
         job.t_submit = time.perf_counter()
@@ -314,49 +337,6 @@ class NativeEngine:
             self._calls.append(job)
             self._start_call_thread()
             self._call_ready.notify()
-
-    def _submit_touch(self, reg: Registration, job: EngineJob) -> None:
-        """A call job naming a native block store's files (``blocks``,
-        ``paths``: the recency flush, :class:`~fstier.tier.recency.Recency`):
-        a C touch job (``engine_touch``) on the write queue, its ``call``
-        never run; no Python thread touches a file. Finished by
-        :meth:`_touch_event`."""
-        base = os.fspath(job.blocks.mapper.blocks_dir)  # type: ignore[union-attr]  # checked by the caller
-        rels = nat.split(base, job.paths)
-        job.owner = reg
-        job.t_submit = time.perf_counter()
-        job.bounds, job.helpers = (0, 1), 0
-        job.results = []
-        job.remaining = 1
-        tag = _TOUCH_TAGS | next(self._tags)
-        with self.lock:
-            self._check_open(reg, job)
-            reg.active += 1
-            self._jobs[tag] = job
-            try:
-                self._ext.engine_touch(
-                    self._cap, tag, os.fsencode(base), rels, -1.0 if job.timeout_s is None else float(job.timeout_s)
-                )
-            except BaseException:
-                self._jobs.pop(tag, None)
-                reg.active -= 1
-                raise
-
-    def _touch_event(self, ev: tuple[Any, ...]) -> None:
-        """A touch job's event: finished as a call job is (None, or
-        :data:`TIMED_OUT` / :data:`CANCELLED` when names were given up on);
-        its "released" event (a late touch returned) only logged."""
-        tag = ev[0]
-        if ev[1] == 1:
-            with self.lock:
-                job = self._jobs.pop(tag)
-            log.warning("late call job %r returned after its deadline", job.tag)
-            return
-        marks = ev[5]
-        with self.lock:
-            job = self._jobs[tag] if marks is not None and 1 in marks else self._jobs.pop(tag)
-        job.results = [None if not marks or not any(marks) else CANCELLED if 3 in marks else TIMED_OUT]
-        self._finish(job, ev[2])
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Cancel queued keys, let running ones finish, stop the workers
@@ -500,7 +480,7 @@ class NativeEngine:
             ext.engine_wait(cap, wait)
             wait = self._expire_call()
             try:
-                events = self.pump()
+                events = self._pump_all()
             except RuntimeError:  # a forked child's copy of this thread does not exist; defensive
                 return
             with self.lock:
@@ -508,12 +488,11 @@ class NativeEngine:
                     return
 
     def _event(self, ev: tuple[Any, ...]) -> None:
-        tag, kind = ev[0], ev[1]
-        if tag >= _TOUCH_TAGS:
-            return self._touch_event(ev)
-        if kind == 1:  # released: every late key returned
+        if ev[0] >= touch.TAGS:
+            return touch.finished(self, ev)
+        if ev[1] == 1:  # released: every late key returned
             with self.lock:
-                job = self._jobs.pop(tag)
+                job = self._jobs.pop(ev[0])
                 job.released = True
                 job.late = 0
             reg: Registration = job.owner
@@ -525,24 +504,23 @@ class NativeEngine:
                     log.exception("on_released callback failed for job %r", job.tag)
             _completed(reg, job)
             return
-        _, _, seconds, uniform, per_key, marks = ev
+        tag, _, seconds, uniform, per_key, marks = ev
         if uniform is not None:  # every key returned alike (C: no marks then)
             with self.lock:
-                job = self._jobs.pop(tag)
+                job = self._jobs.pop(tag)  # a store or load: call jobs never reach C
                 one = _UNIFORM.get((job.kind, uniform))
-                if one is not None and job.call is None:
+                if one is not None:
                     # The common job, a success seen before: judged and published
                     # under this one lock (what _judge_uniform and _finish do).
-                    job.uniform, job.results = one, [[one] * len(job.keys)]
-                    job.done, job.remaining, job.started_units = True, 0, 1
-                    job.t_end = job.t_submit + seconds
-                    reg = job.owner
+                    job.uniform, job.results, job.done, job.remaining = one, [[one] * len(job.keys)], True, 0
+                    job.started_units, job.t_end, reg = 1, job.t_submit + seconds, job.owner
                     reg.finished.append(job)
                     reg.active -= 1
                     if reg.active == 0:
                         reg.idle.notify_all()
-            if one is not None and job.call is None:
-                _completed(reg, job)
+            if one is not None:
+                if reg.on_complete is not None:
+                    _completed(reg, job)
                 return
             self._judge_uniform(job, uniform)
         else:

@@ -38,7 +38,7 @@ Costs
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,6 +58,8 @@ __all__ = [
     "load_eager",
     "plan",
 ]
+
+_NEW = object.__new__
 
 #: Keys per native thread at least (a job is spread across threads, but not
 #: into shares smaller than this: each costs a thread start).
@@ -180,6 +182,17 @@ class EngineJob:
         self.call = call
         self.context = context
         self.results = []
+
+    @classmethod
+    def made(cls, fixed: Mapping[str, Any], **fields: Any) -> EngineJob:
+        """A record with the caller's ``fixed`` fields (those that do not
+        change from job to job: block store, buffers, deadline; every caller
+        field of ``__init__`` between them and ``fields``, ``paths`` as
+        ``_paths``) and the job's own ``fields``, set in one update: a
+        tier's submit runs no line per field."""
+        job = _NEW(cls)
+        job.__dict__.update(fixed, results=[], **fields)
+        return job
 
     def __repr__(self) -> str:
         return f"EngineJob({self.tag!r}, {self.kind!r}, keys={len(self.keys)}, done={self.done})"
