@@ -234,3 +234,31 @@ def _umask() -> int:
     old = os.umask(0)
     os.umask(old)
     return old
+
+
+def test_no_key_is_stored_into_a_namespace_made_again_without_its_manifest(tmp_path: Path) -> None:
+    """The C engine makes a removed namespace directory again: when its
+    manifest cannot be written (the fault seam fails its rename) the key fails
+    with that errno and the directory made is removed again, so the next store
+    makes both (a scan treats a directory without a manifest as foreign: its
+    blocks are never counted or evicted). Before, the key was reported stored
+    into a manifest-less directory and every later store kept it so."""
+    r = Rig(tmp_path / "root", "native")
+    try:
+        mapper = r.blocks.mapper
+        manifest = mapper.namespace_dir / "config.json"
+        ks = keys(950, 2)
+        r.fill(ks, [0, 1])
+        shutil.rmtree(mapper.namespace_dir)
+        native.fault("rename", errno.EIO, times=1)
+        (failed,) = outcomes(r.run(r.job("s0", "store", ks[:1], [0])))
+        native.clear_faults()
+        assert (failed.status, failed.cause) == (StoreStatus.FAILED, "EIO")
+        assert not mapper.namespace_dir.exists(), "the directory made for the failed manifest is removed"
+        (stored,) = outcomes(r.run(r.job("s1", "store", ks[1:2], [1])))
+        assert stored.status is StoreStatus.STORED and manifest.read_bytes() == manifest_bytes(mapper)
+        (loaded,) = outcomes(r.run(r.job("l", "load", ks[1:2], [5])))
+        assert loaded.status is LoadStatus.LOADED and r.slot(ks[1], 5) == payload_for(ks[1], len(r.slot(ks[1], 5)))
+    finally:
+        native.clear_faults()
+        r.close()

@@ -367,26 +367,47 @@ static ce_ns *ce_ns_find(ce_engine *e, const char *base) {
     return ns;
 }
 
-/* Write the manifest into a namespace directory this call made (ns_fd), as
+/* Write the manifest into a namespace directory (ns_fd), as
  * fstier.io.fsops.atomic_write does (a temp name beside it, written, fsynced,
- * renamed over the name, the directory fsynced; mode 0644, its default). */
-static void ce_write_manifest(int ns_fd, const ce_ns *ns) {
+ * renamed over the name, the directory fsynced; mode 0644, its default).
+ * 0 once it is in place, else the errno with *stage the step that failed. */
+static int ce_write_manifest(int ns_fd, const ce_ns *ns, int *stage) {
     char tmp[MAX_NAME + 160];
     temp_name(tmp, sizeof tmp, ns->manifest);
     int fd = x_openat(ns_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644);
-    if (fd < 0) return;
+    if (fd < 0) {
+        *stage = SG_CREATE;
+        return errno ? errno : EIO;
+    }
     size_t done = 0;
+    int err = 0;
     while (done < ns->len) {
         ssize_t w = write(fd, ns->data + done, ns->len - done);
-        if (w <= 0 && !(w < 0 && errno == EINTR)) break;
+        if (w <= 0 && !(w < 0 && errno == EINTR)) {
+            err = w < 0 ? errno : EIO;
+            break;
+        }
         if (w > 0) done += (size_t)w;
     }
-    int ok = done == ns->len && x_fsync(fd) == 0;
-    ok = x_close(fd) == 0 && ok;
-    if (ok && x_renameat(ns_fd, tmp, ns->manifest) == 0)
-        x_fsync(ns_fd);
-    else
+    *stage = SG_WRITE;
+    if (!err && x_fsync(fd) != 0) {
+        err = errno ? errno : EIO;
+        *stage = SG_FSYNC;
+    }
+    if (x_close(fd) != 0 && !err) {
+        err = errno ? errno : EIO;
+        *stage = SG_CLOSE;
+    }
+    if (!err && x_renameat(ns_fd, tmp, ns->manifest) != 0) {
+        err = errno ? errno : EIO;
+        *stage = SG_RENAME;
+    }
+    if (err) {
         discard_at(ns_fd, tmp);
+        return err;
+    }
+    x_fsync(ns_fd);
+    return 0;
 }
 
 /* A store that failed ENOENT (its namespace or blocks directory was removed
@@ -404,9 +425,27 @@ static void ce_store_again(ce_engine *e, ce_job *j, fx_item *it, fx_scratch *sc)
     if (root_fd < 0) return;
     int fresh = 0, stage = 0, dummy = 0;
     int ns_fd = make_dirs(root_fd, ns->ns, &fresh, &stage);
+    if (ns_fd < 0) {
+        close(root_fd);
+        return;
+    }
+    /* No key is stored into a namespace directory without its manifest (a
+     * scan treats one as foreign, its blocks never counted or evicted): one
+     * made here, or found without one (another worker's, whose manifest is
+     * not in place yet or failed), gets it first; when that fails the
+     * key fails with the manifest's errno (not ENOENT: no hand-back stores
+     * it either) and a directory made here is removed again (still empty). */
+    struct stat mst;
+    int absent = fresh || (x_fstatat(ns_fd, ns->manifest, &mst) != 0 && errno == ENOENT);
+    int err = absent ? ce_write_manifest(ns_fd, ns, &stage) : 0;
+    if (err && fresh) unlinkat(root_fd, ns->ns, AT_REMOVEDIR);
     close(root_fd);
-    if (ns_fd < 0) return;
-    if (fresh) ce_write_manifest(ns_fd, ns);
+    if (err) {
+        close(ns_fd);
+        it->err = err;
+        it->stage = stage;
+        return;
+    }
     int dfd = ns->rest[0] ? make_dirs(ns_fd, ns->rest, &dummy, &stage) : -1;
     if (dfd >= 0) close(dfd);
     close(ns_fd);
