@@ -248,7 +248,7 @@ class BlockStore:
         if os.path.lexists(self.mapper.namespace_dir):
             return False
         try:
-            ensure_manifest(self.mapper)
+            ensure_manifest(self.mapper, make_root=False)  # a root gone is never made again here
         except FstierError:  # root gone or unwritable: the store fails as it would
             return False
         log.warning(

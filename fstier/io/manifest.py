@@ -209,14 +209,17 @@ def read_manifest(namespace_dir: Path, dir_fd: int | None = None) -> Manifest | 
 
 
 # ------------------------------------------------------------------- writing
-def ensure_manifest(mapper: FileMapper) -> None:
+def ensure_manifest(mapper: FileMapper, *, make_root: bool = True) -> None:
     """Create ``mapper``'s namespace directory and write its ``config.json``
     once, atomically. An existing manifest with other fields is refused; a
     root that cannot be created or written is a :class:`StorageError`
     naming it. Costs a few system calls; FsTier calls it at start and when
-    the namespace directory was removed under it."""
+    the namespace directory was removed under it, then with ``make_root``
+    False: a root gone under a running tier (a filesystem unmounted, an
+    ``rm -rf`` of it) is never made again, nor the directories above it
+    (they are outside the root): a :class:`StorageError` instead."""
     try:
-        _ensure_manifest(mapper)
+        _ensure_manifest(mapper, make_root)
     except FstierError:
         raise
     except OSError as exc:
@@ -234,10 +237,11 @@ def manifest_bytes(mapper: FileMapper) -> bytes:
     return json.dumps(mapper.manifest(), indent=2, sort_keys=True).encode()
 
 
-def _ensure_manifest(mapper: FileMapper) -> None:
+def _ensure_manifest(mapper: FileMapper, make_root: bool) -> None:
     root = mapper.root
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        if make_root:
+            root.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
         raise PathSafetyError(f"tier.root_dir {str(root)!r} exists and is not a directory") from None
     if not root.is_dir():

@@ -319,6 +319,27 @@ def test_store_recovers_when_the_namespace_dir_is_removed(tmp_path: Path) -> Non
         t.close()
 
 
+@pytest.mark.parametrize("native_io", ["off", "on"])
+def test_a_root_removed_under_a_running_tier_is_never_made_again(tmp_path: Path, native_io: str) -> None:
+    """rm -rf of the root itself (or its filesystem unmounted, leaving the
+    directory above): stores fail ENOENT and nothing is created where the
+    root was or above it, on either I/O path (the C engine makes nothing
+    above the namespace and hands such a key to the batch path). Before, the
+    batch path's namespace re-creation made the root and every missing
+    directory above it (``mkdir -p``), outside the root."""
+    above = tmp_path / "mnt"
+    t = _tier(above / "root", breaker_failures=100, native_io=native_io)
+    try:
+        assert _run(t, "store", [key_for(0)])[0].success
+        shutil.rmtree(above)
+        for i in range(1, 3):
+            r, _ = _run(t, "store", [key_for(i)])
+            assert not r.success and r.cause == "ENOENT", r
+        assert not above.exists(), sorted(str(p) for p in tmp_path.rglob("*"))
+    finally:
+        t.close()
+
+
 # ------------------------------------------------------------------ row 24
 def test_late_read_never_reaches_a_reallocated_slot(tmp_path: Path, ops: FaultyOps) -> None:
     """Issue 15 item 1, end to end with a real hanging read: the load of A
