@@ -187,6 +187,35 @@ def test_nothing_is_removed_through_a_symlinked_fan_out_directory(rig: Rig, tmp_
     assert victim.exists() and os.path.islink(fan)
 
 
+def test_nothing_is_removed_through_a_blocks_directory_swapped_after_the_read(rig: Rig, tmp_path: Path) -> None:
+    """The blocks directory (here the namespace's) renamed out of the root and
+    a symlink to it put at its name between the read of a corrupt file and its
+    removal (held by the fault seam): the file, now outside the root, stays.
+    Before, the worker removed it through the base fd the read used, which
+    still reached the moved directory."""
+    ks = keys(820, 1)
+    (path,) = _store(rig, ks)
+    _flip(path)
+    blocks = rig.blocks.mapper.blocks_dir
+    outside = tmp_path / "outside"
+    victim = Path(path.replace(str(blocks), str(outside), 1))
+    native.fault("opendir", delay_s=0.6)  # a load opens no directory but for the removal
+
+    def swap() -> None:  # once the removal is held (the load has judged the file)
+        end = time.monotonic() + 10
+        while native.fault_count("opendir") < 1 and time.monotonic() < end:
+            time.sleep(0.005)
+        os.rename(blocks, outside)
+        os.symlink(outside, blocks)
+
+    t = threading.Thread(target=swap)
+    t.start()
+    (out,) = outcomes(rig.run(rig.job("l", "load", ks, [9])))
+    t.join()
+    assert (out.status, out.cause, out.removed) == (LoadStatus.CORRUPT, "payload_checksum", False)
+    assert victim.exists() and os.path.islink(blocks)
+
+
 def test_a_namespace_removed_under_a_running_tier_is_made_again_alike_on_both_engines(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -970,8 +970,10 @@ static int load_once(fx_item *it, int base_fd, int flags, int direct, size_t ali
 }
 
 /* THE removal of a load's bad file, as fstier.io.fsops.unlink_if_same and
- * _blockio._remove_planted_link do it on the Python path: the name's
- * directory is resolved below the base with no symlink in any component,
+ * _blockio._remove_planted_link do it on the Python path: the base path is
+ * resolved again (not the fd the read used: a base directory renamed out of
+ * the root meanwhile, a symlink put at its name, is reached no more) and the
+ * name's directory below it, with no symlink in any component,
  * then, through that fd, a proven-corrupt file is unlinked only while the
  * name still holds the inode that was read (a regular file, same dev and
  * ino: a good file renamed over it meanwhile stays), and a planted symlink
@@ -979,7 +981,27 @@ static int load_once(fx_item *it, int base_fd, int flags, int direct, size_t ali
  * symlinked directory). Sets it->removed; it->rm_err for a corrupt file's
  * removal that failed for a reason other than "gone" (ENOENT), which the
  * caller logs as the Python path does (a planted link's failure is not). */
-static void remove_bad(fx_item *it, int base_fd) {
+static int open_base(const char *base);
+
+/* x_opendir of `rel` below the base path `base`, resolved from it now with no
+ * symlink in any component (the fault seam's one "opendir" per call). */
+static int x_opendir_at_base(const char *base, const char *rel) {
+    FAIL_BEFORE(OP_OPENDIR);
+    int base_fd = open_base(base);
+    if (base_fd < 0) return -1;
+    int fd = rel[0] ? fx_resolve(base_fd, rel, O_RDONLY | O_DIRECTORY, 0, 1) : base_fd;
+    int e = errno;
+    if (fd != base_fd) close(base_fd);
+    if (fd >= 0 && inj.err && inj.after) {
+        close(fd);
+        e = inj.err;
+        fd = -1;
+    }
+    errno = e;
+    return fd;
+}
+
+static void remove_bad(fx_item *it, const char *base) {
     int link = it->stage == RS_SYMLINK;
     if (it->status != LD_CORRUPT || (!link && !it->ino)) return;
     char dir[PATH_MAX];
@@ -989,7 +1011,7 @@ static void remove_bad(fx_item *it, int base_fd) {
     if (dlen >= sizeof dir) return;
     memcpy(dir, it->rel, dlen);
     dir[dlen] = 0;
-    int dfd = x_opendir(base_fd, dir);
+    int dfd = x_opendir_at_base(base, dir);
     struct stat st;
     int rc = dfd < 0 ? -1 : x_fstatat(dfd, name, &st);
     if (rc == 0) {
@@ -1004,7 +1026,7 @@ static void remove_bad(fx_item *it, int base_fd) {
     if (dfd >= 0) close(dfd);
 }
 
-static void load_one(fx_item *it, int base_fd, int flags, size_t alignment,
+static void load_one(fx_item *it, int base_fd, const char *base, int flags, size_t alignment,
                      const uint8_t *digest, fx_scratch *sc) {
     int direct = (flags & F_DIRECT) && ((uintptr_t)it->buf.buf % alignment) == 0;
     direct = load_once(it, base_fd, flags, direct, alignment, digest, sc);
@@ -1016,7 +1038,7 @@ static void load_one(fx_item *it, int base_fd, int flags, size_t alignment,
         it->nbytes = 0;
         load_once(it, base_fd, flags & ~F_DIRECT_COLD, 0, alignment, digest, sc);
     }
-    if (it->status == LD_CORRUPT) remove_bad(it, base_fd);
+    if (it->status == LD_CORRUPT) remove_bad(it, base);
 }
 
 /* ------------------------------------------------------- Python glue */
@@ -1152,6 +1174,7 @@ struct fx_fan {
     atomic_long next;
     int kind;
     int base_fd;
+    const char *base; /* its path: a load's bad file is removed through it resolved again */
     int flags;
     size_t alignment;
     const uint8_t *digest;
@@ -1171,7 +1194,7 @@ static void fan_run(fx_fan *f, fx_scratch *sc) {
         if (i >= f->n) break;
         fx_item *it = &f->items[i];
         if (f->kind == FAN_LOAD) {
-            load_one(it, f->base_fd, f->flags, f->alignment, f->digest, sc);
+            load_one(it, f->base_fd, f->base, f->flags, f->alignment, f->digest, sc);
         } else {
             int flags = f->flags | (atomic_load(&f->no_tmpfile) ? F_NO_TMPFILE : 0);
             store_one(it, f->base_fd, flags, f->mode, f->alignment, f->digest, f->pages,
@@ -1370,7 +1393,7 @@ static PyObject *py_load_batch(PyObject *self, PyObject *args) {
             if (base_err == ELOOP) items[i].status = LD_CORRUPT;
         }
     } else {
-        fx_fan f = {.items = items, .n = n, .kind = FAN_LOAD, .base_fd = base_fd,
+        fx_fan f = {.items = items, .n = n, .kind = FAN_LOAD, .base_fd = base_fd, .base = base,
                     .flags = flags, .alignment = (size_t)alignment,
                     .digest = (const uint8_t *)digest.buf};
         atomic_init(&f.next, 0);

@@ -482,7 +482,7 @@ static void ce_run_key(ce_engine *e, ce_job *j, Py_ssize_t i, fx_scratch *sc) {
         return;
     }
     if (j->kind == CE_LOAD) {
-        load_one(it, base_fd, j->flags, j->alignment, j->digest, sc);
+        load_one(it, base_fd, j->base, j->flags, j->alignment, j->digest, sc);
     } else {
         int flags = j->flags | (atomic_load(&j->no_tmpfile) ? F_NO_TMPFILE : 0);
         store_one(it, base_fd, flags, j->mode, j->alignment, j->digest, j->pages, j->created_ns, sc);
