@@ -198,6 +198,29 @@ def test_a_symlinked_fan_out_directory_is_a_miss(tmp_path: Path, native_io: str)
 
 
 @PATHS
+def test_a_namespace_directory_swapped_for_a_symlink_is_all_misses(tmp_path: Path, native_io: str) -> None:
+    """The blocks directory itself (the namespace's) swapped for a symlink to a
+    copy outside the root: no key is a hit, on either I/O path, and on the
+    native one neither through the probe the kernel's caches answer (its
+    base opened RESOLVE_NO_SYMLINKS | RESOLVE_CACHED) nor the slow probe."""
+    with open_tier(tmp_path / "root", native_io=native_io, lookup_cache_ttl_s=0) as t:
+        ks = keys(20, 4)
+        assert store(t, "s", ks).success
+        blocks = t.blocks.mapper.blocks_dir
+        outside = tmp_path / "outside"
+        shutil.copytree(blocks, outside)
+        shutil.rmtree(blocks)
+        blocks.symlink_to(outside, target_is_directory=True)
+        paths = t.blocks.paths(ks)
+        assert all(os.path.isfile(p) for p in paths)  # reachable through the link
+        assert t.lookup(ks) == 0 and t.present(ks) == [False] * 4
+        if native.status("auto").backend == "native":
+            for cached in (True, False):
+                got = native.lookup_batch(str(blocks), paths, prefix=False, cached=cached)
+                assert got == [False] * 4, cached
+
+
+@PATHS
 def test_hostile_things_at_a_block_path_are_misses(tmp_path: Path, native_io: str, monkeypatch) -> None:
     with open_tier(tmp_path / "root", native_io=native_io, lookup_cache_ttl_s=0) as t:
         ks = keys(10, 5)
