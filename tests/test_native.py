@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -510,3 +511,38 @@ def test_bad_batches_raise_value_errors(tmp_path: Path) -> None:
     with pytest.raises(BufferError):  # a load needs writable buffers
         native._ext.load_batch(base, [b"a"], [K1.block_hash], [0], [b"readonly"], DIGEST, 0, 4096)
 
+
+
+@needs_native
+def test_engine_info_holds_no_lock_while_it_builds_python_objects(tmp_path: Path) -> None:
+    """engine_info built its dict with the engine's mutex held: an allocation
+    there can run the collector, and a finalizer that calls into the same
+    engine (engine_info, a submit) then waited forever on the mutex its own
+    thread held. Run in a child (a hang is its timeout), with the collector
+    made to run at engine_info's dict: cycles whose finalizer calls engine_info,
+    the dict free list emptied, threshold 1. Before: the child hung."""
+    child = tmp_path / "child.py"
+    child.write_text(
+        "import gc\n"
+        "from fstier.io import native as nat\n"
+        "ext = nat._ext\n"
+        "cap = ext.engine_new(1, 1)\n"
+        "class Probe:\n"
+        "    def __del__(self):\n"
+        "        ext.engine_info(cap)\n"
+        "for _ in range(50):\n"
+        "    a, b = Probe(), Probe()\n"
+        "    a.o, b.o = b, a\n"
+        "    del a, b\n"
+        "    keep = [{} for _ in range(200)]\n"
+        "    gc.set_threshold(1)\n"
+        "    ext.engine_info(cap)\n"
+        "    gc.set_threshold(700)\n"
+        "ext.engine_shutdown(cap, 5.0)\n"
+        "print('done')\n"
+    )
+    try:
+        out = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("engine_info deadlocked on its own mutex (a finalizer called into the engine)")
+    assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr

@@ -1122,13 +1122,16 @@ static PyObject *py_engine_info(PyObject *self, PyObject *cap) {
     (void)self;
     ce_engine *e = ce_get(cap);
     if (!e) return NULL;
+    /* copied under the lock, built after it: an allocation may run the
+     * collector, whose finalizers may call into this engine (and take mu) */
     pthread_mutex_lock(&e->mu);
-    PyObject *d = Py_BuildValue("{s:i,s:i,s:l,s:l,s:i,s:l,s:l,s:i,s:i,s:l,s:i}", "live", e->live, "stuck",
-                                e->stuck, "queued_read", e->qkeys[0], "queued_write", e->qkeys[1], "closed",
-                                e->closed, "timeouts", e->timeouts, "jobs", e->jobs, "watchdog", e->watchdog_live,
-                                "manual_clock", e->manual, "woken", e->woken, "cpus", e->cpus);
+    int live = e->live, stuck = e->stuck, closed = e->closed, watchdog = e->watchdog_live, manual = e->manual;
+    int cpus = e->cpus;
+    long qr = e->qkeys[0], qw = e->qkeys[1], timeouts = e->timeouts, jobs = e->jobs, woken = e->woken;
     pthread_mutex_unlock(&e->mu);
-    return d;
+    return Py_BuildValue("{s:i,s:i,s:l,s:l,s:i,s:l,s:l,s:i,s:i,s:l,s:i}", "live", live, "stuck", stuck,
+                         "queued_read", qr, "queued_write", qw, "closed", closed, "timeouts", timeouts, "jobs",
+                         jobs, "watchdog", watchdog, "manual_clock", manual, "woken", woken, "cpus", cpus);
 }
 
 /* engine_shutdown(engine, timeout_s): queued keys are cancelled (their jobs
