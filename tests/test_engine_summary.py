@@ -291,3 +291,60 @@ def test_no_key_is_stored_into_a_namespace_made_again_without_its_manifest(tmp_p
     finally:
         native.clear_faults()
         r.close()
+
+
+def test_a_callers_lists_changed_after_submit_do_not_reach_the_running_job(tmp_path: Path) -> None:
+    """engine_submit and engine_touch kept pointers into the bytes the caller's
+    lists held (hashes, names) while the job ran after the call returned: a
+    caller that changed its list freed them, and the worker read whatever
+    reused the memory (a load judged its good files by other keys' hashes,
+    found them "corrupt" and removed them; a touch set other files' mtimes).
+    The job now holds tuples of them. The worker is held in the fault seam
+    while the lists change and the freed memory is reused."""
+    r = Rig(tmp_path / "root", "native")
+    ext = r.engine._ext
+    try:
+        ks = keys(980, 4)
+        paths = _store(r, ks)
+
+        class Proxy:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(ext, name)
+
+            def engine_submit(self, *args: Any) -> Any:
+                a = list(args)
+                own = a[5] = [bytes(bytearray(h)) for h in a[5]]  # hashes owned by this list alone
+                got = ext.engine_submit(*a)
+                own[:] = [b"\0" * 16] * len(own)  # changed: its bytes freed
+                junk.extend(os.urandom(len(own[0])) for _ in range(400))  # the freed blocks reused
+                return got
+
+        junk: list[bytes] = []
+        r.engine._ext = Proxy()
+        native.fault("open", delay_s=0.3, times=1)  # the load's first open held until the list changed
+        got = outcomes(r.run(r.job("l", "load", ks, [10, 11, 12, 13])))
+        native.clear_faults()
+        assert [(o.status, o.removed) for o in got] == [(LoadStatus.LOADED, False)] * 4
+        assert all(os.path.exists(p) for p in paths)
+
+        base = r.blocks.mapper.blocks_dir
+        names = [f"t{i:03d}" for i in range(8)]
+        for n in names + [f"d{i:03d}" for i in range(8)]:
+            (base / n).write_bytes(b"x")
+            os.utime(base / n, (1_000_000, 1_000_000))
+        cap = ext.engine_new(1, 1)  # an engine of its own: no registration sees this job's events
+        rels = [n.encode() for n in names]  # each bytes owned by this list alone
+        native.fault("touch", delay_s=0.3, times=1)
+        ext.engine_touch(cap, 1, os.fsencode(base), rels, -1.0)
+        rels[:] = [b"zz"] * len(rels)
+        junk.extend(f"d{i:03d}".encode() for i in list(range(8)) * 50)  # the freed blocks hold other names
+        end = time.monotonic() + 10
+        while time.monotonic() < end and native.fault_count("touch") < len(names):
+            time.sleep(0.01)
+        ext.engine_shutdown(cap, 5.0)
+        bumped = sorted(n for n in names + [f"d{i:03d}" for i in range(8)] if (base / n).stat().st_mtime > 1_000_000)
+        assert bumped == names
+    finally:
+        native.clear_faults()
+        r.engine._ext = ext
+        r.close()

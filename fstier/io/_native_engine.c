@@ -813,10 +813,18 @@ static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
     ce_engine *e = ce_get(cap);
     ce_job *j = NULL;
     PyObject *named = NULL; /* the names formatted here when rels is None */
+    PyObject *own_rels = NULL, *own_hashes = NULL; /* tuples of the caller's lists, held by the job */
     if (!e) goto fail;
     if (rels == Py_None) {
         rels = named = ce_names(hashes, groups);
         if (!named) goto fail;
+    } else if (PyList_Check(rels)) { /* the caller's list may change while the job runs: its names held apart */
+        rels = own_rels = PyList_AsTuple(rels);
+        if (!rels) goto fail;
+    }
+    if (PyList_Check(hashes)) { /* so may its hashes list (the items point into the bytes it holds) */
+        hashes = own_hashes = PyList_AsTuple(hashes);
+        if (!hashes) goto fail;
     }
     if ((kind != CE_LOAD && kind != CE_STORE) || digest.len != 8 || alignment < 1 || PAGE % alignment ||
         (kind == CE_STORE && pages < 1)) {
@@ -885,6 +893,8 @@ static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "the native engine is shut down; cannot submit");
         ce_job_free(j);
         Py_XDECREF(named);
+        Py_XDECREF(own_rels);
+        Py_XDECREF(own_hashes);
         return NULL;
     }
     e->jobs++;
@@ -915,12 +925,16 @@ static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
     }
     pthread_mutex_unlock(&e->mu);
     if (signal) ce_signal(e);
-    Py_XDECREF(named); /* the job holds its own reference */
+    Py_XDECREF(named); /* the job holds its own references */
+    Py_XDECREF(own_rels);
+    Py_XDECREF(own_hashes);
     Py_RETURN_NONE;
 fail:
     PyBuffer_Release(&digest);
     if (j) ce_job_free(j);
     Py_XDECREF(named);
+    Py_XDECREF(own_rels);
+    Py_XDECREF(own_hashes);
     return NULL;
 }
 
@@ -1233,8 +1247,18 @@ static PyObject *py_engine_touch(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OKyOd", &cap, &tag, &base, &rels, &timeout_s)) return NULL;
     ce_engine *e = ce_get(cap);
     if (!e) return NULL;
+    /* the caller's list may change while the job runs (the items point into
+     * the bytes it holds): the job holds a tuple of them instead */
+    PyObject *own = PyList_Check(rels) ? PyList_AsTuple(rels) : NULL;
+    if (own)
+        rels = own;
+    else if (PyErr_Occurred())
+        return NULL;
     ce_job *j = calloc(1, sizeof *j);
-    if (!j) return PyErr_NoMemory();
+    if (!j) {
+        Py_XDECREF(own);
+        return PyErr_NoMemory();
+    }
     j->base_fd = j->notify_fd = -1;
     j->kind = CE_TOUCH;
     j->tag = tag;
@@ -1243,6 +1267,7 @@ static PyObject *py_engine_touch(PyObject *self, PyObject *args) {
     j->items = items_from(rels, NULL, NULL, NULL, 0, &j->n);
     j->kstate = j->items ? calloc((size_t)(j->n ? j->n : 1), 1) : NULL;
     j->hold = j->kstate ? Py_BuildValue("(O)", rels) : NULL;
+    Py_XDECREF(own); /* held by the job now, when it was made */
     if (!j->base || !j->hold) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         ce_job_free(j);
