@@ -846,11 +846,11 @@ static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
     j->base = strdup(base);
     Py_ssize_t n = 0;
     j->items = items_from(rels, hashes, groups, bufs, kind == CE_LOAD, &n);
+    if (j->items) j->n = n; /* before any failure: ce_job_free releases the buffers items_from took */
     if (!j->items || !j->base) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         goto fail;
     }
-    j->n = n;
     if (replace != Py_None) {
         if (!PyList_Check(replace) && !PyTuple_Check(replace)) {
             PyErr_SetString(PyExc_TypeError, "replace must be None, a list or a tuple");
