@@ -167,10 +167,15 @@ class NativeEngine:
     def pump(self) -> int:
         """Collect the C engine's completions now, on the calling thread; how
         many events it handled. No job in flight (none submitted, none
-        waiting for its late keys): no event can be due, so no call (one
-        read, no lock; the completion thread's step, :meth:`_pump_all`,
-        always collects, so the engine's eventfd is always drained)."""
-        return self._pump_all() if self._jobs else 0
+        waiting for its late keys): no event can be due, so no C call; it
+        still waits for a collection in progress (a job leaves ``_jobs``
+        before it is published: a caller woken by its fd finds it published,
+        test_engine_wakeups.py). The completion thread's step,
+        :meth:`_pump_all`, always collects, so the engine's eventfd is always drained."""
+        if self._jobs:
+            return self._pump_all()
+        with self._collecting:
+            return 0
 
     def _pump_all(self) -> int:
         """:meth:`pump` with no shortcut (the completion thread's step)."""

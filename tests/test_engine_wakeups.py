@@ -1,0 +1,94 @@
+"""Lost wake-ups on the C engine's collection shortcuts: a caller woken by
+its eventfd (``FsTier(notify_fds=...)``, LMCache's adapter) that polls
+while another thread's collection is still handling its job must find the
+job published, never an empty answer and no later wake-up."""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fstier.config import TierConfig
+from fstier.integrations.lmcache_space import Layout, LentSlots, SpaceId, space_mapper
+from fstier.io.engine.native import available as native_engine_available
+from fstier.keys import BlockKey
+from fstier.manager import FsTier
+
+
+def _readable(fd: int, timeout: float = 30.0) -> bool:
+    """Whether ``fd`` turned readable within ``timeout`` (and drain it)."""
+    if not select.select([fd], [], [], timeout)[0]:
+        return False
+    os.eventfd_read(fd)
+    return True
+
+
+@pytest.mark.skipif(not native_engine_available(), reason="the C engine is not built here")
+def test_a_caller_woken_by_its_fd_waits_for_a_collection_handling_its_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another thread (the completion thread, or a second caller's poll)
+    collected the event of a load with misses and is still judging it (a
+    mixed summary: outside the engine's lock, the job no longer in flight
+    there). The caller, woken by the load's eventfd, must get the result
+    from ``get_finished``: the pump's "no job in flight" shortcut returned
+    at once before, so ``get_finished`` answered [] and, the fd drained, the
+    result waited for an unrelated wake-up."""
+    monkeypatch.setenv("FSTIER_ENGINE", "native")
+    cfg = TierConfig(root_dir=tmp_path)
+    layout = Layout.of([(2, 2048)], ["float16"])
+    assert layout is not None
+    slots = LentSlots(layout.nbytes)
+    fds = {k: os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for k in ("store", "load")}
+    tier = FsTier(cfg, slots, space_mapper(SpaceId("m", 0x01000100, "", layout), cfg), notify_fds=fds)
+    engine: Any = tier._engine.engine
+    if tier.io_path.backend != "native":
+        tier.close()
+        pytest.skip("the C engine's jobs need the native I/O path")
+    entered, go = threading.Event(), threading.Event()
+    judge = engine._judge_summary
+
+    def slow_judge(job: Any, per_key: Any, marks: Any) -> None:
+        entered.set()
+        go.wait(10)
+        judge(job, per_key, marks)
+
+    try:
+        bufs = [np.full(8192, i + 1, dtype=np.uint8) for i in range(4)]
+        keys = [BlockKey(bytes([i + 1]) * 32) for i in range(4)]
+        ids = slots.lend([memoryview(b) for b in bufs[:2]])
+        assert ids is not None
+        tier.submit_store("s", keys[:2], ids)
+        assert _readable(fds["store"])
+        (res,) = tier.get_finished()
+        assert res.success
+        slots.release(ids)
+        out = [np.zeros(8192, dtype=np.uint8) for _ in range(4)]
+        ids = slots.lend([memoryview(b) for b in out])
+        assert ids is not None
+        monkeypatch.setattr(engine, "_judge_summary", slow_judge)
+        with engine._collecting:  # nothing collects until the load is done and the other collector runs
+            tier.submit_load("l", keys, ids)  # two present, two missing: a mixed summary
+            assert _readable(fds["load"]), "the load's eventfd was not written"
+            other = threading.Thread(target=engine.pump, name="other-collector")
+            other.start()
+        assert entered.wait(10), "no collection judged the load"
+        threading.Timer(0.5, go.set).start()
+        got = tier.get_finished()  # woken by the fd: the job must be here
+        go.set()
+        other.join(10)
+        assert [r.job_id for r in got] == ["l"], "a caller woken by its fd found no result (a lost wake-up)"
+        assert got[0].keys_completed == 2
+        assert all((o == b).all() for o, b in zip(out[:2], bufs[:2], strict=True))
+        slots.release(ids)
+    finally:
+        go.set()
+        tier.close()
+        for fd in fds.values():
+            os.close(fd)
