@@ -1,22 +1,28 @@
-"""Lost wake-ups on the C engine's collection shortcuts: a caller woken by
-its eventfd (``FsTier(notify_fds=...)``, LMCache's adapter) that polls
-while another thread's collection is still handling its job must find the
-job published, never an empty answer and no later wake-up."""
+"""Races on the C engine's common-path shortcuts. Lost wake-ups: a caller
+woken by its eventfd (``FsTier(notify_fds=...)``, LMCache's adapter) that
+polls while another thread's collection is still handling its job must
+find the job published, never an empty answer and no later wake-up. The
+cache of fixed submit arguments: a registration leaving while others fill
+the cache (tiers of one engine opening and closing) must leave cleanly."""
 
 from __future__ import annotations
 
 import os
 import select
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from manager_support import open_tier
 
 from fstier.config import TierConfig
 from fstier.integrations.lmcache_space import Layout, LentSlots, SpaceId, space_mapper
+from fstier.io.engine.native import NativeEngine
 from fstier.io.engine.native import available as native_engine_available
+from fstier.io.engine.record import EngineJob
 from fstier.keys import BlockKey
 from fstier.manager import FsTier
 
@@ -92,3 +98,41 @@ def test_a_caller_woken_by_its_fd_waits_for_a_collection_handling_its_job(
         tier.close()
         for fd in fds.values():
             os.close(fd)
+
+
+@pytest.mark.skipif(not native_engine_available(), reason="the C engine is not built here")
+def test_unregister_while_other_registrations_fill_the_fixed_argument_cache(tmp_path: Path) -> None:
+    """Two threads register, make their first job's fixed arguments (the
+    cache insert of a registration's first submit) and unregister, at once.
+    ``unregister`` walked the cache with a Python loop while the other
+    thread inserted: "dictionary changed size during iteration" left the
+    leaving registration half closed (its jobs not cancelled, the engine
+    never stopped). A stress run: it failed before in 4 of 4
+    runs, each stopped at the first error)."""
+    errors: list[BaseException] = []
+    with open_tier(tmp_path) as tier:
+        engine = NativeEngine(1, 1, name="fixed-race")
+        keep = engine.register()
+        job = EngineJob("t", "load")
+        stop = time.monotonic() + 4
+
+        def churn() -> None:
+            while time.monotonic() < stop and not errors:
+                regs = [engine.register() for _ in range(100)]
+                try:
+                    for reg in regs:
+                        engine._fixed(reg, tier.blocks, job)
+                    for reg in regs:
+                        engine.unregister(reg)
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    errors.append(exc)
+
+        threads = [threading.Thread(target=churn) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        left = [key for key in list(engine._fixed_args) if key[0] is not keep]
+        engine.unregister(keep)
+    assert not errors, f"unregister failed while the cache grew: {errors[0]!r}"
+    assert not left, "left registrations still hold cached submit arguments"

@@ -198,8 +198,10 @@ class NativeEngine:
             self._registrations.discard(reg)
             inner = self._inner.pop(reg, None)
             reg.close_fds()  # under the lock: a submit with a notify fd dups it under it too
-            for key in [key for key in self._fixed_args if key[0] is reg]:
-                del self._fixed_args[key]  # they hold its closed fds' numbers
+            # they hold its closed fds' numbers; list(): one C call, as a submit's
+            # insert (no lock) may come at any bytecode; pop: a full cache's clear may too
+            for key in [key for key in list(self._fixed_args) if key[0] is reg]:
+                self._fixed_args.pop(key, None)
             last = not self._registrations
             mine = [tag for tag, job in self._jobs.items() if job.owner is reg]
         for tag in mine:
