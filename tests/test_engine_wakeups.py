@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import select
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from manager_support import open_tier
+from manager_support import keys, open_tier
 
 from fstier.config import TierConfig
 from fstier.integrations.lmcache_space import Layout, LentSlots, SpaceId, space_mapper
@@ -136,3 +137,53 @@ def test_unregister_while_other_registrations_fill_the_fixed_argument_cache(tmp_
         engine.unregister(keep)
     assert not errors, f"unregister failed while the cache grew: {errors[0]!r}"
     assert not left, "left registrations still hold cached submit arguments"
+
+
+@pytest.mark.skipif(not native_engine_available(), reason="the C engine is not built here")
+def test_a_waiter_is_woken_by_a_job_published_just_before_it_sleeps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``FsTier.wait`` (SGLang's storage calls): the job is published, and
+    the completion looks for sleepers, after the waiter looked at the
+    engine's finished list and before it counted itself asleep. The
+    completion saw no sleeper and woke nobody: the waiter slept until its
+    timeout (SGLang waits with none: until another job finished)."""
+    monkeypatch.setenv("FSTIER_ENGINE", "native")
+    with open_tier(tmp_path) as tier:
+        reg: Any = tier._engine
+        engine: Any = reg.engine
+        waiters: Any = tier._waiters
+        if tier.io_path.backend != "native":
+            pytest.skip("the C engine's jobs need the native I/O path")
+        hold, woken = threading.Event(), threading.Event()
+        looked = reg.has_finished
+        completed = waiters.completed
+
+        def has_finished() -> bool:
+            found = looked()
+            if not found and sys._getframe(1).f_code.co_name == "wait" and not hold.is_set():
+                hold.set()  # the job is published and the completion runs now, in this window
+                woken.wait(1)  # (a completion that saw a sleeper waits for this lock: not set then)
+            return found
+
+        def on_complete(kind: str) -> None:
+            completed(kind)
+            woken.set()
+
+        monkeypatch.setattr(reg, "has_finished", has_finished)
+        monkeypatch.setattr(waiters, "completed", on_complete)
+        engine._collecting.acquire()  # nothing collects the job until the waiter looked
+        try:
+            tier.submit_store("s", keys(0, 2), [0, 1])
+            waiting = threading.Thread(target=lambda: box.append(tier.wait("s", 10)), name="waiter")
+            box: list[Any] = []
+            t0 = time.monotonic()
+            waiting.start()
+            assert hold.wait(10), "the waiter never looked at the finished list"
+        finally:
+            engine._collecting.release()
+        waiting.join(15)
+        took = time.monotonic() - t0
+        assert woken.is_set(), "the completion never ran"
+        assert box and box[0] is not None and box[0].success
+        assert took < 5, f"the waiter slept {took:.1f}s past its job's completion (a lost wake-up)"

@@ -14,9 +14,10 @@ Invariants
     A waited job's result goes to its waiter alone (taken: ``get_finished``
     never returns it); with ``hold_fenced_results`` only once none of its
     slots is fenced (a fence's release notifies the tier's condition). No
-    completion is missed: the waiter looks at the engine's finished list
-    under the tier's lock before it sleeps, and the completion takes that
-    lock to notify.
+    completion is missed: the waiter counts itself asleep, then looks at
+    the engine's finished list under the tier's lock before it sleeps; the
+    completion publishes, then reads that count and takes that lock to
+    notify.
 
 Costs
     Nothing for a tier nobody waits on: the wake-up is put in the
@@ -68,10 +69,12 @@ class Waiters:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return None
-                if reg.has_finished():
-                    continue  # published since the reap above: judge it first
+                # Counted asleep BEFORE the look: a completion that read no sleeper (no lock) published
+                # before it, so the look finds its job (test_engine_wakeups.py: it slept to its timeout).
                 self.asleep += 1
                 try:
+                    if reg.has_finished():
+                        continue  # published since the reap above: judge it first
                     tier._idle.wait(left)  # the engine's completion, a reap or a fence's release notifies it
                 finally:
                     self.asleep -= 1
