@@ -1477,7 +1477,7 @@ static atomic_int cached_ok = 1;
  * changes): on FUSE, NFS or CephFS a cached entry can name a file another
  * host removed, which the slow path's fstat asks the server about
  * (tests/sharedfs: host b's gc, host a's lookup). */
-static Py_ssize_t lookup_cached(const char *base, const char *const *rels, Py_ssize_t n, int prefix,
+static Py_ssize_t lookup_cached(const char *base, const fx_item *items, Py_ssize_t n, int prefix,
                                 uint8_t *res) {
 #if defined(SYS_openat2) && defined(SYS_statx)
     if (!atomic_load_explicit(&use_openat2, memory_order_relaxed) ||
@@ -1492,7 +1492,7 @@ static Py_ssize_t lookup_cached(const char *base, const char *const *rels, Py_ss
     Py_ssize_t done = n;
     for (Py_ssize_t i = 0; i < n; i++) {
         int ok = 0;
-        int fd = fx_openat2_raw(base_fd, rels[i], O_PATH | O_NOFOLLOW, 0,
+        int fd = fx_openat2_raw(base_fd, items[i].rel, O_PATH | O_NOFOLLOW, 0,
                                 RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH | RESOLVE_CACHED);
         if (fd < 0 && errno == EAGAIN) {
             done = -1;
@@ -1517,7 +1517,7 @@ static Py_ssize_t lookup_cached(const char *base, const char *const *rels, Py_ss
     close(base_fd);
     return done;
 #else
-    (void)base; (void)rels; (void)n; (void)prefix; (void)res;
+    (void)base; (void)items; (void)n; (void)prefix; (void)res;
     return -1;
 #endif
 }
@@ -1540,7 +1540,7 @@ static PyObject *py_lookup_batch(PyObject *self, PyObject *args) {
     }
     for (Py_ssize_t i = 0; i < n; i++) names[i] = items[i].rel;
     uint8_t *res = (uint8_t *)PyBytes_AS_STRING(out);
-    Py_ssize_t done = cached ? lookup_cached(base, names, n, prefix, res) : -1;
+    Py_ssize_t done = cached ? lookup_cached(base, items, n, prefix, res) : -1;
     if (done < 0) {
         Py_BEGIN_ALLOW_THREADS
         done = lookup_run(base, names, n, prefix, res);
@@ -1656,22 +1656,20 @@ static PyObject *py_lookup_within(PyObject *self, PyObject *args) {
     Py_ssize_t n = 0;
     fx_item *items = items_from(rels, NULL, NULL, NULL, 0, &n);
     if (!items) return NULL;
-    const char **names = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *names);
-    PyObject *fast = names ? PyBytes_FromStringAndSize(NULL, n) : PyErr_NoMemory();
-    if (!fast) {
-        PyMem_Free(names);
-        items_free(items, n);
-        return NULL;
+    if (cached) {
+        PyObject *fast = PyBytes_FromStringAndSize(NULL, n);
+        if (!fast) {
+            items_free(items, n);
+            return NULL;
+        }
+        Py_ssize_t quick = lookup_cached(base, items, n, prefix, (uint8_t *)PyBytes_AS_STRING(fast));
+        if (quick >= 0) { /* answered from the caches: no thread, no GIL release */
+            items_free(items, n);
+            if (quick < n && _PyBytes_Resize(&fast, quick) != 0) return NULL;
+            return fast;
+        }
+        Py_DECREF(fast);
     }
-    for (Py_ssize_t i = 0; i < n; i++) names[i] = items[i].rel;
-    Py_ssize_t quick = cached ? lookup_cached(base, names, n, prefix, (uint8_t *)PyBytes_AS_STRING(fast)) : -1;
-    PyMem_Free(names);
-    if (quick >= 0) { /* answered from the caches: no thread, no GIL release */
-        items_free(items, n);
-        if (quick < n && _PyBytes_Resize(&fast, quick) != 0) return NULL;
-        return fast;
-    }
-    Py_DECREF(fast);
     if (atomic_load(&lk_stuck) >= LK_MAX_STUCK) {
         items_free(items, n);
         Py_RETURN_NONE;

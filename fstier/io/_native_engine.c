@@ -226,6 +226,26 @@ static int ce_publish(ce_engine *e, ce_job *j) {
     return ce_push(e, j, EV_DONE) != 1;
 }
 
+/* Queue job j's n keys on queue q (0 reads, 1 writes) and, with a deadline,
+ * put it in flight for the watchdog (woken to plan its next wake-up). Under
+ * e->mu. */
+static void ce_enqueue(ce_engine *e, ce_job *j, int q, Py_ssize_t n, int deadline) {
+    if (e->qtail[q])
+        e->qtail[q]->qnext = j;
+    else
+        e->qhead[q] = j;
+    e->qtail[q] = j;
+    e->qkeys[q] += n;
+    j->queued = 1;
+    if (deadline) {
+        j->fnext = e->flight;
+        if (e->flight) e->flight->fprev = j;
+        e->flight = j;
+        j->in_flight = 1;
+        pthread_cond_signal(&e->tick);
+    }
+}
+
 /* Wake the idle workers a new job j of n keys may use (mutex held): its
  * spread, but for a buffered load no more than the CPUs at first. Warm
  * files are a copy and a hash each, CPU work: 8 workers on 2 CPUs woken per
@@ -902,21 +922,7 @@ static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
     if (n == 0) {
         signal = ce_publish(e, j);
     } else {
-        int q = kind == CE_LOAD ? 0 : 1;
-        if (e->qtail[q])
-            e->qtail[q]->qnext = j;
-        else
-            e->qhead[q] = j;
-        e->qtail[q] = j;
-        e->qkeys[q] += n;
-        j->queued = 1;
-        if (timeout_s >= 0) {
-            j->fnext = e->flight;
-            if (e->flight) e->flight->fprev = j;
-            e->flight = j;
-            j->in_flight = 1;
-            pthread_cond_signal(&e->tick);
-        }
+        ce_enqueue(e, j, kind == CE_LOAD ? 0 : 1, n, timeout_s >= 0);
         /* wake as many idle workers as can join the job (its spread), no
          * more: a broadcast woke all 12 workers of the default engine for a
          * 16-key job that 4 may run, 8 of them only to wait again; a
@@ -1290,20 +1296,7 @@ static PyObject *py_engine_touch(PyObject *self, PyObject *args) {
     if (j->n == 0) {
         signal = ce_publish(e, j);
     } else {
-        if (e->qtail[1])
-            e->qtail[1]->qnext = j;
-        else
-            e->qhead[1] = j;
-        e->qtail[1] = j;
-        e->qkeys[1] += j->n;
-        j->queued = 1;
-        if (timeout_s >= 0) {
-            j->fnext = e->flight;
-            if (e->flight) e->flight->fprev = j;
-            e->flight = j;
-            j->in_flight = 1;
-            pthread_cond_signal(&e->tick);
-        }
+        ce_enqueue(e, j, 1, j->n, timeout_s >= 0);
         if (e->idle) pthread_cond_signal(&e->work);
     }
     pthread_mutex_unlock(&e->mu);
