@@ -314,17 +314,19 @@ else:
                 self._resolved[sig] = space
             return space
 
-        def _task_space(self, keys: list[Any], objects: list[Any]) -> tuple[Space | None] | None:
+        def _task_space(self, keys: list[Any], objects: list[Any]) -> tuple[Space | None, Any] | None:
             """:meth:`_resolve`'s one answer for a task of one signature
             (:func:`one_signature`: every key's memo signature is the first
-            key's), asked once; None: resolve key by key
+            key's), asked once, with the keys' hashes and groups as it read
+            them (for :func:`block_keys_of`); None: resolve key by key
             (test_lmcache_fast_paths.py pins both against each other)."""
-            return (self._resolve(keys[0], objects[0]),) if one_signature(keys, objects) else None
+            read = one_signature(keys, objects)
+            return None if read is None else (self._resolve(keys[0], objects[0]), read)
 
         # -- store / load ---------------------------------------------------
         def _submit(self, kind: str, keys: list[Any], objects: list[Any]) -> int:
             task = Task(next(self._ids), kind, len(keys))
-            jobs: list[tuple[Space, Sequence[int]]] = []
+            jobs: list[tuple[Space, Sequence[int], Any]] = []
             try:
                 if len(keys) != len(objects):
                     raise ValueError(f"{len(keys)} keys but {len(objects)} objects")
@@ -333,7 +335,7 @@ else:
                     if one[0] is None:
                         task.failed = True
                     else:
-                        jobs.append((one[0], range(len(keys))))
+                        jobs.append((one[0], range(len(keys)), one[1]))
                 else:
                     parts: dict[Space, list[int]] = {}
                     resolve = self._resolve
@@ -343,7 +345,7 @@ else:
                             task.failed = True
                         else:
                             parts.setdefault(space, []).append(i)
-                    jobs = list(parts.items())
+                    jobs = [(space, positions, None) for space, positions in parts.items()]
             except Exception:
                 log.exception("fstier: LMCache %s task of %d key(s) refused", kind, len(keys))
                 task.failed, jobs = True, []
@@ -355,8 +357,8 @@ else:
             with self._collect_lock:
                 self._in_flight += 1
                 task.pending = len(jobs)
-                for space, positions in jobs:
-                    self._submit_job(task, space, positions, keys, objects)
+                for space, positions, read in jobs:
+                    self._submit_job(task, space, positions, keys, objects, read)
                 done = task.pending == 0
                 if done:  # no job of it ran: nothing else signals its result
                     self._publish(task, Notes())
@@ -365,10 +367,11 @@ else:
             return task.id
 
         def _submit_job(
-            self, task: Task, space: Space, positions: Sequence[int], keys: list[Any], objects: list[Any],
+            self, task: Task, space: Space, positions: Sequence[int], keys: list[Any], objects: list[Any], read: Any,
         ) -> None:
             """Submit ``task``'s job in ``space`` (collect lock held), tagged
-            with the task or a :class:`Part` of it; a refusal fails the task."""
+            with the task or a :class:`Part` of it; a refusal fails the task.
+            ``read``: the keys' hashes and groups (:func:`one_signature`), or None."""
             kind = task.kind
             slots: list[int] | None = None
             bkeys: list[Any] = []
@@ -385,7 +388,7 @@ else:
                 else:
                     pkeys = list(map(keys.__getitem__, positions))
                     pobjs = list(map(objects.__getitem__, positions))
-                bkeys = block_keys_of(pkeys)
+                bkeys = block_keys_of(pkeys, read)
                 # Every object of a job resolved to this namespace with its
                 # layout's size (the memo signature holds get_size()).
                 slots = self._arena.lend(space.slots, pobjs)

@@ -58,6 +58,7 @@ from fstier.config import DTYPE_SIZES
 from fstier.file_mapper import FileMapper
 from fstier.io import FORMAT_VERSION
 from fstier.keys import MAX_HASH_BYTES, MIN_HASH_BYTES, BlockKey, block_keys
+from fstier.slots.provider import generic_payload_views
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig
@@ -93,30 +94,34 @@ _LAYOUT = attrgetter("shape", "dtype", "shapes", "dtypes")
 _SIZE = methodcaller("get_size")
 
 
-def one_signature(keys: Sequence[Any], objects: Sequence[Any]) -> bool:
+def one_signature(keys: Sequence[Any], objects: Sequence[Any]) -> tuple[list[bytes], list[int]] | None:
     """Whether a task's LMCache keys share model, rank, salt and hash form
     (:func:`hash_form`) with every group in 0..MAX_GROUPS-1, and its L1
     objects share shapes, dtypes and size: then every key's namespace is the
-    first key's. Decided with
-    C-level loops (``map``, ``set``, ``list.count``), no bytecode per key;
-    False for anything else, an empty task, or an object without LMCache's
+    first key's, and the keys' chunk hashes and groups, read once here, are
+    returned for :func:`block_keys_of`. Decided with C-level loops
+    (``map``, ``list.count``, ``min``/``max``), no bytecode per key; None
+    for anything else, an empty task, or an object without LMCache's
     ``meta``."""
     try:
         owners = list(map(_OWNER, keys))  # list.count: no tuple hashed per key
         if owners.count(owners[0]) != len(owners) or len(keys) != len(objects):
-            return False
+            return None
         groups = list(map(_GROUP, keys))
         if not (min(groups) >= 0 and max(groups) < MAX_GROUPS):
-            return False
-        lens = list(map(len, map(_HASH, keys)))  # one hash form: one length, or all of 8..64
+            return None
+        hashes = list(map(_HASH, keys))
+        lens = list(map(len, hashes))  # one hash form: one length, or all of 8..64
         lo, hi = min(lens), max(lens)
         if not (lo == hi or lo >= MIN_HASH_BYTES and hi <= MAX_HASH_BYTES):
-            return False
+            return None
         layouts = list(map(_LAYOUT, map(_META, objects)))
         sizes = list(map(_SIZE, objects))
-        return layouts.count(layouts[0]) == len(layouts) and sizes.count(sizes[0]) == len(sizes)
+        if layouts.count(layouts[0]) == len(layouts) and sizes.count(sizes[0]) == len(sizes):
+            return hashes, groups
     except Exception:
-        return False
+        pass
+    return None
 
 
 def one_owner(keys: Sequence[Any]) -> bool:
@@ -139,15 +144,16 @@ def hash_form(n: int) -> int | None:
     return n if n < MIN_HASH_BYTES else -1
 
 
-def block_keys_of(keys: Sequence[Any]) -> list[BlockKey]:
+def block_keys_of(keys: Sequence[Any], read: tuple[list[bytes], list[int]] | None = None) -> list[BlockKey]:
     """The block key of each LMCache key, ``BlockKey(chunk_hash,
     object_group_id)``, built and checked once per batch (:func:`block_keys`);
     a hash shorter than 8 bytes is zero-padded to 8 (its namespace records
-    its length: :func:`hash_form`)."""
-    hashes = list(map(_HASH, keys))
+    its length: :func:`hash_form`). ``read``: the keys' hashes and groups
+    as :func:`one_signature` read them (not read again)."""
+    hashes, groups = read if read is not None else (list(map(_HASH, keys)), list(map(_GROUP, keys)))
     if hashes and min(map(len, hashes)) < MIN_HASH_BYTES:
         hashes = [h.ljust(MIN_HASH_BYTES, b"\0") if len(h) < MIN_HASH_BYTES else h for h in hashes]
-    return block_keys(hashes, list(map(_GROUP, keys)))
+    return block_keys(hashes, groups)
 
 
 def split_kv_rank(kv_rank: int) -> tuple[int, int, int, int]:
@@ -375,6 +381,16 @@ class LentSlots:
         """:meth:`slot_view` of each of ``slots`` (the same ``KeyError`` for
         one not lent), by ``map``: no bytecode per slot."""
         return list(map(self._views.__getitem__, slots))
+
+    def payload_views(self, slots: Sequence[int], nbytes: Sequence[int]) -> list[memoryview]:
+        """:func:`~fstier.slots.provider.payload_views` of lent buffers. A
+        job of one namespace moves whole slots (every payload is
+        ``slot_bytes``: the layout's size): the lent views themselves,
+        :meth:`slot_views`, not a second slice of each; anything else cut
+        as :func:`~fstier.slots.provider.generic_payload_views` cuts it."""
+        if len(slots) == len(nbytes) and (not nbytes or min(nbytes) == max(nbytes) == self._slot_bytes):
+            return self.slot_views(slots)
+        return generic_payload_views(self, slots, nbytes)
 
     def check_slots(self, slots: Sequence[int]) -> None:
         """ValueError naming the first of ``slots`` not lent, or fenced."""

@@ -417,6 +417,31 @@ def test_lend_gives_the_next_free_run_or_skips_lent_slots() -> None:
 
 
 @pytest.mark.parametrize(
+    "nbytes",
+    [[16, 16, 16], [16, 3, 16], [16, 16], [], [16, 17, 16], [0, 16, 16]],
+)
+def test_payload_views_of_whole_slots_are_the_lent_views(nbytes: list[int]) -> None:
+    """A job of whole slots gets the lent views themselves (no second slice
+    of each); any other payload lengths, the generic cut: the same memory,
+    lengths and refusals as ``slot_view(s)[:n]`` either way."""
+    slots = LentSlots(16, num_slots=8)
+    bufs = [memoryview(bytearray([i]) * 16) for i in range(3)]
+    lent = slots.lend(bufs)
+    assert lent == [0, 1, 2]
+    which = lent[: len(nbytes)]
+    got = slots.payload_views(which, nbytes)
+    want = [slots.slot_view(s)[:n] for s, n in zip(which, nbytes, strict=True)]
+    assert [(bytes(v), len(v), v.readonly, v.format) for v in got] == [
+        (bytes(v), len(v), v.readonly, v.format) for v in want]
+    whole = bool(nbytes) and min(nbytes) == max(nbytes) == 16
+    assert all(v is slots.slot_view(s) for v, s in zip(got, which, strict=True)) is (whole or not nbytes)
+    with pytest.raises(KeyError):
+        slots.payload_views([0, 5], [16, 16])  # not lent: slot_view's refusal
+    with pytest.raises(ValueError, match="3 slots but 2 payload lengths"):
+        slots.payload_views(lent, [16, 16])
+
+
+@pytest.mark.parametrize(
     ("buf", "ok"),
     [
         (memoryview(bytearray(16)), True),
