@@ -388,7 +388,8 @@ else:
                 else:
                     pkeys = list(map(keys.__getitem__, positions))
                     pobjs = list(map(objects.__getitem__, positions))
-                bkeys = block_keys_of(pkeys, read)
+                # a load's chunks were mostly just looked up: their block keys are remembered
+                bkeys = block_keys_of(pkeys, read) if kind == "store" else space.keys.block_keys(pkeys, read)
                 # Every object of a job resolved to this namespace with its
                 # layout's size (the memo signature holds get_size()).
                 slots = self._arena.lend(space.slots, pobjs)

@@ -70,7 +70,7 @@ def present_positions(keys: Sequence[Any], parts: dict[Space, list[int]]) -> lis
     hits: list[int] = []
     for space, positions in parts.items():
         pkeys = keys if len(positions) == len(keys) else list(map(keys.__getitem__, positions))
-        bkeys = block_keys_of(pkeys)
+        bkeys = space.keys.block_keys(pkeys)  # a load of the hits finds them built
         present = space.tier.present(bkeys)
         if len(present) != len(bkeys):
             raise ValueError(f"{len(present)} answers for {len(bkeys)} keys")

@@ -26,8 +26,10 @@ file lives in, what it is called, and the memory FsTier moves it through.
   in place (no copy), and given back when its result is taken.
 * :func:`one_signature` (store, load) and :func:`one_owner` (lookup): whether
   a task's keys and objects all map to one namespace, so the adapter asks
-  once for the whole task; :func:`block_keys_of`: its block keys, checked
-  once per batch.
+  once for the whole task (reading the keys' hashes and groups once);
+  :func:`block_keys_of`: its block keys, checked once per batch;
+  :class:`KeyMemo`: a namespace's block keys its lookups and loads built
+  lately, reused by the load that follows a lookup.
 * :class:`L1Arena`: an L1 object's bytes, in place: a slice of one view of
   LMCache's L1 arena (``L1MemoryDesc``), built once; an object outside the
   arena (or no arena described) gives its own ``byte_array``.
@@ -64,7 +66,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fstier.config import TierConfig
 
 __all__ = [
-    "MAX_GROUPS", "L1Arena", "Layout", "LentSlots", "SpaceId", "block_keys_of", "hash_form", "one_owner",
+    "MAX_GROUPS", "KeyMemo", "L1Arena", "Layout", "LentSlots", "SpaceId", "block_keys_of", "hash_form", "one_owner",
     "one_signature", "space_mapper", "split_kv_rank",
 ]
 
@@ -154,6 +156,52 @@ def block_keys_of(keys: Sequence[Any], read: tuple[list[bytes], list[int]] | Non
     if hashes and min(map(len, hashes)) < MIN_HASH_BYTES:
         hashes = [h.ljust(MIN_HASH_BYTES, b"\0") if len(h) < MIN_HASH_BYTES else h for h in hashes]
     return block_keys(hashes, groups)
+
+
+class KeyMemo:
+    """The block keys one namespace built lately, by object group and chunk
+    hash: a chunk LMCache looks up and then loads (its prefetch:
+    ``submit_lookup_and_lock_task``, then ``submit_load_task`` of the hits),
+    or loads again, gets the ``BlockKey`` already built, found by C-level
+    loops (``map`` of ``dict.get``, ``all``) instead of built and checked
+    again (:func:`block_keys_of`). A key's ``BlockKey`` is a function of its
+    hash and group alone, so a remembered one is always right; one
+    namespace's memo is never another's (the adapter's ``StoreKeys`` finds a
+    store's own LMCache keys by the ``id()`` of its block keys: two
+    namespaces must never share one). Stores do not use it (their chunks are
+    new). Batches of one group only; bounded: cleared when it would hold
+    more than :attr:`BOUND` keys. Costs, a hit: three C-level passes over
+    the batch; a miss: :func:`block_keys_of` and one ``dict.update``. Safe
+    without a lock (each step one dict operation under the GIL; the bound
+    is approximate under races)."""
+
+    BOUND = 4096
+
+    def __init__(self) -> None:
+        self._by_group: dict[int, dict[bytes, BlockKey]] = {}
+        self._held = 0
+
+    def block_keys(self, keys: Sequence[Any], read: tuple[list[bytes], list[int]] | None = None) -> list[BlockKey]:
+        """:func:`block_keys_of` of ``keys`` (``read``: their hashes and
+        groups, as :func:`one_signature` read them), remembered ones reused."""
+        hashes, groups = read if read is not None else (list(map(_HASH, keys)), list(map(_GROUP, keys)))
+        if not groups or groups.count(groups[0]) != len(groups):
+            return block_keys_of(keys, (hashes, groups))
+        memo = self._by_group.get(groups[0])
+        if memo is not None:
+            found = list(map(memo.get, hashes))
+            if all(found):  # a BlockKey is truthy; a miss is None
+                return found  # type: ignore[return-value]
+        bkeys = block_keys_of(keys, (hashes, groups))
+        if self._held + len(bkeys) > self.BOUND:
+            self._by_group = {}
+            self._held = 0
+        self._by_group.setdefault(groups[0], {}).update(zip(hashes, bkeys, strict=True))
+        self._held += len(bkeys)
+        return bkeys
+
+    def __len__(self) -> int:
+        return sum(map(len, self._by_group.values()))
 
 
 def split_kv_rank(kv_rank: int) -> tuple[int, int, int, int]:

@@ -23,6 +23,7 @@ from itertools import repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
+from fstier.integrations.lmcache_space import KeyMemo
 from fstier.io import block_file_size
 from fstier.tier.records import BlockRemoved, BlockStored
 
@@ -39,13 +40,15 @@ _BLOCK_GROUP = attrgetter("group_idx")
 
 @dataclass(eq=False)
 class Space:
-    """One open namespace: its id, tier and lent slots; ``users`` pins it
+    """One open namespace: its id, tier, lent slots and the block keys its
+    lookups and loads built lately (``keys``); ``users`` pins it
     open, ``used`` orders its last use, ``closed`` once it left the open set
     (both under :class:`~fstier.integrations.lmcache_spaces.Spaces`' lock)."""
 
     sid: SpaceId
     tier: FsTier
     slots: LentSlots
+    keys: KeyMemo = field(default_factory=KeyMemo)
     users: int = 0
     used: int = 0
     closed: bool = False

@@ -35,6 +35,7 @@ from test_lmcache_adapter import (
     free,
     keys,
     load,
+    lookup,
     objects,
     raw,
     store,
@@ -48,8 +49,9 @@ from lmcache.v1.distributed.internal_api import L1MemoryDesc  # noqa: E402
 from lmcache.v1.memory_allocators.tensor_memory_allocator import TensorMemoryAllocator  # noqa: E402
 
 import fstier.integrations.lmcache as lmc  # noqa: E402
+from fstier.errors import KeyFormatError  # noqa: E402
 from fstier.integrations.lmcache import FstierL2Adapter  # noqa: E402
-from fstier.integrations.lmcache_space import L1Arena, LentSlots  # noqa: E402
+from fstier.integrations.lmcache_space import KeyMemo, L1Arena, LentSlots, block_keys_of  # noqa: E402
 
 
 @pytest.fixture
@@ -347,6 +349,63 @@ def test_lmcache_is_told_of_stores_with_the_tasks_own_keys(adapters: Any, tmp_pa
     assert sorted(map(id, a.listener.stored[6:])) == sorted(map(id, more))
     assert len(a._store_keys) == 0
     free(src)
+
+
+def test_key_memo_answers_as_block_keys_of() -> None:
+    """A namespace's memo of block keys gives exactly ``block_keys_of``'s
+    answer (short hashes padded, mixed groups, refusals) and, for a batch of
+    one group it built before, the very same objects; past its bound it
+    starts again."""
+    memo = KeyMemo()
+    ks = keys(8, seed=71)
+    first = memo.block_keys(ks)
+    assert first == block_keys_of(ks) and len(memo) == 8
+    again = memo.block_keys(ks[2:6])
+    assert again == block_keys_of(ks[2:6]) and all(x is y for x, y in zip(again, first[2:6], strict=True))
+    part = memo.block_keys(ks[:2] + keys(2, seed=72))  # some remembered, some new: built, then remembered
+    assert part == block_keys_of(ks[:2] + keys(2, seed=72)) and len(memo) == 10
+    mixed = keys(2, seed=73) + keys(2, seed=73, group=1)
+    assert memo.block_keys(mixed) == block_keys_of(mixed) and len(memo) == 10  # several groups: not kept
+    short = [ObjectKey(bytes([74, i]) * 2, "org/model", R0) for i in range(3)]
+    assert memo.block_keys(short) == block_keys_of(short) and memo.block_keys(short)[0].block_hash == b"J\0J\0\0\0\0\0"
+    assert memo.block_keys([]) == []
+    bad = [ObjectKey(b"\1" * 65, "org/model", R0)]
+    with pytest.raises(KeyFormatError):
+        block_keys_of(bad)
+    with pytest.raises(KeyFormatError):
+        memo.block_keys(bad)
+    memo.BOUND = 12  # type: ignore[misc]
+    memo.block_keys(keys(4, seed=75))
+    assert len(memo) == 4, "past its bound the memo starts again"
+
+
+def test_a_load_of_looked_up_chunks_reuses_their_block_keys(adapters: Any, tmp_path: Path) -> None:
+    """LMCache's prefetch: a lookup, then a load of its hits. The load's job
+    names the block keys the lookup built (no second build), each namespace
+    its own (two ranks with the same chunk hashes share none: a store's
+    LMCache keys are found by its block keys' ``id()``); the bytes loaded
+    are the bytes stored, and stores leave the memo alone."""
+    a = adapters(tmp_path, L1MemoryDesc(ARENA.data_ptr(), ARENA.numel(), 1))
+    ks0, ks1 = keys(4, seed=76, kv_rank=R0), keys(4, seed=76, kv_rank=R1)
+    src0, src1 = objects(4, seed=76), objects(4, seed=77)
+    assert store(a, ks0, src0).is_successful() and store(a, ks1, src1).is_successful()
+    assert [len(s.keys) for s in a._open_spaces()] == [0, 0]
+    assert lookup(a, ks0) == lookup(a, ks1) == [0, 1, 2, 3]
+    s0, s1 = sorted(a._open_spaces(), key=lambda s: s.sid.kv_rank)
+    built0, built1 = s0.keys.block_keys(ks0), s1.keys.block_keys(ks1)
+    assert built0 == built1 and not any(x is y for x, y in zip(built0, built1, strict=True))
+    named: list[Any] = []
+    real = s0.tier.submit_load
+
+    def submit_load(tag: Any, bkeys: Any, slots: Any) -> Any:
+        named.extend(bkeys)
+        return real(tag, bkeys, slots)
+
+    s0.tier.submit_load = submit_load  # type: ignore[method-assign]
+    dst = objects(4, seed=None)
+    assert load(a, ks0, dst) == [0, 1, 2, 3] and [raw(o) for o in dst] == [raw(o) for o in src0]
+    assert len(named) == 4 and all(x is y for x, y in zip(named, built0, strict=True))
+    free(src0 + src1 + dst)
 
 
 def test_store_keys_find_all_or_none() -> None:
