@@ -28,7 +28,12 @@ after. ``--timeline`` prints, per size, where one fstier task's time goes
 instead: the caller's submit, its wait on the eventfd and its collect (wall
 and the caller thread's CPU), the job's own time in the engine (its
 submit to its completion), the process CPU, and each thread's context
-switches and time on a CPU per task (which threads a task wakes).
+switches and time on a CPU per task (which threads a task wakes); on the
+C engine the submit is split further: the adapter's Python until it calls
+the tier (``adapter_before_tier``) and the tier's until it calls the
+engine (``tier_before_engine``), both before any C worker starts, and of
+the collect, the tier's ``get_finished`` (``tier_collect``; the rest is
+the adapter's and LMCache's).
 
     DO_NOT_TRACK=1 .venv-lmcache/bin/python benchmarks/bench_lmcache_floor.py --sizes-kib 256,1024,2048
     DO_NOT_TRACK=1 .venv-lmcache/bin/python benchmarks/bench_lmcache_floor.py --sizes-kib 256 --timeline
@@ -164,17 +169,22 @@ def native_engine(adapter: Any) -> Any:
 
 
 class _Capture:
-    """The C extension seen through: its ``engine_submit`` calls are kept."""
+    """The C extension seen through: its ``engine_submit`` calls are kept
+    (and, given ``marks``, when the last one started, as ``marks["engine"]``)."""
 
-    def __init__(self, ext: Any) -> None:
+    def __init__(self, ext: Any, marks: dict[str, int] | None = None) -> None:
         self._ext = ext
         self.calls: list[tuple[Any, ...]] = []
+        self.marks = marks
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ext, name)
 
     def engine_submit(self, *args: Any) -> Any:
-        self.calls.append(args)
+        if self.marks is not None:
+            self.marks["engine"] = time.perf_counter_ns()
+        else:
+            self.calls.append(args)
         return self._ext.engine_submit(*args)
 
 
@@ -291,14 +301,26 @@ def timeline(size: int, reps: int, work: Path) -> list[str]:
     (space,) = a._open_spaces()
     tier = space.tier
     engine_s: list[float] = []
-    real_finished = tier.get_finished
+    real_finished, real_submit = tier.get_finished, tier.submit_load
+    marks: dict[str, int] = {}  # when the adapter called the tier, when the tier called the engine, ...
 
     def finished() -> list[Any]:  # the job's own time, engine submit to publish (JobResult.seconds)
+        t = time.perf_counter_ns()
         out = real_finished()
+        marks["finished"] = marks.get("finished", 0) + time.perf_counter_ns() - t
         engine_s.extend(r.seconds for r in out if r.kind == "load")
         return out
 
-    tier.get_finished = finished
+    def submit_load(*args: Any, **kw: Any) -> Any:
+        marks["tier"] = time.perf_counter_ns()
+        return real_submit(*args, **kw)
+
+    tier.get_finished, tier.submit_load = finished, submit_load
+    engine = native_engine(a)
+    if engine is not None:  # the C engine: when its submit call starts
+        engine._ext = _Capture(engine._ext, marks)
+    parts = ("adapter_before_tier", "tier_before_engine", "tier_collect")
+    split: dict[str, list[int]] = {c: [] for c in parts}
     try:
         for _ in range(5):
             b._load(k, d)
@@ -316,13 +338,20 @@ def timeline(size: int, reps: int, work: Path) -> list[str]:
             assert bits.popcount() == n, "fstier: not every chunk loaded"
             for c, v in zip(cols, (t1 - t0, t2 - t1, t3 - t2, t3 - t0, c1 - c0, c3 - c2, p3 - p0), strict=True):
                 got[c].append(v)
+            if "engine" in marks:
+                split["adapter_before_tier"].append(marks["tier"] - t0)
+                split["tier_before_engine"].append(marks["engine"] - marks["tier"])
+            split["tier_collect"].append(marks.pop("finished", 0))
         after = _switches()
         names = {tid: _comm(tid) for tid in after}  # before the engine's threads exit with the adapter
         names.update((t.native_id, t.name) for t in threading.enumerate() if t.native_id is not None)
     finally:
+        if engine is not None:
+            engine._ext = engine._ext._ext
         b.close()
     main_id = threading.main_thread().native_id
     rows = [f"{c}: {statistics.median(v) / 1e3:.0f} us" for c, v in got.items()]
+    rows += [f"  of which {c}: {statistics.median(v) / 1e3:.0f} us" for c, v in split.items() if v]
     in_engine = statistics.median(engine_s[-reps:]) * 1e6
     rows.insert(4, f"job in the engine (its submit to its completion): {in_engine:.0f} us")
     woken: dict[str, list[float]] = {}

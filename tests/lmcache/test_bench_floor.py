@@ -52,4 +52,7 @@ def test_the_timeline_names_the_engine_and_the_threads_a_task_wakes(tmp_path: Pa
                   "caller_cpu_submit", "process_cpu"):
         assert f"  {phase}: " in run.stdout, run.stdout
     assert "  caller: 1 thread(s)" in run.stdout, run.stdout
+    if want == "native (C)":  # the submit split at the tier's and the engine's calls, the collect at the tier's
+        for part in ("adapter_before_tier", "tier_before_engine", "tier_collect"):
+            assert f"  of which {part}: " in run.stdout, run.stdout
     assert not list(tmp_path.iterdir())
