@@ -170,12 +170,15 @@ class KeyMemo:
     store's own LMCache keys by the ``id()`` of its block keys: two
     namespaces must never share one). Stores do not use it (their chunks are
     new). Batches of one group only; bounded: cleared when it would hold
-    more than :attr:`BOUND` keys. Costs, a hit: three C-level passes over
-    the batch; a miss: :func:`block_keys_of` and one ``dict.update``. Safe
-    without a lock (each step one dict operation under the GIL; the bound
-    is approximate under races)."""
+    more than :attr:`BOUND` keys (~290 KiB with the chunk hashes it keeps
+    alive, so at most ~18 MiB over
+    :data:`~fstier.integrations.lmcache.MAX_SPACES` open namespaces).
+    Costs, a hit: a few C-level passes over the batch; a miss:
+    :func:`block_keys_of` and one ``dict.update``. Safe without a lock
+    (each step one dict operation under the GIL; the bound is approximate
+    under races)."""
 
-    BOUND = 4096
+    BOUND = 2048
 
     def __init__(self) -> None:
         self._by_group: dict[int, dict[bytes, BlockKey]] = {}
