@@ -38,7 +38,7 @@ Importing this module imports neither LMCache nor torch. Costs: a
 :class:`SpaceId` is built once per namespace the adapter resolves (its
 answers are memoised); a mapper once per namespace. Lending a job's buffers
 (:meth:`L1Arena.lend`, :meth:`LentSlots.lend`, ``check_slots``,
-``slot_views``, ``release``) costs no bytecode per buffer in the common
+``slot_views``, ``payload_views``, ``release``) costs no bytecode per buffer in the common
 case (every object in the arena, whose slices need no per-view form
 check, the next slot indices free, nothing fenced): C-level loops
 (``map``, ``set``, ``min``/``max``, dict ``update``) do the per-buffer
