@@ -217,12 +217,6 @@ class FsTier:
         if self._closed:
             raise TierClosedError("FsTier is closed; create a new one with FsTier.from_config(...)")
 
-    def _finish_now_locked(
-        self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str, context: Any
-    ) -> None:
-        self._results.refused_locked(job_id, kind, n, cause, context)
-        (self._on_finished or self._engine.notify)(kind)  # refused at once: wake the caller too
-
     def submit_store(
         self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int], *, context: Any = None
     ) -> None:
@@ -258,17 +252,23 @@ class FsTier:
             if job_id in self._inflight:
                 raise ValueError(f"job id {job_id!r} is already in flight; job ids must be unique")
             if n == 0:
-                self._finish_now_locked(job_id, kind, 0, "", context)
-                return
-            if clear and not self._fences and self._admission.take(kind, file_bytes):
+                cause = ""  # no keys: a success at once
+            elif clear and not self._fences and self._admission.take(kind, file_bytes):
                 cause = None  # no slot fenced, breaker closed, room for a store's bytes: taken (reserved)
             else:
                 cause = self._admission.refuse(kind, n, file_bytes, slot_busy=self._fences.busy(slots_t))
-            if cause is not None:
-                self._finish_now_locked(job_id, kind, n, cause, context)
+            if cause is not None:  # finished at once: its result published, the caller woken too
+                self._results.refused_locked(job_id, kind, n, cause, context)
+                (self._on_finished or self._engine.notify)(kind)
                 return
             job = self._inflight[job_id] = self._maker.job(job_id, kind, keys_t, slots_t, op_bytes, context)
-        self._engine.submit(job)
+        try:
+            self._engine.submit(job)
+        except BaseException:  # it never ran: out of flight, its admission given back, and the error raised
+            with self._lock:
+                del self._inflight[job_id]
+            self._admission.give_back(kind, file_bytes)
+            raise
 
     def touch(self, keys: Sequence[BlockKey]) -> None:
         """Mark ``keys`` recently used (LRU recency) without a system call

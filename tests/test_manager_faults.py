@@ -407,3 +407,21 @@ def test_one_refused_key_in_a_store_job_is_reported_alone(tmp_path: Path, native
         disk_bytes = sum(os.path.getsize(tier.blocks.path(k)) for k in on_disk)
         assert tier.usage_bytes == disk_bytes
         assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["store", "load"])
+def test_a_submit_the_engine_refuses_leaves_no_job_in_flight_and_no_budget_taken(tmp_path: Path, kind: str) -> None:
+    # The engine raises after admission took the job (here: the tier's registration closed under it):
+    # the error reaches the caller, and nothing of the job is left behind: no record in flight (has_pending,
+    # drain), no store bytes queued in the write budget, the job id free again.
+    with open_tier(tmp_path / "root") as tier:
+        fill(tier, keys(0, 4), range(4))
+        tier._engine.close()
+        submit = tier.submit_store if kind == "store" else tier.submit_load
+        with pytest.raises(Exception, match="shut down"):
+            submit("J", keys(0, 4), list(range(4)))
+        assert not tier.has_pending()
+        assert tier.drain(timeout=1.0)
+        assert tier.metrics.snapshot()["fstier_queued_store_bytes"] == 0
+        with pytest.raises(Exception, match="shut down"):  # not "already in flight": the id was given back
+            submit("J", keys(0, 4), list(range(4)))

@@ -300,6 +300,14 @@ class Admission:
         caller then asks :meth:`refuse`."""
         return kind != "store" or self._budget.admit(nbytes)
 
+    def give_back(self, kind: str, nbytes: int) -> None:
+        """A job :meth:`take` or :meth:`refuse` admitted never reached the
+        engine (its submit raised): a store's ``nbytes`` leave the write
+        budget and the root's count (nothing of them was written)."""
+        if kind == "store":
+            self._capacity.settle(nbytes, 0)
+            self._budget.release(nbytes, 0)
+
     def refuse(self, kind: str, n: int, nbytes: int, *, slot_busy: bool) -> str | None:
         """None when a job of ``n`` keys runs (a store's ``nbytes`` of files
         are then reserved in the write budget), else the cause it fails with
