@@ -23,6 +23,7 @@ import pytest
 from fstier.errors import ConfigError
 from fstier.integrations import vllm as fv
 from fstier.io import fsops
+from fstier.manager import JobResult
 from tests._vllm_helpers import (
     END,
     FSTIER_TIER,
@@ -687,3 +688,32 @@ def test_read_threads_default_to_vllms_sixteen_unless_set(tmp_path: Path) -> Non
     yaml = tmp_path / "fstier.yaml"
     yaml.write_text(f"tier:\n  root_dir: {root}\n  read_threads: 3\n")
     assert tier_config_from_options({"config": str(yaml)}).read_threads == 3
+
+
+def test_a_collect_of_done_jobs_builds_the_same_vllm_results_as_one_by_one(tmp_path: Path) -> None:
+    # get_finished_jobs builds a collect of jobs every key of which was done with C-level loops
+    # (fv._done_results); each result equals what _to_vllm builds with vLLM's constructor, a store
+    # of present keys (no byte moved) included (transfer_bytes None), and a partial load falls back.
+    keys = keys_for(11, 4)
+    with tiering_manager(offloading_config([tier_cfg(tmp_path / "kv")])) as m:
+        tier = fstier_tier(m)
+        ctx = ReqContext(req_id="x")
+        for job_id, is_load in ((20_000, False), (20_001, False), (20_002, True)):
+            job = TransferJob(job_id=job_id, keys=keys, chunk_ids=np.arange(4, 8), is_promotion=is_load,
+                              req_context=ctx)
+            (tier.submit_load if is_load else tier.submit_store)(job)
+            tier.drain_jobs()
+        fresh = tier.fstier.get_finished()
+        assert [r.job_id for r in fresh] == [20_000, 20_001, 20_002] and all(r.success for r in fresh)
+        fast = fv._done_results(fv.VllmJobResult, fresh)
+        assert fast is not None and fast == [tier._to_vllm(r) for r in fresh]
+        assert [type(r) for r in fast] == [fv.VllmJobResult] * 3
+        assert [r.transfer_bytes for r in fast] == [4 * tier.block_size_bytes, None, 4 * tier.block_size_bytes]
+        partial = JobResult(7, "load", False, 2, 2, 10, 0.1, "miss", context=tuple(keys))
+        assert fv._done_results(fv.VllmJobResult, [*fresh, partial]) is None  # one not done: one by one
+
+        class Slotted:
+            __slots__ = fv._VLLM_RESULT_FIELDS
+            __dataclass_fields__ = dict.fromkeys(fv._VLLM_RESULT_FIELDS)
+
+        assert fv._plain_dataclass(fv.VllmJobResult) and not fv._plain_dataclass(Slotted)

@@ -58,9 +58,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from functools import partial
-from operator import itemgetter
+from itertools import repeat
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from fstier.errors import ConfigError, FstierError, KeyFormatError
@@ -183,6 +185,35 @@ def _slot_ints(chunk_ids: Any) -> tuple[int, ...]:
     return tuple(int(c) for c in chunk_ids)
 
 
+#: vLLM's JobResult fields, in order: a result every vLLM key of which was done is built with
+#: C-level loops (:func:`_done_results`) when its class is a plain dataclass of exactly these
+_VLLM_RESULT_FIELDS = ("job_id", "success", "successful_keys", "transfer_time", "transfer_bytes")
+_SUCCESS, _COMPLETED, _CONTEXT = attrgetter("success"), attrgetter("keys_completed"), attrgetter("context")
+_JOB_ID, _SECONDS, _NBYTES = attrgetter("job_id"), attrgetter("seconds"), attrgetter("nbytes")
+_NO_BYTES = {0: None}  # .get(n, n): a store that moved no byte reports None (vLLM counts its rows then)
+
+
+def _plain_dataclass(cls: Any) -> bool:
+    """Whether instances of ``cls`` are exactly its dataclass fields in ``__dict__`` (no slots,
+    no ``__post_init__``): what :func:`_done_results` needs to build them without ``__init__``."""
+    names = tuple(getattr(cls, "__dataclass_fields__", {}))
+    return names == _VLLM_RESULT_FIELDS and not hasattr(cls, "__post_init__") and "__slots__" not in vars(cls)
+
+
+def _done_results(cls: Any, fresh: Sequence[Any]) -> list[Any] | None:
+    """``cls(job_id, True, None, seconds, nbytes or None)`` of each of FsTier's results ``fresh``
+    when every one succeeded with every vLLM key of its job done (the common collect), built with
+    C-level loops (no ``__init__`` line per field, no call per result); else None (result by result)."""
+    if not all(map(_SUCCESS, fresh)) or list(map(_COMPLETED, fresh)) != list(map(len, map(_CONTEXT, fresh))):
+        return None
+    out = list(map(object.__new__, repeat(cls, len(fresh))))
+    nbytes = list(map(_NBYTES, fresh))
+    values = zip(map(_JOB_ID, fresh), repeat(True), repeat(None), map(_SECONDS, fresh),
+                 map(_NO_BYTES.get, nbytes, nbytes))
+    deque(map(dict.update, map(vars, out), map(dict, map(zip, repeat(_VLLM_RESULT_FIELDS), values))), maxlen=0)
+    return out
+
+
 # ------------------------------------------------------------------ the tier
 try:
     from vllm.v1.kv_offload.base import (
@@ -205,6 +236,9 @@ try:
         SecondaryTierManager,
         TransferJob,
     )
+
+    #: vLLM's JobResult is a plain dataclass of the fields _done_results sets (else results are built one by one)
+    _FAST_RESULTS = _plain_dataclass(VllmJobResult)
 except Exception as exc:  # vLLM missing or with another layout: fail at construction
     _IMPORT_ERROR = exc
 
@@ -439,7 +473,7 @@ else:
             except Exception:  # never into vLLM's scheduler; results stay queued
                 log.exception("fstier: collecting finished jobs failed; retrying next step")
                 return []
-            out = [self._to_vllm(r) for r in fresh]
+            out = (_done_results(VllmJobResult, fresh) if _FAST_RESULTS else None) or list(map(self._to_vllm, fresh))
             self.vllm_metrics.observe_jobs(fresh)
             if self._refused:
                 with self._lock:
