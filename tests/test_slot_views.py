@@ -138,6 +138,18 @@ def test_payload_views_answer_as_slot_view_cut_does(provider: Any, slots: list[A
         assert _answer(lambda: provider.payload_views(slots, nbytes)) == want
 
 
+@pytest.mark.parametrize("slots", ORDERS)
+def test_checked_payload_views_are_the_payload_views_of_checked_slots(provider: Any, slots: list[int]) -> None:
+    """A provider's ``payload_views_checked`` (the slicing alone, for a job FsTier checked) gives
+    the views ``payload_views`` gives for plain slots in range and payloads of at most a slot."""
+    if not hasattr(provider, "payload_views_checked"):
+        pytest.skip("this provider has no payload_views_checked")
+    nbytes = [1 + (7 * i) % provider.slot_bytes for i in range(len(slots))]
+    got = provider.payload_views_checked(slots, nbytes)
+    assert _answer(lambda: got) == _answer(lambda: payload_views(provider, slots, nbytes))
+    assert [len(v) for v in got] == nbytes
+
+
 def test_a_lent_slot_not_lent_is_the_same_key_error() -> None:
     p = LentSlots(16, num_slots=4)
     p.lend([memoryview(bytearray(16))])

@@ -124,6 +124,13 @@ class RowSlots:
         starts = list(map(add, map(mul, slots, repeat(self._stride)), repeat(self._offset)))
         return list(map(self._flat.__getitem__, map(slice, starts, map(add, starts, nbytes))))
 
+    def payload_views_checked(self, slots: Sequence[int], nbytes: Sequence[int]) -> list[memoryview]:
+        """:meth:`payload_views` of a job its tier checked already (FsTier: ``slots`` plain row
+        indices in range, by ``check_job``; every payload length at most a row, by ``check_pool``):
+        the slicing alone, no second pass over the slots."""
+        starts = list(map(add, map(mul, slots, repeat(self._stride)), repeat(self._offset)))
+        return list(map(self._flat.__getitem__, map(slice, starts, map(add, starts, nbytes))))
+
     def check_slots(self, slots: Sequence[int]) -> None:
         if not self._fenced and plain_indices(slots, self._num_rows):
             return  # no row fenced (one read; a fence racing this is as if it came after): no lock, no per-slot Python

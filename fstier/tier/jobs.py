@@ -42,14 +42,16 @@ def payload_sizes(payload_len: Sequence[int], keys: Sequence[BlockKey]) -> tuple
 
 class SlotBuffers:
     """The engine's view of a tier's slots (:class:`fstier.io.engine.record.Buffers`):
-    ``views`` is the provider's own ``payload_views`` where it has one (no
-    call in between per job), else :func:`~fstier.slots.provider.payload_views`."""
+    ``views`` is the provider's own ``payload_views_checked`` (a job's slots were
+    checked by ``check_job`` before its record was made: the slicing alone) or
+    ``payload_views`` where it has one (no call in between per job), else
+    :func:`~fstier.slots.provider.payload_views`."""
 
     __slots__ = ("_pool", "views")
 
     def __init__(self, pool: SlotProvider) -> None:
         self._pool = pool
-        own = getattr(pool, "payload_views", None)
+        own = getattr(pool, "payload_views_checked", None) or getattr(pool, "payload_views", None)
         self.views: Callable[[Sequence[int], Sequence[int]], list[memoryview]] = (
             own if own is not None else partial(payload_views, pool)
         )
