@@ -438,7 +438,11 @@ class NativeEngine:
         """A call job past its deadline (a touch on a hung mount) is given up
         on: finished as timed out, its thread left to return on its own, a new
         thread for the calls queued behind it. Returns seconds to the running
-        call's deadline (0.5 at most: the completion thread's wait)."""
+        call's deadline (0.5 at most: the completion thread's wait). No call
+        running: no lock (one read; a call starting after it is seen at the
+        next wake, within the 0.5 s wait it would get anyway)."""
+        if self._call_running is None:
+            return 0.5
         with self.lock:
             running = self._call_running
             if running is None:
