@@ -11,15 +11,15 @@ Invariants
     past them (:func:`~fstier.slots.provider.payload_views`).
 
 Costs
-    :func:`payload_sizes`: a product for a one-group model, O(keys)
-    otherwise. :meth:`SlotBuffers.views`: C-level loops where the provider
+    :func:`payload_sizes`: a product for a one-group model (its file size
+    cached per payload length), O(keys) otherwise. :meth:`SlotBuffers.views`: C-level loops where the provider
     has a batch ``slot_views``; no bytecode per key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any, Literal
 
 from fstier.io import BlockStore, EngineJob, block_file_size
@@ -29,15 +29,18 @@ from fstier.tier.lookup import LookupCache
 
 __all__ = ["JobMaker", "SlotBuffers", "payload_sizes"]
 
+#: :func:`~fstier.io.block_file_size` of a tier's few payload lengths, cached (a hit runs no Python line)
+_file_size = lru_cache(maxsize=256)(block_file_size)
+
 
 def payload_sizes(payload_len: Sequence[int], keys: Sequence[BlockKey]) -> tuple[tuple[int, ...], int]:
     """Each key's payload bytes (``payload_len`` by group) and the bytes of
     their files in all. One group (the common model): a product, no loop
     over the keys."""
     if len(payload_len) == 1:
-        return (payload_len[0],) * len(keys), block_file_size(payload_len[0]) * len(keys)
+        return (payload_len[0],) * len(keys), _file_size(payload_len[0]) * len(keys)
     op_bytes = tuple(payload_len[k.group_idx] for k in keys)
-    return op_bytes, sum(map(block_file_size, op_bytes))
+    return op_bytes, sum(map(_file_size, op_bytes))
 
 
 class SlotBuffers:
