@@ -264,7 +264,7 @@ class FsTier:
             job = self._inflight[job_id] = self._maker.job(job_id, kind, keys_t, slots_t, op_bytes, context)
         try:
             self._engine.submit(job)
-        except BaseException:  # it never ran: out of flight, its admission given back, and the error raised
+        except Exception:  # it never ran: out of flight, its admission given back, and the error raised
             with self._lock:
                 del self._inflight[job_id]
             self._admission.give_back(kind, file_bytes)

@@ -25,6 +25,7 @@ from manager_support import (
 )
 
 from fstier.clock import ManualClock
+from fstier.errors import IOPoolClosedError
 from fstier.io import fsops
 from fstier.manager import BlockStored, FsTier
 from fstier.slots.host_pool import HostBlockPool
@@ -418,10 +419,10 @@ def test_a_submit_the_engine_refuses_leaves_no_job_in_flight_and_no_budget_taken
         fill(tier, keys(0, 4), range(4))
         tier._engine.close()
         submit = tier.submit_store if kind == "store" else tier.submit_load
-        with pytest.raises(Exception, match="shut down"):
+        with pytest.raises(IOPoolClosedError, match="shut down"):
             submit("J", keys(0, 4), list(range(4)))
         assert not tier.has_pending()
         assert tier.drain(timeout=1.0)
         assert tier.metrics.snapshot()["fstier_queued_store_bytes"] == 0
-        with pytest.raises(Exception, match="shut down"):  # not "already in flight": the id was given back
+        with pytest.raises(IOPoolClosedError, match="shut down"):  # not "already in flight": the id was given back
             submit("J", keys(0, 4), list(range(4)))
