@@ -273,9 +273,9 @@ def test_touch_notes_the_files_of_keys_of_known_groups(tmp_path: Path) -> None:
         tier.flush_recency()
         ks = keys(0, 3)
         tier.touch([*ks, key(9, 5)])  # a key of no group is ignored
-        assert sorted(tier._recency._recent) == sorted(tier.blocks.path(k) for k in ks)
+        assert sorted(tier._recency.pending()) == sorted(tier.blocks.path(k) for k in ks)
         tier.touch(k for k in keys(3, 2))  # any iterable of keys, as before
-        assert len(tier._recency._recent) == 5
+        assert len(tier._recency.pending()) == 5
 
 
 def test_a_collect_of_many_alike_jobs_has_each_jobs_effects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -185,13 +185,13 @@ def test_a_load_names_its_files_once_and_notes_exactly_the_loaded(
         assert load(t, "l", ks).success
         # the job's files are named once, at submit (its one record), on both backends
         assert encodings == [6]
-        assert sorted(t._recency._recent) == sorted(t.blocks.path(k) for k in ks)
+        assert sorted(t._recency.pending()) == sorted(t.blocks.path(k) for k in ks)
         t.flush_recency()
         Path(t.blocks.path(ks[2])).unlink()  # a miss in the middle
         res = load(t, "l2", ks)
         assert res.keys_completed == 2
         # every key was attempted; the note names exactly the keys loaded
-        assert sorted(t._recency._recent) == sorted(t.blocks.path(k) for k in (ks[0], ks[1], ks[3], ks[4], ks[5]))
+        assert sorted(t._recency.pending()) == sorted(t.blocks.path(k) for k in (ks[0], ks[1], ks[3], ks[4], ks[5]))
 
 
 @pytest.mark.parametrize("native_io", ["auto", "off"])
@@ -205,8 +205,11 @@ def test_a_store_names_its_files_once_and_notes_exactly_the_skipped(
         encodings.clear()
         res = store(t, "s2", ks)
         assert res.success and res.skipped == 2
-        assert encodings == [6]  # named once per job on both backends
-        assert sorted(t._recency._recent) == sorted([t.blocks.path(ks[1]), t.blocks.path(ks[4])])
+        # named at most once per job: by the Python engine's I/O; not at all on the C engine, which names its
+        # files in C (the skipped keys' recency is noted by key, their paths named at the flush)
+        in_c = native_io != "off" and t._engine.engine.backend == "native"
+        assert encodings == ([] if in_c else [6])
+        assert sorted(t._recency.pending()) == sorted([t.blocks.path(ks[1]), t.blocks.path(ks[4])])
 
 
 @pytest.mark.parametrize("native_io", ["auto", "off"])

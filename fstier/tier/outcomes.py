@@ -21,8 +21,8 @@ public ``JobResult`` and events.
 The job is the engine's one record (:class:`~fstier.io.engine.EngineJob`):
 one result per unit (a unit's list of outcomes, what it raised, or the
 marker of a unit the engine gave up on). :meth:`Judge.finish` also notes
-the recency of the keys loaded, or stored already (skipped), from the paths
-the record carries.
+the recency of the keys loaded, or stored already (skipped), by key
+(:meth:`~fstier.tier.recency.Recency.note_keys`: their paths are named at the flush).
 
 Invariants
     A key is a success only with an outcome that says so, never by default;
@@ -106,7 +106,7 @@ class Verdict(NamedTuple):
 
 
 _STATUS = attrgetter("status")
-_UNIFORM_OF, _KEYS, _KIND, _PATHS = attrgetter("uniform"), attrgetter("keys"), attrgetter("kind"), attrgetter("paths")
+_UNIFORM_OF, _KEYS, _KIND = attrgetter("uniform"), attrgetter("keys"), attrgetter("kind")
 _T_END, _T_SUBMIT = attrgetter("t_end"), attrgetter("t_submit")
 _OUTCOME_TYPES = frozenset((StoreOutcome, LoadOutcome))
 
@@ -217,12 +217,12 @@ class Judge:
         else:
             nbytes, files = sum(job.nbytes), sum(map(block_file_size, job.nbytes))
         if what == "loaded":
-            self._recency.note_many(job.paths)
+            self._recency.note_keys(job.keys)
             self._metrics.job_loaded(n, nbytes, 0, seconds)
             return Verdict(n, 0, nbytes, seconds, None, 0, (), ())
         self._cache.stored(keys, time.monotonic())
         if what == "skipped":  # every key was on disk already: nothing written, each one used
-            self._recency.note_many(job.paths)
+            self._recency.note_keys(job.keys)
             self._metrics.job_stored(0, 0, n, seconds)
             self._capacity.settle(files, 0)
             self._budget.release(files, 0)
@@ -258,9 +258,9 @@ class Judge:
         skipped = sum(compress(counts, map(eq, whats, repeat("skipped"))))
         loaded = sum(counts) - stored - skipped
         self._breaker.success()
-        used = list(chain.from_iterable(map(_PATHS, compress(jobs, map(ne, whats, repeat("stored"))))))
+        used = list(chain.from_iterable(map(_KEYS, compress(jobs, map(ne, whats, repeat("stored"))))))
         if used:
-            self._recency.note_many(used)
+            self._recency.note_keys(used)
         if any(stores):
             self._cache.stored(list(chain.from_iterable(map(_KEYS, compress(jobs, stores)))), time.monotonic())
             self._capacity.settle(file * (stored + skipped), file * stored)
@@ -278,11 +278,11 @@ class Judge:
 
     def _note_recency(self, job: EngineJob, hits: list[int]) -> None:
         """Keys a load loaded, or a store found present already, were used:
-        their files' recency (one lock; all of a job's paths when all hit)."""
+        their files' recency (one lock; all of a job's keys when all hit)."""
         if not hits:
             return
-        paths = job.paths
-        self._recency.note_many(paths if len(hits) == len(paths) else [paths[i] for i in hits])
+        keys = job.keys
+        self._recency.note_keys(keys if len(hits) == len(keys) else [keys[i] for i in hits])
 
     def finish(self, job: EngineJob) -> Verdict:
         """Judge ``job.results`` (one per unit: the unit's list of outcomes,

@@ -14,7 +14,9 @@ the files, no Python thread runs it), or ONE call
 (:meth:`BlockStore.touch_many`, GIL released) on the Python engine's
 thread; on the Python path one touch per file. Either way no symlink is
 followed and a file with a second link is left alone
-(test_recency_batch.py).
+(test_recency_batch.py). A finished job's hits are noted by key
+(:meth:`Recency.note_keys`): their paths are named at the flush, once per
+file per interval, not per job.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ import os
 import threading
 from collections.abc import Sequence
 from functools import partial
+from operator import attrgetter
 from pathlib import Path
 
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.errors import IOPoolClosedError
 from fstier.io import BlockStore, EngineJob, Registration, touch_file
+from fstier.keys import BlockKey
 
 __all__ = ["FLUSH_S", "MAX_PENDING", "Recency"]
 
@@ -38,6 +42,8 @@ __all__ = ["FLUSH_S", "MAX_PENDING", "Recency"]
 FLUSH_S = 5.0
 #: ... or as soon as this many distinct files are pending.
 MAX_PENDING = 4096
+#: a key's identity made in C (``BlockKey.__hash__`` is a Python function)
+_ID = attrgetter("block_hash", "group_idx")
 
 
 def _bump_mtimes(paths: Sequence[str], blocks: BlockStore | None = None) -> None:
@@ -66,6 +72,8 @@ class Recency:
         self._clock = clock
         self._lock = threading.Lock()
         self._recent: dict[str, None] = {}  # files hit since the last flush, in order
+        #: keys hit since the last flush (note_keys), by identity: their paths are named at the flush
+        self._recent_keys: dict[tuple[bytes, int], BlockKey] = {}
         self._flushed = self._clock.monotonic()
         self._seq = 0
 
@@ -81,9 +89,36 @@ class Recency:
             return
         with self._lock:
             self._recent.update(dict.fromkeys(paths))
-            if len(self._recent) < MAX_PENDING and self._clock.monotonic() - self._flushed < FLUSH_S:
+            if len(self._recent) + len(self._recent_keys) < MAX_PENDING and (
+                    self._clock.monotonic() - self._flushed < FLUSH_S):
                 return  # not due: written by a later batch or the periodic flush
             take = self._take_locked()
+        self._submit_flush(take)
+
+    def note_keys(self, keys: Sequence[BlockKey]) -> None:
+        """Record hits on ``keys`` of this recency's block store (a finished
+        job's): one lock, and no path named now (:meth:`note_many`'s
+        batching; the paths are named once, at the flush)."""
+        if self._blocks is None:
+            raise ValueError("Recency.note_keys: this Recency has no block store to name the keys' files; pass blocks=")
+        if not keys:
+            return
+        with self._lock:
+            self._recent_keys.update(zip(map(_ID, keys), keys, strict=True))
+            if len(self._recent) + len(self._recent_keys) < MAX_PENDING and (
+                    self._clock.monotonic() - self._flushed < FLUSH_S):
+                return  # not due: written by a later batch or the periodic flush
+            take = self._take_locked()
+        self._submit_flush(take)
+
+    def pending(self) -> list[str]:
+        """The paths a flush would touch now, each once (a look: nothing is taken)."""
+        with self._lock:
+            return self._paths_locked()
+
+    def _submit_flush(self, take: list[str]) -> None:
+        """Write ``take``'s mtimes as one write-queue job (here when the engine is closing)."""
+        with self._lock:
             self._seq += 1
             job_id = ("recency", self._seq)
         if take:
@@ -95,9 +130,14 @@ class Recency:
             except IOPoolClosedError:  # the tier is closing: do it here
                 _bump_mtimes(take, self._blocks)
 
+    def _paths_locked(self) -> list[str]:
+        if not self._recent_keys or self._blocks is None:  # (note_keys refuses keys without a block store)
+            return list(self._recent)
+        return list(dict.fromkeys([*self._recent, *self._blocks.paths(list(self._recent_keys.values()))]))
+
     def _take_locked(self) -> list[str]:
-        paths = list(self._recent)
-        self._recent = {}
+        paths = self._paths_locked()
+        self._recent, self._recent_keys = {}, {}
         self._flushed = self._clock.monotonic()
         return paths
 

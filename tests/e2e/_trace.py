@@ -6,7 +6,7 @@ the methods vLLM calls on FstierTier and on vLLM's own fs tier (``lookup``,
 ``on_schedule_end``, ``submit_load``, ``submit_store``, ``touch``,
 ``get_finished_jobs``, the async lookup's ``batch_lookup``), plus the
 fstier parts behind them (``FsTier.present``, the lookup probe and its
-thread pool's creation, ``Recency.note_many`` and the recency flush job,
+thread pool's creation, ``Recency.note_many`` / ``note_keys`` and the recency flush job,
 the job engine's ``submit`` (either engine) and the C engine's completion of
 each job on its completion thread (``engine.complete``), ``BlockStore.load_many``/
 ``store_many``, the native ``lookup_batch``) and every garbage collection. Each call appends one row
@@ -175,6 +175,7 @@ spawned one (vLLM's engine core on CPU) runs tests/e2e/engine_run.py as its
     native.lookup_batch = _traced_fn(native.lookup_batch, "native.lookup_batch", lambda a: _size(a[1]))
     _trace_gc()
     _wrap(frec.Recency, "note_many", "Recency.note_many", n_keys)
+    _wrap(frec.Recency, "note_keys", "Recency.note_keys", n_keys)
     frec._bump_mtimes = _traced_fn(frec._bump_mtimes, "recency.bump_mtimes", lambda a: _size(a[0]))
     from fstier.io.blockstore import BlockStore
 
