@@ -285,10 +285,11 @@ class FsTier:
         self._recency.flush()
 
     # -- completion --------------------------------------------------------------
-    def _reap(self) -> None:
+    def _reap(self, finished: bool | None = None) -> None:
         """Turn finished engine jobs into JobResults (never blocks; no lock taken while none finished;
-        one lock for all the jobs one collect returned). Fence waiters are woken by the release, not here."""
-        if not self._engine.has_finished():
+        one lock for all the jobs one collect returned; ``finished``: what the caller just saw, no second look).
+        Fence waiters are woken by the release, not here."""
+        if not (self._engine.has_finished() if finished is None else finished):
             return
         done = self._judge.finish_all(self._engine.collect())
         with self._lock:
@@ -315,11 +316,13 @@ class FsTier:
         """Results of jobs finished since the last call (never blocks); with ``hold_fenced_results``, a job's
         result comes once none of its slots is fenced (held results first, in the order they finished)."""
         # Polled only when nothing is known finished (after has_news, which polled, it is not polled again).
-        if not (self._results.finished or self._results.held or self._engine.has_finished()):
+        known = self._engine.has_finished()  # (a registration with notify fds collects here: looked at once)
+        if not (known or self._results.finished or self._results.held):
             self._engine.poll()  # a job in flight: the C engine's completions, here (no wait for its thread's GIL)
-            if not self._engine.has_finished():
+            known = self._engine.has_finished()
+            if not known:
                 return []
-        self._reap()
+        self._reap(known)
         with self._lock:
             return self._results.take_locked()
 
