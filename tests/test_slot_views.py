@@ -180,11 +180,14 @@ def test_a_load_names_its_files_once_and_notes_exactly_the_loaded(
     with open_tier(tmp_path / "root", native_io=native_io, read_threads=1, write_threads=1) as t:
         ks = keys(0, 6)
         assert store(t, "s", ks).success
+        assert load(t, "l0", ks).success  # the C engine's first uniform summary of a kind names its outcome's paths
         t.flush_recency()
         encodings.clear()
         assert load(t, "l", ks).success
-        # the job's files are named once, at submit (its one record), on both backends
-        assert encodings == [6]
+        # named at most once per job: by the Python engine's I/O; not at all on the C engine, which names its
+        # files in C (the loaded keys' recency is noted by key, their paths named at the flush)
+        in_c = native_io != "off" and t._engine.engine.backend == "native"
+        assert encodings == ([] if in_c else [6])
         assert sorted(t._recency.pending()) == sorted(t.blocks.path(k) for k in ks)
         t.flush_recency()
         Path(t.blocks.path(ks[2])).unlink()  # a miss in the middle
