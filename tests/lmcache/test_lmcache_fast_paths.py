@@ -379,6 +379,20 @@ def test_key_memo_answers_as_block_keys_of() -> None:
     assert len(memo) == 4, "past its bound the memo starts again"
 
 
+def test_key_memo_stays_bounded_by_a_batch_past_its_bound() -> None:
+    """One lookup or load of more chunks than :attr:`KeyMemo.BOUND` (a long
+    prompt's prefetch) is answered as ``block_keys_of`` answers it, and the
+    memo still holds at most ``BOUND`` keys (it kept such a batch whole: a
+    namespace's memo grew with the longest batch, not to its bound)."""
+    memo = KeyMemo()
+    many = [ObjectKey(i.to_bytes(4, "big") * 4, "org/model", R0) for i in range(KeyMemo.BOUND + 100)]
+    assert memo.block_keys(many) == block_keys_of(many)
+    assert len(memo) <= KeyMemo.BOUND
+    few = many[:8]
+    assert memo.block_keys(few) == block_keys_of(few) and len(memo) <= KeyMemo.BOUND
+    assert memo.block_keys(many) == block_keys_of(many) and len(memo) <= KeyMemo.BOUND
+
+
 def test_a_load_of_looked_up_chunks_reuses_their_block_keys(adapters: Any, tmp_path: Path) -> None:
     """LMCache's prefetch: a lookup, then a load of its hits. The load's job
     names the block keys the lookup built (no second build), each namespace
