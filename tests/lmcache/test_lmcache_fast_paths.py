@@ -422,6 +422,43 @@ def test_a_load_of_looked_up_chunks_reuses_their_block_keys(adapters: Any, tmp_p
     free(src0 + src1 + dst)
 
 
+def test_remembered_keys_never_load_another_layouts_or_a_stale_chunk(adapters: Any, tmp_path: Path) -> None:
+    """What a lookup remembered names its own namespace's chunks only: a load
+    of the same chunk hashes into objects of another layout of the same size
+    misses (their bytes untouched); a load of chunks some of which were
+    looked up loads each its own bytes; a chunk deleted after its lookup misses,
+    and stored again with other bytes loads those; a namespace closed (least
+    recently used) between a lookup and its load is reopened with an empty
+    memo and loads the bytes stored."""
+    a = adapters(tmp_path, L1MemoryDesc(ARENA.data_ptr(), ARENA.numel(), 1))
+    ks, src = keys(4, seed=81), objects(4, seed=81)
+    assert store(a, ks, src).is_successful()
+    assert lookup(a, ks[:2]) == [0, 1]
+    (space,) = a._open_spaces()
+    assert len(space.keys) == 2
+    other = objects(4, shape=(2, 4, 128, 128), seed=None)
+    assert load(a, ks, other) == [] and not any(map(any, map(raw, other)))
+    dst0 = objects(4, seed=None)  # two chunks remembered, two not
+    assert load(a, ks, dst0) == [0, 1, 2, 3] and [raw(o) for o in dst0] == [raw(o) for o in src]
+    assert lookup(a, ks) == [0, 1, 2, 3]
+    a.delete(ks[:2])
+    dst = objects(4, seed=None)
+    assert load(a, ks, dst) == [2, 3]
+    assert not any(raw(dst[0])) and not any(raw(dst[1])) and [raw(o) for o in dst[2:]] == [raw(o) for o in src[2:]]
+    new = objects(2, seed=82)
+    assert store(a, ks[:2], new).is_successful()
+    assert lookup(a, ks) == [0, 1, 2, 3]
+    dst2 = objects(4, seed=None)
+    assert load(a, ks, dst2) == [0, 1, 2, 3]
+    assert [raw(o) for o in dst2] == [raw(o) for o in new + src[2:]]
+    a._reg.max_idle = 0  # every namespace closes once no job or lookup pins it
+    assert lookup(a, ks) == [0, 1, 2, 3] and a._reg.evicted >= 1 and space.closed
+    dst3 = objects(4, seed=None)
+    assert load(a, ks, dst3) == [0, 1, 2, 3]
+    assert [raw(o) for o in dst3] == [raw(o) for o in new + src[2:]]
+    free(src + other + dst0 + dst + new + dst2 + dst3)
+
+
 def test_store_keys_find_all_or_none() -> None:
     from fstier.integrations.lmcache_tasks import StoreKeys
     from fstier.keys import BlockKey
