@@ -426,3 +426,24 @@ def test_a_submit_the_engine_refuses_leaves_no_job_in_flight_and_no_budget_taken
         assert tier.metrics.snapshot()["fstier_queued_store_bytes"] == 0
         with pytest.raises(IOPoolClosedError, match="shut down"):  # not "already in flight": the id was given back
             submit("J", keys(0, 4), list(range(4)))
+
+
+def test_a_submit_the_engine_refuses_gives_its_bytes_back_to_the_roots_count(tmp_path: Path) -> None:
+    # Under max_bytes a store is counted in the root's shared usage when admitted (before a byte is
+    # written); an engine that refuses it after admission must leave the count as it was, or every
+    # instance on the root sees phantom bytes and drops stores for capacity that is not used.
+    with open_tier(tmp_path / "root", max_bytes=64 << 20) as tier:
+        assert store(tier, "s0", keys(0, 2)).success
+        deadline = time.monotonic() + 10
+        while tier.usage_bytes is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        before = tier.usage_bytes
+        assert before == sum(os.path.getsize(tier.blocks.path(k)) for k in keys(0, 2))
+        tier._engine.close()
+        fill(tier, keys(10, 4), list(range(4)))
+        for _ in range(3):
+            with pytest.raises(IOPoolClosedError, match="shut down"):
+                tier.submit_store("J", keys(10, 4), list(range(4)))
+        assert tier.usage_bytes == before
+        assert tier.metrics.snapshot()["fstier_queued_store_bytes"] == 0
+        assert not tier.has_pending()
