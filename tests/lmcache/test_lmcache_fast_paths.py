@@ -639,3 +639,47 @@ def test_a_tasks_python_calls_do_not_grow_with_its_keys(adapters: Any, tmp_path:
         counts.append(_calls_per_task(a, keys(n, seed=seed), src, dst))
         free(src + dst)
     assert counts[0] == counts[1], counts
+
+
+def test_concurrent_stores_tell_lmcache_each_chunk_under_its_own_key(adapters: Any, tmp_path: Path) -> None:
+    """Stores of two ranks with the same chunk hashes, submitted from three
+    threads while a fourth collects, their keys and block keys dropped as
+    soon as their results are in (so ``id()`` values are reused): every key
+    LMCache is told was stored is a key of that chunk and rank (the adapter
+    finds a store's keys by its block keys' ``id()``), each exactly once,
+    and nothing is left behind."""
+    import threading
+    import time
+    from collections import Counter
+
+    a = adapters(tmp_path, L1MemoryDesc(ARENA.data_ptr(), ARENA.numel(), 1))
+    src = objects(4, seed=91)
+    want: Counter[tuple[bytes, int]] = Counter()
+    ids: list[int] = []
+    lock = threading.Lock()
+
+    def submit(t: int) -> None:
+        for r in range(12):
+            rank = (R0, R1)[r % 2]
+            ks = [ObjectKey(bytes([t, r // 2, i]) * 8, "org/model", rank) for i in range(4)]
+            tid = a.submit_store_task(ks, src)
+            with lock:
+                want.update((k.chunk_hash, k.kv_rank) for k in ks)
+                ids.append(tid)
+            del ks
+
+    threads = [threading.Thread(target=submit, args=(t,)) for t in range(3)]
+    for th in threads:
+        th.start()
+    done: dict[int, Any] = {}
+    deadline = time.monotonic() + 60
+    while (any(th.is_alive() for th in threads) or len(done) < len(ids)) and time.monotonic() < deadline:
+        done.update(a.pop_completed_store_tasks())
+        time.sleep(0.002)
+    for th in threads:
+        th.join()
+    assert sorted(done) == sorted(ids) and all(r.is_successful() for r in done.values())
+    told = Counter((k.chunk_hash, k.kv_rank) for k in a.listener.stored)
+    assert told == want and sum(want.values()) == 3 * 12 * 4
+    assert len(a._store_keys) == 0
+    free(src)
