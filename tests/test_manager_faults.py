@@ -447,3 +447,40 @@ def test_a_submit_the_engine_refuses_gives_its_bytes_back_to_the_roots_count(tmp
         assert tier.usage_bytes == before
         assert tier.metrics.snapshot()["fstier_queued_store_bytes"] == 0
         assert not tier.has_pending()
+
+
+def test_an_interrupt_once_the_c_engine_took_a_job_leaves_the_job_to_finish(tmp_path: Path) -> None:
+    # A KeyboardInterrupt lands at the first check after a C call returns: once engine_submit took a job, an
+    # interrupt there reaches the caller, and the job still finishes and is published as any other (the engine
+    # used to forget its tag: C ran the store, its completion found no job (an error logged), the result never
+    # came, has_pending stayed True, drain timed out and the store's bytes stayed queued in the write budget).
+    with open_tier(tmp_path / "root") as tier:
+        engine = getattr(tier._engine, "engine", None)
+        if type(engine).__name__ != "NativeEngine" or tier.io_path.backend != "native":
+            pytest.skip("the C engine's own submit (FSTIER_ENGINE=python or native I/O off runs another)")
+        assert engine is not None
+        assert store(tier, "warm", keys(0, 2)).success  # its fixed arguments cached: the next job is one C call
+        real, calls = engine._ext, []
+
+        class InterruptAfterSubmit:
+            def __getattr__(self, name: str) -> object:
+                return getattr(real, name)
+
+            def engine_submit(self, *args: object) -> None:
+                real.engine_submit(*args)
+                calls.append(args[1])
+                raise KeyboardInterrupt
+
+        fill(tier, keys(4, 2), [2, 3])
+        engine._ext = InterruptAfterSubmit()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                tier.submit_store("J", keys(4, 2), [2, 3])
+        finally:
+            engine._ext = real
+        assert len(calls) == 1
+        assert tier.drain(timeout=10)
+        (res,) = tier.get_finished()
+        assert (res.job_id, res.success, res.keys_completed) == ("J", True, 2)
+        assert not tier.has_pending() and tier.metrics.snapshot()["fstier_queued_store_bytes"] == 0
+        assert load(tier, "L", keys(4, 2)).success
