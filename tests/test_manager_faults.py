@@ -484,3 +484,48 @@ def test_an_interrupt_once_the_c_engine_took_a_job_leaves_the_job_to_finish(tmp_
         assert (res.job_id, res.success, res.keys_completed) == ("J", True, 2)
         assert not tier.has_pending() and tier.metrics.snapshot()["fstier_queued_store_bytes"] == 0
         assert load(tier, "L", keys(4, 2)).success
+
+
+def test_an_interrupt_once_the_c_engine_took_a_recency_flush_leaves_it_to_finish(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The recency flush's C touch job, likewise: an interrupt once engine_touch took it reaches the caller and
+    # the job finishes as any other (its tag used to be forgotten: its completion found no job, an error logged).
+    with open_tier(tmp_path / "root") as tier:
+        engine = getattr(tier._engine, "engine", None)
+        if type(engine).__name__ != "NativeEngine" or tier.io_path.backend != "native":
+            pytest.skip("the C engine's touch job (FSTIER_ENGINE=python or native I/O off runs another)")
+        assert engine is not None
+        assert store(tier, "s", keys(0, 2)).success
+        path = tier.blocks.path(key(0))
+        os.utime(path, (1_000_000, 1_000_000))
+        real, calls = engine._ext, []
+
+        class InterruptAfterTouch:
+            def __getattr__(self, name: str) -> object:
+                return getattr(real, name)
+
+            def engine_touch(self, *args: object) -> None:
+                real.engine_touch(*args)
+                calls.append(args[1])
+                raise KeyboardInterrupt
+
+        engine._ext = InterruptAfterTouch()
+        try:
+            with caplog.at_level(logging.ERROR, logger="fstier"), pytest.raises(KeyboardInterrupt):
+                tier._recency._submit_flush([path])
+        finally:
+            engine._ext = real
+        assert len(calls) == 1
+        with caplog.at_level(logging.ERROR, logger="fstier"):
+            deadline = time.monotonic() + 10
+            while os.stat(path).st_mtime == 1_000_000 and time.monotonic() < deadline:
+                time.sleep(0.01)  # C touched the file: its completion is due
+            assert tier.drain(timeout=10)
+            for _ in range(20):
+                engine._pump_all()  # its completion handled (here, or already by the completion thread)
+                time.sleep(0.01)
+            tier.get_finished()
+        assert os.stat(path).st_mtime > 1_000_000
+        assert not engine._jobs and not tier.has_pending()
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
