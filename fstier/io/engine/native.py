@@ -263,8 +263,7 @@ class NativeEngine:
         timeout = -1.0 if job.timeout_s is None else job.timeout_s
         _, _, _, kind, base, digest, pages, flags, mode, alignment, fd = fixed
         hashes, groups = list(map(_HASH, job.keys)), list(map(_GROUP, job.keys))
-        threads = max(1, n // MIN_KEYS_PER_THREAD)
-        tag, now = next(self._tags), time.time_ns()
+        tag, now, threads = next(self._tags), time.time_ns(), max(1, n // MIN_KEYS_PER_THREAD)
         with self.lock:
             self._check_open(reg, job)
             reg.active += 1
