@@ -1261,3 +1261,30 @@ def test_an_evicting_pass_resets_a_count_above_the_disk(tmp_path: Path, monkeypa
         assert tier.metrics.evicted_blocks.value >= 7
         # Was 10 files (the ghost's 2 kept: at the high watermark, no pass followed).
         assert tier.usage_bytes == on_disk == 8 * FILE_BYTES
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_a_store_of_present_keys_bumps_their_recency_so_they_survive(tmp_path: Path, jobs: int) -> None:
+    # A store whose keys are all on disk already writes nothing but uses them: their recency is noted (by
+    # key, named at the flush) whether its result is judged alone or in a collect of several alike jobs,
+    # and a capacity pass then keeps them and evicts the keys nobody used.
+    root = tmp_path / "root"
+    with open_tier(root, max_bytes=30 * FILE_BYTES, low_watermark=0.5, high_watermark=0.95) as tier:
+        store(tier, "hot", keys(0, 3), list(range(3)))
+        store(tier, "cold", keys(3, 6), list(range(6)))
+        hot = keys(0, 3)
+        for i, k in enumerate(keys(0, 6)):  # the hot keys oldest: without their recency noted, they would go first
+            os.utime(tier.mapper.path_for(k), (1_000_000 + 1000 * i,) * 2)
+        parts = [hot] if jobs == 1 else [[k] for k in hot]
+        for i, part in enumerate(parts):
+            tier.submit_store(("again", i), part, list(range(20 + i, 20 + i + len(part))))
+        tier.drain()
+        results = tier.get_finished()
+        assert sorted(r.job_id for r in results) == sorted(("again", i) for i in range(len(parts)))
+        by_id = {r.job_id: r for r in results}
+        got = [(by_id[("again", i)].success, by_id[("again", i)].skipped, by_id[("again", i)].nbytes)
+               for i in range(len(parts))]
+        assert got == [(True, len(p), 0) for p in parts]
+        tier.run_capacity_pass(max_bytes=6 * FILE_BYTES)  # 9 files > 5.7 -> down to 3
+        assert tier.lookup(keys(0, 3)) == 3
+        assert tier.lookup(keys(3, 6)) == 0

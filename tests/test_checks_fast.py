@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -310,3 +311,30 @@ def test_a_collect_of_many_alike_jobs_has_each_jobs_effects(tmp_path: Path, monk
             assert slot_bytes(tier, keys(0, 4)[s - 20], s) == payload_for(keys(0, 4)[s - 20], payload)
         if tier._engine.engine.backend == "native":
             assert batches and max(batches) >= 2
+
+
+def test_payload_sizes_answer_each_length_whatever_its_cache_holds(tmp_path: Path) -> None:
+    # payload_sizes caches the file size of each payload length (lru_cache of 256): every length, far more
+    # of them than the cache holds, in any order, one group or several, gets the file size rule's answer,
+    # and a tier's stores count exactly the bytes of the files they wrote.
+    from fstier.io import block_file_size
+    from fstier.keys import BlockKey
+    from fstier.tier.jobs import payload_sizes
+
+    lengths = [1, 4095, 4096, 4097, 65536, *range(7000, 7300)]
+    ks = [BlockKey(bytes([i + 1]) * 16) for i in range(3)]
+    for n in [*lengths, *reversed(lengths), *lengths[::7]]:
+        assert payload_sizes([n], ks) == ((n,) * 3, 3 * block_file_size(n)), n
+        assert block_file_size(n) % 4096 == 0 and block_file_size(n) >= n + 4096
+    mixed = [BlockKey(b"\7" * 16, 1), BlockKey(b"\7" * 16, 0), BlockKey(b"\10" * 16, 1)]
+    assert payload_sizes([100, 9000], mixed) == ((9000, 100, 9000), 2 * block_file_size(9000) + block_file_size(100))
+    assert payload_sizes([100, 9000], []) == ((), 0)
+    with open_tier(tmp_path / "root", max_bytes=64 << 20) as tier:
+        assert store(tier, "s", keys(0, 5)).success
+        files = sorted((tmp_path / "root").rglob("*.bin"))
+        assert len(files) == 5 and {f.stat().st_size for f in files} == {block_file_size(tier.payload_bytes(key(0)))}
+        deadline = time.monotonic() + 10
+        while tier.usage_bytes is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert tier.usage_bytes == sum(f.stat().st_size for f in files)
+        assert tier.metrics.snapshot()["fstier_queued_store_bytes"] == 0

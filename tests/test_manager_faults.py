@@ -426,3 +426,106 @@ def test_a_submit_the_engine_refuses_leaves_no_job_in_flight_and_no_budget_taken
         assert tier.metrics.snapshot()["fstier_queued_store_bytes"] == 0
         with pytest.raises(IOPoolClosedError, match="shut down"):  # not "already in flight": the id was given back
             submit("J", keys(0, 4), list(range(4)))
+
+
+def test_a_submit_the_engine_refuses_gives_its_bytes_back_to_the_roots_count(tmp_path: Path) -> None:
+    # Under max_bytes a store is counted in the root's shared usage when admitted (before a byte is
+    # written); an engine that refuses it after admission must leave the count as it was, or every
+    # instance on the root sees phantom bytes and drops stores for capacity that is not used.
+    with open_tier(tmp_path / "root", max_bytes=64 << 20) as tier:
+        assert store(tier, "s0", keys(0, 2)).success
+        deadline = time.monotonic() + 10
+        while tier.usage_bytes is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        before = tier.usage_bytes
+        assert before == sum(os.path.getsize(tier.blocks.path(k)) for k in keys(0, 2))
+        tier._engine.close()
+        fill(tier, keys(10, 4), list(range(4)))
+        for _ in range(3):
+            with pytest.raises(IOPoolClosedError, match="shut down"):
+                tier.submit_store("J", keys(10, 4), list(range(4)))
+        assert tier.usage_bytes == before
+        assert tier.metrics.snapshot()["fstier_queued_store_bytes"] == 0
+        assert not tier.has_pending()
+
+
+def test_an_interrupt_once_the_c_engine_took_a_job_leaves_the_job_to_finish(tmp_path: Path) -> None:
+    # A KeyboardInterrupt lands at the first check after a C call returns: once engine_submit took a job, an
+    # interrupt there reaches the caller, and the job still finishes and is published as any other (the engine
+    # used to forget its tag: C ran the store, its completion found no job (an error logged), the result never
+    # came, has_pending stayed True, drain timed out and the store's bytes stayed queued in the write budget).
+    with open_tier(tmp_path / "root") as tier:
+        engine = getattr(tier._engine, "engine", None)
+        if type(engine).__name__ != "NativeEngine" or tier.io_path.backend != "native":
+            pytest.skip("the C engine's own submit (FSTIER_ENGINE=python or native I/O off runs another)")
+        assert engine is not None
+        assert store(tier, "warm", keys(0, 2)).success  # its fixed arguments cached: the next job is one C call
+        real, calls = engine._ext, []
+
+        class InterruptAfterSubmit:
+            def __getattr__(self, name: str) -> object:
+                return getattr(real, name)
+
+            def engine_submit(self, *args: object) -> None:
+                real.engine_submit(*args)
+                calls.append(args[1])
+                raise KeyboardInterrupt
+
+        fill(tier, keys(4, 2), [2, 3])
+        engine._ext = InterruptAfterSubmit()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                tier.submit_store("J", keys(4, 2), [2, 3])
+        finally:
+            engine._ext = real
+        assert len(calls) == 1
+        assert tier.drain(timeout=10)
+        (res,) = tier.get_finished()
+        assert (res.job_id, res.success, res.keys_completed) == ("J", True, 2)
+        assert not tier.has_pending() and tier.metrics.snapshot()["fstier_queued_store_bytes"] == 0
+        assert load(tier, "L", keys(4, 2)).success
+
+
+def test_an_interrupt_once_the_c_engine_took_a_recency_flush_leaves_it_to_finish(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The recency flush's C touch job, likewise: an interrupt once engine_touch took it reaches the caller and
+    # the job finishes as any other (its tag used to be forgotten: its completion found no job, an error logged).
+    with open_tier(tmp_path / "root") as tier:
+        engine = getattr(tier._engine, "engine", None)
+        if type(engine).__name__ != "NativeEngine" or tier.io_path.backend != "native":
+            pytest.skip("the C engine's touch job (FSTIER_ENGINE=python or native I/O off runs another)")
+        assert engine is not None
+        assert store(tier, "s", keys(0, 2)).success
+        path = tier.blocks.path(key(0))
+        os.utime(path, (1_000_000, 1_000_000))
+        real, calls = engine._ext, []
+
+        class InterruptAfterTouch:
+            def __getattr__(self, name: str) -> object:
+                return getattr(real, name)
+
+            def engine_touch(self, *args: object) -> None:
+                real.engine_touch(*args)
+                calls.append(args[1])
+                raise KeyboardInterrupt
+
+        engine._ext = InterruptAfterTouch()
+        try:
+            with caplog.at_level(logging.ERROR, logger="fstier"), pytest.raises(KeyboardInterrupt):
+                tier._recency._submit_flush([path])
+        finally:
+            engine._ext = real
+        assert len(calls) == 1
+        with caplog.at_level(logging.ERROR, logger="fstier"):
+            deadline = time.monotonic() + 10
+            while os.stat(path).st_mtime == 1_000_000 and time.monotonic() < deadline:
+                time.sleep(0.01)  # C touched the file: its completion is due
+            assert tier.drain(timeout=10)
+            for _ in range(20):
+                engine._pump_all()  # its completion handled (here, or already by the completion thread)
+                time.sleep(0.01)
+            tier.get_finished()
+        assert os.stat(path).st_mtime > 1_000_000
+        assert not engine._jobs and not tier.has_pending()
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

@@ -38,3 +38,34 @@ def test_a_flush_touches_hit_files_and_nothing_else(tmp_path: Path, native_io: s
         assert (tmp_path / "backup").stat().st_mtime == 1_000_000
         if fan != paths[0].parent:
             assert (tmp_path / "outside" / paths[5].name).stat().st_mtime == 1_000_000
+
+
+@pytest.mark.parametrize("native_io", ["auto", "off"])
+def test_hits_noted_by_key_are_named_at_the_flush_as_the_files_are_then(tmp_path: Path, native_io: str) -> None:
+    # A load's hits are noted by key and their paths named only at the flush: a file removed meanwhile is
+    # not created again, a symlink planted at a block path meanwhile is not followed out of the root, a
+    # key noted by a load and by touch() is touched once, and a later store of a removed key is its own.
+    with open_tier(tmp_path / "root", native_io=native_io) as t:
+        ks = keys(0, 4)
+        assert store(t, "s", ks).success
+        paths = [Path(t.blocks.path(k)) for k in ks]
+        for p in paths:
+            os.utime(p, (1_000_000, 1_000_000))
+        t.flush_recency()  # nothing pending yet (the store wrote new files: no hit)
+        assert load(t, "l", ks).success
+        t.touch(ks[3:])
+        assert sorted(t._recency.pending()) == sorted(map(str, paths))
+        assert t.remove(ks[:1]) == [True]
+        outside = tmp_path / "outside.bin"
+        outside.write_bytes(b"x")
+        os.utime(outside, (1_000_000, 1_000_000))
+        paths[1].unlink()
+        paths[1].symlink_to(outside)
+        t.flush_recency()
+        assert not paths[0].exists()
+        assert outside.stat().st_mtime == 1_000_000 and paths[1].is_symlink()
+        assert all(p.stat().st_mtime > 1_000_000 for p in paths[2:])
+        assert t._recency.pending() == []
+        paths[1].unlink()
+        assert store(t, "s2", ks[:2]).success
+        assert all(p.stat().st_mtime > 1_000_000 for p in paths)

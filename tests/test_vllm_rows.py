@@ -176,3 +176,51 @@ def test_slot_smaller_than_the_payload_is_refused(tmp_path: Path) -> None:
     slots = fv.RowSlots(memoryview(bytearray(2 * 4096)), 2, 4096)
     with pytest.raises(PoolError, match="slot_bytes >= 8192"):
         FsTier(TierConfig(root_dir=tmp_path), slots, _mapper(tmp_path, 8192))
+
+
+def test_a_job_naming_a_row_fstier_cannot_use_is_refused_before_any_byte_moves(tmp_path: Path) -> None:
+    # RowSlots' payload views for the engine are the slicing alone (payload_views_checked): every job that
+    # reaches it was checked by check_job. A row out of range, negative, a bool, a float, a fenced row or a
+    # row named twice is refused at submit with the row named; no job is left in flight and no byte of the
+    # buffer (guards around the rows included) moves. An int subclass (an IntEnum row) is a row.
+    import enum
+
+    rows, stride, row_bytes, offset = 4, 5000, 4500, 7
+    buf = bytearray(offset + rows * stride + 64)
+    buf[:] = b"\xa5" * len(buf)
+    slots = fv.RowSlots(memoryview(buf), rows, stride, row_bytes, offset)
+    tier = FsTier(TierConfig(root_dir=tmp_path, read_threads=2, write_threads=2), slots, _mapper(tmp_path, row_bytes))
+    try:
+        keys = [BlockKey(bytes([i + 1]) * 16) for i in range(2)]
+        slots.slot_view(0)[:] = bytes(range(250)) * 18
+        slots.slot_view(1)[:] = bytes(range(5, 255)) * 18
+        tier.submit_store("s", keys, [0, 1])
+        tier.drain()
+        assert [r.success for r in tier.get_finished()] == [True]
+        before = bytes(buf)
+        slots.fence(3)
+        bad = {"4": [2, 4], "-1": [-1, 2], "True": [True, 2], "2.0": [2.0, 3], "3": [2, 3], "2": [2, 2]}
+        for name, rowset in bad.items():
+            for submit in (tier.submit_load, tier.submit_store):
+                with pytest.raises(ValueError, match=f"slot {name}|slot appears twice"):
+                    submit(("bad", name, submit.__name__), keys, rowset)
+        assert not tier.has_pending() and tier.get_finished() == [] and bytes(buf) == before
+        slots.unfence(3)
+
+        class Row(enum.IntEnum):
+            TWO = 2
+            THREE = 3
+
+        tier.submit_load("l", keys, [Row.THREE, Row.TWO])
+        tier.drain()
+        (res,) = tier.get_finished()
+        assert res.success and res.keys_completed == 2
+        assert bytes(slots.slot_view(3)) == bytes(slots.slot_view(0))
+        assert bytes(slots.slot_view(2)) == bytes(slots.slot_view(1))
+        after = bytearray(buf)
+        for i in (2, 3):
+            after[offset + i * stride : offset + i * stride + row_bytes] = before[
+                offset + i * stride : offset + i * stride + row_bytes]
+        assert bytes(after) == before
+    finally:
+        tier.close()

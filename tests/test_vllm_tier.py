@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -717,3 +718,44 @@ def test_a_collect_of_done_jobs_builds_the_same_vllm_results_as_one_by_one(tmp_p
             __dataclass_fields__ = dict.fromkeys(fv._VLLM_RESULT_FIELDS)
 
         assert fv._plain_dataclass(fv.VllmJobResult) and not fv._plain_dataclass(Slotted)
+
+
+def test_one_collect_of_done_partial_and_refused_jobs_reports_each_as_its_own(tmp_path: Path) -> None:
+    # One get_finished_jobs sees a store and a load every key of which was done, a load that stopped at a
+    # corrupt file and a job fstier refused: the collect is not built wholesale as done (fv._done_results
+    # declines it); each job gets its own result, the partial load its loaded prefix, the refused one a
+    # failure, and the keys that failed answer MISS from then on.
+    keys = keys_for(31, 4)
+    with tiering_manager(offloading_config([tier_cfg(tmp_path / "kv")], num_chunks=16)) as m:
+        store_request(m, "s", keys)
+        tier = fstier_tier(m)
+        os.truncate(tier.mapper.path_for(fv._block_key(keys[1])), 100)
+        ctx = ReqContext(req_id="x")
+        more = keys_for(32, 2)
+        tier.submit_store(TransferJob(job_id=30_000, keys=more, chunk_ids=np.arange(8, 10), is_promotion=False,
+                                      req_context=ctx))
+        tier.submit_load(TransferJob(job_id=30_001, keys=keys[2:], chunk_ids=np.arange(0, 2), is_promotion=True,
+                                     req_context=ctx))
+        tier.submit_load(TransferJob(job_id=30_002, keys=keys[:2], chunk_ids=np.arange(2, 4), is_promotion=True,
+                                     req_context=ctx))
+        tier.submit_load(TransferJob(job_id=30_003, keys=keys[:1], chunk_ids=np.array([99]), is_promotion=True,
+                                     req_context=ctx))
+        tier.drain_jobs()
+        got = {r.job_id: r for r in tier.get_finished_jobs()}
+        assert sorted(got) == [30_000, 30_001, 30_002, 30_003]
+        assert all(type(r) is fv.VllmJobResult for r in got.values())
+        assert (got[30_000].success, got[30_000].successful_keys) == (True, None)
+        assert got[30_000].transfer_bytes == 2 * tier.block_size_bytes
+        assert (got[30_001].success, got[30_001].successful_keys) == (True, None)
+        assert got[30_002].success is False and list(got[30_002].successful_keys) == keys[:1]
+        assert got[30_002].transfer_bytes == tier.block_size_bytes
+        assert (got[30_003].success, got[30_003].successful_keys) == (False, None)
+        assert not tier.has_pending_work() and list(tier.get_finished_jobs()) == []
+        answers = []
+        for _ in range(500):  # the lookup is asynchronous: RETRY until it settles
+            answers = [tier.lookup(k, ctx) for k in keys[:2]]
+            if LookupResult.RETRY not in answers:
+                break
+            tier.on_schedule_end(None)  # type: ignore[arg-type]
+            time.sleep(0.01)
+        assert answers == [LookupResult.HIT, LookupResult.MISS]

@@ -170,8 +170,8 @@ class KeyMemo:
     store's own LMCache keys by the ``id()`` of its block keys: two
     namespaces must never share one). Stores do not use it (their chunks are
     new). Batches of one group only; bounded: cleared when it would hold
-    more than :attr:`BOUND` keys (~290 KiB with the chunk hashes it keeps
-    alive, so at most ~18 MiB over
+    more than :attr:`BOUND` keys, and a batch of more is not kept (~290 KiB
+    with the chunk hashes it keeps alive, so at most ~18 MiB over
     :data:`~fstier.integrations.lmcache.MAX_SPACES` open namespaces).
     Costs, a hit: a few C-level passes over the batch; a miss:
     :func:`block_keys_of` and one ``dict.update``. Safe without a lock
@@ -196,6 +196,8 @@ class KeyMemo:
             if all(found):  # a BlockKey is truthy; a miss is None
                 return found  # type: ignore[return-value]
         bkeys = block_keys_of(keys, (hashes, groups))
+        if len(bkeys) > self.BOUND:  # a batch past the bound is not kept (the memo would outgrow it)
+            return bkeys
         if self._held + len(bkeys) > self.BOUND:
             self._by_group = {}
             self._held = 0

@@ -379,6 +379,20 @@ def test_key_memo_answers_as_block_keys_of() -> None:
     assert len(memo) == 4, "past its bound the memo starts again"
 
 
+def test_key_memo_stays_bounded_by_a_batch_past_its_bound() -> None:
+    """One lookup or load of more chunks than :attr:`KeyMemo.BOUND` (a long
+    prompt's prefetch) is answered as ``block_keys_of`` answers it, and the
+    memo still holds at most ``BOUND`` keys (it kept such a batch whole: a
+    namespace's memo grew with the longest batch, not to its bound)."""
+    memo = KeyMemo()
+    many = [ObjectKey(i.to_bytes(4, "big") * 4, "org/model", R0) for i in range(KeyMemo.BOUND + 100)]
+    assert memo.block_keys(many) == block_keys_of(many)
+    assert len(memo) <= KeyMemo.BOUND
+    few = many[:8]
+    assert memo.block_keys(few) == block_keys_of(few) and len(memo) <= KeyMemo.BOUND
+    assert memo.block_keys(many) == block_keys_of(many) and len(memo) <= KeyMemo.BOUND
+
+
 def test_a_load_of_looked_up_chunks_reuses_their_block_keys(adapters: Any, tmp_path: Path) -> None:
     """LMCache's prefetch: a lookup, then a load of its hits. The load's job
     names the block keys the lookup built (no second build), each namespace
@@ -406,6 +420,43 @@ def test_a_load_of_looked_up_chunks_reuses_their_block_keys(adapters: Any, tmp_p
     assert load(a, ks0, dst) == [0, 1, 2, 3] and [raw(o) for o in dst] == [raw(o) for o in src0]
     assert len(named) == 4 and all(x is y for x, y in zip(named, built0, strict=True))
     free(src0 + src1 + dst)
+
+
+def test_remembered_keys_never_load_another_layouts_or_a_stale_chunk(adapters: Any, tmp_path: Path) -> None:
+    """What a lookup remembered names its own namespace's chunks only: a load
+    of the same chunk hashes into objects of another layout of the same size
+    misses (their bytes untouched); a load of chunks some of which were
+    looked up loads each its own bytes; a chunk deleted after its lookup misses,
+    and stored again with other bytes loads those; a namespace closed (least
+    recently used) between a lookup and its load is reopened with an empty
+    memo and loads the bytes stored."""
+    a = adapters(tmp_path, L1MemoryDesc(ARENA.data_ptr(), ARENA.numel(), 1))
+    ks, src = keys(4, seed=81), objects(4, seed=81)
+    assert store(a, ks, src).is_successful()
+    assert lookup(a, ks[:2]) == [0, 1]
+    (space,) = a._open_spaces()
+    assert len(space.keys) == 2
+    other = objects(4, shape=(2, 4, 128, 128), seed=None)
+    assert load(a, ks, other) == [] and not any(map(any, map(raw, other)))
+    dst0 = objects(4, seed=None)  # two chunks remembered, two not
+    assert load(a, ks, dst0) == [0, 1, 2, 3] and [raw(o) for o in dst0] == [raw(o) for o in src]
+    assert lookup(a, ks) == [0, 1, 2, 3]
+    a.delete(ks[:2])
+    dst = objects(4, seed=None)
+    assert load(a, ks, dst) == [2, 3]
+    assert not any(raw(dst[0])) and not any(raw(dst[1])) and [raw(o) for o in dst[2:]] == [raw(o) for o in src[2:]]
+    new = objects(2, seed=82)
+    assert store(a, ks[:2], new).is_successful()
+    assert lookup(a, ks) == [0, 1, 2, 3]
+    dst2 = objects(4, seed=None)
+    assert load(a, ks, dst2) == [0, 1, 2, 3]
+    assert [raw(o) for o in dst2] == [raw(o) for o in new + src[2:]]
+    a._reg.max_idle = 0  # every namespace closes once no job or lookup pins it
+    assert lookup(a, ks) == [0, 1, 2, 3] and a._reg.evicted >= 1 and space.closed
+    dst3 = objects(4, seed=None)
+    assert load(a, ks, dst3) == [0, 1, 2, 3]
+    assert [raw(o) for o in dst3] == [raw(o) for o in new + src[2:]]
+    free(src + other + dst0 + dst + new + dst2 + dst3)
 
 
 def test_store_keys_find_all_or_none() -> None:
@@ -588,3 +639,47 @@ def test_a_tasks_python_calls_do_not_grow_with_its_keys(adapters: Any, tmp_path:
         counts.append(_calls_per_task(a, keys(n, seed=seed), src, dst))
         free(src + dst)
     assert counts[0] == counts[1], counts
+
+
+def test_concurrent_stores_tell_lmcache_each_chunk_under_its_own_key(adapters: Any, tmp_path: Path) -> None:
+    """Stores of two ranks with the same chunk hashes, submitted from three
+    threads while a fourth collects, their keys and block keys dropped as
+    soon as their results are in (so ``id()`` values are reused): every key
+    LMCache is told was stored is a key of that chunk and rank (the adapter
+    finds a store's keys by its block keys' ``id()``), each exactly once,
+    and nothing is left behind."""
+    import threading
+    import time
+    from collections import Counter
+
+    a = adapters(tmp_path, L1MemoryDesc(ARENA.data_ptr(), ARENA.numel(), 1))
+    src = objects(4, seed=91)
+    want: Counter[tuple[bytes, int]] = Counter()
+    ids: list[int] = []
+    lock = threading.Lock()
+
+    def submit(t: int) -> None:
+        for r in range(12):
+            rank = (R0, R1)[r % 2]
+            ks = [ObjectKey(bytes([t, r // 2, i]) * 8, "org/model", rank) for i in range(4)]
+            tid = a.submit_store_task(ks, src)
+            with lock:
+                want.update((k.chunk_hash, k.kv_rank) for k in ks)
+                ids.append(tid)
+            del ks
+
+    threads = [threading.Thread(target=submit, args=(t,)) for t in range(3)]
+    for th in threads:
+        th.start()
+    done: dict[int, Any] = {}
+    deadline = time.monotonic() + 60
+    while (any(th.is_alive() for th in threads) or len(done) < len(ids)) and time.monotonic() < deadline:
+        done.update(a.pop_completed_store_tasks())
+        time.sleep(0.002)
+    for th in threads:
+        th.join()
+    assert sorted(done) == sorted(ids) and all(r.is_successful() for r in done.values())
+    told = Counter((k.chunk_hash, k.kv_rank) for k in a.listener.stored)
+    assert told == want and sum(want.values()) == 3 * 12 * 4
+    assert len(a._store_keys) == 0
+    free(src)

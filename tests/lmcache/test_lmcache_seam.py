@@ -285,3 +285,49 @@ def test_without_lmcache_the_adapter_says_what_is_missing(tmp_path: Path) -> Non
 
     with pytest.raises(LmcacheUnavailableError, match="needs LMCache .*not installed"):
         FstierL2Adapter({"root_dir": str(tmp_path)})
+
+
+def test_lent_views_are_moved_whole_and_nothing_around_them(tmp_path: Path) -> None:
+    # A job of whole lent slots hands the engine the lent views themselves (LentSlots.payload_views, no
+    # second slice). Views one byte short or long are not lent, even as slices of one plain arena view
+    # (plain=True), so nothing is lent that the engine could move past; a view of another format is cast.
+    # A store reads, and a load writes, exactly each lent view: the guard bytes between them never move.
+    sig = Signals()
+    tier, slots = _tier(tmp_path, sig)
+    size, gap = slots.slot_bytes, 4096 + 13
+    arena = bytearray(gap + 6 * (size + gap))
+    arena[:] = b"\x5a" * len(arena)
+    view = memoryview(arena)
+    at = [gap + i * (size + gap) for i in range(6)]
+    try:
+        assert slots.lend([view[at[0] : at[0] + size - 1]], plain=True) is None
+        assert slots.lend([view[at[0] : at[0] + size + 1]], plain=True) is None
+        assert slots.lend([view[at[0] : at[0] + size], view[at[1] : at[1] + size + 1]], plain=True) is None
+        assert slots.lent == 0
+        src = [view[a : a + size] for a in at[:3]]
+        for i, v in enumerate(src):
+            v[:] = bytes((i * 31 + j) % 253 for j in range(size))
+        keys = [BlockKey(bytes([i + 9]) * 32) for i in range(3)]
+        ids = slots.lend(src, plain=True)
+        assert ids is not None
+        before = bytes(arena)
+        tier.submit_store("s", keys, ids)
+        sig.wait("store")
+        assert [r.success for r in tier.get_finished()] == [True] and bytes(arena) == before
+        slots.release(ids)
+        dst = [view[at[3] : at[3] + size], np.frombuffer(view[at[4] : at[4] + size], dtype=np.float16).data]
+        ids = slots.lend([*dst, view[at[5] : at[5] + size]])
+        assert ids is not None
+        tier.submit_load("l", [*keys[:2], keys[2]], ids)
+        sig.wait("load")
+        (res,) = tier.get_finished()
+        assert res.success and res.keys_completed == 3
+        for i in range(3):
+            assert arena[at[3 + i] : at[3 + i] + size] == arena[at[i] : at[i] + size]
+        outside = bytearray(arena)
+        for a in at[3:]:
+            outside[a : a + size] = before[a : a + size]
+        assert bytes(outside) == before
+        slots.release(ids)
+    finally:
+        tier.close()

@@ -262,16 +262,19 @@ class NativeEngine:
         replace = job.replace if job.replace is not None and any(job.replace) else None
         timeout = -1.0 if job.timeout_s is None else job.timeout_s
         _, _, _, kind, base, digest, pages, flags, mode, alignment, fd = fixed
-        tag = next(self._tags)
+        hashes, groups = list(map(_HASH, job.keys)), list(map(_GROUP, job.keys))
+        tag, now, threads = next(self._tags), time.time_ns(), max(1, n // MIN_KEYS_PER_THREAD)
         with self.lock:
             self._check_open(reg, job)
             reg.active += 1
             self._jobs[tag] = job
-            try:  # under this lock: C dups the notify fd (-1: none) before unregister can close it
-                self._ext.engine_submit(self._cap, tag, kind, base, None, list(map(_HASH, job.keys)),
-                                        list(map(_GROUP, job.keys)), bufs, replace, digest, pages, flags, mode,
-                                        time.time_ns(), alignment, timeout, max(1, n // MIN_KEYS_PER_THREAD), fd)
-            except BaseException:
+            # Under this lock: C dups the notify fd (-1: none) before unregister can close it. The C call alone
+            # in the try: an Exception is C refusing the job (never taken); an interrupt (not an Exception) can
+            # only land once C returned, so C has the job and its completion must find it here.
+            try:
+                self._ext.engine_submit(self._cap, tag, kind, base, None, hashes, groups, bufs, replace, digest, pages,
+                                        flags, mode, now, alignment, timeout, threads, fd)
+            except Exception:
                 self._jobs.pop(tag, None)
                 reg.active -= 1
                 raise

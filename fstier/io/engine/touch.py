@@ -49,16 +49,15 @@ def submit(engine: NativeEngine, reg: Registration, job: EngineJob) -> None:
     job.bounds, job.helpers = (0, 1), 0
     job.results = []
     job.remaining = 1
-    tag = TAGS | next(engine._tags)
+    tag, base_b = TAGS | next(engine._tags), os.fsencode(base)
+    timeout = -1.0 if job.timeout_s is None else float(job.timeout_s)
     with engine.lock:
         engine._check_open(reg, job)
         reg.active += 1
         engine._jobs[tag] = job
-        try:
-            engine._ext.engine_touch(
-                engine._cap, tag, os.fsencode(base), rels, -1.0 if job.timeout_s is None else float(job.timeout_s)
-            )
-        except BaseException:
+        try:  # the C call alone: an Exception is C refusing it; an interrupt lands once C took the job
+            engine._ext.engine_touch(engine._cap, tag, base_b, rels, timeout)
+        except Exception:
             engine._jobs.pop(tag, None)
             reg.active -= 1
             raise
