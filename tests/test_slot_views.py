@@ -139,11 +139,12 @@ def test_payload_views_answer_as_slot_view_cut_does(provider: Any, slots: list[A
 
 
 @pytest.mark.parametrize("slots", ORDERS)
-def test_checked_payload_views_are_the_payload_views_of_checked_slots(provider: Any, slots: list[int]) -> None:
-    """A provider's ``payload_views_checked`` (the slicing alone, for a job FsTier checked) gives
-    the views ``payload_views`` gives for plain slots in range and payloads of at most a slot."""
-    if not hasattr(provider, "payload_views_checked"):
-        pytest.skip("this provider has no payload_views_checked")
+def test_checked_payload_views_are_the_payload_views_of_checked_slots(slots: list[int]) -> None:
+    """``RowSlots.payload_views_checked`` (the slicing alone, for a job FsTier checked; the one provider
+    that has it) gives the views ``payload_views`` gives for plain slots in range and payloads of at
+    most a slot."""
+    keep: list[Any] = []
+    provider = _rows(NUM, keep)
     nbytes = [1 + (7 * i) % provider.slot_bytes for i in range(len(slots))]
     got = provider.payload_views_checked(slots, nbytes)
     assert _answer(lambda: got) == _answer(lambda: payload_views(provider, slots, nbytes))
