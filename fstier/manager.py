@@ -262,12 +262,13 @@ class FsTier:
                 (self._on_finished or self._engine.notify)(kind)
                 return
             job = self._inflight[job_id] = self._maker.job(job_id, kind, keys_t, slots_t, op_bytes, context)
-        try:
+        try:  # whatever is raised: given back (out of flight, admission back) only if the engine never took it
             self._engine.submit(job)
-        except Exception:  # it never ran: out of flight, its admission given back, and the error raised
-            with self._lock:
-                del self._inflight[job_id]
-            self._admission.give_back(kind, file_bytes)
+        except BaseException:  # taken (job.accepted): it completes and is published as any other job
+            if not job.accepted:
+                with self._lock:
+                    del self._inflight[job_id]
+                self._admission.give_back(kind, file_bytes)
             raise
 
     def touch(self, keys: Sequence[BlockKey]) -> None:

@@ -815,6 +815,17 @@ static PyObject *py_engine_names(PyObject *self, PyObject *args) {
     return ce_names(hashes, groups);
 }
 
+/* Mark the caller's job record taken: its "accepted" attribute set True just
+ * before the engine's lock is taken, set back to False where the job is then
+ * refused (engine shut down). No Python line runs between this write and the
+ * take, so an interrupt or a signal handler's exception in the caller, which
+ * lands only at a bytecode boundary, finds the record marked exactly when the
+ * engine has the job (the tier gives a job back only when it is not). The
+ * write back to False replaces an existing key and cannot fail. */
+static int ce_mark(PyObject *job, PyObject *value) {
+    return job == NULL || job == Py_None ? 0 : PyObject_SetAttrString(job, "accepted", value);
+}
+
 static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *cap, *rels, *hashes, *groups, *bufs, *replace;
@@ -826,9 +837,10 @@ static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
     double timeout_s;
     Py_ssize_t spread = 0;
     int notify_fd = -1;
-    if (!PyArg_ParseTuple(args, "OKiyOOOOOy*KiiKnd|ni", &cap, &tag, &kind, &base, &rels, &hashes, &groups,
+    PyObject *record = NULL; /* the caller's job record: marked accepted when taken (ce_mark) */
+    if (!PyArg_ParseTuple(args, "OKiyOOOOOy*KiiKnd|niO", &cap, &tag, &kind, &base, &rels, &hashes, &groups,
                           &bufs, &replace, &digest, &pages, &flags, &mode, &created_ns, &alignment,
-                          &timeout_s, &spread, &notify_fd))
+                          &timeout_s, &spread, &notify_fd, &record))
         return NULL;
     ce_engine *e = ce_get(cap);
     ce_job *j = NULL;
@@ -906,10 +918,12 @@ static PyObject *py_engine_submit(PyObject *self, PyObject *args) {
     atomic_init(&j->no_tmpfile, 0);
     atomic_init(&j->lazy, 0);
     j->t_submit = ce_real_now();
+    if (ce_mark(record, Py_True) < 0) goto fail;
     int signal = 0;
     pthread_mutex_lock(&e->mu);
     if (e->closed) {
         pthread_mutex_unlock(&e->mu);
+        ce_mark(record, Py_False);
         PyErr_SetString(PyExc_RuntimeError, "the native engine is shut down; cannot submit");
         ce_job_free(j);
         Py_XDECREF(named);
@@ -1250,7 +1264,8 @@ static PyObject *py_engine_touch(PyObject *self, PyObject *args) {
     unsigned long long tag;
     const char *base;
     double timeout_s;
-    if (!PyArg_ParseTuple(args, "OKyOd", &cap, &tag, &base, &rels, &timeout_s)) return NULL;
+    PyObject *record = NULL; /* the caller's job record: marked accepted when taken (ce_mark) */
+    if (!PyArg_ParseTuple(args, "OKyOd|O", &cap, &tag, &base, &rels, &timeout_s, &record)) return NULL;
     ce_engine *e = ce_get(cap);
     if (!e) return NULL;
     /* the caller's list may change while the job runs (the items point into
@@ -1283,10 +1298,15 @@ static PyObject *py_engine_touch(PyObject *self, PyObject *args) {
     j->spread = 1;
     atomic_init(&j->no_tmpfile, 0);
     j->t_submit = ce_real_now();
+    if (ce_mark(record, Py_True) < 0) {
+        ce_job_free(j);
+        return NULL;
+    }
     int signal = 0;
     pthread_mutex_lock(&e->mu);
     if (e->closed) {
         pthread_mutex_unlock(&e->mu);
+        ce_mark(record, Py_False);
         ce_job_free(j);
         PyErr_SetString(PyExc_RuntimeError, "the native engine is shut down; cannot submit");
         return NULL;
@@ -1358,9 +1378,10 @@ static PyObject *py_engine_namespace(PyObject *self, PyObject *args) {
      "engine_new(read_threads, write_threads) -> engine: persistent C workers and a watchdog"},               \
     {"engine_submit", py_engine_submit, METH_VARARGS,                                                         \
      "engine_submit(engine, tag, kind, base, rels, hashes, groups, buffers, replace, digest, pages, flags, "  \
-     "mode, created_ns, alignment, timeout_s, spread=0, notify_fd=-1): queue one job (kind 0 load, 1 store; "  \
-     "timeout_s < 0: none; spread: at most this many workers in it at once, 0: any; notify_fd: an eventfd "  \
-     "written at its events instead of the engine's, dup'ed; rels None: the codec's names, formatted in C)"},  \
+     "mode, created_ns, alignment, timeout_s, spread=0, notify_fd=-1, record=None): queue one job (kind 0 "  \
+     "load, 1 store; timeout_s < 0: none; spread: at most this many workers in it at once, 0: any; notify_fd: "\
+     "an eventfd written at its events instead of the engine's, dup'ed; rels None: the codec's names, "       \
+     "formatted in C; record: its .accepted set True as the engine takes the job)"},                         \
     {"engine_names", py_engine_names, METH_VARARGS,                                                           \
      "engine_names(hashes, groups) -> [bytes]: file_mapper.encode's names, formatted in C"},                  \
     {"engine_collect", py_engine_collect, METH_O,                                                             \
@@ -1371,7 +1392,7 @@ static PyObject *py_engine_namespace(PyObject *self, PyObject *args) {
      "engine_cancel(engine, tag) -> bool: cancel a queued job's keys not started"},                           \
     {"engine_fd", py_engine_fd, METH_O, "engine_fd(engine) -> its eventfd"},                                  \
     {"engine_touch", py_engine_touch, METH_VARARGS,                                                           \
-     "engine_touch(engine, tag, base, rels, timeout_s): queue a touch job (mtimes to now; the recency flush)"}, \
+     "engine_touch(engine, tag, base, rels, timeout_s, record=None): queue a touch job (mtimes to now)"}, \
     {"engine_namespace", py_engine_namespace, METH_VARARGS,                                                   \
      "engine_namespace(engine, base, root, ns, rest, manifest_name, manifest) -> bool: what a store whose "    \
      "directories were removed under it makes again (True: registered, False: held already)"},                \

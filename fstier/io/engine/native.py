@@ -266,17 +266,18 @@ class NativeEngine:
         tag, now, threads = next(self._tags), time.time_ns(), max(1, n // MIN_KEYS_PER_THREAD)
         with self.lock:
             self._check_open(reg, job)
-            reg.active += 1
-            self._jobs[tag] = job
-            # Under this lock: C dups the notify fd (-1: none) before unregister can close it. The C call alone
-            # in the try: an Exception is C refusing the job (never taken); an interrupt (not an Exception) can
-            # only land once C returned, so C has the job and its completion must find it here.
+            # Under this lock: C dups the notify fd (-1: none) before unregister can close it. C marks
+            # job.accepted as it takes the job (no bytecode between), so whatever is raised here (C refusing
+            # it, an interrupt, a signal handler's Exception) rolls back only a job C does not have.
             try:
+                reg.active += 1
+                self._jobs[tag] = job
                 self._ext.engine_submit(self._cap, tag, kind, base, None, hashes, groups, bufs, replace, digest, pages,
-                                        flags, mode, now, alignment, timeout, threads, fd)
-            except Exception:
-                self._jobs.pop(tag, None)
-                reg.active -= 1
+                                        flags, mode, now, alignment, timeout, threads, fd, job)
+            except BaseException:
+                if not job.accepted:
+                    self._jobs.pop(tag, None)
+                    reg.active -= 1
                 raise
 
     def _submit_checked(self, reg: Registration, job: EngineJob) -> None:

@@ -365,15 +365,30 @@ class PythonEngine:
         with self.lock:
             if self._closed or reg.closed:
                 raise IOPoolClosedError(f"the I/O engine is shut down; cannot submit job {job.tag!r}")
-            reg.active += 1
-            self._queues[queue].append(job)
-            self._queued[queue] += units
-            if job.timeout_s is not None:
-                self._idle_wait = job.timeout_s
-                heapq.heappush(self._deadlines, (job.deadline, next(self._seq), job))
-                if job.deadline < self._watch_at:
-                    self._tick.notify()
-            self._work.notify(units)
+            try:  # the append last, the take: no thread sees the job before this lock is released
+                reg.active += 1
+                self._queued[queue] += units
+                if job.timeout_s is not None:
+                    self._idle_wait = job.timeout_s
+                    heapq.heappush(self._deadlines, (job.deadline, next(self._seq), job))
+                    if job.deadline < self._watch_at:
+                        self._tick.notify()
+                self._work.notify(units)
+                self._queues[queue].append(job)
+                job.accepted = True
+            except BaseException:  # an interrupt: taken or not by whether the job is queued (no thread took it)
+                self._interrupted_locked(reg, job, queue, units)
+                raise
+
+    def _interrupted_locked(self, reg: Registration, job: EngineJob, queue: str, units: int) -> None:
+        """A submit of ``job`` interrupted under the lock: taken (``accepted``) when it is in its queue, else
+        its counts given back and the job marked done (the watchdog drops its deadline)."""
+        if job.accepted or any(q is job for q in self._queues[queue]):
+            job.accepted = True
+            return
+        reg.active -= 1
+        self._queued[queue] -= units
+        job.done = True
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Cancel queued units, let running ones finish, join the threads

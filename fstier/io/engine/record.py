@@ -160,6 +160,10 @@ class EngineJob:
     #: units running past the deadline that have not returned yet
     late: int = 0
     released: bool = False
+    #: set True by the engine at the exact point it takes the job (in C by the call that queues it, or right
+    #: after the Python engine's queue append): a submit interrupted before it gives the job back, one after it
+    #: leaves the job to complete and be published (``FsTier`` and the engines roll back only when False)
+    accepted: bool = False
     #: the registration that collects it (set by ``submit``)
     owner: Any = None
 

@@ -53,13 +53,14 @@ def submit(engine: NativeEngine, reg: Registration, job: EngineJob) -> None:
     timeout = -1.0 if job.timeout_s is None else float(job.timeout_s)
     with engine.lock:
         engine._check_open(reg, job)
-        reg.active += 1
-        engine._jobs[tag] = job
-        try:  # the C call alone: an Exception is C refusing it; an interrupt lands once C took the job
-            engine._ext.engine_touch(engine._cap, tag, base_b, rels, timeout)
-        except Exception:
-            engine._jobs.pop(tag, None)
-            reg.active -= 1
+        try:  # C marks job.accepted as it takes the job: only a job C does not have is rolled back
+            reg.active += 1
+            engine._jobs[tag] = job
+            engine._ext.engine_touch(engine._cap, tag, base_b, rels, timeout, job)
+        except BaseException:
+            if not job.accepted:
+                engine._jobs.pop(tag, None)
+                reg.active -= 1
             raise
 
 

@@ -1,0 +1,132 @@
+"""A submit is taken by the engine or given back whole, whatever interrupts it.
+
+An interrupt (KeyboardInterrupt) or a signal handler's exception (here TimeoutError, as SIGALRM raising it) is
+injected at each point of a store's submit, before and after the engine takes the job, on the engine this run
+uses (the C engine; FSTIER_ENGINE=python and FSTIER_NATIVE=0: the Python engine). Before the take the job is
+given back: nothing in flight, the write budget and the root's usage count as before, the job id free again.
+After it the exception still reaches the caller and the job completes: its result published once, its files
+on disk and counted once, nothing logged as an error."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from manager_support import fill, keys, load, open_tier, store
+
+from fstier.manager import FsTier
+
+C_POINTS = ("args", "c_before", "c_after")  # building the C call's arguments; the C call, not run / returned
+PY_POINTS = ("queue_before", "queue_after")  # the Python engine's bookkeeping before its queue append; after it
+AFTER = {"c_after", "queue_after"}
+
+
+def _engine(tier: FsTier) -> Any:
+    return tier._engine.engine  # type: ignore[attr-defined]
+
+
+def _is_c(tier: FsTier) -> bool:
+    return type(_engine(tier)).__name__ == "NativeEngine" and tier.io_path.backend == "native"
+
+
+@contextmanager
+def _raise_once(tier: FsTier, point: str, exc: type[BaseException]) -> Iterator[list[str]]:
+    """Raise ``exc`` once at ``point`` of the next submit; yields the points that raised."""
+    engine, hit = _engine(tier), []
+
+    def once(real: Callable[..., Any], before: bool) -> Callable[..., Any]:
+        def call(*a: Any, **k: Any) -> Any:
+            if hit:
+                return real(*a, **k)
+            hit.append(point)
+            if before:
+                raise exc("injected")
+            real(*a, **k)
+            raise exc("injected")
+        return call
+
+    if point == "args":
+        buffers = tier._maker._fixed["buffers"]
+        real_views = buffers.views
+        buffers.views = once(real_views, True)
+        try:
+            yield hit
+        finally:
+            buffers.views = real_views
+    elif point in ("c_before", "c_after"):
+        real_ext = engine._ext
+
+        class Ext:
+            engine_submit = staticmethod(once(real_ext.engine_submit, point == "c_before"))
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real_ext, name)
+
+        engine._ext = Ext()
+        try:
+            yield hit
+        finally:
+            engine._ext = real_ext
+    elif point == "queue_before":
+        work = engine._work
+        work.notify = once(work.notify, True)
+        try:
+            yield hit
+        finally:
+            del work.notify
+    else:
+        q = engine._queues["write"]
+
+        class Queue(deque):  # type: ignore[type-arg]
+            append = once(deque.append, False)
+
+        engine._queues["write"] = Queue(q)
+        yield hit
+
+
+def _usage(tier: FsTier) -> int:
+    deadline = time.monotonic() + 10
+    while tier.usage_bytes is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tier.usage_bytes is not None
+    return tier.usage_bytes
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, TimeoutError])
+@pytest.mark.parametrize("point", C_POINTS + PY_POINTS)
+def test_an_interrupted_store_is_given_back_whole_or_completes(
+    tmp_path: Path, point: str, exc: type[BaseException], caplog: pytest.LogCaptureFixture
+) -> None:
+    with open_tier(tmp_path / "root", max_bytes=64 << 20) as tier:
+        if (point in C_POINTS) != _is_c(tier):
+            pytest.skip(f"{point}: a point of the {'C' if point in C_POINTS else 'Python'} engine's submit")
+        assert store(tier, "warm", keys(0, 2)).success  # the C engine's fixed arguments cached: one C call
+        before = _usage(tier)
+        ks = keys(4, 2)
+        fill(tier, ks, [2, 3])
+        with caplog.at_level(logging.ERROR, logger="fstier"):
+            with _raise_once(tier, point, exc) as hit, pytest.raises(exc, match="injected"):
+                tier.submit_store("J", ks, [2, 3])
+            assert hit == [point]
+            assert tier.drain(5)
+            results = tier.get_finished()
+            assert not tier.has_pending()
+            assert tier.metrics.snapshot()["fstier_queued_store_bytes"] == 0
+            on_disk = [k for k in ks if os.path.isfile(tier.blocks.path(k))]
+            if point in AFTER:  # taken: it completed, published once, its files counted once
+                assert [(r.job_id, r.success, r.keys_completed) for r in results] == [("J", True, 2)]
+                assert on_disk == ks
+                assert tier.usage_bytes == before + sum(os.path.getsize(tier.blocks.path(k)) for k in ks)
+                assert load(tier, "L", ks).success
+            else:  # given back: nothing of it left, the id free again
+                assert results == [] and on_disk == []
+                assert tier.usage_bytes == before
+                assert store(tier, "J", ks, [2, 3]).success
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
