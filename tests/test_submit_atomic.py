@@ -130,3 +130,48 @@ def test_an_interrupted_store_is_given_back_whole_or_completes(
                 assert tier.usage_bytes == before
                 assert store(tier, "J", ks, [2, 3]).success
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+@pytest.mark.parametrize(("before", "exc"), [(True, KeyboardInterrupt), (False, TimeoutError)])
+def test_an_interrupted_recency_flush_is_given_back_whole_or_completes(
+    tmp_path: Path, before: bool, exc: type[BaseException], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The recency flush's C touch job follows the same rule: not taken, the engine keeps no trace of it (no tag,
+    # the registration idle); taken, C touches the files and its completion finds the job (no error logged).
+    with open_tier(tmp_path / "root") as tier:
+        if not _is_c(tier):
+            pytest.skip("the C engine's touch job (FSTIER_ENGINE=python or native I/O off runs another)")
+        engine = _engine(tier)
+        assert store(tier, "s", keys(0, 2)).success
+        path = tier.blocks.path(keys(0, 1)[0])
+        os.utime(path, (1_000_000, 1_000_000))
+        real_ext, hit = engine._ext, []
+
+        class Ext:
+            @staticmethod
+            def engine_touch(*a: Any) -> None:
+                hit.append(a[1])
+                if not before:
+                    real_ext.engine_touch(*a)
+                raise exc("injected")
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real_ext, name)
+
+        engine._ext = Ext()
+        try:
+            with caplog.at_level(logging.ERROR, logger="fstier"), pytest.raises(exc, match="injected"):
+                tier._recency._submit_flush([path])
+        finally:
+            engine._ext = real_ext
+        assert len(hit) == 1
+        with caplog.at_level(logging.ERROR, logger="fstier"):
+            deadline = time.monotonic() + 10
+            while not before and os.stat(path).st_mtime == 1_000_000 and time.monotonic() < deadline:
+                time.sleep(0.01)  # C touched the file: its completion is due
+            assert tier._engine.wait_idle(5)  # type: ignore[attr-defined]
+            assert tier.drain(5)
+            engine._pump_all()
+        assert (os.stat(path).st_mtime == 1_000_000) is before
+        assert not engine._jobs and not tier.has_pending() and tier._engine.active == 0  # type: ignore[attr-defined]
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
