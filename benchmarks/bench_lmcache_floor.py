@@ -109,8 +109,9 @@ class Floor:
         os.close(self.efd)
 
 
-#: positions in NativeEngine.submit's engine_submit call: the flag bits and, last, the notify fd
-_FLAGS, _NOTIFY = 11, -1
+#: positions in NativeEngine.submit's engine_submit call: the flag bits, the notify fd and, last, the job's
+#: record (C marks it accepted; the floor replays the call without one)
+_FLAGS, _NOTIFY, _RECORD = 11, 17, 18
 
 
 class EngineFloor:
@@ -120,7 +121,8 @@ class EngineFloor:
     from submit to collect, so its completion thread cannot take the event."""
 
     def __init__(self, engine: Any, args: tuple[Any, ...]) -> None:
-        self.engine, self.args = engine, list(args)
+        assert len(args) == _RECORD + 1, "NativeEngine's engine_submit call changed: update _FLAGS/_NOTIFY/_RECORD"
+        self.engine, self.args = engine, list(args[:_RECORD])
         self.efd = os.eventfd(0, os.EFD_CLOEXEC)
         self.args[_NOTIFY] = self.efd
         flags = args[_FLAGS]
