@@ -132,7 +132,9 @@ def test_an_interrupted_store_is_given_back_whole_or_completes(
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
-@pytest.mark.parametrize(("before", "exc"), [(True, KeyboardInterrupt), (False, TimeoutError)])
+@pytest.mark.parametrize(
+    ("before", "exc"), [(True, KeyboardInterrupt), (False, KeyboardInterrupt), (False, TimeoutError)]
+)
 def test_an_interrupted_recency_flush_is_given_back_whole_or_completes(
     tmp_path: Path, before: bool, exc: type[BaseException], caplog: pytest.LogCaptureFixture
 ) -> None:
