@@ -480,13 +480,21 @@ class L1Arena:
     ``get_size()`` bytes from it, exactly ``byte_array``'s bytes, without
     the ctypes array type and cast ``byte_array`` builds per call. Building
     the view touches no memory; only the slices lent to a job are read or
-    written."""
+    written. The slices cut are kept, by size and offset (LMCache reuses
+    its L1 blocks, so a task's objects mostly lie where earlier ones lay):
+    a slice is a function of its offset and size alone, so a kept one is
+    always the right bytes; at most :attr:`KEPT` per size and 8 sizes
+    (~200 bytes a slice; the arena's view they reference is kept anyway),
+    all of a size dropped past it."""
+
+    KEPT = 8192
 
     def __init__(self, base: int, view: memoryview | None) -> None:
         self._base = base
         self._view = view
         #: the view is plain writable bytes, and so is every slice of it
         self._plain = view is not None and _VIEW_FORM(view) in _PLAIN_VIEW
+        self._kept: dict[int, dict[int, memoryview]] = {}  # size -> offset -> slice
 
     @classmethod
     def of(cls, desc: Any) -> L1Arena:
@@ -513,11 +521,24 @@ class L1Arena:
         """``size`` bytes of the arena's view at each object's ``data_ptr``,
         or None unless every one of them (at least one) is in the arena."""
         view = self._view
-        if view is not None and objs:
-            offs = list(map(sub, map(_DATA_PTR, objs), repeat(self._base)))
-            if min(offs) >= 0 and max(offs) + size <= len(view):
-                return list(map(view.__getitem__, map(slice, offs, map(add, offs, repeat(size)))))
-        return None
+        if view is None or not objs:
+            return None
+        offs = list(map(sub, map(_DATA_PTR, objs), repeat(self._base)))
+        kept = self._kept.get(size)
+        if kept is not None:
+            found = list(map(kept.get, offs))
+            if all(found):  # a slice of size > 0 is truthy; a miss is None
+                return found  # type: ignore[return-value]
+        if not (min(offs) >= 0 and max(offs) + size <= len(view)):
+            return None
+        views = list(map(view.__getitem__, map(slice, offs, map(add, offs, repeat(size)))))
+        if kept is None or len(kept) + len(views) > self.KEPT:
+            if kept is None and len(self._kept) >= 8:  # sizes: one per layout in use
+                self._kept.clear()
+            kept = self._kept[size] = {}
+        if len(views) <= self.KEPT:
+            kept.update(zip(offs, views, strict=True))
+        return views
 
     def lend(self, slots: LentSlots, objs: Sequence[Any]) -> list[int] | None:
         """``slots.lend(self.views_of(objs, slots.slot_bytes))``: when every

@@ -490,6 +490,35 @@ def test_views_of_are_the_objects_bytes_in_and_outside_the_arena() -> None:
     free(inside)
 
 
+def test_kept_slices_are_the_objects_bytes_of_their_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The arena keeps the slices it cut (by size and offset): a task of
+    objects where earlier ones lay gets the same slice objects back, an
+    object allocated anew at a kept offset its own bytes, another size its
+    own slices, and past the bound (:attr:`L1Arena.KEPT`) slices are cut
+    again, never a wrong one."""
+    arena = L1Arena.of(L1MemoryDesc(ARENA.data_ptr(), ARENA.numel(), 1))
+    objs = objects(4, seed=60)
+    size = objs[0].get_size()
+    first = arena.views_of(objs, size)
+    again = arena.views_of(objs, size)
+    assert all(a is b for a, b in zip(first, again, strict=True))  # kept, not cut again
+    half = arena.views_of(objs, size // 2)  # the same offsets, another size: its own slices
+    assert [len(v) for v in half] == [size // 2] * 4 and [bytes(v) for v in half] == [raw(o)[: size // 2] for o in objs]
+    free(objs)
+    anew = objects(4, seed=61)  # LMCache's allocator hands the same blocks out again
+    assert [bytes(v) for v in arena.views_of(anew, size)] == [raw(o) for o in anew]
+    monkeypatch.setattr(L1Arena, "KEPT", 2)
+    more = objects(3, seed=62)
+    for batch in (more, more[:2], more, anew[:1], more):
+        assert [bytes(v) for v in arena.views_of(batch, size)] == [raw(o) for o in batch]
+        assert len(arena._kept[size]) <= 2
+    for n in range(1, 12):  # more sizes than are kept
+        assert [bytes(v) for v in arena.views_of(more[:1], n)] == [raw(more[0])[:n]]
+    assert len(arena._kept) <= 8
+    free(anew)
+    free(more)
+
+
 def test_arena_lend_is_lend_of_views_of() -> None:
     """``L1Arena.lend`` (arena slices lent without a per-view form check)
     lends what ``LentSlots.lend(views_of(...))`` lends, in and outside the
