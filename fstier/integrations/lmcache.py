@@ -294,7 +294,7 @@ else:
             (test_lmcache_adapter.py::
             test_a_task_of_mixed_layouts_and_ranks_splits_by_namespace); a
             uniform task asks once (:meth:`_task_space`)."""
-            meta = obj.metadata
+            meta = obj.meta  # not the ``metadata`` property (its lock): see lmcache_space's _META
             shapes, dtypes = meta.shapes, meta.dtypes
             sig = (
                 key.model_name, key.kv_rank, key.cache_salt, hash_form(len(key.chunk_hash)),
@@ -442,8 +442,13 @@ else:
             if task.kind == "store":
                 self._done_store[task.id] = L2StoreResult(not task.failed, task.nbytes)
                 return
-            bits = Bitmap(task.n)
-            bits.batched_set(task.ok)
+            n, ok = task.n, task.ok
+            # positions are distinct (each in one part, once): all n of them is every bit
+            if len(ok) == n:
+                bits = Bitmap(n, n)
+            else:
+                bits = Bitmap(n)
+                bits.batched_set(ok)
             self._done_load[task.id] = bits
             notes.accessed += task.accessed
 
