@@ -33,10 +33,14 @@ C engine the submit is split further: the adapter's Python until it calls
 the tier (``adapter_before_tier``) and the tier's until it calls the
 engine (``tier_before_engine``), both before any C worker starts, and of
 the collect, the tier's ``get_finished`` (``tier_collect``; the rest is
-the adapter's and LMCache's).
+the adapter's and LMCache's). ``--cold`` precedes each traced task with
+what the ratio loop does between two tasks (the destination objects
+zeroed, their last bytes compared: ~3 x 32 chunks through the caches), so
+the Python runs as it does in the ratio rows: from memory, not cache.
 
     DO_NOT_TRACK=1 .venv-lmcache/bin/python benchmarks/bench_lmcache_floor.py --sizes-kib 256,1024,2048
     DO_NOT_TRACK=1 .venv-lmcache/bin/python benchmarks/bench_lmcache_floor.py --sizes-kib 256 --timeline
+    DO_NOT_TRACK=1 .venv-lmcache/bin/python benchmarks/bench_lmcache_floor.py --sizes-kib 256 --timeline --cold
 """
 
 from __future__ import annotations
@@ -291,10 +295,12 @@ def _comm(tid: int) -> str:
         return "(exited)"
 
 
-def timeline(size: int, reps: int, work: Path) -> list[str]:
-    """Where one warm fstier task's time goes (module docstring, ``--timeline``)."""
+def timeline(size: int, reps: int, work: Path, cold: bool = False) -> list[str]:
+    """Where one warm fstier task's time goes (module docstring, ``--timeline``;
+    ``cold``: each task after what the ratio loop does between tasks)."""
     n = 32
     benches, keys, src, dst = _stored(size, work, ("fstier",))
+    want = [bytes(x.byte_array) for x in src["fstier"]]
     b = benches["fstier"]
     a, k, d = b.adapter, keys["fstier"], dst["fstier"]
     efd = a.get_load_event_fd()
@@ -328,6 +334,11 @@ def timeline(size: int, reps: int, work: Path) -> list[str]:
             b._load(k, d)
         before = _switches()
         for _ in range(reps):
+            if cold:  # as run_size between two tasks: the objects zeroed, the last bytes compared
+                for x in d:
+                    x.raw_data.zero_()
+                junk = [bytes(x.byte_array) for x in d] + want
+                del junk
             p0, c0, t0 = time.process_time_ns(), time.thread_time_ns(), time.perf_counter_ns()
             tid = a.submit_load_task(k, d)
             t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
@@ -338,6 +349,8 @@ def timeline(size: int, reps: int, work: Path) -> list[str]:
                 bits = a.query_load_result(tid)
             t3, c3, p3 = time.perf_counter_ns(), time.thread_time_ns(), time.process_time_ns()
             assert bits.popcount() == n, "fstier: not every chunk loaded"
+            if cold and [bytes(x.byte_array) for x in d] != want:
+                raise SystemExit("fstier: loaded bytes differ from what was stored")
             for c, v in zip(cols, (t1 - t0, t2 - t1, t3 - t2, t3 - t0, c1 - c0, c3 - c2, p3 - p0), strict=True):
                 got[c].append(v)
             if "engine" in marks:
@@ -381,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--workdir", default=None, help="directory for the roots (default: the temp dir)")
     p.add_argument("--timeline", action="store_true", help="where one fstier task's time goes (docstring)")
+    p.add_argument("--cold", action="store_true",
+                   help="--timeline: each task after the ratio loop's work between tasks (docstring)")
     a = p.parse_args(argv)
     from fstier.io import native
 
@@ -397,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             work = Path(tmp) / f"{kib}k"
             work.mkdir()
             if a.timeline:
-                rows.append((kib, timeline(kib << 10, a.reps, work)))
+                rows.append((kib, timeline(kib << 10, a.reps, work, a.cold)))
             else:
                 rows.append((kib, run_size(kib << 10, a.reps, work)))
     print(f"engine {', '.join(sorted(ENGINES))}; load average before {before:.2f}, after {os.getloadavg()[0]:.2f} "

@@ -2,8 +2,9 @@
 captures the adapter's own native load call (the C engine's
 ``engine_submit``, or the Python engine's batch call), replays it as the
 floor, and fails on a wrong byte; ``--timeline`` says where a task's time
-goes. Tiny runs keep it from rotting (its figures are in docs/lmcache.md,
-never checked here)."""
+goes (``--cold``: after the ratio loop's work between tasks). Tiny runs
+keep it from rotting (its figures are in docs/lmcache.md, never checked
+here)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 # test_lmcache_adapter skips this module without LMCache (and fails it with
 # FSTIER_REQUIRE_LMCACHE=1) before anything of LMCache is imported here.
@@ -36,13 +39,14 @@ def test_the_floor_benchmark_runs_and_checks_bytes(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())  # its roots are removed
 
 
-def test_the_timeline_names_the_engine_and_the_threads_a_task_wakes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cold", [[], ["--cold"]], ids=["warm", "cold"])
+def test_the_timeline_names_the_engine_and_the_threads_a_task_wakes(tmp_path: Path, cold: list[str]) -> None:
     if os.environ.get("FSTIER_NATIVE") == "0":
         return  # refused as above
     env = {**os.environ, "DO_NOT_TRACK": "1", "PYTHONPATH": str(REPO)}
     run = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "bench_lmcache_floor.py"),
-         "--sizes-kib", "64", "--reps", "3", "--workdir", str(tmp_path), "--timeline"],
+         "--sizes-kib", "64", "--reps", "3", "--workdir", str(tmp_path), "--timeline", *cold],
         capture_output=True, text=True, timeout=300, env=env, check=False,
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
