@@ -31,8 +31,9 @@ file lives in, what it is called, and the memory FsTier moves it through.
   :class:`KeyMemo`: a namespace's block keys its lookups and loads built
   lately, reused by the load that follows a lookup.
 * :class:`L1Arena`: an L1 object's bytes, in place: a slice of one view of
-  LMCache's L1 arena (``L1MemoryDesc``), built once; an object outside the
-  arena (or no arena described) gives its own ``byte_array``.
+  LMCache's L1 arena (``L1MemoryDesc``), built once, its slices kept by
+  size and offset (bounded); an object outside the arena (or no arena
+  described) gives its own ``byte_array``.
 
 Importing this module imports neither LMCache nor torch. Costs: a
 :class:`SpaceId` is built once per namespace the adapter resolves (its
