@@ -37,10 +37,14 @@ the adapter's and LMCache's). ``--cold`` precedes each traced task with
 what the ratio loop does between two tasks (the destination objects
 zeroed, their last bytes compared: ~3 x 32 chunks through the caches), so
 the Python runs as it does in the ratio rows: from memory, not cache.
+``--steps`` prints the caller's CPU per step of a task instead (a
+thread-CPU timer around each of the adapter's steps, the tier's submit and
+collect and LMCache's accounting call), with or without ``--cold``.
 
     DO_NOT_TRACK=1 .venv-lmcache/bin/python benchmarks/bench_lmcache_floor.py --sizes-kib 256,1024,2048
     DO_NOT_TRACK=1 .venv-lmcache/bin/python benchmarks/bench_lmcache_floor.py --sizes-kib 256 --timeline
     DO_NOT_TRACK=1 .venv-lmcache/bin/python benchmarks/bench_lmcache_floor.py --sizes-kib 256 --timeline --cold
+    DO_NOT_TRACK=1 .venv-lmcache/bin/python benchmarks/bench_lmcache_floor.py --sizes-kib 256 --steps --cold
 """
 
 from __future__ import annotations
@@ -334,11 +338,8 @@ def timeline(size: int, reps: int, work: Path, cold: bool = False) -> list[str]:
             b._load(k, d)
         before = _switches()
         for _ in range(reps):
-            if cold:  # as run_size between two tasks: the objects zeroed, the last bytes compared
-                for x in d:
-                    x.raw_data.zero_()
-                junk = [bytes(x.byte_array) for x in d] + want
-                del junk
+            if cold:
+                _between_tasks(d)
             p0, c0, t0 = time.process_time_ns(), time.thread_time_ns(), time.perf_counter_ns()
             tid = a.submit_load_task(k, d)
             t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
@@ -388,6 +389,68 @@ def timeline(size: int, reps: int, work: Path, cold: bool = False) -> list[str]:
     return rows
 
 
+def _between_tasks(dst: list[Any]) -> None:
+    """What the ratio loop does between two tasks: the objects zeroed, their bytes compared."""
+    for x in dst:
+        x.raw_data.zero_()
+    junk = [bytes(x.byte_array) for x in dst] * 2
+    del junk
+
+
+def steps(size: int, reps: int, work: Path, cold: bool = False) -> list[str]:
+    """The caller's CPU per step of a warm fstier task (``--steps``): a
+    thread-CPU timer around each of the adapter's steps and the tier's two
+    calls (the timers add ~1 us each); ``cold`` as for :func:`timeline`."""
+    import fstier.integrations.lmcache as lmc
+
+    n = 32
+    benches, keys, src, dst = _stored(size, work, ("fstier",))
+    b = benches["fstier"]
+    a, k, d = b.adapter, keys["fstier"], dst["fstier"]
+    want = [bytes(x.byte_array) for x in src["fstier"]]
+    (space,) = a._open_spaces()
+    acc: dict[str, int] = {}
+
+    def timed(name: str, fn: Any) -> Any:
+        def run(*args: Any, **kw: Any) -> Any:
+            t = time.thread_time_ns()
+            try:
+                return fn(*args, **kw)
+            finally:
+                acc[name] = acc.get(name, 0) + time.thread_time_ns() - t
+        return run
+
+    real_sig = lmc.one_signature
+    wrapped = [
+        (a, "_resolve", "adapter: _resolve"), (a._reg, "acquire", "adapter: Spaces.acquire"),
+        (space.keys, "block_keys", "adapter: KeyMemo.block_keys"), (a._arena, "lend", "adapter: L1Arena.lend"),
+        (space.tier, "submit_load", "tier: submit_load (the C call in it)"),
+        (space.tier, "get_finished", "tier: get_finished"), (space.slots, "release", "adapter: LentSlots.release"),
+        (a, "_publish", "adapter: _publish"), (a, "_notify_keys_accessed", "LMCache: _notify_keys_accessed"),
+        (a, "submit_load_task", "the caller's submit"), (a, "query_load_result", "the caller's collect"),
+    ]
+    lmc.one_signature = timed("adapter: one_signature", real_sig)  # type: ignore[assignment]
+    for obj, attr, name in wrapped:
+        setattr(obj, attr, timed(name, getattr(obj, attr)))
+    per: dict[str, list[int]] = {}
+    try:
+        for i in range(reps + 5):
+            if cold:
+                _between_tasks(d)
+            acc.clear()
+            _, _, bits = b._load(k, d)
+            assert bits.popcount() == n, "fstier: not every chunk loaded"
+            if cold and [bytes(x.byte_array) for x in d] != want:
+                raise SystemExit("fstier: loaded bytes differ from what was stored")
+            if i >= 5:
+                for name, v in acc.items():
+                    per.setdefault(name, []).append(v)
+    finally:
+        lmc.one_signature = real_sig  # type: ignore[assignment]
+        b.close()
+    return [f"{name}: {statistics.median(v) / 1e3:.1f} us CPU" for name, v in per.items()]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes-kib", default="256,1024,2048")
@@ -395,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", default=None, help="directory for the roots (default: the temp dir)")
     p.add_argument("--timeline", action="store_true", help="where one fstier task's time goes (docstring)")
     p.add_argument("--cold", action="store_true",
-                   help="--timeline: each task after the ratio loop's work between tasks (docstring)")
+                   help="--timeline, --steps: each task after the ratio loop's work between tasks (docstring)")
+    p.add_argument("--steps", action="store_true", help="the caller's CPU per step of a task (docstring)")
     a = p.parse_args(argv)
     from fstier.io import native
 
@@ -411,13 +475,15 @@ def main(argv: list[str] | None = None) -> int:
         for kib in (int(x) for x in a.sizes_kib.split(",")):
             work = Path(tmp) / f"{kib}k"
             work.mkdir()
-            if a.timeline:
+            if a.steps:
+                rows.append((kib, steps(kib << 10, a.reps, work, a.cold)))
+            elif a.timeline:
                 rows.append((kib, timeline(kib << 10, a.reps, work, a.cold)))
             else:
                 rows.append((kib, run_size(kib << 10, a.reps, work)))
     print(f"engine {', '.join(sorted(ENGINES))}; load average before {before:.2f}, after {os.getloadavg()[0]:.2f} "
           f"({os.cpu_count()} CPUs); 32 chunks per task, warm")
-    if a.timeline:
+    if a.timeline or a.steps:
         for kib, lines in rows:
             print(f"{kib} KiB, median per task over {a.reps}:")
             print("\n".join("  " + line for line in lines))

@@ -2,9 +2,9 @@
 captures the adapter's own native load call (the C engine's
 ``engine_submit``, or the Python engine's batch call), replays it as the
 floor, and fails on a wrong byte; ``--timeline`` says where a task's time
-goes (``--cold``: after the ratio loop's work between tasks). Tiny runs
-keep it from rotting (its figures are in docs/lmcache.md, never checked
-here)."""
+goes (``--cold``: after the ratio loop's work between tasks), ``--steps``
+the caller's CPU per step. Tiny runs keep it from rotting (its figures are
+in docs/lmcache.md, never checked here)."""
 
 from __future__ import annotations
 
@@ -59,4 +59,20 @@ def test_the_timeline_names_the_engine_and_the_threads_a_task_wakes(tmp_path: Pa
     if want == "native (C)":  # the submit split at the tier's and the engine's calls, the collect at the tier's
         for part in ("adapter_before_tier", "tier_before_engine", "tier_collect"):
             assert f"  of which {part}: " in run.stdout, run.stdout
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_steps_name_the_adapters_steps_and_the_tiers_calls(tmp_path: Path) -> None:
+    if os.environ.get("FSTIER_NATIVE") == "0":
+        return  # refused as above
+    env = {**os.environ, "DO_NOT_TRACK": "1", "PYTHONPATH": str(REPO)}
+    run = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_lmcache_floor.py"),
+         "--sizes-kib", "64", "--reps", "3", "--workdir", str(tmp_path), "--steps", "--cold"],
+        capture_output=True, text=True, timeout=300, env=env, check=False,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    for step in ("adapter: one_signature", "adapter: L1Arena.lend", "tier: submit_load (the C call in it)",
+                 "tier: get_finished", "adapter: _publish", "the caller's submit", "the caller's collect"):
+        assert f"  {step}: " in run.stdout and " us CPU" in run.stdout, run.stdout
     assert not list(tmp_path.iterdir())
