@@ -166,18 +166,17 @@ class WriteBudget:
     def admit(self, nbytes: int, job: EngineJob) -> bool:
         """Reserve ``nbytes`` if they fit; an idle queue always admits (a job
         bigger than the budget must still be storable). ``job.reserved`` is
-        set to ``nbytes`` right after the reservation (no call, no backward
-        jump between them: no signal handler runs there), so a submit
-        interrupted anywhere gives back exactly what it reserved."""
+        set to ``nbytes`` by the statement that reserves them (no call, no
+        backward jump between the two stores: no signal handler runs there),
+        so a submit interrupted anywhere gives back exactly what it reserved."""
         with self._lock:
-            if self.queued > 0 and self.queued + nbytes > self.max_queue_s * self.speed:
+            queued = self.queued
+            if queued > 0 and queued + nbytes > self.max_queue_s * self.speed:
                 return False
-            if self.queued == 0:
-                self._busy_since = self._clock.monotonic()
-                self._busy_bytes = 0
-            self.queued += nbytes
-            job.reserved = nbytes
-            self._changes += nbytes > 0
+            if queued == 0:
+                self._busy_since, self._busy_bytes = self._clock.monotonic(), 0
+            # ONE statement: the reservation, its mark on the record, the gauge's change count
+            self.queued, job.reserved, self._changes = queued + nbytes, nbytes, self._changes + (nbytes > 0)
             return True
 
     def release(self, reserved: int, written: int) -> None:

@@ -135,10 +135,12 @@ class Submitter:
     def submit(self, job_id: Hashable, kind: Literal["store", "load"], keys: Sequence[BlockKey],
                slots: Sequence[int], context: Any) -> None:
         """Check, admit and hand over one job (see the class docstring); a refused job's result is published
-        at once. Finished jobs are judged first: they may fence a slot, open the breaker or free budget."""
+        at once. A closed tier refuses it (``TierClosedError``); finished jobs are judged first: they may
+        fence a slot, open the breaker or free budget."""
+        if self._tier._closed:
+            self._tier._check_open()
         self._tier._reap()
-        one = self._one
-        if not (one is not None and type(keys) in _PLAIN and type(slots) in _PLAIN and 0 < len(keys) == len(slots)
+        if not (self._one is not None and type(keys) in _PLAIN and type(slots) in _PLAIN and 0 < len(keys) == len(slots)
                 and set(map(type, keys)) == _BK and max(map(_GROUP, keys)) < self._groups
                 and set(map(type, slots)) == _INT and min(slots) >= 0 and max(slots) < self._num_slots
                 and len(set(slots)) == len(slots) and not self._held and self._breaker.healthy
@@ -151,8 +153,9 @@ class Submitter:
             raise ValueError(f"job {job_id!r}: {exc}") from None
         n = len(keys)
         job = _NEW(EngineJob)
-        job.__dict__.update(self._fixed, tag=job_id, kind=kind, keys=tuple(keys), slots=tuple(slots), nbytes=one * n,
-                            replace=self._bad(keys) if kind == "store" else None, context=context, results=[])
+        job.__dict__.update(self._fixed, tag=job_id, kind=kind, keys=tuple(keys), slots=tuple(slots),
+                            nbytes=self._one * n, replace=self._bad(keys) if kind == "store" else None,
+                            context=context, results=[])
         try:  # whatever is raised: given back (out of flight, its reservation) only if the engine never took it
             with self._lock:
                 if job_id in self._inflight:
@@ -163,7 +166,7 @@ class Submitter:
             if not taken:  # a slot fenced or the budget filled meanwhile: the full decision
                 self._hand_over(job, kind, n, self._file_bytes * n, False)
                 return
-            self._engine.submit(job)
+            self._engine.engine.submit(self._engine, job)  # Registration.submit's one line, without its call
         except BaseException:  # taken (job.accepted): it completes and is published as any other job
             if not job.accepted:
                 self._give_back(job)
