@@ -36,7 +36,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.config import FstierConfig, TierConfig, load_config
@@ -225,14 +225,22 @@ class FsTier:
         a job that cannot run (degraded, backpressure, fenced slot) finishes at
         once with ``success=False`` and that cause. ``context`` comes back
         untouched as the result's ``context`` (the caller keeps no job table)."""
-        self._submitter.submit(job_id, "store", keys, slots, context)  # tier/jobs.py: one straight line, common job
+        self._submit(job_id, "store", keys, slots, context)
 
     def submit_load(
         self, job_id: Hashable, keys: Sequence[BlockKey], slots: Sequence[int], *, context: Any = None
     ) -> None:
         """Queue the load of ``keys[i]``'s file into ``slots[i]``. Never blocks
         (``context`` as for :meth:`submit_store`)."""
-        self._submitter.submit(job_id, "load", keys, slots, context)
+        self._submit(job_id, "load", keys, slots, context)
+
+    def _submit(
+        self, job_id: Hashable, kind: Literal["store", "load"], keys: Sequence[BlockKey], slots: Sequence[int],
+        context: Any,
+    ) -> None:
+        """Every job's one way in (tier/jobs.py, :class:`~fstier.tier.jobs.Submitter`: one straight line for
+        the common job)."""
+        self._submitter.submit(job_id, kind, keys, slots, context)
 
     def touch(self, keys: Sequence[BlockKey]) -> None:
         """Mark ``keys`` recently used (LRU recency) without a system call

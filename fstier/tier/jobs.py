@@ -105,13 +105,16 @@ class Submitter:
     a store, no ``max_bytes`` and room in the write budget) takes ONE straight-line path: one C-level test,
     the provider's own check of plain slots (``check_plain`` where it has one), the record built by one dict
     update, the budget's reservation and the in-flight entry under the tier's lock, the engine's submit.
-    Anything else takes the general path: :func:`~fstier.tier.checks.check_job`, :func:`payload_sizes`,
-    :meth:`~fstier.tier.admission.Admission.refuse`; both end in the same locked decision and hand-over.
+    Anything else takes the general path (:meth:`_general`: :func:`~fstier.tier.checks.check_job`,
+    :func:`payload_sizes`, :meth:`JobMaker.job`), and so does a common job its lock finds with a slot fenced
+    or the budget full meanwhile: :meth:`_hand_over`, the full decision
+    (:meth:`~fstier.tier.admission.Admission.refuse`).
 
     Atomicity: the record exists before anything is reserved; it enters ``inflight`` and its store bytes are
-    reserved (``WriteBudget.admit`` marks ``job.reserved`` with no bytecode between) inside one ``try``;
-    whatever is raised before the engine set ``job.accepted`` takes it out of flight and gives back exactly
-    what it reserved (test_submit_atomic.py)."""
+    reserved (``WriteBudget.admit`` marks ``job.reserved`` in the statement that reserves them) inside one
+    ``try``; whatever is raised before the engine set ``job.accepted`` takes it out of flight and gives back
+    exactly what it reserved (test_submit_atomic.py). Left open: an interrupt inside ``Admission.refuse``
+    between the root's usage reservation (``max_bytes``) and the budget's, which ``Capacity`` owns."""
 
     def __init__(self, tier: FsTier) -> None:
         self._tier, self._lock, self._inflight = tier, tier._lock, tier._inflight
