@@ -47,10 +47,10 @@ from fstier.keys import BlockKey
 from fstier.slots.provider import SlotProvider
 from fstier.tier.admission import Admission, Breaker, WriteBudget
 from fstier.tier.capacity import Capacity
-from fstier.tier.checks import check_job, check_keys, check_pool, known_groups, wait_timeout
+from fstier.tier.checks import check_keys, check_pool, known_groups, wait_timeout
 from fstier.tier.fences import Fences
 from fstier.tier.gc import GcReport
-from fstier.tier.jobs import JobMaker, payload_sizes
+from fstier.tier.jobs import JobMaker, Submitter
 from fstier.tier.lookup import Lookup, LookupCache
 from fstier.tier.metrics import TierMetrics
 from fstier.tier.outcomes import Judge
@@ -158,6 +158,7 @@ class FsTier:
             budget=self._budget, capacity=self.capacity, metrics=metrics, payload_len=self._payload_len,
         )
         self._waiters = Waiters(self)  # FsTier.wait: woken by the engine's completion
+        self._submitter = Submitter(self)  # submit_store / submit_load: checks, admission, the record, hand-over
 
     @classmethod
     def from_config(
@@ -237,39 +238,9 @@ class FsTier:
         self, job_id: Hashable, kind: Literal["store", "load"], keys: Sequence[BlockKey], slots: Sequence[int],
         context: Any,
     ) -> None:
-        self._check_open()
-        check_job(job_id, keys, slots, self._pool, len(self._payload_len))
-        n = len(keys)
-        keys_t, slots_t = tuple(keys), tuple(slots)
-        op_bytes, file_bytes = payload_sizes(self._job_payload_len, keys_t)
-        self._reap()  # finished jobs first: they may fence a slot, open the breaker or free budget
-        clear = not self._fences and self._admission.clear(kind, file_bytes)
-        # Every outcome, even one decided at once (empty, degraded, slot busy,
-        # backpressure), is taken under one lock after the duplicate-id check:
-        # otherwise a second job "J" that finishes at once would report a
-        # result for a "J" still in flight (test_manager.py pins it).
-        with self._lock:
-            if job_id in self._inflight:
-                raise ValueError(f"job id {job_id!r} is already in flight; job ids must be unique")
-            if n == 0:
-                cause = ""  # no keys: a success at once
-            elif clear and not self._fences and self._admission.take(kind, file_bytes):
-                cause = None  # no slot fenced, breaker closed, room for a store's bytes: taken (reserved)
-            else:
-                cause = self._admission.refuse(kind, n, file_bytes, slot_busy=self._fences.busy(slots_t))
-            if cause is not None:  # finished at once: its result published, the caller woken too
-                self._results.refused_locked(job_id, kind, n, cause, context)
-                (self._on_finished or self._engine.notify)(kind)
-                return
-            job = self._inflight[job_id] = self._maker.job(job_id, kind, keys_t, slots_t, op_bytes, context)
-        try:  # whatever is raised: given back (out of flight, admission back) only if the engine never took it
-            self._engine.submit(job)
-        except BaseException:  # taken (job.accepted): it completes and is published as any other job
-            if not job.accepted:
-                with self._lock:
-                    del self._inflight[job_id]
-                self._admission.give_back(kind, file_bytes)
-            raise
+        """Every job's one way in (tier/jobs.py, :class:`~fstier.tier.jobs.Submitter`: one straight line for
+        the common job)."""
+        self._submitter.submit(job_id, kind, keys, slots, context)
 
     def touch(self, keys: Sequence[BlockKey]) -> None:
         """Mark ``keys`` recently used (LRU recency) without a system call

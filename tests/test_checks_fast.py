@@ -338,3 +338,45 @@ def test_payload_sizes_answer_each_length_whatever_its_cache_holds(tmp_path: Pat
             time.sleep(0.05)
         assert tier.usage_bytes == sum(f.stat().st_size for f in files)
         assert tier.metrics.snapshot()["fstier_queued_store_bytes"] == 0
+
+
+def test_a_common_job_takes_the_straight_line_and_any_other_the_general_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The common job never reaches the general path's checks or record maker; a job that is not common (an
+    # int subclass slot) does; both move the right bytes.
+    from fstier.tier import jobs
+
+    general: list[str] = []
+    real_check, real_job = jobs.check_job, jobs.JobMaker.job
+
+    def check_job(*a: object, **k: object) -> None:
+        general.append("check_job")
+        real_check(*a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(jobs, "check_job", check_job)
+    with open_tier(tmp_path, num_slots=8) as tier:
+        maker = tier._maker
+
+        def job(*a: object, **k: object) -> EngineJob:
+            general.append("job")
+            return real_job(maker, *a, **k)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(maker, "job", job)
+        ks = keys(0, 3)
+        assert store(tier, "s", ks, [0, 1, 2]).success and load(tier, "l", ks, 3).keys_completed == 3
+        assert general == []  # load() checked the loaded bytes
+        assert store(tier, "s2", [key(7)], [_Idx.ONE]).success  # type: ignore[list-item]
+        assert general == ["check_job", "job"]
+        # The provider's own refusal (HostBlockPool: a slot not allocated) still names the job and the slot.
+        tier.pool.free([6])
+        with pytest.raises(ValueError, match=r"job 'f': .*slot 6 is not allocated"):
+            tier.submit_store("f", ks[:1], [6])
+    rows = RowSlots.from_primary_view(memoryview(bytearray(4 * 64)).cast("B", (4, 64)))
+    rows.check_plain([0, 3])
+    rows.fence(2)
+    with pytest.raises(ValueError, match="slot 2 is fenced"):
+        rows.check_plain([0, 2])
+    rows.check_plain([0, 3])  # another row is fenced: these are not
+    rows.unfence(2)
+    rows.release()

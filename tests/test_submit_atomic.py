@@ -177,3 +177,41 @@ def test_an_interrupted_recency_flush_is_given_back_whole_or_completes(
         assert (os.stat(path).st_mtime == 1_000_000) is before
         assert not engine._jobs and not tier.has_pending() and tier._engine.active == 0  # type: ignore[attr-defined]
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, TimeoutError])
+@pytest.mark.parametrize("max_bytes", [None, 64 << 20])
+def test_a_store_interrupted_right_after_its_admission_is_given_back_whole(
+    tmp_path: Path, max_bytes: int | None, exc: type[BaseException], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The window between the admission's reservation and the hand-over to the engine: the exception arrives as
+    # the write budget's reservation returns (no max_bytes: the common job's path; with max_bytes the root's
+    # usage was counted just before it). Given back: nothing in flight, no budget or usage leaked, the id free.
+    with open_tier(tmp_path / "root", max_bytes=max_bytes) as tier:
+        assert store(tier, "warm", keys(0, 2)).success
+        before = _usage(tier) if max_bytes else None
+        ks = keys(4, 2)
+        fill(tier, ks, [2, 3])
+        budget, hit = tier._budget, []
+        real = budget.admit
+
+        def admitted(*a: Any, **k: Any) -> Any:
+            out = real(*a, **k)
+            if not hit:
+                hit.append(out)
+                raise exc("injected")
+            return out
+
+        budget.admit = admitted  # type: ignore[method-assign]
+        try:
+            with caplog.at_level(logging.ERROR, logger="fstier"), pytest.raises(exc, match="injected"):
+                tier.submit_store("J", ks, [2, 3])
+        finally:
+            del budget.admit
+        assert hit == [True]  # it was admitted: its bytes reserved
+        assert tier.drain(5) and tier.get_finished() == [] and not tier.has_pending()
+        assert tier.metrics.snapshot()["fstier_queued_store_bytes"] == 0
+        assert tier.usage_bytes == before
+        assert not [k for k in ks if os.path.isfile(tier.blocks.path(k))]
+        assert store(tier, "J", ks, [2, 3]).success
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

@@ -65,6 +65,8 @@ from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
+import numpy as np
+
 from fstier.errors import ConfigError, FstierError, KeyFormatError
 from fstier.integrations._vllm_compat import (
     SUPPORTED_TEXT,
@@ -154,6 +156,8 @@ def _block_key(key: bytes) -> BlockKey | None:
         return None
 
 
+#: numpy's array type and its integer kinds (vLLM's chunk ids): numpy is imported by vLLM already
+_NDARRAY, _INT_KINDS = type(np.empty(0)), ("i", "u")
 #: vLLM's OffloadKey: the block hash, then the group as 4 big-endian bytes
 _HASH_PART, _GROUP_PART = itemgetter(slice(None, -4)), itemgetter(slice(-4, None))
 _GROUP_INT = partial(int.from_bytes, byteorder="big")
@@ -178,9 +182,8 @@ def _block_keys(keys: Sequence[bytes]) -> list[BlockKey]:
 
 def _slot_ints(chunk_ids: Any) -> tuple[int, ...]:
     """vLLM's chunk ids (a numpy array, or any sequence of ints) as Python
-    ints: ``tolist`` converts an array in C."""
-    kind = getattr(getattr(chunk_ids, "dtype", None), "kind", None)
-    if kind in ("i", "u") and getattr(chunk_ids, "ndim", 0) == 1:
+    ints: ``tolist`` converts a 1-D integer array in C (one test)."""
+    if type(chunk_ids) is _NDARRAY and chunk_ids.ndim == 1 and chunk_ids.dtype.kind in _INT_KINDS:
         return tuple(chunk_ids.tolist())
     return tuple(int(c) for c in chunk_ids)
 
@@ -409,15 +412,15 @@ else:
         # -- jobs ------------------------------------------------------------
         def _submit(self, job: TransferJob, is_load: bool) -> None:
             keys = tuple(job.keys)
-            slots = _slot_ints(job.chunk_ids)
             bkeys = _block_keys(keys)
             n = len(bkeys)
             if n < len(keys):
                 log.warning("fstier: key %r of job %d has no fstier name; it fails", keys[n], job.job_id)
             try:
-                # vLLM's keys ride on FsTier's record of the job and come back on its result.
+                # vLLM's keys ride on FsTier's record of the job and come back on its result; chunk ids
+                # that are not ints fail the job here, as a refusal (never an exception into vLLM).
                 submit = self.fstier.submit_load if is_load else self.fstier.submit_store
-                submit(job.job_id, bkeys, slots[:n], context=keys)
+                submit(job.job_id, bkeys, _slot_ints(job.chunk_ids)[:n], context=keys)
             except Exception as exc:
                 # A job FsTier refuses (a row out of range or fenced, a closed
                 # tier), or any other failure, fails as a job: an exception

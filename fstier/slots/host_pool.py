@@ -289,6 +289,13 @@ class HostBlockPool:
                         "with alloc() and pass only slots you hold"
                     )
 
+    def check_plain(self, slots: Sequence[int]) -> None:
+        """:meth:`check_slots` of ``slots`` its caller found plain slot indices in range (FsTier's common
+        job): only whether they are allocated is left (one C-level ``issuperset``, atomic under the GIL);
+        a slot that is not: :meth:`check_slots` names it."""
+        if self.owner and not self._allocated.issuperset(slots):
+            self.check_slots(slots)
+
     def fence(self, i: int) -> None:
         """Keep slot ``i`` from being handed out again until :meth:`unfence`
         (a timed-out I/O call may still write it)."""

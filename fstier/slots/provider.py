@@ -85,7 +85,10 @@ def generic_payload_views(pool: SlotProvider, slots: Sequence[int], nbytes: Sequ
 
 @runtime_checkable
 class SlotProvider(Protocol):
-    """What FsTier needs of the memory its jobs name by slot index."""
+    """What FsTier needs of the memory its jobs name by slot index. ``num_slots`` is fixed for the
+    provider's life. Optional: ``check_plain(slots)``, :meth:`check_slots` of slots FsTier already found
+    plain distinct indices in range (its common job), checking only what the provider alone knows (fences,
+    what it lent); without it FsTier calls :meth:`check_slots`."""
 
     @property
     def num_slots(self) -> int: ...

@@ -147,6 +147,12 @@ class RowSlots:
                         f"slot {s} is fenced: a timed-out I/O call may still write it"
                     )
 
+    def check_plain(self, slots: Sequence[int]) -> None:
+        """:meth:`check_slots` of ``slots`` its caller found plain row indices in range (FsTier's common job):
+        only the fences are left to check; none fenced: one read, no lock."""
+        if self._fenced:
+            self.check_slots(slots)
+
     def fence(self, i: int) -> None:
         with self._lock:
             self._fenced.add(i)

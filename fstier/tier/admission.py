@@ -40,6 +40,7 @@ from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.tier.metrics import TierMetrics
 
 if TYPE_CHECKING:  # pragma: no cover
+    from fstier.io import EngineJob
     from fstier.tier.capacity import Capacity
 
 __all__ = [
@@ -162,17 +163,20 @@ class WriteBudget:
         """Whether :meth:`admit` would take ``nbytes`` now (no lock: a hint)."""
         return self.queued == 0 or self.queued + nbytes <= self.max_queue_s * self.speed
 
-    def admit(self, nbytes: int) -> bool:
+    def admit(self, nbytes: int, job: EngineJob) -> bool:
         """Reserve ``nbytes`` if they fit; an idle queue always admits (a job
-        bigger than the budget must still be storable)."""
+        bigger than the budget must still be storable). ``job.reserved`` is
+        set to ``nbytes`` by the statement that reserves them (no call, no
+        backward jump between the two stores: no signal handler runs there),
+        so a submit interrupted anywhere gives back exactly what it reserved."""
         with self._lock:
-            if self.queued > 0 and self.queued + nbytes > self.max_queue_s * self.speed:
+            queued = self.queued
+            if queued > 0 and queued + nbytes > self.max_queue_s * self.speed:
                 return False
-            if self.queued == 0:
-                self._busy_since = self._clock.monotonic()
-                self._busy_bytes = 0
-            self.queued += nbytes
-            self._changes += nbytes > 0
+            if queued == 0:
+                self._busy_since, self._busy_bytes = self._clock.monotonic(), 0
+            # ONE statement: the reservation, its mark on the record, the gauge's change count
+            self.queued, job.reserved, self._changes = queued + nbytes, nbytes, self._changes + (nbytes > 0)
             return True
 
     def release(self, reserved: int, written: int) -> None:
@@ -292,13 +296,14 @@ class Admission:
             kind != "store" or (self._capacity.max_bytes is None and self._budget.fits(nbytes))
         )
 
-    def take(self, kind: str, nbytes: int) -> bool:
+    def take(self, kind: str, nbytes: int, job: EngineJob) -> bool:
         """After :meth:`clear` said True, under the tier's lock: take the job
         (a store's ``nbytes`` reserved in the write budget, as :meth:`refuse`
-        would; no ``max_bytes``, so nothing to count in the root's usage).
+        would, and marked on ``job.reserved`` (:meth:`WriteBudget.admit`); no
+        ``max_bytes``, so nothing to count in the root's usage).
         False (nothing reserved) when the budget filled meanwhile: the
         caller then asks :meth:`refuse`."""
-        return kind != "store" or self._budget.admit(nbytes)
+        return kind != "store" or self._budget.admit(nbytes, job)
 
     def give_back(self, kind: str, nbytes: int) -> None:
         """A job :meth:`take` or :meth:`refuse` admitted never reached the
@@ -308,10 +313,10 @@ class Admission:
             self._capacity.settle(nbytes, 0)
             self._budget.release(nbytes, 0)
 
-    def refuse(self, kind: str, n: int, nbytes: int, *, slot_busy: bool) -> str | None:
+    def refuse(self, kind: str, n: int, nbytes: int, job: EngineJob, *, slot_busy: bool) -> str | None:
         """None when a job of ``n`` keys runs (a store's ``nbytes`` of files
-        are then reserved in the write budget), else the cause it fails with
-        at once, counted."""
+        are then reserved in the write budget, marked on ``job.reserved``),
+        else the cause it fails with at once, counted."""
         if not self._breaker.allow():
             cause = "degraded"
         elif slot_busy:
@@ -330,7 +335,7 @@ class Admission:
             # back when the job ends).
             self._capacity.wake()
             cause = "capacity"
-        elif not self._budget.admit(nbytes):
+        elif not self._budget.admit(nbytes, job):
             self._capacity.settle(nbytes, 0)  # counted above: given back
             cause = "backpressure"
         else:

@@ -55,8 +55,9 @@ class Fences:
         self._gauge = gauge
         #: timed-out jobs whose late units have not all returned
         self._jobs: set[EngineJob] = set()
-        #: slot -> how many such jobs hold it
-        self._held: dict[int, int] = {}
+        #: slot -> how many such jobs hold it (one dict for the tier's life: a submit reads it without the
+        #: lock, empty meaning no slot is fenced, as :meth:`__bool__` does)
+        self.held: dict[int, int] = {}
 
     def fence_job(self, job: EngineJob) -> None:
         """``job`` timed out with units still running: fence their slots
@@ -64,7 +65,7 @@ class Fences:
         if not job.fenced or job.released or job in self._jobs:
             return
         self._jobs.add(job)
-        held = self._held
+        held = self.held
         for slot in job.fenced:
             n = held.get(slot, 0)
             if n == 0:
@@ -88,7 +89,7 @@ class Fences:
             if job not in self._jobs:
                 return  # released before it was reaped: never fenced
             self._jobs.discard(job)
-            held = self._held
+            held = self.held
             for slot in job.fenced:
                 n = held[slot] - 1
                 if n:
@@ -105,22 +106,22 @@ class Fences:
 
     def __bool__(self) -> bool:
         """Whether any slot is fenced (no lock: one read)."""
-        return bool(self._held)
+        return bool(self.held)
 
     def busy(self, slots: Iterable[int]) -> bool:
         """Whether any of ``slots`` is fenced. The caller holds the lock."""
-        return bool(self._held) and not self._held.keys().isdisjoint(slots)
+        return bool(self.held) and not self.held.keys().isdisjoint(slots)
 
     @property
     def slots(self) -> frozenset[int]:
         """Slots held by a timed-out op that has not returned yet."""
         with self._idle:
-            return frozenset(self._held)
+            return frozenset(self.held)
 
     def wait_released(self, timeout: float | None) -> bool:
         """Wait until no slot is fenced; False if ``timeout`` expired first."""
         with self._idle:
-            return self._idle.wait_for(lambda: not self._held, timeout)
+            return self._idle.wait_for(lambda: not self.held, timeout)
 
 
 def _slots_text(slots: tuple[int, ...]) -> str:

@@ -255,25 +255,26 @@ class NativeEngine:
         self._submit_fixed(reg, job, fixed)
 
     def _submit_fixed(self, reg: Registration, job: EngineJob, fixed: tuple[Any, ...]) -> None:
-        """The C call of a store or load job with its cached fixed arguments."""
+        """The C call of a store or load job with its cached fixed arguments (a store's ``replace`` flags
+        as the tier made them: None, or a list naming at least one key to replace; C reads any list)."""
         n = len(job.keys)
         job.owner, job.bounds, job.remaining = reg, (0, n), 1
         bufs = job.buffers.views(job.slots, job.nbytes)  # type: ignore[union-attr]  # fixed: a store/load job
-        replace = job.replace if job.replace is not None and any(job.replace) else None
-        timeout = -1.0 if job.timeout_s is None else job.timeout_s
         _, _, _, kind, base, digest, pages, flags, mode, alignment, fd = fixed
+        timeout = -1.0 if job.timeout_s is None else job.timeout_s
         hashes, groups = list(map(_HASH, job.keys)), list(map(_GROUP, job.keys))
         tag, now, threads = next(self._tags), time.time_ns(), max(1, n // MIN_KEYS_PER_THREAD)
         with self.lock:
-            self._check_open(reg, job)
+            if self._closed or reg.closed:
+                self._check_open(reg, job)
             # Under this lock: C dups the notify fd (-1: none) before unregister can close it. C marks
             # job.accepted as it takes the job (no bytecode between), so whatever is raised here (C refusing
             # it, an interrupt, a signal handler's Exception) rolls back only a job C does not have.
             try:
                 reg.active += 1
                 self._jobs[tag] = job
-                self._ext.engine_submit(self._cap, tag, kind, base, None, hashes, groups, bufs, replace, digest, pages,
-                                        flags, mode, now, alignment, timeout, threads, fd, job)
+                self._ext.engine_submit(self._cap, tag, kind, base, None, hashes, groups, bufs, job.replace, digest,
+                                        pages, flags, mode, now, alignment, timeout, threads, fd, job)
             except BaseException:
                 if not job.accepted:
                     self._jobs.pop(tag, None)

@@ -137,6 +137,9 @@ class EngineJob:
     call: Callable[[], Any] | None
     #: what the caller keeps on the record and reads back at completion (no table of its own)
     context: Any
+    #: bytes of the write budget its submit reserved, marked as they were (``WriteBudget.admit``): what a submit
+    #: interrupted before the engine took the job gives back (0: nothing, or given back already)
+    reserved: int = 0
     # -- set by the engine ---------------------------------------------------
     results: list[Any]
     bounds: tuple[int, ...] = ()
