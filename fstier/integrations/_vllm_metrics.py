@@ -19,6 +19,8 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Iterable, Mapping
+from itertools import compress
+from operator import attrgetter
 from typing import Any
 
 __all__ = [
@@ -112,6 +114,7 @@ VLLM_HISTOGRAMS: dict[str, tuple[tuple[float, ...], str]] = {
     "store_job_bytes": (BYTES_BUCKETS_VLLM, "Payload bytes written per store job."),
     "load_job_bytes": (BYTES_BUCKETS_VLLM, "Payload bytes loaded per load job."),
 }
+_KIND, _SECONDS, _NBYTES = attrgetter("kind"), attrgetter("seconds"), attrgetter("nbytes")
 #: Observations kept per histogram between two get_stats calls (vLLM calls
 #: it every step when stats are on); beyond it the oldest are dropped.
 MAX_OBSERVATIONS = 4096
@@ -162,6 +165,9 @@ class VllmMetrics:
         self._observations: dict[str, deque[float]] = {
             name: deque(maxlen=MAX_OBSERVATIONS) for name in VLLM_HISTOGRAMS
         }
+        #: a job kind -> its seconds and its bytes observations (observe_jobs)
+        self._seconds = {kind: self._observations[f"{kind}_job_seconds"] for kind in ("store", "load")}
+        self._bytes = {kind: self._observations[f"{kind}_job_bytes"] for kind in ("store", "load")}
 
     def observe(self, name: str, value: float) -> None:
         """One observation of histogram ``name`` for the next report."""
@@ -170,13 +176,16 @@ class VllmMetrics:
 
     def observe_jobs(self, results: Iterable[Any]) -> None:
         """Each finished job's seconds and bytes (when it moved any) for the
-        next report: one lock per collected batch, none per job."""
-        obs = self._observations
+        next report: one lock per collected batch, none per job, and C-level
+        loops over the batch (no line per result)."""
+        results = list(results)
+        moved = list(compress(results, map(_NBYTES, results)))
+        seconds, nbytes = self._seconds, self._bytes
         with self._lock:
-            for r in results:
-                obs[f"{r.kind}_job_seconds"].append(float(r.seconds))
-                if r.nbytes:
-                    obs[f"{r.kind}_job_bytes"].append(float(r.nbytes))
+            deque(map(deque.append, map(seconds.__getitem__, map(_KIND, results)), map(float, map(_SECONDS, results))),
+                  maxlen=0)
+            deque(map(deque.append, map(nbytes.__getitem__, map(_KIND, moved)), map(float, map(_NBYTES, moved))),
+                  maxlen=0)
 
     def _counter_delta(self, name: str, labels: tuple[str, ...], now: float) -> float:
         key = (name, labels)

@@ -1,11 +1,14 @@
 """Plain in-process metrics for FsTier, with an optional Prometheus bridge.
 
 Counters, gauges and fixed-bucket histograms are small objects with no
-dependency; the metrics of one :class:`TierMetrics` share one lock, so a
-finished job's counts and latency are one acquisition
-(:meth:`TierMetrics.job_stored`, :meth:`TierMetrics.job_loaded`), and no
-metric calls out while holding it. :meth:`TierMetrics.snapshot` returns a plain dict (what
-tests, logs and ``--json`` read). ``prometheus_client`` is imported only when
+dependency; the metrics of one :class:`TierMetrics` share one lock, and no
+metric calls out while holding it. A finished job's counts and latency
+(:meth:`TierMetrics.job_stored`, :meth:`TierMetrics.job_loaded`) are one
+list append on the completion path, counted into the counters and
+histograms they move at the next read of any of them (``_fold_locked``):
+what every reader sees is exactly what counting at completion gave.
+:meth:`TierMetrics.snapshot` returns a plain dict (what tests, logs and
+``--json`` read). ``prometheus_client`` is imported only when
 :meth:`TierMetrics.start_prometheus_exporter` or
 :meth:`TierMetrics.prometheus_collector` is called; without the ``metrics``
 extra installed those raise :class:`~fstier.errors.MetricsUnavailableError`
@@ -38,7 +41,11 @@ SECONDS_BUCKETS: tuple[float, ...] = (
 
 class Counter:
     """A monotonically increasing number. ``lock``: the lock it shares with
-    the other metrics of its :class:`TierMetrics` (its own when None)."""
+    the other metrics of its :class:`TierMetrics` (its own when None).
+    ``_fold``: set by a :class:`TierMetrics` whose finished jobs this counter
+    counts (run under the lock before a read: it adds the jobs counted since)."""
+
+    _fold: Callable[[], None] | None = None
 
     def __init__(self, name: str, doc: str, lock: threading.Lock | None = None) -> None:
         self.name = name
@@ -62,6 +69,8 @@ class Counter:
     @property
     def value(self) -> float:
         with self._lock:
+            if self._fold is not None:
+                self._fold()
             return self._value
 
 
@@ -155,7 +164,9 @@ class HistogramSnapshot:
 
 
 class Histogram:
-    """A fixed-bucket histogram of observations."""
+    """A fixed-bucket histogram of observations (``_fold``: as :class:`Counter`'s)."""
+
+    _fold: Callable[[], None] | None = None
 
     def __init__(
         self, name: str, doc: str, buckets: Sequence[float] = SECONDS_BUCKETS, lock: threading.Lock | None = None,
@@ -189,6 +200,8 @@ class Histogram:
 
     def snapshot(self) -> HistogramSnapshot:
         with self._lock:
+            if self._fold is not None:
+                self._fold()
             counts = list(self._counts)
             total = self._sum
         cumulative: list[int] = []
@@ -201,8 +214,8 @@ class Histogram:
 
 class TierMetrics:
     """Every metric one FsTier keeps. Names follow Prometheus conventions.
-    They share one lock, so a finished job's counts and latency are one
-    acquisition (:meth:`job_stored`, :meth:`job_loaded`), not one per metric."""
+    They share one lock; a finished job's counts and latency are one list
+    append (:meth:`job_stored`, :meth:`job_loaded`), counted at the next read."""
 
     def __init__(self) -> None:
         self._lock = lock = threading.Lock()
@@ -246,26 +259,48 @@ class TierMetrics:
         self._metrics = tuple(
             v for v in vars(self).values() if isinstance(v, Counter | Gauge | LabeledCounter | Histogram)
         )
+        #: finished jobs not counted yet: (store?, blocks, nbytes, skipped or missed, seconds), in order
+        self._jobs: list[tuple[bool, int, int, int, float]] = []
+        for m in (self.stored_blocks, self.stored_bytes, self.skipped_blocks, self.store_seconds,
+                  self.loaded_blocks, self.loaded_bytes, self.load_misses, self.load_seconds):
+            m._fold = self._fold_locked
 
     def job_stored(self, blocks: int, nbytes: int, skipped: int, seconds: float) -> None:
         """A store job ended: ``blocks`` files of ``nbytes`` payload written,
-        ``skipped`` keys found present, in ``seconds`` (one lock)."""
-        with self._lock:
-            self.stored_blocks._add(blocks)
-            self.stored_bytes._add(nbytes)
-            if skipped:
-                self.skipped_blocks._add(skipped)
-            self.store_seconds._add(seconds)
+        ``skipped`` keys found present, in ``seconds``: one list append, no
+        lock (counted at the next read, :meth:`_fold_locked`)."""
+        self._jobs.append((True, blocks, nbytes, skipped, seconds))
 
     def job_loaded(self, blocks: int, nbytes: int, missed: int, seconds: float) -> None:
         """A load job ended: ``blocks`` files of ``nbytes`` payload loaded and
-        verified, ``missed`` keys reported as misses, in ``seconds`` (one lock)."""
-        with self._lock:
-            self.loaded_blocks._add(blocks)
-            self.loaded_bytes._add(nbytes)
-            if missed:
-                self.load_misses._add(missed)
-            self.load_seconds._add(seconds)
+        verified, ``missed`` keys reported as misses, in ``seconds`` (as :meth:`job_stored`)."""
+        self._jobs.append((False, blocks, nbytes, missed, seconds))
+
+    def _fold_locked(self) -> None:
+        """Count the jobs :meth:`job_stored` and :meth:`job_loaded` noted
+        since the last read (the lock held; run by every read of a counter
+        or histogram they move, :meth:`changes` and :meth:`snapshot`): each
+        moves the counters as one job's counts did, a skip or miss count only
+        when not 0. Appends racing it stay for the next read (the list is
+        cut by its length, never swapped)."""
+        jobs = self._jobs
+        if not jobs:
+            return
+        n = len(jobs)
+        done, jobs[:n] = jobs[:n], []
+        for store, blocks, nbytes, other, seconds in done:
+            if store:
+                self.stored_blocks._add(blocks)
+                self.stored_bytes._add(nbytes)
+                if other:
+                    self.skipped_blocks._add(other)
+                self.store_seconds._add(seconds)
+            else:
+                self.loaded_blocks._add(blocks)
+                self.loaded_bytes._add(nbytes)
+                if other:
+                    self.load_misses._add(other)
+                self.load_seconds._add(seconds)
 
     def jobs_done(
         self, stores: tuple[int, int, int, list[float]] | None, loads: tuple[int, int, list[float]] | None,
@@ -299,6 +334,9 @@ class TierMetrics:
         against a :meth:`snapshot`'s ~60 us, so an engine that polls every
         scheduler step (vLLM's ``get_stats``) builds a report only when
         there is news."""
+        if self._jobs:
+            with self._lock:
+                self._fold_locked()
         return sum(m.changes for m in self._metrics)
 
     def snapshot(self) -> dict[str, Any]:
