@@ -38,6 +38,9 @@ SECONDS_BUCKETS: tuple[float, ...] = (
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )
 
+#: finished jobs noted by :meth:`TierMetrics.job_stored` / ``job_loaded`` that are counted at once, read or not
+FOLD_EVERY = 1024
+
 
 class Counter:
     """A monotonically increasing number. ``lock``: the lock it shares with
@@ -268,13 +271,22 @@ class TierMetrics:
     def job_stored(self, blocks: int, nbytes: int, skipped: int, seconds: float) -> None:
         """A store job ended: ``blocks`` files of ``nbytes`` payload written,
         ``skipped`` keys found present, in ``seconds``: one list append, no
-        lock (counted at the next read, :meth:`_fold_locked`)."""
+        lock (counted at the next read, :meth:`_fold_locked`, or once
+        :data:`FOLD_EVERY` wait: a tier nobody reads keeps no more)."""
         self._jobs.append((True, blocks, nbytes, skipped, seconds))
+        if len(self._jobs) >= FOLD_EVERY:
+            self._fold()
 
     def job_loaded(self, blocks: int, nbytes: int, missed: int, seconds: float) -> None:
         """A load job ended: ``blocks`` files of ``nbytes`` payload loaded and
         verified, ``missed`` keys reported as misses, in ``seconds`` (as :meth:`job_stored`)."""
         self._jobs.append((False, blocks, nbytes, missed, seconds))
+        if len(self._jobs) >= FOLD_EVERY:
+            self._fold()
+
+    def _fold(self) -> None:
+        with self._lock:
+            self._fold_locked()
 
     def _fold_locked(self) -> None:
         """Count the jobs :meth:`job_stored` and :meth:`job_loaded` noted
@@ -335,8 +347,7 @@ class TierMetrics:
         scheduler step (vLLM's ``get_stats``) builds a report only when
         there is news."""
         if self._jobs:
-            with self._lock:
-                self._fold_locked()
+            self._fold()
         return sum(m.changes for m in self._metrics)
 
     def snapshot(self) -> dict[str, Any]:
