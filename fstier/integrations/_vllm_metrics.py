@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import compress
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 __all__ = [
@@ -115,6 +115,7 @@ VLLM_HISTOGRAMS: dict[str, tuple[tuple[float, ...], str]] = {
     "load_job_bytes": (BYTES_BUCKETS_VLLM, "Payload bytes loaded per load job."),
 }
 _KIND, _SECONDS, _NBYTES = attrgetter("kind"), attrgetter("seconds"), attrgetter("nbytes")
+_STORE, _MOVED, _SEC = itemgetter(0), itemgetter(2), itemgetter(4)
 #: Observations kept per histogram between two get_stats calls (vLLM calls
 #: it every step when stats are on); beyond it the oldest are dropped.
 MAX_OBSERVATIONS = 4096
@@ -165,9 +166,16 @@ class VllmMetrics:
         self._observations: dict[str, deque[float]] = {
             name: deque(maxlen=MAX_OBSERVATIONS) for name in VLLM_HISTOGRAMS
         }
-        #: a job kind -> its seconds and its bytes observations (observe_jobs)
-        self._seconds = {kind: self._observations[f"{kind}_job_seconds"] for kind in ("store", "load")}
-        self._bytes = {kind: self._observations[f"{kind}_job_bytes"] for kind in ("store", "load")}
+        #: a job kind (or "is a store", as TierMetrics notes it) -> its seconds and its bytes observations
+        obs = self._observations
+        self._seconds: dict[str | bool, deque[float]] = {
+            "store": obs["store_job_seconds"], "load": obs["load_job_seconds"],
+            True: obs["store_job_seconds"], False: obs["load_job_seconds"],
+        }
+        self._bytes: dict[str | bool, deque[float]] = {
+            "store": obs["store_job_bytes"], "load": obs["load_job_bytes"],
+            True: obs["store_job_bytes"], False: obs["load_job_bytes"],
+        }
 
     def observe(self, name: str, value: float) -> None:
         """One observation of histogram ``name`` for the next report."""
@@ -185,6 +193,21 @@ class VllmMetrics:
             deque(map(deque.append, map(seconds.__getitem__, map(_KIND, results)), map(float, map(_SECONDS, results))),
                   maxlen=0)
             deque(map(deque.append, map(nbytes.__getitem__, map(_KIND, moved)), map(float, map(_NBYTES, moved))),
+                  maxlen=0)
+
+    def observe_counted(self, jobs: Sequence[tuple[bool, int, int, int, float]]) -> None:
+        """:meth:`observe_jobs` of the jobs FsTier's metrics just counted, as
+        they note them (``(store?, blocks, nbytes, skipped or missed,
+        seconds)``): the tap of :attr:`fstier.tier.metrics.TierMetrics.tap`,
+        run when a read of those metrics counts them (at the latest by
+        ``get_stats``' change check, before its report), never on a job's
+        completion path."""
+        moved = list(compress(jobs, map(_MOVED, jobs)))
+        seconds, nbytes = self._seconds, self._bytes
+        with self._lock:
+            deque(map(deque.append, map(seconds.__getitem__, map(_STORE, jobs)), map(float, map(_SEC, jobs))),
+                  maxlen=0)
+            deque(map(deque.append, map(nbytes.__getitem__, map(_STORE, moved)), map(float, map(_MOVED, moved))),
                   maxlen=0)
 
     def _counter_delta(self, name: str, labels: tuple[str, ...], now: float) -> float:

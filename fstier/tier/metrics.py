@@ -22,7 +22,8 @@ import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import compress, filterfalse, repeat
+from operator import itemgetter
 from typing import Any
 
 from fstier.errors import MetricsUnavailableError
@@ -38,6 +39,7 @@ SECONDS_BUCKETS: tuple[float, ...] = (
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )
 
+_STORE, _BLOCKS, _NBYTES, _OTHER, _SECONDS = map(itemgetter, range(5))
 #: finished jobs noted by :meth:`TierMetrics.job_stored` / ``job_loaded`` that are counted at once, read or not
 FOLD_EVERY = 1024
 
@@ -68,6 +70,11 @@ class Counter:
         """:meth:`inc` with the lock held by the caller."""
         self._value += amount
         self.changes += 1
+
+    def _add_n(self, amount: float, times: int) -> None:
+        """``times`` :meth:`_add` calls adding ``amount`` in all (the lock held by the caller)."""
+        self._value += amount
+        self.changes += times
 
     @property
     def value(self) -> float:
@@ -264,6 +271,9 @@ class TierMetrics:
         )
         #: finished jobs not counted yet: (store?, blocks, nbytes, skipped or missed, seconds), in order
         self._jobs: list[tuple[bool, int, int, int, float]] = []
+        #: told every batch of jobs as it is counted, under the lock (vLLM's per-job histograms,
+        #: :meth:`~fstier.integrations._vllm_metrics.VllmMetrics.observe_counted`); must not call back here
+        self.tap: Callable[[list[tuple[bool, int, int, int, float]]], None] | None = None
         for m in (self.stored_blocks, self.stored_bytes, self.skipped_blocks, self.store_seconds,
                   self.loaded_blocks, self.loaded_bytes, self.load_misses, self.load_seconds):
             m._fold = self._fold_locked
@@ -293,48 +303,35 @@ class TierMetrics:
         since the last read (the lock held; run by every read of a counter
         or histogram they move, :meth:`changes` and :meth:`snapshot`): each
         moves the counters as one job's counts did, a skip or miss count only
-        when not 0. Appends racing it stay for the next read (the list is
-        cut by its length, never swapped)."""
+        when not 0 (C-level loops over them, a line per kind, none per job),
+        and :attr:`tap` is told them. Appends racing it stay for the next read
+        (the list is cut by its length, never swapped)."""
         jobs = self._jobs
         if not jobs:
             return
         n = len(jobs)
         done, jobs[:n] = jobs[:n], []
-        for store, blocks, nbytes, other, seconds in done:
-            if store:
-                self.stored_blocks._add(blocks)
-                self.stored_bytes._add(nbytes)
-                if other:
-                    self.skipped_blocks._add(other)
-                self.store_seconds._add(seconds)
-            else:
-                self.loaded_blocks._add(blocks)
-                self.loaded_bytes._add(nbytes)
-                if other:
-                    self.load_misses._add(other)
-                self.load_seconds._add(seconds)
+        stores, loads = list(compress(done, map(_STORE, done))), list(filterfalse(_STORE, done))
+        for js, blocks, nbytes, other, seconds in (
+            (stores, self.stored_blocks, self.stored_bytes, self.skipped_blocks, self.store_seconds),
+            (loads, self.loaded_blocks, self.loaded_bytes, self.load_misses, self.load_seconds),
+        ):
+            if js:
+                blocks._add_n(sum(map(_BLOCKS, js)), len(js))
+                nbytes._add_n(sum(map(_NBYTES, js)), len(js))
+                others = list(filter(None, map(_OTHER, js)))
+                if others:
+                    other._add_n(sum(others), len(others))
+                seconds._add_many(list(map(_SECONDS, js)))
+        if self.tap is not None:
+            self.tap(done)
 
-    def jobs_done(
-        self, stores: tuple[int, int, int, list[float]] | None, loads: tuple[int, int, list[float]] | None,
-    ) -> None:
-        """A batch of jobs that every key of succeeded ended, in one lock:
-        ``stores`` (files written, their payload bytes, keys skipped as
-        present, each store job's seconds) and ``loads`` (files loaded,
-        their bytes, each load job's seconds); None where the batch had no
-        job of that kind. The counters move as :meth:`job_stored` and
-        :meth:`job_loaded` would move them, job by job, and each job's
-        seconds are observed."""
-        with self._lock:
-            if stores is not None:
-                self.stored_blocks._add(stores[0])
-                self.stored_bytes._add(stores[1])
-                if stores[2]:
-                    self.skipped_blocks._add(stores[2])
-                self.store_seconds._add_many(stores[3])
-            if loads is not None:
-                self.loaded_blocks._add(loads[0])
-                self.loaded_bytes._add(loads[1])
-                self.load_seconds._add_many(loads[2])
+    def jobs_noted(self, jobs: list[tuple[bool, int, int, int, float]]) -> None:
+        """:meth:`job_stored` / :meth:`job_loaded` of each of a batch of jobs,
+        ``(store?, blocks, nbytes, skipped or missed, seconds)`` each: one extend."""
+        self._jobs.extend(jobs)
+        if len(self._jobs) >= FOLD_EVERY:
+            self._fold()
 
     def _all(self) -> Iterator[Counter | Gauge | LabeledCounter | Histogram]:
         yield from self._metrics

@@ -246,8 +246,8 @@ class Judge:
         """:meth:`_finish_alike` of every job of a batch with its effects made
         once: the breaker told one success, the lookup cache one insert of
         every stored or skipped key, one recency note of the keys used
-        (loaded, or skipped as present), the metrics one lock (each job's
-        seconds observed), capacity and the write budget one settle of the
+        (loaded, or skipped as present), the metrics one list extend (each
+        job's counts and seconds: ``TierMetrics.jobs_noted``), capacity and the write budget one settle of the
         stores' bytes. C-level loops over the jobs, and one verdict each."""
         payload, file = self._one  # type: ignore[misc]  # finish_all: a tier of one payload size
         whats = list(map(DONE.__getitem__, map(_STATUS, map(_UNIFORM_OF, jobs))))
@@ -256,7 +256,6 @@ class Judge:
         stores = list(map(eq, map(_KIND, jobs), repeat("store")))
         stored = sum(compress(counts, map(eq, whats, repeat("stored"))))
         skipped = sum(compress(counts, map(eq, whats, repeat("skipped"))))
-        loaded = sum(counts) - stored - skipped
         self._breaker.success()
         used = list(chain.from_iterable(map(_KEYS, compress(jobs, map(ne, whats, repeat("stored"))))))
         if used:
@@ -265,14 +264,11 @@ class Judge:
             self._cache.stored(list(chain.from_iterable(map(_KEYS, compress(jobs, stores)))), time.monotonic())
             self._capacity.settle(file * (stored + skipped), file * stored)
             self._budget.release(file * (stored + skipped), file * stored)
-        self._metrics.jobs_done(
-            (stored, payload * stored, skipped, list(compress(seconds, stores))) if any(stores) else None,
-            (loaded, payload * loaded, list(compress(seconds, map(not_, stores)))) if not all(stores) else None,
-        )
         skips = list(map(eq, whats, repeat("skipped")))
-        moved = map(mul, counts, map(mul, repeat(payload), map(not_, skips)))  # a skipped store moved no byte
+        blocks = list(map(mul, counts, map(not_, skips)))  # a skipped store moved no file, no byte
+        moved, skipped_each = list(map(mul, repeat(payload), blocks)), list(map(mul, counts, skips))
+        self._metrics.jobs_noted(list(zip(stores, blocks, moved, skipped_each, seconds, strict=True)))
         wrote = [job.keys if w == "stored" else () for job, w in zip(jobs, whats, strict=True)]
-        skipped_each = map(mul, counts, skips)
         verdicts = map(Verdict, counts, repeat(0), moved, seconds, repeat(None), skipped_each, wrote, repeat(()))
         return list(zip(jobs, verdicts, strict=True))
 
