@@ -481,8 +481,8 @@ else:
             out = _done_results(VllmJobResult, fresh) if _FAST_RESULTS else None
             if out is None:
                 out = list(map(self._to_vllm, fresh))
-                refused = [r for r in fresh if r.cause in _REFUSED or not r.keys_completed + r.keys_failed]
-                self.vllm_metrics.observe_jobs(refused)
+                self.vllm_metrics.observe_jobs([r for r in fresh if r.cause in _REFUSED
+                                                or not r.keys_completed + r.keys_failed])
             if self._refused:
                 with self._lock:
                     refused, self._refused = self._refused, []

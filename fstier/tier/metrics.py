@@ -248,7 +248,8 @@ class TierMetrics:
         self.temp_swept = c("fstier_temp_swept_total", "stale temp/.nfs files removed")
         self.breaker_trips = c("fstier_breaker_trips_total", "times the circuit breaker opened")
         self.usage_bytes = g("fstier_usage_bytes", "bytes of block files under the root (tracked)")
-        self.write_speed = g("fstier_write_bytes_per_second", "EMA of measured write speed")
+        #: kept by the write budget (:class:`~fstier.tier.admission.WriteBudget`), read on demand
+        self.write_speed = OwnedGauge("fstier_write_bytes_per_second", "EMA of measured write speed")
         #: kept by the write budget (:class:`~fstier.tier.admission.WriteBudget`), read on demand
         self.queued_store_bytes = OwnedGauge("fstier_queued_store_bytes", "bytes of stores queued or running")
         self.degraded = g("fstier_degraded", "1 while the circuit breaker is open")

@@ -548,7 +548,7 @@ class NativeEngine:
             reg = job.owner
             reg.finished.append(job)
             reg.active -= 1
-            if reg.active == 0:
+            if reg.active == 0 and reg.idle._waiters:  # a waiter is listed under the lock held here: exact
                 reg.idle.notify_all()
         if reg.on_complete is not None:
             _completed(reg, job)
