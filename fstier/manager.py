@@ -304,8 +304,7 @@ class FsTier:
 
     def has_news(self) -> bool:
         """Whether :meth:`get_finished` or :meth:`take_events` may return something now.
-        No lock: a poll per scheduler step skips both while nothing happened (a job in flight: collected here,
-        so the registration's list is read, not looked at again)."""
+        No lock: a poll per scheduler step skips both while nothing happened (a job in flight: collected here)."""
         self._engine.poll()
         return bool(self._results.finished or self._results.held or self._events or self._engine.finished)
 
