@@ -288,12 +288,13 @@ class Judge:
         engine summarised as one success for every key (``job.uniform``), or
         whose one unit's outcomes are all one success, is judged in O(1)
         lines (:meth:`_finish_alike`)."""
-        what = DONE.get(job.uniform.status) if job.uniform is not None else None
-        if what is None and len(job.results) == 1 and isinstance(job.results[0], list):
+        if job.uniform is not None and (what := DONE.get(job.uniform.status)) is not None:
+            return self._finish_alike(job, what)  # the engine's uniform success: the straight line
+        if len(job.results) == 1 and isinstance(job.results[0], list):
             # One unit of every key (a batched job on the Python engine): alike when its outcomes are.
             what = _all_one_success(job.results[0]) if len(job.results[0]) == len(job.keys) else None
-        if what is not None:
-            return self._finish_alike(job, what)
+            if what is not None:
+                return self._finish_alike(job, what)
         now = time.monotonic()
         done: dict[str, list[int]] = {"stored": [], "skipped": [], "loaded": []}
         failed: list[int] = []

@@ -93,6 +93,8 @@ log = logging.getLogger("fstier.io")
 #: and uniform outcomes (``NativeEngine._judge_uniform``)
 _FIXED_MAX = 256
 _HASH, _GROUP = attrgetter("block_hash"), attrgetter("group_idx")
+#: the engine fields of a job published whole (``NativeEngine._done_alike``)
+_DONE = {"done": True, "remaining": 0, "started_units": 1}
 
 
 def _reprobe_due(blocks: Any) -> bool:
@@ -543,10 +545,8 @@ class NativeEngine:
             if job is None or one is None:
                 return False
             del self._jobs[ev[0]]
-            job.__dict__.update(uniform=one, results=[[one] * len(job.keys)], done=True, remaining=0,
-                                started_units=1, t_end=job.t_submit + ev[2])
-            reg = job.owner
-            reg.finished.append(job)
+            vars(job).update(_DONE, uniform=one, results=[[one] * len(job.keys)], t_end=job.t_submit + ev[2])
+            (reg := job.owner).finished.append(job)
             reg.active -= 1
             if reg.active == 0 and reg.idle._waiters:  # a waiter is listed under the lock held here: exact
                 reg.idle.notify_all()
