@@ -238,7 +238,9 @@ class Judge:
         summarised for every key alike (``EngineJob.uniform``) on a tier of
         one payload size, the common collect, their effects are made once
         for the batch (:meth:`_finish_batch`); else job by job, in order."""
-        if len(jobs) < 2 or self._one is None or not all(map(_UNIFORM_OF, jobs)):
+        if len(jobs) == 1:  # the common collect of a polling caller: no comprehension around it
+            return [(jobs[0], self.finish(jobs[0]))]
+        if not jobs or self._one is None or not all(map(_UNIFORM_OF, jobs)):
             return [(job, self.finish(job)) for job in jobs]
         return self._finish_batch(jobs)
 
