@@ -14,7 +14,8 @@ watchdog, a completion list and an eventfd).
   results (one unit of every key when every key returned, one unit per key
   otherwise: a key the engine gave up on is :data:`TIMED_OUT`,
   :data:`EXPIRED` or :data:`CANCELLED`), then publishes it to its
-  registration and runs ``on_complete``; at a "released" event it sets
+  registration and runs ``on_complete`` (a uniform success seen before:
+  ``_done_alike``, one lock, no other call); at a "released" event it sets
   ``job.released`` and runs ``on_released``. A mixed summary is judged by
   :mod:`fstier.io.engine.summary` (a byte per key, a tuple per failed key).
   It does no I/O: a corrupt file's removal and a store whose namespace
@@ -534,10 +535,12 @@ class NativeEngine:
         self._finish(job, seconds)
 
     def _done_alike(self, ev: tuple[Any, ...]) -> bool:
-        """The straight line of a collect that found one event: a store or
-        load whose every key returned one success seen before (a shared
+        """The straight line, tried first for every collected event: a store
+        or load whose every key returned one success seen before (a shared
         outcome of :data:`_UNIFORM`), judged and published under one lock, its
-        record's engine fields set in one update; True when it was one (else
+        record's engine fields set in one update, the registration's ``idle``
+        condition notified only when a waiter is listed (``threading.Condition``
+        lists them under its lock, held here); True when it was one (else
         :meth:`_event` takes it, nothing done here)."""
         with self.lock:
             job = self._jobs.get(ev[0]) if len(ev) == 6 and ev[0] < touch.TAGS else None
@@ -548,7 +551,7 @@ class NativeEngine:
             vars(job).update(_DONE, uniform=one, results=[[one] * len(job.keys)], t_end=job.t_submit + ev[2])
             (reg := job.owner).finished.append(job)
             reg.active -= 1
-            if reg.active == 0 and reg.idle._waiters:  # a waiter is listed under the lock held here: exact
+            if reg.active == 0 and reg.idle._waiters:  # (see the docstring)
                 reg.idle.notify_all()
         if reg.on_complete is not None:
             _completed(reg, job)
