@@ -190,8 +190,8 @@ def _slot_ints(chunk_ids: Any) -> tuple[int, ...]:
 _VLLM_RESULT_FIELDS = ("job_id", "success", "successful_keys", "transfer_time", "transfer_bytes")
 _SUCCESS, _COMPLETED, _CONTEXT = attrgetter("success"), attrgetter("keys_completed"), attrgetter("context")
 _JOB_ID, _SECONDS, _NBYTES = attrgetter("job_id"), attrgetter("seconds"), attrgetter("nbytes")
-#: the causes of a job FsTier refused at submission (fstier.tier.admission.Admission.refuse)
-_REFUSED = frozenset(("degraded", "slot_busy", "capacity", "backpressure"))
+_REFUSED = frozenset(("degraded", "slot_busy", "capacity", "backpressure"))  # a job FsTier refused at submission
+_RAN = lambda r: r.keys_completed + r.keys_failed  # noqa: E731  # 0: a job of no key, finished at submission
 _NO_BYTES = {0: None}  # .get(n, n): a store that moved no byte reports None (vLLM counts its rows then)
 
 
@@ -476,13 +476,10 @@ else:
             except Exception:  # never into vLLM's scheduler; results stay queued
                 log.exception("fstier: collecting finished jobs failed; retrying next step")
                 return []
-            # Each job's seconds and bytes reach vllm_metrics as FsTier's metrics count them (their tap),
-            # off this path; only a job FsTier refused at submission (never counted there) is observed here.
             out = _done_results(VllmJobResult, fresh) if _FAST_RESULTS else None
-            if out is None:
+            if out is None:  # job seconds and bytes reach vllm_metrics by FsTier's metrics' tap, but a refused job's
                 out = list(map(self._to_vllm, fresh))
-                self.vllm_metrics.observe_jobs([r for r in fresh if r.cause in _REFUSED
-                                                or not r.keys_completed + r.keys_failed])
+                self.vllm_metrics.observe_jobs([r for r in fresh if r.cause in _REFUSED or not _RAN(r)])
             if self._refused:
                 with self._lock:
                     refused, self._refused = self._refused, []

@@ -535,13 +535,10 @@ class NativeEngine:
         self._finish(job, seconds)
 
     def _done_alike(self, ev: tuple[Any, ...]) -> bool:
-        """The straight line, tried first for every collected event: a store
-        or load whose every key returned one success seen before (a shared
-        outcome of :data:`_UNIFORM`), judged and published under one lock, its
-        record's engine fields set in one update, the registration's ``idle``
-        condition notified only when a waiter is listed (``threading.Condition``
-        lists them under its lock, held here); True when it was one (else
-        :meth:`_event` takes it, nothing done here)."""
+        """The straight line, tried first for every event: a store or load whose every key returned one success
+        seen before (:data:`_UNIFORM`) published under one lock, its record's fields set in one update, ``idle``
+        notified only when a waiter is listed (a Condition lists them under its lock, held here); True when it
+        was one (else :meth:`_event` takes it, nothing done here)."""
         with self.lock:
             job = self._jobs.get(ev[0]) if len(ev) == 6 and ev[0] < touch.TAGS else None
             one = None if job is None or ev[3] is None else _UNIFORM.get((job.kind, ev[3]))
