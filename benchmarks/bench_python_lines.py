@@ -15,6 +15,10 @@ that returned no result (on the driver's thread) are counted apart, as
 jobs' own work on every thread: submit, completion, judging, results).
 
     .venv/bin/python benchmarks/bench_python_lines.py --rows 1024 --top 15
+
+``--serial`` keeps one job in flight at a time: every collect then finds
+exactly one job, so a collect's fixed lines are each job's and the figure
+does not move with timing (the figure to compare completions by).
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1024)
     ap.add_argument("--job-rows", type=int, default=16)
     ap.add_argument("--top", type=int, default=15, help="functions to list per phase")
+    ap.add_argument("--serial", action="store_true",
+                    help="one job in flight at a time, so every collect finds exactly one job (steady figures)")
     args = ap.parse_args()
 
     lines: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -85,6 +91,13 @@ def main() -> None:
 
     def run_jobs(tier: Any, jobs: list[Any], load: bool) -> tuple[int, int]:
         """Submit every job, then poll as vLLM does; (failed jobs, idle polls)."""
+        failed, idle = 0, 0
+        for batch in ([j] for j in jobs) if args.serial else [jobs]:
+            f, i = run_batch(tier, batch, load)
+            failed, idle = failed + f, idle + i
+        return failed, idle
+
+    def run_batch(tier: Any, jobs: list[Any], load: bool) -> tuple[int, int]:
         pending, failed, idle = {j.job_id for j in jobs}, 0, 0
         submit = tier.submit_load if load else tier.submit_store
         for j in jobs:

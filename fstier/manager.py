@@ -277,7 +277,7 @@ class FsTier:
         """Whether :meth:`get_finished` or :meth:`take_events` may return something now.
         No lock: a poll per scheduler step skips both while nothing happened (a job in flight: collected here)."""
         self._engine.poll()
-        return bool(self._results.finished or self._results.held or self._events or self._engine.has_finished())
+        return bool(self._results.finished or self._results.held or self._events or self._engine.finished)
 
     def has_pending(self) -> bool:
         """Whether a submitted job's result was not returned yet (in flight, finished, held)."""

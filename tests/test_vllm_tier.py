@@ -759,3 +759,35 @@ def test_one_collect_of_done_partial_and_refused_jobs_reports_each_as_its_own(tm
             tier.on_schedule_end(None)  # type: ignore[arg-type]
             time.sleep(0.01)
         assert answers == [LookupResult.HIT, LookupResult.MISS]
+
+
+def test_job_histograms_observe_each_job_once_refused_ones_included(tmp_path: Path) -> None:
+    """vLLM's per-job histograms: one seconds observation per store or load
+    job (FsTier's metrics count a finished job and tell vLLM's metrics, off
+    the completion path; a job FsTier refused at submission is observed by
+    the adapter), one bytes observation per job that moved bytes."""
+    keys = keys_for(21, 4)
+    p = fv.METRIC_PREFIX
+    with tiering_manager(offloading_config([tier_cfg(tmp_path / "kv")])) as m:
+        tier = fstier_tier(m)
+        tier.get_stats()  # the first report: nothing observed yet
+        row = tier.block_size_bytes
+
+        def run(job_id: int, ks: list[object], promote: bool) -> None:
+            job = TransferJob(job_id=job_id, keys=ks, chunk_ids=np.arange(len(ks)), is_promotion=promote,
+                              req_context=ReqContext(req_id="h"))
+            (tier.submit_load if promote else tier.submit_store)(job)
+            tier.drain_jobs()
+            assert [r.job_id for r in tier.get_finished_jobs()] == [job_id]
+
+        run(1, keys[:2], False)
+        run(2, keys[2:], False)
+        run(3, keys[:2], False)  # skipped: present, no byte moved
+        run(4, keys, True)
+        tier.fstier._breaker.failure("EIO", 1000)  # open: the next store is refused at submission ("degraded")
+        run(5, keys_for(22, 1), False)
+        _, values = tier.get_stats().metric_sections()
+        assert len(values[p + "store_job_seconds"][()]) == 4 and len(values[p + "load_job_seconds"][()]) == 1
+        assert sorted(values[p + "store_job_bytes"][()]) == [2.0 * row, 2.0 * row]
+        assert values[p + "load_job_bytes"][()] == [4.0 * row]
+        assert tier.get_stats() is None  # each observed once

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import compress
+from operator import attrgetter, itemgetter
 from typing import Any
 
 __all__ = [
@@ -112,6 +114,8 @@ VLLM_HISTOGRAMS: dict[str, tuple[tuple[float, ...], str]] = {
     "store_job_bytes": (BYTES_BUCKETS_VLLM, "Payload bytes written per store job."),
     "load_job_bytes": (BYTES_BUCKETS_VLLM, "Payload bytes loaded per load job."),
 }
+_KIND, _SECONDS, _NBYTES = attrgetter("kind"), attrgetter("seconds"), attrgetter("nbytes")
+_STORE, _MOVED, _SEC = itemgetter(0), itemgetter(2), itemgetter(4)
 #: Observations kept per histogram between two get_stats calls (vLLM calls
 #: it every step when stats are on); beyond it the oldest are dropped.
 MAX_OBSERVATIONS = 4096
@@ -162,6 +166,16 @@ class VllmMetrics:
         self._observations: dict[str, deque[float]] = {
             name: deque(maxlen=MAX_OBSERVATIONS) for name in VLLM_HISTOGRAMS
         }
+        #: a job kind (or "is a store", as TierMetrics notes it) -> its seconds and its bytes observations
+        obs = self._observations
+        self._seconds: dict[str | bool, deque[float]] = {
+            "store": obs["store_job_seconds"], "load": obs["load_job_seconds"],
+            True: obs["store_job_seconds"], False: obs["load_job_seconds"],
+        }
+        self._bytes: dict[str | bool, deque[float]] = {
+            "store": obs["store_job_bytes"], "load": obs["load_job_bytes"],
+            True: obs["store_job_bytes"], False: obs["load_job_bytes"],
+        }
 
     def observe(self, name: str, value: float) -> None:
         """One observation of histogram ``name`` for the next report."""
@@ -170,13 +184,31 @@ class VllmMetrics:
 
     def observe_jobs(self, results: Iterable[Any]) -> None:
         """Each finished job's seconds and bytes (when it moved any) for the
-        next report: one lock per collected batch, none per job."""
-        obs = self._observations
+        next report: one lock per collected batch, none per job, and C-level
+        loops over the batch (no line per result)."""
+        results = list(results)
+        moved = list(compress(results, map(_NBYTES, results)))
+        seconds, nbytes = self._seconds, self._bytes
         with self._lock:
-            for r in results:
-                obs[f"{r.kind}_job_seconds"].append(float(r.seconds))
-                if r.nbytes:
-                    obs[f"{r.kind}_job_bytes"].append(float(r.nbytes))
+            deque(map(deque.append, map(seconds.__getitem__, map(_KIND, results)), map(float, map(_SECONDS, results))),
+                  maxlen=0)
+            deque(map(deque.append, map(nbytes.__getitem__, map(_KIND, moved)), map(float, map(_NBYTES, moved))),
+                  maxlen=0)
+
+    def observe_counted(self, jobs: Sequence[tuple[bool, int, int, int, float]]) -> None:
+        """:meth:`observe_jobs` of the jobs FsTier's metrics just counted, as
+        they note them (``(store?, blocks, nbytes, skipped or missed,
+        seconds)``): the tap of :attr:`fstier.tier.metrics.TierMetrics.tap`,
+        run when a read of those metrics counts them (at the latest by
+        ``get_stats``' change check, before its report), never on a job's
+        completion path."""
+        moved = list(compress(jobs, map(_MOVED, jobs)))
+        seconds, nbytes = self._seconds, self._bytes
+        with self._lock:
+            deque(map(deque.append, map(seconds.__getitem__, map(_STORE, jobs)), map(float, map(_SEC, jobs))),
+                  maxlen=0)
+            deque(map(deque.append, map(nbytes.__getitem__, map(_STORE, moved)), map(float, map(_MOVED, moved))),
+                  maxlen=0)
 
     def _counter_delta(self, name: str, labels: tuple[str, ...], now: float) -> float:
         key = (name, labels)

@@ -193,6 +193,8 @@ def _slot_ints(chunk_ids: Any) -> tuple[int, ...]:
 _VLLM_RESULT_FIELDS = ("job_id", "success", "successful_keys", "transfer_time", "transfer_bytes")
 _SUCCESS, _COMPLETED, _CONTEXT = attrgetter("success"), attrgetter("keys_completed"), attrgetter("context")
 _JOB_ID, _SECONDS, _NBYTES = attrgetter("job_id"), attrgetter("seconds"), attrgetter("nbytes")
+_REFUSED = frozenset(("degraded", "slot_busy", "capacity", "backpressure"))  # a job FsTier refused at submission
+_RAN = lambda r: r.keys_completed + r.keys_failed  # noqa: E731  # 0: a job of no key, finished at submission
 _NO_BYTES = {0: None}  # .get(n, n): a store that moved no byte reports None (vLLM counts its rows then)
 
 
@@ -346,6 +348,7 @@ else:
             self._refused: list[tuple[int, tuple[Any, ...], bool]] = []
             #: fstier's metrics as vLLM reports them (get_stats)
             self.vllm_metrics = VllmMetrics()
+            self.fstier.metrics.tap = self.vllm_metrics.observe_counted  # each counted job's seconds and bytes
             self._closed = False
             self._stats_seen: tuple[int, str] | None = None
             #: the hash-seed check ran on seeded hashes (see _check_hash_seed)
@@ -476,8 +479,10 @@ else:
             except Exception:  # never into vLLM's scheduler; results stay queued
                 log.exception("fstier: collecting finished jobs failed; retrying next step")
                 return []
-            out = (_done_results(VllmJobResult, fresh) if _FAST_RESULTS else None) or list(map(self._to_vllm, fresh))
-            self.vllm_metrics.observe_jobs(fresh)
+            out = _done_results(VllmJobResult, fresh) if _FAST_RESULTS else None
+            if out is None:  # job seconds and bytes reach vllm_metrics by FsTier's metrics' tap, but a refused job's
+                out = list(map(self._to_vllm, fresh))
+                self.vllm_metrics.observe_jobs([r for r in fresh if r.cause in _REFUSED or not _RAN(r)])
             if self._refused:
                 with self._lock:
                     refused, self._refused = self._refused, []

@@ -152,8 +152,14 @@ class WriteBudget:
         self._lock = threading.Lock()
         #: changes of ``queued`` (the queued-bytes gauge reads both on demand: no gauge call per job)
         self._changes = 0
-        metrics.write_speed.set(self.speed)
+        #: changes of ``speed`` (its gauge reads both on demand: no gauge call per sample); 1: the prior's
+        self._speed_changes = 1
+        metrics.write_speed.bind(self._speed_gauge)
         metrics.queued_store_bytes.bind(self._queued_gauge)
+
+    def _speed_gauge(self) -> tuple[float, int]:
+        """``(speed, changes)`` for the ``fstier_write_bytes_per_second`` gauge."""
+        return self.speed, self._speed_changes
 
     def _queued_gauge(self) -> tuple[float, int]:
         """``(queued bytes, changes)`` for the ``fstier_queued_store_bytes`` gauge."""
@@ -183,25 +189,18 @@ class WriteBudget:
         """An op ended: ``reserved`` bytes leave the queue, ``written`` count
         toward the speed sample."""
         with self._lock:
-            self.queued = max(0, self.queued - reserved)
-            self._busy_bytes += written
+            queued = self.queued = max(0, self.queued - reserved)
+            busy = self._busy_bytes = self._busy_bytes + written
             now = self._clock.monotonic()
             elapsed = now - self._busy_since
-            if self._busy_bytes > 0 and elapsed >= _MIN_SAMPLE_S and (
-                self.queued == 0 or elapsed >= 0.25
-            ):
-                sample = self._busy_bytes / elapsed
+            if busy > 0 and elapsed >= _MIN_SAMPLE_S and (queued == 0 or elapsed >= 0.25):
                 # The first measurement replaces the prior outright: a slow
                 # mount must not hide behind an optimistic guess for long.
-                if self._measured:
-                    self.speed = (1 - _EMA_ALPHA) * self.speed + _EMA_ALPHA * sample
-                else:
-                    self.speed = sample
-                    self._measured = True
-                self._metrics.write_speed.set(self.speed)
-                self._busy_since = now
-                self._busy_bytes = 0
-            elif self.queued == 0 and self._busy_bytes == 0:
+                sample = busy / elapsed
+                speed = (1 - _EMA_ALPHA) * self.speed + _EMA_ALPHA * sample if self._measured else sample
+                self._speed_changes += speed != self.speed  # the speed gauge reads both on demand
+                self.speed, self._measured, self._busy_since, self._busy_bytes = speed, True, now, 0
+            elif queued == 0 and busy == 0:
                 self._busy_since = now
             self._changes += reserved > 0
 

@@ -1,11 +1,14 @@
 """Plain in-process metrics for FsTier, with an optional Prometheus bridge.
 
 Counters, gauges and fixed-bucket histograms are small objects with no
-dependency; the metrics of one :class:`TierMetrics` share one lock, so a
-finished job's counts and latency are one acquisition
-(:meth:`TierMetrics.job_stored`, :meth:`TierMetrics.job_loaded`), and no
-metric calls out while holding it. :meth:`TierMetrics.snapshot` returns a plain dict (what
-tests, logs and ``--json`` read). ``prometheus_client`` is imported only when
+dependency; the metrics of one :class:`TierMetrics` share one lock, and no
+metric calls out while holding it. A finished job's counts and latency
+(:meth:`TierMetrics.job_stored`, :meth:`TierMetrics.job_loaded`) are one
+list append on the completion path, counted into the counters and
+histograms they move at the next read of any of them (``_fold_locked``):
+what every reader sees is exactly what counting at completion gave.
+:meth:`TierMetrics.snapshot` returns a plain dict (what tests, logs and
+``--json`` read). ``prometheus_client`` is imported only when
 :meth:`TierMetrics.start_prometheus_exporter` or
 :meth:`TierMetrics.prometheus_collector` is called; without the ``metrics``
 extra installed those raise :class:`~fstier.errors.MetricsUnavailableError`
@@ -19,7 +22,8 @@ import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import compress, filterfalse, repeat
+from operator import itemgetter
 from typing import Any
 
 from fstier.errors import MetricsUnavailableError
@@ -35,10 +39,18 @@ SECONDS_BUCKETS: tuple[float, ...] = (
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )
 
+_STORE, _BLOCKS, _NBYTES, _OTHER, _SECONDS = map(itemgetter, range(5))
+#: finished jobs noted by :meth:`TierMetrics.job_stored` / ``job_loaded`` that are counted at once, read or not
+FOLD_EVERY = 1024
+
 
 class Counter:
     """A monotonically increasing number. ``lock``: the lock it shares with
-    the other metrics of its :class:`TierMetrics` (its own when None)."""
+    the other metrics of its :class:`TierMetrics` (its own when None).
+    ``_fold``: set by a :class:`TierMetrics` whose finished jobs this counter
+    counts (run under the lock before a read: it adds the jobs counted since)."""
+
+    _fold: Callable[[], None] | None = None
 
     def __init__(self, name: str, doc: str, lock: threading.Lock | None = None) -> None:
         self.name = name
@@ -59,9 +71,16 @@ class Counter:
         self._value += amount
         self.changes += 1
 
+    def _add_n(self, amount: float, times: int) -> None:
+        """``times`` :meth:`_add` calls adding ``amount`` in all (the lock held by the caller)."""
+        self._value += amount
+        self.changes += times
+
     @property
     def value(self) -> float:
         with self._lock:
+            if self._fold is not None:
+                self._fold()
             return self._value
 
 
@@ -155,7 +174,9 @@ class HistogramSnapshot:
 
 
 class Histogram:
-    """A fixed-bucket histogram of observations."""
+    """A fixed-bucket histogram of observations (``_fold``: as :class:`Counter`'s)."""
+
+    _fold: Callable[[], None] | None = None
 
     def __init__(
         self, name: str, doc: str, buckets: Sequence[float] = SECONDS_BUCKETS, lock: threading.Lock | None = None,
@@ -189,6 +210,8 @@ class Histogram:
 
     def snapshot(self) -> HistogramSnapshot:
         with self._lock:
+            if self._fold is not None:
+                self._fold()
             counts = list(self._counts)
             total = self._sum
         cumulative: list[int] = []
@@ -201,8 +224,8 @@ class Histogram:
 
 class TierMetrics:
     """Every metric one FsTier keeps. Names follow Prometheus conventions.
-    They share one lock, so a finished job's counts and latency are one
-    acquisition (:meth:`job_stored`, :meth:`job_loaded`), not one per metric."""
+    They share one lock; a finished job's counts and latency are one list
+    append (:meth:`job_stored`, :meth:`job_loaded`), counted at the next read."""
 
     def __init__(self) -> None:
         self._lock = lock = threading.Lock()
@@ -225,7 +248,8 @@ class TierMetrics:
         self.temp_swept = c("fstier_temp_swept_total", "stale temp/.nfs files removed")
         self.breaker_trips = c("fstier_breaker_trips_total", "times the circuit breaker opened")
         self.usage_bytes = g("fstier_usage_bytes", "bytes of block files under the root (tracked)")
-        self.write_speed = g("fstier_write_bytes_per_second", "EMA of measured write speed")
+        #: kept by the write budget (:class:`~fstier.tier.admission.WriteBudget`), read on demand
+        self.write_speed = OwnedGauge("fstier_write_bytes_per_second", "EMA of measured write speed")
         #: kept by the write budget (:class:`~fstier.tier.admission.WriteBudget`), read on demand
         self.queued_store_bytes = OwnedGauge("fstier_queued_store_bytes", "bytes of stores queued or running")
         self.degraded = g("fstier_degraded", "1 while the circuit breaker is open")
@@ -246,48 +270,69 @@ class TierMetrics:
         self._metrics = tuple(
             v for v in vars(self).values() if isinstance(v, Counter | Gauge | LabeledCounter | Histogram)
         )
+        #: finished jobs not counted yet: (store?, blocks, nbytes, skipped or missed, seconds), in order
+        self._jobs: list[tuple[bool, int, int, int, float]] = []
+        #: told every batch of jobs as it is counted, under the lock (vLLM's per-job histograms,
+        #: :meth:`~fstier.integrations._vllm_metrics.VllmMetrics.observe_counted`); must not call back here
+        self.tap: Callable[[list[tuple[bool, int, int, int, float]]], None] | None = None
+        for m in (self.stored_blocks, self.stored_bytes, self.skipped_blocks, self.store_seconds,
+                  self.loaded_blocks, self.loaded_bytes, self.load_misses, self.load_seconds):
+            m._fold = self._fold_locked
 
     def job_stored(self, blocks: int, nbytes: int, skipped: int, seconds: float) -> None:
         """A store job ended: ``blocks`` files of ``nbytes`` payload written,
-        ``skipped`` keys found present, in ``seconds`` (one lock)."""
-        with self._lock:
-            self.stored_blocks._add(blocks)
-            self.stored_bytes._add(nbytes)
-            if skipped:
-                self.skipped_blocks._add(skipped)
-            self.store_seconds._add(seconds)
+        ``skipped`` keys found present, in ``seconds``: one list append, no
+        lock (counted at the next read, :meth:`_fold_locked`, or once
+        :data:`FOLD_EVERY` wait: a tier nobody reads keeps no more)."""
+        self._jobs.append((True, blocks, nbytes, skipped, seconds))
+        if len(self._jobs) >= FOLD_EVERY:
+            self._fold()
 
     def job_loaded(self, blocks: int, nbytes: int, missed: int, seconds: float) -> None:
         """A load job ended: ``blocks`` files of ``nbytes`` payload loaded and
-        verified, ``missed`` keys reported as misses, in ``seconds`` (one lock)."""
-        with self._lock:
-            self.loaded_blocks._add(blocks)
-            self.loaded_bytes._add(nbytes)
-            if missed:
-                self.load_misses._add(missed)
-            self.load_seconds._add(seconds)
+        verified, ``missed`` keys reported as misses, in ``seconds`` (as :meth:`job_stored`)."""
+        self._jobs.append((False, blocks, nbytes, missed, seconds))
+        if len(self._jobs) >= FOLD_EVERY:
+            self._fold()
 
-    def jobs_done(
-        self, stores: tuple[int, int, int, list[float]] | None, loads: tuple[int, int, list[float]] | None,
-    ) -> None:
-        """A batch of jobs that every key of succeeded ended, in one lock:
-        ``stores`` (files written, their payload bytes, keys skipped as
-        present, each store job's seconds) and ``loads`` (files loaded,
-        their bytes, each load job's seconds); None where the batch had no
-        job of that kind. The counters move as :meth:`job_stored` and
-        :meth:`job_loaded` would move them, job by job, and each job's
-        seconds are observed."""
+    def _fold(self) -> None:
         with self._lock:
-            if stores is not None:
-                self.stored_blocks._add(stores[0])
-                self.stored_bytes._add(stores[1])
-                if stores[2]:
-                    self.skipped_blocks._add(stores[2])
-                self.store_seconds._add_many(stores[3])
-            if loads is not None:
-                self.loaded_blocks._add(loads[0])
-                self.loaded_bytes._add(loads[1])
-                self.load_seconds._add_many(loads[2])
+            self._fold_locked()
+
+    def _fold_locked(self) -> None:
+        """Count the jobs :meth:`job_stored` and :meth:`job_loaded` noted
+        since the last read (the lock held; run by every read of a counter
+        or histogram they move, :meth:`changes` and :meth:`snapshot`): each
+        moves the counters as one job's counts did, a skip or miss count only
+        when not 0 (C-level loops over them, a line per kind, none per job),
+        and :attr:`tap` is told them. Appends racing it stay for the next read
+        (the list is cut by its length, never swapped)."""
+        jobs = self._jobs
+        if not jobs:
+            return
+        n = len(jobs)
+        done, jobs[:n] = jobs[:n], []
+        stores, loads = list(compress(done, map(_STORE, done))), list(filterfalse(_STORE, done))
+        for js, blocks, nbytes, other, seconds in (
+            (stores, self.stored_blocks, self.stored_bytes, self.skipped_blocks, self.store_seconds),
+            (loads, self.loaded_blocks, self.loaded_bytes, self.load_misses, self.load_seconds),
+        ):
+            if js:
+                blocks._add_n(sum(map(_BLOCKS, js)), len(js))
+                nbytes._add_n(sum(map(_NBYTES, js)), len(js))
+                others = list(filter(None, map(_OTHER, js)))
+                if others:
+                    other._add_n(sum(others), len(others))
+                seconds._add_many(list(map(_SECONDS, js)))
+        if self.tap is not None:
+            self.tap(done)
+
+    def jobs_noted(self, jobs: list[tuple[bool, int, int, int, float]]) -> None:
+        """:meth:`job_stored` / :meth:`job_loaded` of each of a batch of jobs,
+        ``(store?, blocks, nbytes, skipped or missed, seconds)`` each: one extend."""
+        self._jobs.extend(jobs)
+        if len(self._jobs) >= FOLD_EVERY:
+            self._fold()
 
     def _all(self) -> Iterator[Counter | Gauge | LabeledCounter | Histogram]:
         yield from self._metrics
@@ -299,6 +344,8 @@ class TierMetrics:
         against a :meth:`snapshot`'s ~60 us, so an engine that polls every
         scheduler step (vLLM's ``get_stats``) builds a report only when
         there is news."""
+        if self._jobs:
+            self._fold()
         return sum(m.changes for m in self._metrics)
 
     def snapshot(self) -> dict[str, Any]:

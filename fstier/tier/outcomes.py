@@ -238,7 +238,9 @@ class Judge:
         summarised for every key alike (``EngineJob.uniform``) on a tier of
         one payload size, the common collect, their effects are made once
         for the batch (:meth:`_finish_batch`); else job by job, in order."""
-        if len(jobs) < 2 or self._one is None or not all(map(_UNIFORM_OF, jobs)):
+        if len(jobs) == 1:  # the common collect of a polling caller: no comprehension around it
+            return [(jobs[0], self.finish(jobs[0]))]
+        if not jobs or self._one is None or not all(map(_UNIFORM_OF, jobs)):
             return [(job, self.finish(job)) for job in jobs]
         return self._finish_batch(jobs)
 
@@ -246,8 +248,8 @@ class Judge:
         """:meth:`_finish_alike` of every job of a batch with its effects made
         once: the breaker told one success, the lookup cache one insert of
         every stored or skipped key, one recency note of the keys used
-        (loaded, or skipped as present), the metrics one lock (each job's
-        seconds observed), capacity and the write budget one settle of the
+        (loaded, or skipped as present), the metrics one list extend (each
+        job's counts and seconds: ``TierMetrics.jobs_noted``), capacity and the write budget one settle of the
         stores' bytes. C-level loops over the jobs, and one verdict each."""
         payload, file = self._one  # type: ignore[misc]  # finish_all: a tier of one payload size
         whats = list(map(DONE.__getitem__, map(_STATUS, map(_UNIFORM_OF, jobs))))
@@ -256,7 +258,6 @@ class Judge:
         stores = list(map(eq, map(_KIND, jobs), repeat("store")))
         stored = sum(compress(counts, map(eq, whats, repeat("stored"))))
         skipped = sum(compress(counts, map(eq, whats, repeat("skipped"))))
-        loaded = sum(counts) - stored - skipped
         self._breaker.success()
         used = list(chain.from_iterable(map(_KEYS, compress(jobs, map(ne, whats, repeat("stored"))))))
         if used:
@@ -265,14 +266,11 @@ class Judge:
             self._cache.stored(list(chain.from_iterable(map(_KEYS, compress(jobs, stores)))), time.monotonic())
             self._capacity.settle(file * (stored + skipped), file * stored)
             self._budget.release(file * (stored + skipped), file * stored)
-        self._metrics.jobs_done(
-            (stored, payload * stored, skipped, list(compress(seconds, stores))) if any(stores) else None,
-            (loaded, payload * loaded, list(compress(seconds, map(not_, stores)))) if not all(stores) else None,
-        )
         skips = list(map(eq, whats, repeat("skipped")))
-        moved = map(mul, counts, map(mul, repeat(payload), map(not_, skips)))  # a skipped store moved no byte
+        blocks = list(map(mul, counts, map(not_, skips)))  # a skipped store moved no file, no byte
+        moved, skipped_each = list(map(mul, repeat(payload), blocks)), list(map(mul, counts, skips))
+        self._metrics.jobs_noted(list(zip(stores, blocks, moved, skipped_each, seconds, strict=True)))
         wrote = [job.keys if w == "stored" else () for job, w in zip(jobs, whats, strict=True)]
-        skipped_each = map(mul, counts, skips)
         verdicts = map(Verdict, counts, repeat(0), moved, seconds, repeat(None), skipped_each, wrote, repeat(()))
         return list(zip(jobs, verdicts, strict=True))
 
@@ -292,12 +290,13 @@ class Judge:
         engine summarised as one success for every key (``job.uniform``), or
         whose one unit's outcomes are all one success, is judged in O(1)
         lines (:meth:`_finish_alike`)."""
-        what = DONE.get(job.uniform.status) if job.uniform is not None else None
-        if what is None and len(job.results) == 1 and isinstance(job.results[0], list):
+        if job.uniform is not None and (what := DONE.get(job.uniform.status)) is not None:
+            return self._finish_alike(job, what)  # the engine's uniform success: the straight line
+        if len(job.results) == 1 and isinstance(job.results[0], list):
             # One unit of every key (a batched job on the Python engine): alike when its outcomes are.
             what = _all_one_success(job.results[0]) if len(job.results[0]) == len(job.keys) else None
-        if what is not None:
-            return self._finish_alike(job, what)
+            if what is not None:
+                return self._finish_alike(job, what)
         now = time.monotonic()
         done: dict[str, list[int]] = {"stored": [], "skipped": [], "loaded": []}
         failed: list[int] = []

@@ -14,7 +14,8 @@ watchdog, a completion list and an eventfd).
   results (one unit of every key when every key returned, one unit per key
   otherwise: a key the engine gave up on is :data:`TIMED_OUT`,
   :data:`EXPIRED` or :data:`CANCELLED`), then publishes it to its
-  registration and runs ``on_complete``; at a "released" event it sets
+  registration and runs ``on_complete`` (a uniform success seen before:
+  ``_done_alike``, one lock, no other call); at a "released" event it sets
   ``job.released`` and runs ``on_released``. A mixed summary is judged by
   :mod:`fstier.io.engine.summary` (a byte per key, a tuple per failed key).
   It does no I/O: a corrupt file's removal and a store whose namespace
@@ -93,6 +94,8 @@ log = logging.getLogger("fstier.io")
 #: and uniform outcomes (``NativeEngine._judge_uniform``)
 _FIXED_MAX = 256
 _HASH, _GROUP = attrgetter("block_hash"), attrgetter("group_idx")
+#: the engine fields of a job published whole (``NativeEngine._done_alike``)
+_DONE = {"done": True, "remaining": 0, "started_units": 1}
 
 
 def _reprobe_due(blocks: Any) -> bool:
@@ -183,7 +186,8 @@ class NativeEngine:
             events = self._ext.engine_collect(self._cap)
             for ev in events:
                 try:
-                    self._event(ev)
+                    if not self._done_alike(ev):
+                        self._event(ev)
                 except Exception:
                     log.exception("native engine: completing job tag %r failed", ev[0])
         return len(events)
@@ -521,29 +525,35 @@ class NativeEngine:
             _completed(reg, job)
             return
         tag, _, seconds, uniform, per_key, marks = ev
-        if uniform is not None:  # every key returned alike (C: no marks then)
+        if uniform is not None:  # every key returned alike (C: no marks then); a success seen before: _done_alike
             with self.lock:
                 job = self._jobs.pop(tag)  # a store or load: call jobs never reach C
-                one = _UNIFORM.get((job.kind, uniform))
-                if one is not None:
-                    # The common job, a success seen before: judged and published
-                    # under this one lock (what _judge_uniform and _finish do).
-                    job.uniform, job.results, job.done, job.remaining = one, [[one] * len(job.keys)], True, 0
-                    job.started_units, job.t_end, reg = 1, job.t_submit + seconds, job.owner
-                    reg.finished.append(job)
-                    reg.active -= 1
-                    if reg.active == 0:
-                        reg.idle.notify_all()
-            if one is not None:
-                if reg.on_complete is not None:
-                    _completed(reg, job)
-                return
             self._judge_uniform(job, uniform)
         else:
             with self.lock:
                 job = self._jobs[tag] if marks is not None and 1 in marks else self._jobs.pop(tag)
             self._judge_summary(job, per_key, marks)
         self._finish(job, seconds)
+
+    def _done_alike(self, ev: tuple[Any, ...]) -> bool:
+        """The straight line, tried first for every event: a store or load whose every key returned one success
+        seen before (:data:`_UNIFORM`) published under one lock, its record's fields set in one update, ``idle``
+        notified only when a waiter is listed (a Condition lists them under its lock, held here); True when it
+        was one (else :meth:`_event` takes it, nothing done here)."""
+        with self.lock:
+            job = self._jobs.get(ev[0]) if len(ev) == 6 and ev[0] < touch.TAGS else None
+            one = None if job is None or ev[3] is None else _UNIFORM.get((job.kind, ev[3]))
+            if job is None or one is None:
+                return False
+            del self._jobs[ev[0]]
+            vars(job).update(_DONE, uniform=one, results=[[one] * len(job.keys)], t_end=job.t_submit + ev[2])
+            (reg := job.owner).finished.append(job)
+            reg.active -= 1
+            if reg.active == 0 and reg.idle._waiters:  # (see the docstring)
+                reg.idle.notify_all()
+        if reg.on_complete is not None:
+            _completed(reg, job)
+        return True
 
     def _judge_uniform(self, job: EngineJob, raw: tuple[int, ...]) -> None:
         """The record's results from a uniform C summary: a success is one

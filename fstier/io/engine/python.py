@@ -151,10 +151,8 @@ class Registration:
         do). A caller that polls (vLLM's scheduler) so never waits for the
         engine's completion thread to get the GIL, which an engine holding it
         hands over only every switch interval (5 ms)."""
-        if self.active:
-            pump = getattr(self.engine, "pump", None)
-            if pump is not None:
-                pump()
+        if self.active and hasattr(self.engine, "pump"):
+            self.engine.pump()
 
     def notify(self, kind: str) -> None:
         """Write ``kind``'s notify fd, if any (takes the engine's lock)."""
