@@ -257,11 +257,10 @@ class FsTier:
         self._recency.flush()
 
     # -- completion --------------------------------------------------------------
-    def _reap(self, finished: bool | None = None) -> None:
-        """Turn finished engine jobs into JobResults (never blocks; no lock taken while none finished;
-        one lock for all the jobs one collect returned; ``finished``: what the caller just saw, no second look).
-        Fence waiters are woken by the release, not here."""
-        if not (self._engine.has_finished() if finished is None else finished):
+    def _reap(self) -> None:
+        """Turn finished engine jobs into JobResults (never blocks; no lock taken while none finished; one lock for
+        all the jobs one collect returned). Fence waiters are woken by the release, not here."""
+        if not self._engine.has_finished():
             return
         done = self._judge.finish_all(self._engine.collect())
         with self._lock:
@@ -286,17 +285,18 @@ class FsTier:
 
     def get_finished(self) -> list[JobResult]:
         """Results of jobs finished since the last call (never blocks); with ``hold_fenced_results``, a job's
-        result comes once none of its slots is fenced (held results first, in the order they finished)."""
-        # Polled only when nothing is known finished (after has_news, which polled, it is not polled again).
+        result comes once none of its slots is fenced (held results first, in the order they finished). Polled only
+        when nothing is known finished (not again after has_news); :meth:`_reap` and the take under one lock."""
         known = self._engine.has_finished()  # (a registration with notify fds collects here: looked at once)
         if not (known or self._results.finished or self._results.held):
             self._engine.poll()  # a job in flight: the C engine's completions, here (no wait for its thread's GIL)
-            known = self._engine.has_finished()
-            if not known:
+            if not (known := self._engine.has_finished()):
                 return []
-        self._reap(known)
+        done = self._judge.finish_all(self._engine.collect()) if known else ()
         with self._lock:
-            return self._results.take_locked()
+            if done and self._waiters.asleep:  # (notified before the publish: the waiter runs once it is released)
+                self._idle.notify_all()
+            return self._results.publish_jobs_locked(done, self._inflight, self._events, take=True)
 
     def take_events(self) -> list[TierEvent]:
         """Stored/removed events since the last call, in order."""

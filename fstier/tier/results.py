@@ -20,17 +20,21 @@ Costs
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable, Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, Literal
 
 from fstier.tier.fences import Fences
-from fstier.tier.records import BlockRemoved, BlockStored, JobResult, TierEvent, job_result
+from fstier.tier.records import _NEW, _RESULT_FIELDS, _SET, BlockRemoved, BlockStored, JobResult, TierEvent
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.io import EngineJob
     from fstier.tier.outcomes import Verdict
 
 __all__ = ["Results"]
+
+_FIELDS = _RESULT_FIELDS  # a result's fields, in order (records.py's job_result, inline)
 
 
 class Results:
@@ -58,11 +62,13 @@ class Results:
 
     def publish_jobs_locked(
         self, done: Sequence[tuple[EngineJob, Verdict]], inflight: dict[Hashable, EngineJob], events: list[TierEvent],
-    ) -> None:
+        take: bool = False,
+    ) -> list[JobResult]:
         """Each finished job of one collect with its verdict, in order: its
         events (the keys it wrote, the corrupt files it removed), its fence
         (before its result is published), out of ``inflight``, its result
-        published as :meth:`publish_locked` does."""
+        (built with no bytecode per field) published as :meth:`publish_locked`
+        does; ``take``: then returns :meth:`take_locked`'s list (else [])."""
         for job, v in done:
             if v.stored:
                 events.append(BlockStored(v.stored))
@@ -71,11 +77,16 @@ class Results:
                     events.append(BlockRemoved(v.removed, "corrupt"))
                 self._fences.fence_job(job)  # (no slot of a job that did not time out)
             del inflight[job.tag]
-            result = job_result(job.tag, job.kind, not v.failed, *v[:6], v.loaded_after, job.context)
+            values = (job.tag, job.kind, not v.failed, *v[:6], v.loaded_after, job.context)
+            deque(map(_SET, repeat(r := _NEW(JobResult)), _FIELDS, values), 0)
             if self._hold and self._fences and self._fences.busy(job.slots):
-                self.held.append((result, job.slots))
+                self.held.append((r, job.slots))
             else:
-                self.finished.append(result)
+                self.finished.append(r)
+        if not take:
+            return []
+        out, self.finished = self.finished, []
+        return self._ready_locked() + out if self.held else out
 
     def refused_locked(
         self, job_id: Hashable, kind: Literal["store", "load"], n: int, cause: str, context: Any
@@ -87,9 +98,11 @@ class Results:
     def take_locked(self) -> list[JobResult]:
         """Every result ready now: held ones whose slots were released first."""
         out, self.finished = self.finished, []
-        if self.held:
-            busy = self._fences.busy
-            ready = [r for r, slots in self.held if not busy(slots)]
-            self.held = [(r, slots) for r, slots in self.held if busy(slots)]
-            out = ready + out
-        return out
+        return self._ready_locked() + out if self.held else out
+
+    def _ready_locked(self) -> list[JobResult]:
+        """The held results whose slots were released, taken out of :attr:`held` (in order)."""
+        busy = self._fences.busy
+        ready = [r for r, slots in self.held if not busy(slots)]
+        self.held = [(r, slots) for r, slots in self.held if busy(slots)]
+        return ready
