@@ -273,8 +273,7 @@ class FsTier:
         return self._waiters.wait(job_id, wait_timeout("wait", timeout))
 
     def has_news(self) -> bool:
-        """Whether :meth:`get_finished` or :meth:`take_events` may return something now.
-        No lock: a poll per scheduler step skips both while nothing happened (a job in flight: collected here)."""
+        """Whether :meth:`get_finished` or :meth:`take_events` may return something now (no lock; collects)."""
         self._engine.poll()
         return bool(self._results.finished or self._results.held or self._events or self._engine.finished)
 
@@ -298,9 +297,10 @@ class FsTier:
                 self._idle.notify_all()
             return self._results.publish_jobs_locked(done, self._inflight, self._events, take=True)
 
-    def take_events(self) -> list[TierEvent]:
-        """Stored/removed events since the last call, in order."""
-        self._reap()
+    def take_events(self, reap: bool = True) -> list[TierEvent]:
+        """Stored/removed events since the last call, in order (``reap=False``: of jobs reaped already only)."""
+        if reap:
+            self._reap()
         if not self._events:
             return []  # no lock (one read): an event added meanwhile is taken by the next call
         with self._lock:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,22 @@ def test_store_of_present_keys_is_skipped_and_counted(tmp_path: Path) -> None:
         assert tier.metrics.snapshot()["fstier_store_skipped_blocks_total"] == 2
         events = tier.take_events()
         assert events == [BlockStored(tuple(ks[:2])), BlockStored(tuple(ks[2:]))]
+        assert tier.take_events() == []
+
+
+def test_take_events_without_reap_leaves_a_finished_job_to_get_finished(tmp_path: Path) -> None:
+    with open_tier(tmp_path / "root") as tier:
+        ks = keys(0, 3)
+        fill(tier, ks, [0, 1, 2])
+        tier.submit_store("a", ks, [0, 1, 2])
+        deadline = time.monotonic() + 10
+        while not tier.has_news():  # finished in the engine, not reaped by the tier yet
+            assert time.monotonic() < deadline, "the store never finished"
+            time.sleep(0.001)
+        assert tier.take_events(reap=False) == []  # nothing collected here
+        (res,) = tier.get_finished()
+        assert res.success and res.keys_completed == 3
+        assert tier.take_events(reap=False) == [BlockStored(tuple(ks))]  # reaped by get_finished
         assert tier.take_events() == []
 
 

@@ -491,7 +491,7 @@ else:
                         self._lookup.mark_miss(keys)
                     out.append(VllmJobResult(job_id=job_id, success=False))
             try:
-                self._collect_events()
+                self._collect_events(reap=False)  # the jobs reaped just above: none collected again
             except Exception:
                 log.exception("fstier: collecting KV events failed")
             return out
@@ -507,8 +507,8 @@ else:
             self.fstier.wait_fences_released()
 
         # -- events, stats, shutdown -------------------------------------------
-        def _collect_events(self) -> None:
-            events = self.fstier.take_events()  # taken even when disabled, so FsTier's list never grows
+        def _collect_events(self, reap: bool = True) -> None:
+            events = self.fstier.take_events(reap)  # taken even when disabled, so FsTier's list never grows
             if not self.events_enabled:
                 return
             for ev in events:
