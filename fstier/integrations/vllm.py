@@ -212,9 +212,8 @@ def _done_results(cls: Any, fresh: Sequence[Any]) -> list[Any] | None:
     if not all(map(_SUCCESS, fresh)) or list(map(_COMPLETED, fresh)) != list(map(len, map(_CONTEXT, fresh))):
         return None
     out = list(map(object.__new__, repeat(cls, len(fresh))))
-    nbytes = list(map(_NBYTES, fresh))
-    values = zip(map(_JOB_ID, fresh), repeat(True), repeat(None), map(_SECONDS, fresh),
-                 map(_NO_BYTES.get, nbytes, nbytes))
+    nb = list(map(_NBYTES, fresh))
+    values = zip(map(_JOB_ID, fresh), repeat(True), repeat(None), map(_SECONDS, fresh), map(_NO_BYTES.get, nb, nb))
     deque(map(dict.update, map(vars, out), map(dict, map(zip, repeat(_VLLM_RESULT_FIELDS), values))), maxlen=0)
     return out
 

@@ -115,14 +115,17 @@ class LookupCache:
         self._entries.update(dict.fromkeys(ids, (present, now + self.ttl)))  # one C-level loop per batch
 
     def stored(self, keys: Sequence[BlockKey], now: float) -> None:
-        """Keys now present on disk (stored, or found present by a store): one lock."""
+        """Keys now present on disk (stored, or found present by a store): one lock; :meth:`_put_locked`'s common
+        case (a cache with room) inline."""
         ids = list(map(_ID, keys))
         with self._lock:
-            bad = self._bad
-            if bad and not bad.keys().isdisjoint(ids):
+            if self._bad and not self._bad.keys().isdisjoint(ids):
                 for k in ids:
-                    bad.pop(k, None)
-            self._put_locked(ids, True, now)
+                    self._bad.pop(k, None)
+            if self.ttl > 0 and len(self._entries) + len(ids) <= _CACHE_MAX_ENTRIES:
+                self._entries.update(dict.fromkeys(ids, (True, now + self.ttl)))
+            else:
+                self._put_locked(ids, True, now)
 
     def mark_bad(self, keys: Sequence[BlockKey]) -> None:
         with self._lock:
