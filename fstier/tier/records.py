@@ -10,20 +10,18 @@ from :mod:`fstier.manager` (and :mod:`fstier`), their public home.
 
 Invariants: frozen, slotted values; a result's ``keys_completed`` is always
 a leading prefix of the job's keys. Costs: none beyond the values
-(:func:`job_result` builds a result with no bytecode per field).
+(:mod:`fstier.tier.results` builds a result with no bytecode per field: ``_NEW``, ``_SET``, ``_RESULT_FIELDS``).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field, fields
-from itertools import repeat
 from typing import Any, Literal
 
 from fstier.keys import BlockKey
 
-__all__ = ["BlockRemoved", "BlockStored", "JobResult", "TierEvent", "job_result", "note_evicted"]
+__all__ = ["BlockRemoved", "BlockStored", "JobResult", "TierEvent", "note_evicted"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,19 +58,9 @@ class JobResult:
     context: Any = field(default=None, compare=False, repr=False)
 
 
+#: a result built with no ``__init__`` line per field (tier/results.py): new, then each field set by C-level loops
 _NEW, _SET = object.__new__, object.__setattr__
 _RESULT_FIELDS = tuple(f.name for f in fields(JobResult))
-
-
-def job_result(*values: Any) -> JobResult:
-    """``JobResult(*values)``, every field given in order, built with
-    C-level loops (the tier builds one per finished job; the frozen
-    dataclass's ``__init__`` runs one line per field)."""
-    if len(values) != len(_RESULT_FIELDS):
-        raise TypeError(f"job_result: {len(_RESULT_FIELDS)} values expected, got {len(values)}")
-    result = _NEW(JobResult)
-    deque(map(_SET, repeat(result), _RESULT_FIELDS, values), maxlen=0)
-    return result
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Results"]
 
-_FIELDS = _RESULT_FIELDS  # a result's fields, in order (records.py's job_result, inline)
+_FIELDS = _RESULT_FIELDS  # a result's fields, in order
 
 
 class Results:
