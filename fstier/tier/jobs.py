@@ -113,8 +113,8 @@ class Submitter:
     Atomicity: the record exists before anything is reserved; it enters ``inflight`` and its store bytes are
     reserved (``WriteBudget.admit`` marks ``job.reserved`` in the statement that reserves them) inside one
     ``try``; whatever is raised before the engine set ``job.accepted`` takes it out of flight and gives back
-    exactly what it reserved (test_submit_atomic.py). Left open: an interrupt inside ``Admission.refuse``
-    between the root's usage reservation (``max_bytes``) and the budget's, which ``Capacity`` owns."""
+    exactly what it reserved (test_submit_atomic.py): with ``max_bytes``, the root's usage it counted too
+    (``job.counted``, marked as ``SharedUsage.reserve`` counts them)."""
 
     def __init__(self, tier: FsTier) -> None:
         self._tier, self._lock, self._inflight = tier, tier._lock, tier._inflight
@@ -221,6 +221,6 @@ class Submitter:
         with self._lock:
             if self._inflight.get(job.tag) is job:
                 del self._inflight[job.tag]
-            reserved, job.reserved = job.reserved, 0
-        if reserved:
-            self._admission.give_back(job.kind, reserved)
+            reserved, counted, job.reserved, job.counted = job.reserved, job.counted, 0, 0
+        if reserved or counted:
+            self._admission.give_back(job.kind, reserved, counted)
