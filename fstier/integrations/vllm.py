@@ -148,8 +148,7 @@ def check_vllm() -> str:
 
 
 def _block_key(key: bytes) -> BlockKey | None:
-    """vLLM's OffloadKey (hash + 4-byte big-endian group) as a BlockKey, or
-    None for a key fstier cannot name (a hash outside 8..64 bytes)."""
+    """vLLM's OffloadKey (hash + 4-byte big-endian group) as a BlockKey, or None (a hash outside 8..64 bytes)."""
     try:
         return BlockKey(bytes(key[:-4]), int.from_bytes(key[-4:], "big"))
     except KeyFormatError:
@@ -161,14 +160,19 @@ _NDARRAY, _INT_KINDS = type(np.empty(0)), ("i", "u")
 #: vLLM's OffloadKey: the block hash, then the group as 4 big-endian bytes
 _HASH_PART, _GROUP_PART = itemgetter(slice(None, -4)), itemgetter(slice(-4, None))
 _GROUP_INT = partial(int.from_bytes, byteorder="big")
+#: vLLM keys' BlockKeys (None: no fstier name) as lookups built them, for the loads that follow; at most _SEEN_MAX
+_SEEN: dict[bytes, BlockKey | None] = {}
+_SEEN_MAX = 16384
 
 
 def _block_keys(keys: Sequence[bytes]) -> list[BlockKey]:
-    """:func:`_block_key` of each key, up to the first that has no fstier
-    name (the job's keys from there on are not submitted). No bytecode per
-    key for the common job (:func:`fstier.keys.block_keys`: the same checks
-    as :class:`BlockKey`'s, made once over the batch)."""
-    try:
+    """:func:`_block_key` of each key, up to the first that has no fstier name (the job's keys from there on are
+    not submitted). A job whose every key a lookup built lately (a load): those, one ``map`` of ``dict.get``;
+    else no bytecode per key (:func:`fstier.keys.block_keys`: :class:`BlockKey`'s checks once over the batch)."""
+    try:  # (a key that is not hashable, a bytearray: TypeError, key by key below)
+        found = list(map(_SEEN.get, keys))
+        if all(found):  # a BlockKey is truthy; a key not seen, or with no fstier name, is None
+            return found  # type: ignore[return-value]
         return block_keys(list(map(_HASH_PART, keys)), list(map(_GROUP_INT, map(_GROUP_PART, keys))))
     except (KeyFormatError, TypeError):  # not bytes, or a bad hash: key by key
         out: list[BlockKey] = []
@@ -181,8 +185,7 @@ def _block_keys(keys: Sequence[bytes]) -> list[BlockKey]:
 
 
 def _slot_ints(chunk_ids: Any) -> tuple[int, ...]:
-    """vLLM's chunk ids (a numpy array, or any sequence of ints) as Python
-    ints: ``tolist`` converts a 1-D integer array in C (one test)."""
+    """vLLM's chunk ids (a numpy array, or any sequence of ints) as Python ints: a 1-D int array by ``tolist``."""
     if type(chunk_ids) is _NDARRAY and chunk_ids.ndim == 1 and chunk_ids.dtype.kind in _INT_KINDS:
         return tuple(chunk_ids.tolist())
     return tuple(int(c) for c in chunk_ids)
@@ -264,6 +267,9 @@ else:
 
         def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
             bkeys = [_block_key(k) for k in keys]
+            if len(_SEEN) + len(bkeys) > _SEEN_MAX:  # bounded: ~3 MiB of keys, BlockKeys and entries
+                _SEEN.clear()
+            _SEEN.update(zip(keys, bkeys, strict=True))
             valid = [k for k in bkeys if k is not None]
             t0 = time.perf_counter()
             found = iter(self._fs.present(valid))
