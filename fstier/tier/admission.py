@@ -170,13 +170,12 @@ class WriteBudget:
         backward jump between the two stores: no signal handler runs there),
         so a submit interrupted anywhere gives back exactly what it reserved."""
         with self._lock:
-            queued = self.queued
-            if queued > 0 and queued + nbytes > self.max_queue_s * self.speed:
+            if self.queued > 0 and self.queued + nbytes > self.max_queue_s * self.speed:
                 return False
-            if queued == 0:
+            if self.queued == 0:
                 self._busy_since, self._busy_bytes = self._clock.monotonic(), 0
             # ONE statement: the reservation, its mark on the record, the gauge's change count
-            self.queued, job.reserved, self._changes = queued + nbytes, nbytes, self._changes + (nbytes > 0)
+            self.queued, job.reserved, self._changes = self.queued + nbytes, nbytes, self._changes + (nbytes > 0)
             return True
 
     def release(self, reserved: int, written: int) -> None:

@@ -155,8 +155,7 @@ class Submitter:
             self._check_plain(slots)
         except ValueError as exc:
             raise ValueError(f"job {job_id!r}: {exc}") from None
-        n = len(keys)
-        job = _NEW(EngineJob)
+        n, job = len(keys), _NEW(EngineJob)
         job.__dict__.update(self._fixed, tag=job_id, kind=kind, keys=tuple(keys), slots=tuple(slots),
                             nbytes=self._one * n, replace=self._bad(keys) if kind == "store" else None,
                             context=context, results=[])
