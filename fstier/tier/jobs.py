@@ -138,12 +138,12 @@ class Submitter:
     def submit(self, job_id: Hashable, kind: Literal["store", "load"], keys: Sequence[BlockKey],
                slots: Sequence[int], context: Any) -> None:
         """Check, admit and hand over one job (see the class docstring); a refused job's result is published
-        at once. A closed tier refuses it (``TierClosedError``); jobs the engine already collected
-        (``Registration.finished``) are judged first: they may fence a slot, open the breaker or free budget."""
+        at once. A closed tier refuses it (``TierClosedError``); finished jobs are judged first (they may fence
+        a slot, open the breaker or free budget): none in flight or waiting, two attribute tests and no call."""
         if self._tier._closed:
             self._tier._check_open()
-        if self._engine.finished:  # jobs collected and not yet judged (else no Python: the C ring is the pump's)
-            self._tier._reap(True)
+        if self._engine.finished or self._engine.active:  # else nothing to judge: no job in flight or waiting
+            self._tier._reap()
         if not (self._one is not None and type(keys) in _PLAIN and type(slots) in _PLAIN and 0 < len(keys) == len(slots)
                 and set(map(type, keys)) == _BK and max(map(_GROUP, keys)) < self._groups
                 and set(map(type, slots)) == _INT and min(slots) >= 0 and max(slots) < self._num_slots
