@@ -51,6 +51,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=15, help="functions to list per phase")
     ap.add_argument("--serial", action="store_true",
                     help="one job in flight at a time, so every collect finds exactly one job (steady figures)")
+    ap.add_argument("--lookup", action="store_true",
+                    help="look the keys up (the adapter's batch_lookup, not counted) before the loads, as vLLM does")
     args = ap.parse_args()
 
     lines: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -134,6 +136,8 @@ def main() -> None:
         keys = bench.keys("lines")
         for name, load in (("store", False), ("load", True)):
             jobs = make_jobs(keys, load)
+            if load and args.lookup:  # vLLM's scheduler looks a request's keys up before it loads them
+                bench.tiers["fstier"]._lookup.batch_lookup(keys, ReqContext(req_id="lines"))
             phase[0] = name
             failed, polls[name] = run_jobs(bench.tiers["fstier"], jobs, load)
             phase[0] = ""

@@ -215,3 +215,42 @@ def test_a_store_interrupted_right_after_its_admission_is_given_back_whole(
         assert not [k for k in ks if os.path.isfile(tier.blocks.path(k))]
         assert store(tier, "J", ks, [2, 3]).success
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, TimeoutError])
+@pytest.mark.parametrize("point", ["counted", "budget"])
+def test_a_store_interrupted_between_its_usage_count_and_its_budget_is_given_back_whole(
+    tmp_path: Path, point: str, exc: type[BaseException], caplog: pytest.LogCaptureFixture
+) -> None:
+    # With max_bytes a store's admission counts its bytes in the root's usage, then reserves them in the write
+    # budget. The exception arrives as the count returns ("counted") or as the budget's reservation begins
+    # ("budget": nothing reserved there yet). Given back: the root's usage as before, no budget, the id free.
+    with open_tier(tmp_path / "root", max_bytes=64 << 20) as tier:
+        assert store(tier, "warm", keys(0, 2)).success
+        before = _usage(tier)
+        ks = keys(4, 2)
+        fill(tier, ks, [2, 3])
+        owner = tier.capacity if point == "counted" else tier._budget
+        name = "try_reserve" if point == "counted" else "admit"
+        real, hit = getattr(owner, name), []
+
+        def interrupted(*a: Any, **k: Any) -> Any:
+            if hit:
+                return real(*a, **k)
+            hit.append(real(*a, **k) if point == "counted" else None)
+            raise exc("injected")
+
+        setattr(owner, name, interrupted)
+        try:
+            with caplog.at_level(logging.ERROR, logger="fstier"), pytest.raises(exc, match="injected"):
+                tier.submit_store("J", ks, [2, 3])
+        finally:
+            delattr(owner, name)
+        assert hit == ([True] if point == "counted" else [None])
+        assert tier.drain(5) and tier.get_finished() == [] and not tier.has_pending()
+        assert tier.metrics.snapshot()["fstier_queued_store_bytes"] == 0
+        assert tier.usage_bytes == before
+        assert not [k for k in ks if os.path.isfile(tier.blocks.path(k))]
+        assert store(tier, "J", ks, [2, 3]).success
+        assert tier.usage_bytes == before + sum(os.path.getsize(tier.blocks.path(k)) for k in ks)
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

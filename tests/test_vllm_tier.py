@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from fstier.errors import ConfigError
+from fstier.integrations import _vllm_keys as vk
 from fstier.integrations import vllm as fv
 from fstier.io import fsops
 from fstier.manager import JobResult
@@ -125,6 +126,37 @@ def test_lookup_makes_no_filesystem_call_on_the_scheduler_thread(
         assert calls == []
         monkeypatch.undo()
         assert promote(m, ctx, keys)[-1] == [H] * 64
+
+
+def test_a_load_after_its_lookup_takes_the_block_keys_the_lookup_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The adapter keeps the BlockKeys its lookups built (bounded) and a load of those keys takes them, the same
+    # objects, instead of building them again; a key no lookup saw (the stores here) is built as before.
+    from fstier.manager import FsTier
+
+    root = tmp_path / "kv"
+    keys = keys_for(6, 5)
+    got: list[list[object]] = []
+    real = FsTier.submit_load
+
+    def submit_load(self: FsTier, job_id: object, bkeys: list[object], *a: object, **k: object) -> None:
+        got.append(list(bkeys))
+        real(self, job_id, bkeys, *a, **k)  # type: ignore[arg-type]
+
+    with tiering_manager(offloading_config([tier_cfg(root)])) as m:
+        store_request(m, "s", keys)
+    monkeypatch.setattr(vk, "_SEEN", {})
+    monkeypatch.setattr(vk, "_SEEN_MAX", 8)
+    monkeypatch.setattr(FsTier, "submit_load", submit_load)
+    with tiering_manager(offloading_config([tier_cfg(root)])) as m:
+        ctx = ReqContext(req_id="q")
+        with m.lock:
+            m.on_new_request(ctx)
+        assert promote(m, ctx, keys)[-1] == [H] * 5
+    seen = {id(b) for b in vk._SEEN.values()}
+    assert got and all(id(b) in seen for b in got[-1]) and len(got[-1]) == 5
+    assert len(vk._SEEN) <= 8 + 5  # bounded: cleared before it would pass _SEEN_MAX
 
 
 # --------------------------------------------------------- parallel layouts

@@ -60,14 +60,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from functools import partial
 from itertools import repeat
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-import numpy as np
-
-from fstier.errors import ConfigError, FstierError, KeyFormatError
+from fstier.errors import ConfigError, FstierError
 from fstier.integrations._vllm_compat import (
     SUPPORTED_TEXT,
     VllmUnavailableError,
@@ -77,6 +74,7 @@ from fstier.integrations._vllm_compat import (
 )
 from fstier.integrations._vllm_config import engine_mapper, small_cpu_tier, tier_config_from_options
 from fstier.integrations._vllm_env import hash_seed_problem, join_vllm_logging
+from fstier.integrations._vllm_keys import _block_key, _block_keys, _slot_ints, remember_keys
 from fstier.integrations._vllm_metrics import (
     BREAKER_STATES,
     BYTES_BUCKETS_VLLM,
@@ -91,7 +89,6 @@ from fstier.integrations._vllm_metrics import (
     metric_definitions,
     scraped_metric_names,
 )
-from fstier.keys import BlockKey, block_keys
 from fstier.slots.rows import RowSlots
 from fstier.tier.records import BlockRemoved
 
@@ -145,47 +142,6 @@ def check_vllm() -> str:
     """Return the installed vLLM version if FstierTier supports it, else raise
     :class:`VllmUnavailableError` naming what is installed and what is supported."""
     return check_supported("FstierTier", installed_vllms(), _IMPORT_ERROR).version
-
-
-def _block_key(key: bytes) -> BlockKey | None:
-    """vLLM's OffloadKey (hash + 4-byte big-endian group) as a BlockKey, or
-    None for a key fstier cannot name (a hash outside 8..64 bytes)."""
-    try:
-        return BlockKey(bytes(key[:-4]), int.from_bytes(key[-4:], "big"))
-    except KeyFormatError:
-        return None
-
-
-#: numpy's array type and its integer kinds (vLLM's chunk ids): numpy is imported by vLLM already
-_NDARRAY, _INT_KINDS = type(np.empty(0)), ("i", "u")
-#: vLLM's OffloadKey: the block hash, then the group as 4 big-endian bytes
-_HASH_PART, _GROUP_PART = itemgetter(slice(None, -4)), itemgetter(slice(-4, None))
-_GROUP_INT = partial(int.from_bytes, byteorder="big")
-
-
-def _block_keys(keys: Sequence[bytes]) -> list[BlockKey]:
-    """:func:`_block_key` of each key, up to the first that has no fstier
-    name (the job's keys from there on are not submitted). No bytecode per
-    key for the common job (:func:`fstier.keys.block_keys`: the same checks
-    as :class:`BlockKey`'s, made once over the batch)."""
-    try:
-        return block_keys(list(map(_HASH_PART, keys)), list(map(_GROUP_INT, map(_GROUP_PART, keys))))
-    except (KeyFormatError, TypeError):  # not bytes, or a bad hash: key by key
-        out: list[BlockKey] = []
-        for k in keys:
-            b = _block_key(k)
-            if b is None:
-                break
-            out.append(b)
-        return out
-
-
-def _slot_ints(chunk_ids: Any) -> tuple[int, ...]:
-    """vLLM's chunk ids (a numpy array, or any sequence of ints) as Python
-    ints: ``tolist`` converts a 1-D integer array in C (one test)."""
-    if type(chunk_ids) is _NDARRAY and chunk_ids.ndim == 1 and chunk_ids.dtype.kind in _INT_KINDS:
-        return tuple(chunk_ids.tolist())
-    return tuple(int(c) for c in chunk_ids)
 
 
 #: vLLM's JobResult fields, in order: a result every vLLM key of which was done is built with
@@ -264,7 +220,7 @@ else:
             super().__init__(tier_type=tier.tier_type)
 
         def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
-            bkeys = [_block_key(k) for k in keys]
+            bkeys = remember_keys(keys)
             valid = [k for k in bkeys if k is not None]
             t0 = time.perf_counter()
             found = iter(self._fs.present(valid))

@@ -176,13 +176,12 @@ class WriteBudget:
         backward jump between the two stores: no signal handler runs there),
         so a submit interrupted anywhere gives back exactly what it reserved."""
         with self._lock:
-            queued = self.queued
-            if queued > 0 and queued + nbytes > self.max_queue_s * self.speed:
+            if self.queued > 0 and self.queued + nbytes > self.max_queue_s * self.speed:
                 return False
-            if queued == 0:
+            if self.queued == 0:
                 self._busy_since, self._busy_bytes = self._clock.monotonic(), 0
             # ONE statement: the reservation, its mark on the record, the gauge's change count
-            self.queued, job.reserved, self._changes = queued + nbytes, nbytes, self._changes + (nbytes > 0)
+            self.queued, job.reserved, self._changes = self.queued + nbytes, nbytes, self._changes + (nbytes > 0)
             return True
 
     def release(self, reserved: int, written: int) -> None:
@@ -304,13 +303,14 @@ class Admission:
         caller then asks :meth:`refuse`."""
         return kind != "store" or self._budget.admit(nbytes, job)
 
-    def give_back(self, kind: str, nbytes: int) -> None:
-        """A job :meth:`take` or :meth:`refuse` admitted never reached the
-        engine (its submit raised): a store's ``nbytes`` leave the write
-        budget and the root's count (nothing of them was written)."""
+    def give_back(self, kind: str, reserved: int, counted: int) -> None:
+        """A job :meth:`take` or :meth:`refuse` admitted, or began to, never
+        reached the engine (its submit raised): a store's ``reserved`` bytes
+        leave the write budget and its ``counted`` ones the root's count
+        (nothing of them was written)."""
         if kind == "store":
-            self._capacity.settle(nbytes, 0)
-            self._budget.release(nbytes, 0)
+            self._capacity.settle(counted, 0)
+            self._budget.release(reserved, 0)
 
     def refuse(self, kind: str, n: int, nbytes: int, job: EngineJob, *, slot_busy: bool) -> str | None:
         """None when a job of ``n`` keys runs (a store's ``nbytes`` of files
@@ -323,7 +323,7 @@ class Admission:
             return "slot_busy"
         elif kind != "store":
             return None
-        elif not self._capacity.try_reserve(nbytes):
+        elif not self._capacity.try_reserve(nbytes, job):  # counted: marked on job.counted
             # The job would take the root over max_bytes (counted across
             # every instance on it) and eviction has not caught up: drop, as
             # backpressure does. A future miss, never data loss, never a
@@ -335,7 +335,8 @@ class Admission:
             self._capacity.wake()
             cause = "capacity"
         elif not self._budget.admit(nbytes, job):
-            self._capacity.settle(nbytes, 0)  # counted above: given back
+            counted, job.counted = job.counted, 0
+            self._capacity.settle(counted, 0)  # counted above: given back
             cause = "backpressure"
         else:
             return None

@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.config import TierConfig
@@ -45,6 +46,9 @@ from fstier.tier.gc import GcReport, collect_garbage
 from fstier.tier.metrics import TierMetrics
 from fstier.tier.rootcount import acquire_count, release_count
 from fstier.tier.usage import LEASE_S, SharedUsage
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fstier.io import EngineJob
 
 __all__ = ["Capacity"]
 
@@ -192,14 +196,16 @@ class Capacity:
             view + nbytes > max_bytes and view > max_bytes * self._tier.high_watermark
         )
 
-    def try_reserve(self, nbytes: int) -> bool:
+    def try_reserve(self, nbytes: int, job: EngineJob | None = None) -> bool:
         """:meth:`root_full` and :meth:`reserve` in one step under the
         count's lock: False (nothing counted) when the store must be
         dropped. Threads and tiers of this process admitting at once never
-        all pass against one view. True without ``max_bytes``."""
+        all pass against one view. True without ``max_bytes``. The bytes
+        counted are marked on ``job.counted`` as they are counted
+        (:meth:`~fstier.tier.usage.SharedUsage.reserve`)."""
         if self._shared is None or self.max_bytes is None or nbytes <= 0:
             return self._shared is None or not self.root_full(nbytes)
-        view = self._shared.reserve(nbytes, lambda v: not self._full(v, nbytes))
+        view = self._shared.reserve(nbytes, lambda v: not self._full(v, nbytes), job)
         if view is None:
             return False
         self.metrics.usage_bytes.set(view)

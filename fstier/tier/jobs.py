@@ -113,8 +113,8 @@ class Submitter:
     Atomicity: the record exists before anything is reserved; it enters ``inflight`` and its store bytes are
     reserved (``WriteBudget.admit`` marks ``job.reserved`` in the statement that reserves them) inside one
     ``try``; whatever is raised before the engine set ``job.accepted`` takes it out of flight and gives back
-    exactly what it reserved (test_submit_atomic.py). Left open: an interrupt inside ``Admission.refuse``
-    between the root's usage reservation (``max_bytes``) and the budget's, which ``Capacity`` owns."""
+    exactly what it reserved (test_submit_atomic.py): with ``max_bytes``, the root's usage it counted too
+    (``job.counted``, marked as ``SharedUsage.reserve`` counts them)."""
 
     def __init__(self, tier: FsTier) -> None:
         self._tier, self._lock, self._inflight = tier, tier._lock, tier._inflight
@@ -138,11 +138,12 @@ class Submitter:
     def submit(self, job_id: Hashable, kind: Literal["store", "load"], keys: Sequence[BlockKey],
                slots: Sequence[int], context: Any) -> None:
         """Check, admit and hand over one job (see the class docstring); a refused job's result is published
-        at once. A closed tier refuses it (``TierClosedError``); finished jobs are judged first: they may
-        fence a slot, open the breaker or free budget."""
+        at once. A closed tier refuses it (``TierClosedError``); finished jobs are judged first (they may fence
+        a slot, open the breaker or free budget): none in flight or waiting, two attribute tests and no call."""
         if self._tier._closed:
             self._tier._check_open()
-        self._tier._reap()
+        if self._engine.finished or self._engine.active:  # else nothing to judge: no job in flight or waiting
+            self._tier._reap()
         if not (self._one is not None and type(keys) in _PLAIN and type(slots) in _PLAIN and 0 < len(keys) == len(slots)
                 and set(map(type, keys)) == _BK and max(map(_GROUP, keys)) < self._groups
                 and set(map(type, slots)) == _INT and min(slots) >= 0 and max(slots) < self._num_slots
@@ -154,8 +155,7 @@ class Submitter:
             self._check_plain(slots)
         except ValueError as exc:
             raise ValueError(f"job {job_id!r}: {exc}") from None
-        n = len(keys)
-        job = _NEW(EngineJob)
+        n, job = len(keys), _NEW(EngineJob)
         job.__dict__.update(self._fixed, tag=job_id, kind=kind, keys=tuple(keys), slots=tuple(slots),
                             nbytes=self._one * n, replace=self._bad(keys) if kind == "store" else None,
                             context=context, results=[])
@@ -221,6 +221,6 @@ class Submitter:
         with self._lock:
             if self._inflight.get(job.tag) is job:
                 del self._inflight[job.tag]
-            reserved, job.reserved = job.reserved, 0
-        if reserved:
-            self._admission.give_back(job.kind, reserved)
+            reserved, counted, job.reserved, job.counted = job.reserved, job.counted, 0, 0
+        if reserved or counted:
+            self._admission.give_back(job.kind, reserved, counted)

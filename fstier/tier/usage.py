@@ -80,6 +80,8 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from fstier.clock import SYSTEM_CLOCK, Clock
 from fstier.tier.countnames import (
@@ -119,6 +121,7 @@ EVICT_LOCK_NAME = ".fstier-evict.lock"
 ROOT_FILES = frozenset({USAGE_DIR_NAME, USAGE_FILE_NAME, EVICT_LOCK_NAME})
 
 _MAX_ABS = MAX_COUNT
+_SINK = SimpleNamespace(counted=0)
 _MAX_SUM = 1 << 62
 
 #: Rounds of the background thread are at least this far apart.
@@ -275,17 +278,19 @@ class SharedUsage:
         self._wake.set()  # publish now (the thread coalesces a burst)
         return view
 
-    def reserve(self, nbytes: int, admit: Callable[[int], bool] = lambda view: True) -> int | None:
+    def reserve(self, nbytes: int, admit: Callable[[int], bool] = lambda view: True, mark: Any = None) -> int | None:
         """Count a store in flight (it counts as stored from now on: others
         see it) if ``admit(view)``, in one step under the lock (two threads
         or tiers never both admit against one view; ``view`` counts the
         others' stores not listed yet, :mod:`fstier.tier.unseen`);
-        :meth:`settle` when it ends. Returns the new view, None when refused."""
+        :meth:`settle` when it ends. Returns the new view, None when refused.
+        ``mark.counted = nbytes`` in the statement that counts them (no call: no signal handler between)."""
         with self._lock:
             if not admit(self._sum_locked() + self._rates.unseen(self._clock())):
                 return None
-            self._inflight += nbytes
-            self._stored = min(_MAX_ABS, self._stored + nbytes)
+            sink = _SINK if mark is None else mark
+            inflight, stored = self._inflight + nbytes, min(_MAX_ABS, self._stored + nbytes)
+            self._inflight, self._stored, sink.counted = inflight, stored, nbytes
             view = self._sum_locked()
             self._last_add = self._clock()
             self.changed_since_scan = True

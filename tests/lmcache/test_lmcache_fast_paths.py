@@ -621,6 +621,23 @@ def test_check_slots_and_release_honour_fences() -> None:
     assert slots.lent == 0
 
 
+def test_check_plain_refuses_what_check_slots_refuses() -> None:
+    """The tier's common job checks lent slots by ``check_plain``: a slot never lent, released (now free
+    or lent again to another task's buffers) or fenced is refused with check_slots' error, naming it."""
+    slots = LentSlots(16, num_slots=8)
+    got = slots.lend([memoryview(bytearray(16)) for _ in range(3)])
+    slots.check_plain(got)
+    with pytest.raises(ValueError, match="slot 5 is not lent"):
+        slots.check_plain([0, 5])
+    slots.fence(2)
+    with pytest.raises(ValueError, match="slot 2 is fenced"):
+        slots.check_plain([0, 2])
+    slots.check_plain([0, 1])  # another slot is fenced: these are not
+    slots.release([0])
+    with pytest.raises(ValueError, match="slot 0 is not lent"):
+        slots.check_plain([0, 1])
+
+
 # ---------------------------------------------------------- Python per task
 def _calls_per_task(a: Any, ks: list[Any], src: list[Any], dst: list[Any]) -> int:
     """Python calls of the adapter's own modules (and fstier.keys) in one

@@ -251,8 +251,7 @@ class NativeEngine:
         same options and O_TMPFILE state, and no O_DIRECT probe pending) runs
         straight through; anything else goes by :meth:`_submit_checked`."""
         fixed = self._fixed_args.get((reg, job.blocks, job.kind))
-        caps = None if fixed is None else fixed[1]
-        if fixed is None or fixed[0] is not job.blocks.options or (caps is not None and (  # type: ignore[union-attr]
+        if fixed is None or fixed[0] is not job.blocks.options or ((caps := fixed[1]) is not None and (  # type: ignore[union-attr]
                 caps.tmpfile is not fixed[2] or (job.kind == "store" and caps.reprobe_at is not None))):
             self._submit_checked(reg, job)
             return
@@ -261,11 +260,10 @@ class NativeEngine:
     def _submit_fixed(self, reg: Registration, job: EngineJob, fixed: tuple[Any, ...]) -> None:
         """The C call of a store or load job with its cached fixed arguments (a store's ``replace`` flags
         as the tier made them: None, or a list naming at least one key to replace; C reads any list)."""
-        n = len(job.keys)
+        n, timeout = len(job.keys), -1.0 if job.timeout_s is None else job.timeout_s
         job.owner, job.bounds, job.remaining = reg, (0, n), 1
         bufs = job.buffers.views(job.slots, job.nbytes)  # type: ignore[union-attr]  # fixed: a store/load job
         _, _, _, kind, base, digest, pages, flags, mode, alignment, fd = fixed
-        timeout = -1.0 if job.timeout_s is None else job.timeout_s
         hashes, groups = list(map(_HASH, job.keys)), list(map(_GROUP, job.keys))
         tag, now, threads = next(self._tags), time.time_ns(), max(1, n // MIN_KEYS_PER_THREAD)
         with self.lock:

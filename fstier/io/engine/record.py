@@ -140,6 +140,9 @@ class EngineJob:
     #: bytes of the write budget its submit reserved, marked as they were (``WriteBudget.admit``): what a submit
     #: interrupted before the engine took the job gives back (0: nothing, or given back already)
     reserved: int = 0
+    #: bytes of the root's usage count its submit counted (``max_bytes``: ``Capacity.try_reserve``), marked in
+    #: the statement that counts them, given back as ``reserved`` is
+    counted: int = 0
     # -- set by the engine ---------------------------------------------------
     results: list[Any]
     bounds: tuple[int, ...] = ()
