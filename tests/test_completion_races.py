@@ -1,12 +1,14 @@
 """The completion's straight lines (``NativeEngine._done_alike``, ``Results.publish_jobs_locked(take=True)``
 under ``FsTier.get_finished``) raced by every other taker: each job's result is returned exactly once
 (``get_finished`` from one thread, ``wait`` from another, ``drain`` and submits meanwhile), each stored key's
-event exactly once (``take_events`` with and without a reap), and a job whose uniform outcome was never
-seen before is published as one seen before is."""
+event exactly once (``take_events`` with and without a reap), a job whose uniform outcome was never
+seen before is published as one seen before is, and the write budget and the root's count are given back
+exactly whether a collect is judged job by job or as one batch."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -135,3 +137,48 @@ def test_a_uniform_outcome_never_seen_before_is_published_as_one_seen_before(
         assert tier.metrics.stored_blocks.value == 12 and tier.metrics.loaded_blocks.value == 12
         if isinstance(tier._engine.engine, NativeEngine):  # the first of each kind judged, the rest straight
             assert taken[:2] == [False, False] and taken[2:] == [True] * 4, taken
+
+
+def test_budget_and_root_count_are_given_back_exactly_under_concurrent_stores(tmp_path: Path) -> None:
+    # Three threads store bursts of jobs (new keys, keys already present, some refused for backpressure by a
+    # tiny write budget) while a poller takes results, so collects of one job and of many (the batch judgement)
+    # both settle: once all is done, the write budget holds nothing and the root's count is the files on disk.
+    root = tmp_path / "root"
+    threads_n, rounds, burst, per = 3, 8, 4, 2
+    with open_tier(root, num_slots=threads_n * burst * per, max_bytes=1 << 30, max_write_queue_seconds=2e-4) as tier:
+        stop = threading.Event()
+        causes: dict[object, object] = {}
+
+        def poll() -> None:
+            while not stop.is_set():
+                causes.update((r.job_id, r.cause) for r in tier.get_finished())
+                time.sleep(0.005)  # several jobs finish between two polls: one collect of many
+
+        def storer(t: int) -> None:
+            for r in range(rounds):
+                ids = []
+                for j in range(burst):
+                    slots = [(t * burst + j) * per + i for i in range(per)]
+                    ks = keys(10000 * t + 100 * (r // 2) + per * j, per)  # every second round: the same keys
+                    fill(tier, ks, slots)
+                    tier.submit_store((t, r, j), ks, slots)
+                    ids.append((t, r, j))
+                while not all(i in causes for i in ids):  # its slots are reused by the next round
+                    time.sleep(0.001)
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        storers = [threading.Thread(target=storer, args=(t,)) for t in range(threads_n)]
+        for t in storers:
+            t.start()
+        for t in storers:
+            t.join(60)
+        assert tier.drain(10)
+        stop.set()
+        poller.join()
+        assert len(causes) == threads_n * rounds * burst and set(causes.values()) <= {None, "backpressure"}
+        assert tier.metrics.snapshot()["fstier_queued_store_bytes"] == 0 and tier._budget.queued == 0
+        shared = tier.capacity._shared
+        assert shared is not None and shared.inflight == 0
+        on_disk = sum(f.stat().st_size for f in root.rglob("*.bin"))
+        assert on_disk > 0 and shared.read() == on_disk
