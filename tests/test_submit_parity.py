@@ -3,7 +3,8 @@
 same refusal (type and message) or the same result (success, cause, keys, bytes moved), on the same tier
 state. Each job is submitted to two tiers of one kind, one as it runs and one whose straight line is off
 (every job by the general path), and their answers compared; the straight line is checked to be taken
-on the first (else the comparison proves nothing)."""
+on the first (else the comparison proves nothing). Each slot provider's ``check_plain`` (the straight
+line's) refuses exactly what its ``check_slots`` (the general path's) refuses."""
 
 from __future__ import annotations
 
@@ -17,11 +18,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from manager_support import fill, key, keys, open_tier, payload_for, slot_bytes
+from manager_support import FILE_BYTES, fill, key, keys, open_tier, payload_for, slot_bytes
 
+from fstier.integrations.lmcache_space import LentSlots
 from fstier.io.engine import EngineJob
 from fstier.keys import BlockKey
 from fstier.manager import FsTier
+from fstier.slots.host_pool import HostBlockPool
+from fstier.slots.rows import RowSlots
 from fstier.tier import jobs
 
 
@@ -161,3 +165,52 @@ def test_a_slot_fenced_between_the_straight_lines_test_and_its_lock_refuses_the_
         (r,) = tier.get_finished()
         assert r.success and r.keys_completed == 2
         assert slot_bytes(tier, ks[1], 1) == payload_for(ks[1], tier.payload_bytes(ks[1]))
+
+
+def _refusal(check: Callable[[list[int]], None], slots: list[int]) -> str | None:
+    try:
+        check(slots)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def test_each_providers_check_plain_refuses_exactly_what_its_check_slots_refuses() -> None:
+    # The straight line calls the provider's check_plain (slots already known plain, distinct, in range); over
+    # random histories of each provider (alloc/free, lend/release, fence/unfence) it refuses exactly the slot
+    # lists check_slots refuses, with the same message.
+    rng = np.random.default_rng(5)
+    n = 12
+    pool = HostBlockPool(n, FILE_BYTES)
+    rows = RowSlots.from_primary_view(memoryview(bytearray(n * 64)).cast("B", (n, 64)))
+    lent = LentSlots(64, n)
+    held: list[int] = []
+    lent_now: list[int] = []
+    refused = {"pool": 0, "rows": 0, "lent": 0}
+    try:
+        for _ in range(400):
+            op = rng.integers(6)
+            if op == 0 and len(held) < n:
+                held += pool.alloc(1)
+            elif op == 1 and held:
+                pool.free([held.pop(int(rng.integers(len(held))))])
+            elif op == 2:
+                i = int(rng.integers(n))
+                (rows.fence if rng.integers(2) else rows.unfence)(i)
+            elif op == 3 and len(lent_now) < n:
+                got = lent.lend([memoryview(bytearray(64))])
+                lent_now += got or []
+            elif op == 4 and lent_now:
+                lent.release([lent_now.pop(int(rng.integers(len(lent_now))))])
+            elif op == 5:
+                i = int(rng.integers(n))
+                (lent.fence if rng.integers(2) else lent.unfence)(i)
+            slots = [int(s) for s in rng.choice(n, size=int(rng.integers(1, 5)), replace=False)]
+            for name, p in (("pool", pool), ("rows", rows), ("lent", lent)):
+                want = _refusal(p.check_slots, slots)
+                assert _refusal(p.check_plain, slots) == want, (name, slots)
+                refused[name] += want is not None
+        assert all(refused.values()), refused  # each provider refused some lists (else nothing was compared)
+    finally:
+        rows.release()
+        pool.close()
