@@ -127,12 +127,15 @@ def test_vllm_keys_convert_as_block_key_does_and_stop_at_an_unnameable_key() -> 
     assert fv._block_keys([good[0], ba]) == [fv._block_key(good[0]), BlockKey(bytes(ba[:-4]), 1)]
 
 
-def test_vllm_chunk_ids_become_python_ints_as_int_does() -> None:
+def test_vllm_chunk_ids_become_python_ints_other_types_are_refused() -> None:
     pytest.importorskip("vllm")
     from fstier.integrations import vllm as fv
 
     for ids in (np.arange(5, dtype=np.int32), np.arange(5, dtype=np.uint64), [0, 1, 2, 3, 4], range(5)):
         got = fv._slot_ints(ids)
         assert got == (0, 1, 2, 3, 4) and all(type(s) is int for s in got)
-    assert fv._slot_ints(np.array([1.9, 2.0])) == (1, 2)  # int() truncation, as before
-    assert fv._slot_ints(np.array([True, False])) == (1, 0)
+    # An id of another type would name another row than vLLM's (int(1.9) is row 1): refused, naming the ids.
+    for bad in (np.array([1.9, 2.0]), np.array([True, False]), [0, 1.0], [True], [np.True_]):
+        with pytest.raises(ValueError, match=r"chunk ids .* are not all integers"):
+            fv._slot_ints(bad)
+    assert fv._slot_ints([np.int64(3), np.uint8(1)]) == (3, 1)

@@ -547,6 +547,25 @@ def test_a_job_fstier_refuses_fails_as_a_job_not_an_exception(tmp_path: Path) ->
         assert not tier.has_pending_work()
 
 
+def test_a_job_whose_chunk_ids_are_not_integers_fails_and_touches_no_row(tmp_path: Path) -> None:
+    # A float chunk id used to be truncated (1.9 -> row 1): a load wrote another row than vLLM's. Now the job
+    # fails as a refusal (never an exception into vLLM's scheduler), and neither row is written.
+    root = tmp_path / "kv"
+    keys = keys_for(17, 2)
+    with tiering_manager(offloading_config([tier_cfg(root)], num_chunks=8)) as m:
+        store_request(m, "s", keys)
+    with tiering_manager(offloading_config([tier_cfg(root)], num_chunks=8)) as m:
+        tier = fstier_tier(m)
+        flat = m.primary_tier.get_kv_memoryview().cast("B")
+        flat[:] = b"\x07" * len(flat)
+        job = TransferJob(job_id=6, keys=keys, chunk_ids=np.array([1.9, 2.0]),
+                          is_promotion=True, req_context=ReqContext(req_id="f"))
+        tier.submit_load(job)
+        (res,) = list(tier.get_finished_jobs())
+        assert (res.job_id, res.success, res.successful_keys) == (6, False, None)
+        assert not tier.has_pending_work() and flat.tobytes() == b"\x07" * len(flat)
+
+
 def test_a_timed_out_load_is_held_back_until_the_late_call_returned(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
-from operator import itemgetter
+from operator import index, itemgetter
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ def _block_key(key: bytes) -> BlockKey | None:
 
 #: numpy's array type and its integer kinds (vLLM's chunk ids): numpy is imported by vLLM already
 _NDARRAY, _INT_KINDS = type(np.empty(0)), ("i", "u")
+_IS_BOOL = (bool, np.bool_).__contains__
 #: vLLM's OffloadKey: the block hash, then the group as 4 big-endian bytes
 _HASH_PART, _GROUP_PART = itemgetter(slice(None, -4)), itemgetter(slice(-4, None))
 _GROUP_INT = partial(int.from_bytes, byteorder="big")
@@ -76,7 +77,16 @@ def remember_keys(keys: Sequence[bytes]) -> list[BlockKey | None]:
 
 
 def _slot_ints(chunk_ids: Any) -> tuple[int, ...]:
-    """vLLM's chunk ids (a numpy array, or any sequence of ints) as Python ints: a 1-D int array by ``tolist``."""
+    """vLLM's chunk ids (a numpy array, or any sequence of ints) as Python ints: a 1-D int array by ``tolist``,
+    anything else by ``operator.index`` (an integer type); a float or bool id is a ValueError naming the ids (it
+    would name another row than vLLM's: ``int(1.9)`` is row 1), which fails the job as a refusal."""
     if type(chunk_ids) is _NDARRAY and chunk_ids.ndim == 1 and chunk_ids.dtype.kind in _INT_KINDS:
         return tuple(chunk_ids.tolist())
-    return tuple(int(c) for c in chunk_ids)
+    ids = list(chunk_ids)
+    try:
+        if not any(map(_IS_BOOL, map(type, ids))):
+            return tuple(map(index, ids))
+    except TypeError:
+        pass
+    raise ValueError(f"vLLM's chunk ids {ids!r} are not all integers: each is a row of the primary tier (a float "
+                     "or bool id would name another row); the job fails and its keys are recomputed")
