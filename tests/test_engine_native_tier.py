@@ -46,6 +46,7 @@ from test_manager_faults import (  # noqa: F401
 )
 
 from fstier.io import native
+from fstier.io.capabilities import DirectIOSupport
 from fstier.io.engine.native import available
 from fstier.manager import FsTier
 from fstier.slots.host_pool import HostBlockPool
@@ -187,3 +188,46 @@ def test_a_store_while_an_o_direct_probe_is_pending_runs_on_the_c_engine(tmp_pat
             assert store(tier, f"s{i}", keys(4 * i, 4)).success
         assert tier._engine.engine._python is None  # none went to the Python engine
         assert load(tier, "l", keys(0, 12)).success
+
+
+def test_cached_submit_arguments_drop_when_tmpfile_or_the_options_change(tmp_path: Path) -> None:
+    """The C engine caches a block store's fixed ``engine_submit`` arguments per kind; the root's
+    capabilities drop them where those states change: after ``refuse_tmpfile`` the next store asks C for
+    named temps (F_NO_TMPFILE), and after the O_DIRECT reprobe replaced the store's options the next
+    load carries their alignment and flags (fails if a cached entry outlives either change)."""
+    with open_tier(tmp_path / "root") as tier:
+        caps, engine = tier.blocks.options.capabilities, tier._engine.engine
+        if tier.io_path.backend != "native" or caps is None or type(engine).__name__ != "NativeEngine":
+            pytest.skip("the C engine on the native I/O path with root capabilities only")
+        real, seen = engine._ext, []  # type: ignore[attr-defined]
+
+        class Recording:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+            def engine_submit(self, *args: Any) -> Any:
+                seen.append((args[2], args[11], args[14]))  # kind, flags, alignment
+                return real.engine_submit(*args)
+
+        engine._ext = Recording()  # type: ignore[attr-defined]
+        try:
+            assert store(tier, "s0", keys(0, 4)).success and load(tier, "l0", keys(0, 4), first_slot=8).success
+            assert len(engine._fixed_args) == 2  # type: ignore[attr-defined]  # a store's and a load's
+            if caps.tmpfile:
+                caps.refuse_tmpfile()
+                assert not engine._fixed_args  # type: ignore[attr-defined]
+                assert store(tier, "s1", keys(4, 4)).success
+                assert seen[-1][0] == 1 and seen[-1][1] & real.F_NO_TMPFILE
+            assert load(tier, "l0b", keys(0, 4), first_slot=12).success  # the load's arguments cached again
+            opts = tier.blocks.options
+            caps.reprobe_at = 0.0  # a probe due, which finds O_DIRECT the other way and another alignment
+            found = DirectIOSupport(not opts.o_direct, 512 if opts.alignment != 512 else 1024, "test", True)
+            caps.reprobe = lambda: found  # type: ignore[method-assign]
+            tier.blocks._reprobe(caps)
+            caps.reprobe_at = None
+            assert tier.blocks.options is not opts and not engine._fixed_args  # type: ignore[attr-defined]
+            assert load(tier, "l1", keys(0, 4), first_slot=16).success
+            new = native.flags(tier.blocks.options, mkdir=False)
+            assert seen[-1] == (0, new, found.alignment), (seen[-1], new, found)
+        finally:
+            engine._ext = real  # type: ignore[attr-defined]

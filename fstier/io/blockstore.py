@@ -439,7 +439,7 @@ class BlockStore:
     def _reprobe(self, caps: RootCapabilities) -> None:
         """The root's O_DIRECT probe could not run (a full pool at start):
         probe again (:meth:`RootCapabilities.reprobe`, on this I/O thread)
-        and store the way it found."""
+        and store the way it found (new options: the root's watchers told)."""
         dio = caps.reprobe()
         opts = self.options
         cold = caps.o_direct_mode == "cold"
@@ -448,6 +448,7 @@ class BlockStore:
             self.options = dataclasses.replace(
                 opts, o_direct=found[0], o_direct_cold=found[1], alignment=dio.alignment
             )
+            caps.changed()  # what cached these options (the native engine's submit arguments) drops them
 
     def store_many(
         self, items: Sequence[tuple[BlockKey, memoryview]], *,

@@ -55,6 +55,7 @@ import logging
 import os
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -275,6 +276,9 @@ class RootCapabilities:
         self.reprobe_at: float | None = (
             None if self.o_direct.definitive or o_direct is None else self._clock.monotonic() + REPROBE_S
         )
+        #: run (no argument) after this root's O_TMPFILE state or its stores' options changed
+        #: (:meth:`changed`): the native engine's cached submit arguments are dropped
+        self.watchers: list[Callable[[], None]] = []
 
     @classmethod
     def probe(cls, directory: str | Path, o_direct: str = "auto", *, clock: Clock | None = None) -> RootCapabilities:
@@ -337,9 +341,16 @@ class RootCapabilities:
             if not self._tmpfile:
                 return
             self._tmpfile = False
+        self.changed()
         why = errno_name(exc) if exc is not None else "asked"
         where = self.root or "this root"
         log.info("O_TMPFILE unavailable under %s (%s); publishing through named temp files", where, why)
+
+    def changed(self) -> None:
+        """Run the :attr:`watchers`: this root's O_TMPFILE state or a block store's options under it changed
+        (``BlockStore._reprobe`` after it replaced them, :meth:`refuse_tmpfile`)."""
+        for watcher in list(self.watchers):
+            watcher()
 
     def __repr__(self) -> str:
         return f"RootCapabilities(root={self.root!r}, o_direct={self.o_direct.enabled}, tmpfile={self._tmpfile})"

@@ -247,12 +247,12 @@ class NativeEngine:
     def submit(self, reg: Registration, job: EngineJob) -> None:
         """Queue ``job`` for ``reg``: one C call; never blocks. A store or load
         of a block store on the native path whose fixed arguments are cached
-        (``_fixed``: its registration's earlier jobs of that kind, with the
-        same options and O_TMPFILE state, and no O_DIRECT probe pending) runs
-        straight through; anything else goes by :meth:`_submit_checked`."""
+        (``_fixed``: its registration's earlier jobs of that kind; dropped
+        when the root's O_TMPFILE state or the store's options change, never
+        cached for a store while an O_DIRECT probe is pending) runs straight
+        through; anything else goes by :meth:`_submit_checked`."""
         fixed = self._fixed_args.get((reg, job.blocks, job.kind))
-        if fixed is None or fixed[0] is not job.blocks.options or ((caps := fixed[1]) is not None and (  # type: ignore[union-attr]
-                caps.tmpfile is not fixed[2] or (job.kind == "store" and caps.reprobe_at is not None))):
+        if fixed is None:
             self._submit_checked(reg, job)
             return
         self._submit_fixed(reg, job, fixed)
@@ -260,12 +260,10 @@ class NativeEngine:
     def _submit_fixed(self, reg: Registration, job: EngineJob, fixed: tuple[Any, ...]) -> None:
         """The C call of a store or load job with its cached fixed arguments (a store's ``replace`` flags
         as the tier made them: None, or a list naming at least one key to replace; C reads any list)."""
-        n, timeout = len(job.keys), -1.0 if job.timeout_s is None else job.timeout_s
-        job.owner, job.bounds, job.remaining = reg, (0, n), 1
+        job.owner, job.bounds, job.remaining = reg, (0, n := len(job.keys)), 1
+        kind, base, digest, pages, flags, mode, alignment, fd = fixed
         bufs = job.buffers.views(job.slots, job.nbytes)  # type: ignore[union-attr]  # fixed: a store/load job
-        _, _, _, kind, base, digest, pages, flags, mode, alignment, fd = fixed
-        hashes, groups = list(map(_HASH, job.keys)), list(map(_GROUP, job.keys))
-        tag, now, threads = next(self._tags), time.time_ns(), max(1, n // MIN_KEYS_PER_THREAD)
+        hashes, groups, tag = list(map(_HASH, job.keys)), list(map(_GROUP, job.keys)), next(self._tags)
         with self.lock:
             if self._closed or reg.closed:
                 self._check_open(reg, job)
@@ -276,7 +274,8 @@ class NativeEngine:
                 reg.active += 1
                 self._jobs[tag] = job
                 self._ext.engine_submit(self._cap, tag, kind, base, None, hashes, groups, bufs, job.replace, digest,
-                                        pages, flags, mode, now, alignment, timeout, threads, fd, job)
+                                        pages, flags, mode, time.time_ns(), alignment, -1.0 if job.timeout_s is None
+                                        else job.timeout_s, max(1, n // MIN_KEYS_PER_THREAD), fd, job)
             except BaseException:
                 if not job.accepted:
                     self._jobs.pop(tag, None)
@@ -297,26 +296,33 @@ class NativeEngine:
         self._submit_fixed(reg, job, self._fixed(reg, blocks, job))
 
     def _fixed(self, reg: Registration, blocks: Any, job: EngineJob) -> tuple[Any, ...]:
-        """Cache the ``engine_submit`` arguments of ``reg``'s ``job.kind``
-        jobs of ``blocks`` that do not change from job to job: its options,
-        capabilities and their O_TMPFILE state (what the cache is valid
-        for), kind, base directory, namespace digest, pages per file, flag
-        bits, file mode, alignment and the kind's notify fd; returns them. At
-        most :data:`_FIXED_MAX` are kept (each holds its store and
-        registration, so neither's id is reused while cached)."""
+        """The ``engine_submit`` arguments of ``reg``'s ``job.kind`` jobs of
+        ``blocks`` that do not change from job to job: kind, base directory,
+        namespace digest, pages per file, flag bits, file mode, alignment and
+        the kind's notify fd; cached (returned either way) unless a store's
+        root has an O_DIRECT probe pending (each such store is checked
+        again). The root's capabilities drop the whole cache when its
+        O_TMPFILE state or the store's options change (``RootCapabilities.changed``),
+        so a cached entry is always the current one. At most
+        :data:`_FIXED_MAX` are kept (each holds its store and registration,
+        so neither's id is reused while cached)."""
         opts = blocks.options
         caps = opts.capabilities
-        store = job.kind == "store"
-        if len(self._fixed_args) >= _FIXED_MAX:
-            self._fixed_args.clear()
-        fixed = self._fixed_args[(reg, blocks, job.kind)] = (
-            opts, caps, None if caps is None else caps.tmpfile, 1 if store else 0,
-            os.fsencode(blocks.mapper.blocks_dir), blocks.mapper.digest_bytes, blocks._bpf,
-            nat.flags(opts, mkdir=store), opts.file_mode, opts.alignment,
-            reg.notify_fds.get(job.kind, -1),
+        store, tmpfile = job.kind == "store", caps is not None and caps.tmpfile
+        fixed = (
+            1 if store else 0, os.fsencode(blocks.mapper.blocks_dir), blocks.mapper.digest_bytes, blocks._bpf,
+            nat.flags(opts, mkdir=store), opts.file_mode, opts.alignment, reg.notify_fds.get(job.kind, -1),
         )
+        if caps is not None and self._fixed_args.clear not in caps.watchers:
+            caps.watchers.append(self._fixed_args.clear)
         if store:
             self._namespace(blocks.mapper)
+        if opts is not blocks.options or (caps is not None and (caps.tmpfile is not tmpfile or (
+                store and caps.reprobe_at is not None))):
+            return fixed  # changed meanwhile, or a store to check again: not cached
+        if len(self._fixed_args) >= _FIXED_MAX:
+            self._fixed_args.clear()
+        self._fixed_args[(reg, blocks, job.kind)] = fixed
         return fixed
 
     def _namespace(self, mapper: Any) -> None:
