@@ -244,26 +244,23 @@ class NativeEngine:
         call moves it and wakes the watchdog)."""
         self._ext.engine_clock(self._cap, float(now_s))
 
-    def submit(self, reg: Registration, job: EngineJob) -> None:
+    def submit(self, reg: Registration, job: EngineJob, fixed: tuple[Any, ...] | None = None) -> None:
         """Queue ``job`` for ``reg``: one C call; never blocks. A store or load
         of a block store on the native path whose fixed arguments are cached
         (``_fixed``: its registration's earlier jobs of that kind; dropped
         when the root's O_TMPFILE state or the store's options change, never
-        cached for a store while an O_DIRECT probe is pending) runs straight
-        through; anything else goes by :meth:`_submit_checked`."""
-        fixed = self._fixed_args.get((reg, job.blocks, job.kind))
-        if fixed is None:
+        cached for a store while an O_DIRECT probe is pending), or given
+        (``fixed``, by :meth:`_submit_checked`), is the record's engine
+        fields and the C call alone; anything else goes by :meth:`_submit_checked`.
+        A store's ``replace`` flags are as the tier made them: None, or a list
+        naming at least one key to replace (C reads any list)."""
+        if fixed is None and (fixed := self._fixed_args.get((reg, job.blocks, job.kind))) is None:
             self._submit_checked(reg, job)
             return
-        self._submit_fixed(reg, job, fixed)
-
-    def _submit_fixed(self, reg: Registration, job: EngineJob, fixed: tuple[Any, ...]) -> None:
-        """The C call of a store or load job with its cached fixed arguments (a store's ``replace`` flags
-        as the tier made them: None, or a list naming at least one key to replace; C reads any list)."""
         job.owner, job.bounds, job.remaining = reg, (0, n := len(job.keys)), 1
-        kind, base, digest, pages, flags, mode, alignment, fd = fixed
         bufs = job.buffers.views(job.slots, job.nbytes)  # type: ignore[union-attr]  # fixed: a store/load job
         hashes, groups, tag = list(map(_HASH, job.keys)), list(map(_GROUP, job.keys)), next(self._tags)
+        timeout, threads = -1.0 if job.timeout_s is None else job.timeout_s, max(1, n // MIN_KEYS_PER_THREAD)
         with self.lock:
             if self._closed or reg.closed:
                 self._check_open(reg, job)
@@ -273,9 +270,10 @@ class NativeEngine:
             try:
                 reg.active += 1
                 self._jobs[tag] = job
-                self._ext.engine_submit(self._cap, tag, kind, base, None, hashes, groups, bufs, job.replace, digest,
-                                        pages, flags, mode, time.time_ns(), alignment, -1.0 if job.timeout_s is None
-                                        else job.timeout_s, max(1, n // MIN_KEYS_PER_THREAD), fd, job)
+                # fixed: kind, base, digest, pages, flags, mode, alignment, notify fd (_fixed)
+                self._ext.engine_submit(self._cap, tag, fixed[0], fixed[1], None, hashes, groups, bufs, job.replace,
+                                        fixed[2], fixed[3], fixed[4], fixed[5], time.time_ns(), fixed[6], timeout,
+                                        threads, fixed[7], job)
             except BaseException:
                 if not job.accepted:
                     self._jobs.pop(tag, None)
@@ -293,7 +291,7 @@ class NativeEngine:
             self._submit_other(reg, job)
             return
         job.block_io()  # a store or load job: its block store and buffers, or one clear error
-        self._submit_fixed(reg, job, self._fixed(reg, blocks, job))
+        self.submit(reg, job, self._fixed(reg, blocks, job))
 
     def _fixed(self, reg: Registration, blocks: Any, job: EngineJob) -> tuple[Any, ...]:
         """The ``engine_submit`` arguments of ``reg``'s ``job.kind`` jobs of
