@@ -156,17 +156,14 @@ class Submitter:
         except ValueError as exc:
             raise ValueError(f"job {job_id!r}: {exc}") from None
         n, job = len(keys), _NEW(EngineJob)
-        job.__dict__.update(self._fixed, tag=job_id, kind=kind, keys=tuple(keys), slots=tuple(slots),
-                            nbytes=self._one * n, replace=self._bad(keys) if kind == "store" else None,
-                            context=context, results=[])
+        job.__dict__.update(self._fixed, tag=job_id, kind=kind, keys=tuple(keys), slots=tuple(slots), context=context,
+                            nbytes=self._one * n, replace=self._bad(keys) if kind == "store" else None, results=[])
         try:  # whatever is raised: given back (out of flight, its reservation) only if the engine never took it
-            with self._lock:
-                if job_id in self._inflight:
-                    raise ValueError(f"job id {job_id!r} is already in flight; job ids must be unique")
-                taken = not self._held and (kind == "load" or self._budget.admit(self._file_bytes * n, job))
-                if taken:  # no slot fenced, room for a store's bytes (reserved, marked on the record)
+            with self._lock:  # a new id, no slot fenced, room for a store's bytes (reserved, marked on the record)
+                if taken := (job_id not in self._inflight and not self._held
+                             and (kind == "load" or self._budget.admit(self._file_bytes * n, job))):
                     self._inflight[job_id] = job
-            if not taken:  # a slot fenced or the budget filled meanwhile: the full decision
+            if not taken:  # an id in flight (refused there), a slot fenced or the budget full: the full decision
                 self._hand_over(job, kind, n, self._file_bytes * n, False)
                 return
             self._engine.engine.submit(self._engine, job)  # Registration.submit's one line, without its call
