@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import chain, repeat
 from typing import TYPE_CHECKING
 
 import xxhash
@@ -73,22 +73,25 @@ def block_keys(hashes: Sequence[bytes], groups: Sequence[int]) -> list[BlockKey]
     """``[BlockKey(h, g) for h, g in zip(hashes, groups)]`` for a hot path's
     batch: the same checks, made once over the batch with C-level loops
     (``map``, ``min``, ``max``), and the keys built with no bytecode per key.
-    A batch with any key :class:`BlockKey` would refuse is built key by key,
-    so the first bad key raises its own :class:`KeyFormatError`
-    (test_keys.py::test_block_keys_match_the_validated_constructor)."""
-    n = len(hashes)
-    if n != len(groups) or n == 0:
-        if n != len(groups):
-            raise ValueError(f"block_keys: {n} hashes but {len(groups)} groups")
-        return []
+    An empty batch, a batch whose lengths differ and a batch with any key
+    :class:`BlockKey` would refuse take :func:`_block_keys_one_by_one`, so
+    the first bad key raises its own :class:`KeyFormatError`
+    (test_batch_fast_paths.py::test_block_keys_match_the_validated_constructor)."""
     # Every test a C-level loop over the batch (bool is not int here, as in __post_init__).
-    if not (set(map(type, hashes)) == {bytes} and set(map(type, groups)) == {int} and min(groups) >= 0
-            and max(groups) < 65536 and min(map(len, hashes)) >= MIN_HASH_BYTES and max(map(len, hashes)) <= _MAX):
-        return list(map(BlockKey, hashes, groups))
-    keys = list(map(_NEW, repeat(BlockKey, n)))
-    deque(map(_SET_HASH, keys, hashes), maxlen=0)
-    deque(map(_SET_GROUP, keys, groups), maxlen=0)
+    if not (len(hashes) == len(groups) > 0 and set(map(type, hashes)) == {bytes} and set(map(type, groups)) == {int}
+            and min(groups) >= 0 and max(groups) < 65536 and min(map(len, hashes)) >= MIN_HASH_BYTES
+            and max(map(len, hashes)) <= _MAX):
+        return _block_keys_one_by_one(hashes, groups)
+    keys = list(map(_NEW, repeat(BlockKey, len(hashes))))
+    deque(chain(map(_SET_HASH, keys, hashes), map(_SET_GROUP, keys, groups)), maxlen=0)
     return keys
+
+
+def _block_keys_one_by_one(hashes: Sequence[bytes], groups: Sequence[int]) -> list[BlockKey]:
+    """:func:`block_keys` of a batch it does not build at once: each key by the validated constructor."""
+    if len(hashes) != len(groups):
+        raise ValueError(f"block_keys: {len(hashes)} hashes but {len(groups)} groups")
+    return list(map(BlockKey, hashes, groups))
 
 
 def chain_hashes(token_ids: Sequence[int] | np.ndarray, block_size: int, seed: bytes = b"") -> list[bytes]:

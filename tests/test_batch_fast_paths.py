@@ -117,14 +117,16 @@ def test_vllm_keys_convert_as_block_key_does_and_stop_at_an_unnameable_key() -> 
     from fstier.integrations import vllm as fv
 
     good = [os.urandom(32) + g.to_bytes(4, "big") for g in (0, 1, 70000 % 65536)]
-    assert fv._block_keys(good) == [fv._block_key(k) for k in good]
     short = b"abc" + (0).to_bytes(4, "big")  # a 3-byte hash: no fstier name
-    assert fv._block_keys([*good[:2], short, good[2]]) == [fv._block_key(k) for k in good[:2]]
     big_group = os.urandom(16) + (70000).to_bytes(4, "big")
-    assert fv._block_keys([good[0], big_group]) == [fv._block_key(good[0])]
-    # A bytearray key is named as before (bytes() of its hash), on the per-key path.
     ba = bytearray(good[1])
-    assert fv._block_keys([good[0], ba]) == [fv._block_key(good[0]), BlockKey(bytes(ba[:-4]), 1)]
+    for convert in (fv._block_keys, fv._new_block_keys):  # a load's (a look among the lookups' first), a store's
+        assert convert(good) == [fv._block_key(k) for k in good]
+        assert convert([*good[:2], short, good[2]]) == [fv._block_key(k) for k in good[:2]]
+        assert convert([good[0], big_group]) == [fv._block_key(good[0])]
+        # A bytearray key is named as before (bytes() of its hash), on the per-key path.
+        assert convert([good[0], ba]) == [fv._block_key(good[0]), BlockKey(bytes(ba[:-4]), 1)]
+        assert convert([]) == []
 
 
 def test_vllm_chunk_ids_become_python_ints_other_types_are_refused() -> None:

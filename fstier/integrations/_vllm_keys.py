@@ -49,22 +49,37 @@ _SEEN_MAX = 16384
 
 
 def _block_keys(keys: Sequence[bytes]) -> list[BlockKey]:
-    """:func:`_block_key` of each key, up to the first that has no fstier name (the job's keys from there on are
-    not submitted). A job whose every key a lookup built lately (a load): those, one ``map`` of ``dict.get``;
-    else no bytecode per key (:func:`fstier.keys.block_keys`: :class:`BlockKey`'s checks once over the batch)."""
-    try:  # (a key that is not hashable, a bytearray: TypeError, key by key below)
+    """:func:`_block_key` of each of a load's keys, up to the first that has no fstier name (the job's keys from
+    there on are not submitted). A job whose every key a lookup built lately: those, one ``map`` of ``dict.get``;
+    else :func:`_new_block_keys`."""
+    try:
         found = list(map(_SEEN.get, keys))
         if all(found):  # a BlockKey is truthy; a key not seen, or with no fstier name, is None
             return found  # type: ignore[return-value]
+    except TypeError:  # a key that is not hashable (a bytearray)
+        return _keys_one_by_one(keys)
+    return _new_block_keys(keys)
+
+
+def _new_block_keys(keys: Sequence[bytes]) -> list[BlockKey]:
+    """:func:`_block_key` of each of a store's keys (new keys: no look among the lookups' BlockKeys), up to the
+    first that has no fstier name: no bytecode per key (:func:`fstier.keys.block_keys`: :class:`BlockKey`'s
+    checks once over the batch)."""
+    try:  # (a key that is not bytes or has a bad hash: TypeError or KeyFormatError, key by key below)
         return block_keys(list(map(_HASH_PART, keys)), list(map(_GROUP_INT, map(_GROUP_PART, keys))))
-    except (KeyFormatError, TypeError):  # not bytes, or a bad hash: key by key
-        out: list[BlockKey] = []
-        for k in keys:
-            b = _block_key(k)
-            if b is None:
-                break
-            out.append(b)
-        return out
+    except (KeyFormatError, TypeError):
+        return _keys_one_by_one(keys)
+
+
+def _keys_one_by_one(keys: Sequence[bytes]) -> list[BlockKey]:
+    """:func:`_block_key` of each key, up to the first that has none."""
+    out: list[BlockKey] = []
+    for k in keys:
+        b = _block_key(k)
+        if b is None:
+            break
+        out.append(b)
+    return out
 
 
 def remember_keys(keys: Sequence[bytes]) -> list[BlockKey | None]:

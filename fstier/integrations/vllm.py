@@ -74,7 +74,7 @@ from fstier.integrations._vllm_compat import (
 )
 from fstier.integrations._vllm_config import engine_mapper, small_cpu_tier, tier_config_from_options
 from fstier.integrations._vllm_env import hash_seed_problem, join_vllm_logging
-from fstier.integrations._vllm_keys import _block_key, _block_keys, _slot_ints, remember_keys
+from fstier.integrations._vllm_keys import _block_key, _block_keys, _new_block_keys, _slot_ints, remember_keys
 from fstier.integrations._vllm_metrics import (
     BREAKER_STATES,
     BYTES_BUCKETS_VLLM,
@@ -370,7 +370,7 @@ else:
         # -- jobs ------------------------------------------------------------
         def _submit(self, job: TransferJob, is_load: bool) -> None:
             keys = tuple(job.keys)
-            bkeys = _block_keys(keys)
+            bkeys = (_block_keys if is_load else _new_block_keys)(keys)  # a store's keys are new: no look
             n = len(bkeys)
             if n < len(keys):
                 log.warning("fstier: key %r of job %d has no fstier name; it fails", keys[n], job.job_id)
