@@ -274,8 +274,7 @@ class FsTier:
 
     def has_news(self) -> bool:
         """Whether :meth:`get_finished` or :meth:`take_events` may return something now (no lock; collects)."""
-        self._engine.poll()
-        return bool(self._results.finished or self._results.held or self._events or self._engine.finished)
+        return self._engine.poll() or bool(self._results.finished or self._results.held or self._events)
 
     def has_pending(self) -> bool:
         """Whether a submitted job's result was not returned yet (in flight, finished, held)."""
