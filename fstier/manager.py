@@ -274,8 +274,7 @@ class FsTier:
 
     def has_news(self) -> bool:
         """Whether :meth:`get_finished` or :meth:`take_events` may return something now (no lock; collects)."""
-        self._engine.poll()
-        return bool(self._results.finished or self._results.held or self._events or self._engine.finished)
+        return self._engine.poll() or bool(self._results.finished or self._results.held or self._events)
 
     def has_pending(self) -> bool:
         """Whether a submitted job's result was not returned yet (in flight, finished, held)."""
@@ -287,10 +286,9 @@ class FsTier:
         result comes once none of its slots is fenced (held results first, in the order they finished). Polled only
         when nothing is known finished (not again after has_news); :meth:`_reap` and the take under one lock."""
         known = self._engine.has_finished()  # (a registration with notify fds collects here: looked at once)
-        if not (known or self._results.finished or self._results.held):
-            self._engine.poll()  # a job in flight: the C engine's completions, here (no wait for its thread's GIL)
-            if not (known := self._engine.has_finished()):
-                return []
+        if not (known or self._results.finished or self._results.held) and (  # nothing: the cheapest exact answer
+                self._engine.pump is not None or not (known := self._engine.poll())):  # pump: has_finished collected
+            return []
         done = self._judge.finish_all(self._engine.collect()) if known else ()
         with self._lock:
             if done and self._waiters.asleep:  # (notified before the publish: the waiter runs once it is released)

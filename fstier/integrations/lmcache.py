@@ -418,7 +418,7 @@ else:
             for space in self._open_spaces():
                 try:
                     results = space.tier.get_finished()
-                    events = space.tier.take_events()
+                    events = space.tier.take_events(reap=False)  # the jobs just reaped: no second poll
                 except Exception:
                     log.exception("fstier: collecting LMCache results failed")
                     continue

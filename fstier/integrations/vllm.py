@@ -90,7 +90,7 @@ from fstier.integrations._vllm_metrics import (
     scraped_metric_names,
 )
 from fstier.slots.rows import RowSlots
-from fstier.tier.records import BlockRemoved
+from fstier.tier.records import BlockRemoved, TierEvent
 
 if TYPE_CHECKING:  # pragma: no cover
     from fstier.manager import FsTier
@@ -445,8 +445,9 @@ else:
                     if is_load:
                         self._lookup.mark_miss(keys)
                     out.append(VllmJobResult(job_id=job_id, success=False))
-            try:
-                self._collect_events(reap=False)  # the jobs reaped just above: none collected again
+            try:  # the events of the jobs reaped just above (none collected again); taken even when disabled
+                if (events := self.fstier.take_events(reap=False)) and self.events_enabled:
+                    self._add_events(events)
             except Exception:
                 log.exception("fstier: collecting KV events failed")
             return out
@@ -462,10 +463,13 @@ else:
             self.fstier.wait_fences_released()
 
         # -- events, stats, shutdown -------------------------------------------
-        def _collect_events(self, reap: bool = True) -> None:
-            events = self.fstier.take_events(reap)  # taken even when disabled, so FsTier's list never grows
-            if not self.events_enabled:
-                return
+        def _collect_events(self) -> None:
+            events = self.fstier.take_events()  # taken even when disabled, so FsTier's list never grows
+            if self.events_enabled:
+                self._add_events(events)
+
+        def _add_events(self, events: list[TierEvent]) -> None:
+            """FsTier's ``events`` as vLLM's, queued for :meth:`take_events`."""
             for ev in events:
                 self._events.append(
                     OffloadingEvent(

@@ -238,8 +238,9 @@ class Judge:
         summarised for every key alike (``EngineJob.uniform``) on a tier of
         one payload size, the common collect, their effects are made once
         for the batch (:meth:`_finish_batch`); else job by job, in order."""
-        if len(jobs) == 1:  # the common collect of a polling caller: no comprehension around it
-            return [(jobs[0], self.finish(jobs[0]))]
+        if len(jobs) == 1:  # the common collect of a polling caller: no comprehension, a uniform success straight
+            job, what = jobs[0], None if jobs[0].uniform is None else DONE.get(jobs[0].uniform.status)
+            return [(job, self.finish(job) if what is None else self._finish_alike(job, what))]
         if not jobs or self._one is None or not all(map(_UNIFORM_OF, jobs)):
             return [(job, self.finish(job)) for job in jobs]
         return self._finish_batch(jobs)

@@ -144,15 +144,17 @@ class Registration:
             raise
         self.pump: Callable[[], object] | None = None
 
-    def poll(self) -> None:
+    def poll(self) -> bool:
         """With jobs of this registration in flight, collect the engine's
         completions on the calling thread now (the C engine's ``pump``: one C
         call; the Python engine publishes from its own threads: nothing to
         do). A caller that polls (vLLM's scheduler) so never waits for the
         engine's completion thread to get the GIL, which an engine holding it
-        hands over only every switch interval (5 ms)."""
+        hands over only every switch interval (5 ms). Returns what
+        :meth:`has_finished` would then (no second pump)."""
         if self.active and hasattr(self.engine, "pump"):
             self.engine.pump()
+        return bool(self.finished)
 
     def notify(self, kind: str) -> None:
         """Write ``kind``'s notify fd, if any (takes the engine's lock)."""
