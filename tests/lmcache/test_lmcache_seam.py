@@ -13,6 +13,7 @@ import os
 import re
 import select
 import threading
+import time
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
@@ -191,9 +192,15 @@ def test_engine_on_complete_runs_once_the_job_is_published(tmp_path: Path) -> No
     def on_finished(kind: str) -> None:
         tier = box[0]
         lock = tier._engine.engine.lock
-        free = lock.acquire(blocking=False)
-        if free:
-            lock.release()
+        # Held by this thread (a callback run under the lock), no try succeeds; another thread (the engine's
+        # completion thread's periodic step, preempted on a loaded machine) holds it only for a moment.
+        free = False
+        for _ in range(200):
+            free = lock.acquire(blocking=False)
+            if free:
+                lock.release()
+                break
+            time.sleep(0.005)
         seen.append((kind, int(free), tier._engine.has_finished()))
         done.set()
 
