@@ -410,15 +410,15 @@ def test_results_reaped_by_a_submit_are_found(
     ks, src = keys(4, seed=10), objects(4, seed=10)
     assert store(a, ks, src).is_successful()
     entered, go = threading.Event(), threading.Event()
-    real = Judge.finish
+    real = Judge.finish_all  # every reap judges what it collected here (a lone uniform success too)
 
-    def slow_finish(self: Judge, job: Any) -> Any:
-        if job.kind == "load" and threading.current_thread().name == "store-submitter":
+    def slow_finish_all(self: Judge, jobs: Any) -> Any:
+        if any(job.kind == "load" for job in jobs) and threading.current_thread().name == "store-submitter":
             entered.set()
             go.wait(10)
-        return real(self, job)
+        return real(self, jobs)
 
-    monkeypatch.setattr(Judge, "finish", slow_finish)
+    monkeypatch.setattr(Judge, "finish_all", slow_finish_all)
     dst = objects(4, seed=None)
     tid = a.submit_load_task(ks, dst)
     wait_fd(a.get_load_event_fd())  # the job is done: LMCache would query now
