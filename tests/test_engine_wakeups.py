@@ -36,6 +36,24 @@ def _readable(fd: int, timeout: float = 30.0) -> bool:
     return True
 
 
+def _lent_tier_with_fds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[FsTier, LentSlots, dict[str, int]]:
+    """A C-engine tier over lent slots whose registration has notify eventfds (LMCache's way), its slots and
+    fds; skips (tier closed, fds closed) where the native I/O path is not built."""
+    monkeypatch.setenv("FSTIER_ENGINE", "native")
+    cfg = TierConfig(root_dir=tmp_path)
+    layout = Layout.of([(2, 2048)], ["float16"])
+    assert layout is not None
+    slots = LentSlots(layout.nbytes)
+    fds = {k: os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for k in ("store", "load")}
+    tier = FsTier(cfg, slots, space_mapper(SpaceId("m", 0x01000100, "", layout), cfg), notify_fds=fds)
+    if tier.io_path.backend != "native":
+        tier.close()
+        for fd in fds.values():
+            os.close(fd)
+        pytest.skip("the C engine's jobs need the native I/O path")
+    return tier, slots, fds
+
+
 @pytest.mark.skipif(not native_engine_available(), reason="the C engine is not built here")
 def test_a_caller_woken_by_its_fd_waits_for_a_collection_handling_its_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -47,17 +65,8 @@ def test_a_caller_woken_by_its_fd_waits_for_a_collection_handling_its_job(
     from ``get_finished``: the pump's "no job in flight" shortcut returned
     at once before, so ``get_finished`` answered [] and, the fd drained, the
     result waited for an unrelated wake-up."""
-    monkeypatch.setenv("FSTIER_ENGINE", "native")
-    cfg = TierConfig(root_dir=tmp_path)
-    layout = Layout.of([(2, 2048)], ["float16"])
-    assert layout is not None
-    slots = LentSlots(layout.nbytes)
-    fds = {k: os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for k in ("store", "load")}
-    tier = FsTier(cfg, slots, space_mapper(SpaceId("m", 0x01000100, "", layout), cfg), notify_fds=fds)
+    tier, slots, fds = _lent_tier_with_fds(tmp_path, monkeypatch)
     engine: Any = tier._engine.engine
-    if tier.io_path.backend != "native":
-        tier.close()
-        pytest.skip("the C engine's jobs need the native I/O path")
     entered, go = threading.Event(), threading.Event()
     judge = engine._judge_summary
 
@@ -199,17 +208,8 @@ def test_a_poll_of_a_tier_with_notify_fds_that_finds_nothing_collects_once(
     collection (a second poll and look, as before, pumped twice more: ~20
     lines per empty poll, 11 now); a job finished before the call is still
     found by that collection."""
-    monkeypatch.setenv("FSTIER_ENGINE", "native")
-    cfg = TierConfig(root_dir=tmp_path)
-    layout = Layout.of([(2, 2048)], ["float16"])
-    assert layout is not None
-    slots = LentSlots(layout.nbytes)
-    fds = {k: os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for k in ("store", "load")}
-    tier = FsTier(cfg, slots, space_mapper(SpaceId("m", 0x01000100, "", layout), cfg), notify_fds=fds)
+    tier, slots, fds = _lent_tier_with_fds(tmp_path, monkeypatch)
     engine: Any = tier._engine.engine
-    if tier.io_path.backend != "native":
-        tier.close()
-        pytest.skip("the C engine's jobs need the native I/O path")
     pumps: list[int] = []
     pump = engine.pump
     tier._engine.pump = lambda: pumps.append(1) or pump()

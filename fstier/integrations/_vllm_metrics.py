@@ -188,12 +188,7 @@ class VllmMetrics:
         loops over the batch (no line per result)."""
         results = list(results)
         moved = list(compress(results, map(_NBYTES, results)))
-        seconds, nbytes = self._seconds, self._bytes
-        with self._lock:
-            deque(map(deque.append, map(seconds.__getitem__, map(_KIND, results)), map(float, map(_SECONDS, results))),
-                  maxlen=0)
-            deque(map(deque.append, map(nbytes.__getitem__, map(_KIND, moved)), map(float, map(_NBYTES, moved))),
-                  maxlen=0)
+        self._observe_batch(map(_KIND, results), map(_SECONDS, results), map(_KIND, moved), map(_NBYTES, moved))
 
     def observe_counted(self, jobs: Sequence[tuple[bool, int, int, int, float]]) -> None:
         """:meth:`observe_jobs` of the jobs FsTier's metrics just counted, as
@@ -203,12 +198,15 @@ class VllmMetrics:
         ``get_stats``' change check, before its report), never on a job's
         completion path."""
         moved = list(compress(jobs, map(_MOVED, jobs)))
-        seconds, nbytes = self._seconds, self._bytes
+        self._observe_batch(map(_STORE, jobs), map(_SEC, jobs), map(_STORE, moved), map(_MOVED, moved))
+
+    def _observe_batch(self, kinds: Iterable[Any], seconds: Iterable[float], moved_kinds: Iterable[Any],
+                       moved_bytes: Iterable[int]) -> None:
+        """Each job's seconds under its kind, and the bytes of those that moved any: one lock, C-level loops
+        (the kind keys the job-seconds and job-bytes observation lists: its name, or the store flag)."""
         with self._lock:
-            deque(map(deque.append, map(seconds.__getitem__, map(_STORE, jobs)), map(float, map(_SEC, jobs))),
-                  maxlen=0)
-            deque(map(deque.append, map(nbytes.__getitem__, map(_STORE, moved)), map(float, map(_MOVED, moved))),
-                  maxlen=0)
+            deque(map(deque.append, map(self._seconds.__getitem__, kinds), map(float, seconds)), maxlen=0)
+            deque(map(deque.append, map(self._bytes.__getitem__, moved_kinds), map(float, moved_bytes)), maxlen=0)
 
     def _counter_delta(self, name: str, labels: tuple[str, ...], now: float) -> float:
         key = (name, labels)
