@@ -1231,6 +1231,75 @@ def test_admission_counts_other_instances_stores_not_listed_yet(tmp_path: Path) 
         b.close()
 
 
+def test_a_live_instance_counts_what_this_one_stored_unseen(tmp_path: Path) -> None:
+    """Two hosts started at once on GlusterFS with slow usage rounds each
+    filled their whole high watermark before either listed the other
+    storing (1.71x max_bytes, CI): a rate is known only after two listings
+    saw a count move. A live instance now counts at least what this one
+    stored since its listing before the last (it may have stored as much,
+    unseen), from the first store on; an instance no longer live counts
+    only its measured rate, and nothing once this one stopped."""
+    from fstier.clock import ManualClock
+    from fstier.tier.liveness import HEARTBEAT_S
+    from fstier.tier.unseen import WINDOW_S, StoreRates
+    from fstier.tier.usage import SharedUsage
+
+    step = max(WINDOW_S, 0.1)
+    rates = StoreRates()
+    rates.listed({"b": 0}, 0.0, own=0, live=["b"])
+    assert rates.unseen(0.0, own=7_000) == 7_000  # b never seen storing: as much as this one since
+    rates.listed({"b": 0}, step, own=10_000, live=["b"])
+    assert rates.unseen(step, own=12_000) == 12_000  # since the listing before the last
+    rates.listed({"b": 0}, 2 * step, own=12_000, live=[])  # b no longer live
+    assert rates.unseen(2 * step, own=12_000) == 0  # ... and its rate is 0
+    rates.listed({"b": 5_000}, 3 * step, own=12_000, live=["b"])  # b measured storing
+    assert rates.unseen(3 * step, own=12_000) == pytest.approx(5_000, rel=0.01)  # its rate x a round
+    rates.listed({"b": 5_000}, 4 * step, own=12_000, live=["b"])  # b stopped, this one too
+    assert rates.unseen(4 * step, own=12_000) == 0
+
+    clock = ManualClock()
+    a = SharedUsage(tmp_path, background=False, clock=clock)
+    b = SharedUsage(tmp_path, background=False, clock=clock)
+    seen: list[int] = []
+
+    def admitted_view(u: SharedUsage) -> int:
+        assert u.reserve(1, lambda view: seen.append(view) is not None) is None  # refused: nothing counted
+        return seen[-1]
+
+    try:
+        for u in (a, b):
+            u.end_scan(u.begin_scan(), 0, 0)
+        b.refresh()
+        a.refresh()
+        a.add(10_000)
+        assert admitted_view(a) == 20_000  # b is live: it may have stored as much, unseen
+        clock.advance(3 * HEARTBEAT_S)  # b published nothing since: not live for a
+        a.refresh()
+        a.add(10_000)
+        assert admitted_view(a) == a.read() == 20_000  # nothing unseen from a gone instance
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_first_usage_round_is_made_at_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Instances started at once: the first round (publish, then list) runs
+    in the constructor, so the later of two lists the earlier before its
+    first store, with no background round (none starts here)."""
+    from fstier.tier.usage import SharedUsage
+
+    monkeypatch.setattr(SharedUsage, "_run", lambda self: None)
+    a = SharedUsage(tmp_path)
+    b = SharedUsage(tmp_path)
+    try:
+        with b._lock:
+            assert a.instance in b._others
+        assert b.live_instances() == 2
+    finally:
+        a.close()
+        b.close()
+
+
 def test_an_evicting_pass_resets_a_count_above_the_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Only a pass that removed nothing reset the count from its walk: a
     count above the disk (a walk that raced stores, a writer killed with

@@ -10,15 +10,20 @@ writer's clock put in a name or a file:
   (:meth:`Liveness.saw` returns it; the reader removes its names, its last
   value stays in the reader's sum);
 - one whose generation moved within two heartbeats is live
-  (:meth:`Liveness.live`: the ``fstier_root_instances`` gauge).
+  (:meth:`Liveness.live`: the ``fstier_root_instances`` gauge, and
+  admission's estimate of stores not listed yet, :mod:`fstier.tier.unseen`).
 
 Costs: a dict lookup per instance per listing, a pass over the instances per
-:meth:`Liveness.live`. Not locked: the caller (the usage count) holds its lock.
+:meth:`Liveness.live`; an unlink per name of a gone instance or leftover
+(:meth:`Liveness.remove_gone`). Not locked: the caller (the usage count)
+holds its lock, except for :meth:`Liveness.remove_gone` (its I/O lock).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import os
+from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = ["HEARTBEAT_S", "STALE_S", "Liveness"]
 
@@ -49,6 +54,32 @@ class Liveness:
     def forget(self, inst: str) -> None:
         self._seen.pop(inst, None)
 
-    def live(self, now: float) -> int:
-        """How many other instances' generations moved within two heartbeats."""
-        return sum(now - moved <= 2 * HEARTBEAT_S for _, moved in self._seen.values())
+    def remove_gone(
+        self,
+        dfd: int,
+        dead: Iterable[str],
+        files: Mapping[str, Iterable[str]],
+        leftovers: Mapping[str, float],
+        listed_leftovers: Sequence[str],
+        now: float,
+    ) -> dict[str, float]:
+        """Unlink (in the usage directory ``dfd``) the names of every ``dead``
+        instance (:meth:`saw`; forgotten here: its last value stays in the
+        reader's view, a delta of zero from now on) and every leftover name
+        first seen :data:`STALE_S` ago (its maker is gone). Returns when each
+        leftover listed now was first seen (``leftovers``: the last listing's)."""
+        seen_now = {name: leftovers.get(name, now) for name in listed_leftovers[:1000]}
+        for name, first in seen_now.items():
+            if now - first > STALE_S:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dfd)
+        for inst in dead:
+            self.forget(inst)
+            for name in files.get(inst, ()):
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dfd)
+        return seen_now
+
+    def live(self, now: float) -> list[str]:
+        """The other instances whose generations moved within two heartbeats."""
+        return [inst for inst, (_, moved) in list(self._seen.items()) if now - moved <= 2 * HEARTBEAT_S]

@@ -37,7 +37,8 @@ returns fresh.
   wakes the ``fstier-usage`` thread, which publishes this instance's count
   (coalescing changes; a new generation every ``HEARTBEAT_S`` regardless)
   and lists the others' (every ``REFRESH_S`` when idle); a hung mount
-  stalls that thread only.
+  stalls that thread only, after the first round (made at start, before
+  any store: of two instances started at once one lists the other).
 - **Content is never trusted beyond what the disk shows.** A name that does
   not parse, a value outside 0..2^60 or one that went down is ignored (the
   instance keeps its last good value); so is a claim that more bytes were
@@ -68,7 +69,7 @@ returns fresh.
   warning: it counts its own stores until its next scan.
 
 Costs per round (back to back while storing): one create, one unlink, one
-listing, two ``stat`` calls; nothing on the caller's thread.
+listing, two ``stat`` calls; nothing on the caller's thread after start.
 """
 
 from __future__ import annotations
@@ -221,7 +222,8 @@ class SharedUsage:
             self._disabled = True
             return
         self._disabled = False
-        if background:
+        if background:  # the first round here: two instances started at once, one sees the other
+            self._round()
             self._thread = threading.Thread(target=self._run, name="fstier-usage", daemon=True)
             self._thread.start()
 
@@ -268,10 +270,10 @@ class SharedUsage:
         """Add ``delta`` bytes (negative for removals); returns the new view.
         Memory only: the background thread publishes it."""
         with self._lock:
-            if delta > 0:
-                self._stored = min(_MAX_ABS, self._stored + delta)
-            else:
-                self._removed = min(_MAX_ABS, self._removed - delta)
+            self._stored, self._removed = (
+                (min(_MAX_ABS, self._stored + delta), self._removed) if delta > 0
+                else (self._stored, min(_MAX_ABS, self._removed - delta))
+            )
             view = self._sum_locked()
             self._last_add = self._clock()
             self.changed_since_scan = True
@@ -286,7 +288,7 @@ class SharedUsage:
         :meth:`settle` when it ends. Returns the new view, None when refused.
         ``mark.counted = nbytes`` in the statement that counts them (no call: no signal handler between)."""
         with self._lock:
-            if not admit(self._sum_locked() + self._rates.unseen(self._clock())):
+            if not admit(self._sum_locked() + self._rates.unseen(self._clock(), self._stored)):
                 return None
             sink = _SINK if mark is None else mark
             inflight, stored = self._inflight + nbytes, min(_MAX_ABS, self._stored + nbytes)
@@ -368,7 +370,7 @@ class SharedUsage:
     def live_instances(self) -> int:
         """This instance and every other whose count moved in the last two heartbeats (memory only)."""
         with self._lock:
-            return 1 + self._liveness.live(self._clock())
+            return 1 + len(self._liveness.live(self._clock()))
 
     @property
     def inflight(self) -> int:  # this instance's stores counted, maybe not on disk
@@ -388,13 +390,16 @@ class SharedUsage:
     # ------------------------------------------------------ the background side
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                self.refresh()
-            except Exception:  # a bookkeeping bug must not kill the tier
-                log.exception("fstier: refreshing the shared usage count failed")
+            self._round()
             self._wake.wait(REFRESH_S)
             self._wake.clear()
             self._stop.wait(MIN_ROUND_S)
+
+    def _round(self) -> None:
+        try:
+            self.refresh()
+        except Exception:  # a bookkeeping bug must not kill the tier
+            log.exception("fstier: refreshing the shared usage count failed")
 
     def refresh(self, *, force: bool = False) -> None:
         """Publish this instance's count if it changed (or for a heartbeat;
@@ -512,24 +517,12 @@ class SharedUsage:
                 self._last_activity = now
                 self.changed_since_scan = True
             self._others.update(good)
-            self._rates.listed({inst: value[0] for inst, value in self._others.items()}, now)
+            dead = self._liveness.saw(beats, now)
+            others_stored = {inst: value[0] for inst, value in self._others.items()}
+            self._rates.listed(others_stored, now, self._stored, self._liveness.live(now))
             if scans:
                 self._adopt_scan_locked(scans)
-            dead = self._liveness.saw(beats, now)
-        # A leftover seen for an hour of this reader's time: its maker is gone.
-        seen_now = {name: self._leftovers.get(name, now) for name in listing.leftovers[:1000]}
-        self._leftovers = seen_now
-        for name, first in seen_now.items():
-            if now - first > STALE_S:
-                with contextlib.suppress(OSError):
-                    os.unlink(name, dir_fd=dfd)
-        # Not moved for an hour of this reader's time: its owner is gone.
-        # Its last value stays in this view (a delta of zero from now on).
-        for inst in dead:
-            self._liveness.forget(inst)
-            for name in files.get(inst, ()):
-                with contextlib.suppress(OSError):
-                    os.unlink(name, dir_fd=dfd)
+        self._leftovers = self._liveness.remove_gone(dfd, dead, files, self._leftovers, listing.leftovers, now)
 
     # ---------------------------------------------------------------- lease
     def try_lease(self) -> bool:

@@ -11,6 +11,11 @@ ended, waits for a line on stdin (the peer drained too), waits until its count i
 settled (``SETTLE_S`` at least, ``SETTLE_LIMIT_S`` at most) and prints one
 JSON line: its view of the root's usage, its counts and the
 tier's capacity metrics.
+
+``FSTIER_WORKLOAD_ROUND_DELAY_S`` (fault injection): each round of the
+``fstier-usage`` thread takes this much longer, half before publishing this
+instance's count and half before listing the others', as on a slow or
+loaded mount (CI's GlusterFS took ~1 s per round while two hosts started).
 """
 
 from __future__ import annotations
@@ -76,7 +81,28 @@ def _trace(tier: FsTier, path: str) -> None:
             time.sleep(0.25)
 
 
+def _slow_usage_rounds(delay: float) -> None:
+    """Make every publish and every listing of the shared count ``delay / 2`` s slower."""
+    from fstier.tier import usage
+
+    publish, read_others = usage.SharedUsage._publish, usage.SharedUsage._read_others
+
+    def slow_publish(self: usage.SharedUsage, dfd: int, force: bool = False) -> None:
+        time.sleep(delay / 2)
+        publish(self, dfd, force)
+
+    def slow_read_others(self: usage.SharedUsage, dfd: int) -> None:
+        time.sleep(delay / 2)
+        read_others(self, dfd)
+
+    usage.SharedUsage._publish = slow_publish  # type: ignore[method-assign]
+    usage.SharedUsage._read_others = slow_read_others  # type: ignore[method-assign]
+
+
 def main() -> None:
+    delay = float(os.environ.get("FSTIER_WORKLOAD_ROUND_DELAY_S", "0"))
+    if delay:
+        _slow_usage_rounds(delay)
     root, max_bytes, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     me, peer = int(sys.argv[4]), int(sys.argv[5])
     # The tests' tree, not an installed fstier (PYTHONPATH must name it).
