@@ -16,6 +16,8 @@ tier's capacity metrics.
 ``fstier-usage`` thread takes this much longer, half before publishing this
 instance's count and half before listing the others', as on a slow or
 loaded mount (CI's GlusterFS took ~1 s per round while two hosts started).
+``FSTIER_WORKLOAD_SECOND_HOST_AFTER_S``: host 2 makes its tier this much
+later (hosts of one deployment started a little apart).
 """
 
 from __future__ import annotations
@@ -105,6 +107,8 @@ def main() -> None:
         _slow_usage_rounds(delay)
     root, max_bytes, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     me, peer = int(sys.argv[4]), int(sys.argv[5])
+    if me == 2:  # the second host starts this much later (its tier is made after the first's)
+        time.sleep(float(os.environ.get("FSTIER_WORKLOAD_SECOND_HOST_AFTER_S", "0")))
     # The tests' tree, not an installed fstier (PYTHONPATH must name it).
     here = Path(__file__).resolve().parents[2]
     assert Path(fstier.__file__).resolve().is_relative_to(here), (fstier.__file__, here)
