@@ -10,7 +10,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from manager_support import FILE_BYTES, fill, key, keys, open_tier, store, valid_namespace
@@ -217,7 +219,9 @@ def test_load_bumps_recency_so_hot_keys_survive(tmp_path: Path) -> None:
 _READER = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from manager_support import keys, open_tier, payload_for, slot_bytes
 root, n_hot, stop_file = Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
 hot = keys(0, n_hot)
@@ -1190,22 +1194,9 @@ def test_admission_counts_other_instances_stores_not_listed_yet(tmp_path: Path) 
     time since this instance last listed (plus a usual round) on top of the
     view; the usage reported stays the view, and a writer that stopped
     counts 0 again."""
-    from fstier.clock import ManualClock
     from fstier.tier.unseen import MAX_LAG_S, WINDOW_S
-    from fstier.tier.usage import SharedUsage
 
-    clock = ManualClock()
-    a = SharedUsage(tmp_path, background=False, clock=clock)
-    b = SharedUsage(tmp_path, background=False, clock=clock)
-    seen: list[int] = []
-
-    def admitted_view(u: SharedUsage) -> int:
-        assert u.reserve(1, lambda view: seen.append(view) is not None) is None  # refused: nothing counted
-        return seen[-1]
-
-    try:
-        for u in (a, b):
-            u.end_scan(u.begin_scan(), 0, 0)
+    with _two_counts(tmp_path) as (clock, a, b):
         step = max(WINDOW_S, 0.1)
         for _ in range(4):  # a stores 10,000 bytes per step, b lists after each
             a.add(10_000)
@@ -1214,21 +1205,45 @@ def test_admission_counts_other_instances_stores_not_listed_yet(tmp_path: Path) 
             b.refresh()
         rate = 10_000 / step
         assert b.read() == 40_000
-        assert 40_000 < admitted_view(b) <= 40_000 + rate * step  # at most a usual round's worth
+        assert 40_000 < _admitted_view(b) <= 40_000 + rate * step  # at most a usual round's worth
         clock.advance(0.5)  # b's usage thread stalls: a's latest stores are not in its view
-        assert 40_000 + rate * 0.5 <= admitted_view(b) <= 40_000 + rate * (0.5 + step)
+        assert 40_000 + rate * 0.5 <= _admitted_view(b) <= 40_000 + rate * (0.5 + step)
         clock.advance(60)
-        assert admitted_view(b) == pytest.approx(40_000 + rate * MAX_LAG_S, rel=0.01)  # bounded
+        assert _admitted_view(b) == pytest.approx(40_000 + rate * MAX_LAG_S, rel=0.01)  # bounded
         assert b.read() == 40_000  # the reported usage is the view alone
         for _ in range(3):  # a stopped storing
             clock.advance(step)
             a.refresh()
             b.refresh()
-        assert admitted_view(b) == 40_000
-        assert admitted_view(a) == 40_000  # b never stored: nothing unseen for a
+        assert _admitted_view(b) == 40_000
+        assert _admitted_view(a) == 40_000  # b never stored: nothing unseen for a
+
+
+@contextlib.contextmanager
+def _two_counts(tmp_path: Path) -> Iterator[tuple[Any, Any, Any]]:
+    """Two instances' counts of one root on one manual clock, each scanned
+    (empty): (clock, a, b); no background thread, so rounds run when asked."""
+    from fstier.clock import ManualClock
+    from fstier.tier.usage import SharedUsage
+
+    clock = ManualClock()
+    a = SharedUsage(tmp_path, background=False, clock=clock)
+    b = SharedUsage(tmp_path, background=False, clock=clock)
+    try:
+        for u in (a, b):
+            u.end_scan(u.begin_scan(), 0, 0)
+        yield clock, a, b
     finally:
         a.close()
         b.close()
+
+
+def _admitted_view(u: Any) -> int:
+    """The view (unseen stores included) ``u``'s admission judges a store
+    by; the store is refused, so nothing is counted."""
+    seen: list[int] = []
+    assert u.reserve(1, lambda view: seen.append(view) is not None) is None
+    return seen[-1]
 
 
 def test_a_live_instance_counts_what_this_one_stored_unseen(tmp_path: Path) -> None:
@@ -1239,10 +1254,8 @@ def test_a_live_instance_counts_what_this_one_stored_unseen(tmp_path: Path) -> N
     stored since its listing before the last (it may have stored as much,
     unseen), from the first store on; an instance no longer live counts
     only its measured rate, and nothing once this one stopped."""
-    from fstier.clock import ManualClock
     from fstier.tier.liveness import HEARTBEAT_S
     from fstier.tier.unseen import WINDOW_S, StoreRates
-    from fstier.tier.usage import SharedUsage
 
     step = max(WINDOW_S, 0.1)
     rates = StoreRates()
@@ -1257,29 +1270,15 @@ def test_a_live_instance_counts_what_this_one_stored_unseen(tmp_path: Path) -> N
     rates.listed({"b": 5_000}, 4 * step, own=12_000, live=["b"])  # b stopped, this one too
     assert rates.unseen(4 * step, own=12_000) == 0
 
-    clock = ManualClock()
-    a = SharedUsage(tmp_path, background=False, clock=clock)
-    b = SharedUsage(tmp_path, background=False, clock=clock)
-    seen: list[int] = []
-
-    def admitted_view(u: SharedUsage) -> int:
-        assert u.reserve(1, lambda view: seen.append(view) is not None) is None  # refused: nothing counted
-        return seen[-1]
-
-    try:
-        for u in (a, b):
-            u.end_scan(u.begin_scan(), 0, 0)
+    with _two_counts(tmp_path) as (clock, a, b):
         b.refresh()
         a.refresh()
         a.add(10_000)
-        assert admitted_view(a) == 20_000  # b is live: it may have stored as much, unseen
+        assert _admitted_view(a) == 20_000  # b is live: it may have stored as much, unseen
         clock.advance(3 * HEARTBEAT_S)  # b published nothing since: not live for a
         a.refresh()
         a.add(10_000)
-        assert admitted_view(a) == a.read() == 20_000  # nothing unseen from a gone instance
-    finally:
-        a.close()
-        b.close()
+        assert _admitted_view(a) == a.read() == 20_000  # nothing unseen from a gone instance
 
 
 def test_the_first_usage_round_is_made_at_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
